@@ -1,0 +1,1 @@
+# backends layer: its convenience library backends/libcb_backends.la, sources and tests go here.

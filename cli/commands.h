@@ -1,0 +1,21 @@
+/* The cowbox subcommands: each takes the arguments after its own name (argv[0] is the
+ * command name) and returns the process exit status. */
+#ifndef COWBOX_CLI_COMMANDS_H
+#define COWBOX_CLI_COMMANDS_H
+
+struct cli_command {
+	const char *name;
+	int (*run)(int argc, char **argv);
+	const char *summary; /* one line for `cowbox --help` */
+};
+
+/* The table, in cli/main.c; ends with a NULL name. */
+extern const struct cli_command cli_commands[];
+
+/* Workspace lifecycle (cli/cmd_workspace.c and friends). */
+
+/* Exec (cli/cmd_exec.c). */
+
+/* Turns (cli/cmd_turns.c). */
+
+#endif

@@ -1,0 +1,4 @@
+# cli: the cowbox binary; argument parsing and output only, the work is in libcowbox.
+bin_PROGRAMS += cowbox
+cowbox_SOURCES = cli/main.c cli/commands.h
+cowbox_LDADD = libcowbox.la $(DEPS_LIBS)

@@ -1,0 +1,46 @@
+/* The cowbox command line: finds the subcommand and hands it the rest of argv. Parsing of
+ * each command's own options lives beside its code in cli/cmd_*.c. */
+#include "config.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+
+/* Each group of commands adds its rows here, in the order `cowbox --help` lists them. */
+const struct cli_command cli_commands[] = {
+	/* workspace lifecycle */
+	/* exec */
+	/* turns */
+	{NULL, NULL, NULL},
+};
+
+static void cli_usage(FILE *out)
+{
+	fprintf(out, "usage: cowbox COMMAND [OPTIONS] [ARGS]\n\n"
+		     "Copy-on-write sandbox workspaces for AI agents.\n\ncommands:\n");
+	for (const struct cli_command *c = cli_commands; c->name; c++)
+		fprintf(out, "  %-10s %s\n", c->name, c->summary);
+	fprintf(out, "\nRun 'cowbox COMMAND --help' for a command's options; 'man cowbox' for more.\n");
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		cli_usage(stderr);
+		return 2;
+	}
+	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+		cli_usage(stdout);
+		return 0;
+	}
+	if (!strcmp(argv[1], "--version")) {
+		printf("cowbox %s\n", COWBOX_VERSION);
+		return 0;
+	}
+	for (const struct cli_command *c = cli_commands; c->name; c++)
+		if (!strcmp(c->name, argv[1]))
+			return c->run(argc - 1, argv + 1);
+	fprintf(stderr, "cowbox: unknown command '%s' (see cowbox --help)\n", argv[1]);
+	return 2;
+}

@@ -1,0 +1,71 @@
+/* The workspace database (db/): schema, migrations and the change journal. Nothing outside
+ * db/ speaks SQL; every other layer goes through these functions. */
+#ifndef COWBOX_JOURNAL_H
+#define COWBOX_JOURNAL_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+struct cb_db;
+
+/* What a journal row says happened to a path. */
+enum cb_change_kind {
+	CB_CHANGE_CREATE = 1, /* a new name: file, directory, symlink, node, hard link */
+	CB_CHANGE_WRITE,      /* content: write, truncate, fallocate, open for writing */
+	CB_CHANGE_META,	      /* mode, owner, times, xattrs */
+	CB_CHANGE_DELETE,     /* unlink, rmdir */
+	CB_CHANGE_RENAME_FROM,
+	CB_CHANGE_RENAME_TO,
+};
+
+/* One change to record. path is relative to the workspace root, no leading '/', never
+ * "." or "..". subtree != 0 means every path below a directory changed too (a renamed
+ * directory): readers must expand it by walking the tree. */
+struct cb_change {
+	const char *path;
+	enum cb_change_kind kind;
+	int subtree;
+	pid_t pid;	  /* the process that asked (FUSE request context), 0 if unknown */
+	const char *comm; /* its command name (/proc/PID/comm), NULL if unknown */
+};
+
+/* A journal row as read back. */
+struct cb_journal_row {
+	long long id;
+	long long turn; /* the turn the change belongs to: latest snapshot + 1 */
+	const char *path;
+	enum cb_change_kind kind;
+	int subtree;
+	double time; /* seconds since the epoch */
+	pid_t pid;
+	const char *comm;
+};
+
+/* Open, creating if needed, the database at path: WAL, synchronous=NORMAL, schema migrated
+ * to the current version. On failure *out is NULL and the message names the file. */
+int cb_db_open(const char *path, struct cb_db **out);
+
+/* Flush and close; NULL is accepted. */
+void cb_db_close(struct cb_db *db);
+
+/* Record changes durably: when this returns 0 the rows survive a kill -9 of the process
+ * (committed to the WAL). Concurrent callers from many threads are batched into one
+ * transaction (group commit). A (turn, path, kind) already recorded is not recorded again. */
+int cb_journal_mark(struct cb_db *db, const struct cb_change *changes, size_t n);
+
+/* Make everything recorded so far durable against power loss too (fsync of the WAL); the
+ * filesystem calls it when a program fsyncs and at unmount. */
+int cb_journal_sync(struct cb_db *db);
+
+/* The turn that new changes belong to (1 before the first snapshot). */
+long long cb_journal_turn(struct cb_db *db);
+
+/* Call fn for each row of the given turn (turn <= 0: every turn), oldest first. fn returns 0
+ * to go on; a non-zero value stops the walk and is returned. */
+int cb_journal_list(struct cb_db *db, long long turn,
+		    int (*fn)(const struct cb_journal_row *row, void *arg), void *arg);
+
+/* "create", "write", ... for output; "unknown" for a bad value. */
+const char *cb_change_kind_name(enum cb_change_kind kind);
+
+#endif

@@ -1,0 +1,11 @@
+# util: the lowest layer (error messages, path rules); everything may use it.
+noinst_LTLIBRARIES += util/libcb_util.la
+util_libcb_util_la_SOURCES = util/error.c
+COWBOX_LAYERS += util/libcb_util.la
+pkginclude_HEADERS += include/cowbox/error.h
+
+check_PROGRAMS += util/test_error
+TESTS += util/test_error
+util_test_error_SOURCES = util/test_error.c
+util_test_error_CFLAGS = $(CRITERION_TEST_CFLAGS)
+util_test_error_LDADD = util/libcb_util.la $(CRITERION_TEST_LIBS)

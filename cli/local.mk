@@ -1,4 +1,5 @@
 # cli: the cowbox binary; argument parsing and output only, the work is in libcowbox.
 bin_PROGRAMS += cowbox
 cowbox_SOURCES = cli/main.c cli/commands.h
+# Each command group adds its file below.
 cowbox_LDADD = libcowbox.la $(DEPS_LIBS)

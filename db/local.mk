@@ -1,1 +1,11 @@
-# db layer: its convenience library db/libcb_db.la, sources and tests go here.
+# db layer: SQLite schema, migrations and the change journal (the only SQL in cowbox).
+noinst_LTLIBRARIES += db/libcb_db.la
+db_libcb_db_la_SOURCES = db/db.h db/db.c db/schema.c db/journal.c
+COWBOX_LAYERS += db/libcb_db.la
+pkginclude_HEADERS += include/cowbox/journal.h
+
+check_PROGRAMS += db/test_journal
+TESTS += db/test_journal
+db_test_journal_SOURCES = db/test_journal.c
+db_test_journal_CFLAGS = $(CRITERION_TEST_CFLAGS)
+db_test_journal_LDADD = db/libcb_db.la util/libcb_util.la $(SQLITE3_LIBS) $(CRITERION_TEST_LIBS)

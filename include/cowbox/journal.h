@@ -65,6 +65,13 @@ long long cb_journal_turn(struct cb_db *db);
 int cb_journal_list(struct cb_db *db, long long turn,
 		    int (*fn)(const struct cb_journal_row *row, void *arg), void *arg);
 
+/* Read a key of the workspace's metadata (base, name, turn, ...) into *value (malloc'd, the
+ * caller frees). -ENOENT with a message if the key was never set. */
+int cb_db_meta_get(struct cb_db *db, const char *key, char **value);
+
+/* Set a key of the workspace's metadata, committed before it returns. */
+int cb_db_meta_set(struct cb_db *db, const char *key, const char *value);
+
 /* "create", "write", ... for output; "unknown" for a bad value. */
 const char *cb_change_kind_name(enum cb_change_kind kind);
 

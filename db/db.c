@@ -1,0 +1,211 @@
+/* Opening and closing meta.db: pragmas, the migration runner, key/value metadata and the
+ * error messages that name the file. */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cowbox/error.h"
+#include "db.h"
+
+/* SQLite result codes mapped to the errno a caller can act on. */
+static int db_errno(int rc)
+{
+	switch (rc & 0xff) {
+	case SQLITE_BUSY:
+	case SQLITE_LOCKED:
+		return EBUSY;
+	case SQLITE_NOMEM:
+		return ENOMEM;
+	case SQLITE_READONLY:
+	case SQLITE_PERM:
+		return EACCES;
+	case SQLITE_CANTOPEN:
+		return ENOENT;
+	case SQLITE_FULL:
+		return ENOSPC;
+	case SQLITE_CORRUPT:
+	case SQLITE_NOTADB:
+		return EILSEQ;
+	default:
+		return EIO;
+	}
+}
+
+/* Messages look like "meta.db /x/meta.db: migrate: file is not a database". */
+int cb_db_error(struct cb_db *db, int rc, const char *what)
+{
+	const char *why = db && db->sql ? sqlite3_errmsg(db->sql) : sqlite3_errstr(rc);
+
+	return cb_error_set(db_errno(rc), "database %s: %s: %s", db ? db->path : "?", what, why);
+}
+
+static int db_exec(struct cb_db *db, const char *sql, const char *what)
+{
+	int rc = sqlite3_exec(db->sql, sql, NULL, NULL, NULL);
+
+	return rc == SQLITE_OK ? 0 : cb_db_error(db, rc, what);
+}
+
+/* Each migration and its user_version bump commit together, so a crash leaves the file at
+ * one version or the next, never between. */
+int cb_db_migrate(struct cb_db *db)
+{
+	sqlite3_stmt *st = NULL;
+	long long version;
+	char bump[64];
+	int rc;
+
+	rc = sqlite3_prepare_v2(db->sql, "PRAGMA user_version", -1, &st, NULL);
+	if (rc != SQLITE_OK)
+		return cb_db_error(db, rc, "read schema version");
+	rc = sqlite3_step(st);
+	if (rc != SQLITE_ROW) {
+		rc = cb_db_error(db, rc, "read schema version");
+		sqlite3_finalize(st);
+		return rc;
+	}
+	version = sqlite3_column_int64(st, 0);
+	sqlite3_finalize(st);
+	if (version > (long long)cb_db_migration_count)
+		return cb_error_set(
+		    EPROTO, "database %s: schema version %lld is newer than this cowbox (%zu)",
+		    db->path, version, cb_db_migration_count);
+	for (size_t i = (size_t)version; i < cb_db_migration_count; i++) {
+		rc = db_exec(db, "BEGIN IMMEDIATE", "migrate");
+		if (rc)
+			return rc;
+		snprintf(bump, sizeof(bump), "PRAGMA user_version = %zu", i + 1);
+		rc = db_exec(db, cb_db_migrations[i], "migrate");
+		if (!rc)
+			rc = db_exec(db, bump, "migrate");
+		if (!rc)
+			rc = db_exec(db, "COMMIT", "migrate");
+		if (rc) {
+			sqlite3_exec(db->sql, "ROLLBACK", NULL, NULL, NULL);
+			return rc;
+		}
+	}
+	return 0;
+}
+
+static int db_prepare(struct cb_db *db, const char *sql, sqlite3_stmt **st)
+{
+	int rc = sqlite3_prepare_v3(db->sql, sql, -1, SQLITE_PREPARE_PERSISTENT, st, NULL);
+
+	return rc == SQLITE_OK ? 0 : cb_db_error(db, rc, "prepare");
+}
+
+/* The pragmas come first: journal_mode=WAL is also the first read of the file, so a file that
+ * is not a database is reported here with its name. */
+int cb_db_open(const char *path, struct cb_db **out)
+{
+	struct cb_db *db;
+	int rc;
+
+	*out = NULL;
+	db = calloc(1, sizeof(*db));
+	if (!db)
+		return cb_error_set(ENOMEM, "database %s: out of memory", path);
+	db->path = strdup(path);
+	pthread_mutex_init(&db->sql_lock, NULL);
+	pthread_mutex_init(&db->queue_lock, NULL);
+	pthread_cond_init(&db->queue_cond, NULL);
+	db->queue_tail = &db->queue_head;
+	db->turn = 1;
+	if (!db->path) {
+		rc = cb_error_set(ENOMEM, "database %s: out of memory", path);
+		goto fail;
+	}
+	rc = sqlite3_open_v2(path, &db->sql,
+			     SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX |
+				 SQLITE_OPEN_NOFOLLOW,
+			     NULL);
+	if (rc != SQLITE_OK) {
+		rc = cb_db_error(db, rc, "open");
+		goto fail;
+	}
+	sqlite3_extended_result_codes(db->sql, 1);
+	sqlite3_busy_timeout(db->sql, 10000);
+	rc = db_exec(db, "PRAGMA journal_mode=WAL", "set WAL mode");
+	if (!rc)
+		rc = db_exec(db, "PRAGMA synchronous=NORMAL", "set synchronous");
+	if (!rc)
+		rc = db_exec(db, "PRAGMA foreign_keys=ON", "set foreign keys");
+	if (!rc)
+		rc = cb_db_migrate(db);
+	if (!rc)
+		rc = db_prepare(db, "SELECT value FROM meta WHERE key = ?1", &db->st_meta_get);
+	if (!rc)
+		rc = db_prepare(db,
+				"INSERT INTO meta (key, value) VALUES (?1, ?2) "
+				"ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+				&db->st_meta_set);
+	if (!rc)
+		rc = cb_journal_init(db);
+	if (rc)
+		goto fail;
+	*out = db;
+	return 0;
+fail:
+	cb_db_close(db);
+	return rc;
+}
+
+void cb_db_close(struct cb_db *db)
+{
+	if (!db)
+		return;
+	cb_journal_fini(db);
+	sqlite3_finalize(db->st_meta_get);
+	sqlite3_finalize(db->st_meta_set);
+	/* sqlite3_close_v2 checkpoints the WAL when this is the last connection. */
+	sqlite3_close_v2(db->sql);
+	pthread_cond_destroy(&db->queue_cond);
+	pthread_mutex_destroy(&db->queue_lock);
+	pthread_mutex_destroy(&db->sql_lock);
+	free(db->path);
+	free(db);
+}
+
+/* Copies the value out while the statement is still positioned on the row. */
+int cb_db_meta_get(struct cb_db *db, const char *key, char **value)
+{
+	int rc;
+
+	*value = NULL;
+	pthread_mutex_lock(&db->sql_lock);
+	sqlite3_bind_text(db->st_meta_get, 1, key, -1, SQLITE_STATIC);
+	rc = sqlite3_step(db->st_meta_get);
+	if (rc == SQLITE_ROW) {
+		const char *v = (const char *)sqlite3_column_text(db->st_meta_get, 0);
+
+		*value = strdup(v ? v : "");
+		rc = *value ? 0 : cb_error_set(ENOMEM, "database %s: out of memory", db->path);
+	} else if (rc == SQLITE_DONE) {
+		rc = cb_error_set(ENOENT, "database %s: no '%s' recorded", db->path, key);
+	} else {
+		rc = cb_db_error(db, rc, "read meta");
+	}
+	sqlite3_reset(db->st_meta_get);
+	sqlite3_clear_bindings(db->st_meta_get);
+	pthread_mutex_unlock(&db->sql_lock);
+	return rc;
+}
+
+int cb_db_meta_set(struct cb_db *db, const char *key, const char *value)
+{
+	int rc;
+
+	pthread_mutex_lock(&db->sql_lock);
+	sqlite3_bind_text(db->st_meta_set, 1, key, -1, SQLITE_STATIC);
+	sqlite3_bind_text(db->st_meta_set, 2, value, -1, SQLITE_STATIC);
+	rc = sqlite3_step(db->st_meta_set);
+	rc = rc == SQLITE_DONE ? 0 : cb_db_error(db, rc, "write meta");
+	sqlite3_reset(db->st_meta_set);
+	sqlite3_clear_bindings(db->st_meta_set);
+	pthread_mutex_unlock(&db->sql_lock);
+	return rc;
+}

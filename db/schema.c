@@ -1,0 +1,26 @@
+/* The schema of meta.db as an ordered list of migrations, applied on open (PRAGMA
+ * user_version counts how many have run). Append new migrations; never edit a shipped one. */
+#include "config.h"
+
+#include "db.h"
+
+const char *const cb_db_migrations[] = {
+    /* 1: key/value metadata (the open turn, the base, the name) and the change journal. */
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;"
+    "INSERT INTO meta (key, value) VALUES ('turn', '1');"
+    "CREATE TABLE journal ("
+    "  id INTEGER PRIMARY KEY,"
+    "  turn INTEGER NOT NULL,"
+    "  path TEXT NOT NULL,"
+    "  kind INTEGER NOT NULL,"
+    "  subtree INTEGER NOT NULL DEFAULT 0,"
+    "  time REAL NOT NULL,"
+    "  pid INTEGER NOT NULL DEFAULT 0,"
+    "  comm TEXT,"
+    "  UNIQUE (turn, path, kind));",
+
+    /* 2: the turns tables (turns, entries, base_cache, blobs) go here, added by the
+     * snapshot/diff/rollback work. Keep one string per migration, in order. */
+};
+
+const size_t cb_db_migration_count = sizeof(cb_db_migrations) / sizeof(cb_db_migrations[0]);

@@ -1,0 +1,301 @@
+/* Unit tests of db/: migration, marks and their deduplication, group commit under many
+ * threads, durability across a kill -9 and the errors for bad files. */
+#include "config.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cowbox/error.h"
+#include "db.h"
+
+static char dir[64];
+static char path[128];
+
+static void setup(void)
+{
+	snprintf(dir, sizeof(dir), "/tmp/cb-dbtest-XXXXXX");
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/meta.db", dir);
+}
+
+static void teardown(void)
+{
+	char cmd[160];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(journal, .init = setup, .fini = teardown);
+
+struct collect {
+	int n;
+	char paths[64][64];
+	int kinds[64];
+	long long turns[64];
+	pid_t pids[64];
+	char comms[64][16];
+};
+
+static int collect_row(const struct cb_journal_row *row, void *arg)
+{
+	struct collect *c = arg;
+
+	if (c->n < 64) {
+		snprintf(c->paths[c->n], sizeof(c->paths[0]), "%s", row->path);
+		c->kinds[c->n] = row->kind;
+		c->turns[c->n] = row->turn;
+		c->pids[c->n] = row->pid;
+		snprintf(c->comms[c->n], sizeof(c->comms[0]), "%s", row->comm ? row->comm : "");
+	}
+	c->n++;
+	return 0;
+}
+
+static int count_rows(struct cb_db *db)
+{
+	struct collect *c = calloc(1, sizeof(*c));
+	int n;
+
+	cr_assert_eq(cb_journal_list(db, 0, collect_row, c), 0, "%s", cb_error_message());
+	n = c->n;
+	free(c);
+	return n;
+}
+
+Test(journal, migrate_from_empty_and_reopen)
+{
+	struct cb_db *db;
+	char *v = NULL;
+
+	cr_assert_eq(cb_db_open(path, &db), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_journal_turn(db), 1);
+	cr_assert_eq(cb_db_meta_set(db, "base", "/src/x"), 0);
+	cb_db_close(db);
+	cr_assert_eq(cb_db_open(path, &db), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_db_meta_get(db, "base", &v), 0);
+	cr_assert_str_eq(v, "/src/x");
+	free(v);
+	cr_assert_eq(cb_db_meta_get(db, "nope", &v), -ENOENT);
+	cr_assert_null(v);
+	cr_assert(strstr(cb_error_message(), "nope"));
+	cb_db_close(db);
+
+	/* user_version says every migration ran. */
+	sqlite3 *raw;
+	sqlite3_stmt *st;
+
+	cr_assert_eq(sqlite3_open(path, &raw), SQLITE_OK);
+	cr_assert_eq(sqlite3_prepare_v2(raw, "PRAGMA user_version", -1, &st, NULL), SQLITE_OK);
+	cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
+	cr_assert_eq(sqlite3_column_int64(st, 0), (long long)cb_db_migration_count);
+	sqlite3_finalize(st);
+	cr_assert_eq(sqlite3_prepare_v2(raw, "PRAGMA journal_mode", -1, &st, NULL), SQLITE_OK);
+	cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
+	cr_assert_str_eq((const char *)sqlite3_column_text(st, 0), "wal");
+	sqlite3_finalize(st);
+	sqlite3_close(raw);
+}
+
+Test(journal, mark_list_and_duplicates)
+{
+	struct cb_db *db;
+	struct collect *c = calloc(1, sizeof(*c));
+	struct cb_change ch[] = {
+	    {"src/a.c", CB_CHANGE_WRITE, 0, 42, "cc1"},
+	    {"src/b.c", CB_CHANGE_CREATE, 0, 43, NULL},
+	    {"src/a.c", CB_CHANGE_META, 0, 42, "chmod"},
+	};
+	unsigned long long marks, rows, txs;
+
+	cr_assert_eq(cb_db_open(path, &db), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_journal_mark(db, ch, 3), 0, "%s", cb_error_message());
+	/* The same marks again cost nothing: no rows, no transaction. */
+	cr_assert_eq(cb_journal_mark(db, ch, 3), 0);
+	cr_assert_eq(cb_journal_mark(db, ch, 1), 0);
+	cb_journal_stats(db, &marks, &rows, &txs);
+	cr_assert_eq(marks, 7);
+	cr_assert_eq(rows, 3);
+	cr_assert_eq(txs, 1);
+	cr_assert_eq(cb_journal_list(db, 1, collect_row, c), 0);
+	cr_assert_eq(c->n, 3);
+	cr_assert_str_eq(c->paths[0], "src/a.c");
+	cr_assert_eq(c->kinds[0], CB_CHANGE_WRITE);
+	cr_assert_eq(c->pids[0], 42);
+	cr_assert_str_eq(c->comms[0], "cc1");
+	cr_assert_str_eq(c->comms[1], "");
+	cr_assert_eq(c->kinds[2], CB_CHANGE_META);
+	cb_db_close(db);
+
+	/* After a reopen the set is empty, but the unique key still stops a second row; a new
+	 * turn records the path again. */
+	cr_assert_eq(cb_db_open(path, &db), 0);
+	cr_assert_eq(cb_journal_mark(db, ch, 1), 0);
+	cr_assert_eq(count_rows(db), 3);
+	cb_journal_set_turn(db, 2);
+	cr_assert_eq(cb_journal_mark(db, ch, 1), 0);
+	memset(c, 0, sizeof(*c));
+	cr_assert_eq(cb_journal_list(db, 2, collect_row, c), 0);
+	cr_assert_eq(c->n, 1);
+	cr_assert_eq(c->turns[0], 2);
+	cr_assert_eq(count_rows(db), 4);
+	cr_assert_str_eq(cb_change_kind_name(CB_CHANGE_RENAME_TO), "rename-to");
+	cr_assert_str_eq(cb_change_kind_name(99), "unknown");
+	free(c);
+	cb_db_close(db);
+}
+
+Test(journal, bad_marks_refused)
+{
+	struct cb_db *db;
+	struct cb_change abs = {"/etc/passwd", CB_CHANGE_WRITE, 0, 0, NULL};
+	struct cb_change dots = {"..", CB_CHANGE_WRITE, 0, 0, NULL};
+	struct cb_change kind = {"a", 77, 0, 0, NULL};
+
+	cr_assert_eq(cb_db_open(path, &db), 0);
+	cr_assert_eq(cb_journal_mark(db, &abs, 1), -EINVAL);
+	cr_assert(strstr(cb_error_message(), "/etc/passwd"));
+	cr_assert_eq(cb_journal_mark(db, &dots, 1), -EINVAL);
+	cr_assert_eq(cb_journal_mark(db, &kind, 1), -EINVAL);
+	cr_assert_eq(count_rows(db), 0);
+	cb_db_close(db);
+}
+
+#define THREADS	   16
+#define PER_THREAD 200
+
+struct worker {
+	struct cb_db *db;
+	int index;
+	int rc;
+};
+
+static void *mark_worker(void *arg)
+{
+	struct worker *w = arg;
+	char p[64];
+
+	for (int i = 0; i < PER_THREAD && !w->rc; i++) {
+		struct cb_change c = {p, CB_CHANGE_WRITE, 0, getpid(), "worker"};
+
+		snprintf(p, sizeof(p), "t%d/f%d", w->index, i);
+		w->rc = cb_journal_mark(w->db, &c, 1);
+	}
+	return NULL;
+}
+
+Test(journal, group_commit_from_many_threads)
+{
+	struct cb_db *db;
+	pthread_t t[THREADS];
+	struct worker w[THREADS];
+	unsigned long long marks, rows, txs;
+
+	cr_assert_eq(cb_db_open(path, &db), 0);
+	for (int i = 0; i < THREADS; i++) {
+		w[i] = (struct worker){db, i, 0};
+		cr_assert_eq(pthread_create(&t[i], NULL, mark_worker, &w[i]), 0);
+	}
+	for (int i = 0; i < THREADS; i++) {
+		pthread_join(t[i], NULL);
+		cr_assert_eq(w[i].rc, 0);
+	}
+	cb_journal_stats(db, &marks, &rows, &txs);
+	cr_assert_eq(marks, THREADS * PER_THREAD);
+	cr_assert_eq(rows, THREADS * PER_THREAD);
+	cr_assert_eq(count_rows(db), THREADS * PER_THREAD);
+	/* Batching happened: fewer transactions than marks. */
+	cr_assert_lt(txs, marks, "transactions %llu, marks %llu", txs, marks);
+	cr_log_info("group commit: %llu marks in %llu transactions\n", marks, txs);
+	cb_db_close(db);
+}
+
+Test(journal, durable_across_kill9)
+{
+	pid_t pid = fork();
+	int status;
+
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		struct cb_db *db;
+		struct cb_change c = {"kept.txt", CB_CHANGE_CREATE, 0, 1, "x"};
+
+		if (cb_db_open(path, &db) || cb_journal_mark(db, &c, 1))
+			_exit(3);
+		c.path = "dir";
+		c.kind = CB_CHANGE_RENAME_TO;
+		c.subtree = 1;
+		if (cb_journal_mark(db, &c, 1))
+			_exit(3);
+		raise(SIGKILL); /* no close, no checkpoint */
+		_exit(4);
+	}
+	cr_assert_eq(waitpid(pid, &status, 0), pid);
+	cr_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "status %d", status);
+
+	struct cb_db *db;
+	struct collect *c = calloc(1, sizeof(*c));
+
+	cr_assert_eq(cb_db_open(path, &db), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_journal_list(db, 0, collect_row, c), 0);
+	cr_assert_eq(c->n, 2);
+	cr_assert_str_eq(c->paths[0], "kept.txt");
+	cr_assert_str_eq(c->paths[1], "dir");
+	cr_assert_eq(cb_journal_sync(db), 0, "%s", cb_error_message());
+	free(c);
+	cb_db_close(db);
+}
+
+Test(journal, corrupt_file_is_a_clear_error)
+{
+	struct cb_db *db = (void *)1;
+	int fd = open(path, O_WRONLY | O_CREAT, 0600);
+	char junk[4096];
+
+	memset(junk, 'z', sizeof(junk));
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(write(fd, junk, sizeof(junk)), (ssize_t)sizeof(junk));
+	close(fd);
+	cr_assert_lt(cb_db_open(path, &db), 0);
+	cr_assert_null(db);
+	cr_assert(strstr(cb_error_message(), path), "%s", cb_error_message());
+	cr_assert(strstr(cb_error_message(), "not a database"), "%s", cb_error_message());
+}
+
+Test(journal, unopenable_file_is_a_clear_error)
+{
+	struct cb_db *db = (void *)1;
+	char missing[192];
+
+	snprintf(missing, sizeof(missing), "%s/no/such/dir/meta.db", dir);
+	cr_assert_lt(cb_db_open(missing, &db), 0);
+	cr_assert_null(db);
+	cr_assert(strstr(cb_error_message(), missing), "%s", cb_error_message());
+	cr_assert(strstr(cb_error_message(), "open"), "%s", cb_error_message());
+
+	/* A directory where the file should be. */
+	cr_assert_eq(mkdir(path, 0700), 0);
+	cr_assert_lt(cb_db_open(path, &db), 0);
+	cr_assert(strstr(cb_error_message(), path), "%s", cb_error_message());
+}
+
+Test(journal, newer_schema_is_refused)
+{
+	sqlite3 *raw;
+	struct cb_db *db;
+
+	cr_assert_eq(sqlite3_open(path, &raw), SQLITE_OK);
+	cr_assert_eq(sqlite3_exec(raw, "PRAGMA user_version = 999", NULL, NULL, NULL), SQLITE_OK);
+	sqlite3_close(raw);
+	cr_assert_lt(cb_db_open(path, &db), 0);
+	cr_assert(strstr(cb_error_message(), "newer"), "%s", cb_error_message());
+}

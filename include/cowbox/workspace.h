@@ -1,0 +1,79 @@
+/* Workspaces (ws/): where they live under $COWBOX_HOME, their refs and names, creating,
+ * resolving, describing and removing them. */
+#ifndef COWBOX_WORKSPACE_H
+#define COWBOX_WORKSPACE_H
+
+#include <stdio.h>
+#include <sys/types.h>
+
+/* "cb-" + 32 lowercase hex digits. */
+#define CB_WS_REF_LEN 35
+
+enum cb_ws_state {
+	CB_WS_UNMOUNTED = 0, /* no daemon, nothing mounted */
+	CB_WS_MOUNTED,	     /* a daemon holds the lock (it owns the mount while it lives) */
+	CB_WS_STALE,	     /* no daemon, but a dead FUSE mount or socket is left over */
+	CB_WS_INCOMPLETE,    /* creation was interrupted: only `rm` accepts it */
+};
+
+struct cb_ws_info {
+	char ref[CB_WS_REF_LEN + 1];
+	char *name;	  /* NULL if the workspace has none */
+	char *base;	  /* absolute path; NULL for an empty workspace */
+	char *dir;	  /* $COWBOX_HOME/workspaces/<ref> */
+	char *mountpoint; /* the daemon's mount point, else the default <dir>/mnt */
+	enum cb_ws_state state;
+	pid_t daemon_pid;      /* 0 when no daemon runs */
+	long long upper_bytes; /* disk used by upper/ */
+};
+
+/* The state directory: $COWBOX_HOME, else /var/lib/cowbox for root, else
+ * $XDG_DATA_HOME/cowbox or ~/.local/share/cowbox. *out is malloc'd; it may not exist yet. */
+int cb_ws_home(char **out);
+
+/* 1 if s is spelled like a ref cowbox makes ("cb-" + 32 lowercase hex), else 0. */
+int cb_ws_ref_syntax(const char *s);
+
+/* 0 if name is usable as a workspace name (1-64 of [A-Za-z0-9._-], starting with a letter or
+ * digit, not starting with "cb-" so it never looks like a ref); else -EINVAL and a message. */
+int cb_ws_name_check(const char *name);
+
+/* Create a workspace over base (NULL: empty) with an optional unique name. The ref directory
+ * is made first and reported on log (if not NULL), so that a crash part-way leaves a ref that
+ * `cowbox rm` cleans. Bad names, taken names and missing bases fail before anything is made. */
+int cb_ws_create(const char *base, const char *name, FILE *log, char ref[CB_WS_REF_LEN + 1]);
+
+/* Turn a ref or a name into the ref of a complete workspace cowbox created; anything else
+ * (a malformed ref, an unknown name, a path, an interrupted creation) is refused with a
+ * message saying why, before the caller does anything. */
+int cb_ws_resolve(const char *ref_or_name, char ref[CB_WS_REF_LEN + 1]);
+
+/* "$COWBOX_HOME/workspaces/<ref>/<leaf>" (leaf NULL: the directory), malloc'd into *out. */
+int cb_ws_path(const char *ref, const char *leaf, char **out);
+
+/* Describe a workspace (state, daemon, mount point, upper size). Free with cb_ws_info_free. */
+int cb_ws_info(const char *ref, struct cb_ws_info *out);
+void cb_ws_info_free(struct cb_ws_info *info);
+
+/* Call fn for every workspace, in ref order; fn returns 0 to go on. */
+int cb_ws_list(int (*fn)(const struct cb_ws_info *info, void *arg), void *arg);
+
+/* Stop the workspace's daemon (SIGTERM, then SIGKILL after a grace), unmount what is left and
+ * delete everything. A well-formed ref that no longer exists returns 0 quietly. */
+int cb_ws_remove(const char *ref_or_name);
+
+/* The live daemon of a workspace: *pid > 0 and *mountpoint (malloc'd) when one holds the lock,
+ * else *pid = 0 and *mountpoint = NULL. */
+int cb_ws_daemon(const char *ref, pid_t *pid, char **mountpoint);
+
+/* 1 if path is the mount point of a FUSE mount (alive or dead) in this mount namespace. */
+int cb_ws_is_fuse_mount(const char *path);
+
+/* Detach a FUSE mount left behind by a dead daemon (umount2 MNT_DETACH as root, else
+ * fusermount3 -u -z); 0 if nothing was mounted there. */
+int cb_ws_unmount(const char *path);
+
+/* "mounted", "unmounted", "stale", "incomplete". */
+const char *cb_ws_state_name(enum cb_ws_state state);
+
+#endif

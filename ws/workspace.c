@@ -1,0 +1,321 @@
+/* Workspaces on disk: $COWBOX_HOME, refs and names, creating and resolving. Anything that
+ * cowbox did not create is refused here, before any caller acts on it. */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <pwd.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cowbox/error.h"
+#include "cowbox/journal.h"
+#include "cowbox/workspace.h"
+#include "ws.h"
+
+int ws_pathf(char **out, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vasprintf(out, fmt, ap);
+	va_end(ap);
+	if (n < 0) {
+		*out = NULL;
+		return cb_error_set(ENOMEM, "out of memory");
+	}
+	return 0;
+}
+
+int cb_ws_home(char **out)
+{
+	const char *env = getenv("COWBOX_HOME");
+	const char *xdg = getenv("XDG_DATA_HOME");
+	const char *home = getenv("HOME");
+
+	*out = NULL;
+	if (env && *env) {
+		if (env[0] != '/')
+			return cb_error_set(EINVAL,
+					    "COWBOX_HOME must be an absolute path, not '%s'", env);
+		return ws_pathf(out, "%s", env);
+	}
+	if (geteuid() == 0)
+		return ws_pathf(out, "/var/lib/cowbox");
+	if (xdg && xdg[0] == '/')
+		return ws_pathf(out, "%s/cowbox", xdg);
+	if (!home || home[0] != '/') {
+		struct passwd *pw = getpwuid(geteuid());
+
+		home = pw ? pw->pw_dir : NULL;
+	}
+	if (!home)
+		return cb_error_set(ENOENT, "no home directory to keep workspaces in; set "
+					    "COWBOX_HOME");
+	return ws_pathf(out, "%s/.local/share/cowbox", home);
+}
+
+int cb_ws_ref_syntax(const char *s)
+{
+	if (!s || strncmp(s, "cb-", 3) || strlen(s) != CB_WS_REF_LEN)
+		return 0;
+	for (const char *p = s + 3; *p; p++)
+		if (!isdigit((unsigned char)*p) && !(*p >= 'a' && *p <= 'f'))
+			return 0;
+	return 1;
+}
+
+int cb_ws_name_check(const char *name)
+{
+	size_t len = name ? strlen(name) : 0;
+
+	if (len == 0 || len > 64)
+		return cb_error_set(EINVAL,
+				    "bad workspace name '%s': it must be 1 to 64 characters",
+				    name ? name : "");
+	if (!isalnum((unsigned char)name[0]))
+		return cb_error_set(
+		    EINVAL, "bad workspace name '%s': it must start with a letter or digit", name);
+	for (const char *p = name; *p; p++)
+		if (!isalnum((unsigned char)*p) && !strchr("._-", *p))
+			return cb_error_set(
+			    EINVAL,
+			    "bad workspace name '%s': only letters, digits, '.', '_' "
+			    "and '-' are allowed",
+			    name);
+	if (!strncmp(name, "cb-", 3))
+		return cb_error_set(
+		    EINVAL,
+		    "bad workspace name '%s': names may not start with 'cb-', which "
+		    "is how refs look",
+		    name);
+	return 0;
+}
+
+int cb_ws_path(const char *ref, const char *leaf, char **out)
+{
+	char *home = NULL;
+	int rc = cb_ws_home(&home);
+
+	if (rc)
+		return rc;
+	rc = leaf ? ws_pathf(out, "%s/workspaces/%s/%s", home, ref, leaf)
+		  : ws_pathf(out, "%s/workspaces/%s", home, ref);
+	free(home);
+	return rc;
+}
+
+/* mkdir that accepts an existing directory, for the shared parts of the home. */
+static int ws_mkdir(const char *path, mode_t mode)
+{
+	if (mkdir(path, mode) == 0 || errno == EEXIST)
+		return 0;
+	return cb_error_set(errno, "mkdir %s: %s", path, strerror(errno));
+}
+
+static int ws_mkdir_home(const char *home)
+{
+	char *p = NULL;
+	int rc;
+
+	rc = ws_pathf(&p, "%s", home);
+	/* mkdir -p of the home itself, so COWBOX_HOME may name a directory not yet made. */
+	for (char *s = p ? p + 1 : NULL; !rc && s && (s = strchr(s, '/')); s++) {
+		*s = '\0';
+		rc = ws_mkdir(p, 0755);
+		*s = '/';
+	}
+	if (!rc)
+		rc = ws_mkdir(p, 0755);
+	free(p);
+	if (!rc && !(rc = ws_pathf(&p, "%s/workspaces", home))) {
+		rc = ws_mkdir(p, 0700);
+		free(p);
+	}
+	if (!rc && !(rc = ws_pathf(&p, "%s/names", home))) {
+		rc = ws_mkdir(p, 0700);
+		free(p);
+	}
+	return rc;
+}
+
+static int ws_new_ref(char ref[CB_WS_REF_LEN + 1])
+{
+	unsigned char raw[16];
+
+	if (getrandom(raw, sizeof(raw), 0) != sizeof(raw))
+		return cb_error_set(errno ? errno : EIO, "getrandom: %s", strerror(errno));
+	memcpy(ref, "cb-", 3);
+	for (int i = 0; i < 16; i++)
+		snprintf(ref + 3 + 2 * i, 3, "%02x", raw[i]);
+	return 0;
+}
+
+/* Who holds a name: the ref its link points at, or -ENOENT. */
+int ws_name_lookup(const char *home, const char *name, char ref[CB_WS_REF_LEN + 1])
+{
+	char *link = NULL, target[64];
+	ssize_t n;
+	int rc = ws_pathf(&link, "%s/names/%s", home, name);
+
+	if (rc)
+		return rc;
+	n = readlink(link, target, sizeof(target) - 1);
+	if (n < 0) {
+		rc = errno == ENOENT ? cb_error_set(ENOENT, "no workspace named '%s'", name)
+				     : cb_error_set(errno, "read %s: %s", link, strerror(errno));
+	} else {
+		target[n] = '\0';
+		if (!cb_ws_ref_syntax(target))
+			rc = cb_error_set(EINVAL, "name link %s points at '%s', not a ref", link,
+					  target);
+		else
+			memcpy(ref, target, CB_WS_REF_LEN + 1);
+	}
+	free(link);
+	return rc;
+}
+
+/* Steps after the ref directory exists; the caller deletes it again on failure. */
+static int ws_fill(const char *dir, const char *base, const char *name)
+{
+	struct cb_db *db = NULL;
+	char *p = NULL;
+	int rc;
+
+	if ((rc = ws_pathf(&p, "%s/upper", dir)) || (rc = ws_mkdir(p, 0755)))
+		goto out;
+	free(p);
+	if ((rc = ws_pathf(&p, "%s/mnt", dir)) || (rc = ws_mkdir(p, 0755)))
+		goto out;
+	free(p);
+	if ((rc = ws_pathf(&p, "%s/meta.db", dir)) || (rc = cb_db_open(p, &db)))
+		goto out;
+	if (base && (rc = cb_db_meta_set(db, "base", base)))
+		goto out;
+	if (name && (rc = cb_db_meta_set(db, "name", name)))
+		goto out;
+	/* Written last: a workspace without it is an interrupted creation. */
+	rc = cb_db_meta_set(db, "created", "1");
+out:
+	free(p);
+	cb_db_close(db);
+	return rc;
+}
+
+int cb_ws_create(const char *base, const char *name, FILE *log, char ref[CB_WS_REF_LEN + 1])
+{
+	char *home = NULL, *dir = NULL, *link = NULL, *base_abs = NULL;
+	char other[CB_WS_REF_LEN + 1];
+	struct stat st;
+	int rc;
+
+	ref[0] = '\0';
+	if (name && (rc = cb_ws_name_check(name)))
+		return rc;
+	if ((rc = cb_ws_home(&home)))
+		return rc;
+	if (name && ws_name_lookup(home, name, other) == 0) {
+		rc = cb_error_set(EEXIST, "the name '%s' is already used by %s", name, other);
+		goto out;
+	}
+	if (base) {
+		base_abs = realpath(base, NULL);
+		if (!base_abs) {
+			rc = cb_error_set(errno, "base %s: %s", base, strerror(errno));
+			goto out;
+		}
+		if (stat(base_abs, &st) < 0 || !S_ISDIR(st.st_mode)) {
+			rc = cb_error_set(ENOTDIR, "base %s: not a directory", base);
+			goto out;
+		}
+	}
+	if ((rc = ws_mkdir_home(home)) || (rc = ws_new_ref(ref)))
+		goto out;
+	if ((rc = ws_pathf(&dir, "%s/workspaces/%s", home, ref)))
+		goto out;
+	if (mkdir(dir, 0700) < 0) {
+		rc = cb_error_set(errno, "mkdir %s: %s", dir, strerror(errno));
+		goto out;
+	}
+	if (log) {
+		fprintf(log, "cowbox: creating workspace %s in %s\n", ref, dir);
+		fflush(log);
+	}
+	rc = ws_fill(dir, base_abs, name);
+	if (!rc && name) {
+		/* The link claims the name atomically: of two racing creates one gets EEXIST. */
+		if ((rc = ws_pathf(&link, "%s/names/%s", home, name)))
+			goto undo;
+		if (symlink(ref, link) < 0) {
+			rc = errno == EEXIST
+				 ? cb_error_set(EEXIST, "the name '%s' is already in use", name)
+				 : cb_error_set(errno, "symlink %s: %s", link, strerror(errno));
+			goto undo;
+		}
+	}
+	if (!rc)
+		goto out;
+undo:
+	ws_delete_tree(dir);
+	ref[0] = '\0';
+out:
+	free(link);
+	free(dir);
+	free(base_abs);
+	free(home);
+	return rc;
+}
+
+int cb_ws_resolve(const char *arg, char ref[CB_WS_REF_LEN + 1])
+{
+	char *home = NULL, *dir = NULL, *db = NULL;
+	int rc;
+
+	ref[0] = '\0';
+	if (!arg || !*arg)
+		return cb_error_set(EINVAL, "no workspace given");
+	if (!strncmp(arg, "cb-", 3) && !cb_ws_ref_syntax(arg))
+		return cb_error_set(EINVAL,
+				    "'%s' is not a cowbox ref: refs are 'cb-' and 32 lowercase hex "
+				    "digits, as printed by cowbox create",
+				    arg);
+	if (!cb_ws_ref_syntax(arg) && cb_ws_name_check(arg))
+		return cb_error_set(EINVAL, "'%s' is neither a workspace ref nor a workspace name",
+				    arg);
+	if ((rc = cb_ws_home(&home)))
+		return rc;
+	if (cb_ws_ref_syntax(arg))
+		memcpy(ref, arg, CB_WS_REF_LEN + 1);
+	else if ((rc = ws_name_lookup(home, arg, ref)))
+		goto out;
+	if ((rc = ws_pathf(&dir, "%s/workspaces/%s", home, ref)))
+		goto out;
+	if (access(dir, F_OK) < 0) {
+		rc = cb_error_set(ENOENT, "no workspace %s in %s", ref, home);
+		goto out;
+	}
+	if ((rc = ws_pathf(&db, "%s/meta.db", dir)))
+		goto out;
+	if (!ws_is_complete(db)) {
+		rc = cb_error_set(EUCLEAN,
+				  "workspace %s was not fully created (interrupted?); remove it "
+				  "with 'cowbox rm %s'",
+				  ref, ref);
+		goto out;
+	}
+out:
+	if (rc)
+		ref[0] = '\0';
+	free(db);
+	free(dir);
+	free(home);
+	return rc;
+}

@@ -1,0 +1,436 @@
+/* What a workspace is doing (daemon, mount, size) and taking it away: info, list, remove, and
+ * the mount helpers that recover from a daemon that died with its mount still in place. */
+#include "config.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cowbox/error.h"
+#include "cowbox/journal.h"
+#include "cowbox/workspace.h"
+#include "ws.h"
+
+const char *cb_ws_state_name(enum cb_ws_state state)
+{
+	switch (state) {
+	case CB_WS_MOUNTED:
+		return "mounted";
+	case CB_WS_STALE:
+		return "stale";
+	case CB_WS_INCOMPLETE:
+		return "incomplete";
+	default:
+		return "unmounted";
+	}
+}
+
+int ws_is_complete(const char *db_path)
+{
+	struct cb_db *db = NULL;
+	char *v = NULL;
+	int ok;
+
+	if (access(db_path, F_OK) < 0 || cb_db_open(db_path, &db))
+		return 0;
+	ok = cb_db_meta_get(db, "created", &v) == 0;
+	free(v);
+	cb_db_close(db);
+	return ok;
+}
+
+/* mountinfo escapes space, tab, newline and backslash as \ooo. */
+static void unescape_octal(char *s)
+{
+	char *w = s;
+
+	for (char *r = s; *r; r++) {
+		if (r[0] == '\\' && r[1] >= '0' && r[1] <= '7' && r[2] && r[3]) {
+			*w++ = (char)((r[1] - '0') * 64 + (r[2] - '0') * 8 + (r[3] - '0'));
+			r += 3;
+		} else {
+			*w++ = *r;
+		}
+	}
+	*w = '\0';
+}
+
+int cb_ws_is_fuse_mount(const char *path)
+{
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+	char *line = NULL;
+	size_t cap = 0;
+	int found = 0;
+
+	if (!f)
+		return 0;
+	while (!found && getline(&line, &cap, f) > 0) {
+		char mnt[4096], *sep = strstr(line, " - ");
+		char fstype[64];
+
+		if (!sep || sscanf(line, "%*s %*s %*s %*s %4095s", mnt) != 1 ||
+		    sscanf(sep + 3, "%63s", fstype) != 1)
+			continue;
+		unescape_octal(mnt);
+		found = !strcmp(mnt, path) && !strncmp(fstype, "fuse", 4);
+	}
+	free(line);
+	fclose(f);
+	return found;
+}
+
+int cb_ws_unmount(const char *path)
+{
+	pid_t pid;
+	int status;
+
+	if (!cb_ws_is_fuse_mount(path))
+		return 0;
+	if (geteuid() == 0) {
+		if (umount2(path, MNT_DETACH) == 0)
+			return 0;
+		return cb_error_set(errno, "umount %s: %s", path, strerror(errno));
+	}
+	pid = fork();
+	if (pid < 0)
+		return cb_error_set(errno, "fork: %s", strerror(errno));
+	if (pid == 0) {
+		execlp("fusermount3", "fusermount3", "-u", "-z", path, (char *)NULL);
+		_exit(127);
+	}
+	if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status))
+		return cb_error_set(EBUSY, "fusermount3 -u -z %s failed", path);
+	return 0;
+}
+
+/* The lock file holds "PID\nMOUNTPOINT\n", written by the daemon once it holds the flock; a
+ * lock we can take ourselves means nobody is serving. */
+int cb_ws_daemon(const char *ref, pid_t *pid, char **mountpoint)
+{
+	char *path = NULL, buf[4200];
+	int fd = -1, rc;
+	ssize_t n;
+
+	*pid = 0;
+	*mountpoint = NULL;
+	if ((rc = cb_ws_path(ref, "lock", &path)))
+		return rc;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		rc =
+		    errno == ENOENT ? 0 : cb_error_set(errno, "open %s: %s", path, strerror(errno));
+		goto out;
+	}
+	if (flock(fd, LOCK_SH | LOCK_NB) == 0)
+		goto out; /* free: no daemon */
+	if (errno != EWOULDBLOCK) {
+		rc = cb_error_set(errno, "flock %s: %s", path, strerror(errno));
+		goto out;
+	}
+	n = pread(fd, buf, sizeof(buf) - 1, 0);
+	buf[n > 0 ? n : 0] = '\0';
+	*pid = (pid_t)strtol(buf, NULL, 10);
+	if (*pid <= 0)
+		*pid = -1; /* held, but the daemon has not written its pid yet */
+	char *nl = strchr(buf, '\n');
+
+	if (nl && nl[1]) {
+		char *end = strchr(nl + 1, '\n');
+
+		if (end)
+			*end = '\0';
+		*mountpoint = strdup(nl + 1);
+	}
+out:
+	if (fd >= 0)
+		close(fd);
+	free(path);
+	return rc;
+}
+
+static long long du_total;
+
+static int du_visit(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+	(void)path;
+	(void)type;
+	(void)ftw;
+	du_total += (long long)st->st_blocks * 512;
+	return 0;
+}
+
+static long long upper_size(const char *dir)
+{
+	char *upper = NULL;
+	long long total;
+
+	if (ws_pathf(&upper, "%s/upper", dir))
+		return 0;
+	/* nftw has no user argument; one workspace is measured at a time in a process. */
+	static pthread_mutex_t du_lock = PTHREAD_MUTEX_INITIALIZER;
+
+	pthread_mutex_lock(&du_lock);
+	du_total = 0;
+	nftw(upper, du_visit, 32, FTW_PHYS | FTW_MOUNT);
+	total = du_total;
+	pthread_mutex_unlock(&du_lock);
+	free(upper);
+	return total;
+}
+
+void cb_ws_info_free(struct cb_ws_info *info)
+{
+	if (!info)
+		return;
+	free(info->name);
+	free(info->base);
+	free(info->dir);
+	free(info->mountpoint);
+	memset(info, 0, sizeof(*info));
+}
+
+/* Describes a ref directory that exists, complete or not (list shows interrupted ones). */
+static int ws_describe(const char *ref, struct cb_ws_info *out)
+{
+	struct cb_db *db = NULL;
+	char *dbpath = NULL, *sock = NULL;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	memcpy(out->ref, ref, CB_WS_REF_LEN + 1);
+	if ((rc = cb_ws_path(ref, NULL, &out->dir)) || (rc = cb_ws_path(ref, "meta.db", &dbpath)))
+		goto out;
+	if (!ws_is_complete(dbpath)) {
+		out->state = CB_WS_INCOMPLETE;
+		goto out;
+	}
+	if ((rc = cb_db_open(dbpath, &db)))
+		goto out;
+	cb_db_meta_get(db, "name", &out->name);
+	cb_db_meta_get(db, "base", &out->base);
+	cb_error_clear();
+	if ((rc = cb_ws_daemon(ref, &out->daemon_pid, &out->mountpoint)))
+		goto out;
+	if (!out->mountpoint) {
+		char *real = realpath(out->dir, NULL);
+
+		rc = ws_pathf(&out->mountpoint, "%s/mnt", real ? real : out->dir);
+		free(real);
+		if (rc)
+			goto out;
+	}
+	if (out->daemon_pid) {
+		out->state = CB_WS_MOUNTED;
+	} else {
+		if ((rc = cb_ws_path(ref, "control.sock", &sock)))
+			goto out;
+		out->state = cb_ws_is_fuse_mount(out->mountpoint) || access(sock, F_OK) == 0
+				 ? CB_WS_STALE
+				 : CB_WS_UNMOUNTED;
+	}
+	out->upper_bytes = upper_size(out->dir);
+out:
+	if (rc)
+		cb_ws_info_free(out);
+	cb_db_close(db);
+	free(dbpath);
+	free(sock);
+	return rc;
+}
+
+int cb_ws_info(const char *ref, struct cb_ws_info *out)
+{
+	char checked[CB_WS_REF_LEN + 1];
+	int rc = cb_ws_resolve(ref, checked);
+
+	memset(out, 0, sizeof(*out));
+	return rc ? rc : ws_describe(checked, out);
+}
+
+static int ref_cmp(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int cb_ws_list(int (*fn)(const struct cb_ws_info *info, void *arg), void *arg)
+{
+	char *home = NULL, *dir = NULL, **refs = NULL;
+	size_t n = 0, cap = 0;
+	struct dirent *de;
+	DIR *d = NULL;
+	int rc;
+
+	if ((rc = cb_ws_home(&home)) || (rc = ws_pathf(&dir, "%s/workspaces", home)))
+		goto out;
+	d = opendir(dir);
+	if (!d) {
+		rc = errno == ENOENT ? 0 : cb_error_set(errno, "open %s: %s", dir, strerror(errno));
+		goto out;
+	}
+	while ((de = readdir(d))) {
+		if (!cb_ws_ref_syntax(de->d_name))
+			continue;
+		if (n == cap) {
+			char **grown = realloc(refs, (cap = cap ? cap * 2 : 16) * sizeof(*refs));
+
+			if (!grown) {
+				rc = cb_error_set(ENOMEM, "out of memory");
+				goto out;
+			}
+			refs = grown;
+		}
+		if (!(refs[n] = strdup(de->d_name))) {
+			rc = cb_error_set(ENOMEM, "out of memory");
+			goto out;
+		}
+		n++;
+	}
+	qsort(refs, n, sizeof(*refs), ref_cmp);
+	for (size_t i = 0; i < n && !rc; i++) {
+		struct cb_ws_info info;
+
+		if (ws_describe(refs[i], &info))
+			continue; /* removed meanwhile */
+		rc = fn(&info, arg);
+		cb_ws_info_free(&info);
+	}
+out:
+	for (size_t i = 0; i < n; i++)
+		free(refs[i]);
+	free(refs);
+	if (d)
+		closedir(d);
+	free(dir);
+	free(home);
+	return rc;
+}
+
+static int rm_visit(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+	(void)st;
+	(void)ftw;
+	if (type == FTW_DP ? rmdir(path) : unlink(path))
+		return errno == ENOENT ? 0 : -errno;
+	return 0;
+}
+
+int ws_delete_tree(const char *dir)
+{
+	int rc = nftw(dir, rm_visit, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+
+	if (rc == 0 || (rc < 0 && errno == ENOENT))
+		return 0;
+	return cb_error_set(rc < 0 ? -rc : errno, "delete %s: %s", dir,
+			    strerror(rc < 0 ? -rc : errno));
+}
+
+static void sleep_ms(long ms)
+{
+	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+
+	nanosleep(&ts, NULL);
+}
+
+/* SIGTERM lets the daemon unmount cleanly; SIGKILL after 10 s covers a wedged one. */
+static int ws_stop_daemon(const char *ref)
+{
+	char *mnt = NULL;
+	pid_t pid;
+	int rc, waited = 0;
+
+	while (!(rc = cb_ws_daemon(ref, &pid, &mnt)) && pid) {
+		free(mnt);
+		mnt = NULL;
+		if (pid > 0 && waited == 0)
+			kill(pid, SIGTERM);
+		if (pid > 0 && waited == 10000)
+			kill(pid, SIGKILL);
+		if (waited > 15000)
+			return cb_error_set(EBUSY, "workspace %s: daemon pid %d does not stop", ref,
+					    (int)pid);
+		sleep_ms(50);
+		waited += 50;
+	}
+	free(mnt);
+	return rc;
+}
+
+int cb_ws_remove(const char *arg)
+{
+	char ref[CB_WS_REF_LEN + 1];
+	char *home = NULL, *dir = NULL, *trash = NULL, *link = NULL, *mnt = NULL;
+	struct cb_db *db = NULL;
+	char *name = NULL, *dbpath = NULL;
+	int rc;
+
+	if ((rc = cb_ws_home(&home)))
+		return rc;
+	if (cb_ws_ref_syntax(arg)) {
+		memcpy(ref, arg, sizeof(ref));
+	} else if ((rc = cb_ws_resolve(arg, ref))) {
+		goto out;
+	}
+	if ((rc = ws_pathf(&dir, "%s/workspaces/%s", home, ref)))
+		goto out;
+	if (access(dir, F_OK) < 0)
+		goto out; /* already gone: quiet */
+	if ((rc = ws_stop_daemon(ref)))
+		goto out;
+	/* Unmount whatever a dead daemon left at the default mount point. */
+	if ((rc = ws_pathf(&mnt, "%s/mnt", dir)))
+		goto out;
+	char *real = realpath(dir, NULL);
+
+	if (real) {
+		free(mnt);
+		rc = ws_pathf(&mnt, "%s/mnt", real);
+		free(real);
+		if (rc)
+			goto out;
+	}
+	if ((rc = cb_ws_unmount(mnt)))
+		goto out;
+	if (!(rc = ws_pathf(&dbpath, "%s/meta.db", dir)) && access(dbpath, F_OK) == 0 &&
+	    cb_db_open(dbpath, &db) == 0 && cb_db_meta_get(db, "name", &name) == 0) {
+		char owner[CB_WS_REF_LEN + 1];
+
+		/* Only drop the name if it still points here. */
+		if (ws_name_lookup(home, name, owner) == 0 && !strcmp(owner, ref) &&
+		    !ws_pathf(&link, "%s/names/%s", home, name))
+			unlink(link);
+	}
+	cb_db_close(db);
+	db = NULL;
+	cb_error_clear();
+	rc = 0;
+	/* Rename first so that a crash mid-delete leaves no half workspace under its ref. */
+	if ((rc = ws_pathf(&trash, "%s/workspaces/.trash-%s", home, ref)))
+		goto out;
+	if (rename(dir, trash) < 0) {
+		rc = cb_error_set(errno, "rename %s: %s", dir, strerror(errno));
+		goto out;
+	}
+	rc = ws_delete_tree(trash);
+out:
+	cb_db_close(db);
+	free(name);
+	free(dbpath);
+	free(mnt);
+	free(link);
+	free(trash);
+	free(dir);
+	free(home);
+	return rc;
+}

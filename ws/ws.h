@@ -1,0 +1,20 @@
+/* ws/ internals shared by its files: path formatting, tree deletion, name lookup and the
+ * completeness check of a workspace. Only ws/ includes this header. */
+#ifndef COWBOX_WS_INTERNAL_H
+#define COWBOX_WS_INTERNAL_H
+
+#include "cowbox/workspace.h"
+
+/* asprintf into *out with an error message on failure. */
+int ws_pathf(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* rm -rf that never crosses into another mount (a live mount point is left alone). */
+int ws_delete_tree(const char *dir);
+
+/* The ref a name points at, or -ENOENT with "no workspace named ...". */
+int ws_name_lookup(const char *home, const char *name, char ref[CB_WS_REF_LEN + 1]);
+
+/* 1 if meta.db exists and says creation finished. */
+int ws_is_complete(const char *db_path);
+
+#endif

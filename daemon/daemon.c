@@ -1,0 +1,396 @@
+/* `cowbox serve`: takes the workspace lock, recovers what a crashed daemon left (a dead FUSE
+ * mount, a socket), mounts the overlay and serves the control socket until told to stop. */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cowbox/error.h"
+#include "cowbox/journal.h"
+#include "cowbox/overlay.h"
+#include "daemon.h"
+
+/* A single-line, timestamped message in daemon.log (or on stderr in the foreground). */
+static void daemon_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void daemon_log(const char *fmt, ...)
+{
+	char stamp[32], msg[2048];
+	time_t now = time(NULL);
+	struct tm tm;
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tm));
+	fprintf(stderr, "%s cowbox[%d]: %s\n", stamp, (int)getpid(), msg);
+	fflush(stderr);
+}
+
+static double now_seconds(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static char *path_join(const char *a, const char *b)
+{
+	char *out = NULL;
+
+	if (asprintf(&out, "%s/%s", a, b) < 0)
+		return NULL;
+	return out;
+}
+
+/* The mount point as an absolute path without resolving its last part, which may be a dead
+ * FUSE mount that stat cannot enter (ENOTCONN). */
+static int daemon_mountpoint(const char *dir, const char *arg, char **out)
+{
+	char *copy = NULL, *parent = NULL, *real = NULL;
+	int rc = 0;
+
+	*out = NULL;
+	if (!arg) {
+		*out = path_join(dir, "mnt");
+		return *out ? 0 : cb_error_set(ENOMEM, "out of memory");
+	}
+	copy = strdup(arg);
+	parent = strdup(arg);
+	if (!copy || !parent) {
+		rc = cb_error_set(ENOMEM, "out of memory");
+		goto out;
+	}
+	real = realpath(dirname(parent), NULL);
+	if (!real) {
+		rc = cb_error_set(errno, "mount point %s: %s", arg, strerror(errno));
+		goto out;
+	}
+	const char *leaf = basename(copy);
+
+	if (!strcmp(leaf, "/"))
+		*out = strdup("/");
+	else
+		*out = !strcmp(real, "/") ? path_join("", leaf) : path_join(real, leaf);
+	if (!*out)
+		rc = cb_error_set(ENOMEM, "out of memory");
+out:
+	free(copy);
+	free(parent);
+	free(real);
+	return rc;
+}
+
+/* A FUSE mount at path whose daemon is gone answers ENOTCONN; only that one is ours to clear.
+ * A live mount there belongs to someone else. */
+static int daemon_clear_mountpoint(const char *path)
+{
+	struct stat st;
+
+	if (!cb_ws_is_fuse_mount(path)) {
+		if (stat(path, &st) < 0)
+			return cb_error_set(errno, "mount point %s: %s", path, strerror(errno));
+		if (!S_ISDIR(st.st_mode))
+			return cb_error_set(ENOTDIR, "mount point %s: not a directory", path);
+		return 0;
+	}
+	if (stat(path, &st) == 0)
+		return cb_error_set(
+		    EBUSY, "mount point %s: another FUSE filesystem is mounted there", path);
+	daemon_log("unmounting %s, left behind by a daemon that died", path);
+	return cb_ws_unmount(path);
+}
+
+/* Takes the lock without blocking; when another daemon holds it, name its pid. */
+static int daemon_lock(struct cb_daemon *d, char **old_mountpoint)
+{
+	char *path = path_join(d->dir, "lock"), buf[4200];
+	int rc = 0;
+	ssize_t n;
+
+	*old_mountpoint = NULL;
+	if (!path)
+		return cb_error_set(ENOMEM, "out of memory");
+	d->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (d->lock_fd < 0) {
+		rc = cb_error_set(errno, "open %s: %s", path, strerror(errno));
+		goto out;
+	}
+	n = pread(d->lock_fd, buf, sizeof(buf) - 1, 0);
+	buf[n > 0 ? n : 0] = '\0';
+	if (flock(d->lock_fd, LOCK_EX | LOCK_NB) < 0) {
+		int pid = atoi(buf);
+
+		rc = errno == EWOULDBLOCK
+			 ? cb_error_set(EBUSY, "workspace %s is in use by pid %d", d->ref, pid)
+			 : cb_error_set(errno, "flock %s: %s", path, strerror(errno));
+		close(d->lock_fd);
+		d->lock_fd = -1;
+		goto out;
+	}
+	char *nl = strchr(buf, '\n'), *end;
+
+	if (nl && (end = strchr(nl + 1, '\n'))) {
+		*end = '\0';
+		if (nl[1] == '/')
+			*old_mountpoint = strdup(nl + 1);
+	}
+out:
+	free(path);
+	return rc;
+}
+
+static int daemon_write_lock(struct cb_daemon *d)
+{
+	char buf[4200];
+	int len = snprintf(buf, sizeof(buf), "%d\n%s\n", (int)getpid(), d->mountpoint);
+
+	if (ftruncate(d->lock_fd, 0) < 0 || pwrite(d->lock_fd, buf, (size_t)len, 0) != len)
+		return cb_error_set(errno, "write lock of %s: %s", d->ref, strerror(errno));
+	return 0;
+}
+
+static int daemon_listen(struct cb_daemon *d)
+{
+	struct sockaddr_un sa;
+	socklen_t salen;
+	int dirfd = -1, rc;
+	mode_t old;
+
+	if ((rc = cb_daemon_sockaddr(d->sock_path, &sa, &salen, &dirfd)))
+		return rc;
+	/* We hold the lock, so a socket file here is a dead daemon's. */
+	if (unlink(d->sock_path) == 0)
+		daemon_log("removed the stale control socket of a daemon that died");
+	d->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (d->listen_fd < 0) {
+		rc = cb_error_set(errno, "socket: %s", strerror(errno));
+		goto out;
+	}
+	old = umask(0177);
+	rc = bind(d->listen_fd, (struct sockaddr *)&sa, salen);
+	umask(old);
+	if (rc < 0 || chmod(d->sock_path, 0600) < 0 || listen(d->listen_fd, 64) < 0)
+		rc = cb_error_set(errno, "listen on %s: %s", d->sock_path, strerror(errno));
+out:
+	if (dirfd >= 0)
+		close(dirfd);
+	return rc;
+}
+
+static void *daemon_accept(void *arg)
+{
+	struct cb_daemon *d = arg;
+
+	while (!d->stopping) {
+		int fd = accept4(d->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+
+		if (fd < 0) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			if (errno == EMFILE || errno == ENFILE || errno == ENOMEM) {
+				daemon_log("accept: %s", strerror(errno));
+				usleep(100000);
+				continue;
+			}
+			break; /* the listener was shut down */
+		}
+		if (cb_daemon_conn_start(d, fd))
+			daemon_log("%s", cb_error_message());
+	}
+	return NULL;
+}
+
+/* Signals are blocked everywhere and taken here, so stopping never runs in a handler. */
+static sigset_t daemon_signals;
+
+static void *daemon_signal_thread(void *arg)
+{
+	struct cb_daemon *d = arg;
+	int sig;
+
+	while (sigwait(&daemon_signals, &sig) == 0) {
+		if (d->stopping)
+			break;
+		daemon_log("got signal %d (%s), unmounting", sig, strsignal(sig));
+		cb_daemon_request_stop(d);
+		break;
+	}
+	return NULL;
+}
+
+void cb_daemon_request_stop(struct cb_daemon *d)
+{
+	d->stopping = 1;
+	if (d->ov)
+		cb_overlay_stop(d->ov);
+}
+
+static int daemon_load(struct cb_daemon *d, const struct cb_daemon_options *opt)
+{
+	char *dir = NULL;
+	int rc;
+
+	if ((rc = cb_ws_resolve(opt->ref, d->ref)) || (rc = cb_ws_path(d->ref, NULL, &dir)))
+		return rc;
+	d->dir = realpath(dir, NULL);
+	free(dir);
+	if (!d->dir)
+		return cb_error_set(errno, "workspace %s: %s", d->ref, strerror(errno));
+	d->upper = path_join(d->dir, "upper");
+	d->sock_path = path_join(d->dir, "control.sock");
+	d->db_path = path_join(d->dir, "meta.db");
+	if (!d->upper || !d->sock_path || !d->db_path)
+		return cb_error_set(ENOMEM, "out of memory");
+	return daemon_mountpoint(d->dir, opt->mountpoint, &d->mountpoint);
+}
+
+static void daemon_free(struct cb_daemon *d)
+{
+	free(d->dir);
+	free(d->base);
+	free(d->name);
+	free(d->upper);
+	free(d->mountpoint);
+	free(d->sock_path);
+	free(d->db_path);
+	pthread_mutex_destroy(&d->turn_lock);
+	pthread_mutex_destroy(&d->conns_lock);
+	pthread_cond_destroy(&d->conns_cond);
+}
+
+static int daemon_to_log(const struct cb_daemon *d)
+{
+	char *log = path_join(d->dir, "daemon.log");
+	int fd = log ? open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600) : -1;
+	int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	int rc = 0;
+
+	if (fd < 0 || null < 0 || dup2(null, 0) < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
+		rc =
+		    cb_error_set(errno, "log to %s: %s", log ? log : "daemon.log", strerror(errno));
+	if (fd >= 0)
+		close(fd);
+	if (null >= 0)
+		close(null);
+	free(log);
+	setsid(); /* fails harmlessly when already a session leader */
+	return rc;
+}
+
+int cb_daemon_serve(const struct cb_daemon_options *opt)
+{
+	struct cb_daemon d = {.lock_fd = -1, .listen_fd = -1};
+	pthread_t accept_thread, sig_thread;
+	int have_accept = 0, have_sig = 0, rc;
+	char *old_mnt = NULL;
+	sigset_t old_mask;
+
+	pthread_mutex_init(&d.turn_lock, NULL);
+	pthread_mutex_init(&d.conns_lock, NULL);
+	pthread_cond_init(&d.conns_cond, NULL);
+	d.started = now_seconds();
+	if ((rc = daemon_load(&d, opt)) || (rc = daemon_lock(&d, &old_mnt)))
+		goto out;
+	/* From here on the caller's terminal only sees the log if asked to. */
+	if (!opt->foreground && (rc = daemon_to_log(&d)))
+		goto out;
+	daemon_log("serving %s at %s", d.ref, d.mountpoint);
+	sigemptyset(&daemon_signals);
+	sigaddset(&daemon_signals, SIGTERM);
+	sigaddset(&daemon_signals, SIGINT);
+	sigaddset(&daemon_signals, SIGHUP);
+	sigaddset(&daemon_signals, SIGPIPE);
+	pthread_sigmask(SIG_BLOCK, &daemon_signals, &old_mask);
+	if (old_mnt && strcmp(old_mnt, d.mountpoint) && cb_ws_is_fuse_mount(old_mnt))
+		daemon_clear_mountpoint(old_mnt);
+	if ((rc = daemon_clear_mountpoint(d.mountpoint)) || (rc = daemon_write_lock(&d)))
+		goto out;
+	if ((rc = cb_daemon_reaper_start()) || (rc = cb_db_open(d.db_path, &d.db)))
+		goto out;
+	cb_db_meta_get(d.db, "base", &d.base);
+	cb_db_meta_get(d.db, "name", &d.name);
+	cb_error_clear();
+	char fsname[64];
+	struct cb_overlay_config cfg = {
+	    .base_dir = d.base,
+	    .upper_dir = d.upper,
+	    .mountpoint = d.mountpoint,
+	    .fsname = fsname,
+	    .db = d.db,
+	    .debug = opt->debug,
+	};
+
+	snprintf(fsname, sizeof(fsname), "cowbox:%s", d.ref);
+	if ((rc = cb_overlay_mount(&cfg, &d.ov)))
+		goto out;
+	if ((rc = daemon_listen(&d)))
+		goto out;
+	if ((rc = pthread_create(&accept_thread, NULL, daemon_accept, &d))) {
+		rc = cb_error_set(rc, "accept thread: %s", strerror(rc));
+		goto out;
+	}
+	have_accept = 1;
+	if ((rc = pthread_create(&sig_thread, NULL, daemon_signal_thread, &d))) {
+		rc = cb_error_set(rc, "signal thread: %s", strerror(rc));
+		goto out;
+	}
+	have_sig = 1;
+	daemon_log("ready: %s mounted at %s, control socket %s", d.ref, d.mountpoint, d.sock_path);
+	rc = cb_overlay_run(d.ov);
+	if (rc)
+		daemon_log("filesystem loop ended: %s", cb_error_message());
+out:
+	if (rc && d.lock_fd >= 0)
+		daemon_log("error: %s", cb_error_message());
+	d.stopping = 1;
+	if (d.listen_fd >= 0)
+		shutdown(d.listen_fd, SHUT_RDWR);
+	if (have_accept)
+		pthread_join(accept_thread, NULL);
+	cb_daemon_conns_shutdown(&d, 30000);
+	if (have_sig) {
+		pthread_kill(sig_thread, SIGTERM);
+		pthread_join(sig_thread, NULL);
+	}
+	/* Keep the error of the start-up, not of the clean-up. */
+	char saved[1024];
+
+	snprintf(saved, sizeof(saved), "%s", cb_error_message());
+	cb_overlay_destroy(d.ov);
+	d.ov = NULL;
+	if (d.db)
+		cb_journal_sync(d.db);
+	cb_db_close(d.db);
+	if (d.listen_fd >= 0) {
+		close(d.listen_fd);
+		unlink(d.sock_path);
+	}
+	cb_daemon_reaper_stop();
+	if (d.lock_fd >= 0) {
+		if (ftruncate(d.lock_fd, 0) < 0)
+			daemon_log("truncate lock: %s", strerror(errno));
+		if (!rc)
+			daemon_log("stopped; %s unmounted", d.ref);
+		close(d.lock_fd);
+	}
+	if (have_sig || have_accept)
+		pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+	free(old_mnt);
+	daemon_free(&d);
+	if (rc)
+		cb_error_set(rc, "%s", saved);
+	return rc;
+}

@@ -1,0 +1,138 @@
+/* The workspace daemon (`cowbox serve`): its state, the control-protocol plumbing that op
+ * handlers use (replies, errors, stream frames) and the op tables they register. */
+#ifndef COWBOX_DAEMON_INTERNAL_H
+#define COWBOX_DAEMON_INTERNAL_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include "cowbox/workspace.h"
+
+#define CB_PROTOCOL_VERSION  1
+#define CB_PROTOCOL_MAX_LINE (16u << 20) /* a request line longer than this is refused */
+
+struct cb_db;
+struct cb_overlay;
+struct cb_daemon_conn;
+
+/* One daemon serves one workspace. Paths are absolute; fields are set before the first op
+ * runs and stay fixed, except where a lock is named. */
+struct cb_daemon {
+	char ref[CB_WS_REF_LEN + 1];
+	char *dir;	  /* $COWBOX_HOME/workspaces/<ref> (realpath) */
+	char *base;	  /* the read-only lower layer; NULL for an empty workspace */
+	char *name;	  /* NULL if the workspace has none */
+	char *upper;	  /* <dir>/upper */
+	char *mountpoint; /* where the overlay is mounted */
+	char *sock_path;  /* <dir>/control.sock */
+	char *db_path;	  /* <dir>/meta.db */
+	struct cb_db *db;
+	struct cb_overlay *ov;
+	/* Held by turn operations (snapshot, diff, rollback, fork) so they run one at a time;
+	 * FUSE keeps serving on its own threads meanwhile. */
+	pthread_mutex_t turn_lock;
+	double started; /* seconds since the epoch */
+
+	/* Internal to daemon/: the lock, the listener and the connections. */
+	int lock_fd;
+	int listen_fd;
+	volatile sig_atomic_t stopping;
+	pthread_mutex_t conns_lock;
+	pthread_cond_t conns_cond;
+	struct cb_daemon_conn *conns;
+	unsigned nconns;
+};
+
+/* An op: handle runs on the connection's reader thread with the parsed request (which holds
+ * "id" and "op"). It either replies (now, or later from a thread of its own after taking a
+ * reference with cb_daemon_conn_ref) and returns 0, or returns -errno with a message set
+ * (cb_error_set) and the dispatcher replies with an error for it. A handler that must not
+ * block the connection (it streams, or waits for a process) starts its own thread. */
+struct cb_daemon_op {
+	const char *name;
+	int (*handle)(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req);
+};
+
+/* The op tables (daemon/ops.c lists them); each ends with a NULL name. */
+extern const struct cb_daemon_op cb_daemon_ops_core[];
+
+/* Find an op by name in every registered table; NULL if unknown. */
+const struct cb_daemon_op *cb_daemon_op_find(const char *name);
+
+/* Send {"id":id,"ok":true, ...result's members} (result may be NULL; it is consumed either
+ * way). Thread-safe; a line is never interleaved with another. -EPIPE once the client is gone. */
+int cb_daemon_reply(struct cb_daemon_conn *conn, json_t *id, json_t *result);
+
+/* Send {"id":id,"error":{"code":code,"message":...}}. code is one of not_found, invalid_path,
+ * in_use, unavailable, timeout, output_limit, invalid_request. */
+int cb_daemon_reply_error(struct cb_daemon_conn *conn, json_t *id, const char *code,
+			  const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* Send a frame of a running request: frame's members plus "id" (frame is consumed), e.g.
+ * {"stream":"stdout","data":"<base64>"}. */
+int cb_daemon_send_frame(struct cb_daemon_conn *conn, json_t *id, json_t *frame);
+
+/* The protocol error code for an errno (ENOENT -> not_found, EBUSY -> in_use, ...). */
+const char *cb_daemon_error_code(int err);
+
+/* Keep a connection alive past its reader (for ops that finish on their own thread); every
+ * ref is dropped with cb_daemon_conn_unref. */
+struct cb_daemon_conn *cb_daemon_conn_ref(struct cb_daemon_conn *conn);
+void cb_daemon_conn_unref(struct cb_daemon_conn *conn);
+
+/* 1 once the client hung up or the daemon is stopping: long ops should wind down. */
+int cb_daemon_conn_closed(struct cb_daemon_conn *conn);
+
+/* The daemon a connection belongs to. */
+struct cb_daemon *cb_daemon_conn_daemon(struct cb_daemon_conn *conn);
+
+/* Ask the daemon to unmount and exit once the current replies are out (the `close` op). */
+void cb_daemon_request_stop(struct cb_daemon *d);
+
+/* ---- children (daemon/reaper.c) ----
+ * The daemon is a child subreaper: orphans of the commands it runs are re-parented to it and
+ * reaped by its reaper thread. Code that forks a child it will wait for itself calls
+ * cb_daemon_child_claim(pid) while holding cb_daemon_spawn_lock (so the reaper cannot take
+ * it first) and cb_daemon_child_release(pid) after its own waitpid. */
+void cb_daemon_spawn_lock(void);
+void cb_daemon_spawn_unlock(void);
+int cb_daemon_child_claim(pid_t pid);
+void cb_daemon_child_release(pid_t pid);
+int cb_daemon_reaper_start(void);
+void cb_daemon_reaper_stop(void);
+
+/* ---- connections (daemon/conn.c) ---- */
+
+/* Serve one accepted client on a reader thread of its own (takes ownership of fd). */
+int cb_daemon_conn_start(struct cb_daemon *d, int fd);
+
+/* Wake every reader (shutdown of their sockets) and wait up to timeout_ms for all
+ * connections to be gone. */
+void cb_daemon_conns_shutdown(struct cb_daemon *d, int timeout_ms);
+
+/* ---- socket addresses (daemon/client.c) ---- */
+
+/* Fill a unix socket address for path; a path too long for sun_path goes through
+ * /proc/self/fd/<dirfd>/ (*dirfd is then an open fd of its directory to close after use,
+ * else -1). */
+struct sockaddr_un;
+int cb_daemon_sockaddr(const char *path, struct sockaddr_un *sa, socklen_t *len, int *dirfd);
+
+/* ---- the daemon itself (daemon/daemon.c) ---- */
+
+struct cb_daemon_options {
+	const char *ref;	/* a ref or name; resolved first */
+	const char *mountpoint; /* NULL: <dir>/mnt */
+	int foreground;		/* log to stderr instead of daemon.log */
+	int debug;		/* FUSE request tracing */
+};
+
+/* Run the daemon until the workspace is unmounted, `close` is asked or SIGTERM/SIGINT come:
+ * lock, journal, mount, control socket. Returns 0 after a clean stop; -errno with a message
+ * (e.g. "workspace cb-... is in use by pid N") when it cannot start. */
+int cb_daemon_serve(const struct cb_daemon_options *opt);
+
+#endif

@@ -1,0 +1,23 @@
+/* The registry of control-protocol ops: one line per table. Each group of ops lives in its
+ * own daemon/ops_*.c and adds its table here. */
+#include "config.h"
+
+#include <string.h>
+
+#include "daemon.h"
+
+static const struct cb_daemon_op *const op_tables[] = {
+    cb_daemon_ops_core, /* hello, ping, info, close (daemon/ops_core.c) */
+    /* turns: snapshot, diff, rollback, fork (daemon/ops_turns.c) */
+    /* api: exec, run, read, write, which, host_url (daemon/ops_api.c) */
+    NULL,
+};
+
+const struct cb_daemon_op *cb_daemon_op_find(const char *name)
+{
+	for (size_t t = 0; op_tables[t]; t++)
+		for (const struct cb_daemon_op *op = op_tables[t]; op->name; op++)
+			if (!strcmp(op->name, name))
+				return op;
+	return NULL;
+}

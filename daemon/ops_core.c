@@ -1,0 +1,47 @@
+/* The daemon's own ops: hello and ping (is it there), info (what it serves) and close
+ * (unmount and exit, keeping everything on disk). */
+#include "config.h"
+
+#include <unistd.h>
+
+#include "cowbox/journal.h"
+#include "daemon.h"
+
+static int op_hello(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
+{
+	return cb_daemon_reply(conn, json_object_get(req, "id"),
+			       json_pack("{s:s, s:i, s:s, s:I}", "hello", "cowbox", "protocol",
+					 CB_PROTOCOL_VERSION, "ref", d->ref, "pid",
+					 (json_int_t)getpid()));
+}
+
+static int op_ping(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
+{
+	(void)d;
+	return cb_daemon_reply(conn, json_object_get(req, "id"), NULL);
+}
+
+static int op_info(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
+{
+	json_t *r = json_pack("{s:s, s:s, s:s, s:I, s:I, s:f}", "ref", d->ref, "state", "mounted",
+			      "mountpoint", d->mountpoint, "pid", (json_int_t)getpid(), "turn",
+			      (json_int_t)cb_journal_turn(d->db), "started", d->started);
+
+	if (r) {
+		json_object_set_new(r, "name", d->name ? json_string(d->name) : json_null());
+		json_object_set_new(r, "base", d->base ? json_string(d->base) : json_null());
+	}
+	return cb_daemon_reply(conn, json_object_get(req, "id"), r);
+}
+
+/* The reply goes out before the stop is asked for, so the client sees it. */
+static int op_close(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
+{
+	cb_daemon_reply(conn, json_object_get(req, "id"), NULL);
+	cb_daemon_request_stop(d);
+	return 0;
+}
+
+const struct cb_daemon_op cb_daemon_ops_core[] = {
+    {"hello", op_hello}, {"ping", op_ping}, {"info", op_info}, {"close", op_close}, {NULL, NULL},
+};

@@ -1,1 +1,12 @@
-# exec layer: its convenience library exec/libcb_exec.la, sources and tests go here.
+# exec: the process runner (run.c, shim.c) and the namespace sandbox (ns*.c, cgroup.c).
+noinst_LTLIBRARIES += exec/libcb_exec.la
+exec_libcb_exec_la_SOURCES = exec/internal.h exec/run.c exec/shim.c exec/env.c exec/ns.c \
+	exec/ns_harden.c exec/cgroup.c
+COWBOX_LAYERS += exec/libcb_exec.la
+pkginclude_HEADERS += include/cowbox/exec.h include/cowbox/sandbox.h
+
+check_PROGRAMS += exec/test_exec
+TESTS += exec/test_exec
+exec_test_exec_SOURCES = exec/test_exec.c
+exec_test_exec_CFLAGS = $(CRITERION_TEST_CFLAGS)
+exec_test_exec_LDADD = exec/libcb_exec.la util/libcb_util.la $(SECCOMP_LIBS) $(CRITERION_TEST_LIBS)

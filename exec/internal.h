@@ -1,0 +1,88 @@
+/* Private to exec/: the plan that the runner prepares in the caller and the supervisor (shim)
+ * and the command child follow after clone, plus the sandbox and cgroup helpers they call. */
+#ifndef COWBOX_EXEC_INTERNAL_H
+#define COWBOX_EXEC_INTERNAL_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "cowbox/sandbox.h"
+
+/* Messages on the control socket (SOCK_SEQPACKET), one per datagram. */
+#define CB_MSG_GO     'G' /* parent -> shim: maps and cgroups are in place, go on */
+#define CB_MSG_KILL   'K' /* parent -> shim: + int signal for the whole tree */
+#define CB_MSG_STATUS 'S' /* shim -> parent: + int wait status of the command */
+#define CB_MSG_ERROR  'E' /* shim or command -> parent: setup failed, + text */
+
+/* One entry of the sandbox root, prepared in the parent so the child only makes syscalls. */
+enum cb_ns_entry_kind { CB_NS_BIND_RO, CB_NS_BIND_RW, CB_NS_SYMLINK, CB_NS_DEV };
+
+struct cb_ns_entry {
+	enum cb_ns_entry_kind kind;
+	char *src;   /* host path (bind, dev) or link target (symlink) */
+	char *dst;   /* path relative to the new root, e.g. "usr", "dev/null" */
+	dev_t rdev;  /* CB_NS_DEV: the host node's device number (mknod without userns) */
+	int is_file; /* bind of a file (device node) rather than a directory */
+};
+
+/* Everything the sandbox child needs, computed before clone (no allocation after it). */
+struct cb_ns_plan {
+	struct cb_ns_entry *entries;
+	size_t n_entries;
+	int userns;
+	uid_t map_uid;
+	gid_t map_gid;
+	int net_none;
+	char *hostname;
+	char *tmp_opts; /* tmpfs options of the private /tmp */
+	unsigned long nofile;
+	int memory_limited; /* protect the in-sandbox init from the OOM killer */
+	unsigned long clone_flags;
+	void *seccomp_prog; /* struct sock_fprog, shared and never freed (built once) */
+};
+
+/* What the shim and the command child do after clone. */
+struct cb_exec_plan {
+	char *const *argv;
+	char *const *envp;
+	const char *path;	   /* PATH to search for a bare program name */
+	const char *cwd;	   /* NULL: stay where setup left us */
+	int fd_in, fd_out, fd_err; /* child ends; with tty all three are the pty slave */
+	int tty;
+	int ctl;		     /* child end of the control socket */
+	int wait_go;		     /* wait for CB_MSG_GO before setting up */
+	const struct cb_ns_plan *ns; /* NULL: on the host */
+};
+
+/* The shim: set up the sandbox (if any), start the command, report its status, forward
+ * kills to the whole tree, reap everything. Never returns. */
+_Noreturn void cb_exec_shim_main(const struct cb_exec_plan *p);
+
+/* Send a CB_MSG_ERROR datagram "what: strerror(err)" on fd; async-signal-safe. */
+void cb_exec_child_error(int fd, const char *what, const char *detail, int err);
+
+/* Build a plan for sb (parent side); free with cb_ns_plan_free. */
+int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out);
+void cb_ns_plan_free(struct cb_ns_plan *plan);
+
+/* Child side, in the new namespaces: build the root and pivot into it. 0 or -errno, having
+ * sent a CB_MSG_ERROR naming the step on ctl. */
+int cb_ns_setup_root(const struct cb_ns_plan *plan, int ctl);
+
+/* Command child, last step before execve: rlimits, no_new_privs, no capabilities, seccomp. */
+int cb_ns_harden(const struct cb_ns_plan *plan, int ctl);
+
+/* The seccomp program (struct sock_fprog *), built once per process. */
+int cb_ns_seccomp_prog(void **out);
+
+/* Write uid_map/gid_map of pid for a user namespace plan. */
+int cb_ns_write_maps(const struct cb_ns_plan *plan, pid_t pid);
+
+/* v1 (or delegated v2) cgroups for a sandbox's limits. */
+struct cb_cgroup;
+int cb_cgroup_create(const struct cb_sandbox *sb, struct cb_cgroup **out);
+int cb_cgroup_attach(struct cb_cgroup *cg, pid_t pid);
+int cb_cgroup_oom_killed(struct cb_cgroup *cg);
+void cb_cgroup_destroy(struct cb_cgroup *cg);
+
+#endif

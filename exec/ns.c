@@ -1,0 +1,338 @@
+/* The namespace sandbox's root: planned in the caller, then built in the new mount namespace
+ * by the sandbox's pid 1 from detached bind trees on an empty tmpfs, then pivot_root. */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <net/if.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "cowbox/error.h"
+#include "internal.h"
+
+/* What the sandbox gets of the host (or image) root; symlinks (merged /usr) stay symlinks. */
+static const char *const root_dirs[] = {"usr", "etc",	"bin",	 "sbin",
+					"lib", "lib32", "lib64", "libx32"};
+static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
+
+static int add_entry(struct cb_ns_plan *p, enum cb_ns_entry_kind kind, const char *src,
+		     const char *dst)
+{
+	struct cb_ns_entry *e = &p->entries[p->n_entries];
+	e->kind = kind;
+	e->src = strdup(src);
+	e->dst = strdup(dst);
+	if (!e->src || !e->dst) {
+		free(e->src);
+		free(e->dst);
+		return cb_error_set(ENOMEM, "sandbox: out of memory");
+	}
+	p->n_entries++;
+	return 0;
+}
+
+static int add_root_dir(struct cb_ns_plan *p, const char *prefix, const char *name)
+{
+	char path[PATH_MAX], target[PATH_MAX];
+	struct stat st;
+	snprintf(path, sizeof path, "%s/%s", prefix, name);
+	if (lstat(path, &st) < 0)
+		return 0; /* this root has no such directory: fine, nothing to show */
+	if (S_ISLNK(st.st_mode)) {
+		ssize_t n = readlink(path, target, sizeof target - 1);
+		if (n < 0)
+			return cb_error_set(errno, "sandbox: readlink %s: %s", path,
+					    strerror(errno));
+		target[n] = 0;
+		return add_entry(p, CB_NS_SYMLINK, target, name);
+	}
+	if (!S_ISDIR(st.st_mode))
+		return 0;
+	return add_entry(p, CB_NS_BIND_RO, path, name);
+}
+
+int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out)
+{
+	struct stat st;
+	int rc = 0;
+	char buf[128];
+	const char *prefix = sb->image ? sb->image : "";
+	struct cb_ns_plan *p = calloc(1, sizeof *p);
+	*out = NULL;
+	if (!p)
+		return cb_error_set(ENOMEM, "sandbox: out of memory");
+	p->entries = calloc(32, sizeof *p->entries);
+	if (!p->entries) {
+		rc = cb_error_set(ENOMEM, "sandbox: out of memory");
+		goto out;
+	}
+	if (!sb->workspace) {
+		rc = cb_error_set(EINVAL, "sandbox: no workspace directory given");
+		goto out;
+	}
+	if (stat(sb->workspace, &st) < 0 || !S_ISDIR(st.st_mode)) {
+		int err = errno && !S_ISDIR(st.st_mode) ? errno : ENOTDIR;
+		rc = cb_error_set(err, "sandbox: workspace %s: %s", sb->workspace, strerror(err));
+		goto out;
+	}
+	if (sb->image) {
+		char usr[PATH_MAX];
+		snprintf(usr, sizeof usr, "%s/usr", sb->image);
+		if (stat(usr, &st) < 0 || !S_ISDIR(st.st_mode)) {
+			rc = cb_error_set(ENOENT, "sandbox: image %s: no usr/ directory in it",
+					  sb->image);
+			goto out;
+		}
+	}
+	p->userns = geteuid() != 0 || sb->userns;
+	if (geteuid() != 0) {
+		p->map_uid = geteuid();
+		p->map_gid = getegid();
+	} else {
+		p->map_uid = sb->userns_uid ? sb->userns_uid : 65534;
+		p->map_gid = (gid_t)p->map_uid;
+	}
+	p->net_none = sb->net == CB_NET_NONE;
+	p->nofile = sb->nofile ? sb->nofile : 1024;
+	p->memory_limited = sb->memory_mb > 0;
+	p->hostname = strdup(sb->hostname && *sb->hostname ? sb->hostname : "cowbox");
+	snprintf(buf, sizeof buf, "mode=1777,size=%lum", sb->tmp_mb ? sb->tmp_mb : 512);
+	p->tmp_opts = strdup(buf);
+	if (!p->hostname || !p->tmp_opts) {
+		rc = cb_error_set(ENOMEM, "sandbox: out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < sizeof root_dirs / sizeof *root_dirs; i++)
+		if ((rc = add_root_dir(p, prefix, root_dirs[i])) < 0)
+			goto out;
+	if ((rc = add_entry(p, CB_NS_BIND_RW, sb->workspace, "workspace")) < 0)
+		goto out;
+	for (size_t i = 0; i < sizeof dev_nodes / sizeof *dev_nodes; i++) {
+		char src[64], dst[64];
+		snprintf(src, sizeof src, "/dev/%s", dev_nodes[i]);
+		snprintf(dst, sizeof dst, "dev/%s", dev_nodes[i]);
+		if (stat(src, &st) < 0 || !S_ISCHR(st.st_mode))
+			continue;
+		/* mknod is cheaper than a bind, but a user namespace may not make nodes */
+		if ((rc = add_entry(p, p->userns ? CB_NS_BIND_RW : CB_NS_DEV, src, dst)) < 0)
+			goto out;
+		p->entries[p->n_entries - 1].rdev = st.st_rdev;
+		p->entries[p->n_entries - 1].is_file = 1;
+	}
+	if ((rc = cb_ns_seccomp_prog(&p->seccomp_prog)) < 0)
+		goto out;
+	p->clone_flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP;
+	if (p->net_none)
+		p->clone_flags |= CLONE_NEWNET;
+	if (p->userns)
+		p->clone_flags |= CLONE_NEWUSER;
+	*out = p;
+	p = NULL;
+out:
+	cb_ns_plan_free(p);
+	return rc;
+}
+
+void cb_ns_plan_free(struct cb_ns_plan *p)
+{
+	if (!p)
+		return;
+	for (size_t i = 0; i < p->n_entries; i++) {
+		free(p->entries[i].src);
+		free(p->entries[i].dst);
+	}
+	free(p->entries);
+	free(p->hostname);
+	free(p->tmp_opts);
+	free(p);
+}
+
+static int write_file(const char *path, const char *text)
+{
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	ssize_t n = write(fd, text, strlen(text));
+	int rc = n == (ssize_t)strlen(text) ? 0 : -(n < 0 ? errno : EIO);
+	close(fd);
+	return rc;
+}
+
+int cb_ns_write_maps(const struct cb_ns_plan *plan, pid_t pid)
+{
+	char path[64], map[64];
+	int rc;
+	snprintf(path, sizeof path, "/proc/%d/setgroups", (int)pid);
+	if ((rc = write_file(path, "deny")) < 0 && rc != -ENOENT)
+		return cb_error_set(-rc, "sandbox: write %s: %s", path, strerror(-rc));
+	snprintf(path, sizeof path, "/proc/%d/uid_map", (int)pid);
+	snprintf(map, sizeof map, "0 %u 1\n", (unsigned)plan->map_uid);
+	if ((rc = write_file(path, map)) < 0)
+		return cb_error_set(-rc, "sandbox: write %s: %s", path, strerror(-rc));
+	snprintf(path, sizeof path, "/proc/%d/gid_map", (int)pid);
+	snprintf(map, sizeof map, "0 %u 1\n", (unsigned)plan->map_gid);
+	if ((rc = write_file(path, map)) < 0)
+		return cb_error_set(-rc, "sandbox: write %s: %s", path, strerror(-rc));
+	return 0;
+}
+
+/* ---- child side: only syscalls from here on ---- */
+
+#define FAIL(what, detail)                                                                         \
+	do {                                                                                       \
+		int err_ = errno;                                                                  \
+		cb_exec_child_error(ctl, what, detail, err_);                                      \
+		rc = -err_;                                                                        \
+		goto out;                                                                          \
+	} while (0)
+
+static int set_attr(int fd, unsigned long long set)
+{
+	struct mount_attr attr = {.attr_set = set};
+	return (int)syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr,
+			    sizeof attr);
+}
+
+/* Make a proc subtree read-only: as uid 0 without a user namespace, sysctls and
+ * sysrq-trigger check only the file mode, not capabilities. */
+static int protect_proc(int rootfd, const char *path)
+{
+	int t = (int)syscall(SYS_open_tree, rootfd, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+	if (t < 0)
+		return errno == ENOENT ? 0 : -1;
+	int rc = set_attr(t, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV |
+				 MOUNT_ATTR_NOEXEC);
+	if (rc == 0)
+		rc = (int)syscall(SYS_move_mount, t, "", rootfd, path, MOVE_MOUNT_F_EMPTY_PATH);
+	close(t);
+	return rc;
+}
+
+int cb_ns_setup_root(const struct cb_ns_plan *p, int ctl)
+{
+	int trees[32], rootfd = -1, rc = 0;
+	size_t i;
+	for (i = 0; i < p->n_entries; i++)
+		trees[i] = -1;
+	umask(0);
+	if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0)
+		FAIL("make / a slave mount", NULL);
+	/* Clone the sources while the host root is still visible. */
+	for (i = 0; i < p->n_entries; i++) {
+		const struct cb_ns_entry *e = &p->entries[i];
+		if (e->kind != CB_NS_BIND_RO && e->kind != CB_NS_BIND_RW)
+			continue;
+		trees[i] = (int)syscall(SYS_open_tree, AT_FDCWD, e->src,
+					OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+		if (trees[i] < 0)
+			FAIL("bind", e->src);
+		unsigned long long attr = MOUNT_ATTR_NOSUID;
+		if (e->kind == CB_NS_BIND_RO)
+			attr |= MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV;
+		else if (!e->is_file)
+			attr |= MOUNT_ATTR_NODEV;
+		if (set_attr(trees[i], attr) < 0)
+			FAIL("set mount flags of", e->src);
+	}
+	if (mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID, "mode=0755,size=1m") < 0)
+		FAIL("mount the root tmpfs", NULL);
+	rootfd = open("/tmp", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (rootfd < 0)
+		FAIL("open the new root", NULL);
+	if (mkdirat(rootfd, "dev", 0755) < 0 || mkdirat(rootfd, "dev/pts", 0755) < 0 ||
+	    mkdirat(rootfd, "proc", 0555) < 0 || mkdirat(rootfd, "tmp", 01777) < 0)
+		FAIL("make the root's directories", NULL);
+	for (i = 0; i < p->n_entries; i++) {
+		const struct cb_ns_entry *e = &p->entries[i];
+		switch (e->kind) {
+		case CB_NS_SYMLINK:
+			if (symlinkat(e->src, rootfd, e->dst) < 0)
+				FAIL("symlink", e->dst);
+			break;
+		case CB_NS_DEV:
+			if (mknodat(rootfd, e->dst, S_IFCHR | 0666, e->rdev) < 0)
+				FAIL("mknod", e->dst);
+			break;
+		default:
+			if (e->is_file) {
+				int f =
+				    openat(rootfd, e->dst, O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
+				if (f < 0)
+					FAIL("make the mount point", e->dst);
+				close(f);
+			} else if (mkdirat(rootfd, e->dst, 0755) < 0) {
+				FAIL("make the mount point", e->dst);
+			}
+			if (syscall(SYS_move_mount, trees[i], "", rootfd, e->dst,
+				    MOVE_MOUNT_F_EMPTY_PATH) < 0)
+				FAIL("attach", e->src);
+		}
+	}
+	if (mount("proc", "/tmp/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+		FAIL("mount /proc", NULL);
+	if (!p->userns) {
+		static const char *const ro[] = {"proc/sys", "proc/sysrq-trigger", "proc/irq",
+						 "proc/bus"};
+		for (i = 0; i < sizeof ro / sizeof *ro; i++)
+			if (protect_proc(rootfd, ro[i]) < 0)
+				FAIL("make read-only", ro[i]);
+	}
+	if (mount("devpts", "/tmp/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+		  "newinstance,ptmxmode=0666,mode=0620") < 0)
+		FAIL("mount /dev/pts", NULL);
+	if (symlinkat("pts/ptmx", rootfd, "dev/ptmx") < 0 ||
+	    symlinkat("/proc/self/fd", rootfd, "dev/fd") < 0 ||
+	    symlinkat("/proc/self/fd/0", rootfd, "dev/stdin") < 0 ||
+	    symlinkat("/proc/self/fd/1", rootfd, "dev/stdout") < 0 ||
+	    symlinkat("/proc/self/fd/2", rootfd, "dev/stderr") < 0 ||
+	    symlinkat("/tmp", rootfd, "dev/shm") < 0)
+		FAIL("make /dev links", NULL);
+	if (mount("tmpfs", "/tmp/tmp", "tmpfs", MS_NOSUID | MS_NODEV, p->tmp_opts) < 0)
+		FAIL("mount /tmp", p->tmp_opts);
+	/* pivot_root(".", "."): the old root ends up on top of the new one, then goes. */
+	if (fchdir(rootfd) < 0 || syscall(SYS_pivot_root, ".", ".") < 0)
+		FAIL("pivot_root", NULL);
+	if (umount2(".", MNT_DETACH) < 0 || chdir("/") < 0)
+		FAIL("detach the old root", NULL);
+	if (mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID, NULL) < 0)
+		FAIL("make / read-only", NULL);
+	if (sethostname(p->hostname, strlen(p->hostname)) < 0)
+		FAIL("sethostname", p->hostname);
+	if (p->net_none) {
+		struct ifreq ifr = {0};
+		int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+		memcpy(ifr.ifr_name, "lo", 3);
+		if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) < 0 ||
+		    (ifr.ifr_flags |= IFF_UP, ioctl(s, SIOCSIFFLAGS, &ifr) < 0)) {
+			if (s >= 0)
+				close(s);
+			FAIL("bring up loopback", NULL);
+		}
+		close(s);
+	}
+	if (p->memory_limited) {
+		/* the OOM killer should pick the command, not the pid 1 that reports on it */
+		int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+		if (fd >= 0) {
+			(void)!write(fd, "-1000", 5);
+			close(fd);
+		}
+	}
+out:
+	for (i = 0; i < p->n_entries; i++)
+		if (trees[i] >= 0)
+			close(trees[i]);
+	if (rootfd >= 0)
+		close(rootfd);
+	return rc;
+}

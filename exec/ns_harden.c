@@ -1,0 +1,178 @@
+/* Hardening of the sandboxed command just before execve: rlimits, no_new_privs, every
+ * capability dropped for good, and a seccomp filter (built once with libseccomp). */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <linux/securebits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <seccomp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <stdio.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include "cowbox/error.h"
+#include "internal.h"
+
+static struct sock_fprog seccomp_prog;
+static int seccomp_rc;
+static char seccomp_msg[256];
+static pthread_once_t seccomp_once = PTHREAD_ONCE_INIT;
+
+/* Syscalls refused with EPERM: mounting, kernel code and keys, tracing other processes,
+ * kernel attack surface an agent's command has no use for. */
+static const char *const denied[] = {
+    "mount",
+    "umount2",
+    "pivot_root",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "bpf",
+    "perf_event_open",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "open_by_handle_at",
+    "userfaultfd",
+    "unshare",
+    "setns",
+    "swapon",
+    "swapoff",
+    "reboot",
+    "acct",
+    "quotactl",
+    "name_to_handle_at",
+};
+
+static void build_filter(void)
+{
+	scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+	int fd = -1, rc = 0;
+	char *buf = NULL;
+	if (!ctx) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < sizeof denied / sizeof *denied; i++) {
+		int nr = seccomp_syscall_resolve_name(denied[i]);
+		if (nr == __NR_SCMP_ERROR)
+			continue; /* not on this architecture */
+		if ((rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0)) < 0)
+			goto out;
+	}
+	/* TIOCSTI pushes input into a terminal (CVE-2017-5226); TIOCLINUX can too. */
+	if ((rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
+				   SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, TIOCSTI))) < 0 ||
+	    (rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
+				   SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, TIOCLINUX))) < 0)
+		goto out;
+	/* No new user namespaces (they would give back capabilities); clone3 hides its flags
+	 * in memory, so it reports ENOSYS and libc falls back to clone. */
+	if ((rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
+				   SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER))) <
+		0 ||
+	    (rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0)) < 0)
+		goto out;
+	fd = memfd_create("cowbox-seccomp", MFD_CLOEXEC);
+	if (fd < 0) {
+		rc = -errno;
+		goto out;
+	}
+	if ((rc = seccomp_export_bpf(ctx, fd)) < 0)
+		goto out;
+	struct stat st;
+	if (fstat(fd, &st) < 0 || st.st_size <= 0 || !(buf = malloc((size_t)st.st_size))) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	if (pread(fd, buf, (size_t)st.st_size, 0) != st.st_size) {
+		rc = -EIO;
+		goto out;
+	}
+	seccomp_prog.len = (unsigned short)(st.st_size / sizeof(struct sock_filter));
+	seccomp_prog.filter = (struct sock_filter *)buf;
+	buf = NULL; /* lives as long as the process: every sandbox uses it */
+out:
+	if (rc < 0)
+		snprintf(seccomp_msg, sizeof seccomp_msg, "sandbox: build the seccomp filter: %s",
+			 strerror(-rc));
+	seccomp_rc = rc;
+	free(buf);
+	if (fd >= 0)
+		close(fd);
+	if (ctx)
+		seccomp_release(ctx);
+}
+
+int cb_ns_seccomp_prog(void **out)
+{
+	pthread_once(&seccomp_once, build_filter);
+	if (seccomp_rc < 0)
+		return cb_error_set(-seccomp_rc, "%s", seccomp_msg);
+	*out = &seccomp_prog;
+	return 0;
+}
+
+int cb_ns_harden(const struct cb_ns_plan *p, int ctl)
+{
+	struct rlimit rl = {.rlim_cur = p->nofile, .rlim_max = p->nofile};
+	umask(022);
+	if (setrlimit(RLIMIT_NOFILE, &rl) < 0) {
+		cb_exec_child_error(ctl, "setrlimit RLIMIT_NOFILE", NULL, errno);
+		return -1;
+	}
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) {
+		cb_exec_child_error(ctl, "set no_new_privs", NULL, errno);
+		return -1;
+	}
+	/* Empty bounding set first: as uid 0 an execve would otherwise regain everything. */
+	for (int cap = 0; cap < 64; cap++)
+		if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL) {
+			cb_exec_child_error(ctl, "drop the capability bounding set", NULL, errno);
+			return -1;
+		}
+	prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+	if (prctl(PR_SET_SECUREBITS,
+		  SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP |
+		      SECBIT_NO_SETUID_FIXUP_LOCKED | SECBIT_KEEP_CAPS_LOCKED,
+		  0, 0, 0) < 0) {
+		cb_exec_child_error(ctl, "set securebits", NULL, errno);
+		return -1;
+	}
+	struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3};
+	struct __user_cap_data_struct data[2];
+	memset(data, 0, sizeof data);
+	if (syscall(SYS_capset, &hdr, data) < 0) {
+		cb_exec_child_error(ctl, "drop capabilities", NULL, errno);
+		return -1;
+	}
+	if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, p->seccomp_prog, 0, 0) < 0) {
+		cb_exec_child_error(ctl, "load the seccomp filter", NULL, errno);
+		return -1;
+	}
+	return 0;
+}

@@ -1,0 +1,646 @@
+/* The runner's caller side: starts the shim, pumps stdin and output, enforces the timeout,
+ * the output cap and the 2 s drain after exit, and turns what happened into a result. */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cowbox/error.h"
+#include "cowbox/exec.h"
+#include "internal.h"
+
+struct stream {
+	int fd;
+	char *buf;
+	size_t len, cap;
+};
+
+struct cb_exec {
+	pid_t shim;
+	int ctl; /* -1 once closed; guarded by ctl_lock */
+	pthread_mutex_t ctl_lock;
+	int in_w; /* stdin pipe (or pty master) for writing; guarded by in_lock */
+	pthread_mutex_t in_lock;
+	int tty_master;
+	int stdin_src; /* tty + CB_EXEC_STDIN_FD: copied to the master by the loop */
+	const char *in_data;
+	size_t in_len, in_off;
+	int in_bytes; /* the loop writes in_data */
+	struct stream out, err;
+	struct cb_exec_callbacks cb;
+	double timeout, grace;
+	size_t limit, keep, total;
+	struct cb_cgroup *cg;
+	struct cb_ns_plan *ns;
+	char *shell_argv[4];
+	char *cwd; /* the sandbox path of spec->cwd */
+	char setup_error[600];
+	int killed, waited;
+	double t0;
+};
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Move fd above 2 so the child's dup2 onto 0-2 never clobbers another of its fds. */
+static int fd_above_2(int fd)
+{
+	if (fd < 0 || fd > 2)
+		return fd;
+	int n = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+	close(fd);
+	return n;
+}
+
+static int make_pipe(int fds[2])
+{
+	if (pipe2(fds, O_CLOEXEC) < 0)
+		return -errno;
+	fds[0] = fd_above_2(fds[0]);
+	fds[1] = fd_above_2(fds[1]);
+	return (fds[0] < 0 || fds[1] < 0) ? -EMFILE : 0;
+}
+
+static void close_fd(int *fd)
+{
+	if (*fd >= 0)
+		close(*fd);
+	*fd = -1;
+}
+
+/* write() that turns a closed reader into -EPIPE instead of killing us with SIGPIPE. */
+static ssize_t write_nosigpipe(int fd, const void *buf, size_t len)
+{
+	sigset_t pipe_set, old, pending;
+	sigemptyset(&pipe_set);
+	sigaddset(&pipe_set, SIGPIPE);
+	sigpending(&pending);
+	int was_pending = sigismember(&pending, SIGPIPE);
+	pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+	ssize_t n = write(fd, buf, len);
+	int saved = errno;
+	if (n < 0 && saved == EPIPE && !was_pending) {
+		struct timespec zero = {0, 0};
+		sigtimedwait(&pipe_set, NULL, &zero);
+	}
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	errno = saved;
+	return n;
+}
+
+static int send_kill(struct cb_exec *h, int sig)
+{
+	char msg[1 + sizeof(int)];
+	int rc = 0;
+	msg[0] = CB_MSG_KILL;
+	memcpy(msg + 1, &sig, sizeof sig);
+	pthread_mutex_lock(&h->ctl_lock);
+	if (h->ctl >= 0 && send(h->ctl, msg, sizeof msg, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+		rc = -errno;
+	pthread_mutex_unlock(&h->ctl_lock);
+	return rc;
+}
+
+static int open_pty(const struct cb_exec_spec *spec, int *master, int *slave)
+{
+	char name[128];
+	*master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+	if (*master < 0)
+		return cb_error_set(errno, "open a pseudo-terminal: %s", strerror(errno));
+	if (grantpt(*master) < 0 || unlockpt(*master) < 0 || ptsname_r(*master, name, sizeof name))
+		return cb_error_set(errno, "set up the pseudo-terminal: %s", strerror(errno));
+	*slave = fd_above_2(open(name, O_RDWR | O_NOCTTY | O_CLOEXEC));
+	*master = fd_above_2(*master);
+	if (*slave < 0 || *master < 0)
+		return cb_error_set(errno, "open %s: %s", name, strerror(errno));
+	struct winsize ws = {.ws_row = spec->tty_rows ? spec->tty_rows : 24,
+			     .ws_col = spec->tty_cols ? spec->tty_cols : 80};
+	ioctl(*master, TIOCSWINSZ, &ws);
+	return 0;
+}
+
+static const char *env_path(char *const *env)
+{
+	for (; env && *env; env++)
+		if (!strncmp(*env, "PATH=", 5))
+			return *env + 5;
+	return "/usr/local/bin:/usr/bin:/bin";
+}
+
+int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callbacks *cb,
+		  struct cb_exec **out)
+{
+	static char *const empty_env[] = {NULL};
+	int in[2] = {-1, -1}, o[2] = {-1, -1}, e[2] = {-1, -1}, sp[2] = {-1, -1};
+	int slave = -1, rc;
+	struct cb_exec *h = calloc(1, sizeof *h);
+	*out = NULL;
+	if (!h)
+		return cb_error_set(ENOMEM, "exec: out of memory");
+	h->ctl = h->in_w = h->tty_master = h->stdin_src = h->out.fd = h->err.fd = -1;
+	pthread_mutex_init(&h->ctl_lock, NULL);
+	pthread_mutex_init(&h->in_lock, NULL);
+	h->t0 = now();
+	if (cb)
+		h->cb = *cb;
+	h->timeout = spec->timeout;
+	h->grace = spec->grace > 0 ? spec->grace : CB_EXEC_DEFAULT_GRACE;
+	h->limit = spec->output_limit ? spec->output_limit : CB_EXEC_DEFAULT_OUTPUT_LIMIT;
+	h->keep = spec->keep_bytes ? spec->keep_bytes : CB_EXEC_DEFAULT_KEEP;
+
+	struct cb_exec_plan plan = {.envp = spec->env ? spec->env : empty_env,
+				    .tty = -1,
+				    .fd_in = -1,
+				    .fd_out = -1,
+				    .fd_err = -1};
+	if (spec->shell) {
+		h->shell_argv[0] = "/bin/sh";
+		h->shell_argv[1] = "-c";
+		h->shell_argv[2] = (char *)spec->shell;
+		plan.argv = h->shell_argv;
+	} else if (spec->argv && spec->argv[0] && spec->argv[0][0]) {
+		plan.argv = spec->argv;
+	} else {
+		rc = cb_error_set(EINVAL, "exec: no command given (argv is empty and no shell)");
+		goto fail;
+	}
+	plan.path = env_path(plan.envp);
+
+	if (spec->tty) {
+		if ((rc = open_pty(spec, &h->tty_master, &slave)) < 0)
+			goto fail;
+		plan.tty = slave;
+		h->out.fd = h->tty_master;
+		h->in_w = h->tty_master;
+		if (spec->stdin_kind == CB_EXEC_STDIN_FD)
+			h->stdin_src = spec->stdin_fd;
+	} else {
+		if ((rc = make_pipe(o)) < 0 || (rc = make_pipe(e)) < 0) {
+			rc = cb_error_set(-rc, "exec: pipe: %s", strerror(-rc));
+			goto fail;
+		}
+		if (spec->stdin_kind == CB_EXEC_STDIN_FD) {
+			plan.fd_in = fd_above_2(fcntl(spec->stdin_fd, F_DUPFD_CLOEXEC, 3));
+			if (plan.fd_in < 0) {
+				rc = cb_error_set(errno, "exec: stdin fd %d: %s", spec->stdin_fd,
+						  strerror(errno));
+				goto fail;
+			}
+		} else {
+			if ((rc = make_pipe(in)) < 0) {
+				rc = cb_error_set(-rc, "exec: pipe: %s", strerror(-rc));
+				goto fail;
+			}
+			plan.fd_in = in[0];
+			in[0] = -1;
+			if (spec->stdin_kind == CB_EXEC_STDIN_CLOSED) {
+				close_fd(&in[1]);
+			} else {
+				h->in_w = in[1];
+				in[1] = -1;
+				if (spec->stdin_kind == CB_EXEC_STDIN_BYTES) {
+					h->in_bytes = 1;
+					h->in_data = spec->stdin_data;
+					h->in_len = spec->stdin_len;
+					fcntl(h->in_w, F_SETFL, O_NONBLOCK);
+				}
+			}
+		}
+		plan.fd_out = o[1];
+		plan.fd_err = e[1];
+		h->out.fd = o[0];
+		h->err.fd = e[0];
+		o[0] = e[0] = o[1] = e[1] = -1;
+	}
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) < 0) {
+		rc = cb_error_set(errno, "exec: socketpair: %s", strerror(errno));
+		goto fail;
+	}
+	sp[0] = fd_above_2(sp[0]);
+	sp[1] = fd_above_2(sp[1]);
+	plan.ctl = sp[1];
+	h->ctl = sp[0];
+	sp[0] = -1;
+
+	unsigned long flags = 0;
+	if (spec->sandbox) {
+		if ((rc = cb_ns_plan_build(spec->sandbox, &h->ns)) < 0)
+			goto fail;
+		plan.ns = h->ns;
+		flags = h->ns->clone_flags;
+		if ((rc = cb_cgroup_create(spec->sandbox, &h->cg)) < 0)
+			goto fail;
+		plan.wait_go = h->ns->userns || h->cg;
+		static char workspace_root[] = "/workspace";
+		plan.cwd = workspace_root;
+		if (spec->cwd) {
+			/* relative to /workspace; the child does no allocation, so build it here */
+			size_t n = strlen(spec->cwd) + sizeof workspace_root + 1;
+			char *cwd = malloc(n);
+			if (!cwd) {
+				rc = cb_error_set(ENOMEM, "exec: out of memory");
+				goto fail;
+			}
+			if (spec->cwd[0] == '/')
+				snprintf(cwd, n, "%s", spec->cwd);
+			else
+				snprintf(cwd, n, "%s/%s", workspace_root, spec->cwd);
+			h->cwd = cwd;
+			plan.cwd = cwd;
+		}
+	} else {
+		plan.cwd = spec->cwd;
+	}
+
+	pid_t pid = (pid_t)syscall(SYS_clone, flags | SIGCHLD, 0UL, 0UL, 0UL, 0UL);
+	if (pid < 0) {
+		rc = cb_error_set(errno, "exec: clone (%s): %s",
+				  flags ? "new namespaces" : "supervisor", strerror(errno));
+		goto fail;
+	}
+	if (pid == 0)
+		cb_exec_shim_main(&plan);
+	h->shim = pid;
+	close_fd(&sp[1]);
+	close_fd(&plan.fd_in);
+	close_fd(&plan.fd_out);
+	close_fd(&plan.fd_err);
+	close_fd(&slave);
+	if (plan.wait_go) {
+		char go = CB_MSG_GO;
+		if (h->ns->userns && (rc = cb_ns_write_maps(h->ns, pid)) < 0)
+			goto fail_child;
+		if (h->cg && (rc = cb_cgroup_attach(h->cg, pid)) < 0)
+			goto fail_child;
+		send(h->ctl, &go, 1, MSG_NOSIGNAL);
+	}
+	*out = h;
+	return 0;
+fail_child:
+	kill(pid, SIGKILL);
+	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+		;
+	h->shim = 0;
+fail:
+	close_fd(&in[0]);
+	close_fd(&in[1]);
+	close_fd(&o[0]);
+	close_fd(&o[1]);
+	close_fd(&e[0]);
+	close_fd(&e[1]);
+	close_fd(&sp[0]);
+	close_fd(&sp[1]);
+	close_fd(&slave);
+	close_fd(&plan.fd_in);
+	close_fd(&plan.fd_out);
+	close_fd(&plan.fd_err);
+	cb_exec_free(h);
+	return rc;
+}
+
+/* Take a chunk of output: hand it to the callback and keep it while under the cap. */
+static void take_output(struct cb_exec *h, struct stream *s, int stream, const char *buf, size_t n)
+{
+	if (h->cb.on_output && h->cb.on_output(h->cb.arg, stream, buf, n)) {
+		h->killed = 1;
+		send_kill(h, SIGKILL);
+	}
+	if (h->total > h->limit)
+		return; /* already over: discard */
+	h->total += n;
+	if (h->total > h->limit) {
+		send_kill(h, SIGKILL);
+		n -= h->total - h->limit; /* store up to the cap, cut below */
+	}
+	if (s->len + n + 1 > s->cap) {
+		size_t cap = s->cap ? s->cap : 4096;
+		while (cap < s->len + n + 1)
+			cap *= 2;
+		char *nb = realloc(s->buf, cap);
+		if (!nb)
+			return;
+		s->buf = nb;
+		s->cap = cap;
+	}
+	memcpy(s->buf + s->len, buf, n);
+	s->len += n;
+}
+
+/* Read what is there; returns 0 at end of file (or EIO on a pty whose slave is gone). */
+static int pump_output(struct cb_exec *h, struct stream *s, int stream)
+{
+	char buf[65536];
+	ssize_t n = read(s->fd, buf, sizeof buf);
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return 1;
+	if (n <= 0)
+		return 0;
+	take_output(h, s, stream, buf, (size_t)n);
+	return 1;
+}
+
+static void pump_stdin_bytes(struct cb_exec *h)
+{
+	pthread_mutex_lock(&h->in_lock);
+	while (h->in_w >= 0 && h->in_off < h->in_len) {
+		ssize_t n = write_nosigpipe(h->in_w, (const char *)h->in_data + h->in_off,
+					    h->in_len - h->in_off);
+		if (n < 0 && errno == EAGAIN)
+			break;
+		if (n <= 0) {
+			h->in_off = h->in_len;
+			break;
+		}
+		h->in_off += (size_t)n;
+	}
+	if (h->in_w >= 0 && h->in_off >= h->in_len) {
+		close_fd(&h->in_w);
+		h->in_bytes = 0;
+	}
+	pthread_mutex_unlock(&h->in_lock);
+}
+
+static void pump_stdin_src(struct cb_exec *h)
+{
+	char buf[4096];
+	ssize_t n = read(h->stdin_src, buf, sizeof buf);
+	if (n <= 0) {
+		if (n == 0 || (errno != EAGAIN && errno != EINTR))
+			h->stdin_src = -1;
+		return;
+	}
+	cb_exec_stdin_write(h, buf, (size_t)n);
+}
+
+/* One datagram from the shim; returns 0 when the shim has gone. */
+static int pump_ctl(struct cb_exec *h, int *status, int *have_status)
+{
+	char msg[600];
+	ssize_t n = recv(h->ctl, msg, sizeof msg - 1, MSG_DONTWAIT);
+	if (n < 0)
+		return errno == EAGAIN || errno == EINTR;
+	if (n == 0)
+		return 0;
+	if (msg[0] == CB_MSG_STATUS && n >= (ssize_t)(1 + sizeof(int))) {
+		memcpy(status, msg + 1, sizeof(int));
+		*have_status = 1;
+	} else if (msg[0] == CB_MSG_ERROR && !h->setup_error[0]) {
+		msg[n] = 0;
+		snprintf(h->setup_error, sizeof h->setup_error, "%s", msg + 1);
+	}
+	return 1;
+}
+
+static void cut_stream(struct stream *s, size_t keep)
+{
+	if (s->len > keep)
+		s->len = keep;
+}
+
+int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res)
+{
+	int status = 0, have_status = 0, shim_alive = 1, term_sent = 0, kill_sent = 0, rc = 0;
+	double deadline = h->timeout > 0 ? h->t0 + h->timeout : 0, kill_at = 0, drain_until = 0;
+	double ended = 0;
+	memset(res, 0, sizeof *res);
+	if (h->waited)
+		return cb_error_set(EINVAL, "exec: cb_exec_wait called twice");
+	h->waited = 1;
+	if (h->out.fd >= 0)
+		fcntl(h->out.fd, F_SETFL, O_NONBLOCK);
+	if (h->err.fd >= 0)
+		fcntl(h->err.fd, F_SETFL, O_NONBLOCK);
+	if (h->stdin_src >= 0)
+		fcntl(h->stdin_src, F_SETFL, fcntl(h->stdin_src, F_GETFL) | O_NONBLOCK);
+	for (;;) {
+		double t = now();
+		if ((have_status || !shim_alive) && !ended) {
+			ended = t;
+			drain_until = t + CB_EXEC_EXIT_DRAIN;
+		}
+		if (ended && ((h->out.fd < 0 && h->err.fd < 0) || t >= drain_until))
+			break;
+		if (deadline && !term_sent && t >= deadline && !ended) {
+			res->timed_out = 1;
+			term_sent = 1;
+			send_kill(h, SIGTERM);
+			kill_at = t + h->grace;
+		}
+		if (term_sent && !kill_sent && t >= kill_at) {
+			kill_sent = 1;
+			send_kill(h, SIGKILL);
+		}
+		double wake = ended ? drain_until : 0;
+		if (deadline && !term_sent && (!wake || deadline < wake))
+			wake = deadline;
+		if (term_sent && !kill_sent && (!wake || kill_at < wake))
+			wake = kill_at;
+		int ms = wake ? (int)((wake - t) * 1000) + 1 : -1;
+
+		struct pollfd pf[5];
+		int n = 0, i_out = -1, i_err = -1, i_ctl = -1, i_in = -1, i_src = -1;
+		if (h->out.fd >= 0)
+			pf[i_out = n++] = (struct pollfd){.fd = h->out.fd, .events = POLLIN};
+		if (h->err.fd >= 0)
+			pf[i_err = n++] = (struct pollfd){.fd = h->err.fd, .events = POLLIN};
+		if (shim_alive)
+			pf[i_ctl = n++] = (struct pollfd){.fd = h->ctl, .events = POLLIN};
+		if (h->in_bytes && h->in_w >= 0)
+			pf[i_in = n++] = (struct pollfd){.fd = h->in_w, .events = POLLOUT};
+		if (h->stdin_src >= 0)
+			pf[i_src = n++] = (struct pollfd){.fd = h->stdin_src, .events = POLLIN};
+		if (poll(pf, (nfds_t)n, ms) < 0 && errno != EINTR) {
+			rc = cb_error_set(errno, "exec: poll: %s", strerror(errno));
+			break;
+		}
+		if (i_out >= 0 && pf[i_out].revents && !pump_output(h, &h->out, 1)) {
+			if (h->out.fd == h->tty_master)
+				h->out.fd = -1; /* the master stays open for stdin until free */
+			else
+				close_fd(&h->out.fd);
+		}
+		if (i_err >= 0 && pf[i_err].revents && !pump_output(h, &h->err, 2))
+			close_fd(&h->err.fd);
+		if (i_ctl >= 0 && pf[i_ctl].revents && !pump_ctl(h, &status, &have_status))
+			shim_alive = 0;
+		if (i_in >= 0 && pf[i_in].revents)
+			pump_stdin_bytes(h);
+		if (i_src >= 0 && pf[i_src].revents)
+			pump_stdin_src(h);
+	}
+	if (!ended)
+		ended = now();
+	/* Whatever is left (background jobs, a stuck tree) goes now; then reap the shim. */
+	send_kill(h, SIGKILL);
+	pthread_mutex_lock(&h->ctl_lock);
+	close_fd(&h->ctl);
+	pthread_mutex_unlock(&h->ctl_lock);
+	int shim_status = 0;
+	while (waitpid(h->shim, &shim_status, 0) < 0 && errno == EINTR)
+		;
+	h->shim = 0;
+
+	res->duration = ended - h->t0;
+	res->killed = h->killed;
+	if (!have_status)
+		status = shim_status;
+	if (WIFSIGNALED(status)) {
+		res->term_signal = WTERMSIG(status);
+		res->exit_code = 128 + res->term_signal;
+	} else {
+		res->exit_code = WEXITSTATUS(status);
+	}
+	if (h->cg && cb_cgroup_oom_killed(h->cg)) {
+		res->oom_killed = 1;
+		res->exit_code = 137;
+	}
+	if (res->timed_out)
+		res->exit_code = 124;
+	if (h->total > h->limit) {
+		res->output_limited = 1;
+		cut_stream(&h->out, h->keep);
+		cut_stream(&h->err, h->keep);
+	}
+	for (int i = 0; i < 2; i++) {
+		struct stream *s = i ? &h->err : &h->out;
+		char *buf = s->buf ? s->buf : malloc(1);
+		if (!buf) {
+			rc = cb_error_set(ENOMEM, "exec: out of memory");
+			break;
+		}
+		buf[s->len] = 0;
+		*(i ? &res->err : &res->out) = buf;
+		*(i ? &res->err_len : &res->out_len) = s->len;
+		s->buf = NULL;
+		s->len = s->cap = 0;
+	}
+	if (!rc && h->setup_error[0])
+		rc = cb_error_set(EIO, "exec: sandbox setup: %s", h->setup_error);
+	return rc;
+}
+
+void cb_exec_kill(struct cb_exec *h, int sig)
+{
+	h->killed = 1;
+	send_kill(h, sig);
+}
+
+int cb_exec_stdin_write(struct cb_exec *h, const void *buf, size_t len)
+{
+	int rc = 0;
+	pthread_mutex_lock(&h->in_lock);
+	while (len > 0) {
+		if (h->in_w < 0) {
+			rc = -EPIPE;
+			break;
+		}
+		ssize_t n = write_nosigpipe(h->in_w, buf, len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && errno == EAGAIN) {
+			struct pollfd pf = {.fd = h->in_w, .events = POLLOUT};
+			poll(&pf, 1, 100);
+			continue;
+		}
+		if (n <= 0) {
+			rc = -(n < 0 ? errno : EPIPE);
+			break;
+		}
+		buf = (const char *)buf + n;
+		len -= (size_t)n;
+	}
+	pthread_mutex_unlock(&h->in_lock);
+	if (rc)
+		cb_error_set(-rc, "exec: write stdin: %s", strerror(-rc));
+	return rc;
+}
+
+int cb_exec_stdin_close(struct cb_exec *h)
+{
+	if (h->tty_master >= 0) {
+		char eof = 4; /* ^D: the line discipline's end of file */
+		return cb_exec_stdin_write(h, &eof, 1);
+	}
+	pthread_mutex_lock(&h->in_lock);
+	close_fd(&h->in_w);
+	pthread_mutex_unlock(&h->in_lock);
+	return 0;
+}
+
+int cb_exec_resize(struct cb_exec *h, unsigned short rows, unsigned short cols)
+{
+	struct winsize ws = {.ws_row = rows, .ws_col = cols};
+	if (h->tty_master < 0)
+		return cb_error_set(ENOTTY, "exec: resize: the command has no terminal");
+	if (ioctl(h->tty_master, TIOCSWINSZ, &ws) < 0)
+		return cb_error_set(errno, "exec: resize: %s", strerror(errno));
+	return 0;
+}
+
+pid_t cb_exec_pid(const struct cb_exec *h)
+{
+	return h->shim;
+}
+
+void cb_exec_free(struct cb_exec *h)
+{
+	if (!h)
+		return;
+	if (h->shim > 0) {
+		send_kill(h, SIGKILL);
+		close_fd(&h->ctl);
+		while (waitpid(h->shim, NULL, 0) < 0 && errno == EINTR)
+			;
+	}
+	close_fd(&h->ctl);
+	if (h->in_w != h->tty_master)
+		close_fd(&h->in_w);
+	if (h->out.fd != h->tty_master)
+		close_fd(&h->out.fd);
+	close_fd(&h->tty_master);
+	close_fd(&h->err.fd);
+	free(h->out.buf);
+	free(h->err.buf);
+	free(h->cwd);
+	cb_cgroup_destroy(h->cg);
+	cb_ns_plan_free(h->ns);
+	pthread_mutex_destroy(&h->ctl_lock);
+	pthread_mutex_destroy(&h->in_lock);
+	free(h);
+}
+
+int cb_exec_run(const struct cb_exec_spec *spec, struct cb_exec_result *res)
+{
+	struct cb_exec *h;
+	memset(res, 0, sizeof *res);
+	int rc = cb_exec_start(spec, NULL, &h);
+	if (rc < 0)
+		return rc;
+	rc = cb_exec_wait(h, res);
+	cb_exec_free(h);
+	return rc;
+}
+
+void cb_exec_result_free(struct cb_exec_result *res)
+{
+	free(res->out);
+	free(res->err);
+	res->out = res->err = NULL;
+	res->out_len = res->err_len = 0;
+}

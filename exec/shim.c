@@ -1,0 +1,357 @@
+/* The supervisor side of the runner after clone: the shim (pid 1 of the sandbox, or a child
+ * subreaper on the host) starts the command, reports its status, kills and reaps its tree. */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+/* Everything here runs in a child cloned from a possibly multi-threaded process: no malloc,
+ * no stdio, only syscalls and small string helpers on the stack. */
+
+static size_t cat(char *buf, size_t off, size_t cap, const char *s)
+{
+	while (*s && off + 1 < cap)
+		buf[off++] = *s++;
+	buf[off] = 0;
+	return off;
+}
+
+static size_t cat_uint(char *buf, size_t off, size_t cap, unsigned long v)
+{
+	char tmp[24];
+	int i = 0;
+	do {
+		tmp[i++] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v);
+	while (i > 0 && off + 1 < cap)
+		buf[off++] = tmp[--i];
+	buf[off] = 0;
+	return off;
+}
+
+void cb_exec_child_error(int fd, const char *what, const char *detail, int err)
+{
+	char msg[512];
+	size_t n = 0;
+	msg[n++] = CB_MSG_ERROR;
+	n = cat(msg, n, sizeof msg, what);
+	if (detail) {
+		n = cat(msg, n, sizeof msg, " ");
+		n = cat(msg, n, sizeof msg, detail);
+	}
+	if (err) {
+		n = cat(msg, n, sizeof msg, ": ");
+		n = cat(msg, n, sizeof msg, strerror(err));
+	}
+	(void)!send(fd, msg, n, MSG_NOSIGNAL);
+}
+
+static pid_t raw_fork(void)
+{
+	return (pid_t)syscall(SYS_clone, (unsigned long)SIGCHLD, 0UL, 0UL, 0UL, 0UL);
+}
+
+static void write_str(int fd, const char *s)
+{
+	(void)!write(fd, s, strlen(s));
+}
+
+/* Look the program up in PATH as a shell would; returns only on failure. */
+static void exec_program(const struct cb_exec_plan *p)
+{
+	const char *prog = p->argv[0];
+	int err = ENOENT;
+	if (strchr(prog, '/')) {
+		execve(prog, p->argv, p->envp);
+		err = errno;
+	} else {
+		const char *dir = p->path;
+		int saw_eacces = 0;
+		while (dir) {
+			const char *end = strchr(dir, ':');
+			size_t dl = end ? (size_t)(end - dir) : strlen(dir);
+			char full[4096];
+			size_t n = 0;
+			if (dl + strlen(prog) + 2 < sizeof full) {
+				memcpy(full, dir, dl);
+				n = dl;
+				if (n == 0)
+					full[n++] = '.';
+				full[n++] = '/';
+				full[n] = 0;
+				cat(full, n, sizeof full, prog);
+				execve(full, p->argv, p->envp);
+				if (errno == EACCES)
+					saw_eacces = 1;
+				else if (errno != ENOENT && errno != ENOTDIR)
+					err = errno;
+			}
+			dir = end ? end + 1 : NULL;
+		}
+		if (saw_eacces && err == ENOENT)
+			err = EACCES;
+	}
+	char msg[600];
+	size_t n = cat(msg, 0, sizeof msg, "cowbox: ");
+	n = cat(msg, n, sizeof msg, prog);
+	n = cat(msg, n, sizeof msg, err == ENOENT ? ": command not found\n" : ": ");
+	if (err != ENOENT) {
+		n = cat(msg, n, sizeof msg, strerror(err));
+		cat(msg, n, sizeof msg, "\n");
+	}
+	write_str(2, msg);
+	_exit(err == ENOENT ? 127 : 126);
+}
+
+static _Noreturn void command_child(const struct cb_exec_plan *p)
+{
+	sigset_t all;
+	setsid();
+	if (p->tty >= 0) {
+		if (ioctl(p->tty, TIOCSCTTY, 0) < 0) {
+			cb_exec_child_error(p->ctl, "set controlling terminal", NULL, errno);
+			_exit(126);
+		}
+		dup2(p->tty, 0);
+		dup2(p->tty, 1);
+		dup2(p->tty, 2);
+	} else {
+		/* fd_out/fd_err are never 0-2 (the parent moved them), so order is safe. */
+		dup2(p->fd_in, 0);
+		dup2(p->fd_out, 1);
+		dup2(p->fd_err, 2);
+	}
+	/* Only 0-2 reach the program: the rest closes at exec (ctl stays usable until then). */
+	syscall(SYS_close_range, 3U, ~0U, 4U /* CLOSE_RANGE_CLOEXEC */);
+	for (int s = 1; s < 65; s++) {
+		struct sigaction sa = {.sa_handler = SIG_DFL};
+		if (s != SIGKILL && s != SIGSTOP)
+			sigaction(s, &sa, NULL);
+	}
+	sigemptyset(&all);
+	sigprocmask(SIG_SETMASK, &all, NULL);
+	if (p->ns && p->ns->memory_limited) {
+		int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+		if (fd >= 0) {
+			write_str(fd, "0");
+			close(fd);
+		}
+	}
+	if (p->cwd && chdir(p->cwd) < 0) {
+		cb_exec_child_error(p->ctl, "chdir", p->cwd, errno);
+		_exit(126);
+	}
+	if (p->ns && cb_ns_harden(p->ns, p->ctl) < 0)
+		_exit(126);
+	exec_program(p);
+	_exit(127);
+}
+
+/* Host tree walk: signal every descendant of this process, found through the children
+ * lists in /proc (the shim is single-threaded, so its own list is complete). Returns how
+ * many were signalled. Bounded by a stack array: a later round catches the rest. */
+static int signal_descendants(int sig)
+{
+	pid_t queue[2048];
+	size_t head = 0, tail = 0;
+	int count = 0;
+	queue[tail++] = getpid();
+	while (head < tail) {
+		pid_t pid = queue[head++];
+		char dir[64];
+		size_t n = cat(dir, 0, sizeof dir, "/proc/");
+		n = cat_uint(dir, n, sizeof dir, (unsigned long)pid);
+		cat(dir, n, sizeof dir, "/task");
+		int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (dfd < 0)
+			continue;
+		char dents[4096];
+		long got;
+		while ((got = syscall(SYS_getdents64, dfd, dents, sizeof dents)) > 0) {
+			for (long off = 0; off < got;) {
+				struct {
+					unsigned long long ino;
+					long long off;
+					unsigned short reclen;
+					unsigned char type;
+					char name[];
+				} *d = (void *)(dents + off);
+				off += d->reclen;
+				if (d->name[0] == '.')
+					continue;
+				char path[128], buf[4096];
+				size_t m = cat(path, 0, sizeof path, dir);
+				m = cat(path, m, sizeof path, "/");
+				m = cat(path, m, sizeof path, d->name);
+				cat(path, m, sizeof path, "/children");
+				int cfd = open(path, O_RDONLY | O_CLOEXEC);
+				if (cfd < 0)
+					continue;
+				ssize_t r = read(cfd, buf, sizeof buf - 1);
+				close(cfd);
+				if (r <= 0)
+					continue;
+				buf[r] = 0;
+				for (char *s = buf; *s;) {
+					unsigned long v = 0;
+					while (*s == ' ' || *s == '\n')
+						s++;
+					if (!*s)
+						break;
+					while (*s >= '0' && *s <= '9')
+						v = v * 10 + (unsigned long)(*s++ - '0');
+					if (v && tail < sizeof queue / sizeof queue[0]) {
+						queue[tail++] = (pid_t)v;
+						kill((pid_t)v, sig);
+						count++;
+					}
+					while (*s && *s != ' ' && *s != '\n')
+						s++;
+				}
+			}
+		}
+		close(dfd);
+	}
+	return count;
+}
+
+static void signal_tree(const struct cb_exec_plan *p, int sig)
+{
+	if (p->ns)
+		kill(-1, sig); /* pid 1 of the namespace: every other process in it */
+	else
+		signal_descendants(sig);
+}
+
+static void send_status(int ctl, int status)
+{
+	char msg[1 + sizeof(int)];
+	msg[0] = CB_MSG_STATUS;
+	memcpy(msg + 1, &status, sizeof status);
+	(void)!send(ctl, msg, sizeof msg, MSG_NOSIGNAL);
+}
+
+/* Reap what has ended; returns 1 when no child is left. */
+static int reap(pid_t cmd, int ctl, int *cmd_done)
+{
+	for (;;) {
+		int st;
+		pid_t r = waitpid(-1, &st, WNOHANG);
+		if (r == 0)
+			return 0;
+		if (r < 0)
+			return errno == ECHILD;
+		if (r == cmd && !*cmd_done) {
+			*cmd_done = 1;
+			send_status(ctl, st);
+		}
+	}
+}
+
+/* Kill everything and wait until no child is left (host: rounds of walking /proc). */
+static _Noreturn void finish(const struct cb_exec_plan *p, pid_t cmd, int *cmd_done)
+{
+	if (p->ns)
+		_exit(0); /* the kernel kills the rest of the pid namespace with us */
+	for (;;) {
+		signal_descendants(SIGKILL);
+		if (reap(cmd, p->ctl, cmd_done))
+			_exit(0);
+		struct timespec ts = {0, 1000000};
+		nanosleep(&ts, NULL);
+	}
+}
+
+void cb_exec_shim_main(const struct cb_exec_plan *p)
+{
+	int keep[5] = {p->ctl, p->fd_in, p->fd_out, p->fd_err, p->tty};
+	/* Close every fd of the caller but ours: other commands' pipes must not stay open here. */
+	int maxfd = 0;
+	for (int i = 0; i < 5; i++)
+		if (keep[i] > maxfd)
+			maxfd = keep[i];
+	for (int fd = 3; fd <= maxfd; fd++) {
+		int k = 0;
+		for (int i = 0; i < 5; i++)
+			k |= keep[i] == fd;
+		if (!k)
+			close(fd);
+	}
+	syscall(SYS_close_range, (unsigned)maxfd + 1, ~0U, 0U);
+
+	if (p->wait_go) {
+		char c = 0;
+		if (recv(p->ctl, &c, 1, 0) != 1 || c != CB_MSG_GO)
+			_exit(1);
+	}
+	sigset_t chld;
+	sigemptyset(&chld);
+	sigaddset(&chld, SIGCHLD);
+	sigprocmask(SIG_BLOCK, &chld, NULL);
+	if (p->ns) {
+		if (cb_ns_setup_root(p->ns, p->ctl) < 0)
+			_exit(1);
+	} else {
+		prctl(PR_SET_CHILD_SUBREAPER, 1);
+	}
+	int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+	if (sfd < 0) {
+		cb_exec_child_error(p->ctl, "signalfd", NULL, errno);
+		_exit(1);
+	}
+	pid_t cmd = raw_fork();
+	if (cmd < 0) {
+		cb_exec_child_error(p->ctl, "fork the command", NULL, errno);
+		_exit(1);
+	}
+	if (cmd == 0)
+		command_child(p);
+	if (p->tty >= 0)
+		close(p->tty);
+	else {
+		close(p->fd_in);
+		close(p->fd_out);
+		close(p->fd_err);
+	}
+	int cmd_done = 0;
+	for (;;) {
+		struct pollfd pf[2] = {{.fd = p->ctl, .events = POLLIN},
+				       {.fd = sfd, .events = POLLIN}};
+		if (poll(pf, 2, -1) < 0 && errno != EINTR)
+			finish(p, cmd, &cmd_done);
+		if (pf[1].revents) {
+			struct signalfd_siginfo si;
+			while (read(sfd, &si, sizeof si) > 0)
+				;
+			if (reap(cmd, p->ctl, &cmd_done) && cmd_done)
+				_exit(0);
+		}
+		if (pf[0].revents) {
+			char msg[16];
+			ssize_t n = recv(p->ctl, msg, sizeof msg, MSG_DONTWAIT);
+			if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+				finish(p, cmd, &cmd_done); /* the caller is gone: so are we */
+			if (n >= (ssize_t)(1 + sizeof(int)) && msg[0] == CB_MSG_KILL) {
+				int sig;
+				memcpy(&sig, msg + 1, sizeof sig);
+				if (sig == SIGKILL)
+					finish(p, cmd, &cmd_done);
+				signal_tree(p, sig);
+			}
+		}
+	}
+}

@@ -1,0 +1,263 @@
+/* Unit tests of the process runner on the host: exit codes, timeouts that kill whole trees,
+ * the output cap, the drain after exit, binary output, env and fds, reaping, kill and tty. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cowbox/error.h"
+#include "cowbox/exec.h"
+
+static char *const base_env[] = {"PATH=/usr/bin:/bin", NULL};
+
+static struct cb_exec_result run_shell(const char *script, double timeout)
+{
+	struct cb_exec_spec spec = {
+	    .shell = script, .env = base_env, .timeout = timeout, .grace = 0.5};
+	struct cb_exec_result res;
+	int rc = cb_exec_run(&spec, &res);
+	cr_assert_eq(rc, 0, "cb_exec_run: %s", cb_error_message());
+	return res;
+}
+
+static int pid_alive(pid_t pid)
+{
+	return kill(pid, 0) == 0 || errno != ESRCH;
+}
+
+Test(exec, exit_codes)
+{
+	struct cb_exec_result r = run_shell("exit 0", 0);
+	cr_expect_eq(r.exit_code, 0);
+	cb_exec_result_free(&r);
+	r = run_shell("echo out; echo err >&2; exit 1", 0);
+	cr_expect_eq(r.exit_code, 1);
+	cr_expect_str_eq(r.out, "out\n");
+	cr_expect_str_eq(r.err, "err\n");
+	cb_exec_result_free(&r);
+	r = run_shell("kill -TERM $$", 0);
+	cr_expect_eq(r.exit_code, 128 + SIGTERM);
+	cr_expect_eq(r.term_signal, SIGTERM);
+	cb_exec_result_free(&r);
+}
+
+Test(exec, missing_program_is_127_and_named)
+{
+	char *argv[] = {"no-such-program-cowbox", "x", NULL};
+	struct cb_exec_spec spec = {.argv = argv, .env = base_env};
+	struct cb_exec_result r;
+	cr_assert_eq(cb_exec_run(&spec, &r), 0);
+	cr_expect_eq(r.exit_code, 127);
+	cr_expect(strstr(r.err, "no-such-program-cowbox") != NULL, "stderr: %s", r.err);
+	cb_exec_result_free(&r);
+}
+
+Test(exec, timeout_kills_the_whole_tree)
+{
+	char pidfile[] = "/tmp/cb-exec-test-XXXXXX";
+	int fd = mkstemp(pidfile);
+	cr_assert(fd >= 0);
+	close(fd);
+	char script[512];
+	/* a plain child, a setsid'd one (another session), and one that ignores SIGTERM */
+	snprintf(script, sizeof script,
+		 "sleep 100 & echo $! > %s; setsid sleep 100 & echo $! >> %s;"
+		 " sh -c 'trap \"\" TERM; sleep 100' & echo $! >> %s; sleep 100",
+		 pidfile, pidfile, pidfile);
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	struct cb_exec_result r = run_shell(script, 0.5);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	double took = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+	cr_expect_eq(r.exit_code, 124);
+	cr_expect(r.timed_out);
+	cr_expect(took < 3.0, "took %.2f s", took);
+	FILE *f = fopen(pidfile, "r");
+	cr_assert(f);
+	int pid, n = 0;
+	while (fscanf(f, "%d", &pid) == 1) {
+		cr_expect(!pid_alive(pid), "pid %d survived the timeout", pid);
+		n++;
+	}
+	fclose(f);
+	unlink(pidfile);
+	cr_expect_eq(n, 3);
+	cb_exec_result_free(&r);
+}
+
+Test(exec, timeout_keeps_output_so_far)
+{
+	struct cb_exec_result r = run_shell("echo before; sleep 100", 0.3);
+	cr_expect_eq(r.exit_code, 124);
+	cr_expect_str_eq(r.out, "before\n");
+	cb_exec_result_free(&r);
+}
+
+Test(exec, output_cap_stops_and_keeps_64k_each)
+{
+	struct cb_exec_result r =
+	    run_shell("head -c 4000 /dev/zero >&2; head -c 30000000 /dev/zero;"
+		      " echo done > /dev/null",
+		      0);
+	cr_expect(r.output_limited);
+	cr_expect_eq(r.out_len, 65536);
+	cr_expect_eq(r.err_len, 4000);
+	cr_expect_neq(r.exit_code, 0);
+	cb_exec_result_free(&r);
+}
+
+Test(exec, background_job_holding_stdout_returns_within_2s)
+{
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	struct cb_exec_result r = run_shell("sleep 30 & echo hi", 0);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	double took = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+	cr_expect_eq(r.exit_code, 0);
+	cr_expect_str_eq(r.out, "hi\n");
+	cr_expect(took < 2.8, "took %.2f s", took);
+	cr_expect(r.duration < 1.0, "duration %.2f", r.duration);
+	cb_exec_result_free(&r);
+}
+
+Test(exec, binary_output_intact)
+{
+	unsigned char in[256 * 64];
+	for (size_t i = 0; i < sizeof in; i++)
+		in[i] = (unsigned char)(i * 7 + i / 256);
+	char *argv[] = {"cat", NULL};
+	struct cb_exec_spec spec = {.argv = argv,
+				    .env = base_env,
+				    .stdin_kind = CB_EXEC_STDIN_BYTES,
+				    .stdin_data = in,
+				    .stdin_len = sizeof in};
+	struct cb_exec_result r;
+	cr_assert_eq(cb_exec_run(&spec, &r), 0);
+	cr_assert_eq(r.out_len, sizeof in);
+	cr_expect(memcmp(r.out, in, sizeof in) == 0);
+	cb_exec_result_free(&r);
+}
+
+Test(exec, env_is_only_what_was_given)
+{
+	char *argv[] = {"/usr/bin/env", NULL};
+	char *env[] = {"A=1", "B=two words", NULL};
+	setenv("COWBOX_TEST_LEAK", "secret", 1);
+	struct cb_exec_spec spec = {.argv = argv, .env = env};
+	struct cb_exec_result r;
+	cr_assert_eq(cb_exec_run(&spec, &r), 0);
+	cr_expect_str_eq(r.out, "A=1\nB=two words\n");
+	cb_exec_result_free(&r);
+}
+
+Test(exec, only_fds_0_to_2_arrive)
+{
+	int leak = open("/dev/null", O_RDONLY); /* deliberately without O_CLOEXEC */
+	cr_assert(leak >= 0);
+	struct cb_exec_result r = run_shell("ls /proc/$$/fd", 0);
+	cr_expect_str_eq(r.out, "0\n1\n2\n");
+	cb_exec_result_free(&r);
+	close(leak);
+}
+
+Test(exec, orphans_are_reaped)
+{
+	struct cb_exec_result r = run_shell("(sleep 0.2; echo late) & sleep 0.5; echo done", 0);
+	cr_expect_eq(r.exit_code, 0);
+	cr_expect(strstr(r.out, "late\n") && strstr(r.out, "done\n"), "out: %s", r.out);
+	cb_exec_result_free(&r);
+	/* the supervisor reaped everything and was reaped: nothing is left for us */
+	cr_expect_eq(waitpid(-1, NULL, WNOHANG), -1);
+	cr_expect_eq(errno, ECHILD);
+}
+
+struct killer {
+	struct cb_exec *h;
+	double after;
+};
+
+static void *kill_later(void *arg)
+{
+	struct killer *k = arg;
+	struct timespec ts = {0, (long)(k->after * 1e9)};
+	nanosleep(&ts, NULL);
+	cb_exec_kill(k->h, SIGKILL);
+	return NULL;
+}
+
+Test(exec, kill_from_another_thread)
+{
+	char *argv[] = {"sleep", "30", NULL};
+	struct cb_exec_spec spec = {.argv = argv, .env = base_env};
+	struct cb_exec *h;
+	cr_assert_eq(cb_exec_start(&spec, NULL, &h), 0, "%s", cb_error_message());
+	struct killer k = {h, 0.2};
+	pthread_t t;
+	pthread_create(&t, NULL, kill_later, &k);
+	struct cb_exec_result r;
+	cr_assert_eq(cb_exec_wait(h, &r), 0);
+	pthread_join(t, NULL);
+	cr_expect(r.killed);
+	cr_expect_eq(r.exit_code, 128 + SIGKILL);
+	cr_expect(r.duration < 2.0);
+	cb_exec_result_free(&r);
+	cb_exec_free(h);
+}
+
+static int count_chunks(void *arg, int stream, const void *buf, size_t len)
+{
+	(void)buf;
+	((size_t *)arg)[stream == 2] += len;
+	return 0;
+}
+
+Test(exec, streaming_with_stdin_writes)
+{
+	char *argv[] = {"sh", "-c", "cat; echo e >&2", NULL};
+	size_t counts[2] = {0, 0};
+	struct cb_exec_callbacks cb = {count_chunks, counts};
+	struct cb_exec_spec spec = {
+	    .argv = argv, .env = base_env, .stdin_kind = CB_EXEC_STDIN_STREAM};
+	struct cb_exec *h;
+	cr_assert_eq(cb_exec_start(&spec, &cb, &h), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_exec_stdin_write(h, "hello ", 6), 0);
+	cr_assert_eq(cb_exec_stdin_write(h, "world", 5), 0);
+	cb_exec_stdin_close(h);
+	struct cb_exec_result r;
+	cr_assert_eq(cb_exec_wait(h, &r), 0);
+	cr_expect_str_eq(r.out, "hello world");
+	cr_expect_eq(counts[0], 11);
+	cr_expect_eq(counts[1], 2);
+	cb_exec_result_free(&r);
+	cb_exec_free(h);
+}
+
+Test(exec, tty_gives_a_terminal)
+{
+	struct cb_exec_spec spec = {.shell = "test -t 0 && test -t 1 && stty size",
+				    .env = base_env,
+				    .tty = 1,
+				    .tty_rows = 33,
+				    .tty_cols = 101};
+	struct cb_exec_result r;
+	cr_assert_eq(cb_exec_run(&spec, &r), 0, "%s", cb_error_message());
+	cr_expect_eq(r.exit_code, 0, "out: %s", r.out);
+	cr_expect(strstr(r.out, "33 101") != NULL, "out: %s", r.out);
+	cb_exec_result_free(&r);
+}
+
+Test(exec, empty_command_is_an_error)
+{
+	char *argv[] = {NULL};
+	struct cb_exec_spec spec = {.argv = argv};
+	struct cb_exec_result r;
+	cr_expect_eq(cb_exec_run(&spec, &r), -EINVAL);
+	cr_expect(strstr(cb_error_message(), "no command") != NULL);
+}

@@ -1,0 +1,115 @@
+/* The process runner (exec/): runs one command, on the host or in a namespace sandbox, and
+ * supervises it: timeout, output cap, whole-tree kill, reaping, collected or streamed output. */
+#ifndef COWBOX_EXEC_H
+#define COWBOX_EXEC_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+struct cb_sandbox;
+
+/* Where the command's stdin comes from. */
+enum cb_exec_stdin {
+	CB_EXEC_STDIN_CLOSED = 0, /* an empty pipe: reads see end of file at once */
+	CB_EXEC_STDIN_BYTES,	  /* stdin_data/stdin_len, then end of file */
+	CB_EXEC_STDIN_FD,	  /* stdin_fd is given to the command (with tty: copied to it) */
+	CB_EXEC_STDIN_STREAM,	  /* written later with cb_exec_stdin_write, ended by _close */
+};
+
+#define CB_EXEC_DEFAULT_GRACE	     5.0
+#define CB_EXEC_DEFAULT_OUTPUT_LIMIT (10u * 1024 * 1024)
+#define CB_EXEC_DEFAULT_KEEP	     65536u
+#define CB_EXEC_EXIT_DRAIN	     2.0 /* seconds we wait for output after the command exits */
+
+/* What to run. Only argv (or shell) is required; zero means the default everywhere. */
+struct cb_exec_spec {
+	char *const *argv; /* program and arguments; the program is looked up in env's PATH */
+	const char *shell; /* instead of argv: run "/bin/sh -c shell" */
+	char *const *env;  /* exactly the command's environment ("K=V", NULL-terminated); NULL:
+			      empty. Nothing of the caller's environment is passed implicitly. */
+	const char *cwd;   /* host: a directory; sandbox: relative to /workspace (or absolute
+			      inside the sandbox). NULL: the workspace root (sandbox) or ".". */
+	enum cb_exec_stdin stdin_kind;
+	const void *stdin_data;
+	size_t stdin_len;
+	int stdin_fd;
+	double timeout;	     /* seconds, <= 0: none */
+	double grace;	     /* SIGTERM -> SIGKILL delay after a timeout; 0: 5 s */
+	size_t output_limit; /* stdout+stderr bytes that stop the command; 0: 10 MiB */
+	size_t keep_bytes;   /* per stream kept when the limit is hit; 0: 64 KiB */
+	int tty;	     /* run on a new pseudo-terminal (stdout carries both streams) */
+	unsigned short tty_rows, tty_cols;
+	const struct cb_sandbox *sandbox; /* NULL: on the host (the local backend) */
+};
+
+/* How it ended. Buffers are NUL-terminated for convenience and owned by the result. */
+struct cb_exec_result {
+	int exit_code;	    /* 0-255; 124 timed out, 127 not found, 128+n killed by signal n */
+	int term_signal;    /* the signal that ended the command, 0 if it exited */
+	int timed_out;	    /* the timeout fired */
+	int output_limited; /* the output cap stopped it; streams cut to keep_bytes */
+	int oom_killed;	    /* the sandbox's memory cap killed something (exit code 137) */
+	int killed;	    /* cb_exec_kill was called */
+	char *out, *err;
+	size_t out_len, err_len;
+	double duration; /* seconds from start until the command ended */
+};
+
+/* Streaming: called on the cb_exec_wait thread for each chunk as it arrives (stream 1 or 2).
+ * A non-zero return stops the command (as cb_exec_kill(SIGKILL)). */
+struct cb_exec_callbacks {
+	int (*on_output)(void *arg, int stream, const void *buf, size_t len);
+	void *arg;
+};
+
+struct cb_exec;
+
+/* Start the command; it runs in its own session and process group under a supervisor that
+ * reaps every process it leaves behind. Only fds 0-2 reach the command. cb may be NULL
+ * (output is only collected). On failure *out is NULL and the message says what failed. */
+int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callbacks *cb,
+		  struct cb_exec **out);
+
+/* Supervise until the command and everything it started is gone, at most 2 s after the
+ * command itself exits; fill res (free with cb_exec_result_free). Returns 0, or -errno when the
+ * sandbox could not be set up (the message says which step and why). Call once. */
+int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res);
+
+/* Thread-safe: send sig to the whole tree of the command (SIGKILL also ends the supervisor).
+ * Works until cb_exec_wait returns; later calls do nothing. */
+void cb_exec_kill(struct cb_exec *h, int sig);
+
+/* Thread-safe, for CB_EXEC_STDIN_STREAM (and tty): write all of buf to the command's stdin,
+ * blocking while the pipe is full. Returns 0 or -errno (-EPIPE once stdin is closed). */
+int cb_exec_stdin_write(struct cb_exec *h, const void *buf, size_t len);
+
+/* Thread-safe: end the command's stdin (with tty: send end-of-file, ^D). */
+int cb_exec_stdin_close(struct cb_exec *h);
+
+/* Thread-safe, tty only: set the terminal's size (the command gets SIGWINCH). */
+int cb_exec_resize(struct cb_exec *h, unsigned short rows, unsigned short cols);
+
+/* The supervisor's pid (for logging); the command itself may live in another pid namespace. */
+pid_t cb_exec_pid(const struct cb_exec *h);
+
+/* Free the handle; if the command still runs it is killed and reaped first. NULL is fine. */
+void cb_exec_free(struct cb_exec *h);
+
+/* Start, wait and free in one call: collected output in res. */
+int cb_exec_run(const struct cb_exec_spec *spec, struct cb_exec_result *res);
+
+/* Free the buffers of a result; safe on a zeroed result. */
+void cb_exec_result_free(struct cb_exec_result *res);
+
+/* A copy of environ without provider credentials (ANTHROPIC_*, OPENAI_*, LITELLM_*, AZURE_*,
+ * AWS_*, GEMINI_*, GOOGLE_API_KEY, CODEX_*, CURSOR_*), for the local backend. Free with
+ * cb_exec_env_free. */
+int cb_exec_env_host_stripped(char ***out);
+
+/* Is "NAME=..." (or NAME) a provider credential that the local backend strips? */
+int cb_exec_env_is_credential(const char *entry);
+
+/* Free a NULL-terminated array of strings made by this module. */
+void cb_exec_env_free(char **env);
+
+#endif

@@ -1,0 +1,32 @@
+/* The namespace sandbox (exec/ns*.c): what a command sees when the runner isolates it: a
+ * fresh root of read-only host (or image) binds, the workspace at /workspace, limits. */
+#ifndef COWBOX_SANDBOX_H
+#define COWBOX_SANDBOX_H
+
+#include <sys/types.h>
+
+/* Network of the sandbox. An allow-list mode (a proxy outside reached through a unix socket
+ * bound in) is meant to slot in here as a third value, with its socket in cb_sandbox. */
+enum cb_sandbox_net {
+	CB_NET_NONE = 0, /* a fresh network namespace with only loopback, up */
+	CB_NET_ALL,	 /* the host's network */
+};
+
+/* Zero-initialise and fill what you need; zero fields take the documented defaults. */
+struct cb_sandbox {
+	const char *workspace; /* host directory (or FUSE mount) bound read-write at /workspace */
+	const char *image;     /* root image directory (debootstrap tree); NULL: the host's
+				  /usr /etc /bin /sbin /lib* read-only */
+	const char *hostname;  /* the workspace's name; NULL: "cowbox" */
+	enum cb_sandbox_net net;
+	double cpus;		 /* CPU quota in cpus (v1 cpu cfs quota), 0: none */
+	unsigned long memory_mb; /* memory cap, 0: none; exceeding it kills (137, oom_killed) */
+	unsigned long pids;	 /* cap on processes+threads, 0: none */
+	unsigned long nofile;	 /* RLIMIT_NOFILE, 0: 1024 */
+	unsigned long tmp_mb;	 /* size of the private /tmp, 0: 512 */
+	int userns;		 /* as root: still use a user namespace, mapping the sandbox's root
+				    to host uid/gid userns_uid (0: 65534). Always on when not root. */
+	uid_t userns_uid;
+};
+
+#endif

@@ -13,6 +13,14 @@ struct cli_command {
 extern const struct cli_command cli_commands[];
 
 /* Workspace lifecycle (cli/cmd_workspace.c and friends). */
+int cmd_create(int argc, char **argv);
+int cmd_ls(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_rm(int argc, char **argv);
+int cmd_mount(int argc, char **argv); /* cli/cmd_mount.c */
+int cmd_umount(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
+int cmd_log(int argc, char **argv);
 
 /* Exec (cli/cmd_exec.c). */
 

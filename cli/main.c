@@ -9,10 +9,18 @@
 
 /* Each group of commands adds its rows here, in the order `cowbox --help` lists them. */
 const struct cli_command cli_commands[] = {
-	/* workspace lifecycle */
-	/* exec */
-	/* turns */
-	{NULL, NULL, NULL},
+    /* workspace lifecycle */
+    {"create", cmd_create, "create a workspace over a base directory; prints its ref"},
+    {"mount", cmd_mount, "mount a workspace (starts its daemon in the background)"},
+    {"umount", cmd_umount, "unmount a workspace and stop its daemon"},
+    {"ls", cmd_ls, "list workspaces"},
+    {"info", cmd_info, "show one workspace"},
+    {"rm", cmd_rm, "unmount and delete a workspace"},
+    {"log", cmd_log, "show the journal of changes"},
+    {"serve", cmd_serve, "run a workspace daemon (what mount starts)"},
+    /* exec */
+    /* turns */
+    {NULL, NULL, NULL},
 };
 
 static void cli_usage(FILE *out)
@@ -21,7 +29,8 @@ static void cli_usage(FILE *out)
 		     "Copy-on-write sandbox workspaces for AI agents.\n\ncommands:\n");
 	for (const struct cli_command *c = cli_commands; c->name; c++)
 		fprintf(out, "  %-10s %s\n", c->name, c->summary);
-	fprintf(out, "\nRun 'cowbox COMMAND --help' for a command's options; 'man cowbox' for more.\n");
+	fprintf(out,
+		"\nRun 'cowbox COMMAND --help' for a command's options; 'man cowbox' for more.\n");
 }
 
 int main(int argc, char **argv)

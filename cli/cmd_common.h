@@ -1,0 +1,38 @@
+/* Helpers every cowbox subcommand uses: option parsing with --help and --json, errors in one
+ * format, JSON on stdout. */
+#ifndef COWBOX_CLI_COMMON_H
+#define COWBOX_CLI_COMMON_H
+
+#include <getopt.h>
+#include <jansson.h>
+
+/* Exit statuses: 0 done, 1 failed, 2 bad usage. */
+#define CLI_OK	  0
+#define CLI_FAIL  1
+#define CLI_USAGE 2
+
+/* What every command accepts besides its own options. */
+struct cli_common {
+	int json;
+	int help;
+};
+
+/* getopt_long over argv with the command's own options plus --json and --help (own may be
+ * NULL). own options return their val; unknown ones print the usage on stderr and return
+ * -1 with *status = CLI_USAGE. Call until it returns 0 (done) or -1 (stop with *status). */
+int cli_getopt(int argc, char **argv, const char *shortopts, const struct option *own,
+	       struct cli_common *common, const char *usage, int *status);
+
+/* "cowbox CMD: message" on stderr (the library's message when fmt is NULL); returns CLI_FAIL. */
+int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Wrong arguments: the message, then the usage line, on stderr; returns CLI_USAGE. */
+int cli_usage_error(const char *usage, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Print value as one line of JSON on stdout (consumed); returns CLI_OK. */
+int cli_print_json(json_t *value);
+
+/* A human size: "0 B", "12.3 KiB", ... into buf. */
+const char *cli_size(long long bytes, char *buf, size_t size);
+
+#endif

@@ -1,0 +1,175 @@
+/* Workspace lifecycle commands that need no daemon: create, ls, info, rm. They print a
+ * human form or, with --json, one JSON value on stdout. */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmd_common.h"
+#include "commands.h"
+#include "cowbox/error.h"
+#include "cowbox/workspace.h"
+
+static const char create_usage[] =
+    "usage: cowbox create [--base DIR] [--name NAME] [--json]\n"
+    "Create a workspace over the read-only directory DIR (none: an empty workspace) and\n"
+    "print its ref (cb- and 32 hex digits). NAME is an optional unique alias.\n";
+
+int cmd_create(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"base", required_argument, NULL, 'b'},
+	    {"name", required_argument, NULL, 'n'},
+	    {NULL, 0, NULL, 0},
+	};
+	struct cli_common common = {0};
+	const char *base = NULL, *name = NULL;
+	char ref[CB_WS_REF_LEN + 1];
+	int c, status;
+
+	while ((c = cli_getopt(argc, argv, "b:n:", opts, &common, create_usage, &status)) > 0) {
+		if (c == 'b')
+			base = optarg;
+		else
+			name = optarg;
+	}
+	if (c < 0)
+		return status;
+	if (optind != argc)
+		return cli_usage_error(create_usage, "create takes no operand ('%s')",
+				       argv[optind]);
+	if (cb_ws_create(base, name, stderr, ref))
+		return cli_fail("create", NULL);
+	if (common.json) {
+		struct cb_ws_info info;
+
+		if (cb_ws_info(ref, &info))
+			return cli_fail("create", NULL);
+		json_t *j = json_pack("{s:s, s:s?, s:s?, s:s}", "ref", ref, "name", info.name,
+				      "base", info.base, "mountpoint", info.mountpoint);
+
+		cb_ws_info_free(&info);
+		return cli_print_json(j);
+	}
+	printf("%s\n", ref);
+	return CLI_OK;
+}
+
+static json_t *info_json(const struct cb_ws_info *i)
+{
+	return json_pack("{s:s, s:s?, s:s?, s:s, s:s, s:s, s:I, s:I}", "ref", i->ref, "name",
+			 i->name, "base", i->base, "dir", i->dir ? i->dir : "", "mountpoint",
+			 i->mountpoint ? i->mountpoint : "", "state", cb_ws_state_name(i->state),
+			 "pid", (json_int_t)(i->daemon_pid > 0 ? i->daemon_pid : 0), "upper_bytes",
+			 (json_int_t)i->upper_bytes);
+}
+
+struct ls_state {
+	int json;
+	json_t *rows;
+	int count;
+};
+
+static int ls_row(const struct cb_ws_info *i, void *arg)
+{
+	struct ls_state *s = arg;
+	char size[32];
+
+	if (s->json)
+		return json_array_append_new(s->rows, info_json(i));
+	if (s->count++ == 0)
+		printf("%-35s  %-16s  %-10s  %-9s  %s  %s\n", "REF", "NAME", "UPPER", "STATE",
+		       "BASE", "MOUNTPOINT");
+	printf("%-35s  %-16s  %-10s  %-9s  %s  %s\n", i->ref, i->name ? i->name : "-",
+	       cli_size(i->upper_bytes, size, sizeof(size)), cb_ws_state_name(i->state),
+	       i->base ? i->base : "-", i->mountpoint ? i->mountpoint : "-");
+	return 0;
+}
+
+static const char ls_usage[] =
+    "usage: cowbox ls [--json]\n"
+    "List workspaces: ref, name, upper size, state, base, mount point.\n";
+
+int cmd_ls(int argc, char **argv)
+{
+	struct cli_common common = {0};
+	struct ls_state s = {0};
+	int c, status;
+
+	while ((c = cli_getopt(argc, argv, "", NULL, &common, ls_usage, &status)) > 0)
+		;
+	if (c < 0)
+		return status;
+	if (optind != argc)
+		return cli_usage_error(ls_usage, "ls takes no operand ('%s')", argv[optind]);
+	s.json = common.json;
+	if (s.json)
+		s.rows = json_array();
+	if (cb_ws_list(ls_row, &s)) {
+		json_decref(s.rows);
+		return cli_fail("ls", NULL);
+	}
+	return s.json ? cli_print_json(s.rows) : CLI_OK;
+}
+
+static const char info_usage[] =
+    "usage: cowbox info REF [--json]\n"
+    "Show a workspace: name, base, state, daemon pid, mount point, upper size.\n";
+
+int cmd_info(int argc, char **argv)
+{
+	struct cli_common common = {0};
+	struct cb_ws_info i;
+	char size[32];
+	int c, status;
+
+	while ((c = cli_getopt(argc, argv, "", NULL, &common, info_usage, &status)) > 0)
+		;
+	if (c < 0)
+		return status;
+	if (optind + 1 != argc)
+		return cli_usage_error(info_usage, "info takes one workspace ref or name");
+	if (cb_ws_info(argv[optind], &i))
+		return cli_fail("info", NULL);
+	if (common.json) {
+		json_t *j = info_json(&i);
+
+		cb_ws_info_free(&i);
+		return cli_print_json(j);
+	}
+	printf("ref:         %s\n", i.ref);
+	printf("name:        %s\n", i.name ? i.name : "-");
+	printf("base:        %s\n", i.base ? i.base : "- (empty workspace)");
+	printf("state:       %s\n", cb_ws_state_name(i.state));
+	if (i.daemon_pid > 0)
+		printf("daemon pid:  %d\n", (int)i.daemon_pid);
+	printf("mount point: %s\n", i.mountpoint);
+	printf("upper size:  %s\n", cli_size(i.upper_bytes, size, sizeof(size)));
+	printf("directory:   %s\n", i.dir);
+	cb_ws_info_free(&i);
+	return CLI_OK;
+}
+
+static const char rm_usage[] =
+    "usage: cowbox rm REF [--json]\n"
+    "Stop the workspace's daemon, unmount it and delete it with its upper layer and journal.\n"
+    "Removing a workspace that is already gone succeeds quietly.\n";
+
+int cmd_rm(int argc, char **argv)
+{
+	struct cli_common common = {0};
+	int c, status;
+
+	while ((c = cli_getopt(argc, argv, "", NULL, &common, rm_usage, &status)) > 0)
+		;
+	if (c < 0)
+		return status;
+	if (optind + 1 != argc)
+		return cli_usage_error(rm_usage, "rm takes one workspace ref or name");
+	if (cb_ws_remove(argv[optind]))
+		return cli_fail("rm", NULL);
+	if (common.json)
+		return cli_print_json(json_pack("{s:s, s:b}", "ref", argv[optind], "removed", 1));
+	return CLI_OK;
+}

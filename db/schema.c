@@ -2,6 +2,7 @@
  * user_version counts how many have run). Append new migrations; never edit a shipped one. */
 #include "config.h"
 
+#include "cowbox/turns.h"
 #include "db.h"
 
 const char *const cb_db_migrations[] = {
@@ -19,8 +20,8 @@ const char *const cb_db_migrations[] = {
     "  comm TEXT,"
     "  UNIQUE (turn, path, kind));",
 
-    /* 2: the turns tables (turns, entries, base_cache, blobs) go here, added by the
-     * snapshot/diff/rollback work. Keep one string per migration, in order. */
+    /* 2: the turns tables (turns, deltas, the map, base_cache): db/turns.c owns the SQL. */
+    cb_tdb_schema_sql,
 };
 
 const size_t cb_db_migration_count = sizeof(cb_db_migrations) / sizeof(cb_db_migrations[0]);

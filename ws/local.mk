@@ -3,3 +3,14 @@ noinst_LTLIBRARIES += ws/libcb_ws.la
 ws_libcb_ws_la_SOURCES = ws/ws.h ws/workspace.c ws/workspace_state.c
 COWBOX_LAYERS += ws/libcb_ws.la
 pkginclude_HEADERS += include/cowbox/workspace.h
+
+# turns: snapshot, diff, rollback, prune, fork over the live tree (issue 3)
+ws_libcb_ws_la_SOURCES += ws/turns_int.h ws/turns.c ws/hash.c ws/blobs.c ws/basemap.c \
+	ws/snapshot.c ws/diff.c ws/rollback.c ws/prune.c ws/fork.c
+
+check_PROGRAMS += ws/test_turns
+TESTS += ws/test_turns
+ws_test_turns_SOURCES = ws/test_turns.c
+ws_test_turns_CFLAGS = $(CRITERION_TEST_CFLAGS)
+ws_test_turns_LDADD = ws/libcb_ws.la db/libcb_db.la util/libcb_util.la $(DEPS_LIBS) \
+	$(CRITERION_TEST_LIBS)

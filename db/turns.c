@@ -1,0 +1,508 @@
+/* The turn store: recorded turns, their deltas, the materialized map of the latest turn and
+ * the base hash cache, in meta.db over a connection of its own. The only turn SQL. */
+#include "config.h"
+
+#include <errno.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cowbox/error.h"
+#include "cowbox/turns.h"
+#include "db.h"
+
+/* Deltas are keyed (path, turn) so "newest row of path at or before turn" is one index seek;
+ * the (turn, path) index makes "what changed in (a, b]" cost what changed. */
+const char cb_tdb_schema_sql[] =
+    "CREATE TABLE IF NOT EXISTS base_cache(path TEXT PRIMARY KEY, size INTEGER, "
+    "  mtime_ns INTEGER, ino INTEGER, sha256 BLOB, xxh3 BLOB) WITHOUT ROWID;"
+    "CREATE TABLE IF NOT EXISTS turns(turn INTEGER PRIMARY KEY, time REAL, label TEXT, "
+    "  changes INTEGER);"
+    "CREATE TABLE IF NOT EXISTS turn_delta(path TEXT NOT NULL, turn INTEGER NOT NULL, "
+    "  type INTEGER, mode INTEGER, size INTEGER, sha256 BLOB, xxh3 BLOB, target TEXT, "
+    "  pid INTEGER, comm TEXT, PRIMARY KEY(path, turn)) WITHOUT ROWID;"
+    "CREATE INDEX IF NOT EXISTS turn_delta_by_turn ON turn_delta(turn, path);"
+    "CREATE INDEX IF NOT EXISTS turn_delta_by_xxh3 ON turn_delta(xxh3);"
+    "CREATE TABLE IF NOT EXISTS turn_map(path TEXT PRIMARY KEY, type INTEGER, mode INTEGER, "
+    "  size INTEGER, sha256 BLOB, xxh3 BLOB, target TEXT, pid INTEGER, comm TEXT) WITHOUT ROWID;"
+    "CREATE TABLE IF NOT EXISTS turn_meta(key TEXT PRIMARY KEY, value INTEGER);";
+
+enum {
+	Q_CACHE_GET,
+	Q_CACHE_PUT,
+	Q_TURN_ADD,
+	Q_TURN_LATEST,
+	Q_TURN_OLDEST,
+	Q_TURN_EXISTS,
+	Q_TURN_LIST,
+	Q_DELTA_PUT,
+	Q_DELTA_AT,
+	Q_DELTA_PATHS,
+	Q_MAP_TURN,
+	Q_MAP_SET_TURN,
+	Q_MAP_GET,
+	Q_MAP_PUT,
+	Q_MAP_DEL,
+	Q_MAP_CLEAR,
+	Q_MAP_ALL,
+	Q_MAP_UNDER,
+	Q_BLOB_NEEDED,
+	Q_COUNT,
+	Q_META_TURN = Q_COUNT, /* only when meta.db has the journal's meta table */
+	Q_ALL
+};
+
+static const char *const tdb_sql[Q_COUNT] = {
+    [Q_CACHE_GET] = "SELECT sha256, xxh3 FROM base_cache WHERE path=?1 AND size=?2 AND "
+		    "mtime_ns=?3 AND ino=?4",
+    [Q_CACHE_PUT] = "INSERT OR REPLACE INTO base_cache VALUES(?1,?2,?3,?4,?5,?6)",
+    [Q_TURN_ADD] = "INSERT OR REPLACE INTO turns VALUES(?1,?2,?3,?4)",
+    [Q_TURN_LATEST] = "SELECT coalesce(max(turn),0) FROM turns",
+    [Q_TURN_OLDEST] = "SELECT coalesce(min(turn),0) FROM turns",
+    [Q_TURN_EXISTS] = "SELECT 1 FROM turns WHERE turn=?1",
+    [Q_TURN_LIST] = "SELECT turn, time, label, changes FROM turns ORDER BY turn",
+    [Q_DELTA_PUT] = "INSERT OR REPLACE INTO turn_delta VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)",
+    [Q_DELTA_AT] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm "
+		   "FROM turn_delta WHERE path=?1 AND turn<=?2 ORDER BY turn DESC LIMIT 1",
+    [Q_DELTA_PATHS] = "SELECT DISTINCT path FROM turn_delta WHERE turn>?1 AND turn<=?2 "
+		      "ORDER BY path",
+    [Q_MAP_TURN] = "SELECT value FROM turn_meta WHERE key='map_turn'",
+    [Q_MAP_SET_TURN] = "INSERT OR REPLACE INTO turn_meta VALUES('map_turn', ?1)",
+    [Q_MAP_GET] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm "
+		  "FROM turn_map WHERE path=?1",
+    [Q_MAP_PUT] = "INSERT OR REPLACE INTO turn_map VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
+    [Q_MAP_DEL] = "DELETE FROM turn_map WHERE path=?1",
+    [Q_MAP_CLEAR] = "DELETE FROM turn_map",
+    [Q_MAP_ALL] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm "
+		  "FROM turn_map ORDER BY path",
+    /* '/' + 1 == '0': the byte range of every path below prefix/ */
+    [Q_MAP_UNDER] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm "
+		    "FROM turn_map WHERE path>?1||'/' AND path<?1||'0' ORDER BY path",
+    [Q_BLOB_NEEDED] = "SELECT 1 FROM turn_delta WHERE xxh3=?1 AND type=1 LIMIT 1",
+};
+
+static const char tdb_meta_turn_sql[] = "UPDATE meta SET value=?1 WHERE key='turn'";
+
+struct cb_tdb {
+	sqlite3 *db;
+	sqlite3_stmt *q[Q_ALL];
+};
+
+static int tdb_fail(struct cb_tdb *t, const char *what)
+{
+	int code = sqlite3_errcode(t->db);
+	int err = code == SQLITE_BUSY || code == SQLITE_LOCKED ? EBUSY
+		  : code == SQLITE_NOMEM		       ? ENOMEM
+		  : code == SQLITE_FULL			       ? ENOSPC
+		  : code == SQLITE_READONLY		       ? EROFS
+							       : EIO;
+	return cb_error_set(err, "turn store: %s: %s", what, sqlite3_errmsg(t->db));
+}
+
+/* A prepared statement, reset and cleared for a new use. */
+static sqlite3_stmt *tdb_q(struct cb_tdb *t, int which)
+{
+	sqlite3_stmt *s = t->q[which];
+
+	sqlite3_reset(s);
+	sqlite3_clear_bindings(s);
+	return s;
+}
+
+int cb_tdb_open(const char *path, struct cb_tdb **out)
+{
+	struct cb_tdb *t = calloc(1, sizeof(*t));
+	char *msg = NULL;
+	int ret = 0;
+
+	*out = NULL;
+	if (!t)
+		return cb_error_set(ENOMEM, "turn store %s: out of memory", path);
+	if (sqlite3_open_v2(path, &t->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
+	    SQLITE_OK) {
+		ret = cb_error_set(EIO, "open %s: %s", path,
+				   t->db ? sqlite3_errmsg(t->db) : "out of memory");
+		goto out;
+	}
+	sqlite3_busy_timeout(t->db, 10000);
+	if (sqlite3_exec(t->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL,
+			 &msg) != SQLITE_OK ||
+	    sqlite3_exec(t->db, cb_tdb_schema_sql, NULL, NULL, &msg) != SQLITE_OK) {
+		ret = cb_error_set(EIO, "turn tables in %s: %s", path, msg ? msg : "?");
+		goto out;
+	}
+	for (int i = 0; i < Q_COUNT; i++)
+		if (sqlite3_prepare_v3(t->db, tdb_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &t->q[i],
+				       NULL) != SQLITE_OK) {
+			ret = tdb_fail(t, "prepare");
+			goto out;
+		}
+	/* Without the journal's meta (a bare turn store in unit tests) there is no open turn
+	 * to advance. */
+	if (sqlite3_prepare_v3(t->db, tdb_meta_turn_sql, -1, SQLITE_PREPARE_PERSISTENT,
+			       &t->q[Q_META_TURN], NULL) != SQLITE_OK)
+		t->q[Q_META_TURN] = NULL;
+	*out = t;
+out:
+	sqlite3_free(msg);
+	if (ret)
+		cb_tdb_close(t);
+	return ret;
+}
+
+void cb_tdb_close(struct cb_tdb *t)
+{
+	if (!t)
+		return;
+	for (int i = 0; i < Q_ALL; i++)
+		sqlite3_finalize(t->q[i]);
+	sqlite3_close(t->db);
+	free(t);
+}
+
+static int tdb_exec(struct cb_tdb *t, const char *sql)
+{
+	if (sqlite3_exec(t->db, sql, NULL, NULL, NULL) != SQLITE_OK)
+		return tdb_fail(t, sql);
+	return 0;
+}
+
+/* IMMEDIATE: take the write lock up front, so a long read-then-write never fails midway. */
+int cb_tdb_begin(struct cb_tdb *t)
+{
+	return tdb_exec(t, "BEGIN IMMEDIATE");
+}
+
+int cb_tdb_commit(struct cb_tdb *t)
+{
+	return tdb_exec(t, "COMMIT");
+}
+
+void cb_tdb_rollback(struct cb_tdb *t)
+{
+	if (!sqlite3_get_autocommit(t->db))
+		sqlite3_exec(t->db, "ROLLBACK", NULL, NULL, NULL);
+}
+
+/* Step a statement that returns no row. */
+static int tdb_done(struct cb_tdb *t, sqlite3_stmt *s, const char *what)
+{
+	int rc = sqlite3_step(s);
+	int ret = rc == SQLITE_DONE ? 0 : tdb_fail(t, what);
+
+	sqlite3_reset(s);
+	return ret;
+}
+
+/* Step a statement that returns one integer (def when there is no row). */
+static long long tdb_int(sqlite3_stmt *s, long long def)
+{
+	long long v = def;
+
+	if (sqlite3_step(s) == SQLITE_ROW)
+		v = sqlite3_column_int64(s, 0);
+	sqlite3_reset(s);
+	return v;
+}
+
+int cb_tdb_base_cache_get(struct cb_tdb *t, const char *path, long long size, long long mtime_ns,
+			  long long ino, unsigned char *sha256, unsigned char *xxh3)
+{
+	sqlite3_stmt *s = tdb_q(t, Q_CACHE_GET);
+	int ret = 0, rc;
+
+	sqlite3_bind_text(s, 1, path, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(s, 2, size);
+	sqlite3_bind_int64(s, 3, mtime_ns);
+	sqlite3_bind_int64(s, 4, ino);
+	rc = sqlite3_step(s);
+	if (rc == SQLITE_ROW && sqlite3_column_bytes(s, 0) == CB_SHA256_LEN &&
+	    sqlite3_column_bytes(s, 1) == CB_XXH128_LEN) {
+		memcpy(sha256, sqlite3_column_blob(s, 0), CB_SHA256_LEN);
+		memcpy(xxh3, sqlite3_column_blob(s, 1), CB_XXH128_LEN);
+		ret = 1;
+	} else if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+		ret = tdb_fail(t, "base cache lookup");
+	}
+	sqlite3_reset(s);
+	return ret;
+}
+
+int cb_tdb_base_cache_put(struct cb_tdb *t, const char *path, long long size, long long mtime_ns,
+			  long long ino, const unsigned char *sha256, const unsigned char *xxh3)
+{
+	sqlite3_stmt *s = tdb_q(t, Q_CACHE_PUT);
+
+	sqlite3_bind_text(s, 1, path, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(s, 2, size);
+	sqlite3_bind_int64(s, 3, mtime_ns);
+	sqlite3_bind_int64(s, 4, ino);
+	sqlite3_bind_blob(s, 5, sha256, CB_SHA256_LEN, SQLITE_STATIC);
+	sqlite3_bind_blob(s, 6, xxh3, CB_XXH128_LEN, SQLITE_STATIC);
+	return tdb_done(t, s, "base cache store");
+}
+
+int cb_tdb_turn_add(struct cb_tdb *t, long long turn, double time, const char *label,
+		    long long changes)
+{
+	sqlite3_stmt *s = tdb_q(t, Q_TURN_ADD);
+	char next[32];
+	int ret;
+
+	sqlite3_bind_int64(s, 1, turn);
+	sqlite3_bind_double(s, 2, time);
+	if (label)
+		sqlite3_bind_text(s, 3, label, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(s, 4, changes);
+	ret = tdb_done(t, s, "record turn");
+	if (ret || !t->q[Q_META_TURN])
+		return ret;
+	/* In the same transaction: the turn is recorded if and only if the open turn moved on. */
+	s = tdb_q(t, Q_META_TURN);
+	snprintf(next, sizeof(next), "%lld", turn + 1);
+	sqlite3_bind_text(s, 1, next, -1, SQLITE_TRANSIENT);
+	return tdb_done(t, s, "advance the open turn");
+}
+
+void cb_tdb_journal_advance(struct cb_db *db, long long turn)
+{
+	cb_journal_set_turn(db, turn);
+}
+
+long long cb_tdb_turn_latest(struct cb_tdb *t)
+{
+	return tdb_int(tdb_q(t, Q_TURN_LATEST), 0);
+}
+
+long long cb_tdb_turn_oldest(struct cb_tdb *t)
+{
+	return tdb_int(tdb_q(t, Q_TURN_OLDEST), 0);
+}
+
+int cb_tdb_turn_exists(struct cb_tdb *t, long long turn)
+{
+	sqlite3_stmt *s;
+
+	if (turn == 0)
+		return 1;
+	s = tdb_q(t, Q_TURN_EXISTS);
+	sqlite3_bind_int64(s, 1, turn);
+	return (int)tdb_int(s, 0);
+}
+
+int cb_tdb_turn_list(struct cb_tdb *t, int (*fn)(const struct cb_turn_info *, void *), void *arg)
+{
+	sqlite3_stmt *s = tdb_q(t, Q_TURN_LIST);
+	int ret = 0, rc;
+
+	while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+		struct cb_turn_info ti = {
+		    .turn = sqlite3_column_int64(s, 0),
+		    .time = sqlite3_column_double(s, 1),
+		    .label = (const char *)sqlite3_column_text(s, 2),
+		    .changes = sqlite3_column_int64(s, 3),
+		};
+		ret = fn(&ti, arg);
+		if (ret)
+			goto out;
+	}
+	if (rc != SQLITE_DONE)
+		ret = tdb_fail(t, "list turns");
+out:
+	sqlite3_reset(s);
+	return ret;
+}
+
+/* Bind an entry's columns from position first (path first, then the rest). */
+static void tdb_bind_entry(sqlite3_stmt *s, int pathpos, int first, const struct cb_entry *e)
+{
+	sqlite3_bind_text(s, pathpos, e->path, -1, SQLITE_STATIC);
+	sqlite3_bind_int(s, first, e->type);
+	sqlite3_bind_int(s, first + 1, (int)e->mode);
+	sqlite3_bind_int64(s, first + 2, e->size);
+	if (e->type == CB_ENTRY_FILE || e->type == CB_ENTRY_SYMLINK) {
+		sqlite3_bind_blob(s, first + 3, e->sha256, CB_SHA256_LEN, SQLITE_STATIC);
+		sqlite3_bind_blob(s, first + 4, e->xxh3, CB_XXH128_LEN, SQLITE_STATIC);
+	}
+	if (e->target)
+		sqlite3_bind_text(s, first + 5, e->target, -1, SQLITE_STATIC);
+	if (e->pid)
+		sqlite3_bind_int64(s, first + 6, e->pid);
+	if (e->comm)
+		sqlite3_bind_text(s, first + 7, e->comm, -1, SQLITE_STATIC);
+}
+
+/* Read columns path, type, mode, size, sha256, xxh3, target, pid, comm; strings borrowed. */
+static void tdb_column_entry(sqlite3_stmt *s, struct cb_entry *e)
+{
+	memset(e, 0, sizeof(*e));
+	e->path = (char *)sqlite3_column_text(s, 0);
+	e->type = sqlite3_column_int(s, 1);
+	e->mode = (unsigned)sqlite3_column_int(s, 2);
+	e->size = sqlite3_column_int64(s, 3);
+	if (sqlite3_column_bytes(s, 4) == CB_SHA256_LEN)
+		memcpy(e->sha256, sqlite3_column_blob(s, 4), CB_SHA256_LEN);
+	if (sqlite3_column_bytes(s, 5) == CB_XXH128_LEN)
+		memcpy(e->xxh3, sqlite3_column_blob(s, 5), CB_XXH128_LEN);
+	e->target = (char *)sqlite3_column_text(s, 6);
+	e->pid = (pid_t)sqlite3_column_int64(s, 7);
+	e->comm = (char *)sqlite3_column_text(s, 8);
+}
+
+int cb_tdb_delta_put(struct cb_tdb *t, long long turn, const struct cb_entry *e)
+{
+	sqlite3_stmt *s = tdb_q(t, Q_DELTA_PUT);
+
+	tdb_bind_entry(s, 1, 3, e);
+	sqlite3_bind_int64(s, 2, turn);
+	return tdb_done(t, s, "record delta");
+}
+
+/* One-row lookup into an owned entry: 1 found, 0 none, -errno. */
+static int tdb_lookup(struct cb_tdb *t, sqlite3_stmt *s, struct cb_entry *out, const char *what)
+{
+	struct cb_entry row;
+	int rc = sqlite3_step(s), ret = 0;
+
+	if (rc == SQLITE_ROW) {
+		tdb_column_entry(s, &row);
+		ret = cb_entry_copy(out, &row);
+		if (ret == 0)
+			ret = 1;
+	} else if (rc != SQLITE_DONE) {
+		ret = tdb_fail(t, what);
+	}
+	sqlite3_reset(s);
+	return ret;
+}
+
+int cb_tdb_delta_at(struct cb_tdb *t, const char *path, long long turn, struct cb_entry *out)
+{
+	sqlite3_stmt *s = tdb_q(t, Q_DELTA_AT);
+
+	sqlite3_bind_text(s, 1, path, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(s, 2, turn);
+	return tdb_lookup(t, s, out, "delta lookup");
+}
+
+int cb_tdb_delta_paths(struct cb_tdb *t, long long from, long long to,
+		       int (*fn)(const char *path, void *), void *arg)
+{
+	sqlite3_stmt *s = tdb_q(t, Q_DELTA_PATHS);
+	int ret = 0, rc;
+
+	sqlite3_bind_int64(s, 1, from);
+	sqlite3_bind_int64(s, 2, to);
+	while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+		ret = fn((const char *)sqlite3_column_text(s, 0), arg);
+		if (ret)
+			goto out;
+	}
+	if (rc != SQLITE_DONE)
+		ret = tdb_fail(t, "changed paths");
+out:
+	sqlite3_reset(s);
+	return ret;
+}
+
+long long cb_tdb_map_turn(struct cb_tdb *t)
+{
+	return tdb_int(tdb_q(t, Q_MAP_TURN), -1);
+}
+
+int cb_tdb_map_set_turn(struct cb_tdb *t, long long turn)
+{
+	sqlite3_stmt *s = tdb_q(t, Q_MAP_SET_TURN);
+
+	sqlite3_bind_int64(s, 1, turn);
+	return tdb_done(t, s, "map turn");
+}
+
+int cb_tdb_map_get(struct cb_tdb *t, const char *path, struct cb_entry *out)
+{
+	sqlite3_stmt *s = tdb_q(t, Q_MAP_GET);
+
+	sqlite3_bind_text(s, 1, path, -1, SQLITE_STATIC);
+	return tdb_lookup(t, s, out, "map lookup");
+}
+
+int cb_tdb_map_put(struct cb_tdb *t, const struct cb_entry *e)
+{
+	sqlite3_stmt *s = tdb_q(t, Q_MAP_PUT);
+
+	tdb_bind_entry(s, 1, 2, e);
+	return tdb_done(t, s, "map store");
+}
+
+int cb_tdb_map_del(struct cb_tdb *t, const char *path)
+{
+	sqlite3_stmt *s = tdb_q(t, Q_MAP_DEL);
+
+	sqlite3_bind_text(s, 1, path, -1, SQLITE_STATIC);
+	return tdb_done(t, s, "map delete");
+}
+
+int cb_tdb_map_clear(struct cb_tdb *t)
+{
+	return tdb_done(t, tdb_q(t, Q_MAP_CLEAR), "map clear");
+}
+
+int cb_tdb_map_list(struct cb_tdb *t, const char *prefix,
+		    int (*fn)(const struct cb_entry *, void *), void *arg)
+{
+	sqlite3_stmt *s = tdb_q(t, prefix ? Q_MAP_UNDER : Q_MAP_ALL);
+	struct cb_entry e;
+	int ret = 0, rc;
+
+	if (prefix)
+		sqlite3_bind_text(s, 1, prefix, -1, SQLITE_STATIC);
+	while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+		tdb_column_entry(s, &e);
+		ret = fn(&e, arg);
+		if (ret)
+			goto out;
+	}
+	if (rc != SQLITE_DONE)
+		ret = tdb_fail(t, "map list");
+out:
+	sqlite3_reset(s);
+	return ret;
+}
+
+/* The newest row at or before keep_from of each path changed before it becomes a row of
+ * keep_from itself (unless keep_from changed that path too), then the older rows go. */
+int cb_tdb_prune(struct cb_tdb *t, long long keep_from)
+{
+	static const char *const steps[] = {
+	    "INSERT OR IGNORE INTO turn_delta SELECT d.path, ?1, d.type, d.mode, d.size, "
+	    "d.sha256, d.xxh3, d.target, d.pid, d.comm FROM turn_delta d WHERE d.turn>0 AND "
+	    "d.turn<?1 AND d.turn=(SELECT max(turn) FROM turn_delta x WHERE x.path=d.path "
+	    "AND x.turn<=?1)",
+	    "DELETE FROM turn_delta WHERE turn>0 AND turn<?1",
+	    "DELETE FROM turns WHERE turn<?1",
+	};
+	int ret = 0;
+
+	for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]) && !ret; i++) {
+		sqlite3_stmt *s = NULL;
+
+		if (sqlite3_prepare_v2(t->db, steps[i], -1, &s, NULL) != SQLITE_OK) {
+			ret = tdb_fail(t, "prune");
+			break;
+		}
+		sqlite3_bind_int64(s, 1, keep_from);
+		if (sqlite3_step(s) != SQLITE_DONE)
+			ret = tdb_fail(t, "prune");
+		sqlite3_finalize(s);
+	}
+	return ret;
+}
+
+int cb_tdb_blob_needed(struct cb_tdb *t, const unsigned char *xxh3)
+{
+	sqlite3_stmt *s = tdb_q(t, Q_BLOB_NEEDED);
+
+	sqlite3_bind_blob(s, 1, xxh3, CB_XXH128_LEN, SQLITE_STATIC);
+	return (int)tdb_int(s, 0);
+}

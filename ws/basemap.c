@@ -1,0 +1,301 @@
+/* The materialized map of the latest turn: built once from a walk of the base (hashes from
+ * the base cache, the misses hashed on two threads with a progress bar) plus the deltas. */
+#include "config.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cowbox/error.h"
+#include "turns_int.h"
+
+#define BASE_THREADS 2
+
+struct base_item {
+	char *path;
+	struct stat st;
+	int cached;
+	struct cb_hash h;
+	int err;
+};
+
+struct base_walk {
+	struct base_item *it;
+	size_t n, cap;
+	/* hashing on threads */
+	int base_fd;
+	size_t next, done, misses;
+	long long bytes_done, bytes_total;
+	pthread_mutex_t lock;
+	int progress;
+	double last_draw;
+};
+
+static int base_add(struct base_walk *w, const char *path, const struct stat *st)
+{
+	if (w->n == w->cap) {
+		size_t cap = w->cap ? 2 * w->cap : 1024;
+		struct base_item *it = realloc(w->it, cap * sizeof(*it));
+
+		if (!it)
+			return cb_error_set(ENOMEM, "base walk: out of memory");
+		w->it = it;
+		w->cap = cap;
+	}
+	memset(&w->it[w->n], 0, sizeof(w->it[w->n]));
+	w->it[w->n].path = strdup(path);
+	if (!w->it[w->n].path)
+		return cb_error_set(ENOMEM, "base walk: out of memory");
+	w->it[w->n].st = *st;
+	w->n++;
+	return 0;
+}
+
+static int base_walk_dir(struct base_walk *w, int base_fd, const char *path)
+{
+	int fd = openat(base_fd, path[0] ? path : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	struct dirent *de;
+	DIR *dir;
+	int ret = 0;
+
+	if (fd < 0)
+		return cb_error_set(errno, "base %s: %s", path[0] ? path : ".", strerror(errno));
+	dir = fdopendir(fd);
+	if (!dir) {
+		close(fd);
+		return cb_error_set(errno, "base %s: %s", path, strerror(errno));
+	}
+	while (!ret && (de = readdir(dir))) {
+		struct stat st;
+		char *child;
+
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		if (asprintf(&child, "%s%s%s", path, path[0] ? "/" : "", de->d_name) < 0)
+			return closedir(dir), cb_error_set(ENOMEM, "base walk: out of memory");
+		if (fstatat(base_fd, child, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			ret = cb_error_set(errno, "base %s: %s", child, strerror(errno));
+		} else if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode) || S_ISLNK(st.st_mode)) {
+			ret = base_add(w, child, &st);
+			if (!ret && S_ISDIR(st.st_mode))
+				ret = base_walk_dir(w, base_fd, child);
+		}
+		free(child);
+	}
+	closedir(dir);
+	return ret;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Called under w->lock. */
+static void base_draw(struct base_walk *w, int final)
+{
+	double now = now_s(), frac;
+	int fill;
+
+	if (!w->progress || (!final && now - w->last_draw < 0.1))
+		return;
+	w->last_draw = now;
+	frac = w->bytes_total ? (double)w->bytes_done / (double)w->bytes_total : 1.0;
+	fill = (int)(frac * 30);
+	fprintf(stderr, "\rhashing base [%.*s%*s] %zu/%zu files %3d%%", fill,
+		"##############################", 30 - fill, "", w->done, w->misses,
+		(int)(frac * 100));
+	if (final)
+		fputc('\n', stderr);
+}
+
+static void *base_hash_thread(void *arg)
+{
+	struct base_walk *w = arg;
+
+	for (;;) {
+		struct base_item *it = NULL;
+
+		pthread_mutex_lock(&w->lock);
+		while (w->next < w->n &&
+		       (w->it[w->next].cached || !S_ISREG(w->it[w->next].st.st_mode)))
+			w->next++;
+		if (w->next < w->n)
+			it = &w->it[w->next++];
+		pthread_mutex_unlock(&w->lock);
+		if (!it)
+			break;
+		it->err = cb_ws_hash_file_at(w->base_fd, it->path, -1, &it->h, &it->st);
+		pthread_mutex_lock(&w->lock);
+		w->done++;
+		w->bytes_done += it->st.st_size;
+		base_draw(w, 0);
+		pthread_mutex_unlock(&w->lock);
+	}
+	return NULL;
+}
+
+/* Hash every cache miss; two threads when there is enough to share. */
+static int base_hash_misses(struct base_walk *w)
+{
+	pthread_t th[BASE_THREADS];
+	int nth = w->misses > 64 ? BASE_THREADS : 1, started = 0;
+
+	pthread_mutex_init(&w->lock, NULL);
+	for (int i = 1; i < nth; i++)
+		if (pthread_create(&th[i], NULL, base_hash_thread, w) == 0)
+			started++;
+	base_hash_thread(w);
+	for (int i = 1; i <= started; i++)
+		pthread_join(th[i], NULL);
+	pthread_mutex_lock(&w->lock);
+	if (w->misses)
+		base_draw(w, 1);
+	pthread_mutex_unlock(&w->lock);
+	pthread_mutex_destroy(&w->lock);
+	for (size_t i = 0; i < w->n; i++)
+		if (w->it[i].err)
+			return cb_error_set(w->it[i].err, "hash base %s: failed", w->it[i].path);
+	return 0;
+}
+
+/* Put every base entry in the map (and new hashes in the cache). Called in a transaction. */
+static int base_fill(struct cb_turns *t, struct base_walk *w)
+{
+	struct cb_entry e = {0};
+	int ret = 0;
+
+	for (size_t i = 0; i < w->n && !ret; i++) {
+		struct base_item *it = &w->it[i];
+		long long mtime_ns =
+		    (long long)it->st.st_mtim.tv_sec * 1000000000LL + it->st.st_mtim.tv_nsec;
+
+		if (S_ISREG(it->st.st_mode)) {
+			if (!it->cached)
+				ret = cb_tdb_base_cache_put(t->db, it->path, it->st.st_size,
+							    mtime_ns, (long long)it->st.st_ino,
+							    it->h.sha256, it->h.xxh3);
+			memset(&e, 0, sizeof(e));
+			e.path = it->path;
+			e.type = CB_ENTRY_FILE;
+			e.mode = it->st.st_mode & 07777;
+			e.size = it->st.st_size;
+			memcpy(e.sha256, it->h.sha256, CB_SHA256_LEN);
+			memcpy(e.xxh3, it->h.xxh3, CB_XXH128_LEN);
+			if (!ret)
+				ret = cb_tdb_map_put(t->db, &e);
+		} else {
+			/* dirs and symlinks: ws_base_entry reads the target */
+			struct cb_entry be = {0};
+
+			ret = ws_base_entry(t, it->path, &be);
+			if (!ret && be.type != CB_ENTRY_ABSENT)
+				ret = cb_tdb_map_put(t->db, &be);
+			cb_entry_clear(&be);
+		}
+	}
+	return ret;
+}
+
+struct apply_arg {
+	struct cb_turns *t;
+	long long turn;
+	struct ws_pathset paths;
+};
+
+static int collect_path(const char *path, void *arg)
+{
+	struct apply_arg *a = arg;
+
+	return ws_pathset_add(&a->paths, path, 0, NULL);
+}
+
+int ws_map_ensure(struct cb_turns *t)
+{
+	long long latest = cb_tdb_turn_latest(t->db);
+	struct base_walk w = {0};
+	struct apply_arg a = {t, latest, {0}};
+	struct cb_entry e = {0};
+	int ret = 0, intx = 0;
+
+	if (cb_tdb_map_turn(t->db) == latest)
+		return 0;
+	w.base_fd = t->base_fd;
+	w.progress = t->progress && isatty(STDERR_FILENO);
+	if (t->base_fd >= 0) {
+		ret = base_walk_dir(&w, t->base_fd, "");
+		if (ret)
+			goto out;
+		for (size_t i = 0; i < w.n && !ret; i++) {
+			struct base_item *it = &w.it[i];
+
+			if (!S_ISREG(it->st.st_mode))
+				continue;
+			ret = cb_tdb_base_cache_get(
+			    t->db, it->path, it->st.st_size,
+			    (long long)it->st.st_mtim.tv_sec * 1000000000LL +
+				it->st.st_mtim.tv_nsec,
+			    (long long)it->st.st_ino, it->h.sha256, it->h.xxh3);
+			it->cached = ret == 1;
+			if (ret >= 0) {
+				ret = 0;
+				if (!it->cached) {
+					w.misses++;
+					w.bytes_total += it->st.st_size;
+				}
+			}
+		}
+		if (!ret)
+			ret = base_hash_misses(&w);
+		if (ret)
+			goto out;
+	}
+	ret = cb_tdb_delta_paths(t->db, 0, latest, collect_path, &a);
+	if (ret)
+		goto out;
+	ret = cb_tdb_begin(t->db);
+	if (ret)
+		goto out;
+	intx = 1;
+	ret = cb_tdb_map_clear(t->db);
+	if (!ret)
+		ret = base_fill(t, &w);
+	for (size_t i = 0; i < a.paths.n && !ret; i++) {
+		ret = cb_tdb_delta_at(t->db, a.paths.p[i].path, latest, &e);
+		if (ret == 1)
+			ret = e.type == CB_ENTRY_ABSENT ? cb_tdb_map_del(t->db, e.path)
+							: cb_tdb_map_put(t->db, &e);
+	}
+	if (!ret)
+		ret = cb_tdb_map_set_turn(t->db, latest);
+	if (!ret)
+		ret = cb_tdb_commit(t->db);
+	if (!ret)
+		intx = 0;
+out:
+	if (intx)
+		cb_tdb_rollback(t->db);
+	cb_entry_clear(&e);
+	ws_pathset_free(&a.paths);
+	for (size_t i = 0; i < w.n; i++)
+		free(w.it[i].path);
+	free(w.it);
+	return ret ? cb_error_wrap(ret, "build the turn map") : 0;
+}
+
+int cb_ws_map_list(struct cb_turns *t, int (*fn)(const struct cb_entry *, void *), void *arg)
+{
+	int ret = ws_map_ensure(t);
+
+	return ret ? ret : cb_tdb_map_list(t->db, NULL, fn, arg);
+}

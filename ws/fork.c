@@ -1,0 +1,195 @@
+/* Fork: a new workspace starting at a turn of this one. Its upper layer gets only what
+ * differs from the base at that turn (overlayfs format), its db records that as turn 1,
+ * and it shares this workspace's blobs by hard links. Cost follows the changed paths. */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cowbox/error.h"
+#include "turns_int.h"
+
+struct fork_ctx {
+	struct cb_turns *t;
+	long long turn;
+	int upper_fd, blob_fd;
+	struct cb_tdb *db;
+};
+
+/* Create the upper's parent directories of path, with the modes they have at the turn. */
+static int fork_parents(struct fork_ctx *f, const char *path)
+{
+	char buf[4096];
+	struct cb_entry e = {0};
+	int ret = 0;
+
+	snprintf(buf, sizeof(buf), "%s", path);
+	for (char *s = strchr(buf, '/'); s && !ret; s = strchr(s + 1, '/')) {
+		struct stat st;
+
+		*s = '\0';
+		if (fstatat(f->upper_fd, buf, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			ret = ws_entry_at(f->t, buf, f->turn, &e);
+			if (!ret &&
+			    mkdirat(f->upper_fd, buf, e.type == CB_ENTRY_DIR ? e.mode : 0755))
+				ret =
+				    cb_error_set(errno, "fork: mkdir %s: %s", buf, strerror(errno));
+		}
+		*s = '/';
+	}
+	cb_entry_clear(&e);
+	return ret;
+}
+
+static int fork_file(struct fork_ctx *f, const struct cb_entry *e, const struct cb_entry *base)
+{
+	int from_base = base->type == CB_ENTRY_FILE && !memcmp(base->xxh3, e->xxh3, CB_XXH128_LEN);
+	int src, dst, ret;
+
+	if (from_base) {
+		src = openat(f->t->base_fd, e->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+		if (src < 0)
+			return cb_error_set(errno, "fork: base %s: %s", e->path, strerror(errno));
+	} else {
+		src = cb_ws_blob_open(f->t->blob_fd, e->xxh3);
+		if (src < 0)
+			return cb_error_wrap(src, "fork: content of %s", e->path);
+	}
+	dst = openat(f->upper_fd, e->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (dst < 0) {
+		ret = cb_error_set(errno, "fork: create %s: %s", e->path, strerror(errno));
+		close(src);
+		return ret;
+	}
+	ret = cb_ws_copy_fd(src, dst);
+	if (!ret && fchmod(dst, e->mode) < 0)
+		ret = cb_error_set(errno, "fork: chmod %s: %s", e->path, strerror(errno));
+	close(dst);
+	close(src);
+	if (!ret && !from_base)
+		ret = cb_ws_blob_share(f->t->blob_fd, f->blob_fd, e->xxh3);
+	return ret;
+}
+
+/* 1 if the parent directory of path exists at the turn (always for a top-level path). */
+static int fork_parent_exists(struct fork_ctx *f, const char *path, int *exists)
+{
+	const char *slash = strrchr(path, '/');
+	struct cb_entry p = {0};
+	char *parent;
+	int ret;
+
+	*exists = 1;
+	if (!slash)
+		return 0;
+	parent = strndup(path, (size_t)(slash - path));
+	if (!parent)
+		return cb_error_set(ENOMEM, "fork: out of memory");
+	ret = ws_entry_at(f->t, parent, f->turn, &p);
+	*exists = p.type == CB_ENTRY_DIR;
+	cb_entry_clear(&p);
+	free(parent);
+	return ret;
+}
+
+/* Put path as it is at the turn into the fork's upper layer and its turn 1. */
+static int fork_one(const char *path, void *arg)
+{
+	struct fork_ctx *f = arg;
+	struct cb_entry e = {0}, base = {0};
+	int ret, parent = 1;
+
+	ret = ws_entry_at(f->t, path, f->turn, &e);
+	if (!ret)
+		ret = ws_base_entry(f->t, path, &base);
+	if (ret || cb_entry_same(&e, &base))
+		goto out;
+	ret = cb_tdb_delta_put(f->db, 1, &e);
+	if (ret)
+		goto out;
+	/* Below a directory gone at the turn: its whiteout already hides all of it. */
+	if (e.type == CB_ENTRY_ABSENT && ((ret = fork_parent_exists(f, path, &parent)) || !parent))
+		goto out;
+	ret = fork_parents(f, path);
+	if (ret)
+		goto out;
+	switch (e.type) {
+	case CB_ENTRY_ABSENT:
+		/* overlayfs whiteout: a 0/0 character device hides the base entry */
+		if (mknodat(f->upper_fd, path, S_IFCHR | 0000, makedev(0, 0)) < 0)
+			ret = cb_error_set(errno, "fork: whiteout %s: %s", path, strerror(errno));
+		break;
+	case CB_ENTRY_DIR:
+		if (mkdirat(f->upper_fd, path, e.mode) < 0 && errno != EEXIST)
+			ret = cb_error_set(errno, "fork: mkdir %s: %s", path, strerror(errno));
+		else if (fchmodat(f->upper_fd, path, e.mode, 0) < 0)
+			ret = cb_error_set(errno, "fork: chmod %s: %s", path, strerror(errno));
+		break;
+	case CB_ENTRY_SYMLINK:
+		if (symlinkat(e.target, f->upper_fd, path) < 0)
+			ret = cb_error_set(errno, "fork: symlink %s: %s", path, strerror(errno));
+		break;
+	case CB_ENTRY_FILE:
+		ret = fork_file(f, &e, &base);
+		break;
+	}
+out:
+	cb_entry_clear(&e);
+	cb_entry_clear(&base);
+	return ret;
+}
+
+int cb_ws_fork(struct cb_turns *t, long long turn, const char *new_upper, const char *new_db,
+	       const char *new_blob_dir)
+{
+	struct fork_ctx f = {.t = t, .turn = turn, .upper_fd = -1, .blob_fd = -1};
+	char label[64];
+	struct timespec ts;
+	int ret, intx = 0;
+
+	ret = ws_turn_check(t, turn);
+	if (ret)
+		return ret;
+	if (mkdir(new_blob_dir, 0700) < 0 && errno != EEXIST)
+		return cb_error_set(errno, "fork: %s: %s", new_blob_dir, strerror(errno));
+	f.upper_fd = open(new_upper, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	f.blob_fd = open(new_blob_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (f.upper_fd < 0 || f.blob_fd < 0) {
+		ret = cb_error_set(errno, "fork: open %s: %s",
+				   f.upper_fd < 0 ? new_upper : new_blob_dir, strerror(errno));
+		goto out;
+	}
+	ret = cb_tdb_open(new_db, &f.db);
+	if (ret)
+		goto out;
+	ret = cb_tdb_begin(f.db);
+	if (ret)
+		goto out;
+	intx = 1;
+	/* Sorted: a whited-out directory comes before everything that was below it. */
+	ret = cb_tdb_delta_paths(t->db, 0, turn, fork_one, &f);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	snprintf(label, sizeof(label), "fork of turn %lld", turn);
+	if (!ret)
+		ret = cb_tdb_turn_add(f.db, 1, (double)ts.tv_sec + ts.tv_nsec / 1e9, label, 0);
+	if (!ret)
+		ret = cb_tdb_commit(f.db);
+	if (!ret)
+		intx = 0;
+out:
+	if (intx)
+		cb_tdb_rollback(f.db);
+	cb_tdb_close(f.db);
+	if (f.upper_fd >= 0)
+		close(f.upper_fd);
+	if (f.blob_fd >= 0)
+		close(f.blob_fd);
+	return ret ? cb_error_wrap(ret, "fork turn %lld", turn) : 0;
+}

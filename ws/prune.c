@@ -1,0 +1,40 @@
+/* Prune: keep the newest turns, fold the older ones into the oldest kept (so its map stays
+ * whole) and delete every blob that no remaining turn references. */
+#include "config.h"
+
+#include <errno.h>
+
+#include "cowbox/error.h"
+#include "turns_int.h"
+
+static int prune_needed(const unsigned char *xxh3, void *arg)
+{
+	return cb_tdb_blob_needed(arg, xxh3);
+}
+
+int cb_ws_prune(struct cb_turns *t, long long keep, long long *dropped, long long *freed)
+{
+	long long latest = cb_tdb_turn_latest(t->db), oldest = cb_tdb_turn_oldest(t->db);
+	long long keep_from = latest - keep + 1, removed = 0;
+	int ret;
+
+	*dropped = *freed = 0;
+	if (keep < 1)
+		return cb_error_set(EINVAL, "prune: --keep must be at least 1 (got %lld)", keep);
+	if (latest == 0 || keep_from <= oldest)
+		goto gc;
+	ret = cb_tdb_begin(t->db);
+	if (!ret)
+		ret = cb_tdb_prune(t->db, keep_from);
+	if (!ret)
+		ret = cb_tdb_commit(t->db);
+	if (ret) {
+		cb_tdb_rollback(t->db);
+		return cb_error_wrap(ret, "prune");
+	}
+	*dropped = keep_from - oldest;
+gc:
+	/* Also after a prune that dropped nothing: blobs a crash left behind go too. */
+	ret = cb_ws_blob_gc(t->blob_fd, prune_needed, t->db, &removed, freed);
+	return ret ? cb_error_wrap(ret, "prune: blob store") : 0;
+}

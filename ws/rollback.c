@@ -1,0 +1,196 @@
+/* Rollback: make the live tree equal a turn's map with ordinary file operations through the
+ * mount (so the journal records them and every kernel cache stays coherent), touching only
+ * the paths that differ. Files are replaced by rename, never rewritten in place. */
+#include "config.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cowbox/error.h"
+#include "turns_int.h"
+
+/* rm -rf of dirfd/path, for a directory the turn does not have. */
+static int rb_remove(int dirfd, const char *path)
+{
+	struct dirent *de;
+	DIR *dir;
+	int fd, ret = 0;
+
+	if (unlinkat(dirfd, path, 0) == 0 || errno == ENOENT)
+		return 0;
+	if (errno != EISDIR && errno != EPERM)
+		return cb_error_set(errno, "remove %s: %s", path, strerror(errno));
+	fd = openat(dirfd, path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return cb_error_set(errno, "remove %s: %s", path, strerror(errno));
+	dir = fdopendir(fd);
+	if (!dir) {
+		close(fd);
+		return cb_error_set(errno, "remove %s: %s", path, strerror(errno));
+	}
+	while (!ret && (de = readdir(dir))) {
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		ret = rb_remove(fd, de->d_name);
+	}
+	closedir(dir);
+	if (!ret && unlinkat(dirfd, path, AT_REMOVEDIR) < 0 && errno != ENOENT)
+		ret = cb_error_set(errno, "remove %s: %s", path, strerror(errno));
+	return ret;
+}
+
+/* A name beside path for building its replacement: rename over path is then atomic for
+ * every reader (old or new content, never a mix). */
+static void rb_tmpname(const char *path, char *buf, size_t len)
+{
+	static unsigned counter;
+	const char *slash = strrchr(path, '/');
+	int dirlen = slash ? (int)(slash - path + 1) : 0;
+
+	snprintf(buf, len, "%.*s.cowbox-rollback.%d.%u", dirlen, path, (int)getpid(),
+		 __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
+}
+
+/* Open the content of e (a file of the target turn): the base file at the same path when it
+ * still holds these bytes, else its blob. */
+static int rb_source(struct cb_turns *t, const struct cb_entry *e, long long turn)
+{
+	struct cb_entry base = {0};
+	char hex[2 * CB_XXH128_LEN + 1];
+	int fd, ret;
+
+	ret = ws_base_entry(t, e->path, &base);
+	if (ret)
+		return ret;
+	if (base.type == CB_ENTRY_FILE && !memcmp(base.xxh3, e->xxh3, CB_XXH128_LEN)) {
+		cb_entry_clear(&base);
+		fd = openat(t->base_fd, e->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0)
+			return cb_error_set(errno, "base %s: %s", e->path, strerror(errno));
+		return fd;
+	}
+	cb_entry_clear(&base);
+	if (cb_ws_blob_has(t->blob_fd, e->xxh3))
+		return cb_ws_blob_open(t->blob_fd, e->xxh3);
+	cb_hex(e->xxh3, CB_XXH128_LEN, hex);
+	return cb_error_set(ENOENT,
+			    "%s at turn %lld: content %s is neither in the base (changed since it "
+			    "was hashed?) nor in the blob store",
+			    e->path, turn, hex);
+}
+
+static int rb_file(struct cb_turns *t, const struct cb_entry *e, long long turn)
+{
+	char tmp[4200];
+	int src, dst, ret;
+
+	src = rb_source(t, e, turn);
+	if (src < 0)
+		return src;
+	rb_tmpname(e->path, tmp, sizeof(tmp));
+	dst = openat(t->root_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (dst < 0) {
+		ret = cb_error_set(errno, "restore %s: create: %s", e->path, strerror(errno));
+		close(src);
+		return ret;
+	}
+	ret = cb_ws_copy_fd(src, dst);
+	if (!ret && fchmod(dst, e->mode) < 0)
+		ret = cb_error_set(errno, "restore %s: chmod: %s", e->path, strerror(errno));
+	if (close(dst) < 0 && !ret)
+		ret = cb_error_set(errno, "restore %s: close: %s", e->path, strerror(errno));
+	close(src);
+	if (!ret && renameat(t->root_fd, tmp, t->root_fd, e->path) < 0)
+		ret = cb_error_set(errno, "restore %s: rename: %s", e->path, strerror(errno));
+	if (ret)
+		unlinkat(t->root_fd, tmp, 0);
+	return ret ? cb_error_wrap(ret, "rollback") : 0;
+}
+
+static int rb_symlink(struct cb_turns *t, const struct cb_entry *e)
+{
+	char tmp[4200];
+
+	rb_tmpname(e->path, tmp, sizeof(tmp));
+	if (symlinkat(e->target, t->root_fd, tmp) < 0)
+		return cb_error_set(errno, "restore symlink %s: %s", e->path, strerror(errno));
+	if (renameat(t->root_fd, tmp, t->root_fd, e->path) < 0) {
+		int err = errno;
+
+		unlinkat(t->root_fd, tmp, 0);
+		return cb_error_set(err, "restore symlink %s: %s", e->path, strerror(err));
+	}
+	return 0;
+}
+
+/* Restore one path whose live entry (ev->new) differs from the turn's (ev->old); what had
+ * to go is already gone. Directory modes come last (rb_dir_modes). */
+static int rb_restore(struct cb_turns *t, const struct cb_diff_event *ev, long long turn)
+{
+	const struct cb_entry *want = &ev->old, *have = &ev->new;
+	int same_type = want->type == have->type;
+
+	switch (want->type) {
+	case CB_ENTRY_ABSENT:
+		return 0;
+	case CB_ENTRY_DIR:
+		if (!same_type && mkdirat(t->root_fd, want->path, 0700) < 0 && errno != EEXIST)
+			return cb_error_set(errno, "restore dir %s: %s", want->path,
+					    strerror(errno));
+		return 0;
+	case CB_ENTRY_SYMLINK:
+		return rb_symlink(t, want);
+	case CB_ENTRY_FILE:
+		if (same_type && have->size == want->size &&
+		    !memcmp(have->sha256, want->sha256, CB_SHA256_LEN)) {
+			if (fchmodat(t->root_fd, want->path, want->mode, 0) < 0)
+				return cb_error_set(errno, "restore mode of %s: %s", want->path,
+						    strerror(errno));
+			return 0;
+		}
+		return rb_file(t, want, turn);
+	}
+	return 0;
+}
+
+int cb_ws_rollback(struct cb_turns *t, long long turn, const struct cb_dirty *dirty, size_t n,
+		   long long *touched)
+{
+	struct cb_diff d = {0};
+	int ret;
+
+	*touched = 0;
+	/* old = the turn's entry, new = the live one: exactly the paths to put back. */
+	ret = cb_ws_diff(t, turn, -1, dirty, n, &d);
+	if (ret)
+		goto out;
+	/* Children before parents: remove what the turn does not have (or has as another type). */
+	for (size_t i = d.n; i-- > 0 && !ret;) {
+		const struct cb_diff_event *ev = &d.ev[i];
+
+		if (ev->new.type != CB_ENTRY_ABSENT && ev->old.type != ev->new.type)
+			ret = rb_remove(t->root_fd, ev->new.path);
+	}
+	/* Parents before children: directories exist before what goes in them. */
+	for (size_t i = 0; i < d.n && !ret; i++)
+		ret = rb_restore(t, &d.ev[i], turn);
+	/* Directory modes last and deepest first, so a read-only directory blocks nothing. */
+	for (size_t i = d.n; i-- > 0 && !ret;) {
+		const struct cb_entry *want = &d.ev[i].old;
+
+		if (want->type == CB_ENTRY_DIR &&
+		    fchmodat(t->root_fd, want->path, want->mode, 0) < 0)
+			ret = cb_error_set(errno, "restore mode of %s: %s", want->path,
+					   strerror(errno));
+	}
+	*touched = (long long)d.n;
+out:
+	cb_diff_free(&d);
+	return ret ? cb_error_wrap(ret, "rollback to turn %lld", turn) : 0;
+}

@@ -1,0 +1,195 @@
+/* Snapshot: record the open turn as a delta against the latest one, rehashing only the paths
+ * the journal names (directories that moved are walked), and keep new contents as blobs. */
+#include "config.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cowbox/error.h"
+#include "turns_int.h"
+
+struct snap_item {
+	struct cb_entry old, new;
+};
+
+static double wall_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+int ws_diff_add(struct cb_diff *d, const struct cb_entry *old, const struct cb_entry *new)
+{
+	struct cb_diff_event *ev;
+	enum cb_diff_kind kind;
+	int ret;
+
+	if (cb_entry_same(old, new))
+		return 0;
+	if (old->type == CB_ENTRY_ABSENT)
+		kind = CB_DIFF_CREATED;
+	else if (new->type == CB_ENTRY_ABSENT)
+		kind = CB_DIFF_DELETED;
+	else if (old->type != new->type)
+		kind = CB_DIFF_TYPE_CHANGED;
+	else if (old->type == CB_ENTRY_DIR ||
+		 (old->type == CB_ENTRY_FILE && old->size == new->size &&
+		  !memcmp(old->sha256, new->sha256, CB_SHA256_LEN)))
+		kind = CB_DIFF_MODE_CHANGED;
+	else
+		kind = CB_DIFF_MODIFIED;
+	if (d->n == d->cap) {
+		size_t cap = d->cap ? 2 * d->cap : 16;
+
+		ev = realloc(d->ev, cap * sizeof(*ev));
+		if (!ev)
+			return cb_error_set(ENOMEM, "diff: out of memory");
+		d->ev = ev;
+		d->cap = cap;
+	}
+	ev = &d->ev[d->n];
+	memset(ev, 0, sizeof(*ev));
+	ev->kind = kind;
+	ret = cb_entry_copy(&ev->old, old);
+	if (!ret)
+		ret = cb_entry_copy(&ev->new, new);
+	if (ret) {
+		cb_entry_clear(&ev->old);
+		cb_entry_clear(&ev->new);
+		return ret;
+	}
+	d->n++;
+	return 0;
+}
+
+void cb_diff_free(struct cb_diff *d)
+{
+	for (size_t i = 0; i < d->n; i++) {
+		cb_entry_clear(&d->ev[i].old);
+		cb_entry_clear(&d->ev[i].new);
+	}
+	free(d->ev);
+	memset(d, 0, sizeof(*d));
+}
+
+const char *cb_diff_kind_name(enum cb_diff_kind kind)
+{
+	switch (kind) {
+	case CB_DIFF_CREATED:
+		return "created";
+	case CB_DIFF_MODIFIED:
+		return "modified";
+	case CB_DIFF_DELETED:
+		return "deleted";
+	case CB_DIFF_TYPE_CHANGED:
+		return "type_changed";
+	case CB_DIFF_MODE_CHANGED:
+		return "mode_changed";
+	}
+	return "unknown";
+}
+
+/* Hash phase, outside any transaction: the writers of the journal never wait for it. */
+static int snap_collect(struct cb_turns *t, const struct ws_pathset *set, struct snap_item *items)
+{
+	int ret = 0;
+
+	for (size_t i = 0; i < set->n && !ret; i++) {
+		const struct ws_path *p = &set->p[i];
+		struct snap_item *it = &items[i];
+
+		ret = cb_tdb_map_get(t->db, p->path, &it->old);
+		if (ret < 0)
+			break;
+		if (!it->old.path)
+			it->old.path = strdup(p->path);
+		ret = ws_live_entry(t, p->path, 1, &it->new);
+		if (ret)
+			break;
+		if (!it->new.path)
+			it->new.path = strdup(p->path);
+		if (!it->old.path || !it->new.path) {
+			ret = cb_error_set(ENOMEM, "snapshot: out of memory");
+			break;
+		}
+		it->new.pid = p->pid;
+		if (p->comm && !(it->new.comm = strdup(p->comm)))
+			ret = cb_error_set(ENOMEM, "snapshot: out of memory");
+	}
+	return ret;
+}
+
+static int snap_record(struct cb_turns *t, long long turn, const char *label,
+		       struct snap_item *items, size_t n, struct cb_diff *changes)
+{
+	long long nchanged = 0;
+	int ret;
+
+	ret = cb_tdb_begin(t->db);
+	if (ret)
+		return ret;
+	for (size_t i = 0; i < n && !ret; i++) {
+		struct snap_item *it = &items[i];
+
+		if (cb_entry_same(&it->old, &it->new))
+			continue;
+		nchanged++;
+		ret = cb_tdb_delta_put(t->db, turn, &it->new);
+		if (!ret)
+			ret = it->new.type == CB_ENTRY_ABSENT ? cb_tdb_map_del(t->db, it->new.path)
+							      : cb_tdb_map_put(t->db, &it->new);
+		if (!ret && changes)
+			ret = ws_diff_add(changes, &it->old, &it->new);
+	}
+	if (!ret)
+		ret = cb_tdb_turn_add(t->db, turn, wall_now(), label, nchanged);
+	if (!ret)
+		ret = cb_tdb_map_set_turn(t->db, turn);
+	if (!ret)
+		ret = cb_tdb_commit(t->db);
+	if (ret)
+		cb_tdb_rollback(t->db);
+	return ret;
+}
+
+int cb_ws_snapshot(struct cb_turns *t, long long turn, const struct cb_dirty *dirty, size_t n,
+		   const char *label, struct cb_diff *changes)
+{
+	long long latest = cb_tdb_turn_latest(t->db);
+	struct ws_pathset set = {0};
+	struct snap_item *items = NULL;
+	int ret;
+
+	if (turn <= latest) {
+		ret = cb_error_set(EINVAL, "snapshot: turn %lld is already recorded (latest %lld)",
+				   turn, latest);
+		goto out;
+	}
+	ret = ws_map_ensure(t);
+	if (ret)
+		goto out;
+	ret = ws_dirty_expand(t, dirty, n, &set);
+	if (ret)
+		goto out;
+	ws_pathset_sort(&set);
+	items = calloc(set.n ? set.n : 1, sizeof(*items));
+	if (!items) {
+		ret = cb_error_set(ENOMEM, "snapshot: out of memory");
+		goto out;
+	}
+	ret = snap_collect(t, &set, items);
+	if (!ret)
+		ret = snap_record(t, turn, label, items, set.n, changes);
+out:
+	for (size_t i = 0; items && i < set.n; i++) {
+		cb_entry_clear(&items[i].old);
+		cb_entry_clear(&items[i].new);
+	}
+	free(items);
+	ws_pathset_free(&set);
+	return ret ? cb_error_wrap(ret, "snapshot turn %lld", turn) : 0;
+}

@@ -1,0 +1,436 @@
+/* The turns handle of a workspace and what every turn operation needs: entries of the base,
+ * of the live tree and of a recorded turn, path sets, and expanding journal paths. */
+#include "config.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cowbox/error.h"
+#include "turns_int.h"
+
+int cb_turns_open(const struct cb_turns_config *cfg, struct cb_turns **out)
+{
+	struct cb_turns *t = calloc(1, sizeof(*t));
+	int ret = 0;
+
+	*out = NULL;
+	if (!t)
+		return cb_error_set(ENOMEM, "turns: out of memory");
+	t->root_fd = t->base_fd = t->blob_fd = -1;
+	t->progress = cfg->progress;
+	if (mkdir(cfg->blob_dir, 0700) < 0 && errno != EEXIST) {
+		ret = cb_error_set(errno, "blob store %s: %s", cfg->blob_dir, strerror(errno));
+		goto out;
+	}
+	t->blob_fd = open(cfg->blob_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (t->blob_fd < 0) {
+		ret = cb_error_set(errno, "blob store %s: %s", cfg->blob_dir, strerror(errno));
+		goto out;
+	}
+	t->root_fd = open(cfg->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (t->root_fd < 0) {
+		ret = cb_error_set(errno, "workspace tree %s: %s", cfg->root, strerror(errno));
+		goto out;
+	}
+	if (cfg->base_dir) {
+		t->base_fd = open(cfg->base_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (t->base_fd < 0) {
+			ret = cb_error_set(errno, "base %s: %s", cfg->base_dir, strerror(errno));
+			goto out;
+		}
+	}
+	ret = cb_tdb_open(cfg->db_path, &t->db);
+out:
+	if (ret)
+		cb_turns_close(t);
+	else
+		*out = t;
+	return ret;
+}
+
+void cb_turns_close(struct cb_turns *t)
+{
+	if (!t)
+		return;
+	cb_tdb_close(t->db);
+	if (t->root_fd >= 0)
+		close(t->root_fd);
+	if (t->base_fd >= 0)
+		close(t->base_fd);
+	if (t->blob_fd >= 0)
+		close(t->blob_fd);
+	free(t);
+}
+
+struct cb_tdb *cb_turns_db(struct cb_turns *t)
+{
+	return t->db;
+}
+
+int ws_pathset_add(struct ws_pathset *s, const char *path, pid_t pid, const char *comm)
+{
+	if (s->n == s->cap) {
+		size_t cap = s->cap ? 2 * s->cap : 64;
+		struct ws_path *p = realloc(s->p, cap * sizeof(*p));
+
+		if (!p)
+			return cb_error_set(ENOMEM, "path set: out of memory");
+		s->p = p;
+		s->cap = cap;
+	}
+	s->p[s->n].path = strdup(path);
+	if (!s->p[s->n].path)
+		return cb_error_set(ENOMEM, "path set: out of memory");
+	s->p[s->n].pid = pid;
+	s->p[s->n].comm = comm;
+	s->n++;
+	return 0;
+}
+
+static int pathset_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct ws_path *)a)->path, ((const struct ws_path *)b)->path);
+}
+
+/* Sort in byte order (SQLite's too) and drop repeats, keeping the first attribution. */
+void ws_pathset_sort(struct ws_pathset *s)
+{
+	size_t w = 0;
+
+	if (s->n == 0)
+		return;
+	qsort(s->p, s->n, sizeof(*s->p), pathset_cmp);
+	for (size_t r = 1; r < s->n; r++) {
+		if (!strcmp(s->p[w].path, s->p[r].path)) {
+			if (!s->p[w].pid)
+				s->p[w].pid = s->p[r].pid, s->p[w].comm = s->p[r].comm;
+			free(s->p[r].path);
+		} else {
+			s->p[++w] = s->p[r];
+		}
+	}
+	s->n = w + 1;
+}
+
+void ws_pathset_free(struct ws_pathset *s)
+{
+	for (size_t i = 0; i < s->n; i++)
+		free(s->p[i].path);
+	free(s->p);
+	memset(s, 0, sizeof(*s));
+}
+
+static long long stat_mtime_ns(const struct stat *st)
+{
+	return (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
+}
+
+/* Fill the type-independent part of an entry from lstat; symlinks read their target. */
+static int entry_from_stat(int dirfd, const char *path, const struct stat *st, struct cb_entry *out)
+{
+	cb_entry_clear(out);
+	out->path = strdup(path);
+	if (!out->path)
+		return cb_error_set(ENOMEM, "entry %s: out of memory", path);
+	out->mode = st->st_mode & 07777;
+	if (S_ISDIR(st->st_mode)) {
+		out->type = CB_ENTRY_DIR;
+	} else if (S_ISREG(st->st_mode)) {
+		out->type = CB_ENTRY_FILE;
+		out->size = st->st_size;
+	} else if (S_ISLNK(st->st_mode)) {
+		char buf[4096];
+		struct cb_hash h;
+		ssize_t n = readlinkat(dirfd, path, buf, sizeof(buf) - 1);
+
+		if (n < 0)
+			return cb_error_set(errno, "readlink %s: %s", path, strerror(errno));
+		buf[n] = '\0';
+		out->type = CB_ENTRY_SYMLINK;
+		out->mode = 0777;
+		out->size = n;
+		out->target = strdup(buf);
+		if (!out->target)
+			return cb_error_set(ENOMEM, "entry %s: out of memory", path);
+		cb_ws_hash_bytes(buf, (size_t)n, &h);
+		memcpy(out->sha256, h.sha256, CB_SHA256_LEN);
+		memcpy(out->xxh3, h.xxh3, CB_XXH128_LEN);
+	}
+	/* Sockets, fifos and devices are not part of a turn: they stay ABSENT. */
+	return 0;
+}
+
+/* lstat that maps "not there" to 1, so callers can tell absence from failure. */
+static int entry_lstat(int dirfd, const char *path, struct stat *st)
+{
+	if (fstatat(dirfd, path, st, AT_SYMLINK_NOFOLLOW) == 0)
+		return 0;
+	if (errno == ENOENT || errno == ENOTDIR)
+		return 1;
+	return cb_error_set(errno, "stat %s: %s", path, strerror(errno));
+}
+
+int ws_base_entry(struct cb_turns *t, const char *path, struct cb_entry *out)
+{
+	struct cb_hash h;
+	struct stat st;
+	int ret;
+
+	cb_entry_clear(out);
+	if (t->base_fd < 0)
+		return 0;
+	ret = entry_lstat(t->base_fd, path, &st);
+	if (ret)
+		return ret > 0 ? 0 : ret;
+	ret = entry_from_stat(t->base_fd, path, &st, out);
+	if (ret || out->type != CB_ENTRY_FILE)
+		return ret;
+	ret = cb_tdb_base_cache_get(t->db, path, st.st_size, stat_mtime_ns(&st),
+				    (long long)st.st_ino, out->sha256, out->xxh3);
+	if (ret)
+		return ret < 0 ? ret : 0;
+	/* Not cached, or changed behind our back since it was: hash what is there now. */
+	ret = cb_ws_hash_file_at(t->base_fd, path, -1, &h, &st);
+	if (ret)
+		return cb_error_wrap(ret, "base");
+	memcpy(out->sha256, h.sha256, CB_SHA256_LEN);
+	memcpy(out->xxh3, h.xxh3, CB_XXH128_LEN);
+	out->size = st.st_size;
+	return cb_tdb_base_cache_put(t->db, path, st.st_size, stat_mtime_ns(&st),
+				     (long long)st.st_ino, h.sha256, h.xxh3);
+}
+
+/* Hash the live file, keeping a blob when its content is not the base's at that path:
+ * copied during the hash pass when the sizes already say so, else in a second pass. */
+static int live_file(struct cb_turns *t, const char *path, int keep_blob, struct cb_entry *out)
+{
+	struct cb_entry base = {0};
+	struct cb_hash h;
+	struct stat st;
+	char tmp[64] = "";
+	int copy_fd = -1, ret;
+
+	if (keep_blob && (ret = ws_base_entry(t, path, &base)) < 0)
+		goto out;
+	if (keep_blob && (base.type != CB_ENTRY_FILE || base.size != out->size)) {
+		copy_fd = cb_ws_blob_tmp(t->blob_fd, tmp);
+		if (copy_fd < 0) {
+			ret = copy_fd;
+			goto out;
+		}
+	}
+	ret = cb_ws_hash_file_at(t->root_fd, path, copy_fd, &h, &st);
+	if (ret)
+		goto out;
+	out->size = st.st_size;
+	out->mode = st.st_mode & 07777;
+	memcpy(out->sha256, h.sha256, CB_SHA256_LEN);
+	memcpy(out->xxh3, h.xxh3, CB_XXH128_LEN);
+	if (!keep_blob)
+		goto out;
+	if (base.type == CB_ENTRY_FILE && !memcmp(base.xxh3, h.xxh3, CB_XXH128_LEN))
+		goto out; /* the base holds these bytes; the temp copy (if any) goes */
+	if (copy_fd >= 0) {
+		close(copy_fd);
+		copy_fd = -1;
+		ret = cb_ws_blob_publish(t->blob_fd, tmp, h.xxh3);
+		tmp[0] = '\0';
+		goto out;
+	}
+	if (cb_ws_blob_has(t->blob_fd, h.xxh3))
+		goto out;
+	/* Same size as the base but other bytes: hash again while copying, so the blob's name
+	 * is the hash of exactly what it holds. */
+	cb_entry_clear(&base);
+	copy_fd = cb_ws_blob_tmp(t->blob_fd, tmp);
+	if (copy_fd < 0) {
+		ret = copy_fd;
+		goto out;
+	}
+	ret = cb_ws_hash_file_at(t->root_fd, path, copy_fd, &h, &st);
+	if (ret)
+		goto out;
+	out->size = st.st_size;
+	out->mode = st.st_mode & 07777;
+	memcpy(out->sha256, h.sha256, CB_SHA256_LEN);
+	memcpy(out->xxh3, h.xxh3, CB_XXH128_LEN);
+	close(copy_fd);
+	copy_fd = -1;
+	ret = cb_ws_blob_publish(t->blob_fd, tmp, h.xxh3);
+	tmp[0] = '\0';
+out:
+	if (copy_fd >= 0)
+		close(copy_fd);
+	if (tmp[0])
+		unlinkat(t->blob_fd, tmp, 0);
+	cb_entry_clear(&base);
+	return ret;
+}
+
+int ws_live_entry(struct cb_turns *t, const char *path, int keep_blob, struct cb_entry *out)
+{
+	struct stat st;
+	int ret;
+
+	cb_entry_clear(out);
+	for (int tries = 0; tries < 3; tries++) {
+		ret = entry_lstat(t->root_fd, path, &st);
+		if (ret)
+			return ret > 0 ? 0 : ret;
+		ret = entry_from_stat(t->root_fd, path, &st, out);
+		if (ret || out->type != CB_ENTRY_FILE)
+			return ret;
+		ret = live_file(t, path, keep_blob, out);
+		/* Deleted or replaced between the stat and the open: look again. */
+		if (ret != -ENOENT && ret != -ELOOP && ret != -EINVAL)
+			return ret;
+		cb_entry_clear(out);
+	}
+	return ret;
+}
+
+int ws_turn_check(struct cb_turns *t, long long turn)
+{
+	long long oldest = cb_tdb_turn_oldest(t->db);
+
+	if (turn < 0)
+		return cb_error_set(EINVAL, "turn %lld: turns are numbered from 0 (the base)",
+				    turn);
+	if (!cb_tdb_turn_exists(t->db, turn)) {
+		if (turn > 0 && turn < oldest)
+			return cb_error_set(ENOENT, "turn %lld was pruned (oldest kept: %lld)",
+					    turn, oldest);
+		return cb_error_set(ENOENT, "turn %lld does not exist (latest: %lld)", turn,
+				    cb_tdb_turn_latest(t->db));
+	}
+	return 0;
+}
+
+int ws_entry_at(struct cb_turns *t, const char *path, long long turn, struct cb_entry *out)
+{
+	int ret;
+
+	/* One index seek on (path, turn); the map would be no faster and has no tombstones to
+	 * say who deleted a path. */
+	cb_entry_clear(out);
+	ret = cb_tdb_delta_at(t->db, path, turn, out);
+	if (ret < 0)
+		return ret;
+	if (ret == 0)
+		ret = ws_base_entry(t, path, out);
+	else
+		ret = 0;
+	if (!ret && !out->path && !(out->path = strdup(path)))
+		ret = cb_error_set(ENOMEM, "entry %s: out of memory", path);
+	return ret;
+}
+
+int cb_ws_entry_at(struct cb_turns *t, const char *path, long long turn, struct cb_entry *out)
+{
+	int ret = ws_turn_check(t, turn);
+
+	return ret ? ret : ws_entry_at(t, path, turn, out);
+}
+
+/* Walk dirfd/path (a directory) adding everything below it to set. */
+static int walk_add(int dirfd, const char *path, struct ws_pathset *set, pid_t pid,
+		    const char *comm);
+
+static int walk_dir(int dirfd, const char *path, struct ws_pathset *set, pid_t pid,
+		    const char *comm)
+{
+	int fd = openat(dirfd, path[0] ? path : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	struct dirent *de;
+	DIR *dir;
+	int ret = 0;
+
+	if (fd < 0)
+		return errno == ENOENT || errno == ENOTDIR
+			   ? 0
+			   : cb_error_set(errno, "walk %s: %s", path, strerror(errno));
+	dir = fdopendir(fd);
+	if (!dir) {
+		close(fd);
+		return cb_error_set(errno, "walk %s: %s", path, strerror(errno));
+	}
+	while (!ret && (de = readdir(dir))) {
+		char *child;
+
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		if (asprintf(&child, "%s%s%s", path, path[0] ? "/" : "", de->d_name) < 0) {
+			ret = cb_error_set(ENOMEM, "walk %s: out of memory", path);
+			break;
+		}
+		ret = ws_pathset_add(set, child, pid, comm);
+		if (!ret && (de->d_type == DT_DIR || de->d_type == DT_UNKNOWN))
+			ret = walk_add(dirfd, child, set, pid, comm);
+		free(child);
+	}
+	closedir(dir);
+	return ret;
+}
+
+static int walk_add(int dirfd, const char *path, struct ws_pathset *set, pid_t pid,
+		    const char *comm)
+{
+	struct stat st;
+
+	if (fstatat(dirfd, path, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode))
+		return 0;
+	return walk_dir(dirfd, path, set, pid, comm);
+}
+
+struct expand_arg {
+	struct ws_pathset *set;
+	pid_t pid;
+	const char *comm;
+};
+
+static int expand_old(const struct cb_entry *e, void *arg)
+{
+	struct expand_arg *a = arg;
+
+	return ws_pathset_add(a->set, e->path, a->pid, a->comm);
+}
+
+int ws_dirty_expand(struct cb_turns *t, const struct cb_dirty *dirty, size_t n,
+		    struct ws_pathset *set)
+{
+	struct cb_entry old = {0};
+	int ret = 0;
+
+	for (size_t i = 0; i < n && !ret; i++) {
+		const struct cb_dirty *d = &dirty[i];
+		struct expand_arg a = {set, d->pid, d->comm};
+		struct stat st;
+		int live_dir, old_dir;
+
+		if (!d->path[0] || !strcmp(d->path, "."))
+			continue;
+		ret = ws_pathset_add(set, d->path, d->pid, d->comm);
+		if (ret)
+			break;
+		ret = cb_tdb_map_get(t->db, d->path, &old);
+		if (ret < 0)
+			break;
+		old_dir = ret == 1 && old.type == CB_ENTRY_DIR;
+		cb_entry_clear(&old);
+		live_dir = fstatat(t->root_fd, d->path, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+			   S_ISDIR(st.st_mode);
+		ret = 0;
+		/* What the map had below it is gone or moved unless it is still the same dir. */
+		if (old_dir && (d->subtree || !live_dir))
+			ret = cb_tdb_map_list(t->db, d->path, expand_old, &a);
+		/* A new or moved-in directory: everything in it is new to the map. */
+		if (!ret && live_dir && (d->subtree || !old_dir))
+			ret = walk_dir(t->root_fd, d->path, set, d->pid, d->comm);
+	}
+	return ret;
+}

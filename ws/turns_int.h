@@ -1,0 +1,63 @@
+/* Internal to ws/'s turn code: the handle of one workspace's turns and the helpers that
+ * snapshot, diff, rollback, prune and fork share. */
+#ifndef COWBOX_WS_TURNS_INT_H
+#define COWBOX_WS_TURNS_INT_H
+
+#include "cowbox/turns.h"
+
+struct cb_turns {
+	struct cb_tdb *db;
+	int root_fd; /* the live tree */
+	int base_fd; /* -1: an empty base */
+	int blob_fd;
+	int progress;
+};
+
+/* A set of paths (sorted, unique after ws_pathset_sort) with the journal attribution each
+ * came from. */
+struct ws_path {
+	char *path;
+	pid_t pid;
+	const char *comm; /* borrowed from the dirty list */
+};
+
+struct ws_pathset {
+	struct ws_path *p;
+	size_t n, cap;
+};
+
+int ws_pathset_add(struct ws_pathset *s, const char *path, pid_t pid, const char *comm);
+void ws_pathset_sort(struct ws_pathset *s);
+void ws_pathset_free(struct ws_pathset *s);
+
+/* The base's entry for path (absent if the base has none), hashes from the base cache or
+ * computed and cached. */
+int ws_base_entry(struct cb_turns *t, const char *path, struct cb_entry *out);
+
+/* The live tree's entry for path, hashed now. keep_blob: also keep its content as a blob
+ * unless it is the base's content at the same path. */
+int ws_live_entry(struct cb_turns *t, const char *path, int keep_blob, struct cb_entry *out);
+
+/* The entry of path at a recorded turn (0 = base). */
+int ws_entry_at(struct cb_turns *t, const char *path, long long turn, struct cb_entry *out);
+
+/* Build the materialized map for the latest turn if it is not current. */
+int ws_map_ensure(struct cb_turns *t);
+
+/* Add to set the paths whose entries the dirty list may have changed: each dirty path, all
+ * below it when it is (or was) a directory that moved, was replaced or is new. */
+int ws_dirty_expand(struct cb_turns *t, const struct cb_dirty *dirty, size_t n,
+		    struct ws_pathset *set);
+
+/* Check a turn can be read: recorded (or 0) and not pruned. */
+int ws_turn_check(struct cb_turns *t, long long turn);
+
+/* The paths that may differ between turn a and b (b < 0: the live tree, whose journal-named
+ * paths also land in live), sorted. */
+int ws_diff_paths(struct cb_turns *t, long long a, long long b, const struct cb_dirty *dirty,
+		  size_t n, struct ws_pathset *all, struct ws_pathset *live);
+
+/* Append an event for old -> new (nothing if they are the same). */
+int ws_diff_add(struct cb_diff *d, const struct cb_entry *old, const struct cb_entry *new);
+
+#endif

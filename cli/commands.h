@@ -23,6 +23,8 @@ int cmd_serve(int argc, char **argv);
 int cmd_log(int argc, char **argv);
 
 /* Exec (cli/cmd_exec.c). */
+int cmd_exec(int argc, char **argv);
+int cmd_shell(int argc, char **argv);
 
 /* Turns (cli/cmd_turns.c). */
 

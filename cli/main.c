@@ -19,6 +19,8 @@ const struct cli_command cli_commands[] = {
     {"log", cmd_log, "show the journal of changes"},
     {"serve", cmd_serve, "run a workspace daemon (what mount starts)"},
     /* exec */
+    {"exec", cmd_exec, "run a command in a workspace, isolated (namespace sandbox)"},
+    {"shell", cmd_shell, "an interactive shell in a workspace's sandbox"},
     /* turns */
     {NULL, NULL, NULL},
 };

@@ -30,6 +30,7 @@ struct cb_ns_plan {
 	struct cb_ns_entry *entries;
 	size_t n_entries;
 	int userns;
+	int privileged_parent; /* the caller is root: it may allow setgroups in the namespace */
 	uid_t map_uid;
 	gid_t map_gid;
 	int net_none;

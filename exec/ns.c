@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <grp.h>
 #include <unistd.h>
 
 #include "cowbox/error.h"
@@ -95,6 +96,7 @@ int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out)
 		}
 	}
 	p->userns = geteuid() != 0 || sb->userns;
+	p->privileged_parent = geteuid() == 0;
 	if (geteuid() != 0) {
 		p->map_uid = geteuid();
 		p->map_gid = getegid();
@@ -173,7 +175,8 @@ int cb_ns_write_maps(const struct cb_ns_plan *plan, pid_t pid)
 	char path[64], map[64];
 	int rc;
 	snprintf(path, sizeof path, "/proc/%d/setgroups", (int)pid);
-	if ((rc = write_file(path, "deny")) < 0 && rc != -ENOENT)
+	/* unprivileged callers may map gids only with setgroups denied */
+	if (!plan->privileged_parent && (rc = write_file(path, "deny")) < 0 && rc != -ENOENT)
 		return cb_error_set(-rc, "sandbox: write %s: %s", path, strerror(-rc));
 	snprintf(path, sizeof path, "/proc/%d/uid_map", (int)pid);
 	snprintf(map, sizeof map, "0 %u 1\n", (unsigned)plan->map_uid);
@@ -225,6 +228,14 @@ int cb_ns_setup_root(const struct cb_ns_plan *p, int ctl)
 	for (i = 0; i < p->n_entries; i++)
 		trees[i] = -1;
 	umask(0);
+	if (p->userns) {
+		/* Clone kept the caller's host ids; become the namespace's root (its mapped uid),
+		 * and shed the caller's supplementary groups where the map allows it. */
+		if (p->privileged_parent && setgroups(0, NULL) < 0)
+			FAIL("setgroups", NULL);
+		if (setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0)
+			FAIL("become root of the user namespace", NULL);
+	}
 	if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0)
 		FAIL("make / a slave mount", NULL);
 	/* Clone the sources while the host root is still visible. */

@@ -426,8 +426,9 @@ int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res)
 		fcntl(h->out.fd, F_SETFL, O_NONBLOCK);
 	if (h->err.fd >= 0)
 		fcntl(h->err.fd, F_SETFL, O_NONBLOCK);
-	if (h->stdin_src >= 0)
-		fcntl(h->stdin_src, F_SETFL, fcntl(h->stdin_src, F_GETFL) | O_NONBLOCK);
+	int src = h->stdin_src, src_flags = src >= 0 ? fcntl(src, F_GETFL) : -1;
+	if (src >= 0 && src_flags >= 0)
+		fcntl(src, F_SETFL, src_flags | O_NONBLOCK);
 	for (;;) {
 		double t = now();
 		if ((have_status || !shim_alive) && !ended) {
@@ -486,6 +487,8 @@ int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res)
 	}
 	if (!ended)
 		ended = now();
+	if (src >= 0 && src_flags >= 0)
+		fcntl(src, F_SETFL, src_flags); /* it may be the caller's terminal */
 	/* Whatever is left (background jobs, a stuck tree) goes now; then reap the shim. */
 	send_kill(h, SIGKILL);
 	pthread_mutex_lock(&h->ctl_lock);

@@ -1,0 +1,447 @@
+/* `cowbox exec` and `cowbox shell`: run a command (or an interactive shell on a pty) in a
+ * workspace, isolated in the namespace sandbox or, when asked, on the host. */
+#include "config.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include "commands.h"
+#include "cowbox/client.h"
+#include "cowbox/error.h"
+#include "cowbox/exec.h"
+#include "cowbox/sandbox.h"
+#include "cowbox/workspace.h"
+
+#define MAX_ENV 256
+
+struct exec_opts {
+	const char *ref, *dir, *cwd, *image, *shell;
+	double timeout, cpus;
+	unsigned long memory, pids;
+	int net_all, local, userns;
+	const char *env[MAX_ENV];
+	int n_env;
+	char **cmd;
+	int n_cmd;
+};
+
+static void exec_usage(FILE *out, const char *name)
+{
+	fprintf(
+	    out,
+	    "usage: cowbox %s REF|--dir DIR [OPTIONS]%s\n\n"
+	    "  --dir DIR            use a plain directory as the workspace\n"
+	    "  --timeout S          SIGTERM the whole tree after S seconds (SIGKILL 5 s later), "
+	    "exit 124\n"
+	    "  --env K=V            add to the environment (repeatable)\n"
+	    "  --cwd DIR            working directory, relative to /workspace\n"
+	    "  --network none|all   none (default): loopback only; all: the host's network\n"
+	    "  --cpus N             CPU quota (e.g. 0.5)\n"
+	    "  --memory MB          memory cap; exceeding it kills the command (exit 137)\n"
+	    "  --pids N             cap on processes and threads\n"
+	    "  --image DIR          root image directory instead of the host's /usr, /etc, ...\n"
+	    "  --userns             as root, run in a user namespace (root -> host uid 65534)\n"
+	    "  --backend ns|local   ns (default): namespace sandbox; local: on the host, NOT "
+	    "isolated\n"
+	    "%s\n"
+	    "In the sandbox the environment is PATH, HOME=/tmp, TERM (from here), LANG=C.UTF-8\n"
+	    "and --env; the local backend passes this environment without provider "
+	    "credentials.\n",
+	    name, strcmp(name, "exec") ? "" : " [--] CMD [ARG...]",
+	    strcmp(name, "exec") ? ""
+				 : "  --shell STRING       run STRING with /bin/sh -c (so does a "
+				   "single CMD with spaces)\n");
+}
+
+static int parse_number(const char *opt, const char *s, double *out)
+{
+	char *end;
+	errno = 0;
+	*out = strtod(s ? s : "", &end);
+	if (!s || !*s || *end || errno || *out < 0) {
+		fprintf(stderr, "cowbox: %s needs a non-negative number, not '%s'\n", opt,
+			s ? s : "");
+		return -1;
+	}
+	return 0;
+}
+
+/* Returns 0, or the exit status for a usage error (2) or --help (-1 -> 0). */
+static int parse_exec_args(int argc, char **argv, int want_cmd, struct exec_opts *o)
+{
+	int i;
+	for (i = 1; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		double d;
+		if (!strcmp(a, "--")) {
+			i++;
+			break;
+		}
+		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+			exec_usage(stdout, argv[0]);
+			return -1;
+		}
+		if (a[0] != '-' || !a[1]) {
+			if (!o->ref && !o->dir) {
+				o->ref = a;
+				continue;
+			}
+			break; /* the command starts here */
+		}
+		int takes = strcmp(a, "--userns") != 0;
+		if (takes && !v) {
+			fprintf(stderr, "cowbox %s: %s needs a value\n", argv[0], a);
+			return 2;
+		}
+		if (!strcmp(a, "--dir"))
+			o->dir = v;
+		else if (!strcmp(a, "--cwd"))
+			o->cwd = v;
+		else if (!strcmp(a, "--image"))
+			o->image = v;
+		else if (!strcmp(a, "--shell") && want_cmd)
+			o->shell = v;
+		else if (!strcmp(a, "--userns"))
+			o->userns = 1;
+		else if (!strcmp(a, "--env")) {
+			if (!strchr(v, '=') || v[0] == '=') {
+				fprintf(stderr, "cowbox %s: --env needs K=V, not '%s'\n", argv[0],
+					v);
+				return 2;
+			}
+			if (o->n_env >= MAX_ENV) {
+				fprintf(stderr, "cowbox %s: more than %d --env\n", argv[0],
+					MAX_ENV);
+				return 2;
+			}
+			o->env[o->n_env++] = v;
+		} else if (!strcmp(a, "--network")) {
+			if (strcmp(v, "none") && strcmp(v, "all")) {
+				fprintf(stderr, "cowbox %s: --network is none or all, not '%s'\n",
+					argv[0], v);
+				return 2;
+			}
+			o->net_all = !strcmp(v, "all");
+		} else if (!strcmp(a, "--backend")) {
+			if (strcmp(v, "ns") && strcmp(v, "local")) {
+				fprintf(stderr, "cowbox %s: --backend is ns or local, not '%s'\n",
+					argv[0], v);
+				return 2;
+			}
+			o->local = !strcmp(v, "local");
+		} else if (!strcmp(a, "--timeout") || !strcmp(a, "--cpus") ||
+			   !strcmp(a, "--memory") || !strcmp(a, "--pids")) {
+			if (parse_number(a, v, &d) < 0)
+				return 2;
+			if (a[2] == 't')
+				o->timeout = d;
+			else if (a[2] == 'c')
+				o->cpus = d;
+			else if (a[2] == 'm')
+				o->memory = (unsigned long)d;
+			else
+				o->pids = (unsigned long)d;
+		} else {
+			fprintf(stderr, "cowbox %s: unknown option %s (see cowbox %s --help)\n",
+				argv[0], a, argv[0]);
+			return 2;
+		}
+		i++;
+	}
+	o->cmd = argv + i;
+	o->n_cmd = argc - i;
+	if (!o->ref == !o->dir) {
+		fprintf(stderr, "cowbox %s: give a workspace REF or --dir DIR (one of them)\n",
+			argv[0]);
+		return 2;
+	}
+	if (want_cmd && !o->n_cmd && !o->shell) {
+		fprintf(stderr, "cowbox %s: no command given (cowbox %s REF -- CMD [ARG...])\n",
+			argv[0], argv[0]);
+		return 2;
+	}
+	if (!want_cmd && o->n_cmd) {
+		fprintf(stderr, "cowbox %s: unexpected argument '%s'\n", argv[0], o->cmd[0]);
+		return 2;
+	}
+	return 0;
+}
+
+/* The workspace directory to put at /workspace: --dir, or the ref's live mount. */
+static int workspace_dir(const struct exec_opts *o, char **dir, char **name)
+{
+	char ref[CB_WS_REF_LEN + 1];
+	pid_t pid;
+	int rc;
+	*dir = *name = NULL;
+	if (o->dir) {
+		if (!(*dir = realpath(o->dir, NULL)))
+			return cb_error_set(errno, "--dir %s: %s", o->dir, strerror(errno));
+		const char *base = strrchr(*dir, '/');
+		*name = strdup(base && base[1] ? base + 1 : "cowbox");
+		return 0;
+	}
+	if ((rc = cb_ws_resolve(o->ref, ref)) < 0)
+		return rc;
+	if ((rc = cb_daemon_ensure(ref, NULL, 30000, NULL)) < 0)
+		return rc;
+	if ((rc = cb_ws_daemon(ref, &pid, dir)) < 0)
+		return rc;
+	if (!*dir)
+		return cb_error_set(ENOENT, "%s: its daemon exited before the command started",
+				    ref);
+	struct cb_ws_info info;
+	if (cb_ws_info(ref, &info) == 0) {
+		*name = strdup(info.name ? info.name : ref);
+		cb_ws_info_free(&info);
+	} else {
+		*name = strdup(ref);
+	}
+	return 0;
+}
+
+/* The command's environment: built from scratch in the sandbox, the host's minus
+ * credentials with the local backend; --env entries replace same-named ones. */
+static char **build_env(const struct exec_opts *o)
+{
+	char **host = NULL;
+	size_t n = 0, cap = (size_t)o->n_env + 8;
+	if (o->local) {
+		if (cb_exec_env_host_stripped(&host) < 0)
+			return NULL;
+		while (host[n])
+			n++;
+		cap += n;
+	}
+	char **env = calloc(cap + 1, sizeof *env);
+	if (!env) {
+		cb_exec_env_free(host);
+		return NULL;
+	}
+	if (o->local) {
+		memcpy(env, host, n * sizeof *env);
+		free(host);
+	} else {
+		const char *term = getenv("TERM");
+		char buf[256];
+		snprintf(buf, sizeof buf, "TERM=%s", term && *term ? term : "dumb");
+		env[n++] =
+		    strdup("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+		env[n++] = strdup("HOME=/tmp");
+		env[n++] = strdup(buf);
+		env[n++] = strdup("LANG=C.UTF-8");
+	}
+	for (int i = 0; i < o->n_env; i++) {
+		size_t klen = strcspn(o->env[i], "=") + 1, j;
+		for (j = 0; j < n; j++)
+			if (env[j] && !strncmp(env[j], o->env[i], klen))
+				break;
+		if (j < n)
+			free(env[j]);
+		else
+			j = n++;
+		env[j] = strdup(o->env[i]);
+	}
+	for (size_t j = 0; j < n; j++)
+		if (!env[j]) {
+			cb_exec_env_free(env);
+			return NULL;
+		}
+	return env;
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+	while (len) {
+		ssize_t n = write(fd, buf, len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return -1;
+		buf = (const char *)buf + n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+static int forward_output(void *arg, int stream, const void *buf, size_t len)
+{
+	(void)arg;
+	write_all(stream == 2 ? 2 : 1, buf, len);
+	return 0; /* a closed stdout here must not stop the command */
+}
+
+struct signal_thread {
+	pthread_t thread;
+	sigset_t set;
+	struct cb_exec *h;
+	int tty;
+};
+
+/* Signals to cowbox go to the command's whole tree; SIGWINCH resizes its terminal. */
+static void *signal_loop(void *arg)
+{
+	struct signal_thread *st = arg;
+	for (;;) {
+		int sig;
+		if (sigwait(&st->set, &sig))
+			continue;
+		if (sig == SIGUSR1)
+			return NULL;
+		if (sig == SIGWINCH) {
+			struct winsize ws;
+			if (st->tty && ioctl(0, TIOCGWINSZ, &ws) == 0)
+				cb_exec_resize(st->h, ws.ws_row, ws.ws_col);
+			continue;
+		}
+		cb_exec_kill(st->h, sig);
+	}
+}
+
+static int run_in_workspace(int argc, char **argv, int shell_mode)
+{
+	struct exec_opts o = {0};
+	struct cb_sandbox sb = {0};
+	struct cb_exec_spec spec = {0};
+	struct cb_exec_callbacks cb = {forward_output, NULL};
+	struct cb_exec_result res = {0};
+	struct cb_exec *h = NULL;
+	struct signal_thread st = {0};
+	struct termios saved;
+	char *dir = NULL, *name = NULL, **env = NULL, *cwd = NULL;
+	int status = 125, raw = 0, rc, thread = 0;
+
+	rc = parse_exec_args(argc, argv, !shell_mode, &o);
+	if (rc)
+		return rc < 0 ? 0 : rc;
+	if (o.local && (o.image || o.cpus > 0 || o.memory || o.pids || o.net_all || o.userns)) {
+		fprintf(stderr,
+			"cowbox %s: --image, --network, --cpus, --memory, --pids and "
+			"--userns need the ns backend\n",
+			argv[0]);
+		return 2;
+	}
+	if ((rc = workspace_dir(&o, &dir, &name)) < 0 || !name) {
+		fprintf(stderr, "cowbox %s: %s\n", argv[0],
+			rc < 0 ? cb_error_message() : "out of memory");
+		goto out;
+	}
+	if (!(env = build_env(&o))) {
+		fprintf(stderr, "cowbox %s: %s\n", argv[0], "cannot build the environment");
+		goto out;
+	}
+	spec.env = env;
+	spec.timeout = o.timeout;
+	if (o.local) {
+		fprintf(stderr,
+			"cowbox: warning: the local backend runs on the host in %s, NOT "
+			"isolated\n",
+			dir);
+		if (asprintf(&cwd, "%s/%s", dir, o.cwd ? o.cwd : "") < 0) {
+			cwd = NULL;
+			goto out;
+		}
+		spec.cwd = cwd;
+	} else {
+		sb.workspace = dir;
+		sb.image = o.image;
+		sb.hostname = name;
+		sb.net = o.net_all ? CB_NET_ALL : CB_NET_NONE;
+		sb.cpus = o.cpus;
+		sb.memory_mb = o.memory;
+		sb.pids = o.pids;
+		sb.userns = o.userns;
+		spec.sandbox = &sb;
+		spec.cwd = o.cwd;
+	}
+	static char *shell_argv[] = {"/bin/sh", "-i", NULL};
+	if (shell_mode) {
+		static char *bash_argv[] = {"/bin/bash", "-i", NULL};
+		char probe[4096];
+		snprintf(probe, sizeof probe, "%s/usr/bin/bash", o.image ? o.image : "");
+		spec.argv = access(probe, X_OK) == 0 ? bash_argv : shell_argv;
+		spec.tty = 1;
+		struct winsize ws;
+		if (isatty(0) && ioctl(0, TIOCGWINSZ, &ws) == 0) {
+			spec.tty_rows = ws.ws_row;
+			spec.tty_cols = ws.ws_col;
+		}
+	} else if (o.shell) {
+		spec.shell = o.shell;
+	} else if (o.n_cmd == 1 && strchr(o.cmd[0], ' ')) {
+		spec.shell = o.cmd[0];
+	} else {
+		spec.argv = o.cmd;
+	}
+	spec.stdin_kind = CB_EXEC_STDIN_FD;
+	spec.stdin_fd = 0;
+
+	sigemptyset(&st.set);
+	sigaddset(&st.set, SIGINT);
+	sigaddset(&st.set, SIGTERM);
+	sigaddset(&st.set, SIGHUP);
+	sigaddset(&st.set, SIGQUIT);
+	sigaddset(&st.set, SIGWINCH);
+	sigaddset(&st.set, SIGUSR1);
+	pthread_sigmask(SIG_BLOCK, &st.set, NULL);
+	if ((rc = cb_exec_start(&spec, &cb, &h)) < 0) {
+		fprintf(stderr, "cowbox %s: %s\n", argv[0], cb_error_message());
+		goto out;
+	}
+	st.h = h;
+	st.tty = spec.tty;
+	thread = pthread_create(&st.thread, NULL, signal_loop, &st) == 0;
+	if (spec.tty && isatty(0) && tcgetattr(0, &saved) == 0) {
+		struct termios t = saved;
+		cfmakeraw(&t);
+		raw = tcsetattr(0, TCSANOW, &t) == 0;
+	}
+	rc = cb_exec_wait(h, &res);
+	if (raw)
+		tcsetattr(0, TCSANOW, &saved);
+	if (rc < 0) {
+		fprintf(stderr, "cowbox %s: %s\n", argv[0], cb_error_message());
+		goto out;
+	}
+	status = res.exit_code;
+	if (res.timed_out)
+		fprintf(stderr,
+			"cowbox: timed out after %g s; the command and its children were "
+			"killed\n",
+			o.timeout);
+	if (res.output_limited)
+		fprintf(stderr, "cowbox: output passed %u bytes; the command was stopped\n",
+			CB_EXEC_DEFAULT_OUTPUT_LIMIT);
+	if (res.oom_killed)
+		fprintf(stderr, "cowbox: the memory cap of %lu MB was exceeded; killed\n",
+			o.memory);
+out:
+	if (thread) {
+		pthread_kill(st.thread, SIGUSR1);
+		pthread_join(st.thread, NULL);
+	}
+	cb_exec_result_free(&res);
+	cb_exec_free(h);
+	cb_exec_env_free(env);
+	free(cwd);
+	free(dir);
+	free(name);
+	return status;
+}
+
+int cmd_exec(int argc, char **argv)
+{
+	return run_in_workspace(argc, argv, 0);
+}
+
+int cmd_shell(int argc, char **argv)
+{
+	return run_in_workspace(argc, argv, 1);
+}

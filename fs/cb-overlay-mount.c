@@ -1,0 +1,98 @@
+/* cb-overlay-mount: mounts the overlay in the foreground for tests and benchmarks, until it
+ * is unmounted or gets SIGTERM/SIGINT. Prints "mounted" on stdout once the mount exists. */
+#include "config.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cowbox/error.h"
+#include "cowbox/journal.h"
+#include "cowbox/overlay.h"
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: cb-overlay-mount BASE|- UPPER MOUNTPOINT [--db PATH] [--debug] "
+			"[--threads N]\n");
+}
+
+static void *signal_thread(void *arg)
+{
+	sigset_t set;
+	int sig;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGHUP);
+	if (sigwait(&set, &sig) == 0)
+		cb_overlay_stop(arg);
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	struct cb_overlay_config cfg = {0};
+	struct cb_overlay *ov = NULL;
+	struct cb_db *db = NULL;
+	const char *db_path = NULL;
+	pthread_t th;
+	sigset_t set;
+	int i, r, status = 1;
+
+	if (argc < 4) {
+		usage();
+		return 2;
+	}
+	cfg.base_dir = strcmp(argv[1], "-") == 0 ? NULL : argv[1];
+	cfg.upper_dir = argv[2];
+	cfg.mountpoint = argv[3];
+	cfg.fsname = "cowbox-test";
+	for (i = 4; i < argc; i++) {
+		if (strcmp(argv[i], "--db") == 0 && i + 1 < argc)
+			db_path = argv[++i];
+		else if (strcmp(argv[i], "--debug") == 0)
+			cfg.debug = 1;
+		else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+			cfg.max_threads = (unsigned)atoi(argv[++i]);
+		else {
+			usage();
+			return 2;
+		}
+	}
+	if (db_path && cb_db_open(db_path, &db) < 0) {
+		fprintf(stderr, "cb-overlay-mount: %s\n", cb_error_message());
+		return 1;
+	}
+	cfg.db = db;
+	/* signals go to the waiting thread only, so stop runs outside any FUSE request */
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	r = cb_overlay_mount(&cfg, &ov);
+	if (r < 0) {
+		fprintf(stderr, "cb-overlay-mount: %s\n", cb_error_message());
+		goto out;
+	}
+	printf("mounted\n");
+	fflush(stdout);
+	if (pthread_create(&th, NULL, signal_thread, ov) != 0) {
+		fprintf(stderr, "cb-overlay-mount: cannot start the signal thread\n");
+		goto out;
+	}
+	pthread_detach(th);
+	r = cb_overlay_run(ov);
+	if (r < 0)
+		fprintf(stderr, "cb-overlay-mount: %s\n", cb_error_message());
+	else
+		status = 0;
+out:
+	cb_overlay_destroy(ov);
+	cb_db_close(db);
+	return status;
+}

@@ -1,0 +1,325 @@
+/* The overlay's inode table: inodes keyed by their identity in the layer that holds them,
+ * each with parent pointers and names instead of an fd, so any number of inodes costs no fds. */
+#include "config.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ov.h"
+
+static size_t ov_hash(dev_t dev, ino_t rino, size_t n)
+{
+	uint64_t h = (uint64_t)rino * 0x9E3779B97F4A7C15ull ^ (uint64_t)dev * 0xC2B2AE3D27D4EB4Full;
+	return (size_t)(h >> 17) & (n - 1);
+}
+
+/* An empty table; returns 0 or -ENOMEM. */
+int ov_table_init(struct ov_table *t)
+{
+	t->nbuckets = 1024;
+	t->count = 0;
+	t->all = NULL;
+	t->buckets = calloc(t->nbuckets, sizeof(*t->buckets));
+	return t->buckets ? 0 : -ENOMEM;
+}
+
+static void ov_inode_free(struct ov_table *t, struct ov_inode *in)
+{
+	struct ov_name *n = in->names, *next;
+
+	if (in->all_prev)
+		in->all_prev->all_next = in->all_next;
+	else if (t->all == in)
+		t->all = in->all_next;
+	if (in->all_next)
+		in->all_next->all_prev = in->all_prev;
+
+	for (; n; n = next) {
+		next = n->next;
+		free(n->name);
+		free(n);
+	}
+	if (in->keep_fd >= 0)
+		close(in->keep_fd);
+	pthread_mutex_destroy(&in->lock);
+	free(in);
+}
+
+static void ov_table_free(struct ov_table *t)
+{
+	free(t->buckets);
+	t->buckets = NULL;
+	t->nbuckets = t->count = 0;
+}
+
+/* The inode whose bytes are (dev, rino) in their layer, or NULL. */
+struct ov_inode *ov_table_find(struct ov_table *t, dev_t dev, ino_t rino)
+{
+	struct ov_inode *in = t->buckets[ov_hash(dev, rino, t->nbuckets)];
+
+	for (; in; in = in->hnext)
+		if (in->rino == rino && in->dev == dev)
+			return in;
+	return NULL;
+}
+
+static void ov_table_grow(struct ov_table *t)
+{
+	size_t n = t->nbuckets * 2, i;
+	struct ov_inode **b = calloc(n, sizeof(*b));
+
+	if (!b)
+		return; /* longer chains, still correct */
+	for (i = 0; i < t->nbuckets; i++) {
+		struct ov_inode *in = t->buckets[i], *next;
+		for (; in; in = next) {
+			size_t h = ov_hash(in->dev, in->rino, n);
+			next = in->hnext;
+			in->hnext = b[h];
+			b[h] = in;
+		}
+	}
+	free(t->buckets);
+	t->buckets = b;
+	t->nbuckets = n;
+}
+
+/* Adds in under its (dev, rino); the key must not be present. */
+void ov_table_insert(struct ov_table *t, struct ov_inode *in)
+{
+	size_t h;
+
+	if (t->count >= t->nbuckets)
+		ov_table_grow(t);
+	h = ov_hash(in->dev, in->rino, t->nbuckets);
+	in->hnext = t->buckets[h];
+	t->buckets[h] = in;
+	in->hashed = 1;
+	t->count++;
+}
+
+/* Takes in out of the hash (its identity changes or it lost its last name); idempotent. */
+void ov_table_remove(struct ov_table *t, struct ov_inode *in)
+{
+	struct ov_inode **p;
+
+	if (!in->hashed)
+		return;
+	p = &t->buckets[ov_hash(in->dev, in->rino, t->nbuckets)];
+	for (; *p; p = &(*p)->hnext) {
+		if (*p == in) {
+			*p = in->hnext;
+			in->hnext = NULL;
+			in->hashed = 0;
+			t->count--;
+			return;
+		}
+	}
+}
+
+/* A new inode for a file found in layer with stat st (its reported inode number is st's);
+ * no names, no references yet. NULL when out of memory. */
+struct ov_inode *ov_inode_new(int layer, const struct stat *st)
+{
+	struct ov_inode *in = calloc(1, sizeof(*in));
+
+	if (!in)
+		return NULL;
+	atomic_init(&in->layer, layer);
+	in->dev = st->st_dev;
+	in->rino = st->st_ino;
+	in->st_ino = st->st_ino;
+	in->type = st->st_mode & S_IFMT;
+	in->keep_fd = -1;
+	atomic_init(&in->write_gen, 0);
+	atomic_init(&in->meta_gen, 0);
+	pthread_mutex_init(&in->lock, NULL);
+	return in;
+}
+
+/* Whether in is known under parent/name. */
+int ov_inode_has_name(const struct ov_inode *in, const struct ov_inode *parent, const char *name)
+{
+	const struct ov_name *n;
+
+	for (n = in->names; n; n = n->next)
+		if (n->parent == parent && strcmp(n->name, name) == 0)
+			return 1;
+	return 0;
+}
+
+/* Records parent/name as a name of in (appended: the first name stays the one paths use)
+ * and takes a reference on parent. Returns 0 or -ENOMEM. Caller holds ns and tab locks. */
+int ov_inode_add_name(struct ov_inode *in, struct ov_inode *parent, const char *name)
+{
+	struct ov_name *n = calloc(1, sizeof(*n)), **p;
+
+	if (!n || !(n->name = strdup(name))) {
+		free(n);
+		return -ENOMEM;
+	}
+	n->parent = parent;
+	if (parent)
+		parent->refs++;
+	for (p = &in->names; *p; p = &(*p)->next)
+		;
+	*p = n;
+	return 0;
+}
+
+/* Forgets parent/name as a name of in and drops the reference on parent (the caller
+ * releases parent if that was the last). Returns 0, or -ENOENT if it was not a name. */
+int ov_inode_drop_name(struct ov_inode *in, const struct ov_inode *parent, const char *name)
+{
+	struct ov_name **p, *n;
+
+	for (p = &in->names; *p; p = &(*p)->next) {
+		n = *p;
+		if (n->parent == parent && strcmp(n->name, name) == 0) {
+			*p = n->next;
+			if (n->parent)
+				n->parent->refs--;
+			free(n->name);
+			free(n);
+			return 0;
+		}
+	}
+	return -ENOENT;
+}
+
+/* Moves the name oldparent/oldname of in to newparent/newname. Returns 0, -ENOENT if in had
+ * no such name, -ENOMEM. Caller holds ns and tab locks and releases oldparent afterwards. */
+int ov_inode_rename_name(struct ov_inode *in, struct ov_inode *oldparent, const char *oldname,
+			 struct ov_inode *newparent, const char *newname)
+{
+	struct ov_name *n;
+	char *copy;
+
+	for (n = in->names; n; n = n->next) {
+		if (n->parent == oldparent && strcmp(n->name, oldname) == 0)
+			break;
+	}
+	if (!n)
+		return -ENOENT;
+	copy = strdup(newname);
+	if (!copy)
+		return -ENOMEM;
+	free(n->name);
+	n->name = copy;
+	if (oldparent)
+		oldparent->refs--;
+	newparent->refs++;
+	n->parent = newparent;
+	return 0;
+}
+
+/* Writes the layer-relative path of name n into buf. Returns its length, -ENAMETOOLONG, or
+ * -ENOENT if a directory on the way has lost its name (removed while referenced). */
+int ov_path_of_name(const struct ov_name *n, char *buf, size_t size)
+{
+	const struct ov_name *chain[PATH_MAX / 2];
+	size_t depth = 0, len = 0, l;
+	const struct ov_name *c = n;
+
+	for (;;) {
+		if (depth == sizeof(chain) / sizeof(chain[0]))
+			return -ENAMETOOLONG;
+		chain[depth++] = c;
+		if (c->parent->is_root)
+			break;
+		c = c->parent->names;
+		if (!c)
+			return -ENOENT;
+	}
+	while (depth--) {
+		l = strlen(chain[depth]->name);
+		if (len + l + 1 > size)
+			return -ENAMETOOLONG;
+		memcpy(buf + len, chain[depth]->name, l);
+		len += l;
+		buf[len++] = depth ? '/' : '\0';
+	}
+	return (int)len - 1;
+}
+
+/* Writes the path of in, or of in's child called child when child is not NULL, into buf.
+ * Returns the length or a negative errno (see ov_path_of_name). Caller holds ns read. */
+int ov_path(const struct ov_inode *in, const char *child, char *buf, size_t size)
+{
+	int len;
+	size_t l;
+
+	if (in->is_root) {
+		if (size < 2)
+			return -ENAMETOOLONG;
+		len = 1;
+		memcpy(buf, ".", 2);
+	} else if (!in->names) {
+		return -ENOENT;
+	} else {
+		len = ov_path_of_name(in->names, buf, size);
+		if (len < 0)
+			return len;
+	}
+	if (!child)
+		return len;
+	l = strlen(child);
+	if (len == 1 && buf[0] == '.') {
+		if (l + 1 > size)
+			return -ENAMETOOLONG;
+		memcpy(buf, child, l + 1);
+		return (int)l;
+	}
+	if ((size_t)len + l + 2 > size)
+		return -ENAMETOOLONG;
+	buf[len] = '/';
+	memcpy(buf + len + 1, child, l + 1);
+	return len + 1 + (int)l;
+}
+
+/* Frees in if nothing refers to it any more (no kernel lookups, no child names), then goes
+ * on with parents that this left unreferenced. Caller holds the tab lock and the ns write
+ * lock (or is the only thread). The root is never freed here. */
+void ov_inode_release(struct ov_table *t, struct ov_inode *in)
+{
+	while (in && !in->is_root && in->nlookup == 0 && in->refs == 0) {
+		struct ov_inode *next = NULL;
+		struct ov_name *n;
+
+		ov_table_remove(t, in);
+		while ((n = in->names)) {
+			struct ov_inode *p = n->parent;
+			in->names = n->next;
+			p->refs--;
+			free(n->name);
+			free(n);
+			if (p->refs == 0 && p->nlookup == 0 && !p->is_root) {
+				if (next && next != p)
+					ov_inode_release(t, next);
+				next = p;
+			}
+		}
+		ov_inode_free(t, in);
+		in = next;
+	}
+}
+
+/* Frees every inode left, hashed or not, and the table (unmount). */
+void ov_table_free_all(struct ov_table *t)
+{
+	while (t->all)
+		ov_inode_free(t, t->all);
+	ov_table_free(t);
+}
+
+/* Puts a new inode on the list of all inodes, which ov_table_free_all frees. */
+void ov_table_track(struct ov_table *t, struct ov_inode *in)
+{
+	in->all_prev = NULL;
+	in->all_next = t->all;
+	if (t->all)
+		t->all->all_prev = in;
+	t->all = in;
+}

@@ -1,0 +1,130 @@
+/* The overlay's journal hooks: the first change to a path in a turn is recorded durably
+ * (cb_journal_mark) before the operation is answered; later ones cost an atomic compare. */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cowbox/error.h"
+#include "ov.h"
+
+/* The command name of pid into buf (empty when it is gone). */
+static void ov_comm(pid_t pid, char *buf, size_t size)
+{
+	char path[64];
+	ssize_t n = -1;
+	int fd;
+
+	buf[0] = '\0';
+	if (pid <= 0)
+		return;
+	snprintf(path, sizeof(path), "/proc/%d/comm", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		n = read(fd, buf, size - 1);
+		close(fd);
+	}
+	if (n <= 0) {
+		buf[0] = '\0';
+		return;
+	}
+	if (buf[n - 1] == '\n')
+		n--;
+	buf[n] = '\0';
+}
+
+static int ov_mark(struct cb_overlay *ov, fuse_req_t req, struct cb_change *c, size_t n)
+{
+	char comm[32];
+	pid_t pid = req ? fuse_req_ctx(req)->pid : 0;
+	size_t i;
+	int r;
+
+	if (!ov->db || n == 0)
+		return 0;
+	ov_comm(pid, comm, sizeof(comm));
+	for (i = 0; i < n; i++) {
+		c[i].pid = pid;
+		c[i].comm = comm[0] ? comm : NULL;
+	}
+	r = cb_journal_mark(ov->db, c, n);
+	if (r < 0) {
+		fprintf(stderr, "cowbox fs: journal %s: %s\n", c[0].path, cb_error_message());
+		return -EIO; /* the change cannot be recorded, so it must not happen */
+	}
+	return 0;
+}
+
+/* Records one change to path. Returns 0 or -EIO (the journal failed, the caller must not
+ * make the change). */
+int ov_mark_path(struct cb_overlay *ov, fuse_req_t req, const char *path, enum cb_change_kind kind,
+		 int subtree)
+{
+	struct cb_change c = {.path = path, .kind = kind, .subtree = subtree};
+
+	return ov_mark(ov, req, &c, 1);
+}
+
+/* Records a change to parent/name. Caller holds ns (read or write). */
+int ov_mark_child(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *parent, const char *name,
+		  enum cb_change_kind kind, int subtree)
+{
+	char path[PATH_MAX];
+	int r;
+
+	if (!ov->db)
+		return 0;
+	r = ov_path(parent, name, path, sizeof(path));
+	if (r < 0)
+		return r;
+	return ov_mark_path(ov, req, path, kind, subtree);
+}
+
+/* Records a content (CB_CHANGE_WRITE) or metadata (CB_CHANGE_META) change of in under every
+ * name it is known by, unless already done in this turn. Caller holds ns (read or write). */
+int ov_mark_inode(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *in,
+		  enum cb_change_kind kind)
+{
+	_Atomic uint64_t *gen = kind == CB_CHANGE_META ? &in->meta_gen : &in->write_gen;
+	uint64_t g = atomic_load(&ov->gen);
+	struct cb_change c[16];
+	char paths[16][PATH_MAX];
+	struct ov_name *nm;
+	size_t n = 0;
+	int r;
+
+	if (atomic_load(gen) == g)
+		return 0;
+	if (ov->db) {
+		pthread_mutex_lock(&ov->tab_lock);
+		for (nm = in->names; nm && n < 16; nm = nm->next) {
+			if (ov_path_of_name(nm, paths[n], sizeof(paths[n])) < 0)
+				continue;
+			c[n] = (struct cb_change){.path = paths[n], .kind = kind};
+			n++;
+		}
+		pthread_mutex_unlock(&ov->tab_lock);
+		r = ov_mark(ov, req, c, n);
+		if (r < 0)
+			return r;
+	}
+	atomic_store(gen, g);
+	return 0;
+}
+
+/* Makes the journal durable against power loss (fsync, unmount). */
+void ov_journal_sync(struct cb_overlay *ov)
+{
+	if (ov->db && cb_journal_sync(ov->db) < 0)
+		fprintf(stderr, "cowbox fs: journal sync: %s\n", cb_error_message());
+}
+
+/* See overlay.h. */
+void cb_overlay_turn_advance(struct cb_overlay *ov)
+{
+	atomic_fetch_add(&ov->gen, 1);
+}

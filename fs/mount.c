@@ -1,0 +1,238 @@
+/* Mounting and serving the overlay: checks the layers, opens one root fd per layer, sets the
+ * kernel up for speed (writeback cache, splice, long timeouts) and runs the worker threads. */
+#include "config.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include "cowbox/error.h"
+#include "ov.h"
+
+static void ov_init(void *userdata, struct fuse_conn_info *conn)
+{
+	(void)userdata;
+	if (conn->capable & FUSE_CAP_WRITEBACK_CACHE)
+		conn->want |= FUSE_CAP_WRITEBACK_CACHE;
+	if (conn->capable & FUSE_CAP_SPLICE_WRITE)
+		conn->want |= FUSE_CAP_SPLICE_WRITE;
+	if (conn->capable & FUSE_CAP_SPLICE_READ)
+		conn->want |= FUSE_CAP_SPLICE_READ;
+	if (conn->capable & FUSE_CAP_PARALLEL_DIROPS)
+		conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+	if (conn->capable & FUSE_CAP_CACHE_SYMLINKS)
+		conn->want |= FUSE_CAP_CACHE_SYMLINKS;
+	if (conn->capable & FUSE_CAP_ASYNC_DIO)
+		conn->want |= FUSE_CAP_ASYNC_DIO;
+	/* a file's data changes only through us: no invalidation on mtime changes */
+	conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
+	conn->max_background = 64;
+	conn->congestion_threshold = 48;
+}
+
+static const struct fuse_lowlevel_ops *ov_ops(void)
+{
+	static struct fuse_lowlevel_ops ops;
+
+	if (!ops.init) {
+		ov_fill_ops_entry(&ops);
+		ov_fill_ops_dir(&ops);
+		ov_fill_ops_file(&ops);
+		ov_fill_ops_readdir(&ops);
+		ov_fill_ops_xattr(&ops);
+		ops.init = ov_init;
+	}
+	return &ops;
+}
+
+static int ov_open_root(const char *what, const char *dir, int *fd, struct stat *st)
+{
+	*fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (*fd < 0)
+		return cb_error_set(errno, "%s %s: %s", what, dir, strerror(errno));
+	if (fstat(*fd, st) < 0)
+		return cb_error_set(errno, "%s %s: %s", what, dir, strerror(errno));
+	return 0;
+}
+
+static int ov_check_mountpoint(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	int r = 0;
+
+	if (!d)
+		return cb_error_set(errno, "mount point %s: %s", dir, strerror(errno));
+	while ((de = readdir(d)))
+		if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+			r = cb_error_set(ENOTEMPTY, "mount point %s: not empty", dir);
+	closedir(d);
+	return r;
+}
+
+static int ov_setup(const struct cb_overlay_config *cfg, struct cb_overlay *ov)
+{
+	struct stat ust, bst;
+	mode_t m;
+	int r;
+
+	if (!cfg->upper_dir || !cfg->mountpoint)
+		return cb_error_set(EINVAL,
+				    "overlay: an upper directory and a mount point are needed");
+	r = ov_open_root("upper directory", cfg->upper_dir, &ov->upper_fd, &ust);
+	if (r < 0)
+		return r;
+	if (cfg->base_dir) {
+		r = ov_open_root("base directory", cfg->base_dir, &ov->base_fd, &bst);
+		if (r < 0)
+			return r;
+		if (bst.st_dev == ust.st_dev && bst.st_ino == ust.st_ino)
+			return cb_error_set(EINVAL, "base and upper are the same directory %s",
+					    cfg->upper_dir);
+	}
+	r = ov_check_mountpoint(cfg->mountpoint);
+	if (r < 0)
+		return r;
+	snprintf(ov->upper_proc, sizeof(ov->upper_proc), "/proc/self/fd/%d", ov->upper_fd);
+	snprintf(ov->base_proc, sizeof(ov->base_proc), "/proc/self/fd/%d", ov->base_fd);
+	if (ov_table_init(&ov->tab) < 0)
+		return cb_error_set(ENOMEM, "overlay: out of memory");
+	ov->root = ov_inode_new(OV_UPPER, &ust);
+	if (!ov->root)
+		return cb_error_set(ENOMEM, "overlay: out of memory");
+	ov->root->is_root = 1;
+	ov->root->nlookup = 1;
+	ov->root->merged = ov->base_fd >= 0;
+	ov_table_insert(&ov->tab, ov->root);
+	ov_table_track(&ov->tab, ov->root);
+	m = umask(0);
+	umask(m);
+	ov->umask = m;
+	atomic_init(&ov->gen, 1);
+	ov->db = cfg->db;
+	ov->debug = cfg->debug;
+	ov->max_threads = cfg->max_threads ? cfg->max_threads : 8;
+	ov->mountpoint = strdup(cfg->mountpoint);
+	return ov->mountpoint ? 0 : cb_error_set(ENOMEM, "overlay: out of memory");
+}
+
+/* See overlay.h. */
+int cb_overlay_mount(const struct cb_overlay_config *cfg, struct cb_overlay **out)
+{
+	struct cb_overlay *ov = calloc(1, sizeof(*ov));
+	char opts[PATH_MAX + 128];
+	char *argv[4] = {"cowbox", "-o", opts, NULL};
+	struct fuse_args args;
+	int r;
+
+	*out = NULL;
+	if (!ov)
+		return cb_error_set(ENOMEM, "overlay: out of memory");
+	ov->upper_fd = ov->base_fd = -1;
+	pthread_mutex_init(&ov->tab_lock, NULL);
+	pthread_rwlock_init(&ov->ns_lock, NULL);
+	r = ov_setup(cfg, ov);
+	if (r < 0)
+		goto fail;
+	snprintf(opts, sizeof(opts), "default_permissions,allow_other,fsname=%s,subtype=cowbox%s",
+		 cfg->fsname ? cfg->fsname : "cowbox", cfg->debug ? ",debug" : "");
+	if (strchr(cfg->fsname ? cfg->fsname : "", ',')) {
+		r = cb_error_set(EINVAL, "fsname %s: no commas allowed", cfg->fsname);
+		goto fail;
+	}
+	args = (struct fuse_args)FUSE_ARGS_INIT(3, argv);
+	ov->se = fuse_session_new(&args, ov_ops(), sizeof(struct fuse_lowlevel_ops), ov);
+	fuse_opt_free_args(&args);
+	if (!ov->se) {
+		r = cb_error_set(EINVAL, "fuse session for %s could not be created",
+				 cfg->mountpoint);
+		goto fail;
+	}
+	if (fuse_session_mount(ov->se, cfg->mountpoint) != 0) {
+		r = cb_error_set(EIO, "mount %s: the kernel refused the FUSE mount (see stderr)",
+				 cfg->mountpoint);
+		goto fail;
+	}
+	ov->mounted = 1;
+	*out = ov;
+	return 0;
+fail:
+	cb_overlay_destroy(ov);
+	return r;
+}
+
+static void ov_wake(int sig)
+{
+	(void)sig;
+}
+
+/* See overlay.h. */
+int cb_overlay_run(struct cb_overlay *ov)
+{
+	struct fuse_loop_config *cfg = fuse_loop_cfg_create();
+	struct sigaction sa = {.sa_handler = ov_wake};
+	int r;
+
+	if (!cfg)
+		return cb_error_set(ENOMEM, "overlay: out of memory");
+	/* cb_overlay_stop interrupts the main loop's wait with SIGUSR2 */
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGUSR2, &sa, NULL);
+	fuse_loop_cfg_set_max_threads(cfg, ov->max_threads);
+	fuse_loop_cfg_set_clone_fd(cfg, 0);
+	ov->run_thread = pthread_self();
+	atomic_store(&ov->running, 1);
+	r = fuse_session_loop_mt(ov->se, cfg);
+	atomic_store(&ov->running, 0);
+	fuse_loop_cfg_destroy(cfg);
+	if (r < 0)
+		return cb_error_set(-r, "serving %s: %s", ov->mountpoint, strerror(-r));
+	return 0;
+}
+
+/* See overlay.h. */
+void cb_overlay_stop(struct cb_overlay *ov)
+{
+	int fd;
+
+	if (!ov || !ov->se)
+		return;
+	/* dirty pages of the writeback cache must reach us while workers still serve */
+	if (atomic_load(&ov->running) &&
+	    (fd = open(ov->mountpoint, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0) {
+		syncfs(fd);
+		close(fd);
+	}
+	fuse_session_exit(ov->se);
+	if (atomic_load(&ov->running))
+		pthread_kill(ov->run_thread, SIGUSR2);
+}
+
+/* See overlay.h. */
+void cb_overlay_destroy(struct cb_overlay *ov)
+{
+	if (!ov)
+		return;
+	if (ov->se) {
+		if (ov->mounted)
+			fuse_session_unmount(ov->se);
+		fuse_session_destroy(ov->se);
+	}
+	ov_journal_sync(ov);
+	if (ov->root)
+		ov_table_free_all(&ov->tab);
+	if (ov->upper_fd >= 0)
+		close(ov->upper_fd);
+	if (ov->base_fd >= 0)
+		close(ov->base_fd);
+	pthread_rwlock_destroy(&ov->ns_lock);
+	pthread_mutex_destroy(&ov->tab_lock);
+	free(ov->mountpoint);
+	free(ov);
+}

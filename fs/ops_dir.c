@@ -1,0 +1,414 @@
+/* FUSE operations that change names: create, mkdir, mknod, symlink, link, unlink, rmdir and
+ * rename, with whiteouts where a base entry must disappear and journal marks before each. */
+#include "config.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cowbox/error.h"
+#include "ov.h"
+
+/* Gets parent/name ready for a new upper entry: the parent is copied up and a whiteout
+ * in the way is removed (*had_whiteout says so). Caller holds ns. */
+static int ov_prepare_new(struct cb_overlay *ov, struct ov_inode *parent, const char *name,
+			  char *path, size_t size, int *had_whiteout)
+{
+	struct stat st;
+	int r = ov_ensure_upper_dir(ov, parent);
+
+	*had_whiteout = 0;
+	if (r < 0)
+		return r;
+	r = ov_path(parent, name, path, size);
+	if (r < 0)
+		return r;
+	if (ov_lstat(ov->upper_fd, path, &st) == 0 && ov_is_whiteout(&st)) {
+		if (unlinkat(ov->upper_fd, path, 0) < 0)
+			return -errno;
+		*had_whiteout = 1;
+	}
+	return 0;
+}
+
+/* Gives a new upper entry the caller's owner and the exact mode it asked for. */
+static int ov_finish_new(struct cb_overlay *ov, fuse_req_t req, const char *path, mode_t mode,
+			 int fd)
+{
+	const struct fuse_ctx *ctx = fuse_req_ctx(req);
+	struct stat st;
+
+	if (ctx->uid != geteuid() || ctx->gid != getegid()) {
+		gid_t gid = ctx->gid;
+		if (ov_lstat(ov->upper_fd, path, &st) == 0 && st.st_gid != getegid())
+			gid = (gid_t)-1; /* inherited from a setgid directory */
+		if (fchownat(ov->upper_fd, path, ctx->uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
+			return -errno;
+	}
+	if (!S_ISLNK(mode) && (mode & ov->umask & 07777)) {
+		if (fd >= 0 ? fchmod(fd, mode & 07777)
+			    : fchmodat(ov->upper_fd, path, mode & 07777, 0))
+			return -errno;
+	}
+	return 0;
+}
+
+/* Journals a new entry and makes its inode clean for the rest of the turn. */
+static void ov_new_inode_clean(struct cb_overlay *ov, fuse_ino_t ino)
+{
+	struct ov_inode *in = ov_inode_get(ov, ino);
+	uint64_t g = atomic_load(&ov->gen);
+
+	atomic_store(&in->write_gen, g);
+	atomic_store(&in->meta_gen, g);
+}
+
+static void ov_make_node(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mode_t mode,
+			 dev_t rdev, const char *link_target)
+{
+	struct cb_overlay *ov = ov_of(req);
+	struct ov_inode *parent = ov_inode_get(ov, parent_ino);
+	struct fuse_entry_param e;
+	char path[PATH_MAX];
+	int r, had_whiteout;
+
+	pthread_rwlock_rdlock(&ov->ns_lock);
+	r = ov_prepare_new(ov, parent, name, path, sizeof(path), &had_whiteout);
+	if (r == 0)
+		r = ov_mark_child(ov, req, parent, name, CB_CHANGE_CREATE, 0);
+	if (r < 0)
+		goto out;
+	if (link_target)
+		r = symlinkat(link_target, ov->upper_fd, path);
+	else if (S_ISDIR(mode))
+		r = mkdirat(ov->upper_fd, path, mode & 07777);
+	else
+		r = mknodat(ov->upper_fd, path, mode, rdev);
+	if (r < 0) {
+		r = -errno;
+		goto out;
+	}
+	/* a directory made where a base entry was deleted must not show the base's contents */
+	if (S_ISDIR(mode) && had_whiteout)
+		r = ov_set_opaque(ov->upper_proc, path);
+	if (r == 0)
+		r = ov_finish_new(ov, req, path, link_target ? S_IFLNK : mode, -1);
+	if (r == 0)
+		r = ov_lookup_child(ov, parent, name, &e);
+	if (r == 0) {
+		ov_inode_get(ov, e.ino)->merged = 0;
+		ov_new_inode_clean(ov, e.ino);
+	}
+out:
+	pthread_rwlock_unlock(&ov->ns_lock);
+	if (r < 0)
+		fuse_reply_err(req, -r);
+	else
+		fuse_reply_entry(req, &e);
+}
+
+static void ov_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
+{
+	ov_make_node(req, parent, name, S_IFDIR | (mode & 07777), 0, NULL);
+}
+
+static void ov_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev)
+{
+	ov_make_node(req, parent, name, mode, rdev, NULL);
+}
+
+static void ov_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
+{
+	ov_make_node(req, parent, name, S_IFLNK | 0777, 0, link);
+}
+
+/* The open flags for a file of this mount: the writeback cache needs read access on writable
+ * files and does O_APPEND itself. */
+int ov_open_flags(int flags)
+{
+	flags &= ~(O_CREAT | O_EXCL | O_NOCTTY | O_DIRECT);
+	if ((flags & O_ACCMODE) == O_WRONLY)
+		flags = (flags & ~O_ACCMODE) | O_RDWR;
+	return (flags & ~O_APPEND) | O_CLOEXEC | O_NOFOLLOW;
+}
+
+static void ov_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mode_t mode,
+		      struct fuse_file_info *fi)
+{
+	struct cb_overlay *ov = ov_of(req);
+	struct ov_inode *parent = ov_inode_get(ov, parent_ino);
+	struct fuse_entry_param e;
+	struct ov_file *f = NULL;
+	char path[PATH_MAX];
+	int r, had_whiteout, fd = -1;
+
+	pthread_rwlock_rdlock(&ov->ns_lock);
+	r = ov_prepare_new(ov, parent, name, path, sizeof(path), &had_whiteout);
+	if (r == 0)
+		r = ov_mark_child(ov, req, parent, name, CB_CHANGE_CREATE, 0);
+	if (r < 0)
+		goto out;
+	fd = openat(ov->upper_fd, path, ov_open_flags(fi->flags) | O_CREAT, mode & 07777);
+	if (fd < 0) {
+		r = -errno;
+		goto out;
+	}
+	r = ov_finish_new(ov, req, path, mode, fd);
+	if (r == 0)
+		r = ov_lookup_child(ov, parent, name, &e);
+	if (r < 0)
+		goto out;
+	ov_new_inode_clean(ov, e.ino);
+	f = calloc(1, sizeof(*f));
+	if (!f) {
+		ov_forget_one(ov, ov_inode_get(ov, e.ino), 1);
+		r = -ENOMEM;
+		goto out;
+	}
+	f->fd = fd;
+	atomic_init(&f->layer, OV_UPPER);
+	f->flags = ov_open_flags(fi->flags);
+	f->inode = ov_inode_get(ov, e.ino);
+	fd = -1;
+	fi->fh = (uint64_t)(uintptr_t)f;
+	fi->keep_cache = 1;
+out:
+	pthread_rwlock_unlock(&ov->ns_lock);
+	if (fd >= 0)
+		close(fd);
+	if (r < 0)
+		fuse_reply_err(req, -r);
+	else if (fuse_reply_create(req, &e, fi) == -ENOENT) {
+		close(f->fd);
+		free(f);
+		ov_forget_one(ov, ov_inode_get(ov, e.ino), 1);
+	}
+}
+
+static void ov_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent_ino, const char *newname)
+{
+	struct cb_overlay *ov = ov_of(req);
+	struct ov_inode *in = ov_inode_get(ov, ino), *parent = ov_inode_get(ov, newparent_ino);
+	struct fuse_entry_param e;
+	char path[PATH_MAX], oldpath[PATH_MAX];
+	int r, had_whiteout;
+
+	pthread_rwlock_rdlock(&ov->ns_lock);
+	r = ov_copy_up(ov, in, 1);
+	if (r == 0)
+		r = ov_prepare_new(ov, parent, newname, path, sizeof(path), &had_whiteout);
+	if (r == 0)
+		r = ov_path(in, NULL, oldpath, sizeof(oldpath));
+	if (r >= 0)
+		r = ov_mark_child(ov, req, parent, newname, CB_CHANGE_CREATE, 0);
+	if (r < 0)
+		goto out;
+	if (linkat(ov->upper_fd, oldpath, ov->upper_fd, path, 0) < 0) {
+		r = -errno;
+		goto out;
+	}
+	r = ov_lookup_child(ov, parent, newname, &e);
+out:
+	pthread_rwlock_unlock(&ov->ns_lock);
+	if (r < 0)
+		fuse_reply_err(req, -r);
+	else
+		fuse_reply_entry(req, &e);
+}
+
+/* Where parent/name lives now: *in_upper (a real upper entry, not a whiteout) and *in_base
+ * (a base entry that shows through or is hidden by the upper one), with their stats. */
+void ov_locate(struct cb_overlay *ov, struct ov_inode *parent, const char *path, int *in_upper,
+	       struct stat *ust, int *in_base, struct stat *bst)
+{
+	*in_upper = atomic_load(&parent->layer) == OV_UPPER &&
+		    ov_lstat(ov->upper_fd, path, ust) == 0 && !ov_is_whiteout(ust);
+	*in_base = parent->merged && ov_lstat(ov->base_fd, path, bst) == 0;
+	if (*in_base && atomic_load(&parent->layer) == OV_UPPER && !*in_upper &&
+	    ov_lstat(ov->upper_fd, path, ust) == 0)
+		*in_base = 0; /* whited out */
+}
+
+/* 0 if the directory at path shows no entries in the mount, -ENOTEMPTY if it does. */
+int ov_dir_empty(struct cb_overlay *ov, const char *path, int in_upper, int merged)
+{
+	char child[PATH_MAX];
+	int r = 0;
+	DIR *d;
+	struct dirent *de;
+	int fd;
+
+	if (in_upper) {
+		fd = openat(ov->upper_fd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (fd < 0 || !(d = fdopendir(fd))) {
+			if (fd >= 0)
+				close(fd);
+			return -errno;
+		}
+		while (r == 0 && (de = readdir(d))) {
+			struct stat st;
+			if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+				continue;
+			if (fstatat(fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+			    !ov_is_whiteout(&st))
+				r = -ENOTEMPTY;
+		}
+		closedir(d);
+	}
+	if (r < 0 || !merged)
+		return r;
+	fd = openat(ov->base_fd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0 || !(d = fdopendir(fd))) {
+		if (fd >= 0)
+			close(fd);
+		return 0;
+	}
+	while (r == 0 && (de = readdir(d))) {
+		struct stat st;
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		snprintf(child, sizeof(child), "%s/%s", path, de->d_name);
+		if (!in_upper || ov_lstat(ov->upper_fd, child, &st) < 0 || !ov_is_whiteout(&st))
+			r = -ENOTEMPTY;
+	}
+	closedir(d);
+	return r;
+}
+
+/* The inode that ov knows for the entry described by (in_upper ? ust : bst), or NULL. */
+struct ov_inode *ov_known(struct cb_overlay *ov, int in_upper, const struct stat *ust,
+			  const struct stat *bst)
+{
+	const struct stat *st = in_upper ? ust : bst;
+	struct ov_inode *in;
+
+	pthread_mutex_lock(&ov->tab_lock);
+	in = ov_table_find(&ov->tab, st->st_dev, st->st_ino);
+	pthread_mutex_unlock(&ov->tab_lock);
+	return in;
+}
+
+/* parent/name of in is gone: forget it, and keep an O_PATH fd if the kernel still refers to
+ * in after its last name went (an open, unlinked file). Caller holds ns write. */
+void ov_name_gone(struct cb_overlay *ov, struct ov_inode *in, struct ov_inode *parent,
+		  const char *name, int keep_fd)
+{
+	pthread_mutex_lock(&ov->tab_lock);
+	ov_inode_drop_name(in, parent, name);
+	if (!in->names) {
+		ov_table_remove(&ov->tab, in);
+		if (in->keep_fd < 0)
+			in->keep_fd = keep_fd, keep_fd = -1;
+	}
+	ov_inode_release(&ov->tab, in);
+	pthread_mutex_unlock(&ov->tab_lock);
+	if (keep_fd >= 0)
+		close(keep_fd);
+}
+
+/* An O_PATH fd on in's bytes, if in is about to lose its last name while still referenced. */
+int ov_keep_fd_for(struct cb_overlay *ov, struct ov_inode *in, const char *path)
+{
+	if (!in || !in->names || in->names->next || in->nlookup == 0)
+		return -1;
+	return openat(ov_layer_fd(ov, atomic_load(&in->layer)), path,
+		      O_PATH | O_NOFOLLOW | O_CLOEXEC);
+}
+
+static void ov_remove(fuse_req_t req, fuse_ino_t parent_ino, const char *name, int dir)
+{
+	struct cb_overlay *ov = ov_of(req);
+	struct ov_inode *parent = ov_inode_get(ov, parent_ino), *in;
+	char path[PATH_MAX];
+	struct stat ust, bst;
+	int r, in_upper, in_base, keep = -1;
+
+	pthread_rwlock_wrlock(&ov->ns_lock);
+	r = ov_path(parent, name, path, sizeof(path));
+	if (r < 0)
+		goto out;
+	ov_locate(ov, parent, path, &in_upper, &ust, &in_base, &bst);
+	if (!in_upper && !in_base) {
+		r = -ENOENT;
+		goto out;
+	}
+	if (dir) {
+		int merged = in_base && S_ISDIR(bst.st_mode) &&
+			     (!in_upper || !ov_is_opaque(ov->upper_proc, path));
+		if (!S_ISDIR((in_upper ? ust : bst).st_mode)) {
+			r = -ENOTDIR;
+			goto out;
+		}
+		r = ov_dir_empty(ov, path, in_upper, merged);
+		if (r < 0)
+			goto out;
+	}
+	in = ov_known(ov, in_upper, &ust, &bst);
+	r = ov_mark_child(ov, req, parent, name, CB_CHANGE_DELETE, 0);
+	if (r < 0)
+		goto out;
+	if (!dir)
+		keep = ov_keep_fd_for(ov, in, path);
+	if (in_upper && dir) {
+		r = ov_clear_whiteouts(ov->upper_fd, path);
+		if (r == 0 && unlinkat(ov->upper_fd, path, AT_REMOVEDIR) < 0)
+			r = -errno;
+		if (r == 0 && in_base)
+			r = ov_make_whiteout(ov->upper_fd, path);
+	} else if (in_upper && in_base) {
+		r = ov_whiteout_replace(ov->upper_fd, path);
+	} else if (in_upper) {
+		r = unlinkat(ov->upper_fd, path, 0) < 0 ? -errno : 0;
+	} else {
+		r = ov_ensure_upper_dir(ov, parent);
+		if (r == 0)
+			r = ov_make_whiteout(ov->upper_fd, path);
+	}
+	if (r == 0 && in)
+		ov_name_gone(ov, in, parent, name, keep), keep = -1;
+out:
+	pthread_rwlock_unlock(&ov->ns_lock);
+	if (keep >= 0)
+		close(keep);
+	fuse_reply_err(req, -r);
+}
+
+static void ov_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	ov_remove(req, parent, name, 0);
+}
+
+static void ov_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	ov_remove(req, parent, name, 1);
+}
+
+static void ov_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
+		      const char *newname, unsigned int flags)
+{
+	struct cb_overlay *ov = ov_of(req);
+	int r;
+
+	pthread_rwlock_wrlock(&ov->ns_lock);
+	r = ov_rename_locked(ov, req, ov_inode_get(ov, parent), name, ov_inode_get(ov, newparent),
+			     newname, flags);
+	pthread_rwlock_unlock(&ov->ns_lock);
+	fuse_reply_err(req, -r);
+}
+
+/* Fills in the operations that change names. */
+void ov_fill_ops_dir(struct fuse_lowlevel_ops *ops)
+{
+	ops->mkdir = ov_mkdir;
+	ops->mknod = ov_mknod;
+	ops->symlink = ov_symlink;
+	ops->create = ov_create;
+	ops->link = ov_link;
+	ops->unlink = ov_unlink;
+	ops->rmdir = ov_rmdir;
+	ops->rename = ov_rename;
+}

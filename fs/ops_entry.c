@@ -1,0 +1,317 @@
+/* FUSE operations on names and attributes: lookup (upper, then base, hiding whiteouts),
+ * forget, getattr, setattr (with copy-up), readlink and statfs. */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "ov.h"
+
+/* The inode behind a kernel node id (node ids are inode addresses, the root is 1). */
+struct ov_inode *ov_inode_get(struct cb_overlay *ov, fuse_ino_t ino)
+{
+	return ino == FUSE_ROOT_ID ? ov->root : (struct ov_inode *)(uintptr_t)ino;
+}
+
+/* The root fd of a layer. */
+int ov_layer_fd(struct cb_overlay *ov, int layer)
+{
+	return layer == OV_UPPER ? ov->upper_fd : ov->base_fd;
+}
+
+/* Finds parent/name in upper then base, and returns its inode with one more kernel
+ * reference in e (e->ino 0 and -ENOENT when it does not exist). Caller holds ns read. */
+int ov_lookup_child(struct cb_overlay *ov, struct ov_inode *parent, const char *name,
+		    struct fuse_entry_param *e)
+{
+	char path[PATH_MAX];
+	struct stat st, bst;
+	struct ov_inode *in;
+	int r, layer = -1, merged = 0;
+
+	memset(e, 0, sizeof(*e));
+	e->attr_timeout = e->entry_timeout = OV_TIMEOUT;
+	r = ov_path(parent, name, path, sizeof(path));
+	if (r < 0)
+		return r;
+	if (atomic_load(&parent->layer) == OV_UPPER) {
+		r = ov_lstat(ov->upper_fd, path, &st);
+		if (r == 0) {
+			if (ov_is_whiteout(&st))
+				return -ENOENT;
+			layer = OV_UPPER;
+			if (S_ISDIR(st.st_mode) && parent->merged &&
+			    ov_lstat(ov->base_fd, path, &bst) == 0 && S_ISDIR(bst.st_mode) &&
+			    !ov_is_opaque(ov->upper_proc, path))
+				merged = 1;
+		} else if (r != -ENOENT && r != -ENOTDIR) {
+			return r;
+		}
+	}
+	if (layer < 0) {
+		if (!parent->merged)
+			return -ENOENT;
+		r = ov_lstat(ov->base_fd, path, &st);
+		if (r < 0)
+			return r == -ENOTDIR ? -ENOENT : r;
+		layer = OV_BASE;
+		merged = S_ISDIR(st.st_mode);
+	}
+	pthread_mutex_lock(&ov->tab_lock);
+	in = ov_table_find(&ov->tab, st.st_dev, st.st_ino);
+	if (!in) {
+		in = ov_inode_new(layer, &st);
+		if (!in || ov_inode_add_name(in, parent, name) < 0) {
+			free(in);
+			pthread_mutex_unlock(&ov->tab_lock);
+			return -ENOMEM;
+		}
+		in->merged = merged;
+		ov_table_insert(&ov->tab, in);
+		ov_table_track(&ov->tab, in);
+	} else if (!ov_inode_has_name(in, parent, name)) {
+		if (ov_inode_add_name(in, parent, name) < 0) {
+			pthread_mutex_unlock(&ov->tab_lock);
+			return -ENOMEM;
+		}
+	}
+	in->nlookup++;
+	pthread_mutex_unlock(&ov->tab_lock);
+	st.st_ino = in->st_ino;
+	e->attr = st;
+	e->ino = (fuse_ino_t)(uintptr_t)in;
+	return 0;
+}
+
+/* Drops n kernel references to in, freeing it when nothing refers to it any more. */
+void ov_forget_one(struct cb_overlay *ov, struct ov_inode *in, uint64_t n)
+{
+	pthread_mutex_lock(&ov->tab_lock);
+	in->nlookup = in->nlookup > n ? in->nlookup - n : 0;
+	ov_inode_release(&ov->tab, in);
+	pthread_mutex_unlock(&ov->tab_lock);
+}
+
+/* The stat of in as the mount shows it. Caller holds ns read. */
+int ov_stat_inode(struct cb_overlay *ov, struct ov_inode *in, struct stat *st)
+{
+	char path[PATH_MAX];
+	int r;
+
+	if (in->keep_fd >= 0) {
+		if (fstatat(in->keep_fd, "", st, AT_EMPTY_PATH) < 0)
+			return -errno;
+	} else {
+		r = ov_path(in, NULL, path, sizeof(path));
+		if (r < 0)
+			return r;
+		r = ov_lstat(ov_layer_fd(ov, atomic_load(&in->layer)), path, st);
+		if (r < 0)
+			return r;
+	}
+	st->st_ino = in->st_ino;
+	return 0;
+}
+
+static void ov_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct cb_overlay *ov = ov_of(req);
+	struct fuse_entry_param e;
+	int r;
+
+	pthread_rwlock_rdlock(&ov->ns_lock);
+	r = ov_lookup_child(ov, ov_inode_get(ov, parent), name, &e);
+	pthread_rwlock_unlock(&ov->ns_lock);
+	if (r == -ENOENT) {
+		/* a negative entry: we are the only writer, so the kernel may cache it */
+		e.ino = 0;
+		fuse_reply_entry(req, &e);
+		return;
+	}
+	if (r < 0)
+		fuse_reply_err(req, -r);
+	else
+		fuse_reply_entry(req, &e);
+}
+
+static void ov_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
+{
+	struct cb_overlay *ov = ov_of(req);
+
+	ov_forget_one(ov, ov_inode_get(ov, ino), nlookup);
+	fuse_reply_none(req);
+}
+
+static void ov_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets)
+{
+	struct cb_overlay *ov = ov_of(req);
+	size_t i;
+
+	for (i = 0; i < count; i++)
+		ov_forget_one(ov, ov_inode_get(ov, forgets[i].ino), forgets[i].nlookup);
+	fuse_reply_none(req);
+}
+
+static void ov_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct cb_overlay *ov = ov_of(req);
+	struct stat st;
+	int r;
+
+	(void)fi;
+	pthread_rwlock_rdlock(&ov->ns_lock);
+	r = ov_stat_inode(ov, ov_inode_get(ov, ino), &st);
+	pthread_rwlock_unlock(&ov->ns_lock);
+	if (r < 0)
+		fuse_reply_err(req, -r);
+	else
+		fuse_reply_attr(req, &st, OV_TIMEOUT);
+}
+
+/* Where to apply a path-based change to in: (dirfd, path, flags). */
+static int ov_target(struct cb_overlay *ov, struct ov_inode *in, char *path, size_t size,
+		     int *dirfd, int *nofollow)
+{
+	if (in->keep_fd >= 0) {
+		snprintf(path, size, "/proc/self/fd/%d", in->keep_fd);
+		*dirfd = AT_FDCWD;
+		*nofollow = 0;
+		return 0;
+	}
+	*dirfd = ov->upper_fd;
+	*nofollow = AT_SYMLINK_NOFOLLOW;
+	return ov_path(in, NULL, path, size);
+}
+
+static int ov_apply_setattr(struct cb_overlay *ov, struct ov_inode *in, struct stat *attr,
+			    int to_set, struct fuse_file_info *fi)
+{
+	char path[PATH_MAX];
+	int dirfd, nofollow, r;
+	struct ov_file *f = fi ? (struct ov_file *)(uintptr_t)fi->fh : NULL;
+
+	r = ov_target(ov, in, path, sizeof(path), &dirfd, &nofollow);
+	if (r < 0)
+		return r;
+	if (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
+		uid_t uid = (to_set & FUSE_SET_ATTR_UID) ? attr->st_uid : (uid_t)-1;
+		gid_t gid = (to_set & FUSE_SET_ATTR_GID) ? attr->st_gid : (gid_t)-1;
+		if (fchownat(dirfd, path, uid, gid, nofollow) < 0)
+			return -errno;
+	}
+	if ((to_set & FUSE_SET_ATTR_MODE) && fchmodat(dirfd, path, attr->st_mode & 07777, 0) < 0)
+		return -errno;
+	if (to_set & FUSE_SET_ATTR_SIZE) {
+		if (f && atomic_load(&f->layer) == OV_UPPER && (f->flags & O_ACCMODE) != O_RDONLY)
+			r = ftruncate(f->fd, attr->st_size);
+		else if (dirfd == AT_FDCWD)
+			r = truncate(path, attr->st_size);
+		else {
+			int fd = openat(dirfd, path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+			r = fd < 0 ? -1 : ftruncate(fd, attr->st_size);
+			if (fd >= 0) {
+				int e = errno;
+				close(fd);
+				errno = e;
+			}
+		}
+		if (r < 0)
+			return -errno;
+	}
+	if (to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_CTIME)) {
+		struct timespec ts[2] = {{.tv_nsec = UTIME_OMIT}, {.tv_nsec = UTIME_OMIT}};
+		if (to_set & FUSE_SET_ATTR_ATIME_NOW)
+			ts[0].tv_nsec = UTIME_NOW;
+		else if (to_set & FUSE_SET_ATTR_ATIME)
+			ts[0] = attr->st_atim;
+		if (to_set & FUSE_SET_ATTR_MTIME_NOW)
+			ts[1].tv_nsec = UTIME_NOW;
+		else if (to_set & FUSE_SET_ATTR_MTIME)
+			ts[1] = attr->st_mtim;
+		if ((to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME)) &&
+		    utimensat(dirfd, path, ts, nofollow) < 0)
+			return -errno;
+	}
+	return 0;
+}
+
+static void ov_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+		       struct fuse_file_info *fi)
+{
+	struct cb_overlay *ov = ov_of(req);
+	struct ov_inode *in = ov_inode_get(ov, ino);
+	struct stat st;
+	int r, content = (to_set & FUSE_SET_ATTR_SIZE) != 0;
+	int meta = (to_set & ~(FUSE_SET_ATTR_SIZE | FUSE_SET_ATTR_CTIME)) != 0;
+
+	pthread_rwlock_rdlock(&ov->ns_lock);
+	r = ov_copy_up(ov, in, !(content && attr->st_size == 0));
+	if (r == 0 && content)
+		r = ov_mark_inode(ov, req, in, CB_CHANGE_WRITE);
+	if (r == 0 && meta)
+		r = ov_mark_inode(ov, req, in, CB_CHANGE_META);
+	if (r == 0)
+		r = ov_apply_setattr(ov, in, attr, to_set, fi);
+	if (r == 0)
+		r = ov_stat_inode(ov, in, &st);
+	pthread_rwlock_unlock(&ov->ns_lock);
+	if (r < 0)
+		fuse_reply_err(req, -r);
+	else
+		fuse_reply_attr(req, &st, OV_TIMEOUT);
+}
+
+static void ov_readlink(fuse_req_t req, fuse_ino_t ino)
+{
+	struct cb_overlay *ov = ov_of(req);
+	struct ov_inode *in = ov_inode_get(ov, ino);
+	char path[PATH_MAX], target[PATH_MAX];
+	ssize_t n;
+	int r;
+
+	pthread_rwlock_rdlock(&ov->ns_lock);
+	if (in->keep_fd >= 0)
+		n = readlinkat(in->keep_fd, "", target, sizeof(target) - 1);
+	else if ((r = ov_path(in, NULL, path, sizeof(path))) < 0)
+		n = r, errno = -r;
+	else
+		n = readlinkat(ov_layer_fd(ov, atomic_load(&in->layer)), path, target,
+			       sizeof(target) - 1);
+	pthread_rwlock_unlock(&ov->ns_lock);
+	if (n < 0) {
+		fuse_reply_err(req, errno);
+		return;
+	}
+	target[n] = '\0';
+	fuse_reply_readlink(req, target);
+}
+
+static void ov_statfs(fuse_req_t req, fuse_ino_t ino)
+{
+	struct cb_overlay *ov = ov_of(req);
+	struct statvfs sv;
+
+	(void)ino;
+	if (fstatvfs(ov->upper_fd, &sv) < 0)
+		fuse_reply_err(req, errno);
+	else
+		fuse_reply_statfs(req, &sv);
+}
+
+/* Fills in the name and attribute operations. */
+void ov_fill_ops_entry(struct fuse_lowlevel_ops *ops)
+{
+	ops->lookup = ov_lookup;
+	ops->forget = ov_forget;
+	ops->forget_multi = ov_forget_multi;
+	ops->getattr = ov_getattr;
+	ops->setattr = ov_setattr;
+	ops->readlink = ov_readlink;
+	ops->statfs = ov_statfs;
+}

@@ -1,0 +1,155 @@
+/* Extended attributes through the overlay: read from the layer that holds the file, changed
+ * after copy-up; the overlay's own trusted.overlay.* names are neither shown nor settable. */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/xattr.h>
+
+#include "ov.h"
+
+/* A path for the *xattr calls on in: "/proc/self/fd/ROOT/rel" (no following: l*xattr) or
+ * "/proc/self/fd/KEEP" for an unlinked inode (following: *xattr). Caller holds ns read. */
+static int ov_xattr_path(struct cb_overlay *ov, struct ov_inode *in, char *buf, size_t size,
+			 int *follow)
+{
+	char rel[PATH_MAX];
+	int r, n;
+
+	*follow = 0;
+	if (in->keep_fd >= 0) {
+		*follow = 1;
+		n = snprintf(buf, size, "/proc/self/fd/%d", in->keep_fd);
+		return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
+	}
+	r = ov_path(in, NULL, rel, sizeof(rel));
+	if (r < 0)
+		return r;
+	n = snprintf(buf, size, "%s/%s",
+		     atomic_load(&in->layer) == OV_UPPER ? ov->upper_proc : ov->base_proc, rel);
+	return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
+}
+
+static void ov_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
+{
+	struct cb_overlay *ov = ov_of(req);
+	char path[PATH_MAX + 64], *buf = NULL;
+	ssize_t n = 0;
+	int follow, r;
+
+	if (ov_name_is_private(name)) {
+		fuse_reply_err(req, ENODATA);
+		return;
+	}
+	if (size && !(buf = malloc(size))) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	pthread_rwlock_rdlock(&ov->ns_lock);
+	r = ov_xattr_path(ov, ov_inode_get(ov, ino), path, sizeof(path), &follow);
+	if (r == 0) {
+		n = follow ? getxattr(path, name, buf, size) : lgetxattr(path, name, buf, size);
+		r = n < 0 ? -errno : 0;
+	}
+	pthread_rwlock_unlock(&ov->ns_lock);
+	if (r < 0)
+		fuse_reply_err(req, -r);
+	else if (size == 0)
+		fuse_reply_xattr(req, (size_t)n);
+	else
+		fuse_reply_buf(req, buf, (size_t)n);
+	free(buf);
+}
+
+static void ov_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+{
+	struct cb_overlay *ov = ov_of(req);
+	char path[PATH_MAX + 64], *buf = NULL, *p, *out;
+	ssize_t n = 0, len = 0;
+	int follow, r;
+
+	pthread_rwlock_rdlock(&ov->ns_lock);
+	r = ov_xattr_path(ov, ov_inode_get(ov, ino), path, sizeof(path), &follow);
+	if (r == 0) {
+		n = follow ? listxattr(path, NULL, 0) : llistxattr(path, NULL, 0);
+		if (n > 0 && (buf = malloc((size_t)n)))
+			n = follow ? listxattr(path, buf, (size_t)n)
+				   : llistxattr(path, buf, (size_t)n);
+		else if (n > 0)
+			n = -1, errno = ENOMEM;
+		r = n < 0 ? -errno : 0;
+	}
+	pthread_rwlock_unlock(&ov->ns_lock);
+	if (r < 0) {
+		fuse_reply_err(req, -r);
+		goto out;
+	}
+	/* drop the overlay's own names in place */
+	for (p = out = buf; p && p < buf + n; p += strlen(p) + 1) {
+		size_t l = strlen(p) + 1;
+		if (ov_name_is_private(p))
+			continue;
+		memmove(out, p, l);
+		out += l;
+		len += (ssize_t)l;
+	}
+	if (size == 0)
+		fuse_reply_xattr(req, (size_t)len);
+	else if ((size_t)len > size)
+		fuse_reply_err(req, ERANGE);
+	else
+		fuse_reply_buf(req, buf, (size_t)len);
+out:
+	free(buf);
+}
+
+static void ov_change_xattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
+			    size_t size, int flags, int remove)
+{
+	struct cb_overlay *ov = ov_of(req);
+	struct ov_inode *in = ov_inode_get(ov, ino);
+	char path[PATH_MAX + 64];
+	int follow, r;
+
+	if (ov_name_is_private(name)) {
+		fuse_reply_err(req, remove ? ENODATA : EPERM);
+		return;
+	}
+	pthread_rwlock_rdlock(&ov->ns_lock);
+	r = ov_copy_up(ov, in, 1);
+	if (r == 0)
+		r = ov_mark_inode(ov, req, in, CB_CHANGE_META);
+	if (r == 0)
+		r = ov_xattr_path(ov, in, path, sizeof(path), &follow);
+	if (r == 0 && remove)
+		r = (follow ? removexattr(path, name) : lremovexattr(path, name)) < 0 ? -errno : 0;
+	else if (r == 0)
+		r = (follow ? setxattr(path, name, value, size, flags)
+			    : lsetxattr(path, name, value, size, flags)) < 0
+			? -errno
+			: 0;
+	pthread_rwlock_unlock(&ov->ns_lock);
+	fuse_reply_err(req, -r);
+}
+
+static void ov_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
+			size_t size, int flags)
+{
+	ov_change_xattr(req, ino, name, value, size, flags, 0);
+}
+
+static void ov_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
+{
+	ov_change_xattr(req, ino, name, NULL, 0, 0, 1);
+}
+
+/* Fills in the xattr operations. */
+void ov_fill_ops_xattr(struct fuse_lowlevel_ops *ops)
+{
+	ops->getxattr = ov_getxattr;
+	ops->listxattr = ov_listxattr;
+	ops->setxattr = ov_setxattr;
+	ops->removexattr = ov_removexattr;
+}

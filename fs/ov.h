@@ -1,0 +1,169 @@
+/* fs/ internals shared by the overlay's files: the mount state, the inode table, the layer
+ * helpers (whiteouts, opaque dirs, copy-up) and the journal hooks. Not a public header. */
+#ifndef COWBOX_FS_OV_H
+#define COWBOX_FS_OV_H
+
+#define FUSE_USE_VERSION 314
+#include <fuse_lowlevel.h>
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include "cowbox/journal.h"
+#include "cowbox/overlay.h"
+
+enum ov_layer {
+	OV_UPPER = 0,
+	OV_BASE = 1,
+};
+
+#define OV_OPAQUE_XATTR	  "trusted.overlay.opaque"
+#define OV_PRIVATE_PREFIX "trusted.overlay."
+#define OV_TIMEOUT	  86400.0
+
+struct ov_inode;
+
+/* One name of an inode: the directory it is in and its name there. An inode has one name
+ * (directories, most files) or several (hard links); an unlinked, still-open inode has none. */
+struct ov_name {
+	struct ov_inode *parent;
+	char *name;
+	struct ov_name *next;
+};
+
+struct ov_inode {
+	struct ov_inode *hnext; /* identity hash chain */
+	struct ov_inode *all_prev, *all_next;
+	uint64_t nlookup;  /* kernel references; under tab_lock */
+	uint64_t refs;	   /* names of other inodes whose parent this is; under tab_lock */
+	_Atomic int layer; /* where the bytes live now: OV_UPPER or OV_BASE */
+	dev_t dev;	   /* identity in that layer (the hash key) */
+	ino_t rino;
+	ino_t st_ino; /* what stat reports: the origin's inode number, stable across copy-up */
+	mode_t type;  /* S_IFMT bits */
+	int merged;   /* directories: the base contributes entries here */
+	int hashed;   /* in the identity hash (it still has a name) */
+	int is_root;
+	int keep_fd; /* O_PATH fd of an unlinked but referenced inode, else -1 */
+	struct ov_name *names;
+	_Atomic uint64_t write_gen; /* turn generation whose content change is journaled */
+	_Atomic uint64_t meta_gen;  /* same for metadata changes */
+	pthread_mutex_t lock;	    /* serializes copy-up and fd upgrades of this inode */
+};
+
+struct ov_table {
+	struct ov_inode **buckets;
+	size_t nbuckets;
+	size_t count;
+	struct ov_inode *all; /* every inode, hashed or not */
+};
+
+struct cb_overlay {
+	int upper_fd; /* O_PATH|O_DIRECTORY roots of the layers; base_fd -1 if none */
+	int base_fd;
+	char upper_proc[64]; /* "/proc/self/fd/N" of the roots, for path-only calls (xattrs) */
+	char base_proc[64];
+	struct ov_inode *root;
+	struct ov_table tab;
+	pthread_mutex_t tab_lock; /* the identity hash, nlookup, refs */
+	pthread_rwlock_t ns_lock; /* names and parents: read to build paths, write to change */
+	mode_t umask;		  /* the process umask, so created files get their exact mode */
+	_Atomic uint64_t gen;	  /* turn generation; starts at 1 */
+	struct cb_db *db;
+	struct fuse_session *se;
+	char *mountpoint;
+	unsigned max_threads;
+	int mounted;
+	int debug;
+	pthread_t run_thread;
+	_Atomic int running;
+};
+
+/* An open file: the fd and the layer it was opened in (a read-only base fd is reopened in
+ * upper when the inode is copied up meanwhile). */
+struct ov_file {
+	int fd;
+	_Atomic int layer;
+	int flags;
+	struct ov_inode *inode;
+};
+
+/* inode.c: the table. All functions expect the caller to hold the locks named. */
+int ov_table_init(struct ov_table *t);
+struct ov_inode *ov_table_find(struct ov_table *t, dev_t dev, ino_t rino);
+void ov_table_insert(struct ov_table *t, struct ov_inode *in);
+void ov_table_remove(struct ov_table *t, struct ov_inode *in);
+struct ov_inode *ov_inode_new(int layer, const struct stat *st);
+int ov_inode_add_name(struct ov_inode *in, struct ov_inode *parent, const char *name);
+int ov_inode_has_name(const struct ov_inode *in, const struct ov_inode *parent, const char *name);
+int ov_inode_drop_name(struct ov_inode *in, const struct ov_inode *parent, const char *name);
+int ov_inode_rename_name(struct ov_inode *in, struct ov_inode *oldparent, const char *oldname,
+			 struct ov_inode *newparent, const char *newname);
+int ov_path(const struct ov_inode *in, const char *child, char *buf, size_t size);
+int ov_path_of_name(const struct ov_name *n, char *buf, size_t size);
+void ov_inode_release(struct ov_table *t, struct ov_inode *in);
+void ov_table_free_all(struct ov_table *t);
+void ov_table_track(struct ov_table *t, struct ov_inode *in);
+
+/* layer.c: whiteouts, opaque directories, existence in a layer. */
+int ov_is_whiteout(const struct stat *st);
+int ov_lstat(int rootfd, const char *path, struct stat *st);
+int ov_is_opaque(const char *proc_root, const char *path);
+int ov_set_opaque(const char *proc_root, const char *path);
+int ov_make_whiteout(int rootfd, const char *path);
+int ov_whiteout_replace(int rootfd, const char *path);
+int ov_clear_whiteouts(int rootfd, const char *path);
+int ov_name_is_private(const char *xattr_name);
+const char *ov_base_name(const char *path);
+
+/* copyup.c */
+int ov_copy_up(struct cb_overlay *ov, struct ov_inode *in, int with_data);
+int ov_copy_up_tree(struct cb_overlay *ov, struct ov_inode *dir);
+int ov_ensure_upper_dir(struct cb_overlay *ov, struct ov_inode *dir);
+
+/* ops_dir.c and rename.c */
+int ov_open_flags(int flags);
+void ov_locate(struct cb_overlay *ov, struct ov_inode *parent, const char *path, int *in_upper,
+	       struct stat *ust, int *in_base, struct stat *bst);
+int ov_dir_empty(struct cb_overlay *ov, const char *path, int in_upper, int merged);
+struct ov_inode *ov_known(struct cb_overlay *ov, int in_upper, const struct stat *ust,
+			  const struct stat *bst);
+void ov_name_gone(struct cb_overlay *ov, struct ov_inode *in, struct ov_inode *parent,
+		  const char *name, int keep_fd);
+int ov_keep_fd_for(struct cb_overlay *ov, struct ov_inode *in, const char *path);
+int ov_rename_locked(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *parent,
+		     const char *name, struct ov_inode *newparent, const char *newname,
+		     unsigned flags);
+
+/* journal.c */
+int ov_mark_path(struct cb_overlay *ov, fuse_req_t req, const char *path, enum cb_change_kind kind,
+		 int subtree);
+int ov_mark_inode(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *in,
+		  enum cb_change_kind kind);
+int ov_mark_child(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *parent, const char *name,
+		  enum cb_change_kind kind, int subtree);
+void ov_journal_sync(struct cb_overlay *ov);
+
+/* ops_*.c: the FUSE operations, filled into one table by mount.c. */
+struct ov_inode *ov_inode_get(struct cb_overlay *ov, fuse_ino_t ino);
+int ov_lookup_child(struct cb_overlay *ov, struct ov_inode *parent, const char *name,
+		    struct fuse_entry_param *e);
+void ov_forget_one(struct cb_overlay *ov, struct ov_inode *in, uint64_t n);
+int ov_stat_inode(struct cb_overlay *ov, struct ov_inode *in, struct stat *st);
+int ov_layer_fd(struct cb_overlay *ov, int layer);
+void ov_fill_ops_entry(struct fuse_lowlevel_ops *ops);
+void ov_fill_ops_dir(struct fuse_lowlevel_ops *ops);
+void ov_fill_ops_file(struct fuse_lowlevel_ops *ops);
+void ov_fill_ops_xattr(struct fuse_lowlevel_ops *ops);
+void ov_fill_ops_readdir(struct fuse_lowlevel_ops *ops);
+
+static inline struct cb_overlay *ov_of(fuse_req_t req)
+{
+	return (struct cb_overlay *)fuse_req_userdata(req);
+}
+
+#endif

@@ -1,0 +1,136 @@
+/* Unit tests for the overlay's inode table: identity hashing, names of hard-linked inodes,
+ * path building from parent pointers, renames and release of unreferenced inodes. */
+#include "config.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <string.h>
+
+#include "ov.h"
+
+static struct ov_inode *mk(struct ov_table *t, ino_t ino, mode_t type, struct ov_inode *parent,
+			   const char *name)
+{
+	struct stat st = {.st_dev = 7, .st_ino = ino, .st_mode = type};
+	struct ov_inode *in = ov_inode_new(OV_UPPER, &st);
+
+	cr_assert_not_null(in);
+	if (parent)
+		cr_assert_eq(ov_inode_add_name(in, parent, name), 0);
+	ov_table_insert(t, in);
+	ov_table_track(t, in);
+	return in;
+}
+
+Test(inode, paths_follow_parents)
+{
+	struct ov_table t;
+	struct ov_inode *root, *a, *b, *f;
+	char buf[PATH_MAX];
+
+	cr_assert_eq(ov_table_init(&t), 0);
+	root = mk(&t, 2, S_IFDIR, NULL, NULL);
+	root->is_root = 1;
+	root->nlookup = 1;
+	a = mk(&t, 10, S_IFDIR, root, "a");
+	b = mk(&t, 11, S_IFDIR, a, "b");
+	f = mk(&t, 12, S_IFREG, b, "file.txt");
+	cr_assert_eq(ov_path(root, NULL, buf, sizeof(buf)), 1);
+	cr_assert_str_eq(buf, ".");
+	cr_assert_eq(ov_path(root, "x", buf, sizeof(buf)), 1);
+	cr_assert_str_eq(buf, "x");
+	cr_assert_eq(ov_path(f, NULL, buf, sizeof(buf)), (int)strlen("a/b/file.txt"));
+	cr_assert_str_eq(buf, "a/b/file.txt");
+	cr_assert_eq(ov_path(b, "new", buf, sizeof(buf)), 7);
+	cr_assert_str_eq(buf, "a/b/new");
+	cr_assert_eq(ov_path(f, NULL, buf, 5), -ENAMETOOLONG);
+	/* moving a directory moves every path under it */
+	cr_assert_eq(ov_inode_rename_name(b, a, "b", root, "c"), 0);
+	cr_assert_eq(ov_path(f, NULL, buf, sizeof(buf)), 10);
+	cr_assert_str_eq(buf, "c/file.txt");
+	cr_assert_eq(a->refs, 0);
+	cr_assert_eq(root->refs, 2);
+	ov_table_free_all(&t);
+}
+
+Test(inode, hard_links_keep_every_name)
+{
+	struct ov_table t;
+	struct ov_inode *root, *d, *f;
+	char buf[PATH_MAX];
+
+	cr_assert_eq(ov_table_init(&t), 0);
+	root = mk(&t, 2, S_IFDIR, NULL, NULL);
+	root->is_root = 1;
+	d = mk(&t, 3, S_IFDIR, root, "d");
+	f = mk(&t, 4, S_IFREG, root, "one");
+	cr_assert_eq(ov_inode_add_name(f, d, "two"), 0);
+	cr_assert(ov_inode_has_name(f, d, "two"));
+	cr_assert(ov_inode_has_name(f, root, "one"));
+	cr_assert_not(ov_inode_has_name(f, d, "one"));
+	cr_assert_eq(ov_path_of_name(f->names->next, buf, sizeof(buf)), 5);
+	cr_assert_str_eq(buf, "d/two");
+	/* dropping the first name: paths now use the other one */
+	cr_assert_eq(ov_inode_drop_name(f, root, "one"), 0);
+	cr_assert_eq(ov_inode_drop_name(f, root, "one"), -ENOENT);
+	cr_assert_eq(ov_path(f, NULL, buf, sizeof(buf)), 5);
+	cr_assert_str_eq(buf, "d/two");
+	cr_assert_eq(d->refs, 1);
+	ov_table_free_all(&t);
+}
+
+Test(inode, identity_hash_survives_growth)
+{
+	struct ov_table t;
+	struct ov_inode *root;
+	ino_t i;
+
+	cr_assert_eq(ov_table_init(&t), 0);
+	root = mk(&t, 1, S_IFDIR, NULL, NULL);
+	root->is_root = 1;
+	for (i = 100; i < 5100; i++)
+		mk(&t, i, S_IFREG, root, "n");
+	cr_assert_eq(t.count, 5001);
+	for (i = 100; i < 5100; i++) {
+		struct ov_inode *in = ov_table_find(&t, 7, i);
+		cr_assert_not_null(in);
+		cr_assert_eq(in->rino, i);
+	}
+	cr_assert_null(ov_table_find(&t, 8, 100));
+	cr_assert_null(ov_table_find(&t, 7, 99));
+	ov_table_remove(&t, ov_table_find(&t, 7, 200));
+	cr_assert_null(ov_table_find(&t, 7, 200));
+	ov_table_free_all(&t);
+}
+
+Test(inode, release_frees_unreferenced_chains)
+{
+	struct ov_table t;
+	struct ov_inode *root, *a, *b, *f;
+
+	cr_assert_eq(ov_table_init(&t), 0);
+	root = mk(&t, 2, S_IFDIR, NULL, NULL);
+	root->is_root = 1;
+	root->nlookup = 1;
+	a = mk(&t, 10, S_IFDIR, root, "a");
+	b = mk(&t, 11, S_IFDIR, a, "b");
+	f = mk(&t, 12, S_IFREG, b, "f");
+	a->nlookup = b->nlookup = f->nlookup = 1;
+	/* a directory the kernel forgot stays while a child still names it */
+	a->nlookup = 0;
+	ov_inode_release(&t, a);
+	cr_assert_not_null(ov_table_find(&t, 7, 10));
+	b->nlookup = 0;
+	ov_inode_release(&t, b);
+	cr_assert_not_null(ov_table_find(&t, 7, 11));
+	/* the leaf goes, and takes its now unreferenced parents with it */
+	f->nlookup = 0;
+	ov_inode_release(&t, f);
+	cr_assert_null(ov_table_find(&t, 7, 12));
+	cr_assert_null(ov_table_find(&t, 7, 11));
+	cr_assert_null(ov_table_find(&t, 7, 10));
+	cr_assert_not_null(ov_table_find(&t, 7, 2));
+	cr_assert_eq(root->refs, 0);
+	cr_assert_eq(t.count, 1);
+	ov_table_free_all(&t);
+}

@@ -1,0 +1,248 @@
+"""Shared helpers for cowbox's integration tests: a private COWBOX_HOME per test, running the
+built binary, waiting for mounts, talking to a daemon, and cleaning up every mount and daemon."""
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import unittest
+
+COWBOX = os.environ.get("COWBOX", "cowbox")
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper():
+    # The daemons `cowbox mount` starts outlive the CLI; as a subreaper this test process
+    # inherits them and can reap them, since PID 1 on these machines reaps nothing.
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except OSError:
+        pass
+
+
+_become_subreaper()
+
+
+def reap_children():
+    """Collect every exited child (including adopted daemons) so none stays a zombie."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def wait_for(cond, timeout=20.0, interval=0.02, what="condition"):
+    """Poll cond() until it returns a true value (returned) or fail after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out after %.1fs waiting for %s" % (timeout, what))
+        time.sleep(interval)
+
+
+def _unescape(field):
+    out, i = "", 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1:i + 4].isdigit():
+            out += chr(int(field[i + 1:i + 4], 8))
+            i += 4
+        else:
+            out += field[i]
+            i += 1
+    return out
+
+
+def fuse_mounts():
+    """Mount points of every FUSE mount visible here (live or dead)."""
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            if right.split(" ")[0].startswith("fuse"):
+                found.append(_unescape(left.split(" ")[4]))
+    return found
+
+
+def is_fuse_mount(path):
+    return os.path.abspath(path) in fuse_mounts()
+
+
+def pid_alive(pid):
+    """True if pid runs and is not a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    if state == "Z":
+        reap_children()
+        return False
+    return True
+
+
+def fd_count(pid):
+    return len(os.listdir("/proc/%d/fd" % pid))
+
+
+class Client:
+    """A raw control-protocol connection: JSON lines over the workspace's control.sock."""
+
+    def __init__(self, sock_path, timeout=10.0):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        # Long temporary paths do not fit sun_path; go through the directory's fd.
+        dfd = os.open(os.path.dirname(sock_path), os.O_PATH)
+        try:
+            self.sock.connect("/proc/self/fd/%d/%s" % (dfd, os.path.basename(sock_path)))
+        finally:
+            os.close(dfd)
+        self.buf = b""
+        self.next_id = 0
+        self.hello = self.recv()
+
+    def send_raw(self, data):
+        self.sock.sendall(data)
+
+    def send(self, msg):
+        self.send_raw(json.dumps(msg).encode() + b"\n")
+
+    def recv(self):
+        while b"\n" not in self.buf:
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                raise ConnectionError("daemon closed the connection")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def request(self, op, **args):
+        """Send {"id":N,"op":op,...} and return the final reply (stream frames skipped)."""
+        self.next_id += 1
+        msg = dict(args, id=self.next_id, op=op)
+        self.send(msg)
+        while True:
+            reply = self.recv()
+            if reply.get("id") == self.next_id and "stream" not in reply:
+                return reply
+
+    def close(self):
+        self.sock.close()
+
+
+class CowboxTestCase(unittest.TestCase):
+    """Each test gets its own COWBOX_HOME under a temporary directory; tearDown stops every
+    daemon, detaches every FUSE mount under it and deletes it, also when the test failed."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="cbtest-")
+        self.home = os.path.join(self.tmp, "home")
+        self.env = dict(os.environ, COWBOX_HOME=self.home)
+        self.addCleanup(self._cleanup)
+
+    def _cleanup(self):
+        wsroot = os.path.join(self.home, "workspaces")
+        pids = []
+        if os.path.isdir(wsroot):
+            for ref in os.listdir(wsroot):
+                pid = self.daemon_pid(ref)
+                if pid:
+                    pids.append(pid)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        for pid in pids:
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+                wait_for(lambda: not pid_alive(pid), 10, what="daemon %d to die" % pid)
+        for mnt in fuse_mounts():
+            if mnt.startswith(self.tmp):
+                subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
+        reap_children()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # --- running the binary ---
+
+    def cowbox(self, *args, check=True, timeout=60, input=None):
+        """Run cowbox with this test's COWBOX_HOME; fail the test on a non-zero exit when
+        check is set. Returns the CompletedProcess (text mode)."""
+        proc = subprocess.run([COWBOX] + [str(a) for a in args], env=self.env,
+                              capture_output=True, text=True, timeout=timeout, input=input)
+        if check and proc.returncode != 0:
+            self.fail("cowbox %s exited %d\nstdout: %s\nstderr: %s" % (
+                " ".join(map(str, args)), proc.returncode, proc.stdout, proc.stderr))
+        return proc
+
+    def cowbox_json(self, *args):
+        return json.loads(self.cowbox(*(args + ("--json",))).stdout)
+
+    def assert_fails(self, args, pattern, status=1):
+        """cowbox ARGS must exit with status and say pattern (a substring) on stderr."""
+        proc = self.cowbox(*args, check=False)
+        self.assertEqual(proc.returncode, status, "stdout: %s stderr: %s" % (proc.stdout,
+                                                                             proc.stderr))
+        self.assertIn(pattern, proc.stderr)
+        return proc
+
+    # --- workspaces ---
+
+    def make_base(self, files=None):
+        """A base directory with files {relative path: text}; returns its path."""
+        base = tempfile.mkdtemp(prefix="base-", dir=self.tmp)
+        for rel, text in (files or {}).items():
+            path = os.path.join(base, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+        return base
+
+    def create(self, base=None, name=None):
+        args = ["create"]
+        if base:
+            args += ["--base", base]
+        if name:
+            args += ["--name", name]
+        return self.cowbox(*args).stdout.strip()
+
+    def ws_dir(self, ref):
+        return os.path.join(self.home, "workspaces", ref)
+
+    def mountpoint(self, ref):
+        return os.path.join(os.path.realpath(self.ws_dir(ref)), "mnt")
+
+    def mount(self, ref, *extra):
+        """cowbox mount REF; returns the daemon pid once the mount is there."""
+        info = json.loads(self.cowbox("mount", ref, *extra, "--json").stdout)
+        self.assertTrue(is_fuse_mount(info["mountpoint"]), info)
+        return info["pid"]
+
+    def daemon_pid(self, ref):
+        """The pid written in the workspace's lock file if that process is alive, else 0."""
+        try:
+            with open(os.path.join(self.ws_dir(ref), "lock")) as f:
+                pid = int(f.readline().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+        return pid if pid and pid_alive(pid) else 0
+
+    def client(self, ref):
+        return Client(os.path.join(self.ws_dir(ref), "control.sock"))
+
+    def log(self, ref, *args):
+        return self.cowbox_json("log", ref, *args)

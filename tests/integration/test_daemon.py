@@ -1,0 +1,186 @@
+"""The workspace daemon: its control protocol (hello, ops, malformed input), no fd leaks over
+many clients, close, and recovery after a kill -9 with every answered change journaled."""
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+import unittest
+
+from cbtest import CowboxTestCase, fd_count, is_fuse_mount, pid_alive, wait_for
+
+
+class TestProtocol(CowboxTestCase):
+    def setUp(self):
+        super().setUp()
+        self.ref = self.create(name="proto")
+        self.pid = self.mount(self.ref)
+
+    def test_hello_and_core_ops(self):
+        c = self.client(self.ref)
+        self.assertEqual(c.hello, {"hello": "cowbox", "protocol": 1, "ref": self.ref,
+                                   "pid": self.pid})
+        self.assertEqual(c.request("ping"), {"id": 1, "ok": True})
+        hello = c.request("hello")
+        self.assertEqual((hello["ref"], hello["pid"]), (self.ref, self.pid))
+        info = c.request("info")
+        self.assertEqual(info["mountpoint"], self.mountpoint(self.ref))
+        self.assertEqual((info["name"], info["base"], info["turn"]), ("proto", None, 1))
+        # String ids are echoed as given.
+        c.send({"id": "abc", "op": "ping"})
+        self.assertEqual(c.recv(), {"id": "abc", "ok": True})
+        c.close()
+
+    def test_malformed_input_is_answered_and_serving_goes_on(self):
+        c = self.client(self.ref)
+        bad = [
+            b"{not json\n",
+            b"[1,2,3]\n",
+            b'{"op":"ping"}\n',
+            b'{"id":1.5,"op":"ping"}\n',
+            b'{"id":7,"op":5}\n',
+            b'{"id":8,"op":"no_such_op"}\n',
+            b'{"id":9}\n',
+        ]
+        for line in bad:
+            with self.subTest(line=line):
+                c.send_raw(line)
+                reply = c.recv()
+                self.assertEqual(reply["error"]["code"], "invalid_request", reply)
+                self.assertTrue(reply["error"]["message"])
+        self.assertIn("unknown op 'no_such_op'", json.dumps(c.request("no_such_op")))
+        # A line over 16 MiB is refused once; the rest of it is skipped, not parsed.
+        chunk = b"x" * (1 << 20)
+        c.send_raw(b'{"id":10,"op":"ping","pad":"')
+        for _ in range(17):
+            c.send_raw(chunk)
+        c.send_raw(b'"}\n')
+        reply = c.recv()
+        self.assertEqual(reply["error"]["code"], "invalid_request")
+        self.assertIn("longer than", reply["error"]["message"])
+        self.assertEqual(c.request("ping")["ok"], True)
+        c.close()
+        # A client that hangs up mid-line hurts nobody.
+        s = socket.socket(socket.AF_UNIX)
+        dfd = os.open(self.ws_dir(self.ref), os.O_PATH)
+        s.connect("/proc/self/fd/%d/control.sock" % dfd)
+        os.close(dfd)
+        s.sendall(b'{"id":1,"op":"pi')
+        s.close()
+        self.assertEqual(self.client(self.ref).request("ping")["ok"], True)
+        self.assertTrue(pid_alive(self.pid))
+
+    def test_no_fd_leak_over_many_connections(self):
+        warm = self.client(self.ref)
+        warm.request("ping")
+        warm.close()
+        time.sleep(0.2)
+        before = fd_count(self.pid)
+        for i in range(200):
+            c = self.client(self.ref)
+            if i % 2:
+                c.request("info")
+            c.close()
+        # Readers notice the hang-up asynchronously; give them a moment.
+        wait_for(lambda: fd_count(self.pid) <= before, 10,
+                 what="daemon fds back to %d (now %d)" % (before, fd_count(self.pid)))
+        clients = [self.client(self.ref) for _ in range(20)]
+        for c in clients:
+            self.assertTrue(c.request("ping")["ok"])
+        self.assertGreaterEqual(fd_count(self.pid), before + 20)
+        for c in clients:
+            c.close()
+        wait_for(lambda: fd_count(self.pid) <= before, 10, what="fds after 20 parallel")
+
+    def test_close_unmounts_and_exits_keeping_the_disk(self):
+        mnt = self.mountpoint(self.ref)
+        with open(os.path.join(mnt, "kept"), "w") as f:
+            f.write("kept\n")
+        c = self.client(self.ref)
+        self.assertEqual(c.request("close"), {"id": 1, "ok": True})
+        wait_for(lambda: not pid_alive(self.pid), 20, what="daemon exit")
+        self.assertFalse(is_fuse_mount(mnt))
+        self.assertEqual(self.cowbox_json("info", self.ref)["state"], "unmounted")
+        self.mount(self.ref)
+        with open(os.path.join(mnt, "kept")) as f:
+            self.assertEqual(f.read(), "kept\n")
+
+    def test_sigterm_stops_cleanly(self):
+        os.kill(self.pid, signal.SIGTERM)
+        wait_for(lambda: not pid_alive(self.pid), 20, what="daemon exit")
+        self.assertFalse(is_fuse_mount(self.mountpoint(self.ref)))
+        self.assertFalse(os.path.exists(os.path.join(self.ws_dir(self.ref), "control.sock")))
+        with open(os.path.join(self.ws_dir(self.ref), "daemon.log")) as f:
+            log = f.read()
+        self.assertIn("ready", log)
+        self.assertIn("stopped", log)
+
+
+class TestCrash(CowboxTestCase):
+    def test_kill9_mid_workload_then_mount_recovers(self):
+        base = self.make_base({"base/%03d.txt" % i: "base %d\n" % i for i in range(50)})
+        ref = self.create(base=base)
+        pid = self.mount(ref)
+        mnt = self.mountpoint(ref)
+        answered = []
+        stop = threading.Event()
+
+        def writer(tag):
+            # Each path is appended to answered only once the kernel answered the create
+            # and the close: those changes must be in the journal after the crash.
+            i = 0
+            while not stop.is_set():
+                rel = "w%s/%05d" % (tag, i)
+                try:
+                    if i == 0:
+                        os.mkdir(os.path.join(mnt, "w" + tag))
+                        answered.append("w" + tag)
+                        continue
+                    with open(os.path.join(mnt, rel), "w") as f:
+                        f.write("data %d\n" % i)
+                    answered.append(rel)
+                    if i % 10 == 0:
+                        b = "base/%03d.txt" % (i // 10 % 50)
+                        with open(os.path.join(mnt, b), "a") as f:
+                            f.write("more\n")
+                        answered.append(b)
+                except OSError:
+                    return
+                finally:
+                    i += 1
+
+        threads = [threading.Thread(target=writer, args=(str(t),)) for t in range(3)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: len(answered) > 300, 30, what="writes through the mount")
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(pid), 10, what="daemon to die")
+        stop.set()
+        for t in threads:
+            t.join(30)
+        self.assertEqual(self.cowbox_json("info", ref)["state"], "stale")
+        self.assertTrue(os.path.exists(os.path.join(self.ws_dir(ref), "control.sock")))
+
+        new_pid = self.mount(ref)
+        self.assertNotEqual(new_pid, pid)
+        with open(os.path.join(self.ws_dir(ref), "daemon.log")) as f:
+            log = f.read()
+        self.assertIn("left behind by a daemon that died", log)
+        self.assertIn("stale control socket", log)
+        journaled = {r["path"] for r in self.log(ref)}
+        missing = [p for p in answered if p not in journaled]
+        self.assertEqual(missing, [], "%d of %d answered changes not journaled" % (
+            len(missing), len(answered)))
+        for p in answered[:50]:
+            if p.startswith("w") and "/" in p:
+                self.assertTrue(os.path.exists(os.path.join(mnt, p)), p)
+        for i in range(50):
+            with open(os.path.join(base, "base/%03d.txt" % i)) as f:
+                self.assertEqual(f.read(), "base %d\n" % i)
+        self.assertEqual(self.client(ref).request("ping")["ok"], True)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -23,10 +23,13 @@ int cli_getopt(int argc, char **argv, const char *shortopts, const struct option
 	all[n++] = (struct option){"help", no_argument, NULL, 'h'};
 	all[n] = (struct option){NULL, 0, NULL, 0};
 	for (;;) {
-		/* "+" stops at the first operand so that "exec REF -- cmd -x" keeps -x. */
+		/* Options may follow operands, unless shortopts starts with '+': then parsing
+		 * stops at the first operand, so that "exec REF cmd -x" leaves -x to cmd. */
+		const char *own_spec = shortopts ? shortopts : "";
+		int stop = own_spec[0] == '+';
 		char spec[64];
 
-		snprintf(spec, sizeof(spec), "+:h%s", shortopts ? shortopts : "");
+		snprintf(spec, sizeof(spec), "%s:h%s", stop ? "+" : "", own_spec + stop);
 		c = getopt_long(argc, argv, spec, all, NULL);
 		if (c == 0x1001) {
 			common->json = 1;

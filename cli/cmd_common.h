@@ -18,8 +18,9 @@ struct cli_common {
 };
 
 /* getopt_long over argv with the command's own options plus --json and --help (own may be
- * NULL). own options return their val; unknown ones print the usage on stderr and return
- * -1 with *status = CLI_USAGE. Call until it returns 0 (done) or -1 (stop with *status). */
+ * NULL); a shortopts starting with '+' stops at the first operand. own options return their val;
+ * unknown ones print the usage on stderr and return -1 with *status = CLI_USAGE. Call until it
+ * returns 0 (done) or -1 (stop with *status). */
 int cli_getopt(int argc, char **argv, const char *shortopts, const struct option *own,
 	       struct cli_common *common, const char *usage, int *status);
 

@@ -297,7 +297,8 @@ int cb_ws_list(int (*fn)(const struct cb_ws_info *info, void *arg), void *arg)
 		}
 		n++;
 	}
-	qsort(refs, n, sizeof(*refs), ref_cmp);
+	if (n)
+		qsort(refs, n, sizeof(*refs), ref_cmp);
 	for (size_t i = 0; i < n && !rc; i++) {
 		struct cb_ws_info info;
 

@@ -93,22 +93,24 @@ out:
 	return rc;
 }
 
-/* A FUSE mount at path whose daemon is gone answers ENOTCONN; only that one is ours to clear.
- * A live mount there belongs to someone else. */
-static int daemon_clear_mountpoint(const char *path)
+/* We hold the workspace lock, so a mount of this workspace (source "cowbox:<ref>") at path is
+ * a dead daemon's and ours to clear. stat cannot tell: the kernel answers it from cache even
+ * after the connection died. A mount of anything else there is refused. */
+static int daemon_clear_mountpoint(const struct cb_daemon *d, const char *path)
 {
+	char source[512], ours[64];
 	struct stat st;
 
-	if (!cb_ws_is_fuse_mount(path)) {
+	if (!cb_ws_fuse_mount_source(path, source, sizeof(source))) {
 		if (stat(path, &st) < 0)
 			return cb_error_set(errno, "mount point %s: %s", path, strerror(errno));
 		if (!S_ISDIR(st.st_mode))
 			return cb_error_set(ENOTDIR, "mount point %s: not a directory", path);
 		return 0;
 	}
-	if (stat(path, &st) == 0)
-		return cb_error_set(
-		    EBUSY, "mount point %s: another FUSE filesystem is mounted there", path);
+	snprintf(ours, sizeof(ours), "cowbox:%s", d->ref);
+	if (strcmp(source, ours))
+		return cb_error_set(EBUSY, "mount point %s: %s is mounted there", path, source);
 	daemon_log("unmounting %s, left behind by a daemon that died", path);
 	return cb_ws_unmount(path);
 }
@@ -315,8 +317,8 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	sigaddset(&daemon_signals, SIGPIPE);
 	pthread_sigmask(SIG_BLOCK, &daemon_signals, &old_mask);
 	if (old_mnt && strcmp(old_mnt, d.mountpoint) && cb_ws_is_fuse_mount(old_mnt))
-		daemon_clear_mountpoint(old_mnt);
-	if ((rc = daemon_clear_mountpoint(d.mountpoint)) || (rc = daemon_write_lock(&d)))
+		daemon_clear_mountpoint(&d, old_mnt);
+	if ((rc = daemon_clear_mountpoint(&d, d.mountpoint)) || (rc = daemon_write_lock(&d)))
 		goto out;
 	if ((rc = cb_daemon_reaper_start()) || (rc = cb_db_open(d.db_path, &d.db)))
 		goto out;

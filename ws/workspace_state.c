@@ -67,7 +67,7 @@ static void unescape_octal(char *s)
 	*w = '\0';
 }
 
-int cb_ws_is_fuse_mount(const char *path)
+int cb_ws_fuse_mount_source(const char *path, char *source, size_t size)
 {
 	FILE *f = fopen("/proc/self/mountinfo", "re");
 	char *line = NULL;
@@ -78,17 +78,26 @@ int cb_ws_is_fuse_mount(const char *path)
 		return 0;
 	while (!found && getline(&line, &cap, f) > 0) {
 		char mnt[4096], *sep = strstr(line, " - ");
-		char fstype[64];
+		char fstype[64], src[512];
 
 		if (!sep || sscanf(line, "%*s %*s %*s %*s %4095s", mnt) != 1 ||
-		    sscanf(sep + 3, "%63s", fstype) != 1)
+		    sscanf(sep + 3, "%63s %511s", fstype, src) != 2)
 			continue;
 		unescape_octal(mnt);
 		found = !strcmp(mnt, path) && !strncmp(fstype, "fuse", 4);
+		if (found && source) {
+			unescape_octal(src);
+			snprintf(source, size, "%s", src);
+		}
 	}
 	free(line);
 	fclose(f);
 	return found;
+}
+
+int cb_ws_is_fuse_mount(const char *path)
+{
+	return cb_ws_fuse_mount_source(path, NULL, 0);
 }
 
 int cb_ws_unmount(const char *path)

@@ -69,6 +69,10 @@ int cb_ws_daemon(const char *ref, pid_t *pid, char **mountpoint);
 /* 1 if path is the mount point of a FUSE mount (alive or dead) in this mount namespace. */
 int cb_ws_is_fuse_mount(const char *path);
 
+/* Like cb_ws_is_fuse_mount, and copies the mount's source (the fsname, "cowbox:<ref>" for a
+ * workspace) into source. */
+int cb_ws_fuse_mount_source(const char *path, char *source, size_t size);
+
 /* Detach a FUSE mount left behind by a dead daemon (umount2 MNT_DETACH as root, else
  * fusermount3 -u -z); 0 if nothing was mounted there. */
 int cb_ws_unmount(const char *path);

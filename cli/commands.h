@@ -27,5 +27,11 @@ int cmd_exec(int argc, char **argv);
 int cmd_shell(int argc, char **argv);
 
 /* Turns (cli/cmd_turns.c). */
+int cmd_snapshot(int argc, char **argv);
+int cmd_diff(int argc, char **argv);
+int cmd_rollback(int argc, char **argv);
+int cmd_turns(int argc, char **argv);
+int cmd_prune(int argc, char **argv);
+int cmd_fork(int argc, char **argv);
 
 #endif

@@ -5,3 +5,4 @@ cowbox_SOURCES = cli/main.c cli/commands.h
 cowbox_SOURCES += cli/cmd_common.h cli/cmd_common.c cli/cmd_workspace.c cli/cmd_mount.c
 cowbox_SOURCES += cli/cmd_exec.c
 cowbox_LDADD = libcowbox.la $(DEPS_LIBS)
+cowbox_SOURCES += cli/cmd_turns.c

@@ -22,6 +22,12 @@ const struct cli_command cli_commands[] = {
     {"exec", cmd_exec, "run a command in a workspace, isolated (namespace sandbox)"},
     {"shell", cmd_shell, "an interactive shell in a workspace's sandbox"},
     /* turns */
+    {"snapshot", cmd_snapshot, "record a turn; print every file's SHA-256"},
+    {"diff", cmd_diff, "what changed between two turns, or a turn and now"},
+    {"rollback", cmd_rollback, "make the live workspace what it was at a turn"},
+    {"turns", cmd_turns, "list a workspace's turns and blob store size"},
+    {"prune", cmd_prune, "drop old turns and the blobs only they needed"},
+    {"fork", cmd_fork, "a new workspace starting at a turn of another"},
     {NULL, NULL, NULL},
 };
 

@@ -312,6 +312,11 @@ int ws_turn_check(struct cb_turns *t, long long turn)
 	return 0;
 }
 
+int cb_ws_turn_check(struct cb_turns *t, long long turn)
+{
+	return ws_turn_check(t, turn);
+}
+
 int ws_entry_at(struct cb_turns *t, const char *path, long long turn, struct cb_entry *out)
 {
 	int ret;

@@ -221,6 +221,9 @@ int cb_ws_snapshot(struct cb_turns *t, long long turn, const struct cb_dirty *di
 /* Call fn for every entry of the latest turn's map, sorted (building the map if needed). */
 int cb_ws_map_list(struct cb_turns *t, int (*fn)(const struct cb_entry *, void *), void *arg);
 
+/* 0 if turn can be read (recorded, or 0 = the base), else -ENOENT saying why (pruned...). */
+int cb_ws_turn_check(struct cb_turns *t, long long turn);
+
 /* The entry of path at turn (0 = the base). */
 int cb_ws_entry_at(struct cb_turns *t, const char *path, long long turn, struct cb_entry *out);
 

@@ -1,0 +1,459 @@
+/* The turn commands: snapshot, diff, rollback, prune, fork and turns. Each sends one op to
+ * the workspace's daemon (starting it on first use) and prints the reply. */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cmd_common.h"
+#include "commands.h"
+#include "cowbox/client.h"
+#include "cowbox/error.h"
+#include "cowbox/workspace.h"
+
+/* Send req (consumed) to the daemon of ref_arg and wait for its reply. */
+static int turns_request(const char *cmd, const char *ref_arg, json_t *req, json_t **reply)
+{
+	char ref[CB_WS_REF_LEN + 1];
+	struct cb_client *c = NULL;
+	int rc;
+
+	*reply = NULL;
+	if ((rc = cb_ws_resolve(ref_arg, ref)) || (rc = cb_daemon_ensure(ref, NULL, 30000, NULL)) ||
+	    (rc = cb_daemon_connect(ref, &c))) {
+		json_decref(req);
+		cb_client_close(c);
+		return cli_fail(cmd, NULL);
+	}
+	rc = cb_client_request(c, req, -1, reply);
+	cb_client_close(c);
+	return rc ? cli_fail(cmd, NULL) : CLI_OK;
+}
+
+static int parse_turn(const char *s, long long *out)
+{
+	char *end;
+
+	errno = 0;
+	*out = strtoll(s, &end, 10);
+	return errno || end == s || *end || *out < 0 ? -1 : 0;
+}
+
+static int key_cmp(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* What `sha256sum` prints for a name: names with \, newline or CR get a leading backslash on
+ * the line and those bytes escaped (coreutils 9). */
+static void print_sha256sum(const char *hash, const char *name)
+{
+	int esc = strpbrk(name, "\\\n\r") != NULL;
+
+	printf("%s%s  ", esc ? "\\" : "", hash);
+	for (const char *p = name; *p; p++) {
+		if (esc && *p == '\\')
+			fputs("\\\\", stdout);
+		else if (esc && *p == '\n')
+			fputs("\\n", stdout);
+		else if (esc && *p == '\r')
+			fputs("\\r", stdout);
+		else
+			putchar(*p);
+	}
+	putchar('\n');
+}
+
+static void print_files(json_t *files, int sha256sum)
+{
+	size_t n = json_object_size(files), i = 0;
+	const char **keys = calloc(n ? n : 1, sizeof(*keys));
+	const char *k;
+	json_t *v;
+
+	if (!keys)
+		return;
+	json_object_foreach(files, k, v) keys[i++] = k;
+	qsort(keys, n, sizeof(*keys), key_cmp);
+	for (i = 0; i < n; i++) {
+		const char *h = json_string_value(json_object_get(files, keys[i]));
+
+		if (sha256sum)
+			print_sha256sum(h, keys[i]);
+		else
+			printf("%s  %s\n", keys[i], h);
+	}
+	free(keys);
+}
+
+static const char *short_hash(json_t *e)
+{
+	const char *h = json_string_value(json_object_get(e, "sha256"));
+	const char *target = json_string_value(json_object_get(e, "target"));
+
+	return h ? h : target ? target : "-";
+}
+
+static void print_event(json_t *ev)
+{
+	json_t *old = json_object_get(ev, "old"), *new = json_object_get(ev, "new");
+	const char *kind = json_string_value(json_object_get(ev, "event"));
+	const char *comm = json_string_value(json_object_get(ev, "comm"));
+	json_t *shown =
+	    strcmp(json_string_value(json_object_get(new, "type")), "absent") ? new : old;
+
+	printf("%-12s %-7s %s", kind, json_string_value(json_object_get(shown, "type")),
+	       json_string_value(json_object_get(ev, "path")));
+	if (!strcmp(kind, "modified") || !strcmp(kind, "type_changed"))
+		printf("  %.12s -> %.12s", short_hash(old), short_hash(new));
+	else if (!strcmp(kind, "created"))
+		printf("  %.12s", short_hash(new));
+	if (!strcmp(kind, "mode_changed") || !strcmp(kind, "modified"))
+		printf("  mode %04llo -> %04llo",
+		       (unsigned long long)json_integer_value(json_object_get(old, "mode")),
+		       (unsigned long long)json_integer_value(json_object_get(new, "mode")));
+	if (json_integer_value(json_object_get(ev, "pid")))
+		printf("  (pid %lld %s)", (long long)json_integer_value(json_object_get(ev, "pid")),
+		       comm ? comm : "?");
+	putchar('\n');
+}
+
+static const char snapshot_usage[] =
+    "usage: cowbox snapshot REF [--label TEXT] [--json | --format sha256sum] [--changes]\n"
+    "Record a new turn and print every regular file's path and SHA-256 (only what changed\n"
+    "since the previous turn with --changes). --format sha256sum prints exactly what\n"
+    "sha256sum prints at the mount root, so `sha256sum -c` verifies it there.\n";
+
+int cmd_snapshot(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"label", required_argument, NULL, 'l'},
+	    {"format", required_argument, NULL, 'f'},
+	    {"changes", no_argument, NULL, 'c'},
+	    {NULL, 0, NULL, 0},
+	};
+	struct cli_common common = {0};
+	const char *label = NULL;
+	int c, status, changes = 0, sha256sum = 0;
+	json_t *reply;
+
+	while ((c = cli_getopt(argc, argv, "l:f:c", opts, &common, snapshot_usage, &status)) > 0) {
+		if (c == 'l')
+			label = optarg;
+		else if (c == 'c')
+			changes = 1;
+		else if (!strcmp(optarg, "sha256sum"))
+			sha256sum = 1;
+		else
+			return cli_usage_error(snapshot_usage, "unknown --format '%s'", optarg);
+	}
+	if (c < 0)
+		return status;
+	if (optind + 1 != argc)
+		return cli_usage_error(snapshot_usage, "snapshot takes one workspace ref or name");
+	if (sha256sum && (common.json || changes))
+		return cli_usage_error(snapshot_usage,
+				       "--format sha256sum goes with neither --json nor --changes");
+	status = turns_request("snapshot", argv[optind],
+			       json_pack("{s:s, s:s?, s:b, s:b}", "op", "snapshot", "label", label,
+					 "changes", changes, "files", !changes),
+			       &reply);
+	if (status)
+		return status;
+	if (common.json) {
+		json_t *out = json_pack("{s:O}", "turn", json_object_get(reply, "turn"));
+
+		json_object_set(out, changes ? "changes" : "files",
+				json_object_get(reply, changes ? "changes" : "files"));
+		json_decref(reply);
+		return cli_print_json(out);
+	}
+	if (!sha256sum)
+		printf("turn %lld\n",
+		       (long long)json_integer_value(json_object_get(reply, "turn")));
+	if (changes) {
+		size_t i;
+		json_t *ev;
+
+		json_array_foreach(json_object_get(reply, "changes"), i, ev) print_event(ev);
+	} else {
+		print_files(json_object_get(reply, "files"), sha256sum);
+	}
+	json_decref(reply);
+	return CLI_OK;
+}
+
+/* A NUL in the first 8000 bytes makes a file binary (what diff and git decide by). */
+static int is_binary(const char *path)
+{
+	char buf[8000];
+	size_t n;
+	FILE *f;
+
+	if (!path)
+		return 0;
+	f = fopen(path, "rb");
+	if (!f)
+		return 0;
+	n = fread(buf, 1, sizeof(buf), f);
+	fclose(f);
+	return memchr(buf, 0, n) != NULL;
+}
+
+/* Unified diff of one file event through diff(1); binary files are named only. */
+static int print_patch(json_t *ev)
+{
+	const char *path = json_string_value(json_object_get(ev, "path"));
+	const char *a = json_string_value(json_object_get(ev, "old_src"));
+	const char *b = json_string_value(json_object_get(ev, "new_src"));
+	char la[4200], lb[4200];
+	pid_t pid;
+	int st;
+
+	if (!a && !b)
+		return 0;
+	snprintf(la, sizeof(la), "a/%s", path);
+	snprintf(lb, sizeof(lb), "b/%s", path);
+	if (is_binary(a) || is_binary(b)) {
+		printf("Binary files %s and %s differ\n", a ? la : "/dev/null",
+		       b ? lb : "/dev/null");
+		return 0;
+	}
+	fflush(stdout);
+	pid = fork();
+	if (pid < 0)
+		return cli_fail("diff", "fork: %s", strerror(errno));
+	if (pid == 0) {
+		execlp("diff", "diff", "-u", "--label", a ? la : "/dev/null", "--label",
+		       b ? lb : "/dev/null", a ? a : "/dev/null", b ? b : "/dev/null",
+		       (char *)NULL);
+		_exit(127);
+	}
+	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	return WIFEXITED(st) && WEXITSTATUS(st) <= 1 ? 0
+						     : cli_fail("diff", "diff -u %s failed", path);
+}
+
+static const char diff_usage[] = "usage: cowbox diff REF A [B] [--json] [--patch]\n"
+				 "What changed from turn A to turn B (default: the live tree): "
+				 "created, modified,\ndeleted, type_changed, mode_changed, with "
+				 "hashes, modes and who changed it.\n";
+
+int cmd_diff(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"patch", no_argument, NULL, 'p'},
+	    {NULL, 0, NULL, 0},
+	};
+	struct cli_common common = {0};
+	int c, status, patch = 0;
+	long long a, b = -1;
+	json_t *reply, *ev, *req;
+	size_t i;
+
+	while ((c = cli_getopt(argc, argv, "p", opts, &common, diff_usage, &status)) > 0)
+		patch = 1;
+	if (c < 0)
+		return status;
+	if (optind + 2 != argc && optind + 3 != argc)
+		return cli_usage_error(diff_usage, "diff takes a workspace and one or two turns");
+	if (parse_turn(argv[optind + 1], &a) ||
+	    (optind + 3 == argc && parse_turn(argv[optind + 2], &b)))
+		return cli_usage_error(diff_usage, "a turn is a number (0 is the base)");
+	req = json_pack("{s:s, s:I, s:b}", "op", "diff", "a", (json_int_t)a, "sources", patch);
+	if (b >= 0)
+		json_object_set_new(req, "b", json_integer(b));
+	status = turns_request("diff", argv[optind], req, &reply);
+	if (status)
+		return status;
+	if (common.json) {
+		json_array_foreach(json_object_get(reply, "events"), i, ev)
+		{
+			json_object_del(ev, "old_src");
+			json_object_del(ev, "new_src");
+		}
+		json_object_del(reply, "id");
+		json_object_del(reply, "ok");
+		return cli_print_json(reply);
+	}
+	json_array_foreach(json_object_get(reply, "events"), i, ev)
+	{
+		if (patch)
+			status = print_patch(ev) ? CLI_FAIL : status;
+		else
+			print_event(ev);
+	}
+	json_decref(reply);
+	return status;
+}
+
+static const char rollback_usage[] =
+    "usage: cowbox rollback REF TURN [--json]\n"
+    "Make the live workspace exactly what it was at TURN (0: the base); the rollback is\n"
+    "recorded as a new turn, so rolling back to the turn before it undoes it.\n";
+
+int cmd_rollback(int argc, char **argv)
+{
+	struct cli_common common = {0};
+	int c, status;
+	long long turn;
+	json_t *reply;
+
+	while ((c = cli_getopt(argc, argv, "", NULL, &common, rollback_usage, &status)) > 0)
+		;
+	if (c < 0)
+		return status;
+	if (optind + 2 != argc || parse_turn(argv[optind + 1], &turn))
+		return cli_usage_error(rollback_usage,
+				       "rollback takes a workspace and a turn number");
+	status = turns_request("rollback", argv[optind],
+			       json_pack("{s:s, s:I}", "op", "rollback", "turn", (json_int_t)turn),
+			       &reply);
+	if (status)
+		return status;
+	if (common.json) {
+		json_object_del(reply, "id");
+		json_object_del(reply, "ok");
+		return cli_print_json(reply);
+	}
+	printf("rolled back to turn %lld: %lld paths restored, recorded as turn %lld\n", turn,
+	       (long long)json_integer_value(json_object_get(reply, "restored")),
+	       (long long)json_integer_value(json_object_get(reply, "turn")));
+	json_decref(reply);
+	return CLI_OK;
+}
+
+static const char prune_usage[] = "usage: cowbox prune REF --keep N [--json]\n"
+				  "Keep the newest N turns, drop the older ones and every blob "
+				  "no kept turn needs.\n";
+
+int cmd_prune(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"keep", required_argument, NULL, 'k'},
+	    {NULL, 0, NULL, 0},
+	};
+	struct cli_common common = {0};
+	long long keep = -1;
+	int c, status;
+	json_t *reply;
+	char size[32];
+
+	while ((c = cli_getopt(argc, argv, "k:", opts, &common, prune_usage, &status)) > 0)
+		if (parse_turn(optarg, &keep) || keep < 1)
+			return cli_usage_error(prune_usage, "--keep takes a number >= 1");
+	if (c < 0)
+		return status;
+	if (optind + 1 != argc || keep < 1)
+		return cli_usage_error(prune_usage, "prune takes a workspace and --keep N");
+	status =
+	    turns_request("prune", argv[optind],
+			  json_pack("{s:s, s:I}", "op", "prune", "keep", (json_int_t)keep), &reply);
+	if (status)
+		return status;
+	if (common.json) {
+		json_object_del(reply, "id");
+		json_object_del(reply, "ok");
+		return cli_print_json(reply);
+	}
+	printf("dropped %lld turns, freed %s\n",
+	       (long long)json_integer_value(json_object_get(reply, "dropped")),
+	       cli_size(json_integer_value(json_object_get(reply, "freed_bytes")), size,
+			sizeof(size)));
+	json_decref(reply);
+	return CLI_OK;
+}
+
+static const char fork_usage[] = "usage: cowbox fork REF TURN --name NEW [--json]\n"
+				 "Create workspace NEW starting at REF's TURN, sharing its base "
+				 "and blobs; prints its ref.\n";
+
+int cmd_fork(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"name", required_argument, NULL, 'n'},
+	    {NULL, 0, NULL, 0},
+	};
+	struct cli_common common = {0};
+	const char *name = NULL;
+	long long turn;
+	int c, status;
+	json_t *reply;
+
+	while ((c = cli_getopt(argc, argv, "n:", opts, &common, fork_usage, &status)) > 0)
+		name = optarg;
+	if (c < 0)
+		return status;
+	if (optind + 2 != argc || parse_turn(argv[optind + 1], &turn))
+		return cli_usage_error(fork_usage, "fork takes a workspace and a turn number");
+	if (!name)
+		return cli_usage_error(fork_usage, "fork needs --name NEW");
+	if (cb_ws_name_check(name))
+		return cli_fail("fork", NULL);
+	status = turns_request(
+	    "fork", argv[optind],
+	    json_pack("{s:s, s:I, s:s}", "op", "fork", "turn", (json_int_t)turn, "name", name),
+	    &reply);
+	if (status)
+		return status;
+	if (common.json) {
+		json_object_del(reply, "id");
+		json_object_del(reply, "ok");
+		return cli_print_json(reply);
+	}
+	printf("%s\n", json_string_value(json_object_get(reply, "ref")));
+	json_decref(reply);
+	return CLI_OK;
+}
+
+static const char turns_usage[] = "usage: cowbox turns REF [--json]\n"
+				  "List the recorded turns and the blob store's size.\n";
+
+int cmd_turns(int argc, char **argv)
+{
+	struct cli_common common = {0};
+	json_t *reply, *t;
+	char size[32], when[32];
+	int c, status;
+	size_t i;
+
+	while ((c = cli_getopt(argc, argv, "", NULL, &common, turns_usage, &status)) > 0)
+		;
+	if (c < 0)
+		return status;
+	if (optind + 1 != argc)
+		return cli_usage_error(turns_usage, "turns takes one workspace ref or name");
+	status = turns_request("turns", argv[optind], json_pack("{s:s}", "op", "turns"), &reply);
+	if (status)
+		return status;
+	if (common.json) {
+		json_object_del(reply, "id");
+		json_object_del(reply, "ok");
+		return cli_print_json(reply);
+	}
+	printf("%6s  %-19s  %7s  %s\n", "turn", "time (UTC)", "changes", "label");
+	json_array_foreach(json_object_get(reply, "turns"), i, t)
+	{
+		time_t secs = (time_t)json_real_value(json_object_get(t, "time"));
+		struct tm tm;
+
+		strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", gmtime_r(&secs, &tm));
+		printf("%6lld  %s  %7lld  %s\n",
+		       (long long)json_integer_value(json_object_get(t, "turn")), when,
+		       (long long)json_integer_value(json_object_get(t, "changes")),
+		       json_string_value(json_object_get(t, "label")) ?: "");
+	}
+	printf(
+	    "open turn: %lld; blobs: %lld (%s)\n",
+	    (long long)json_integer_value(json_object_get(reply, "open_turn")),
+	    (long long)json_integer_value(json_object_get(reply, "blob_count")),
+	    cli_size(json_integer_value(json_object_get(reply, "blob_bytes")), size, sizeof(size)));
+	json_decref(reply);
+	return CLI_OK;
+}

@@ -138,7 +138,7 @@ class Client:
                 return reply
 
     def close(self):
-        self.sock.close()
+        self.sock.close()  # closing twice is harmless
 
 
 class CowboxTestCase(unittest.TestCase):
@@ -242,7 +242,10 @@ class CowboxTestCase(unittest.TestCase):
         return pid if pid and pid_alive(pid) else 0
 
     def client(self, ref):
-        return Client(os.path.join(self.ws_dir(ref), "control.sock"))
+        """A protocol connection to ref's daemon, closed at the end of the test."""
+        c = Client(os.path.join(self.ws_dir(ref), "control.sock"))
+        self.addCleanup(c.close)
+        return c
 
     def log(self, ref, *args):
         return self.cowbox_json("log", ref, *args)

@@ -6,3 +6,4 @@ cowbox_SOURCES += cli/cmd_common.h cli/cmd_common.c cli/cmd_workspace.c cli/cmd_
 cowbox_SOURCES += cli/cmd_exec.c
 cowbox_LDADD = libcowbox.la $(DEPS_LIBS)
 cowbox_SOURCES += cli/cmd_turns.c
+dist_man_MANS += man/cowbox.1

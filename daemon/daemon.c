@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -233,11 +234,20 @@ static void *daemon_signal_thread(void *arg)
 	return NULL;
 }
 
+/* Unmounting from here ends the FUSE loop the way `umount` does: the kernel first flushes the
+ * writeback cache and sends every pending release while the workers still serve, so nothing
+ * is dropped. If that is refused (files still open: EBUSY; not root: EPERM) the overlay is
+ * told to stop instead. */
 void cb_daemon_request_stop(struct cb_daemon *d)
 {
 	d->stopping = 1;
-	if (d->ov)
-		cb_overlay_stop(d->ov);
+	if (!d->ov)
+		return;
+	if (umount2(d->mountpoint, UMOUNT_NOFOLLOW) == 0)
+		return;
+	daemon_log("umount %s: %s; stopping the filesystem loop instead", d->mountpoint,
+		   strerror(errno));
+	cb_overlay_stop(d->ov);
 }
 
 static int daemon_load(struct cb_daemon *d, const struct cb_daemon_options *opt)

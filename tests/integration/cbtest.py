@@ -175,7 +175,29 @@ class CowboxTestCase(unittest.TestCase):
             if mnt.startswith(self.tmp):
                 subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
         reap_children()
+        reports = self._sanitizer_reports(wsroot)
         shutil.rmtree(self.tmp, ignore_errors=True)
+        if reports:
+            self.fail("sanitizer reports in daemon.log:\n" + "\n".join(reports))
+
+    @staticmethod
+    def _sanitizer_reports(wsroot):
+        """Daemons run detached, so their ASan/UBSan findings only reach daemon.log."""
+        found = []
+        if not os.path.isdir(wsroot):
+            return found
+        for ref in os.listdir(wsroot):
+            try:
+                with open(os.path.join(wsroot, ref, "daemon.log"), errors="replace") as f:
+                    text = f.read()
+            except FileNotFoundError:
+                continue
+            for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
+                at = text.find(marker)
+                if at >= 0:
+                    found.append("%s: %s" % (ref, text[max(0, at - 200):at + 1500]))
+                    break
+        return found
 
     # --- running the binary ---
 

@@ -131,6 +131,19 @@ static int daemon_lock(struct cb_daemon *d, char **old_mountpoint)
 		rc = cb_error_set(errno, "open %s: %s", path, strerror(errno));
 		goto out;
 	}
+	/* A shared lock held for a moment by `cowbox ls` or `info` (probing for a daemon) is no
+	 * owner: retry briefly while the pid in the file is not a live process. */
+	for (int tries = 0;; tries++) {
+		n = pread(d->lock_fd, buf, sizeof(buf) - 1, 0);
+		buf[n > 0 ? n : 0] = '\0';
+		if (flock(d->lock_fd, LOCK_EX | LOCK_NB) == 0 || errno != EWOULDBLOCK)
+			break;
+		pid_t owner = (pid_t)atoi(buf);
+
+		if (tries == 100 || (owner > 0 && (kill(owner, 0) == 0 || errno == EPERM)))
+			break;
+		usleep(10000);
+	}
 	n = pread(d->lock_fd, buf, sizeof(buf) - 1, 0);
 	buf[n > 0 ? n : 0] = '\0';
 	if (flock(d->lock_fd, LOCK_EX | LOCK_NB) < 0) {

@@ -4,5 +4,11 @@ daemon_libcb_daemon_la_SOURCES = daemon/daemon.h daemon/daemon.c daemon/conn.c \
 	daemon/reaper.c daemon/ops.c daemon/ops_core.c daemon/client.c
 COWBOX_LAYERS += daemon/libcb_daemon.la
 pkginclude_HEADERS += include/cowbox/client.h
+
+check_PROGRAMS += daemon/test_reaper
+TESTS += daemon/test_reaper
+daemon_test_reaper_SOURCES = daemon/test_reaper.c
+daemon_test_reaper_CFLAGS = $(CRITERION_TEST_CFLAGS)
+daemon_test_reaper_LDADD = libcowbox.la $(DEPS_LIBS) $(CRITERION_TEST_LIBS)
 # turns: snapshot, diff, rollback, prune, fork ops (issue 3)
 daemon_libcb_daemon_la_SOURCES += daemon/ops_turns.c

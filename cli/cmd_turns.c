@@ -113,7 +113,9 @@ static void print_event(json_t *ev)
 		printf("  %.12s -> %.12s", short_hash(old), short_hash(new));
 	else if (!strcmp(kind, "created"))
 		printf("  %.12s", short_hash(new));
-	if (!strcmp(kind, "mode_changed") || !strcmp(kind, "modified"))
+	if (json_integer_value(json_object_get(old, "mode")) !=
+		    json_integer_value(json_object_get(new, "mode")) &&
+	    (!strcmp(kind, "mode_changed") || !strcmp(kind, "modified")))
 		printf("  mode %04llo -> %04llo",
 		       (unsigned long long)json_integer_value(json_object_get(old, "mode")),
 		       (unsigned long long)json_integer_value(json_object_get(new, "mode")));

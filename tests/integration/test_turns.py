@@ -1,0 +1,227 @@
+"""Turns on real mounts: snapshot formats (sha256sum byte for byte), diff, rollback while files
+are open and the tree is being read, prune, fork, and a kill -9 between a write and a
+snapshot."""
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import unittest
+
+from cbtest import CowboxTestCase, pid_alive, wait_for
+from turnutil import expected_events, files_of, sha256sum_line, tree_state
+
+
+class TurnsTest(CowboxTestCase):
+    def setUp(self):
+        super().setUp()
+        self.base = self.make_base({"README": "hello\n", "src/a.c": "int a;\n",
+                                    "src/b.c": "int b;\n", "docs/x.md": "x\n"})
+        self.ref = self.create(self.base, "w")
+        self.mount(self.ref)
+        self.mnt = self.mountpoint(self.ref)
+
+    def path(self, rel):
+        return os.path.join(self.mnt, rel)
+
+    def write(self, rel, text, mode="w"):
+        with open(self.path(rel), mode) as f:
+            f.write(text)
+
+    def read(self, rel, root=None):
+        with open(os.path.join(root or self.mnt, rel)) as f:
+            return f.read()
+
+    def snapshot(self, *args):
+        return self.cowbox_json("snapshot", "w", *args)
+
+    def test_snapshot_formats_match_sha256sum(self):
+        # names that sha256sum escapes, and one that needs none
+        self.write("back\\slash", "b\n")
+        self.write("new\nline", "n\n")
+        self.write("sp ace", "s\n")
+        snap = self.snapshot()
+        self.assertEqual(snap["turn"], 1)
+        self.assertEqual(snap["files"], files_of(tree_state(self.mnt)))
+        out = self.cowbox("snapshot", "w", "--format", "sha256sum").stdout
+        names = sorted(snap["files"], key=lambda s: s.encode())
+        real = subprocess.run(["sha256sum", "--"] + names, cwd=self.mnt, capture_output=True,
+                              text=True, check=True).stdout
+        self.assertEqual(out, real)
+        self.assertEqual(out, "".join(sha256sum_line(snap["files"][n], n) for n in names))
+        # sha256sum -c verifies it inside the mount
+        subprocess.run(["sha256sum", "--quiet", "-c", "-"], cwd=self.mnt, input=out, text=True,
+                       check=True)
+        # --changes: only what changed since the previous turn
+        self.write("src/a.c", "int a = 1;\n")
+        ch = self.snapshot("--changes")
+        self.assertEqual(ch["turn"], 3)
+        self.assertEqual([(e["event"], e["path"]) for e in ch["changes"]],
+                         [("modified", "src/a.c")])
+        self.assertEqual(ch["changes"][0]["old"]["sha256"], snap["files"]["src/a.c"])
+
+    def test_diff_events_attribution_and_patch(self):
+        self.snapshot()
+        before = tree_state(self.mnt)
+        subprocess.run(["sh", "-c", "echo 'int a = 2;' > src/a.c; echo y > docs/y.md"],
+                       cwd=self.mnt, check=True)
+        os.unlink(self.path("README"))
+        os.chmod(self.path("docs/x.md"), 0o600)
+        os.symlink("src/a.c", self.path("link"))
+        os.rename(self.path("src"), self.path("lib"))
+        os.mkdir(self.path("empty"), 0o700)
+        with open(self.path("bin.dat"), "wb") as f:
+            f.write(b"\0\1\2")
+        after = tree_state(self.mnt)
+        # live diff (no turn recorded), then the same between turns
+        live = self.cowbox_json("diff", "w", "1")
+        self.assertEqual(live["b"], "live")
+        got = {e["path"]: e["event"] for e in live["events"]}
+        self.assertEqual(got, expected_events(before, after))
+        self.assertEqual(self.snapshot()["turn"], 2)
+        d = self.cowbox_json("diff", "w", "1", "2")
+        self.assertEqual({e["path"]: e["event"] for e in d["events"]}, got)
+        ev = {e["path"]: e for e in d["events"]}
+        self.assertEqual(ev["docs/y.md"]["comm"], "sh")
+        self.assertGreater(ev["docs/y.md"]["pid"], 0)
+        self.assertEqual(ev["lib/a.c"]["comm"], "python3")  # it came with the rename
+        self.assertEqual(ev["docs/x.md"]["old"]["mode"], 0o644)
+        self.assertEqual(ev["docs/x.md"]["new"]["mode"], 0o600)
+        self.assertEqual(ev["link"]["new"]["target"], "src/a.c")
+        # the reverse direction swaps created and deleted
+        rev = self.cowbox_json("diff", "w", "2", "1")
+        self.assertEqual({e["path"]: e["event"] for e in rev["events"]},
+                         expected_events(after, before))
+        patch = self.cowbox("diff", "w", "1", "2", "--patch").stdout
+        self.assertIn("--- a/src/a.c", patch)
+        self.assertIn("+++ /dev/null", patch)
+        self.assertIn("+int a = 2;", patch)
+        self.assertIn("Binary files /dev/null and b/bin.dat differ", patch)
+        human = self.cowbox("diff", "w", "1", "2").stdout
+        self.assertIn("mode_changed", human)
+        self.assertIn("docs/x.md", human)
+        self.assert_fails(["diff", "w", "7"], "turn 7 does not exist")
+        self.assert_fails(["diff", "w", "x"], "a turn is a number", status=2)
+
+    def test_rollback_with_open_files_and_a_reader(self):
+        self.write("src/a.c", "turn one\n")
+        t1 = self.snapshot()["turn"]
+        s1 = tree_state(self.mnt)
+        self.write("src/a.c", "turn two\n")
+        os.unlink(self.path("src/b.c"))
+        self.write("docs/new.md", "new\n")
+        os.chmod(self.path("docs"), 0o700)
+        t2 = self.snapshot()["turn"]
+        s2 = tree_state(self.mnt)
+        # a reader holds src/a.c open, a writer holds docs/new.md open, and a process keeps
+        # reading the whole tree while the rollback runs
+        reader = open(self.path("src/a.c"))
+        writer = open(self.path("docs/new.md"), "a")
+        stop, errors = threading.Event(), []
+
+        def walk():
+            while not stop.is_set():
+                try:
+                    tree_state(self.mnt)
+                except FileNotFoundError:
+                    pass  # a path the rollback just removed
+                except Exception as e:  # anything else is a failure
+                    errors.append(repr(e))
+                    return
+
+        th = threading.Thread(target=walk)
+        th.start()
+        try:
+            r = self.cowbox_json("rollback", "w", str(t1))
+        finally:
+            stop.set()
+            th.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(r["turn"], t2 + 1)
+        self.assertEqual(tree_state(self.mnt), s1)
+        # a cat right after sees the turn's content; the open reader keeps its old file
+        self.assertEqual(subprocess.run(["cat", self.path("src/a.c")], capture_output=True,
+                                        text=True).stdout, "turn one\n")
+        self.assertEqual(reader.read(), "turn two\n")
+        reader.close()
+        # the writer's file was removed from the tree: its writes land in the orphan
+        writer.write("late\n")
+        writer.close()
+        self.assertFalse(os.path.exists(self.path("docs/new.md")))
+        # the rollback is a turn: rolling back to the turn before it undoes it
+        self.cowbox_json("rollback", "w", str(t2))
+        self.assertEqual(tree_state(self.mnt), s2)
+        turns = self.cowbox_json("turns", "w")["turns"]
+        self.assertEqual(turns[2]["label"], "rollback to %d" % t1)
+
+    def test_prune_and_info(self):
+        self.snapshot()
+        for i in range(4):
+            self.write("src/a.c", "version %d %s\n" % (i, "x" * 5000 * i))
+            self.snapshot()
+        before = self.cowbox_json("turns", "w")
+        self.assertEqual(before["blob_count"], 4)
+        p = self.cowbox_json("prune", "w", "--keep", "2")
+        self.assertEqual(p["dropped"], 3)
+        self.assertGreater(p["freed_bytes"], 0)
+        after = self.cowbox_json("turns", "w")
+        self.assertEqual([t["turn"] for t in after["turns"]], [4, 5])
+        self.assertEqual(after["blob_count"], 2)
+        self.assertLess(after["blob_bytes"], before["blob_bytes"])
+        self.assert_fails(["diff", "w", "2", "5"], "turn 2 was pruned")
+        # the base and the kept turns are whole
+        self.cowbox("rollback", "w", "0")
+        self.assertEqual(self.read("src/a.c"), "int a;\n")
+        self.cowbox("rollback", "w", "4")
+        self.assertTrue(self.read("src/a.c").startswith("version 2"))
+        self.assertIn("blobs:", self.cowbox("turns", "w").stdout)
+        self.assert_fails(["prune", "w", "--keep", "0"], "--keep", status=2)
+
+    def test_fork_is_independent(self):
+        self.write("src/a.c", "forked content\n")
+        os.unlink(self.path("README"))
+        os.symlink("docs/x.md", self.path("link"))
+        t = self.snapshot()["turn"]
+        want = tree_state(self.mnt)
+        self.write("src/a.c", "after the fork point\n")
+        self.snapshot()
+        start = time.monotonic()
+        fork = self.cowbox_json("fork", "w", str(t), "--name", "w2")
+        elapsed = time.monotonic() - start
+        self.assertTrue(fork["ref"].startswith("cb-"))
+        self.mount("w2")
+        m2 = self.mountpoint(fork["ref"])
+        self.assertEqual(tree_state(m2), want)
+        # the fork's turn 1 is the forked turn; it goes on on its own
+        s = json.loads(self.cowbox("snapshot", "w2", "--json").stdout)
+        self.assertEqual(s["turn"], 2)
+        self.assertEqual(s["files"], files_of(want))
+        with open(os.path.join(m2, "src/a.c"), "w") as f:
+            f.write("changed in the fork\n")
+        self.cowbox("rollback", "w2", "1")
+        self.assertEqual(self.read("src/a.c", m2), "forked content\n")
+        # deleting the original does not break the fork (blobs are shared by links)
+        self.cowbox("rm", "w")
+        self.cowbox("rollback", "w2", "2")
+        self.assertEqual(tree_state(m2), want)
+        self.assertLess(elapsed, 10)
+        self.assert_fails(["fork", "w2", "99", "--name", "w3"], "turn 99 does not exist")
+
+    def test_kill_between_write_and_snapshot(self):
+        self.snapshot()
+        pid = self.daemon_pid(self.ref)
+        self.write("src/a.c", "written before the crash\n")
+        self.write("fresh.txt", "also\n")
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(pid), what="daemon to die")
+        # the next snapshot starts a new daemon and still sees both changes
+        ch = self.cowbox_json("snapshot", "w", "--changes")
+        got = {e["path"]: e["event"] for e in ch["changes"]}
+        self.assertEqual(got, {"src/a.c": "modified", "fresh.txt": "created"})
+        self.assertEqual(self.read("src/a.c"), "written before the crash\n")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,169 @@
+"""Property test of turns on a real mount: random writes, renames of files and directories,
+deletes, chmods, symlinks, hard links and truncates with snapshots at random points. Every
+snapshot equals sha256sum over the tree, every diff equals the difference of two states,
+every rollback restores its turn exactly (content, modes, symlinks, directories), also after
+a remount. Prints its seed; COWBOX_SEED=N replays a run."""
+
+import os
+import random
+import shutil
+import sys
+import unittest
+
+from cbtest import CowboxTestCase
+from turnutil import expected_events, files_of, tree_state
+
+STEPS = int(os.environ.get("COWBOX_TURNS_STEPS", "160"))
+
+
+class Mutator:
+    """Random changes to the tree under root (the mount point)."""
+
+    def __init__(self, rng, root):
+        self.rng, self.root = rng, root
+
+    def entries(self, kind):
+        st = tree_state(self.root)
+        return sorted(p for p, v in st.items() if v[0] == kind)
+
+    def any_dir(self):
+        return self.rng.choice([""] + self.entries("dir"))
+
+    def new_name(self, parent):
+        return os.path.join(parent, "n%d" % self.rng.randrange(10**6))
+
+    def content(self):
+        r = self.rng.random()
+        if r < 0.1:
+            return b""
+        if r < 0.2:
+            return bytes(self.rng.randrange(256) for _ in range(self.rng.randrange(1, 300)))
+        n = self.rng.choice([1, 10, 100, 1000, 20000])
+        return ("".join(self.rng.choice("abc \n") for _ in range(n))).encode()
+
+    def p(self, rel):
+        return os.path.join(self.root, rel)
+
+    def step(self):
+        rng = self.rng
+        files, dirs = self.entries("file"), self.entries("dir")
+        op = rng.choice(["write", "write", "new", "new", "append", "truncate", "unlink",
+                         "rename", "rename_dir", "mkdir", "rmtree", "chmod", "chmod_dir",
+                         "symlink", "hardlink"])
+        if op in ("write", "append", "truncate", "unlink", "rename", "chmod", "hardlink") \
+                and not files:
+            op = "new"
+        if op in ("rename_dir", "rmtree", "chmod_dir") and not dirs:
+            op = "mkdir"
+        if op == "write":
+            with open(self.p(rng.choice(files)), "wb") as f:
+                f.write(self.content())
+        elif op == "new":
+            with open(self.p(self.new_name(self.any_dir())), "wb") as f:
+                f.write(self.content())
+        elif op == "append":
+            with open(self.p(rng.choice(files)), "ab") as f:
+                f.write(self.content())
+        elif op == "truncate":
+            path = self.p(rng.choice(files))
+            os.truncate(path, rng.randrange(os.path.getsize(path) + 1))
+        elif op == "unlink":
+            os.unlink(self.p(rng.choice(files)))
+        elif op == "rename":
+            src = rng.choice(files)
+            dst = rng.choice(files) if rng.random() < 0.3 else self.new_name(self.any_dir())
+            os.rename(self.p(src), self.p(dst))
+        elif op == "rename_dir":
+            src = rng.choice(dirs)
+            parent = self.any_dir()
+            if parent == src or parent.startswith(src + "/"):
+                parent = ""
+            os.rename(self.p(src), self.p(self.new_name(parent)))
+        elif op == "mkdir":
+            os.mkdir(self.p(self.new_name(self.any_dir())), rng.choice([0o755, 0o700, 0o750]))
+        elif op == "rmtree":
+            shutil.rmtree(self.p(rng.choice(dirs)))
+        elif op == "chmod":
+            os.chmod(self.p(rng.choice(files)), rng.choice([0o644, 0o600, 0o755, 0o444]))
+        elif op == "chmod_dir":
+            os.chmod(self.p(rng.choice(dirs)), rng.choice([0o755, 0o700, 0o750]))
+        elif op == "symlink":
+            target = rng.choice(files + ["nowhere", "../x"])
+            os.symlink(target, self.p(self.new_name(self.any_dir())))
+        elif op == "hardlink":
+            os.link(self.p(rng.choice(files)), self.p(self.new_name(self.any_dir())))
+        return op
+
+
+class TurnsPropertyTest(CowboxTestCase):
+    def test_random_turns(self):
+        seed = int(os.environ.get("COWBOX_SEED", random.randrange(2**32)))
+        print("COWBOX_SEED=%d" % seed, file=sys.stderr, flush=True)
+        rng = random.Random(seed)
+        base_files = {"f%d.txt" % i: "base %d\n" % i for i in range(8)}
+        base_files.update({"d%d/g%d.c" % (i % 3, i): "int g%d;\n" % i for i in range(12)})
+        base_files["d0/deep/er/h.txt"] = "deep\n"
+        ref = self.create(self.make_base(base_files), "prop")
+        self.mount(ref)
+        mnt = self.mountpoint(ref)
+        mut = Mutator(rng, mnt)
+        states = {}  # turn -> tree state
+
+        def snapshot():
+            snap = self.cowbox_json("snapshot", "prop")
+            state = tree_state(mnt)
+            self.assertEqual(snap["files"], files_of(state),
+                             "seed %d: snapshot %d != sha256sum of the tree" % (seed,
+                                                                                snap["turn"]))
+            states[snap["turn"]] = state
+            return snap["turn"]
+
+        def check_diff():
+            a, b = sorted(rng.sample(sorted(states), 2))
+            d = self.cowbox_json("diff", "prop", str(a), str(b))
+            got = {e["path"]: e["event"] for e in d["events"]}
+            self.assertEqual(got, expected_events(states[a], states[b]),
+                             "seed %d: diff %d %d" % (seed, a, b))
+
+        def check_rollback():
+            turn = rng.choice(sorted(states))
+            r = self.cowbox_json("rollback", "prop", str(turn))
+            self.assertEqual(tree_state(mnt), states[turn],
+                             "seed %d: rollback to %d" % (seed, turn))
+            states[r["turn"]] = states[turn]
+            return turn
+
+        snapshot()
+        for i in range(STEPS):
+            mut.step()
+            r = rng.random()
+            if r < 0.15:
+                snapshot()
+            elif r < 0.2 and len(states) > 1:
+                check_diff()
+            elif r < 0.24 and len(states) > 1:
+                # roll back, then forward to the latest turn before the rollback
+                latest = max(states)
+                check_rollback()
+                fwd = self.cowbox_json("rollback", "prop", str(latest))
+                self.assertEqual(tree_state(mnt), states[latest], "seed %d: forward" % seed)
+                states[fwd["turn"]] = states[latest]
+        snapshot()
+        # live diff against the first turn, then remount and check everything again
+        mut.step()
+        live = tree_state(mnt)
+        d = self.cowbox_json("diff", "prop", "1")
+        self.assertEqual({e["path"]: e["event"] for e in d["events"]},
+                         expected_events(states[1], live), "seed %d: live diff" % seed)
+        self.cowbox("umount", "prop")
+        self.mount(ref)
+        self.assertEqual(tree_state(mnt), live, "seed %d: remount" % seed)
+        snapshot()
+        for _ in range(3):
+            check_diff()
+            check_rollback()
+        snapshot()
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

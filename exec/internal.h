@@ -13,6 +13,7 @@
 #define CB_MSG_KILL   'K' /* parent -> shim: + int signal for the whole tree */
 #define CB_MSG_STATUS 'S' /* shim -> parent: + int wait status of the command */
 #define CB_MSG_ERROR  'E' /* shim or command -> parent: setup failed, + text */
+#define CB_MSG_TTY    'T' /* shim -> parent: the sandbox pty's master, as SCM_RIGHTS */
 
 /* One entry of the sandbox root, prepared in the parent so the child only makes syscalls. */
 enum cb_ns_entry_kind { CB_NS_BIND_RO, CB_NS_BIND_RW, CB_NS_SYMLINK, CB_NS_DEV };
@@ -23,6 +24,7 @@ struct cb_ns_entry {
 	char *dst;   /* path relative to the new root, e.g. "usr", "dev/null" */
 	dev_t rdev;  /* CB_NS_DEV: the host node's device number (mknod without userns) */
 	int is_file; /* bind of a file (device node) rather than a directory */
+	int tree;    /* detached clone opened by a privileged caller before clone, else -1 */
 };
 
 /* Everything the sandbox child needs, computed before clone (no allocation after it). */
@@ -50,6 +52,8 @@ struct cb_exec_plan {
 	const char *cwd;	   /* NULL: stay where setup left us */
 	int fd_in, fd_out, fd_err; /* child ends; with tty all three are the pty slave */
 	int tty;
+	int sandbox_tty; /* make the pty in the sandbox's own devpts and send its master up */
+	unsigned short rows, cols;
 	int ctl;		     /* child end of the control socket */
 	int wait_go;		     /* wait for CB_MSG_GO before setting up */
 	const struct cb_ns_plan *ns; /* NULL: on the host */
@@ -65,6 +69,10 @@ void cb_exec_child_error(int fd, const char *what, const char *detail, int err);
 /* Build a plan for sb (parent side); free with cb_ns_plan_free. */
 int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out);
 void cb_ns_plan_free(struct cb_ns_plan *plan);
+
+/* Privileged caller, before clone: clone the bind sources as detached trees, so that paths
+ * the sandbox's (mapped) root could not traverse still bind. 0 or -errno with a message. */
+int cb_ns_plan_open_trees(struct cb_ns_plan *plan);
 
 /* Child side, in the new namespaces: build the root and pivot into it. 0 or -errno, having
  * sent a CB_MSG_ERROR naming the step on ctl. */

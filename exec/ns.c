@@ -31,6 +31,7 @@ static int add_entry(struct cb_ns_plan *p, enum cb_ns_entry_kind kind, const cha
 {
 	struct cb_ns_entry *e = &p->entries[p->n_entries];
 	e->kind = kind;
+	e->tree = -1;
 	e->src = strdup(src);
 	e->dst = strdup(dst);
 	if (!e->src || !e->dst) {
@@ -150,6 +151,8 @@ void cb_ns_plan_free(struct cb_ns_plan *p)
 	if (!p)
 		return;
 	for (size_t i = 0; i < p->n_entries; i++) {
+		if (p->entries[i].tree >= 0)
+			close(p->entries[i].tree);
 		free(p->entries[i].src);
 		free(p->entries[i].dst);
 	}
@@ -157,6 +160,46 @@ void cb_ns_plan_free(struct cb_ns_plan *p)
 	free(p->hostname);
 	free(p->tmp_opts);
 	free(p);
+}
+
+static int set_attr(int fd, unsigned long long set)
+{
+	struct mount_attr attr = {.attr_set = set};
+	return (int)syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr,
+			    sizeof attr);
+}
+
+/* A detached recursive clone of e->src with the entry's flags; -1 and errno on failure. */
+static int clone_tree(const struct cb_ns_entry *e)
+{
+	int fd = (int)syscall(SYS_open_tree, AT_FDCWD, e->src,
+			      OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+	if (fd < 0)
+		return -1;
+	unsigned long long attr = MOUNT_ATTR_NOSUID;
+	if (e->kind == CB_NS_BIND_RO)
+		attr |= MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV;
+	else if (!e->is_file)
+		attr |= MOUNT_ATTR_NODEV;
+	if (set_attr(fd, attr) < 0) {
+		int err = errno;
+		close(fd);
+		errno = err;
+		return -1;
+	}
+	return fd;
+}
+
+int cb_ns_plan_open_trees(struct cb_ns_plan *p)
+{
+	for (size_t i = 0; i < p->n_entries; i++) {
+		struct cb_ns_entry *e = &p->entries[i];
+		if (e->kind != CB_NS_BIND_RO && e->kind != CB_NS_BIND_RW)
+			continue;
+		if (e->tree < 0 && (e->tree = clone_tree(e)) < 0)
+			return cb_error_set(errno, "sandbox: bind %s: %s", e->src, strerror(errno));
+	}
+	return 0;
 }
 
 static int write_file(const char *path, const char *text)
@@ -199,13 +242,6 @@ int cb_ns_write_maps(const struct cb_ns_plan *plan, pid_t pid)
 		goto out;                                                                          \
 	} while (0)
 
-static int set_attr(int fd, unsigned long long set)
-{
-	struct mount_attr attr = {.attr_set = set};
-	return (int)syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr,
-			    sizeof attr);
-}
-
 /* Make a proc subtree read-only: as uid 0 without a user namespace, sysctls and
  * sysrq-trigger check only the file mode, not capabilities. */
 static int protect_proc(int rootfd, const char *path)
@@ -241,19 +277,10 @@ int cb_ns_setup_root(const struct cb_ns_plan *p, int ctl)
 	/* Clone the sources while the host root is still visible. */
 	for (i = 0; i < p->n_entries; i++) {
 		const struct cb_ns_entry *e = &p->entries[i];
-		if (e->kind != CB_NS_BIND_RO && e->kind != CB_NS_BIND_RW)
+		if ((e->kind != CB_NS_BIND_RO && e->kind != CB_NS_BIND_RW) || e->tree >= 0)
 			continue;
-		trees[i] = (int)syscall(SYS_open_tree, AT_FDCWD, e->src,
-					OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
-		if (trees[i] < 0)
+		if ((trees[i] = clone_tree(e)) < 0)
 			FAIL("bind", e->src);
-		unsigned long long attr = MOUNT_ATTR_NOSUID;
-		if (e->kind == CB_NS_BIND_RO)
-			attr |= MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV;
-		else if (!e->is_file)
-			attr |= MOUNT_ATTR_NODEV;
-		if (set_attr(trees[i], attr) < 0)
-			FAIL("set mount flags of", e->src);
 	}
 	if (mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID, "mode=0755,size=1m") < 0)
 		FAIL("mount the root tmpfs", NULL);
@@ -284,8 +311,8 @@ int cb_ns_setup_root(const struct cb_ns_plan *p, int ctl)
 			} else if (mkdirat(rootfd, e->dst, 0755) < 0) {
 				FAIL("make the mount point", e->dst);
 			}
-			if (syscall(SYS_move_mount, trees[i], "", rootfd, e->dst,
-				    MOVE_MOUNT_F_EMPTY_PATH) < 0)
+			if (syscall(SYS_move_mount, e->tree >= 0 ? e->tree : trees[i], "", rootfd,
+				    e->dst, MOVE_MOUNT_F_EMPTY_PATH) < 0)
 				FAIL("attach", e->src);
 		}
 	}

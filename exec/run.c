@@ -135,6 +135,36 @@ static int open_pty(const struct cb_exec_spec *spec, int *master, int *slave)
 	return 0;
 }
 
+/* Wait for the sandbox's pty master (or the reason there is none). */
+static int recv_tty_master(struct cb_exec *h)
+{
+	char buf[600];
+	union {
+		char space[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = {.iov_base = buf, .iov_len = sizeof buf - 1};
+	struct msghdr msg = {.msg_iov = &iov,
+			     .msg_iovlen = 1,
+			     .msg_control = u.space,
+			     .msg_controllen = sizeof u.space};
+	ssize_t n;
+	while ((n = recvmsg(h->ctl, &msg, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
+		;
+	struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&msg) : NULL;
+	if (n > 0 && buf[0] == CB_MSG_TTY && c && c->cmsg_type == SCM_RIGHTS) {
+		int fd;
+		memcpy(&fd, CMSG_DATA(c), sizeof fd);
+		h->tty_master = h->out.fd = h->in_w = fd_above_2(fd);
+		return 0;
+	}
+	if (n > 0 && buf[0] == CB_MSG_ERROR) {
+		buf[n] = 0;
+		return cb_error_set(EIO, "exec: sandbox setup: %s", buf + 1);
+	}
+	return cb_error_set(EIO, "exec: the sandbox ended before its terminal was ready");
+}
+
 static const char *env_path(char *const *env)
 {
 	for (; env && *env; env++)
@@ -182,7 +212,11 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 	}
 	plan.path = env_path(plan.envp);
 
-	if (spec->tty) {
+	if (spec->tty && spec->sandbox) {
+		plan.sandbox_tty = 1; /* the shim makes it inside and sends the master */
+		plan.rows = spec->tty_rows;
+		plan.cols = spec->tty_cols;
+	} else if (spec->tty) {
 		if ((rc = open_pty(spec, &h->tty_master, &slave)) < 0)
 			goto fail;
 		plan.tty = slave;
@@ -244,6 +278,8 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 			goto fail;
 		plan.ns = h->ns;
 		flags = h->ns->clone_flags;
+		if (h->ns->privileged_parent && (rc = cb_ns_plan_open_trees(h->ns)) < 0)
+			goto fail;
 		if ((rc = cb_cgroup_create(spec->sandbox, &h->cg)) < 0)
 			goto fail;
 		plan.wait_go = h->ns->userns || h->cg;
@@ -289,6 +325,12 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 		if (h->cg && (rc = cb_cgroup_attach(h->cg, pid)) < 0)
 			goto fail_child;
 		send(h->ctl, &go, 1, MSG_NOSIGNAL);
+	}
+	if (plan.sandbox_tty) {
+		if ((rc = recv_tty_master(h)) < 0)
+			goto fail_child;
+		if (spec->stdin_kind == CB_EXEC_STDIN_FD)
+			h->stdin_src = spec->stdin_fd;
 	}
 	*out = h;
 	return 0;

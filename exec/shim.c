@@ -276,23 +276,77 @@ static _Noreturn void finish(const struct cb_exec_plan *p, pid_t cmd, int *cmd_d
 	}
 }
 
-void cb_exec_shim_main(const struct cb_exec_plan *p)
+/* Close every fd of the caller but ours: other commands' pipes must not stay open here. */
+static void close_foreign_fds(const struct cb_exec_plan *p)
 {
-	int keep[5] = {p->ctl, p->fd_in, p->fd_out, p->fd_err, p->tty};
-	/* Close every fd of the caller but ours: other commands' pipes must not stay open here. */
-	int maxfd = 0;
-	for (int i = 0; i < 5; i++)
+	int keep[48], n = 0, maxfd = 2;
+	keep[n++] = p->ctl;
+	keep[n++] = p->fd_in;
+	keep[n++] = p->fd_out;
+	keep[n++] = p->fd_err;
+	keep[n++] = p->tty;
+	for (size_t i = 0; p->ns && i < p->ns->n_entries && n < 48; i++)
+		keep[n++] = p->ns->entries[i].tree;
+	for (int i = 0; i < n; i++)
 		if (keep[i] > maxfd)
 			maxfd = keep[i];
 	for (int fd = 3; fd <= maxfd; fd++) {
 		int k = 0;
-		for (int i = 0; i < 5; i++)
+		for (int i = 0; i < n; i++)
 			k |= keep[i] == fd;
 		if (!k)
 			close(fd);
 	}
 	syscall(SYS_close_range, (unsigned)maxfd + 1, ~0U, 0U);
+}
 
+/* A pty in the sandbox's own devpts (so ttyname and job control work inside); its master
+ * goes to the caller over ctl. Returns the slave fd, or -1 having reported why. */
+static int sandbox_pty(const struct cb_exec_plan *p)
+{
+	int master = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC), unlock = 0, n = -1;
+	if (master < 0 || ioctl(master, TIOCSPTLCK, &unlock) < 0 ||
+	    ioctl(master, TIOCGPTN, &n) < 0) {
+		cb_exec_child_error(p->ctl, "open a pseudo-terminal in the sandbox", NULL, errno);
+		return -1;
+	}
+	char path[64];
+	size_t len = cat(path, 0, sizeof path, "/dev/pts/");
+	cat_uint(path, len, sizeof path, (unsigned long)n);
+	int slave = open(path, O_RDWR | O_NOCTTY | O_CLOEXEC);
+	if (slave < 0) {
+		cb_exec_child_error(p->ctl, "open", path, errno);
+		close(master);
+		return -1;
+	}
+	struct winsize ws = {.ws_row = p->rows ? p->rows : 24, .ws_col = p->cols ? p->cols : 80};
+	ioctl(master, TIOCSWINSZ, &ws);
+	char tag = CB_MSG_TTY;
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = {.iov_base = &tag, .iov_len = 1};
+	struct msghdr msg = {
+	    .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+	struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &master, sizeof master);
+	if (sendmsg(p->ctl, &msg, MSG_NOSIGNAL) < 0) {
+		close(master);
+		close(slave);
+		return -1;
+	}
+	close(master);
+	return slave;
+}
+
+void cb_exec_shim_main(const struct cb_exec_plan *given)
+{
+	struct cb_exec_plan plan = *given, *p = &plan;
+	close_foreign_fds(p);
 	if (p->wait_go) {
 		char c = 0;
 		if (recv(p->ctl, &c, 1, 0) != 1 || c != CB_MSG_GO)
@@ -304,6 +358,8 @@ void cb_exec_shim_main(const struct cb_exec_plan *p)
 	sigprocmask(SIG_BLOCK, &chld, NULL);
 	if (p->ns) {
 		if (cb_ns_setup_root(p->ns, p->ctl) < 0)
+			_exit(1);
+		if (p->sandbox_tty && (p->tty = sandbox_pty(p)) < 0)
 			_exit(1);
 	} else {
 		prctl(PR_SET_CHILD_SUBREAPER, 1);
@@ -320,6 +376,10 @@ void cb_exec_shim_main(const struct cb_exec_plan *p)
 	}
 	if (cmd == 0)
 		command_child(p);
+	for (size_t i = 0; p->ns && i < p->ns->n_entries; i++)
+		if (p->ns->entries[i].tree >= 0)
+			close(p->ns->entries[i]
+				  .tree); /* attached by now; the command must not get them */
 	if (p->tty >= 0)
 		close(p->tty);
 	else {

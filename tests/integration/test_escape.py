@@ -1,0 +1,283 @@
+"""The escape suite: every test tries to get out of the namespace sandbox and must fail (with
+a positive control where one proves the probe works), plus the limits: memory, pids, cpus."""
+
+import os
+import pty
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+from cbtest import COWBOX, CowboxTestCase, pid_alive
+
+# Python probes run inside the sandbox; they print what happened instead of raising.
+SYSCALL_PROBE = r"""
+import ctypes, errno, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, *args):
+    r = libc.syscall(*args)
+    print(name, "ok" if r >= 0 else errno.errorcode[ctypes.get_errno()])
+"""
+
+
+class EscapeTestCase(CowboxTestCase):
+    def setUp(self):
+        super().setUp()
+        self.ws = os.path.join(self.tmp, "box")
+        os.mkdir(self.ws)
+
+    def sandbox(self, *cmd, args=(), env=None, check_status=None, timeout=60, **kw):
+        p = subprocess.run([COWBOX, "exec", "--dir", self.ws] + list(args) + ["--"] +
+                           list(cmd), env=env or self.env, capture_output=True, text=True,
+                           timeout=timeout, **kw)
+        if check_status is not None:
+            self.assertEqual(p.returncode, check_status, p.stdout + p.stderr)
+        return p
+
+    def probe(self, code, args=()):
+        return self.sandbox("python3", "-c", SYSCALL_PROBE + code, args=args,
+                            check_status=0).stdout
+
+
+class TestFilesystemEscapes(EscapeTestCase):
+    def test_cannot_write_outside_workspace(self):
+        p = self.sandbox("sh", "-c", "for f in /etc/cowbox-x /usr/cowbox-x /cowbox-x "
+                         "/proc/sys/kernel/cowbox /dev/cowbox-x; do "
+                         "echo x > $f 2>/dev/null && echo WROTE $f; done; "
+                         "echo ok > /workspace/inside; echo tmp > /tmp/t && cat /tmp/t")
+        self.assertNotIn("WROTE", p.stdout)
+        self.assertIn("tmp", p.stdout)
+        for path in ("/etc/cowbox-x", "/usr/cowbox-x", "/cowbox-x", "/dev/cowbox-x"):
+            self.assertFalse(os.path.exists(path), path)
+        with open(os.path.join(self.ws, "inside")) as f:
+            self.assertEqual(f.read(), "ok\n")
+
+    def test_sysctls_are_read_only(self):
+        p = self.sandbox("sh", "-c", "echo 1 > /proc/sys/vm/drop_caches && echo WROTE; "
+                         "echo evil > /proc/sys/kernel/hostname && echo WROTE2")
+        self.assertNotIn("WROTE", p.stdout)
+
+    def test_cannot_read_host_files_not_bound_in(self):
+        secret_dir = tempfile.mkdtemp(prefix="cowbox-escape-", dir="/root")
+        self.addCleanup(lambda: subprocess.run(["rm", "-rf", secret_dir]))
+        secret = os.path.join(secret_dir, "secret")
+        with open(secret, "w") as f:
+            f.write("TOPSECRET\n")
+        os.makedirs(self.home, exist_ok=True)
+        with open(os.path.join(self.home, "state"), "w") as f:
+            f.write("HOMESECRET\n")
+        env = dict(self.env)
+        p = self.sandbox("sh", "-c", "cat %s %s/state /var/lib/cowbox/* 2>&1; ls / /root "
+                         "/var 2>&1; cat /proc/1/environ 2>&1" % (secret, self.home), env=env)
+        self.assertNotIn("TOPSECRET", p.stdout)
+        self.assertNotIn("HOMESECRET", p.stdout)
+        listing = subprocess.run([COWBOX, "exec", "--dir", self.ws, "--", "ls", "/"],
+                                 env=env, capture_output=True, text=True).stdout.split()
+        self.assertEqual(sorted(set(listing) - {"lib32", "libx32"}),
+                         ["bin", "dev", "etc", "lib", "lib64", "proc", "sbin", "tmp", "usr",
+                          "workspace"])
+
+    def test_cannot_mount(self):
+        out = self.sandbox("sh", "-c", "mount -t tmpfs none /tmp 2>&1; echo rc=$?").stdout
+        self.assertNotIn("rc=0", out)
+        out = self.probe("call('mount', 165, b'none', b'/tmp', b'tmpfs', 0, None)\n"
+                         "call('umount2', 166, b'/workspace', 2)\n"
+                         "call('pivot_root', 155, b'/tmp', b'/tmp')\n"
+                         "call('unshare', 272, 0x10000000)\n")
+        self.assertEqual(out.split(), ["mount", "EPERM", "umount2", "EPERM", "pivot_root",
+                                       "EPERM", "unshare", "EPERM"])
+
+    def test_cannot_reach_a_unix_socket_under_cowbox_home(self):
+        os.makedirs(self.home, exist_ok=True)
+        path = os.path.join(self.home, "control.sock")
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        srv.bind(path)
+        srv.listen(1)
+        abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        abstract.bind(b"\0cowbox-escape-%d" % os.getpid())
+        abstract.listen(1)
+        self.addCleanup(srv.close)
+        self.addCleanup(abstract.close)
+        code = ("import socket\nfor a in (%r, b'\\0cowbox-escape-%d'):\n"
+                "    s = socket.socket(socket.AF_UNIX)\n"
+                "    try:\n        s.connect(a); print('CONNECTED')\n"
+                "    except OSError as e: print(type(e).__name__)\n" % (path, os.getpid()))
+        out = self.sandbox("python3", "-c", code, check_status=0).stdout
+        self.assertNotIn("CONNECTED", out)
+        self.assertEqual(len(out.split()), 2)
+
+
+class TestProcessEscapes(EscapeTestCase):
+    def test_cannot_see_host_pids(self):
+        host = subprocess.Popen(["sleep", "321.%d" % os.getpid()])
+        self.addCleanup(lambda: (host.kill(), host.wait()))
+        out = self.sandbox("sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '; echo; "
+                           "ls /proc | grep -c '^[0-9]'").stdout
+        self.assertNotIn("321.%d" % os.getpid(), out)
+        self.assertLess(int(out.split()[-1]), 10)  # init, sh, cat/tr/ls, grep
+
+    def test_cannot_kill_a_host_process(self):
+        host = subprocess.Popen(["sleep", "60"])
+        self.addCleanup(lambda: (host.kill(), host.wait()))
+        out = self.sandbox("sh", "-c", "kill -9 %d 2>&1; kill -9 -1 2>&1; echo done" %
+                           host.pid).stdout
+        self.assertIn("done", out)
+        time.sleep(0.1)
+        self.assertIsNone(host.poll())
+        self.assertTrue(pid_alive(os.getpid()))
+
+    def test_cannot_ptrace(self):
+        out = self.probe("import subprocess\n"
+                         "c = subprocess.Popen(['sleep', '5'])\n"
+                         "call('ptrace_attach', 101, 16, c.pid, 0, 0)\n"
+                         "call('ptrace_attach_init', 101, 16, 1, 0, 0)\n"
+                         "call('process_vm_readv', 310, 1, 0, 0, 0, 0, 0)\n"
+                         "c.kill()\n"
+                         "try:\n    open('/proc/1/mem', 'rb').read(1); print('mem READ')\n"
+                         "except OSError as e: print('mem', type(e).__name__)\n")
+        self.assertEqual(out.split()[:6], ["ptrace_attach", "EPERM", "ptrace_attach_init",
+                                           "EPERM", "process_vm_readv", "EPERM"])
+        self.assertNotIn("READ", out)
+
+    def test_cannot_load_a_module_or_use_kernel_facilities(self):
+        out = self.probe("call('init_module', 175, 0, 0, b'')\n"
+                         "call('finit_module', 313, 0, b'', 0)\n"
+                         "call('delete_module', 176, b'fuse', 0)\n"
+                         "call('kexec_load', 246, 0, 0, 0, 0)\n"
+                         "call('bpf', 321, 0, 0, 0)\n"
+                         "call('perf_event_open', 298, 0, 0, -1, -1, 0)\n"
+                         "call('keyctl', 250, 0, 0, 0, 0, 0)\n"
+                         "call('add_key', 248, b'user', b'x', b'y', 1, -2)\n"
+                         "call('open_by_handle_at', 304, -100, 0, 0)\n"
+                         "call('userfaultfd', 323, 0)\n")
+        words = out.split()
+        self.assertEqual(words[1::2], ["EPERM"] * 10, out)
+        p = self.sandbox("sh", "-c", "grep Cap /proc/self/status; cat /proc/self/status | "
+                         "grep NoNewPrivs")
+        for line in p.stdout.splitlines():
+            if line.startswith("Cap"):
+                self.assertTrue(line.endswith("0000000000000000"), line)
+        self.assertIn("NoNewPrivs:\t1", p.stdout)
+
+    def test_cannot_inject_into_the_callers_terminal(self):
+        master, slave = pty.openpty()
+        try:
+            code = ("import fcntl, termios\n"
+                    "for req in (termios.TIOCSTI, 0x541C):\n"
+                    "    try:\n        fcntl.ioctl(0, req, b'X'); print('INJECTED')\n"
+                    "    except OSError as e: print(e.errno)\n")
+            p = self.sandbox("python3", "-c", code, stdin=slave)
+            self.assertEqual(p.stdout.split(), ["1", "1"], p.stderr)  # EPERM twice
+            os.set_blocking(master, False)
+            try:
+                leaked = os.read(master, 100)
+            except BlockingIOError:
+                leaked = b""
+            self.assertNotIn(b"X", leaked)
+        finally:
+            os.close(master)
+            os.close(slave)
+
+    def test_no_credentials_from_the_host_environment(self):
+        env = dict(self.env, ANTHROPIC_API_KEY="sk-ant-secret", AWS_SECRET_ACCESS_KEY="aws")
+        out = self.sandbox("sh", "-c", "env; cat /proc/1/environ 2>/dev/null", env=env).stdout
+        self.assertNotIn("sk-ant-secret", out)
+        self.assertNotIn("aws", out.lower().replace("aws_", ""))
+
+
+class TestNetwork(EscapeTestCase):
+    def serve(self):
+        srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(4)
+        self.addCleanup(srv.close)
+
+        def accept():
+            try:
+                while True:
+                    conn, _ = srv.accept()
+                    conn.sendall(b"HOST-SERVICE\n")
+                    conn.close()
+            except OSError:
+                pass
+        threading.Thread(target=accept, daemon=True).start()
+        return srv.getsockname()[1]
+
+    CONNECT = ("import socket, sys\ns = socket.socket()\ns.settimeout(3)\ntry:\n"
+               "    s.connect(('127.0.0.1', int(sys.argv[1]))); print(s.recv(100).decode())\n"
+               "except OSError as e: print('refused', type(e).__name__)\n")
+
+    def test_none_cannot_reach_the_hosts_loopback(self):
+        port = self.serve()
+        out = self.sandbox("python3", "-c", self.CONNECT, str(port), check_status=0).stdout
+        self.assertNotIn("HOST-SERVICE", out)
+        self.assertIn("refused", out)
+        out = self.sandbox("sh", "-c", "cat /sys/class/net/*/operstate 2>/dev/null; "
+                           "ls /proc/sys/net/ipv4/conf").stdout.split()
+        self.assertEqual(sorted(set(out) - {"all", "default"}), ["lo"])
+
+    def test_all_reaches_the_host(self):
+        port = self.serve()
+        out = self.sandbox("python3", "-c", self.CONNECT, str(port), args=("--network", "all"),
+                           check_status=0).stdout
+        self.assertIn("HOST-SERVICE", out)
+
+
+class TestUserNamespace(EscapeTestCase):
+    def test_userns_maps_root_to_an_unprivileged_uid(self):
+        out = self.sandbox("sh", "-c", "cat /proc/self/uid_map; id -u; touch /workspace/f "
+                           "2>&1 || echo denied", args=("--userns",), check_status=0).stdout
+        self.assertEqual(out.split()[:3], ["0", "65534", "1"])
+        self.assertIn("denied", out)  # the workspace belongs to the host's root
+
+    def test_unprivileged_caller_gets_a_user_namespace(self):
+        os.chown(self.ws, 65534, 65534)
+        os.chmod(self.tmp, 0o755)
+        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            COWBOX, "exec", "--dir", self.ws, "--", "sh", "-c",
+                            "cat /proc/self/uid_map; echo hi > /workspace/f; hostname"],
+                           env=self.env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.split(), ["0", "65534", "1", "box"])
+        self.assertEqual(os.stat(os.path.join(self.ws, "f")).st_uid, 65534)
+
+
+class TestLimits(EscapeTestCase):
+    def test_memory_cap_kills_with_137(self):
+        p = self.sandbox("python3", "-c", "x = bytearray(400 << 20); print('survived')",
+                         args=("--memory", "64"))
+        self.assertEqual(p.returncode, 137, p.stdout + p.stderr)
+        self.assertNotIn("survived", p.stdout)
+        self.assertIn("memory cap", p.stderr)
+
+    def test_pids_cap_stops_a_fork_bomb(self):
+        code = ("import os, time\nn = 0\nfor i in range(1000):\n    try:\n"
+                "        pid = os.fork()\n    except BlockingIOError:\n        break\n"
+                "    if pid == 0:\n        time.sleep(30); os._exit(0)\n    n += 1\nprint(n)\n")
+        p = self.sandbox("python3", "-c", code, args=("--pids", "64"), check_status=0)
+        self.assertGreater(int(p.stdout), 10)
+        self.assertLess(int(p.stdout), 64)  # python itself and init count too
+        # the classic bomb: capped, then the timeout takes the whole namespace down
+        t0 = time.monotonic()
+        p = self.sandbox("sh", "-c", "bomb() { bomb | bomb & }; bomb; sleep 30",
+                         args=("--pids", "64", "--timeout", "2"))
+        self.assertEqual(p.returncode, 124)
+        self.assertLess(time.monotonic() - t0, 10)
+
+    def test_cpus_cap_is_enforced(self):
+        code = ("import time\nt = time.time(); c = time.process_time()\n"
+                "while time.time() - t < 1.0: pass\nprint(time.process_time() - c)\n")
+        p = self.sandbox("python3", "-c", code, args=("--cpus", "0.5"), check_status=0)
+        used = float(p.stdout)
+        self.assertGreater(used, 0.25)
+        self.assertLess(used, 0.7)
+        p = self.sandbox("python3", "-c", code, check_status=0)
+        self.assertGreater(float(p.stdout), used + 0.15)  # unlimited: (nearly) a whole cpu
+
+
+if __name__ == "__main__":
+    unittest.main()

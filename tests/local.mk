@@ -3,4 +3,6 @@
 TESTS += tests/integration/test_cli.py tests/integration/test_journal.py \
 	tests/integration/test_daemon.py
 EXTRA_DIST += tests/integration/cbtest.py
+TESTS += tests/integration/test_turns.py tests/integration/test_turns_property.py
+EXTRA_DIST += tests/integration/turnutil.py
 TESTS += tests/integration/test_exec.py tests/integration/test_escape.py

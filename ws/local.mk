@@ -14,3 +14,10 @@ ws_test_turns_SOURCES = ws/test_turns.c
 ws_test_turns_CFLAGS = $(CRITERION_TEST_CFLAGS)
 ws_test_turns_LDADD = ws/libcb_ws.la db/libcb_db.la util/libcb_util.la $(DEPS_LIBS) \
 	$(CRITERION_TEST_LIBS)
+
+check_PROGRAMS += ws/test_workspace
+TESTS += ws/test_workspace
+ws_test_workspace_SOURCES = ws/test_workspace.c
+ws_test_workspace_CFLAGS = $(CRITERION_TEST_CFLAGS)
+ws_test_workspace_LDADD = ws/libcb_ws.la db/libcb_db.la util/libcb_util.la $(DEPS_LIBS) \
+	$(CRITERION_TEST_LIBS)

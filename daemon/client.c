@@ -339,6 +339,16 @@ static int wait_ready(const char *ref, const char *log, pid_t child, long long d
 		struct cb_ws_info info;
 
 		if (child > 0 && waitpid(child, &status, WNOHANG) == child) {
+			pid_t other = 0;
+			char *mnt = NULL;
+
+			/* Lost a race with another `mount`: its daemon serves, ours did not. */
+			cb_ws_daemon(ref, &other, &mnt);
+			free(mnt);
+			if (other != 0) {
+				child = 0;
+				continue;
+			}
 			log_tail(log, tail, sizeof(tail));
 			return cb_error_set(EIO,
 					    "workspace %s: cowbox serve exited (%s %d) before "

@@ -396,8 +396,14 @@ out:
 	snprintf(saved, sizeof(saved), "%s", cb_error_message());
 	cb_overlay_destroy(d.ov);
 	d.ov = NULL;
-	if (d.db)
+	if (d.db) {
+		unsigned long long marks, rows, txs;
+
 		cb_journal_sync(d.db);
+		cb_journal_stats(d.db, &marks, &rows, &txs);
+		daemon_log("journal: %llu marks asked, %llu rows written in %llu transactions",
+			   marks, rows, txs);
+	}
 	cb_db_close(d.db);
 	if (d.listen_fd >= 0) {
 		close(d.listen_fd);

@@ -69,10 +69,6 @@ void cb_journal_fini(struct cb_db *db);
  * new turn after committing it to meta). */
 void cb_journal_set_turn(struct cb_db *db, long long turn);
 
-/* Counters since open: marks asked for, rows inserted, transactions committed. */
-void cb_journal_stats(struct cb_db *db, unsigned long long *marks, unsigned long long *rows,
-		      unsigned long long *transactions);
-
 /* Set an error message from SQLite's last error on db, naming the file and the step. */
 int cb_db_error(struct cb_db *db, int rc, const char *what);
 

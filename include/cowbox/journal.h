@@ -72,6 +72,11 @@ int cb_db_meta_get(struct cb_db *db, const char *key, char **value);
 /* Set a key of the workspace's metadata, committed before it returns. */
 int cb_db_meta_set(struct cb_db *db, const char *key, const char *value);
 
+/* Counters since this handle was opened: marks asked for, rows inserted, transactions
+ * committed (fewer than rows when group commit batches concurrent marks). */
+void cb_journal_stats(struct cb_db *db, unsigned long long *marks, unsigned long long *rows,
+		      unsigned long long *transactions);
+
 /* "create", "write", ... for output; "unknown" for a bad value. */
 const char *cb_change_kind_name(enum cb_change_kind kind);
 

@@ -4,9 +4,10 @@ with --json and --help, and the errors for refs and names cowbox did not make.""
 import json
 import os
 import re
+import subprocess
 import unittest
 
-from cbtest import CowboxTestCase, is_fuse_mount, wait_for
+from cbtest import COWBOX, CowboxTestCase, is_fuse_mount
 
 REF_RE = re.compile(r"^cb-[0-9a-f]{32}$")
 COMMANDS = ["create", "mount", "umount", "ls", "info", "rm", "log", "serve"]
@@ -188,6 +189,17 @@ class TestMount(CowboxTestCase):
                           "No such file")
         self.cowbox("umount", ref)
         self.assertFalse(is_fuse_mount(where))
+
+    def test_racing_mounts_share_one_daemon(self):
+        ref = self.create()
+        procs = [subprocess.Popen([COWBOX, "mount", ref, "--json"], env=self.env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(4)]
+        outs = [p.communicate(timeout=60) for p in procs]
+        self.assertEqual([p.returncode for p in procs], [0] * 4, outs)
+        pids = {json.loads(out)["pid"] for out, _ in outs}
+        self.assertEqual(len(pids), 1, outs)
+        self.assertEqual(self.daemon_pid(ref), pids.pop())
 
     def test_second_serve_is_refused_with_the_owner_pid(self):
         ref = self.create()

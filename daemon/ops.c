@@ -9,7 +9,7 @@
 extern const struct cb_daemon_op cb_daemon_ops_turns[]; /* daemon/ops_turns.c */
 
 static const struct cb_daemon_op *const op_tables[] = {
-    cb_daemon_ops_core, /* hello, ping, info, close (daemon/ops_core.c) */
+    cb_daemon_ops_core,	 /* hello, ping, info, close (daemon/ops_core.c) */
     cb_daemon_ops_turns, /* snapshot, diff, rollback, prune, fork, turns (daemon/ops_turns.c) */
     /* api: exec, run, read, write, which, host_url (daemon/ops_api.c) */
     NULL,

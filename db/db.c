@@ -128,7 +128,9 @@ int cb_db_open(const char *path, struct cb_db **out)
 		goto fail;
 	}
 	sqlite3_extended_result_codes(db->sql, 1);
-	sqlite3_busy_timeout(db->sql, 10000);
+	/* A long write of another connection (a snapshot) delays a mark rather than failing the
+	 * filesystem operation waiting on it. */
+	sqlite3_busy_timeout(db->sql, 30000);
 	rc = db_exec(db, "PRAGMA journal_mode=WAL", "set WAL mode");
 	if (!rc)
 		rc = db_exec(db, "PRAGMA synchronous=NORMAL", "set synchronous");

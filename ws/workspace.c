@@ -304,13 +304,14 @@ int cb_ws_resolve(const char *arg, char ref[CB_WS_REF_LEN + 1])
 	}
 	if ((rc = ws_pathf(&db, "%s/meta.db", dir)))
 		goto out;
-	if (!ws_is_complete(db)) {
+	rc = ws_check_complete(db);
+	if (rc == -EUCLEAN)
 		rc = cb_error_set(EUCLEAN,
 				  "workspace %s was not fully created (interrupted?); remove it "
 				  "with 'cowbox rm %s'",
 				  ref, ref);
-		goto out;
-	}
+	else if (rc)
+		rc = cb_error_wrap(rc, "workspace %s", ref);
 out:
 	if (rc)
 		ref[0] = '\0';

@@ -32,23 +32,29 @@ const char *cb_ws_state_name(enum cb_ws_state state)
 		return "stale";
 	case CB_WS_INCOMPLETE:
 		return "incomplete";
+	case CB_WS_BROKEN:
+		return "broken";
 	default:
 		return "unmounted";
 	}
 }
 
-int ws_is_complete(const char *db_path)
+int ws_check_complete(const char *db_path)
 {
 	struct cb_db *db = NULL;
 	char *v = NULL;
-	int ok;
+	int rc;
 
-	if (access(db_path, F_OK) < 0 || cb_db_open(db_path, &db))
-		return 0;
-	ok = cb_db_meta_get(db, "created", &v) == 0;
+	if (access(db_path, F_OK) < 0)
+		return cb_error_set(EUCLEAN, "%s is missing", db_path);
+	if ((rc = cb_db_open(db_path, &db)))
+		return rc;
+	rc = cb_db_meta_get(db, "created", &v);
+	if (rc == -ENOENT)
+		rc = cb_error_set(EUCLEAN, "%s has no creation mark", db_path);
 	free(v);
 	cb_db_close(db);
-	return ok;
+	return rc;
 }
 
 /* mountinfo escapes space, tab, newline and backslash as \ooo. */
@@ -221,8 +227,10 @@ static int ws_describe(const char *ref, struct cb_ws_info *out)
 	memcpy(out->ref, ref, CB_WS_REF_LEN + 1);
 	if ((rc = cb_ws_path(ref, NULL, &out->dir)) || (rc = cb_ws_path(ref, "meta.db", &dbpath)))
 		goto out;
-	if (!ws_is_complete(dbpath)) {
-		out->state = CB_WS_INCOMPLETE;
+	rc = ws_check_complete(dbpath);
+	if (rc) {
+		out->state = rc == -EUCLEAN ? CB_WS_INCOMPLETE : CB_WS_BROKEN;
+		rc = 0;
 		goto out;
 	}
 	if ((rc = cb_db_open(dbpath, &db)))

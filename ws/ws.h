@@ -14,7 +14,9 @@ int ws_delete_tree(const char *dir);
 /* The ref a name points at, or -ENOENT with "no workspace named ...". */
 int ws_name_lookup(const char *home, const char *name, char ref[CB_WS_REF_LEN + 1]);
 
-/* 1 if meta.db exists and says creation finished. */
-int ws_is_complete(const char *db_path);
+/* 0 if meta.db exists and says creation finished; -EUCLEAN if creation never finished (no
+ * file, or no "created" mark); another -errno with the database's message if the file cannot
+ * be read (corrupt, unreadable). */
+int ws_check_complete(const char *db_path);
 
 #endif

@@ -14,6 +14,7 @@ enum cb_ws_state {
 	CB_WS_MOUNTED,	     /* a daemon holds the lock (it owns the mount while it lives) */
 	CB_WS_STALE,	     /* no daemon, but a dead FUSE mount or socket is left over */
 	CB_WS_INCOMPLETE,    /* creation was interrupted: only `rm` accepts it */
+	CB_WS_BROKEN,	     /* its meta.db cannot be read (corrupt): only `rm` accepts it */
 };
 
 struct cb_ws_info {
@@ -77,7 +78,7 @@ int cb_ws_fuse_mount_source(const char *path, char *source, size_t size);
  * fusermount3 -u -z); 0 if nothing was mounted there. */
 int cb_ws_unmount(const char *path);
 
-/* "mounted", "unmounted", "stale", "incomplete". */
+/* "mounted", "unmounted", "stale", "incomplete", "broken". */
 const char *cb_ws_state_name(enum cb_ws_state state);
 
 #endif

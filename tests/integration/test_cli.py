@@ -88,6 +88,16 @@ class TestResolve(CowboxTestCase):
         self.cowbox("rm", ref)
         self.assertFalse(os.path.exists(self.ws_dir(ref)))
 
+    def test_corrupt_database_is_named_and_removable(self):
+        ref = self.create()
+        with open(os.path.join(self.ws_dir(ref), "meta.db"), "wb") as f:
+            f.write(b"\x42" * 4096)
+        self.assert_fails(["info", ref], "meta.db: set WAL mode: file is not a database")
+        self.assert_fails(["mount", ref], "file is not a database")
+        self.assertEqual(self.cowbox_json("ls")[0]["state"], "broken")
+        self.cowbox("rm", ref)
+        self.assertEqual(self.cowbox_json("ls"), [])
+
 
 class TestListRemove(CowboxTestCase):
     def test_ls_lists_every_workspace(self):

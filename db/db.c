@@ -131,6 +131,12 @@ int cb_db_open(const char *path, struct cb_db **out)
 	/* A long write of another connection (a snapshot) delays a mark rather than failing the
 	 * filesystem operation waiting on it. */
 	sqlite3_busy_timeout(db->sql, 30000);
+	/* SQLite quietly falls back to read-only when the file cannot be written; a journal
+	 * that cannot record anything must fail here, not at the first mark. */
+	if (sqlite3_db_readonly(db->sql, "main") == 1) {
+		rc = cb_error_set(EACCES, "database %s: the file is not writable", path);
+		goto fail;
+	}
 	rc = db_exec(db, "PRAGMA journal_mode=WAL", "set WAL mode");
 	if (!rc)
 		rc = db_exec(db, "PRAGMA synchronous=NORMAL", "set synchronous");

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -298,4 +300,38 @@ Test(journal, newer_schema_is_refused)
 	sqlite3_close(raw);
 	cr_assert_lt(cb_db_open(path, &db), 0);
 	cr_assert(strstr(cb_error_message(), "newer"), "%s", cb_error_message());
+}
+
+/* Sets or clears the immutable flag; 0 when the filesystem or our privileges do not allow it. */
+static int set_immutable(const char *file, int on)
+{
+	int fd = open(file, O_RDONLY | O_CLOEXEC), flags, ok = 0;
+
+	if (fd < 0)
+		return 0;
+	if (ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0) {
+		flags = on ? flags | FS_IMMUTABLE_FL : flags & ~FS_IMMUTABLE_FL;
+		ok = ioctl(fd, FS_IOC_SETFLAGS, &flags) == 0;
+	}
+	close(fd);
+	return ok;
+}
+
+Test(journal, unwritable_file_is_a_clear_error)
+{
+	struct cb_db *db = NULL;
+	int rc;
+
+	cr_assert_eq(cb_db_open(path, &db), 0);
+	cb_db_close(db);
+	/* Root ignores modes; an immutable file is unwritable even for root. */
+	if (geteuid() == 0 ? !set_immutable(path, 1) : chmod(path, 0400) != 0)
+		cr_skip_test("cannot make %s unwritable here", path);
+	rc = cb_db_open(path, &db);
+	if (geteuid() == 0)
+		set_immutable(path, 0);
+	cr_assert_eq(rc, -EACCES, "rc %d: %s", rc, cb_error_message());
+	cr_assert_null(db);
+	cr_assert(strstr(cb_error_message(), path), "%s", cb_error_message());
+	cr_assert(strstr(cb_error_message(), "not writable"), "%s", cb_error_message());
 }

@@ -329,6 +329,11 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	d.started = now_seconds();
 	if ((rc = daemon_load(&d, opt)) || (rc = daemon_lock(&d, &old_mnt)))
 		goto out;
+	/* Every path is absolute now; a cwd inside some mount would keep it busy for our life. */
+	if (chdir("/") < 0) {
+		rc = cb_error_set(errno, "chdir /: %s", strerror(errno));
+		goto out;
+	}
 	/* From here on the caller's terminal only sees the log if asked to. */
 	if (!opt->foreground && (rc = daemon_to_log(&d)))
 		goto out;

@@ -421,6 +421,9 @@ int cb_daemon_ensure(const char *arg, const char *mountpoint, int timeout_ms, pi
 		}
 		if (null >= 0)
 			dup2(null, 0);
+		/* The daemon outlives us: an inherited pipe would keep our caller's reader
+		 * waiting for an EOF that never comes. */
+		close_range(3, ~0U, 0);
 		setsid();
 		exec_serve(ref, mountpoint);
 	}

@@ -4,6 +4,7 @@ with --json and --help, and the errors for refs and names cowbox did not make.""
 import json
 import os
 import re
+import select
 import subprocess
 import unittest
 
@@ -199,6 +200,23 @@ class TestMount(CowboxTestCase):
                           "No such file")
         self.cowbox("umount", ref)
         self.assertFalse(is_fuse_mount(where))
+
+    def test_daemon_does_not_keep_the_callers_fds(self):
+        ref = self.create()
+        r, w = os.pipe()
+        try:
+            proc = subprocess.run([COWBOX, "mount", ref], env=self.env, pass_fds=[w],
+                                  capture_output=True, timeout=60)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            os.close(w)
+            w = -1
+            ready, _, _ = select.select([r], [], [], 5)
+            self.assertTrue(ready and os.read(r, 1) == b"",
+                            "the daemon inherited the caller's pipe")
+        finally:
+            os.close(r)
+            if w >= 0:
+                os.close(w)
 
     def test_racing_mounts_share_one_daemon(self):
         ref = self.create()

@@ -16,7 +16,13 @@
 #define CB_MSG_TTY    'T' /* shim -> parent: the sandbox pty's master, as SCM_RIGHTS */
 
 /* One entry of the sandbox root, prepared in the parent so the child only makes syscalls. */
-enum cb_ns_entry_kind { CB_NS_BIND_RO, CB_NS_BIND_RW, CB_NS_SYMLINK, CB_NS_DEV };
+enum cb_ns_entry_kind {
+	CB_NS_BIND_RO,
+	CB_NS_BIND_RW,
+	CB_NS_SYMLINK,
+	CB_NS_DEV,
+	CB_NS_MASK, /* hide a host secret under /etc behind an empty file or directory */
+};
 
 struct cb_ns_entry {
 	enum cb_ns_entry_kind kind;
@@ -26,6 +32,8 @@ struct cb_ns_entry {
 	int is_file; /* bind of a file (device node) rather than a directory */
 	int tree;    /* detached clone opened by a privileged caller before clone, else -1 */
 };
+
+#define CB_NS_MAX_ENTRIES 64
 
 /* Everything the sandbox child needs, computed before clone (no allocation after it). */
 struct cb_ns_plan {

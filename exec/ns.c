@@ -2,6 +2,7 @@
  * by the sandbox's pid 1 from detached bind trees on an empty tmpfs, then pivot_root. */
 #include "config.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -25,6 +26,11 @@
 static const char *const root_dirs[] = {"usr", "etc",	"bin",	 "sbin",
 					"lib", "lib32", "lib64", "libx32"};
 static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
+/* The sandbox's uid 0 (without a user namespace) still owns root's files: hide the host's
+ * secrets that live in the /etc it sees. */
+static const char *const masked[] = {"etc/shadow",	"etc/gshadow",	       "etc/shadow-",
+				     "etc/gshadow-",	"etc/sudoers",	       "etc/sudoers.d",
+				     "etc/ssl/private", "etc/security/opasswd"};
 
 static int add_entry(struct cb_ns_plan *p, enum cb_ns_entry_kind kind, const char *src,
 		     const char *dst)
@@ -63,6 +69,44 @@ static int add_root_dir(struct cb_ns_plan *p, const char *prefix, const char *na
 	return add_entry(p, CB_NS_BIND_RO, path, name);
 }
 
+static int add_mask(struct cb_ns_plan *p, const char *prefix, const char *rel)
+{
+	char path[PATH_MAX];
+	struct stat st;
+	snprintf(path, sizeof path, "%s/%s", prefix, rel);
+	if (lstat(path, &st) < 0 || !(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)))
+		return 0;
+	if (p->n_entries >= CB_NS_MAX_ENTRIES - 16)
+		return 0; /* keep room for the workspace and /dev */
+	int rc = add_entry(p, CB_NS_MASK, path, rel);
+	if (rc == 0)
+		p->entries[p->n_entries - 1].is_file = S_ISREG(st.st_mode);
+	return rc;
+}
+
+static int add_masks(struct cb_ns_plan *p, const char *prefix)
+{
+	char dir[PATH_MAX];
+	int rc = 0;
+	for (size_t i = 0; i < sizeof masked / sizeof *masked && !rc; i++)
+		rc = add_mask(p, prefix, masked[i]);
+	snprintf(dir, sizeof dir, "%s/etc/ssh", prefix);
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	while (!rc && d && (de = readdir(d))) {
+		size_t n = strlen(de->d_name);
+		if (!strncmp(de->d_name, "ssh_host_", 9) && n > 4 &&
+		    !strcmp(de->d_name + n - 4, "_key")) {
+			char rel[300];
+			snprintf(rel, sizeof rel, "etc/ssh/%s", de->d_name);
+			rc = add_mask(p, prefix, rel);
+		}
+	}
+	if (d)
+		closedir(d);
+	return rc;
+}
+
 int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out)
 {
 	struct stat st;
@@ -73,7 +117,7 @@ int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out)
 	*out = NULL;
 	if (!p)
 		return cb_error_set(ENOMEM, "sandbox: out of memory");
-	p->entries = calloc(32, sizeof *p->entries);
+	p->entries = calloc(CB_NS_MAX_ENTRIES, sizeof *p->entries);
 	if (!p->entries) {
 		rc = cb_error_set(ENOMEM, "sandbox: out of memory");
 		goto out;
@@ -118,6 +162,8 @@ int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out)
 	for (size_t i = 0; i < sizeof root_dirs / sizeof *root_dirs; i++)
 		if ((rc = add_root_dir(p, prefix, root_dirs[i])) < 0)
 			goto out;
+	if ((rc = add_masks(p, prefix)) < 0)
+		goto out;
 	if ((rc = add_entry(p, CB_NS_BIND_RW, sb->workspace, "workspace")) < 0)
 		goto out;
 	for (size_t i = 0; i < sizeof dev_nodes / sizeof *dev_nodes; i++) {
@@ -257,9 +303,44 @@ static int protect_proc(int rootfd, const char *path)
 	return rc;
 }
 
+/* Bind an empty file (or directory) of the root tmpfs over each masked path, then drop the
+ * source names: the binds keep them alive, nothing shows in /. */
+static int mask_secrets(const struct cb_ns_plan *p, int rootfd, int ctl)
+{
+	int made_file = 0, made_dir = 0, rc = 0;
+	for (size_t i = 0; i < p->n_entries; i++) {
+		const struct cb_ns_entry *e = &p->entries[i];
+		char src[64] = "/tmp/", dst[PATH_MAX] = "/tmp/";
+		if (e->kind != CB_NS_MASK)
+			continue;
+		const char *name = e->is_file ? ".cowbox-empty" : ".cowbox-emptydir";
+		if (e->is_file && !made_file) {
+			int f = openat(rootfd, name, O_CREAT | O_WRONLY | O_CLOEXEC, 0000);
+			if (f < 0)
+				FAIL("make the mask file", NULL);
+			close(f);
+			made_file = 1;
+		} else if (!e->is_file && !made_dir) {
+			if (mkdirat(rootfd, name, 0000) < 0)
+				FAIL("make the mask directory", NULL);
+			made_dir = 1;
+		}
+		strncat(src, name, sizeof src - 6);
+		strncat(dst, e->dst, sizeof dst - 6);
+		if (mount(src, dst, NULL, MS_BIND, NULL) < 0)
+			FAIL("hide", e->dst);
+	}
+out:
+	if (made_file)
+		unlinkat(rootfd, ".cowbox-empty", 0);
+	if (made_dir)
+		unlinkat(rootfd, ".cowbox-emptydir", AT_REMOVEDIR);
+	return rc;
+}
+
 int cb_ns_setup_root(const struct cb_ns_plan *p, int ctl)
 {
-	int trees[32], rootfd = -1, rc = 0;
+	int trees[CB_NS_MAX_ENTRIES], rootfd = -1, rc = 0;
 	size_t i;
 	for (i = 0; i < p->n_entries; i++)
 		trees[i] = -1;
@@ -301,6 +382,8 @@ int cb_ns_setup_root(const struct cb_ns_plan *p, int ctl)
 			if (mknodat(rootfd, e->dst, S_IFCHR | 0666, e->rdev) < 0)
 				FAIL("mknod", e->dst);
 			break;
+		case CB_NS_MASK:
+			break; /* below, once /etc is in place */
 		default:
 			if (e->is_file) {
 				int f =
@@ -315,6 +398,10 @@ int cb_ns_setup_root(const struct cb_ns_plan *p, int ctl)
 				    e->dst, MOVE_MOUNT_F_EMPTY_PATH) < 0)
 				FAIL("attach", e->src);
 		}
+	}
+	if (mask_secrets(p, rootfd, ctl) < 0) {
+		rc = -1;
+		goto out;
 	}
 	if (mount("proc", "/tmp/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
 		FAIL("mount /proc", NULL);

@@ -21,6 +21,13 @@
 /* Everything here runs in a child cloned from a possibly multi-threaded process: no malloc,
  * no stdio, only syscalls and small string helpers on the stack. */
 
+/* strerror without the allocation glibc may do for an unknown errno */
+static const char *errtext(int err)
+{
+	const char *d = strerrordesc_np(err);
+	return d ? d : "unknown error";
+}
+
 static size_t cat(char *buf, size_t off, size_t cap, const char *s)
 {
 	while (*s && off + 1 < cap)
@@ -55,7 +62,7 @@ void cb_exec_child_error(int fd, const char *what, const char *detail, int err)
 	}
 	if (err) {
 		n = cat(msg, n, sizeof msg, ": ");
-		n = cat(msg, n, sizeof msg, strerror(err));
+		n = cat(msg, n, sizeof msg, errtext(err));
 	}
 	(void)!send(fd, msg, n, MSG_NOSIGNAL);
 }
@@ -110,7 +117,7 @@ static void exec_program(const struct cb_exec_plan *p)
 	n = cat(msg, n, sizeof msg, prog);
 	n = cat(msg, n, sizeof msg, err == ENOENT ? ": command not found\n" : ": ");
 	if (err != ENOENT) {
-		n = cat(msg, n, sizeof msg, strerror(err));
+		n = cat(msg, n, sizeof msg, errtext(err));
 		cat(msg, n, sizeof msg, "\n");
 	}
 	write_str(2, msg);
@@ -267,13 +274,16 @@ static _Noreturn void finish(const struct cb_exec_plan *p, pid_t cmd, int *cmd_d
 {
 	if (p->ns)
 		_exit(0); /* the kernel kills the rest of the pid namespace with us */
-	for (;;) {
+	/* Bounded: a process stuck in the kernel (a hung FUSE read) must not hang the caller;
+	 * after 10 s what is left goes to our parent to reap. */
+	for (int round = 0; round < 10000; round++) {
 		signal_descendants(SIGKILL);
 		if (reap(cmd, p->ctl, cmd_done))
 			_exit(0);
 		struct timespec ts = {0, 1000000};
 		nanosleep(&ts, NULL);
 	}
+	_exit(0);
 }
 
 /* Close every fd of the caller but ours: other commands' pipes must not stay open here. */
@@ -347,6 +357,7 @@ void cb_exec_shim_main(const struct cb_exec_plan *given)
 {
 	struct cb_exec_plan plan = *given, *p = &plan;
 	close_foreign_fds(p);
+	prctl(PR_SET_NAME, (unsigned long)"cowbox-init", 0, 0, 0);
 	if (p->wait_go) {
 		char c = 0;
 		if (recv(p->ctl, &c, 1, 0) != 1 || c != CB_MSG_GO)

@@ -73,6 +73,8 @@ class TestFilesystemEscapes(EscapeTestCase):
         p = self.sandbox("sh", "-c", "cat %s %s/state /var/lib/cowbox/* 2>&1; ls / /root "
                          "/var 2>&1; cat /proc/1/environ 2>&1" % (secret, self.home), env=env)
         self.assertNotIn("TOPSECRET", p.stdout)
+        shadow = self.sandbox("sh", "-c", "cat /etc/shadow /etc/gshadow 2>&1").stdout
+        self.assertNotIn("root:", shadow)  # uid 0 inside still owns root's files: masked
         self.assertNotIn("HOMESECRET", p.stdout)
         listing = subprocess.run([COWBOX, "exec", "--dir", self.ws, "--", "ls", "/"],
                                  env=env, capture_output=True, text=True).stdout.split()

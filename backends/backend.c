@@ -1,0 +1,411 @@
+/* What every backend shares: its options (JSON, backend.json), the table lookup, opening a
+ * workspace's backend, creating it once, command environments and hooks. */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cowbox/backend.h"
+#include "cowbox/error.h"
+#include "cowbox/exec.h"
+
+extern const struct cb_backend_ops cb_backend_ns, cb_backend_local, cb_backend_docker;
+
+static const struct cb_backend_ops *const backend_tables[] = {
+    &cb_backend_ns,
+    &cb_backend_local,
+    &cb_backend_docker,
+};
+
+const struct cb_backend_ops *cb_backend_find(const char *kind)
+{
+	for (size_t i = 0; i < sizeof backend_tables / sizeof *backend_tables; i++)
+		if (!strcmp(backend_tables[i]->name, kind))
+			return backend_tables[i];
+	return NULL;
+}
+
+void cb_backend_options_free(struct cb_backend_options *o)
+{
+	free(o->kind);
+	cb_exec_env_free(o->env);
+	free(o->working_dir);
+	free(o->image);
+	for (int i = 0; i < CB_BACKEND_MAX_HOOKS; i++) {
+		free(o->on_create[i]);
+		free(o->on_destroy[i]);
+	}
+	free(o->setup_script);
+	memset(o, 0, sizeof(*o));
+}
+
+static int opt_string(json_t *v, const char *key, char **out)
+{
+	if (!json_is_string(v))
+		return cb_error_set(EINVAL, "backend option %s: needs a string", key);
+	*out = strdup(json_string_value(v));
+	return *out ? 0 : cb_error_set(ENOMEM, "backend option %s: out of memory", key);
+}
+
+static int opt_number(json_t *v, const char *key, double *out)
+{
+	if (!json_is_number(v) || json_number_value(v) < 0)
+		return cb_error_set(EINVAL, "backend option %s: needs a non-negative number", key);
+	*out = json_number_value(v);
+	return 0;
+}
+
+static int opt_hooks(json_t *v, const char *key, char **out)
+{
+	size_t i;
+	json_t *e;
+
+	if (!json_is_array(v) || json_array_size(v) > CB_BACKEND_MAX_HOOKS)
+		return cb_error_set(EINVAL,
+				    "backend option %s: needs a list of at most %d commands", key,
+				    CB_BACKEND_MAX_HOOKS);
+	json_array_foreach(v, i, e)
+	{
+		int rc = opt_string(e, key, &out[i]);
+
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+static int opt_env(json_t *v, char ***out)
+{
+	const char *k;
+	json_t *e;
+	size_t n = 0;
+
+	if (!json_is_object(v))
+		return cb_error_set(EINVAL, "backend option env: needs an object of strings");
+	*out = calloc(json_object_size(v) + 1, sizeof(char *));
+	if (!*out)
+		return cb_error_set(ENOMEM, "backend option env: out of memory");
+	json_object_foreach(v, k, e)
+	{
+		if (!json_is_string(e) || !*k || strchr(k, '='))
+			return cb_error_set(EINVAL,
+					    "backend option env: %s needs a string value "
+					    "and a name without '='",
+					    k);
+		if (asprintf(&(*out)[n], "%s=%s", k, json_string_value(e)) < 0) {
+			(*out)[n] = NULL;
+			return cb_error_set(ENOMEM, "backend option env: out of memory");
+		}
+		n++;
+	}
+	return 0;
+}
+
+int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
+{
+	const char *key;
+	json_t *v;
+	double num;
+	int rc = 0;
+
+	memset(out, 0, sizeof(*out));
+	if (!json_is_object(j))
+		return cb_error_set(EINVAL, "backend options: need a JSON object");
+	json_object_foreach(j, key, v)
+	{
+		if (!strcmp(key, "backend"))
+			rc = opt_string(v, key, &out->kind);
+		else if (!strcmp(key, "env"))
+			rc = opt_env(v, &out->env);
+		else if (!strcmp(key, "working_dir"))
+			rc = opt_string(v, key, &out->working_dir);
+		else if (!strcmp(key, "image"))
+			rc = opt_string(v, key, &out->image);
+		else if (!strcmp(key, "setup_script"))
+			rc = opt_string(v, key, &out->setup_script);
+		else if (!strcmp(key, "timeout"))
+			rc = opt_number(v, key, &out->timeout);
+		else if (!strcmp(key, "setup_timeout"))
+			rc = opt_number(v, key, &out->setup_timeout);
+		else if (!strcmp(key, "cpus"))
+			rc = opt_number(v, key, &out->cpus);
+		else if (!strcmp(key, "memory_mb")) {
+			rc = opt_number(v, key, &num);
+			out->memory_mb = (unsigned long)num;
+		} else if (!strcmp(key, "network")) {
+			const char *s = json_string_value(v);
+
+			if (!s || (strcmp(s, "none") && strcmp(s, "all")))
+				rc = cb_error_set(EINVAL, "backend option network: none or all");
+			out->net_all = s && !strcmp(s, "all");
+		} else if (!strcmp(key, "on_create"))
+			rc = opt_hooks(v, key, out->on_create);
+		else if (!strcmp(key, "on_destroy"))
+			rc = opt_hooks(v, key, out->on_destroy);
+		else
+			rc = cb_error_set(EINVAL, "unknown backend option '%s'", key);
+		if (rc)
+			break;
+	}
+	if (!rc && !out->kind && !(out->kind = strdup("ns")))
+		rc = cb_error_set(ENOMEM, "backend options: out of memory");
+	if (!rc && !cb_backend_find(out->kind))
+		rc = cb_error_set(EINVAL, "unknown backend '%s' (ns, local or docker)", out->kind);
+	if (!rc && out->working_dir &&
+	    (out->working_dir[0] == '/' || strstr(out->working_dir, "..")))
+		rc = cb_error_set(EINVAL,
+				  "backend option working_dir %s: must be relative to the "
+				  "workspace root, without ..",
+				  out->working_dir);
+	if (rc)
+		cb_backend_options_free(out);
+	return rc;
+}
+
+json_t *cb_backend_options_to_json(const struct cb_backend_options *o)
+{
+	json_t *j = json_object(), *env = json_object(), *c = json_array(), *d = json_array();
+
+	for (size_t i = 0; o->env && o->env[i]; i++) {
+		char *k = strdup(o->env[i]), *eq = k ? strchr(k, '=') : NULL;
+
+		if (eq) {
+			*eq = 0;
+			json_object_set_new(env, k, json_string(eq + 1));
+		}
+		free(k);
+	}
+	for (int i = 0; i < CB_BACKEND_MAX_HOOKS; i++) {
+		if (o->on_create[i])
+			json_array_append_new(c, json_string(o->on_create[i]));
+		if (o->on_destroy[i])
+			json_array_append_new(d, json_string(o->on_destroy[i]));
+	}
+	json_object_set_new(j, "backend", json_string(o->kind ? o->kind : "ns"));
+	json_object_set_new(j, "env", env);
+	json_object_set_new(j, "network", json_string(o->net_all ? "all" : "none"));
+	json_object_set_new(j, "timeout", json_real(o->timeout));
+	json_object_set_new(j, "cpus", json_real(o->cpus));
+	json_object_set_new(j, "memory_mb", json_integer((json_int_t)o->memory_mb));
+	json_object_set_new(j, "on_create", c);
+	json_object_set_new(j, "on_destroy", d);
+	json_object_set_new(j, "setup_timeout", json_real(o->setup_timeout));
+	if (o->working_dir)
+		json_object_set_new(j, "working_dir", json_string(o->working_dir));
+	if (o->image)
+		json_object_set_new(j, "image", json_string(o->image));
+	if (o->setup_script)
+		json_object_set_new(j, "setup_script", json_string(o->setup_script));
+	return j;
+}
+
+int cb_backend_options_save(const char *dir, const struct cb_backend_options *o)
+{
+	char path[4096], tmp[4200];
+	json_t *j = cb_backend_options_to_json(o);
+	int rc = 0;
+
+	snprintf(path, sizeof(path), "%s/backend.json", dir);
+	snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
+	if (!j || json_dump_file(j, tmp, JSON_INDENT(1)) < 0)
+		rc = cb_error_set(EIO, "write %s: cannot save the backend options", tmp);
+	else if (rename(tmp, path) < 0)
+		rc = cb_error_set(errno, "rename %s: %s", path, strerror(errno));
+	if (rc)
+		unlink(tmp);
+	json_decref(j);
+	return rc;
+}
+
+int cb_backend_options_load(const char *dir, struct cb_backend_options *out)
+{
+	char path[4096];
+	json_error_t jerr;
+	json_t *j;
+	int rc;
+
+	snprintf(path, sizeof(path), "%s/backend.json", dir);
+	if (access(path, F_OK) < 0 && errno == ENOENT) {
+		j = json_object();
+	} else if (!(j = json_load_file(path, 0, &jerr))) {
+		return cb_error_set(EIO, "%s: line %d: %s", path, jerr.line, jerr.text);
+	}
+	rc = cb_backend_options_from_json(j, out);
+	json_decref(j);
+	if (rc)
+		cb_error_wrap(rc, "%s", path);
+	return rc;
+}
+
+int cb_backend_open(const char *ref, const char *dir, const char *root, const char *hostname,
+		    struct cb_backend **out)
+{
+	struct cb_backend *b = calloc(1, sizeof(*b));
+	int rc;
+
+	*out = NULL;
+	if (!b)
+		return cb_error_set(ENOMEM, "backend: out of memory");
+	b->root_fd = -1;
+	pthread_mutex_init(&b->lock, NULL);
+	if ((rc = cb_backend_options_load(dir, &b->opt)) < 0)
+		goto out;
+	b->ops = cb_backend_find(b->opt.kind);
+	b->ref = strdup(ref);
+	b->dir = strdup(dir);
+	b->root = strdup(root);
+	b->hostname = strdup(hostname ? hostname : ref);
+	if (!b->ref || !b->dir || !b->root || !b->hostname) {
+		rc = cb_error_set(ENOMEM, "backend: out of memory");
+		goto out;
+	}
+	b->root_fd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (b->root_fd < 0) {
+		rc = cb_error_set(errno, "open workspace root %s: %s", root, strerror(errno));
+		goto out;
+	}
+	*out = b;
+	b = NULL;
+out:
+	cb_backend_free(b);
+	return rc;
+}
+
+void cb_backend_free(struct cb_backend *b)
+{
+	if (!b)
+		return;
+	if (b->created && b->ops)
+		b->ops->close(b);
+	cb_forwarder_stop_all(b);
+	if (b->root_fd >= 0)
+		close(b->root_fd);
+	cb_backend_options_free(&b->opt);
+	free(b->ref);
+	free(b->dir);
+	free(b->root);
+	free(b->hostname);
+	pthread_mutex_destroy(&b->lock);
+	free(b);
+}
+
+/* The hooks run once per workspace: a marker in its directory says they did. */
+static int backend_first_create(struct cb_backend *b)
+{
+	char marker[4096];
+	int rc = 0, fd;
+
+	snprintf(marker, sizeof(marker), "%s/backend.created", b->dir);
+	if (access(marker, F_OK) == 0)
+		return 0;
+	for (int i = 0; !rc && i < CB_BACKEND_MAX_HOOKS && b->opt.on_create[i]; i++)
+		rc = cb_backend_hook(b, "on_create hook", b->opt.on_create[i], b->opt.timeout);
+	if (!rc && b->opt.setup_script)
+		rc = cb_backend_hook(b, "setup script", b->opt.setup_script,
+				     b->opt.setup_timeout > 0 ? b->opt.setup_timeout : 600);
+	if (rc)
+		return rc;
+	fd = open(marker, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return cb_error_set(errno, "create %s: %s", marker, strerror(errno));
+	close(fd);
+	return 0;
+}
+
+int cb_backend_ensure(struct cb_backend *b)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&b->lock);
+	if (!b->created) {
+		rc = b->ops->create(b);
+		if (!rc) {
+			b->created = 1;
+			rc = backend_first_create(b);
+		}
+	}
+	pthread_mutex_unlock(&b->lock);
+	return rc;
+}
+
+static int env_put(char **env, size_t *n, const char *entry)
+{
+	size_t klen = strcspn(entry, "=") + 1, j;
+
+	for (j = 0; j < *n; j++)
+		if (!strncmp(env[j], entry, klen))
+			break;
+	if (j == *n)
+		(*n)++;
+	else
+		free(env[j]);
+	env[j] = strdup(entry);
+	return env[j] ? 0 : -ENOMEM;
+}
+
+int cb_backend_env(const struct cb_backend *b, char *const *extra, char ***out)
+{
+	static const char *const base[] = {
+	    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	    "HOME=/tmp",
+	    "LANG=C.UTF-8",
+	    NULL,
+	};
+	char **host = NULL, **env;
+	size_t n = 0, cap = 8;
+	int rc = 0;
+
+	if (!strcmp(b->ops->name, "local") && (rc = cb_exec_env_host_stripped(&host)) < 0)
+		return rc;
+	for (size_t i = 0; host && host[i]; i++)
+		cap++;
+	for (size_t i = 0; b->opt.env && b->opt.env[i]; i++)
+		cap++;
+	for (size_t i = 0; extra && extra[i]; i++)
+		cap++;
+	env = calloc(cap + 1, sizeof(*env));
+	if (!env) {
+		cb_exec_env_free(host);
+		return cb_error_set(ENOMEM, "environment: out of memory");
+	}
+	for (size_t i = 0; !rc && host && host[i]; i++)
+		rc = env_put(env, &n, host[i]);
+	for (size_t i = 0; !rc && !host && base[i]; i++)
+		rc = env_put(env, &n, base[i]);
+	for (size_t i = 0; !rc && b->opt.env && b->opt.env[i]; i++)
+		rc = env_put(env, &n, b->opt.env[i]);
+	for (size_t i = 0; !rc && extra && extra[i]; i++)
+		rc = env_put(env, &n, extra[i]);
+	cb_exec_env_free(host);
+	if (rc) {
+		cb_exec_env_free(env);
+		return cb_error_set(ENOMEM, "environment: out of memory");
+	}
+	*out = env;
+	return 0;
+}
+
+int cb_backend_hook(struct cb_backend *b, const char *what, const char *shell, double timeout)
+{
+	struct cb_backend_cmd cmd = {.shell = shell, .timeout = timeout > 0 ? timeout : -1};
+	struct cb_exec_result res = {0};
+	struct cb_exec *h = NULL;
+	int rc = b->ops->exec(b, &cmd, NULL, &h);
+
+	if (rc)
+		return cb_error_wrap(rc, "%s '%s'", what, shell);
+	rc = b->ops->wait(b, h, &res);
+	if (rc)
+		cb_error_wrap(rc, "%s '%s'", what, shell);
+	else if (res.timed_out)
+		rc = cb_error_set(ETIMEDOUT, "%s '%s' timed out after %g s", what, shell, timeout);
+	else if (res.exit_code)
+		rc = cb_error_set(EIO, "%s '%s' exited with %d: %.300s", what, shell, res.exit_code,
+				  res.err_len ? res.err : res.out);
+	cb_exec_result_free(&res);
+	return rc;
+}

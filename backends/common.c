@@ -1,0 +1,54 @@
+/* Helpers the backend tables share: where a command starts, its timeout, and waiting for a
+ * runner handle when the backend has nothing of its own to clean up. */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "cowbox/error.h"
+
+int cb_backend_cwd(const struct cb_backend *b, const char *cwd, int allow_abs, char **out)
+{
+	const char *wd = b->opt.working_dir ? b->opt.working_dir : "";
+	int n;
+
+	*out = NULL;
+	if (cwd && (strstr(cwd, "..") || (cwd[0] == '/' && !allow_abs)))
+		return cb_error_set(EXDEV, "cwd %s: must stay inside the workspace", cwd);
+	if (cwd && cwd[0] == '/')
+		n = asprintf(out, "%s", cwd);
+	else if (cwd && *cwd && *wd)
+		n = asprintf(out, "%s/%s", wd, cwd);
+	else
+		n = asprintf(out, "%s", cwd && *cwd ? cwd : wd);
+	if (n < 0) {
+		*out = NULL;
+		return cb_error_set(ENOMEM, "cwd: out of memory");
+	}
+	return 0;
+}
+
+double cb_backend_timeout(const struct cb_backend *b, const struct cb_backend_cmd *cmd)
+{
+	if (cmd->timeout < 0)
+		return 0;
+	return cmd->timeout > 0 ? cmd->timeout : b->opt.timeout;
+}
+
+int cb_backend_wait_plain(struct cb_backend *b, struct cb_exec *h, struct cb_exec_result *res)
+{
+	int rc = cb_exec_wait(h, res);
+
+	(void)b;
+	cb_exec_free(h);
+	return rc;
+}
+
+void cb_backend_kill_plain(struct cb_backend *b, struct cb_exec *h, int sig)
+{
+	(void)b;
+	cb_exec_kill(h, sig);
+}

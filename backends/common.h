@@ -1,0 +1,20 @@
+/* Private to backends/: helpers the ns, local and docker tables share (the working directory
+ * of a command, waiting and freeing a runner handle). */
+#ifndef COWBOX_BACKENDS_COMMON_H
+#define COWBOX_BACKENDS_COMMON_H
+
+#include "cowbox/backend.h"
+
+/* The command's directory relative to the workspace root ("" for the root), from the
+ * options' working_dir and the command's cwd; malloc'd. Refuses .. and, unless allow_abs,
+ * absolute paths. */
+int cb_backend_cwd(const struct cb_backend *b, const char *cwd, int allow_abs, char **out);
+
+/* The runner's wait and free, for backends with nothing of their own to clean. */
+int cb_backend_wait_plain(struct cb_backend *b, struct cb_exec *h, struct cb_exec_result *res);
+void cb_backend_kill_plain(struct cb_backend *b, struct cb_exec *h, int sig);
+
+/* The spec's timeout from a command and the options (0 = default, < 0 = none). */
+double cb_backend_timeout(const struct cb_backend *b, const struct cb_backend_cmd *cmd);
+
+#endif

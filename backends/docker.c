@@ -1,0 +1,378 @@
+/* The docker backend, through the docker CLI only: one long-lived container per workspace
+ * with the mount at /workspace, a `docker exec` per command under coreutils timeout in a
+ * process group of its own (so a timeout or a kill ends the whole tree inside). */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "cowbox/error.h"
+
+#define DOCKER_MAX_ARGS	   4096
+#define DOCKER_MAX_RUNNING 256
+
+struct docker_running {
+	struct cb_exec *h;
+	unsigned long token;
+	double timeout;
+};
+
+struct docker_state {
+	char name[64]; /* cowbox-<ref> */
+	int netns_fd;
+	pthread_mutex_t lock; /* guards running and next_token */
+	struct docker_running running[DOCKER_MAX_RUNNING];
+	unsigned long next_token;
+};
+
+/* The docker CLI itself, with the daemon's environment minus provider credentials (it needs
+ * DOCKER_HOST, HOME and PATH). */
+static int docker_cli(char *const *argv, double timeout, struct cb_exec_result *res)
+{
+	struct cb_exec_spec spec = {.argv = argv, .timeout = timeout};
+	char **env = NULL;
+	int rc = cb_exec_env_host_stripped(&env);
+
+	memset(res, 0, sizeof(*res));
+	if (rc < 0)
+		return rc;
+	spec.env = env;
+	rc = cb_exec_run(&spec, res);
+	cb_exec_env_free(env);
+	if (!rc && res->exit_code == 127 && !res->err_len)
+		rc = cb_error_set(ENOENT, "docker backend: the docker CLI is not on PATH");
+	return rc;
+}
+
+/* Run docker with argv; a non-zero exit is an error quoting docker's own message. */
+static int docker_check(char *const *argv, double timeout, char **out)
+{
+	struct cb_exec_result res;
+	int rc = docker_cli(argv, timeout, &res);
+
+	if (out)
+		*out = NULL;
+	if (!rc && res.exit_code) {
+		char *msg = res.err_len ? res.err : res.out;
+
+		msg[strcspn(msg, "\n")] = 0;
+		rc = cb_error_set(res.timed_out ? ETIMEDOUT : EIO, "docker %s: %s", argv[1],
+				  res.timed_out ? "timed out" : msg);
+	} else if (!rc && out) {
+		res.out[strcspn(res.out, "\n")] = 0;
+		if (!(*out = strdup(res.out)))
+			rc = cb_error_set(ENOMEM, "docker: out of memory");
+	}
+	cb_exec_result_free(&res);
+	return rc;
+}
+
+static int docker_create(struct cb_backend *b)
+{
+	struct docker_state *s = calloc(1, sizeof(*s));
+	const char *image = b->opt.image ? b->opt.image : getenv("COWBOX_DOCKER_IMAGE");
+	char vol[4200], cpus[32], mem[32], nspath[64], *pid = NULL;
+	char *argv[32];
+	int n = 0, rc;
+
+	if (!s)
+		return cb_error_set(ENOMEM, "docker backend: out of memory");
+	s->netns_fd = -1;
+	pthread_mutex_init(&s->lock, NULL);
+	snprintf(s->name, sizeof(s->name), "cowbox-%s", b->ref);
+	if (!image) {
+		rc = cb_error_set(EINVAL, "docker backend: no image (set the image option or "
+					  "COWBOX_DOCKER_IMAGE)");
+		goto out;
+	}
+	/* A container left by an earlier daemon has a dead bind of the old mount: replace it. */
+	{
+		char *rm[] = {"docker", "rm", "-f", s->name, NULL};
+		struct cb_exec_result res;
+
+		if (docker_cli(rm, 60, &res) == 0)
+			cb_exec_result_free(&res);
+	}
+	snprintf(vol, sizeof(vol), "%s:/workspace", b->root);
+	argv[n++] = "docker";
+	argv[n++] = "run";
+	argv[n++] = "-d";
+	argv[n++] = "--name";
+	argv[n++] = s->name;
+	argv[n++] = "--hostname";
+	argv[n++] = b->hostname;
+	if (!b->opt.net_all) {
+		argv[n++] = "--network";
+		argv[n++] = "none";
+	}
+	/* host_url's forwarder listens on the container's own loopback. */
+	argv[n++] = "--add-host";
+	argv[n++] = "host.docker.internal:127.0.0.1";
+	if (b->opt.cpus > 0) {
+		snprintf(cpus, sizeof(cpus), "%g", b->opt.cpus);
+		argv[n++] = "--cpus";
+		argv[n++] = cpus;
+	}
+	if (b->opt.memory_mb) {
+		snprintf(mem, sizeof(mem), "%lum", b->opt.memory_mb);
+		argv[n++] = "--memory";
+		argv[n++] = mem;
+	}
+	argv[n++] = "-v";
+	argv[n++] = vol;
+	argv[n++] = "-w";
+	argv[n++] = "/workspace";
+	argv[n++] = (char *)image;
+	/* A shell as PID 1 reaps the orphans of commands; sleep alone would not. */
+	argv[n++] = "/bin/sh";
+	argv[n++] = "-c";
+	argv[n++] = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done";
+	argv[n] = NULL;
+	if ((rc = docker_check(argv, 120, NULL)) < 0)
+		goto out;
+	{
+		char *inspect[] = {"docker", "inspect", "-f", "{{.State.Pid}}", s->name, NULL};
+
+		if ((rc = docker_check(inspect, 60, &pid)) < 0)
+			goto out;
+	}
+	snprintf(nspath, sizeof(nspath), "/proc/%s/ns/net", pid);
+	/* Only a local engine's container is reachable this way; host_url says so if not. */
+	s->netns_fd = open(nspath, O_RDONLY | O_CLOEXEC);
+	b->priv = s;
+	s = NULL;
+out:
+	free(pid);
+	if (s)
+		pthread_mutex_destroy(&s->lock);
+	free(s);
+	return rc;
+}
+
+static int docker_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
+		       const struct cb_exec_callbacks *cb, struct cb_exec **out)
+{
+	struct docker_state *s = b->priv;
+	struct cb_exec_spec spec = {0};
+	char **env = NULL, *rel = NULL, *argv[DOCKER_MAX_ARGS], wrapper[160], tmo[32], wd[4200];
+	size_t n = 0, slot;
+	double timeout = cb_backend_timeout(b, cmd);
+	unsigned long token;
+	int rc;
+
+	if ((rc = cb_backend_env(b, cmd->env, &env)) < 0)
+		return rc;
+	if ((rc = cb_backend_cwd(b, cmd->cwd, 1, &rel)) < 0)
+		goto out;
+	pthread_mutex_lock(&s->lock);
+	for (slot = 0; slot < DOCKER_MAX_RUNNING && s->running[slot].h; slot++)
+		;
+	token = ++s->next_token;
+	if (slot < DOCKER_MAX_RUNNING)
+		s->running[slot].h = (struct cb_exec *)1; /* reserved until started */
+	pthread_mutex_unlock(&s->lock);
+	if (slot == DOCKER_MAX_RUNNING) {
+		rc = cb_error_set(EBUSY, "docker backend: %d commands already run",
+				  DOCKER_MAX_RUNNING);
+		goto out;
+	}
+	snprintf(wd, sizeof(wd), "%s%s", rel[0] == '/' ? "" : "/workspace/", rel);
+	snprintf(tmo, sizeof(tmo), "%g", timeout > 0 ? timeout : 0);
+	snprintf(wrapper, sizeof(wrapper),
+		 "echo $$ >/tmp/.cowbox-exec-%lu; exec timeout -k 5 %s \"$@\"", token, tmo);
+	argv[n++] = "docker";
+	argv[n++] = "exec";
+	argv[n++] = "-i";
+	argv[n++] = "-w";
+	argv[n++] = wd;
+	for (size_t i = 0; env[i] && n < DOCKER_MAX_ARGS - 16; i++) {
+		argv[n++] = "-e";
+		argv[n++] = env[i];
+	}
+	argv[n++] = s->name;
+	argv[n++] = "/bin/sh";
+	argv[n++] = "-c";
+	argv[n++] = wrapper;
+	argv[n++] = "sh";
+	if (cmd->shell) {
+		argv[n++] = "/bin/sh";
+		argv[n++] = "-c";
+		argv[n++] = (char *)cmd->shell;
+	}
+	for (size_t i = 0; cmd->argv && cmd->argv[i] && n < DOCKER_MAX_ARGS - 1; i++)
+		argv[n++] = cmd->argv[i];
+	argv[n] = NULL;
+	{
+		char **host = NULL;
+
+		if ((rc = cb_exec_env_host_stripped(&host)) < 0)
+			goto release;
+		spec.env = host;
+		spec.argv = argv;
+		/* Inside, timeout ends the tree; out here only a hung CLI is cut short. */
+		spec.timeout = timeout > 0 ? timeout + 30 : 0;
+		spec.output_limit = cmd->output_limit;
+		spec.stdin_kind = cmd->stdin_kind;
+		spec.stdin_data = cmd->stdin_data;
+		spec.stdin_len = cmd->stdin_len;
+		rc = cb_exec_start(&spec, cb, out);
+		cb_exec_env_free(host);
+	}
+release:
+	pthread_mutex_lock(&s->lock);
+	s->running[slot].h = rc ? NULL : *out;
+	s->running[slot].token = token;
+	s->running[slot].timeout = timeout;
+	pthread_mutex_unlock(&s->lock);
+out:
+	free(rel);
+	cb_exec_env_free(env);
+	return rc;
+}
+
+static struct docker_running *docker_find(struct docker_state *s, struct cb_exec *h)
+{
+	for (size_t i = 0; i < DOCKER_MAX_RUNNING; i++)
+		if (s->running[i].h == h)
+			return &s->running[i];
+	return NULL;
+}
+
+/* Signal the command's process group inside the container (timeout made it the leader). */
+static void docker_signal_tree(struct docker_state *s, unsigned long token, int sig)
+{
+	char script[160];
+	char *argv[] = {"docker", "exec", s->name, "/bin/sh", "-c", script, NULL};
+	struct cb_exec_result res;
+
+	snprintf(script, sizeof(script),
+		 "p=$(cat /tmp/.cowbox-exec-%lu 2>/dev/null) && kill -%d -- -$p 2>/dev/null; "
+		 "true",
+		 token, sig);
+	if (docker_cli(argv, 30, &res) == 0)
+		cb_exec_result_free(&res);
+}
+
+static int docker_wait(struct cb_backend *b, struct cb_exec *h, struct cb_exec_result *res)
+{
+	struct docker_state *s = b->priv;
+	struct docker_running *r;
+	unsigned long token = 0;
+	double timeout = 0;
+	int rc = cb_exec_wait(h, res);
+
+	pthread_mutex_lock(&s->lock);
+	if ((r = docker_find(s, h))) {
+		token = r->token;
+		timeout = r->timeout;
+		r->h = NULL;
+	}
+	pthread_mutex_unlock(&s->lock);
+	/* The CLI was stopped (output cap, kill, its own timeout): the tree inside still runs. */
+	if (!rc && token && (res->output_limited || res->killed || res->timed_out))
+		docker_signal_tree(s, token, SIGKILL);
+	if (!rc && timeout > 0 && res->exit_code == 124 && res->duration >= timeout - 0.05)
+		res->timed_out = 1;
+	cb_exec_free(h);
+	return rc;
+}
+
+static void docker_kill(struct cb_backend *b, struct cb_exec *h, int sig)
+{
+	struct docker_state *s = b->priv;
+	struct docker_running *r;
+	unsigned long token = 0;
+
+	pthread_mutex_lock(&s->lock);
+	if ((r = docker_find(s, h)))
+		token = r->token;
+	pthread_mutex_unlock(&s->lock);
+	if (token)
+		docker_signal_tree(s, token, sig);
+	cb_exec_kill(h, sig);
+}
+
+static int docker_which(struct cb_backend *b, const char *binary, char **path)
+{
+	struct docker_state *s = b->priv;
+	char *argv[] = {"docker", "exec",	  s->name, "/bin/sh", "-c", "command -v -- \"$1\"",
+			"sh",	  (char *)binary, NULL};
+	struct cb_exec_result res;
+	int rc = docker_cli(argv, 30, &res);
+
+	*path = NULL;
+	if (rc)
+		return rc;
+	if (res.exit_code == 0 && res.out_len && res.out[0] == '/') {
+		res.out[strcspn(res.out, "\n")] = 0;
+		if (!(*path = strdup(res.out)))
+			rc = cb_error_set(ENOMEM, "which: out of memory");
+	} else {
+		rc = cb_error_set(ENOENT, "which %s: not found on the container's PATH", binary);
+	}
+	cb_exec_result_free(&res);
+	return rc;
+}
+
+static int docker_host_url(struct cb_backend *b, int port, char **url)
+{
+	struct docker_state *s = b->priv;
+	int rc;
+
+	if (s->netns_fd < 0)
+		return cb_error_set(EOPNOTSUPP,
+				    "host_url: the container's network namespace is "
+				    "not reachable from this daemon (a remote engine?)");
+	if ((rc = cb_forwarder_add(b, s->netns_fd, port)) < 0)
+		return rc;
+	if (asprintf(url, "http://host.docker.internal:%d", port) < 0) {
+		*url = NULL;
+		return cb_error_set(ENOMEM, "host_url: out of memory");
+	}
+	return 0;
+}
+
+/* The container goes with the daemon: its bind of the mount dies with the mount anyway. */
+static void docker_close(struct cb_backend *b)
+{
+	struct docker_state *s = b->priv;
+	char *argv[] = {"docker", "rm", "-f", s ? s->name : NULL, NULL};
+	struct cb_exec_result res;
+
+	cb_forwarder_stop_all(b);
+	if (!s)
+		return;
+	if (docker_cli(argv, 60, &res) == 0)
+		cb_exec_result_free(&res);
+	if (s->netns_fd >= 0)
+		close(s->netns_fd);
+	pthread_mutex_destroy(&s->lock);
+	free(s);
+	b->priv = NULL;
+}
+
+static int docker_destroy(struct cb_backend *b)
+{
+	struct docker_state *s = b->priv;
+	char *argv[] = {"docker", "rm", "-f", s->name, NULL};
+
+	return docker_check(argv, 60, NULL);
+}
+
+const struct cb_backend_ops cb_backend_docker = {
+    .name = "docker",
+    .create = docker_create,
+    .exec = docker_exec,
+    .wait = docker_wait,
+    .kill = docker_kill,
+    .which = docker_which,
+    .host_url = docker_host_url,
+    .close = docker_close,
+    .destroy = docker_destroy,
+};

@@ -1,0 +1,117 @@
+/* The local backend: commands run on the host in the workspace's mount, NOT isolated, with
+ * the host's environment minus provider credentials; which searches the host PATH. */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "cowbox/error.h"
+
+static int local_create(struct cb_backend *b)
+{
+	(void)b;
+	return 0;
+}
+
+static int local_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
+		      const struct cb_exec_callbacks *cb, struct cb_exec **out)
+{
+	struct cb_exec_spec spec = {0};
+	char **env = NULL, *rel = NULL, *cwd = NULL;
+	int rc;
+
+	if ((rc = cb_backend_env(b, cmd->env, &env)) < 0)
+		return rc;
+	if ((rc = cb_backend_cwd(b, cmd->cwd, 0, &rel)) < 0)
+		goto out;
+	if (asprintf(&cwd, "%s/%s", b->root, rel) < 0) {
+		cwd = NULL;
+		rc = cb_error_set(ENOMEM, "local backend: out of memory");
+		goto out;
+	}
+	spec.argv = cmd->argv;
+	spec.shell = cmd->shell;
+	spec.env = env;
+	spec.cwd = cwd;
+	spec.timeout = cb_backend_timeout(b, cmd);
+	spec.output_limit = cmd->output_limit;
+	spec.stdin_kind = cmd->stdin_kind;
+	spec.stdin_data = cmd->stdin_data;
+	spec.stdin_len = cmd->stdin_len;
+	rc = cb_exec_start(&spec, cb, out);
+out:
+	free(rel);
+	free(cwd);
+	cb_exec_env_free(env);
+	return rc;
+}
+
+static int local_which(struct cb_backend *b, const char *binary, char **path)
+{
+	const char *p = getenv("PATH");
+	char *copy, *save = NULL;
+	int rc = -ENOENT;
+
+	(void)b;
+	*path = NULL;
+	if (strchr(binary, '/'))
+		return cb_error_set(EINVAL, "which %s: give a program name, not a path", binary);
+	copy = strdup(p && *p ? p : "/usr/local/bin:/usr/bin:/bin");
+	if (!copy)
+		return cb_error_set(ENOMEM, "which: out of memory");
+	for (char *dir = strtok_r(copy, ":", &save); dir; dir = strtok_r(NULL, ":", &save)) {
+		char *cand;
+
+		if (asprintf(&cand, "%s/%s", *dir ? dir : ".", binary) < 0)
+			break;
+		if (access(cand, X_OK) == 0) {
+			*path = cand;
+			rc = 0;
+			break;
+		}
+		free(cand);
+	}
+	free(copy);
+	if (rc)
+		cb_error_set(ENOENT, "which %s: not found on the host PATH", binary);
+	return rc;
+}
+
+static int local_host_url(struct cb_backend *b, int port, char **url)
+{
+	(void)b;
+	if (port < 1 || port > 65535)
+		return cb_error_set(EINVAL, "host_url: port %d is not in 1-65535", port);
+	if (asprintf(url, "http://127.0.0.1:%d", port) < 0) {
+		*url = NULL;
+		return cb_error_set(ENOMEM, "host_url: out of memory");
+	}
+	return 0;
+}
+
+static void local_close(struct cb_backend *b)
+{
+	(void)b;
+}
+
+static int local_destroy(struct cb_backend *b)
+{
+	(void)b;
+	return 0;
+}
+
+const struct cb_backend_ops cb_backend_local = {
+    .name = "local",
+    .create = local_create,
+    .exec = local_exec,
+    .wait = cb_backend_wait_plain,
+    .kill = cb_backend_kill_plain,
+    .which = local_which,
+    .host_url = local_host_url,
+    .close = local_close,
+    .destroy = local_destroy,
+};

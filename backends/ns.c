@@ -1,0 +1,169 @@
+/* The ns backend (the default): each command in the namespace sandbox with the workspace at
+ * /workspace; under network none all commands share one network namespace per workspace, so
+ * that host_url's forwarder listens where they connect. */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "cowbox/error.h"
+#include "cowbox/sandbox.h"
+
+struct ns_state {
+	int netns_fd; /* the workspace's network namespace; -1: the host's or a fresh one each */
+};
+
+static int ns_create(struct cb_backend *b)
+{
+	struct ns_state *s = calloc(1, sizeof(*s));
+	int rc = 0;
+
+	if (!s)
+		return cb_error_set(ENOMEM, "ns backend: out of memory");
+	s->netns_fd = -1;
+	/* Without root each command gets a fresh namespace from the sandbox itself, and
+	 * host_url says it is unavailable. */
+	if (!b->opt.net_all && geteuid() == 0 && (rc = cb_netns_new(&s->netns_fd)) < 0) {
+		free(s);
+		return rc;
+	}
+	b->priv = s;
+	return 0;
+}
+
+static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
+		   const struct cb_exec_callbacks *cb, struct cb_exec **out)
+{
+	struct ns_state *s = b->priv;
+	struct cb_sandbox sb = {0};
+	struct cb_exec_spec spec = {0};
+	char **env = NULL, *cwd = NULL;
+	int rc, home = -1;
+
+	if ((rc = cb_backend_env(b, cmd->env, &env)) < 0)
+		return rc;
+	if ((rc = cb_backend_cwd(b, cmd->cwd, 1, &cwd)) < 0)
+		goto out;
+	sb.workspace = b->root;
+	sb.image = b->opt.image;
+	sb.hostname = b->hostname;
+	sb.net = b->opt.net_all || s->netns_fd >= 0 ? CB_NET_ALL : CB_NET_NONE;
+	sb.cpus = b->opt.cpus;
+	sb.memory_mb = b->opt.memory_mb;
+	spec.argv = cmd->argv;
+	spec.shell = cmd->shell;
+	spec.env = env;
+	spec.cwd = *cwd ? cwd : NULL;
+	spec.timeout = cb_backend_timeout(b, cmd);
+	spec.output_limit = cmd->output_limit;
+	spec.stdin_kind = cmd->stdin_kind;
+	spec.stdin_data = cmd->stdin_data;
+	spec.stdin_len = cmd->stdin_len;
+	spec.sandbox = &sb;
+	/* The runner clones from this thread, so the command is born in the namespace this
+	 * thread is in: the workspace's, where host_url's listeners are. */
+	if (s->netns_fd >= 0) {
+		home = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+		if (home < 0 || setns(s->netns_fd, CLONE_NEWNET) < 0) {
+			rc = cb_error_set(errno, "ns backend: enter the workspace's network: %s",
+					  strerror(errno));
+			goto out;
+		}
+	}
+	rc = cb_exec_start(&spec, cb, out);
+	if (home >= 0 && setns(home, CLONE_NEWNET) < 0 && !rc) {
+		/* A thread left in the sandbox's network would serve the next op there. */
+		rc = cb_error_set(errno, "ns backend: leave the workspace's network: %s",
+				  strerror(errno));
+		cb_exec_free(*out);
+		*out = NULL;
+	}
+out:
+	if (home >= 0)
+		close(home);
+	free(cwd);
+	cb_exec_env_free(env);
+	return rc;
+}
+
+/* Looked up inside the sandbox, whose image may differ from the host. */
+static int ns_which(struct cb_backend *b, const char *binary, char **path)
+{
+	char *argv[] = {"/bin/sh", "-c", "command -v -- \"$1\"", "sh", (char *)binary, NULL};
+	struct cb_backend_cmd cmd = {.argv = argv, .timeout = 30};
+	struct cb_exec_result res = {0};
+	struct cb_exec *h = NULL;
+	int rc;
+
+	*path = NULL;
+	if ((rc = b->ops->exec(b, &cmd, NULL, &h)) < 0)
+		return rc;
+	if ((rc = b->ops->wait(b, h, &res)) < 0)
+		return rc;
+	if (res.exit_code == 0 && res.out_len && res.out[0] == '/') {
+		res.out[strcspn(res.out, "\n")] = 0;
+		if (!(*path = strdup(res.out)))
+			rc = cb_error_set(ENOMEM, "which: out of memory");
+	} else {
+		rc = cb_error_set(ENOENT, "which %s: not found on the sandbox's PATH", binary);
+	}
+	cb_exec_result_free(&res);
+	return rc;
+}
+
+static int ns_host_url(struct cb_backend *b, int port, char **url)
+{
+	struct ns_state *s = b->priv;
+	int rc;
+
+	if (!b->opt.net_all) {
+		if (s->netns_fd < 0)
+			return cb_error_set(EOPNOTSUPP,
+					    "host_url: needs the daemon to run as root under "
+					    "network none");
+		if ((rc = cb_forwarder_add(b, s->netns_fd, port)) < 0)
+			return rc;
+	} else if (port < 1 || port > 65535) {
+		return cb_error_set(EINVAL, "host_url: port %d is not in 1-65535", port);
+	}
+	if (asprintf(url, "http://127.0.0.1:%d", port) < 0) {
+		*url = NULL;
+		return cb_error_set(ENOMEM, "host_url: out of memory");
+	}
+	return 0;
+}
+
+static void ns_close(struct cb_backend *b)
+{
+	struct ns_state *s = b->priv;
+
+	cb_forwarder_stop_all(b);
+	if (s && s->netns_fd >= 0)
+		close(s->netns_fd);
+	free(s);
+	b->priv = NULL;
+}
+
+static int ns_destroy(struct cb_backend *b)
+{
+	(void)b;
+	return 0; /* nothing outlives the daemon but the workspace itself */
+}
+
+const struct cb_backend_ops cb_backend_ns = {
+    .name = "ns",
+    .create = ns_create,
+    .exec = ns_exec,
+    .wait = cb_backend_wait_plain,
+    .kill = cb_backend_kill_plain,
+    .which = ns_which,
+    .host_url = ns_host_url,
+    .close = ns_close,
+    .destroy = ns_destroy,
+};

@@ -1,0 +1,147 @@
+/* Backends (backends/): where a workspace's commands run: ns (the namespace sandbox), local (a
+ * host subprocess) or docker (one long-lived container, the docker CLI only). One table each. */
+#ifndef COWBOX_BACKEND_H
+#define COWBOX_BACKEND_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "cowbox/exec.h"
+
+#define CB_BACKEND_MAX_HOOKS 16
+#define CB_BACKEND_CHUNK     (1u << 20) /* the largest read or write chunk, in bytes */
+
+/* The options every backend takes. They shape a new workspace's backend and are kept in
+ * <workspace dir>/backend.json, so that a daemon started later (after a crash, or a close)
+ * reattaches with the same ones. Zero fields take the documented defaults. */
+struct cb_backend_options {
+	char *kind;	   /* "ns" (default), "local" or "docker" */
+	char **env;	   /* "K=V", NULL-terminated: every command gets these, on top of a
+			      minimal PATH/HOME/LANG (ns, docker) or the host's environment
+			      without provider credentials (local); nothing else */
+	char *working_dir; /* where commands start, relative to the workspace root; NULL: root */
+	double timeout;	   /* default per-command timeout in seconds; <= 0: none */
+	int net_all;	   /* 0: network none (loopback only); 1: the host's network */
+	double cpus;	   /* CPU quota; 0: none */
+	unsigned long memory_mb; /* memory cap; 0: none */
+	char *image;		 /* ns: a root image directory; docker: an image name */
+	char *on_create[CB_BACKEND_MAX_HOOKS];	/* shell commands run once, on creation */
+	char *on_destroy[CB_BACKEND_MAX_HOOKS]; /* shell commands run by destroy */
+	char *setup_script;			/* a shell script run once after on_create */
+	double setup_timeout;			/* seconds for the setup script; <= 0: 600 */
+};
+
+/* One command for a backend. Only argv (or shell) is required. */
+struct cb_backend_cmd {
+	char *const *argv;
+	const char *shell;	       /* instead of argv: /bin/sh -c shell */
+	char *const *env;	       /* "K=V" over the options' env; NULL: none */
+	const char *cwd;	       /* relative to the workspace root (or to working_dir when not
+					  absolute); NULL: working_dir */
+	double timeout;		       /* seconds; 0: the options' default; < 0: none */
+	size_t output_limit;	       /* 0: 10 MiB */
+	enum cb_exec_stdin stdin_kind; /* CLOSED, BYTES or STREAM */
+	const void *stdin_data;
+	size_t stdin_len;
+};
+
+struct cb_backend;
+
+/* A backend's table of operations. Every function returns 0 or -errno with a message. */
+struct cb_backend_ops {
+	const char *name;
+	/* Make the backend's resources (a network namespace, a container) and, the first time
+	 * for this workspace, run the on_create hooks and the setup script. */
+	int (*create)(struct cb_backend *b);
+	/* Start a command; the handle is the runner's (cb_exec_wait/kill/stdin/free). */
+	int (*exec)(struct cb_backend *b, const struct cb_backend_cmd *cmd,
+		    const struct cb_exec_callbacks *cb, struct cb_exec **out);
+	/* Wait for a command started by exec, fill res, clean up what it left in the
+	 * backend (the docker backend kills its tree in the container), free the handle. */
+	int (*wait)(struct cb_backend *b, struct cb_exec *h, struct cb_exec_result *res);
+	/* Signal a running command's whole tree. */
+	void (*kill)(struct cb_backend *b, struct cb_exec *h, int sig);
+	/* Where binary is found on the backend's PATH: *path malloc'd; -ENOENT naming it. */
+	int (*which)(struct cb_backend *b, const char *binary, char **path);
+	/* A URL that code inside reaches the host's port with, and only that port. */
+	int (*host_url)(struct cb_backend *b, int port, char **url);
+	/* Let go of the resources (forwarders, the container), keeping the disk. */
+	void (*close)(struct cb_backend *b);
+	/* Run the on_destroy hooks and remove the resources for good (the container). */
+	int (*destroy)(struct cb_backend *b);
+};
+
+/* A workspace's backend, as a daemon holds it. */
+struct cb_backend {
+	const struct cb_backend_ops *ops;
+	struct cb_backend_options opt;
+	char *ref;	      /* the workspace's ref */
+	char *dir;	      /* $COWBOX_HOME/workspaces/<ref> */
+	char *root;	      /* the host path of the workspace (the mount point) */
+	char *hostname;	      /* the workspace's name, else its ref */
+	int root_fd;	      /* O_PATH of root, for read and write */
+	pthread_mutex_t lock; /* guards created, priv and the forwarders */
+	int created;
+	void *priv;		  /* the backend's own state */
+	struct cb_forwarder *fwd; /* host_url forwarders, one per port */
+};
+
+/* Parse options from JSON ({"backend":"ns","env":{"K":"V"},"working_dir":...,"timeout":...,
+ * "network":"none"|"all","cpus":...,"memory_mb":...,"image":...,"on_create":[...],
+ * "on_destroy":[...],"setup_script":...,"setup_timeout":...}). Unknown keys and wrong types
+ * are refused with a message naming them (-EINVAL). Free with cb_backend_options_free. */
+int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out);
+/* The JSON form of options (a new reference). */
+json_t *cb_backend_options_to_json(const struct cb_backend_options *o);
+void cb_backend_options_free(struct cb_backend_options *o);
+
+/* Save options as dir/backend.json (atomically), or load them; a missing file loads the
+ * defaults (ns, network none). */
+int cb_backend_options_save(const char *dir, const struct cb_backend_options *o);
+int cb_backend_options_load(const char *dir, struct cb_backend_options *out);
+
+/* The table of a backend kind; NULL if there is none by that name. */
+const struct cb_backend_ops *cb_backend_find(const char *kind);
+
+/* Open the backend of a workspace: options from dir/backend.json, root as its tree. Nothing
+ * is started until cb_backend_ensure. Free with cb_backend_free (which closes it). */
+int cb_backend_open(const char *ref, const char *dir, const char *root, const char *hostname,
+		    struct cb_backend **out);
+void cb_backend_free(struct cb_backend *b);
+
+/* Create the backend's resources once (thread-safe); later calls return at once. */
+int cb_backend_ensure(struct cb_backend *b);
+
+/* The environment of a command: the backend's base, then the options' env, then extra (later
+ * entries replace same-named earlier ones). Free with cb_exec_env_free. */
+int cb_backend_env(const struct cb_backend *b, char *const *extra, char ***out);
+
+/* Read up to len bytes at off of path (relative to the workspace root). Paths that leave the
+ * root (.., absolute, symlinks pointing outside) are refused with -EXDEV naming the path.
+ * *data is malloc'd; *size is the file's size. */
+int cb_backend_read(struct cb_backend *b, const char *path, off_t off, size_t len, void **data,
+		    size_t *n, off_t *size);
+
+/* Write data at off of path (created with mode, parents made), truncating first when
+ * truncate is set; the same path rules as cb_backend_read. */
+int cb_backend_write(struct cb_backend *b, const char *path, off_t off, const void *data,
+		     size_t len, int truncate, mode_t mode);
+
+/* Run a shell command to completion for a hook or the setup script, failing with a message
+ * (naming what) when it exits non-zero or times out. */
+int cb_backend_hook(struct cb_backend *b, const char *what, const char *shell, double timeout);
+
+/* ---- host_url forwarders (backends/forward.c) ---- */
+
+/* Listen on 127.0.0.1:port inside the network namespace netns_fd and relay every connection
+ * to 127.0.0.1:port of the daemon's own (host) namespace; idempotent per port. */
+int cb_forwarder_add(struct cb_backend *b, int netns_fd, int port);
+/* Stop every forwarder of b. */
+void cb_forwarder_stop_all(struct cb_backend *b);
+
+/* A fresh network namespace with loopback up, as an fd; -errno with a message. */
+int cb_netns_new(int *out);
+
+#endif

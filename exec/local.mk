@@ -10,3 +10,9 @@ TESTS += exec/test_exec
 exec_test_exec_SOURCES = exec/test_exec.c
 exec_test_exec_CFLAGS = $(CRITERION_TEST_CFLAGS)
 exec_test_exec_LDADD = exec/libcb_exec.la util/libcb_util.la $(SECCOMP_LIBS) $(CRITERION_TEST_LIBS)
+
+check_PROGRAMS += exec/test_sandbox
+TESTS += exec/test_sandbox
+exec_test_sandbox_SOURCES = exec/test_sandbox.c
+exec_test_sandbox_CFLAGS = $(CRITERION_TEST_CFLAGS)
+exec_test_sandbox_LDADD = exec/libcb_exec.la util/libcb_util.la $(SECCOMP_LIBS) $(CRITERION_TEST_LIBS)

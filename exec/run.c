@@ -48,6 +48,7 @@ struct cb_exec {
 	char *cwd; /* the sandbox path of spec->cwd */
 	char setup_error[600];
 	int killed, waited;
+	int sigkill_sent; /* a SIGKILL went to the tree before the command's status came */
 	double t0;
 };
 
@@ -113,6 +114,8 @@ static int send_kill(struct cb_exec *h, int sig)
 	pthread_mutex_lock(&h->ctl_lock);
 	if (h->ctl >= 0 && send(h->ctl, msg, sizeof msg, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
 		rc = -errno;
+	else if (h->ctl >= 0 && sig == SIGKILL)
+		h->sigkill_sent = 1;
 	pthread_mutex_unlock(&h->ctl_lock);
 	return rc;
 }
@@ -527,6 +530,7 @@ int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res)
 		if (i_src >= 0 && pf[i_src].revents)
 			pump_stdin_src(h);
 	}
+	int sigkill_before_exit = h->sigkill_sent;
 	if (!ended)
 		ended = now();
 	if (src >= 0 && src_flags >= 0)
@@ -543,7 +547,9 @@ int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res)
 
 	res->duration = ended - h->t0;
 	res->killed = h->killed;
-	if (!have_status)
+	if (!have_status && sigkill_before_exit)
+		status = SIGKILL; /* a sandbox's init dies with its namespace, status unsent */
+	else if (!have_status)
 		status = shim_status;
 	if (WIFSIGNALED(status)) {
 		res->term_signal = WTERMSIG(status);

@@ -1,0 +1,177 @@
+/* Unit tests of the runner with the namespace sandbox: the command's view (pid 1, root,
+ * hostname, env), timeouts, kill, a pty from the sandbox's devpts, and limit cgroups cleaned up. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cowbox/error.h"
+#include "cowbox/exec.h"
+#include "cowbox/sandbox.h"
+
+static char *const base_env[] = {"PATH=/usr/bin:/bin", NULL};
+static char workspace[] = "/tmp/cb-sandbox-test-XXXXXX";
+
+static void setup(void)
+{
+	if (geteuid() != 0)
+		cr_skip_test("the sandbox tests run as root");
+	cr_assert(mkdtemp(workspace) != NULL);
+}
+
+static void teardown(void)
+{
+	char cmd[128];
+	snprintf(cmd, sizeof cmd, "rm -rf %s", workspace);
+	(void)!system(cmd);
+}
+
+TestSuite(sandbox, .init = setup, .fini = teardown);
+
+static struct cb_exec_result run_in(struct cb_sandbox *sb, const char *script, double timeout)
+{
+	struct cb_exec_spec spec = {
+	    .shell = script, .env = base_env, .timeout = timeout, .grace = 0.5, .sandbox = sb};
+	struct cb_exec_result res;
+	int rc = cb_exec_run(&spec, &res);
+	cr_assert_eq(rc, 0, "cb_exec_run: %s", cb_error_message());
+	return res;
+}
+
+Test(sandbox, the_commands_view)
+{
+	struct cb_sandbox sb = {.workspace = workspace, .hostname = "unit-ws"};
+	struct cb_exec_result r = run_in(&sb,
+					 "echo $$; hostname; pwd; env | sort | tr '\\n' ' '; echo;"
+					 " ls /proc | grep -c '^[0-9]'; cat /proc/1/comm",
+					 0);
+	cr_expect_eq(r.exit_code, 0, "err: %s", r.err);
+	cr_expect_str_eq(r.out, "2\nunit-ws\n/workspace\nPATH=/usr/bin:/bin PWD=/workspace \n"
+				"4\ncowbox-init\n");
+	cb_exec_result_free(&r);
+}
+
+Test(sandbox, exit_codes_and_timeout)
+{
+	struct cb_sandbox sb = {.workspace = workspace};
+	struct cb_exec_result r = run_in(&sb, "exit 7", 0);
+	cr_expect_eq(r.exit_code, 7);
+	cb_exec_result_free(&r);
+	r = run_in(&sb, "kill -SEGV $$", 0);
+	cr_expect_eq(r.exit_code, 128 + SIGSEGV);
+	cb_exec_result_free(&r);
+	r = run_in(&sb, "echo so-far; setsid sh -c 'trap \"\" TERM; sleep 100' & sleep 100", 0.3);
+	cr_expect_eq(r.exit_code, 124);
+	cr_expect(r.timed_out);
+	cr_expect_str_eq(r.out, "so-far\n");
+	cr_expect(r.duration < 2.0, "duration %.2f", r.duration);
+	cb_exec_result_free(&r);
+}
+
+Test(sandbox, missing_program)
+{
+	char *argv[] = {"definitely-not-installed", NULL};
+	struct cb_sandbox sb = {.workspace = workspace};
+	struct cb_exec_spec spec = {.argv = argv, .env = base_env, .sandbox = &sb};
+	struct cb_exec_result r;
+	cr_assert_eq(cb_exec_run(&spec, &r), 0, "%s", cb_error_message());
+	cr_expect_eq(r.exit_code, 127);
+	cr_expect(strstr(r.err, "definitely-not-installed") != NULL, "err: %s", r.err);
+	cb_exec_result_free(&r);
+}
+
+static void *kill_soon(void *arg)
+{
+	struct timespec ts = {0, 200000000};
+	nanosleep(&ts, NULL);
+	cb_exec_kill(arg, SIGKILL);
+	return NULL;
+}
+
+Test(sandbox, kill_from_another_thread)
+{
+	struct cb_sandbox sb = {.workspace = workspace};
+	struct cb_exec_spec spec = {
+	    .shell = "sleep 100 & sleep 100", .env = base_env, .sandbox = &sb};
+	struct cb_exec *h;
+	cr_assert_eq(cb_exec_start(&spec, NULL, &h), 0, "%s", cb_error_message());
+	pthread_t t;
+	pthread_create(&t, NULL, kill_soon, h);
+	struct cb_exec_result r;
+	cr_assert_eq(cb_exec_wait(h, &r), 0);
+	pthread_join(t, NULL);
+	cr_expect(r.killed);
+	cr_expect_eq(r.exit_code, 128 + SIGKILL);
+	cb_exec_result_free(&r);
+	cb_exec_free(h);
+}
+
+Test(sandbox, pty_from_the_sandbox_devpts)
+{
+	struct cb_sandbox sb = {.workspace = workspace};
+	struct cb_exec_spec spec = {.shell = "tty; stty size",
+				    .env = base_env,
+				    .tty = 1,
+				    .tty_rows = 40,
+				    .tty_cols = 120,
+				    .sandbox = &sb};
+	struct cb_exec_result r;
+	cr_assert_eq(cb_exec_run(&spec, &r), 0, "%s", cb_error_message());
+	cr_expect_eq(r.exit_code, 0, "out: %s", r.out);
+	cr_expect(strstr(r.out, "/dev/pts/0") != NULL, "out: %s", r.out);
+	cr_expect(strstr(r.out, "40 120") != NULL, "out: %s", r.out);
+	cb_exec_result_free(&r);
+}
+
+/* Count our own per-command cgroups under a hierarchy's cowbox/ directories. */
+static int own_cgroups(void)
+{
+	char cmd[256];
+	snprintf(cmd, sizeof cmd,
+		 "find /sys/fs/cgroup/pids /sys/fs/cgroup/memory /sys/fs/cgroup/cpu -type d "
+		 "-path '*/cowbox/%d-*' 2>/dev/null | wc -l",
+		 (int)getpid());
+	FILE *f = popen(cmd, "r");
+	int n = -1;
+	cr_assert(f);
+	cr_assert_eq(fscanf(f, "%d", &n), 1);
+	pclose(f);
+	return n;
+}
+
+Test(sandbox, limits_apply_and_their_cgroups_go_away)
+{
+	struct cb_sandbox sb = {.workspace = workspace, .pids = 20, .memory_mb = 256, .cpus = 1};
+	struct cb_exec_result r =
+	    run_in(&sb, "cat /sys/fs/cgroup/pids.max 2>/dev/null; ulimit -n", 0);
+	cr_expect_eq(r.exit_code, 0);
+	cr_expect_str_eq(r.out, "1024\n"); /* no /sys inside; the fd limit is the default */
+	cb_exec_result_free(&r);
+	cr_expect_eq(own_cgroups(), 0);
+	sb.nofile = 77;
+	r = run_in(&sb, "ulimit -n", 0);
+	cr_expect_str_eq(r.out, "77\n");
+	cb_exec_result_free(&r);
+}
+
+Test(sandbox, bad_workspace_and_image_are_named)
+{
+	struct cb_sandbox sb = {.workspace = "/nonexistent/cowbox-ws"};
+	struct cb_exec_spec spec = {.shell = "true", .env = base_env, .sandbox = &sb};
+	struct cb_exec_result r;
+	cr_expect_eq(cb_exec_run(&spec, &r), -ENOENT);
+	cr_expect(strstr(cb_error_message(), "/nonexistent/cowbox-ws") != NULL, "%s",
+		  cb_error_message());
+	sb.workspace = workspace;
+	sb.image = workspace;
+	cr_expect_lt(cb_exec_run(&spec, &r), 0);
+	cr_expect(strstr(cb_error_message(), "no usr/") != NULL, "%s", cb_error_message());
+}

@@ -9,6 +9,7 @@
 #include "cmd_common.h"
 #include "commands.h"
 #include "cowbox/error.h"
+#include "cowbox/turns.h"
 #include "cowbox/workspace.h"
 
 static const char create_usage[] =
@@ -67,24 +68,54 @@ static json_t *info_json(const struct cb_ws_info *i)
 
 struct ls_state {
 	int json;
-	json_t *rows;
-	int count;
+	json_t *rows; /* always collected: the text table is sized from every row */
 };
 
 static int ls_row(const struct cb_ws_info *i, void *arg)
 {
 	struct ls_state *s = arg;
-	char size[32];
 
-	if (s->json)
-		return json_array_append_new(s->rows, info_json(i));
-	if (s->count++ == 0)
-		printf("%-35s  %-16s  %-10s  %-9s  %s  %s\n", "REF", "NAME", "UPPER", "STATE",
-		       "BASE", "MOUNTPOINT");
-	printf("%-35s  %-16s  %-10s  %-9s  %s  %s\n", i->ref, i->name ? i->name : "-",
-	       cli_size(i->upper_bytes, size, sizeof(size)), cb_ws_state_name(i->state),
-	       i->base ? i->base : "-", i->mountpoint ? i->mountpoint : "-");
-	return 0;
+	return json_array_append_new(s->rows, info_json(i));
+}
+
+static const char *ls_field(json_t *row, const char *key)
+{
+	const char *v = json_string_value(json_object_get(row, key));
+
+	return v && *v ? v : "-";
+}
+
+/* Columns as wide as their widest value, the mount point last since it is the longest. */
+static void ls_print_table(json_t *rows)
+{
+	static const char *const keys[] = {"ref", "name", "upper", "state", "base"};
+	static const char *const heads[] = {"REF", "NAME", "UPPER", "STATE", "BASE"};
+	int width[5];
+	char size[32];
+	size_t n;
+	json_t *row;
+
+	for (int k = 0; k < 5; k++)
+		width[k] = (int)strlen(heads[k]);
+	json_array_foreach(rows, n, row)
+	{
+		json_object_set_new(
+		    row, "upper",
+		    json_string(cli_size(json_integer_value(json_object_get(row, "upper_bytes")),
+					 size, sizeof(size))));
+		for (int k = 0; k < 5; k++)
+			if ((int)strlen(ls_field(row, keys[k])) > width[k])
+				width[k] = (int)strlen(ls_field(row, keys[k]));
+	}
+	for (int k = 0; k < 5; k++)
+		printf("%-*s  ", width[k], heads[k]);
+	printf("MOUNTPOINT\n");
+	json_array_foreach(rows, n, row)
+	{
+		for (int k = 0; k < 5; k++)
+			printf("%-*s  ", width[k], ls_field(row, keys[k]));
+		printf("%s\n", ls_field(row, "mountpoint"));
+	}
 }
 
 static const char ls_usage[] =
@@ -104,13 +135,17 @@ int cmd_ls(int argc, char **argv)
 	if (optind != argc)
 		return cli_usage_error(ls_usage, "ls takes no operand ('%s')", argv[optind]);
 	s.json = common.json;
-	if (s.json)
-		s.rows = json_array();
-	if (cb_ws_list(ls_row, &s)) {
+	s.rows = json_array();
+	if (!s.rows || cb_ws_list(ls_row, &s)) {
 		json_decref(s.rows);
 		return cli_fail("ls", NULL);
 	}
-	return s.json ? cli_print_json(s.rows) : CLI_OK;
+	if (s.json)
+		return cli_print_json(s.rows);
+	if (json_array_size(s.rows))
+		ls_print_table(s.rows);
+	json_decref(s.rows);
+	return CLI_OK;
 }
 
 static const char info_usage[] =
@@ -132,9 +167,17 @@ int cmd_info(int argc, char **argv)
 		return cli_usage_error(info_usage, "info takes one workspace ref or name");
 	if (cb_ws_info(argv[optind], &i))
 		return cli_fail("info", NULL);
+	/* turns (issue 3): the blob store's size */
+	char blobs[4200];
+	long long nblobs = 0, blob_bytes = 0;
+
+	snprintf(blobs, sizeof(blobs), "%s/blobs", i.dir);
+	cb_ws_blob_usage_dir(blobs, &nblobs, &blob_bytes);
 	if (common.json) {
 		json_t *j = info_json(&i);
 
+		json_object_set_new(j, "blob_count", json_integer(nblobs));
+		json_object_set_new(j, "blob_bytes", json_integer(blob_bytes));
 		cb_ws_info_free(&i);
 		return cli_print_json(j);
 	}
@@ -146,6 +189,7 @@ int cmd_info(int argc, char **argv)
 		printf("daemon pid:  %d\n", (int)i.daemon_pid);
 	printf("mount point: %s\n", i.mountpoint);
 	printf("upper size:  %s\n", cli_size(i.upper_bytes, size, sizeof(size)));
+	printf("blob store:  %lld blobs, %s\n", nblobs, cli_size(blob_bytes, size, sizeof(size)));
 	printf("directory:   %s\n", i.dir);
 	cb_ws_info_free(&i);
 	return CLI_OK;

@@ -98,6 +98,11 @@ static int turns_open(struct cb_daemon *d, struct cb_turns **t)
 	return cb_turns_open(&cfg, t);
 }
 
+static double elapsed(const struct timespec *a, const struct timespec *b)
+{
+	return (double)(b->tv_sec - a->tv_sec) + (double)(b->tv_nsec - a->tv_nsec) / 1e9;
+}
+
 static json_t *entry_json(const struct cb_entry *e)
 {
 	char hex[2 * CB_SHA256_LEN + 1];
@@ -287,6 +292,7 @@ static int op_rollback(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	long long to = json_integer_value(jt), touched = 0, turn = 0;
 	struct dirty_list dl = {0};
 	struct cb_turns *t = NULL;
+	struct timespec t0, t1, t2;
 	char label[64];
 	int ret;
 
@@ -299,8 +305,10 @@ static int op_rollback(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 		ret = turns_sync(d);
 	if (!ret)
 		ret = dirty_load(d, cb_journal_turn(d->db), cb_journal_turn(d->db), &dl);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 	if (!ret)
 		ret = cb_ws_rollback(t, to, dl.d, dl.n, &touched);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
 	/* Even a rollback that failed part-way changed the tree: record what it is now. */
 	if (!ret || touched) {
 		int sret = turns_snapshot(d, t, label, NULL, &turn);
@@ -308,15 +316,17 @@ static int op_rollback(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 		if (!ret)
 			ret = sret;
 	}
+	clock_gettime(CLOCK_MONOTONIC, &t2);
 	dirty_free(&dl);
 	cb_turns_close(t);
 	pthread_mutex_unlock(&d->turn_lock);
 	if (ret)
 		return ret;
 	return cb_daemon_reply(conn, json_object_get(req, "id"),
-			       json_pack("{s:I, s:I, s:I}", "turn", (json_int_t)turn,
+			       json_pack("{s:I, s:I, s:I, s:f, s:f}", "turn", (json_int_t)turn,
 					 "rolled_back_to", (json_int_t)to, "restored",
-					 (json_int_t)touched));
+					 (json_int_t)touched, "restore_seconds", elapsed(&t0, &t1),
+					 "snapshot_seconds", elapsed(&t1, &t2)));
 }
 
 static int op_prune(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)

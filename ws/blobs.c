@@ -309,3 +309,17 @@ int cb_ws_blob_share(int from_fd, int to_fd, const unsigned char *xxh3)
 	close(src);
 	return ret;
 }
+
+int cb_ws_blob_usage_dir(const char *blob_dir, long long *count, long long *bytes)
+{
+	int fd = open(blob_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), ret;
+
+	*count = *bytes = 0;
+	if (fd < 0)
+		return errno == ENOENT
+			   ? 0
+			   : cb_error_set(errno, "blob store %s: %s", blob_dir, strerror(errno));
+	ret = cb_ws_blob_usage(fd, count, bytes);
+	close(fd);
+	return ret;
+}

@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,8 @@
 
 #include "cowbox/error.h"
 #include "turns_int.h"
+
+#define RB_THREADS 4
 
 /* rm -rf of dirfd/path, for a directory the turn does not have. */
 static int rb_remove(int dirfd, const char *path)
@@ -57,27 +60,22 @@ static void rb_tmpname(const char *path, char *buf, size_t len)
 		 __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
 }
 
-/* Open the content of e (a file of the target turn): the base file at the same path when it
- * still holds these bytes, else its blob. */
-static int rb_source(struct cb_turns *t, const struct cb_entry *e, long long turn)
+/* Where the content of e (a file of the target turn) comes from: the base file at the same
+ * path when it still holds these bytes (1), else its blob (0). Uses the db: call it from
+ * the rollback's own thread only. */
+static int rb_resolve(struct cb_turns *t, const struct cb_entry *e, long long turn)
 {
 	struct cb_entry base = {0};
 	char hex[2 * CB_XXH128_LEN + 1];
-	int fd, ret;
+	int ret;
 
 	ret = ws_base_entry(t, e->path, &base);
 	if (ret)
 		return ret;
-	if (base.type == CB_ENTRY_FILE && !memcmp(base.xxh3, e->xxh3, CB_XXH128_LEN)) {
-		cb_entry_clear(&base);
-		fd = openat(t->base_fd, e->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-		if (fd < 0)
-			return cb_error_set(errno, "base %s: %s", e->path, strerror(errno));
-		return fd;
-	}
+	ret = base.type == CB_ENTRY_FILE && !memcmp(base.xxh3, e->xxh3, CB_XXH128_LEN);
 	cb_entry_clear(&base);
-	if (cb_ws_blob_has(t->blob_fd, e->xxh3))
-		return cb_ws_blob_open(t->blob_fd, e->xxh3);
+	if (ret || cb_ws_blob_has(t->blob_fd, e->xxh3))
+		return ret;
 	cb_hex(e->xxh3, CB_XXH128_LEN, hex);
 	return cb_error_set(ENOENT,
 			    "%s at turn %lld: content %s is neither in the base (changed since it "
@@ -85,23 +83,46 @@ static int rb_source(struct cb_turns *t, const struct cb_entry *e, long long tur
 			    e->path, turn, hex);
 }
 
-static int rb_file(struct cb_turns *t, const struct cb_entry *e, long long turn)
+/* The process umask, read without changing it (umask() would race with other threads). */
+static mode_t rb_umask(void)
+{
+	char line[128];
+	unsigned m = 022;
+	FILE *f = fopen("/proc/self/status", "re");
+
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "Umask: %o", &m) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return (mode_t)m;
+}
+
+static int rb_file(struct cb_turns *t, const struct cb_entry *e, int from_base, mode_t um)
 {
 	char tmp[4200];
 	int src, dst, ret;
 
-	src = rb_source(t, e, turn);
-	if (src < 0)
-		return src;
+	if (from_base) {
+		src = openat(t->base_fd, e->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+		if (src < 0)
+			return cb_error_set(errno, "base %s: %s", e->path, strerror(errno));
+	} else {
+		src = cb_ws_blob_open(t->blob_fd, e->xxh3);
+		if (src < 0)
+			return src;
+	}
 	rb_tmpname(e->path, tmp, sizeof(tmp));
-	dst = openat(t->root_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	/* Created with its mode (a read-only mode does not stop this open for writing); a chmod
+	 * (one more FUSE round trip and journal mark) only when the umask took bits away. */
+	dst = openat(t->root_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, e->mode & 0777);
 	if (dst < 0) {
 		ret = cb_error_set(errno, "restore %s: create: %s", e->path, strerror(errno));
 		close(src);
 		return ret;
 	}
 	ret = cb_ws_copy_fd(src, dst);
-	if (!ret && fchmod(dst, e->mode) < 0)
+	if (!ret && (e->mode & (um | 07000)) && fchmod(dst, e->mode) < 0)
 		ret = cb_error_set(errno, "restore %s: chmod: %s", e->path, strerror(errno));
 	if (close(dst) < 0 && !ret)
 		ret = cb_error_set(errno, "restore %s: close: %s", e->path, strerror(errno));
@@ -129,12 +150,29 @@ static int rb_symlink(struct cb_turns *t, const struct cb_entry *e)
 	return 0;
 }
 
+/* A file whose content must be written, and where it comes from. */
+struct rb_job {
+	const struct cb_entry *want;
+	int from_base;
+};
+
+struct rb_jobs {
+	struct cb_turns *t;
+	struct rb_job *job;
+	size_t n, next;
+	mode_t um;
+	pthread_mutex_t lock;
+	int err;
+	char msg[512];
+};
+
 /* Restore one path whose live entry (ev->new) differs from the turn's (ev->old); what had
- * to go is already gone. Directory modes come last (rb_dir_modes). */
-static int rb_restore(struct cb_turns *t, const struct cb_diff_event *ev, long long turn)
+ * to go is already gone. Files that need content become jobs; directory modes come last. */
+static int rb_restore(struct cb_turns *t, const struct cb_diff_event *ev, long long turn,
+		      struct rb_jobs *jobs)
 {
 	const struct cb_entry *want = &ev->old, *have = &ev->new;
-	int same_type = want->type == have->type;
+	int same_type = want->type == have->type, from_base;
 
 	switch (want->type) {
 	case CB_ENTRY_ABSENT:
@@ -154,18 +192,68 @@ static int rb_restore(struct cb_turns *t, const struct cb_diff_event *ev, long l
 						    strerror(errno));
 			return 0;
 		}
-		return rb_file(t, want, turn);
+		from_base = rb_resolve(t, want, turn);
+		if (from_base < 0)
+			return from_base;
+		jobs->job[jobs->n++] = (struct rb_job){want, from_base};
+		return 0;
 	}
+	return 0;
+}
+
+static void *rb_worker(void *arg)
+{
+	struct rb_jobs *j = arg;
+
+	for (;;) {
+		struct rb_job *job = NULL;
+		int ret;
+
+		pthread_mutex_lock(&j->lock);
+		if (!j->err && j->next < j->n)
+			job = &j->job[j->next++];
+		pthread_mutex_unlock(&j->lock);
+		if (!job)
+			return NULL;
+		ret = rb_file(j->t, job->want, job->from_base, j->um);
+		if (ret) {
+			pthread_mutex_lock(&j->lock);
+			if (!j->err) {
+				j->err = ret;
+				snprintf(j->msg, sizeof(j->msg), "%s", cb_error_message());
+			}
+			pthread_mutex_unlock(&j->lock);
+		}
+	}
+}
+
+/* Write the files on a few threads: each one is several FUSE round trips and journal marks,
+ * and concurrent marks share one group commit. */
+static int rb_run_jobs(struct rb_jobs *j)
+{
+	pthread_t th[RB_THREADS];
+	size_t started = 0;
+
+	for (size_t i = 0; i + 1 < RB_THREADS && i + 1 < j->n; i++)
+		if (pthread_create(&th[started], NULL, rb_worker, j) == 0)
+			started++;
+	rb_worker(j);
+	for (size_t i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	if (j->err)
+		return cb_error_set(j->err, "%s", j->msg);
 	return 0;
 }
 
 int cb_ws_rollback(struct cb_turns *t, long long turn, const struct cb_dirty *dirty, size_t n,
 		   long long *touched)
 {
+	struct rb_jobs jobs = {.t = t, .um = rb_umask()};
 	struct cb_diff d = {0};
 	int ret;
 
 	*touched = 0;
+	pthread_mutex_init(&jobs.lock, NULL);
 	/* old = the turn's entry, new = the live one: exactly the paths to put back. */
 	ret = cb_ws_diff(t, turn, -1, dirty, n, &d);
 	if (ret)
@@ -178,8 +266,13 @@ int cb_ws_rollback(struct cb_turns *t, long long turn, const struct cb_dirty *di
 			ret = rb_remove(t->root_fd, ev->new.path);
 	}
 	/* Parents before children: directories exist before what goes in them. */
+	jobs.job = calloc(d.n ? d.n : 1, sizeof(*jobs.job));
+	if (!ret && !jobs.job)
+		ret = cb_error_set(ENOMEM, "out of memory");
 	for (size_t i = 0; i < d.n && !ret; i++)
-		ret = rb_restore(t, &d.ev[i], turn);
+		ret = rb_restore(t, &d.ev[i], turn, &jobs);
+	if (!ret)
+		ret = rb_run_jobs(&jobs);
 	/* Directory modes last and deepest first, so a read-only directory blocks nothing. */
 	for (size_t i = d.n; i-- > 0 && !ret;) {
 		const struct cb_entry *want = &d.ev[i].old;
@@ -191,6 +284,8 @@ int cb_ws_rollback(struct cb_turns *t, long long turn, const struct cb_dirty *di
 	}
 	*touched = (long long)d.n;
 out:
+	free(jobs.job);
+	pthread_mutex_destroy(&jobs.lock);
 	cb_diff_free(&d);
 	return ret ? cb_error_wrap(ret, "rollback to turn %lld", turn) : 0;
 }

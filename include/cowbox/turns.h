@@ -158,6 +158,8 @@ int cb_ws_blob_open(int blob_fd, const unsigned char *xxh3);
 int cb_ws_copy_fd(int src_fd, int dst_fd);
 /* Count and bytes (allocated) of the blob store. */
 int cb_ws_blob_usage(int blob_fd, long long *count, long long *bytes);
+/* The same for a blob directory by path; a missing one is empty (no turn kept a blob). */
+int cb_ws_blob_usage_dir(const char *blob_dir, long long *count, long long *bytes);
 /* Remove every blob for which needed() says 0; *freed gets the bytes returned. */
 int cb_ws_blob_gc(int blob_fd, int (*needed)(const unsigned char *xxh3, void *), void *arg,
 		  long long *removed, long long *freed);

@@ -177,6 +177,10 @@ class TurnsTest(CowboxTestCase):
         self.cowbox("rollback", "w", "4")
         self.assertTrue(self.read("src/a.c").startswith("version 2"))
         self.assertIn("blobs:", self.cowbox("turns", "w").stdout)
+        info = self.cowbox_json("info", "w")
+        self.assertEqual((info["blob_count"], info["blob_bytes"]),
+                         (after["blob_count"], after["blob_bytes"]))
+        self.assertIn("blob store:  2 blobs", self.cowbox("info", "w").stdout)
         self.assert_fails(["prune", "w", "--keep", "0"], "--keep", status=2)
 
     def test_fork_is_independent(self):

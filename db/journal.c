@@ -267,10 +267,11 @@ out:
 }
 
 /* With synchronous=NORMAL a commit is in the WAL but not fsynced; fsyncing the WAL file
- * makes every commit so far survive power loss without checkpointing. */
+ * makes every commit so far survive power loss without checkpointing. The directory is
+ * synced once per handle too, so that the WAL's own name survives. */
 int cb_journal_sync(struct cb_db *db)
 {
-	char wal[4096];
+	char wal[4096], dir[4096];
 	int fd, rc = 0;
 
 	snprintf(wal, sizeof(wal), "%s-wal", db->path);
@@ -281,6 +282,24 @@ int cb_journal_sync(struct cb_db *db)
 	if (fsync(fd) < 0)
 		rc = cb_error_set(errno, "fsync %s: %s", wal, strerror(errno));
 	close(fd);
+	if (rc || __atomic_load_n(&db->dir_synced, __ATOMIC_ACQUIRE))
+		return rc;
+	snprintf(dir, sizeof(dir), "%s", db->path);
+	char *slash = strrchr(dir, '/');
+
+	if (slash == dir)
+		slash[1] = '\0';
+	else if (slash)
+		*slash = '\0';
+	else
+		snprintf(dir, sizeof(dir), ".");
+	fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0 || fsync(fd) < 0)
+		rc = cb_error_set(errno, "fsync %s: %s", dir, strerror(errno));
+	else
+		__atomic_store_n(&db->dir_synced, 1, __ATOMIC_RELEASE);
+	if (fd >= 0)
+		close(fd);
 	return rc;
 }
 

@@ -45,12 +45,8 @@ struct cb_db {
 	int leader_active;
 	struct cb_mark_set marked; /* guarded by queue_lock */
 	long long turn;		   /* the open turn; guarded by queue_lock */
-	char batch_error[512];
-	int dir_synced;
-	    /* the directory of the file was fsynced once (cb_journal_sync) */ /* why the last
-										  failed batch
-										  failed, for its
-										  followers */
+	char batch_error[512];	   /* why the last failed batch failed, for its followers */
+	int dir_synced;		   /* the directory was fsynced once (cb_journal_sync) */
 
 	/* Counters for tests and benchmarks (guarded by queue_lock). */
 	unsigned long long stat_marks, stat_rows, stat_transactions;

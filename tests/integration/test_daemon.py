@@ -3,6 +3,7 @@ many clients, close, and recovery after a kill -9 with every answered change jou
 
 import json
 import os
+import random
 import signal
 import socket
 import threading
@@ -70,6 +71,25 @@ class TestProtocol(CowboxTestCase):
         s.sendall(b'{"id":1,"op":"pi')
         s.close()
         self.assertEqual(self.client(self.ref).request("ping")["ok"], True)
+        self.assertTrue(pid_alive(self.pid))
+
+    def test_random_garbage_lines(self):
+        seed = int(os.environ.get("COWBOX_SEED", random.randrange(1 << 30)))
+        print("COWBOX_SEED=%d" % seed)
+        rng = random.Random(seed)
+        c = self.client(self.ref)
+        alphabet = [bytes([b]) for b in range(256) if b != 0x0A]
+        pieces = [b'{"id":', b'"op":', b'"ping"', b"[", b"]", b"{", b"}", b",", b"null",
+                  b"1e999", b'"\\u0000"', b"\xff\xfe", b'"id"', b"-0", b"true"]
+        for i in range(300):
+            line = b"".join(rng.choice(pieces) if rng.random() < 0.5 else rng.choice(alphabet)
+                            for _ in range(rng.randrange(1, 60)))
+            if not line.strip(b" \t\r"):
+                continue
+            c.send_raw(line + b"\n")
+            reply = c.recv()
+            self.assertTrue("error" in reply or reply.get("ok") is True, (line, reply))
+        self.assertEqual(c.request("ping")["ok"], True)
         self.assertTrue(pid_alive(self.pid))
 
     def test_no_fd_leak_over_many_connections(self):

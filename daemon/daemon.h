@@ -86,8 +86,31 @@ void cb_daemon_conn_unref(struct cb_daemon_conn *conn);
 /* 1 once the client hung up or the daemon is stopping: long ops should wind down. */
 int cb_daemon_conn_closed(struct cb_daemon_conn *conn);
 
+/* ---- running requests of a connection ----
+ * A request that outlives its handler (exec) attaches itself under its id, so that later
+ * lines naming the same id ({"id":ID,"op":"stdin",...}, "kill") can reach it. */
+
+/* Attach obj under id (an integer or string id). on_close (may be NULL) is called once if the
+ * client hangs up or the daemon stops while obj is attached, under the connection's request
+ * lock: it must be quick (set a flag, send a signal). -EEXIST if id is already running. */
+int cb_daemon_conn_attach(struct cb_daemon_conn *conn, json_t *id, void *obj,
+			  void (*on_close)(void *obj));
+
+/* Call fn(obj, arg) for the request attached under id, holding the request lock so that the
+ * owner cannot detach (and free) it meanwhile; fn must not block. Returns fn's value, or
+ * -ENOENT (with a message) when nothing runs under id. */
+int cb_daemon_conn_with(struct cb_daemon_conn *conn, json_t *id, int (*fn)(void *obj, void *arg),
+			void *arg);
+
+/* Detach the request under id (waits for a running cb_daemon_conn_with); no-op if absent. */
+void cb_daemon_conn_detach(struct cb_daemon_conn *conn, json_t *id);
+
 /* The daemon a connection belongs to. */
 struct cb_daemon *cb_daemon_conn_daemon(struct cb_daemon_conn *conn);
+
+/* api (daemon/ops_api.c): kill the API's running commands, wait for them, and close the
+ * workspace's backend (forwarders, the docker container). Called once while stopping. */
+void cb_daemon_api_stop(struct cb_daemon *d);
 
 /* Ask the daemon to unmount and exit once the current replies are out (the `close` op). */
 void cb_daemon_request_stop(struct cb_daemon *d);

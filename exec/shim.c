@@ -357,6 +357,16 @@ void cb_exec_shim_main(const struct cb_exec_plan *given)
 {
 	struct cb_exec_plan plan = *given, *p = &plan;
 	close_foreign_fds(p);
+	/* Nor should the supervisor hold the caller's stdio (a terminal, a log, a pipe someone
+	 * waits on): the command gets its own 0-2 from the plan, which are all above 2. */
+	int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (nul >= 0) {
+		dup2(nul, 0);
+		dup2(nul, 1);
+		dup2(nul, 2);
+		if (nul > 2)
+			close(nul);
+	}
 	prctl(PR_SET_NAME, (unsigned long)"cowbox-init", 0, 0, 0);
 	if (p->wait_go) {
 		char c = 0;

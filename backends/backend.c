@@ -250,7 +250,6 @@ int cb_backend_open(const char *ref, const char *dir, const char *root, const ch
 	*out = NULL;
 	if (!b)
 		return cb_error_set(ENOMEM, "backend: out of memory");
-	b->root_fd = -1;
 	pthread_mutex_init(&b->lock, NULL);
 	if ((rc = cb_backend_options_load(dir, &b->opt)) < 0)
 		goto out;
@@ -261,11 +260,6 @@ int cb_backend_open(const char *ref, const char *dir, const char *root, const ch
 	b->hostname = strdup(hostname ? hostname : ref);
 	if (!b->ref || !b->dir || !b->root || !b->hostname) {
 		rc = cb_error_set(ENOMEM, "backend: out of memory");
-		goto out;
-	}
-	b->root_fd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
-	if (b->root_fd < 0) {
-		rc = cb_error_set(errno, "open workspace root %s: %s", root, strerror(errno));
 		goto out;
 	}
 	*out = b;
@@ -282,8 +276,6 @@ void cb_backend_free(struct cb_backend *b)
 	if (b->created && b->ops)
 		b->ops->close(b);
 	cb_forwarder_stop_all(b);
-	if (b->root_fd >= 0)
-		close(b->root_fd);
 	cb_backend_options_free(&b->opt);
 	free(b->ref);
 	free(b->dir);
@@ -399,6 +391,7 @@ int cb_backend_hook(struct cb_backend *b, const char *what, const char *shell, d
 	if (rc)
 		return cb_error_wrap(rc, "%s '%s'", what, shell);
 	rc = b->ops->wait(b, h, &res);
+	cb_exec_free(h);
 	if (rc)
 		cb_error_wrap(rc, "%s '%s'", what, shell);
 	else if (res.timed_out)

@@ -40,11 +40,8 @@ double cb_backend_timeout(const struct cb_backend *b, const struct cb_backend_cm
 
 int cb_backend_wait_plain(struct cb_backend *b, struct cb_exec *h, struct cb_exec_result *res)
 {
-	int rc = cb_exec_wait(h, res);
-
 	(void)b;
-	cb_exec_free(h);
-	return rc;
+	return cb_exec_wait(h, res);
 }
 
 void cb_backend_kill_plain(struct cb_backend *b, struct cb_exec *h, int sig)

@@ -10,7 +10,7 @@
  * absolute paths. */
 int cb_backend_cwd(const struct cb_backend *b, const char *cwd, int allow_abs, char **out);
 
-/* The runner's wait and free, for backends with nothing of their own to clean. */
+/* The runner's wait and kill, for backends with nothing of their own to clean. */
 int cb_backend_wait_plain(struct cb_backend *b, struct cb_exec *h, struct cb_exec_result *res);
 void cb_backend_kill_plain(struct cb_backend *b, struct cb_exec *h, int sig);
 

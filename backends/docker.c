@@ -279,7 +279,6 @@ static int docker_wait(struct cb_backend *b, struct cb_exec *h, struct cb_exec_r
 		docker_signal_tree(s, token, SIGKILL);
 	if (!rc && timeout > 0 && res->exit_code == 124 && res->duration >= timeout - 0.05)
 		res->timed_out = 1;
-	cb_exec_free(h);
 	return rc;
 }
 

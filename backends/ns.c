@@ -104,7 +104,9 @@ static int ns_which(struct cb_backend *b, const char *binary, char **path)
 	*path = NULL;
 	if ((rc = b->ops->exec(b, &cmd, NULL, &h)) < 0)
 		return rc;
-	if ((rc = b->ops->wait(b, h, &res)) < 0)
+	rc = b->ops->wait(b, h, &res);
+	cb_exec_free(h);
+	if (rc < 0)
 		return rc;
 	if (res.exit_code == 0 && res.out_len && res.out[0] == '/') {
 		res.out[strcspn(res.out, "\n")] = 0;

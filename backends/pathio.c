@@ -16,6 +16,16 @@
 
 #define PATHIO_RESOLVE (RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
 
+/* The root is opened per call: an fd held on the mount point would make its umount fail. */
+static int open_root(struct cb_backend *b)
+{
+	int fd = open(b->root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+
+	if (fd < 0)
+		return cb_error_set(errno, "open workspace root %s: %s", b->root, strerror(errno));
+	return fd;
+}
+
 static int open_beneath(int root_fd, const char *path, int flags, mode_t mode)
 {
 	struct open_how how = {
@@ -59,7 +69,7 @@ int cb_backend_read(struct cb_backend *b, const char *path, off_t off, size_t le
 	struct stat st;
 	char *buf = NULL;
 	size_t got = 0;
-	int fd = -1, rc;
+	int fd = -1, root, rc;
 
 	*data = NULL;
 	*n = 0;
@@ -67,7 +77,10 @@ int cb_backend_read(struct cb_backend *b, const char *path, off_t off, size_t le
 		return rc;
 	if (off < 0)
 		return cb_error_set(EINVAL, "read %s: negative offset", path);
-	fd = open_beneath(b->root_fd, path, O_RDONLY, 0);
+	if ((root = open_root(b)) < 0)
+		return root;
+	fd = open_beneath(root, path, O_RDONLY, 0);
+	close(root);
 	if (fd < 0)
 		return path_error("read", path, errno);
 	if (fstat(fd, &st) < 0) {
@@ -157,16 +170,21 @@ int cb_backend_write(struct cb_backend *b, const char *path, off_t off, const vo
 		     size_t len, int truncate, mode_t mode)
 {
 	size_t done = 0;
-	int fd, rc;
+	int fd, root, rc;
 
 	if ((rc = path_check(path)) < 0)
 		return rc;
 	if (off < 0)
 		return cb_error_set(EINVAL, "write %s: negative offset", path);
-	if ((rc = make_parents(b->root_fd, path)) < 0)
+	if ((root = open_root(b)) < 0)
+		return root;
+	if ((rc = make_parents(root, path)) < 0) {
+		close(root);
 		return rc;
-	fd = open_beneath(b->root_fd, path, O_WRONLY | O_CREAT | (truncate ? O_TRUNC : 0),
+	}
+	fd = open_beneath(root, path, O_WRONLY | O_CREAT | (truncate ? O_TRUNC : 0),
 			  mode ? mode : 0644);
+	close(root);
 	if (fd < 0)
 		return path_error("write", path, errno);
 	while (done < len) {

@@ -386,6 +386,8 @@ out:
 	if (rc && d.lock_fd >= 0)
 		daemon_log("error: %s", cb_error_message());
 	d.stopping = 1;
+	/* api (issue 5): end the API's commands first; their threads hold connections. */
+	cb_daemon_api_stop(&d);
 	if (d.listen_fd >= 0)
 		shutdown(d.listen_fd, SHUT_RDWR);
 	if (have_accept)

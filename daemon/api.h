@@ -1,0 +1,26 @@
+/* Private to the API ops (daemon/ops_api.c, daemon/ops_files.c): the workspace's backend as
+ * this daemon holds it, and base64 for the binary-safe fields of the protocol. */
+#ifndef COWBOX_DAEMON_API_H
+#define COWBOX_DAEMON_API_H
+
+#include <stddef.h>
+
+#include "cowbox/backend.h"
+#include "daemon.h"
+
+/* The daemon's backend, opened on first use from backend.json; *out stays owned by the
+ * daemon. When create is set its resources are made too (cb_backend_ensure). */
+int cb_api_backend(struct cb_daemon *d, int create, struct cb_backend **out);
+
+/* Replace the backend's options (configure op): refused with -EBUSY once it was created. */
+int cb_api_configure(struct cb_daemon *d, json_t *options);
+
+/* Close the backend (forwarders, the container) once no command of the API runs. */
+void cb_api_backend_release(void);
+
+/* Base64 (RFC 4648, padded). The encoder returns a new JSON string; the decoder a malloc'd
+ * buffer, or -EINVAL naming field when s is not base64. */
+json_t *cb_api_b64_json(const void *data, size_t len);
+int cb_api_b64_decode(const char *field, const char *s, void **out, size_t *len);
+
+#endif

@@ -1,0 +1,134 @@
+/* The API ops' shared state and helpers: the workspace's backend, opened lazily and replaced
+ * by configure, and base64 for binary data in JSON. */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "api.h"
+#include "cowbox/error.h"
+
+static pthread_mutex_t api_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct cb_backend *api_backend; /* guarded by api_lock; freed at stop */
+
+int cb_api_backend(struct cb_daemon *d, int create, struct cb_backend **out)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&api_lock);
+	if (!api_backend)
+		rc = cb_backend_open(d->ref, d->dir, d->mountpoint, d->name, &api_backend);
+	*out = api_backend;
+	pthread_mutex_unlock(&api_lock);
+	if (!rc && create)
+		rc = cb_backend_ensure(*out);
+	return rc;
+}
+
+int cb_api_configure(struct cb_daemon *d, json_t *options)
+{
+	struct cb_backend_options opt;
+	char marker[4096];
+	int rc;
+
+	if ((rc = cb_backend_options_from_json(options, &opt)) < 0)
+		return rc;
+	snprintf(marker, sizeof(marker), "%s/backend.created", d->dir);
+	pthread_mutex_lock(&api_lock);
+	if ((api_backend && api_backend->created) || access(marker, F_OK) == 0) {
+		rc = cb_error_set(EBUSY,
+				  "configure: the backend of %s was already created; "
+				  "options shape a new workspace only",
+				  d->ref);
+	} else if (!(rc = cb_backend_options_save(d->dir, &opt))) {
+		cb_backend_free(api_backend);
+		api_backend = NULL;
+	}
+	pthread_mutex_unlock(&api_lock);
+	cb_backend_options_free(&opt);
+	return rc;
+}
+
+/* Called once the API's commands are gone: forwarders stop, the container goes. */
+void cb_api_backend_release(void)
+{
+	pthread_mutex_lock(&api_lock);
+	cb_backend_free(api_backend);
+	api_backend = NULL;
+	pthread_mutex_unlock(&api_lock);
+}
+
+static const char b64_alphabet[] =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+json_t *cb_api_b64_json(const void *data, size_t len)
+{
+	const unsigned char *p = data;
+	size_t olen = 4 * ((len + 2) / 3), o = 0;
+	char *s = malloc(olen + 1);
+	json_t *j;
+
+	if (!s)
+		return NULL;
+	for (size_t i = 0; i < len; i += 3) {
+		unsigned v = (unsigned)p[i] << 16;
+
+		if (i + 1 < len)
+			v |= (unsigned)p[i + 1] << 8;
+		if (i + 2 < len)
+			v |= p[i + 2];
+		s[o++] = b64_alphabet[(v >> 18) & 63];
+		s[o++] = b64_alphabet[(v >> 12) & 63];
+		s[o++] = i + 1 < len ? b64_alphabet[(v >> 6) & 63] : '=';
+		s[o++] = i + 2 < len ? b64_alphabet[v & 63] : '=';
+	}
+	s[o] = 0;
+	j = json_stringn_nocheck(s, o);
+	free(s);
+	return j;
+}
+
+static int b64_value(int c)
+{
+	const char *p = c ? strchr(b64_alphabet, c) : NULL;
+
+	return p ? (int)(p - b64_alphabet) : -1;
+}
+
+int cb_api_b64_decode(const char *field, const char *s, void **out, size_t *len)
+{
+	size_t n = strlen(s), o = 0;
+	unsigned char *buf;
+
+	*out = NULL;
+	*len = 0;
+	if (n % 4)
+		return cb_error_set(EINVAL, "%s: not base64 (length %zu is not a multiple of 4)",
+				    field, n);
+	buf = malloc(n / 4 * 3 + 1);
+	if (!buf)
+		return cb_error_set(ENOMEM, "%s: out of memory", field);
+	for (size_t i = 0; i < n; i += 4) {
+		int v[4];
+
+		for (int k = 0; k < 4; k++) {
+			v[k] = b64_value((unsigned char)s[i + k]);
+			if (v[k] < 0 && !(s[i + k] == '=' && i + 4 == n && k >= 2)) {
+				free(buf);
+				return cb_error_set(EINVAL, "%s: not base64 (bad character at %zu)",
+						    field, i + k);
+			}
+		}
+		buf[o++] = (unsigned char)(v[0] << 2 | v[1] >> 4);
+		if (v[2] >= 0)
+			buf[o++] = (unsigned char)((v[1] & 15) << 4 | v[2] >> 2);
+		if (v[2] >= 0 && v[3] >= 0)
+			buf[o++] = (unsigned char)((v[2] & 3) << 6 | v[3]);
+	}
+	*out = buf;
+	*len = o;
+	return 0;
+}

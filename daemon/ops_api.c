@@ -1,0 +1,403 @@
+/* The API's command ops: exec (streamed frames, stdin frames, kill) and run (collected),
+ * each on a thread of its own so a connection keeps serving while its commands run. */
+#include "config.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "api.h"
+#include "cowbox/error.h"
+
+/* A command started by exec or run, findable by (connection, id) for stdin and kill. */
+struct api_exec {
+	struct cb_daemon *d;
+	struct cb_daemon_conn *conn;
+	json_t *id;
+	int stream; /* exec: frames out; run: collected */
+	int strict; /* run: a timeout or the output cap is an error reply */
+	struct cb_backend_cmd cmd;
+	char **argv, **env;
+	char *shell, *cwd;
+	void *stdin_buf;
+	struct cb_backend *b;
+	struct cb_exec *h;
+	int refs;      /* stdin writers using h; guarded by running_lock */
+	int started;   /* h is set and running; guarded by running_lock */
+	int stop_sent; /* the daemon's stop killed it */
+	struct api_exec *next;
+};
+
+static pthread_mutex_t running_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t running_cond = PTHREAD_COND_INITIALIZER;
+static struct api_exec *running; /* guarded by running_lock */
+
+static void api_exec_free(struct api_exec *e)
+{
+	cb_exec_env_free(e->argv);
+	cb_exec_env_free(e->env);
+	free(e->shell);
+	free(e->cwd);
+	free(e->stdin_buf);
+	json_decref(e->id);
+	if (e->conn)
+		cb_daemon_conn_unref(e->conn);
+	free(e);
+}
+
+static int strings_from(json_t *arr, const char *field, char ***out)
+{
+	size_t i;
+	json_t *v;
+
+	*out = calloc(json_array_size(arr) + 1, sizeof(char *));
+	if (!*out)
+		return cb_error_set(ENOMEM, "%s: out of memory", field);
+	json_array_foreach(arr, i, v)
+	{
+		if (!json_is_string(v))
+			return cb_error_set(EINVAL, "%s[%zu]: needs a string", field, i);
+		if (!((*out)[i] = strdup(json_string_value(v))))
+			return cb_error_set(ENOMEM, "%s: out of memory", field);
+	}
+	return 0;
+}
+
+static int env_from(json_t *obj, char ***out)
+{
+	const char *k;
+	json_t *v;
+	size_t n = 0;
+
+	if (!json_is_object(obj))
+		return cb_error_set(EINVAL, "env: needs an object of strings");
+	*out = calloc(json_object_size(obj) + 1, sizeof(char *));
+	if (!*out)
+		return cb_error_set(ENOMEM, "env: out of memory");
+	json_object_foreach(obj, k, v)
+	{
+		if (!json_is_string(v) || !*k || strchr(k, '='))
+			return cb_error_set(EINVAL,
+					    "env %s: needs a string value and a name without "
+					    "'='",
+					    k);
+		if (asprintf(&(*out)[n], "%s=%s", k, json_string_value(v)) < 0) {
+			(*out)[n] = NULL;
+			return cb_error_set(ENOMEM, "env: out of memory");
+		}
+		n++;
+	}
+	return 0;
+}
+
+/* The request's command fields, checked before anything runs. */
+static int cmd_parse(json_t *req, struct api_exec *e)
+{
+	json_t *cmd = json_object_get(req, "cmd"), *shell = json_object_get(req, "shell");
+	json_t *env = json_object_get(req, "env"), *cwd = json_object_get(req, "cwd");
+	json_t *tmo = json_object_get(req, "timeout"), *in = json_object_get(req, "stdin");
+	json_t *lim = json_object_get(req, "output_limit");
+	int rc;
+
+	if (!cmd == !shell || (cmd && (!json_is_array(cmd) || !json_array_size(cmd))) ||
+	    (shell && !json_is_string(shell)))
+		return cb_error_set(EINVAL,
+				    "give \"cmd\" (a non-empty list of strings) or \"shell\" "
+				    "(a string), one of them");
+	if (cmd && (rc = strings_from(cmd, "cmd", &e->argv)) < 0)
+		return rc;
+	if (shell && !(e->shell = strdup(json_string_value(shell))))
+		return cb_error_set(ENOMEM, "shell: out of memory");
+	if (env && !json_is_null(env) && (rc = env_from(env, &e->env)) < 0)
+		return rc;
+	if (cwd && !json_is_null(cwd)) {
+		if (!json_is_string(cwd))
+			return cb_error_set(EINVAL, "cwd: needs a string");
+		if (!(e->cwd = strdup(json_string_value(cwd))))
+			return cb_error_set(ENOMEM, "cwd: out of memory");
+	}
+	if (tmo && !json_is_null(tmo)) {
+		if (!json_is_number(tmo) || json_number_value(tmo) <= 0)
+			return cb_error_set(EINVAL, "timeout: needs a number of seconds > 0");
+		e->cmd.timeout = json_number_value(tmo);
+	}
+	if (lim && !json_is_null(lim)) {
+		if (!json_is_integer(lim) || json_integer_value(lim) <= 0)
+			return cb_error_set(EINVAL, "output_limit: needs a byte count > 0");
+		e->cmd.output_limit = (size_t)json_integer_value(lim);
+	}
+	if (in && json_is_true(in) && e->stream) {
+		e->cmd.stdin_kind = CB_EXEC_STDIN_STREAM;
+	} else if (in && json_is_string(in)) {
+		if ((rc = cb_api_b64_decode("stdin", json_string_value(in), &e->stdin_buf,
+					    &e->cmd.stdin_len)) < 0)
+			return rc;
+		e->cmd.stdin_kind = CB_EXEC_STDIN_BYTES;
+		e->cmd.stdin_data = e->stdin_buf;
+	} else if (in && !json_is_null(in) && !json_is_false(in)) {
+		return cb_error_set(EINVAL, "stdin: needs base64 data%s",
+				    e->stream ? " or true (stdin frames follow)" : "");
+	}
+	e->cmd.argv = e->argv;
+	e->cmd.shell = e->shell;
+	e->cmd.env = e->env;
+	e->cmd.cwd = e->cwd;
+	return 0;
+}
+
+static int api_output(void *arg, int stream, const void *buf, size_t len)
+{
+	struct api_exec *e = arg;
+	json_t *frame = json_object();
+
+	json_object_set_new(frame, "stream", json_string(stream == 2 ? "stderr" : "stdout"));
+	json_object_set_new(frame, "data", cb_api_b64_json(buf, len));
+	/* Nobody is left to read the output: stop the command. */
+	return cb_daemon_send_frame(e->conn, e->id, frame) < 0;
+}
+
+static json_t *result_json(const struct api_exec *e, const struct cb_exec_result *res)
+{
+	json_t *r = json_object();
+
+	json_object_set_new(r, "exit_code", json_integer(res->exit_code));
+	json_object_set_new(r, "signal", json_integer(res->term_signal));
+	json_object_set_new(r, "timed_out", json_boolean(res->timed_out));
+	json_object_set_new(r, "output_limited", json_boolean(res->output_limited));
+	json_object_set_new(r, "killed", json_boolean(res->killed));
+	json_object_set_new(r, "oom_killed", json_boolean(res->oom_killed));
+	json_object_set_new(r, "duration", json_real(res->duration));
+	if (!e->stream) {
+		json_object_set_new(r, "stdout", cb_api_b64_json(res->out, res->out_len));
+		json_object_set_new(r, "stderr", cb_api_b64_json(res->err, res->err_len));
+	}
+	return r;
+}
+
+/* Unlisted, and no stdin writer or killer still uses the handle. */
+static void running_remove(struct api_exec *e)
+{
+	pthread_mutex_lock(&running_lock);
+	for (struct api_exec **p = &running; *p; p = &(*p)->next)
+		if (*p == e) {
+			*p = e->next;
+			break;
+		}
+	while (e->refs)
+		pthread_cond_wait(&running_cond, &running_lock);
+	pthread_cond_broadcast(&running_cond);
+	pthread_mutex_unlock(&running_lock);
+}
+
+static void *api_exec_main(void *arg)
+{
+	struct api_exec *e = arg;
+	struct cb_exec_callbacks cbs = {api_output, e};
+	struct cb_exec_result res = {0};
+	pid_t pid = 0;
+	int rc;
+
+	if ((rc = cb_api_backend(e->d, 1, &e->b)) < 0)
+		goto fail;
+	cb_daemon_spawn_lock();
+	rc = e->b->ops->exec(e->b, &e->cmd, e->stream ? &cbs : NULL, &e->h);
+	if (!rc && cb_daemon_child_claim(cb_exec_pid(e->h)) == 0)
+		pid = cb_exec_pid(e->h);
+	cb_daemon_spawn_unlock();
+	if (rc < 0)
+		goto fail;
+	pthread_mutex_lock(&running_lock);
+	e->started = 1;
+	pthread_cond_broadcast(&running_cond);
+	pthread_mutex_unlock(&running_lock);
+	rc = e->b->ops->wait(e->b, e->h, &res);
+	running_remove(e);
+	if (pid)
+		cb_daemon_child_release(pid);
+	cb_exec_free(e->h);
+	if (rc < 0)
+		goto fail;
+	if (e->strict && (res.timed_out || res.output_limited)) {
+		json_t *err = json_pack("{s:s, s:s, s:o}", "code",
+					res.timed_out ? "timeout" : "output_limit", "message",
+					res.timed_out ? "the command timed out; its tree was killed"
+						      : "the output passed the limit; the command "
+							"was stopped",
+					"result", result_json(e, &res));
+
+		cb_daemon_send_frame(e->conn, e->id, json_pack("{s:o}", "error", err));
+	} else {
+		cb_daemon_reply(e->conn, e->id, result_json(e, &res));
+	}
+	cb_exec_result_free(&res);
+	api_exec_free(e);
+	return NULL;
+fail:
+	cb_daemon_reply_error(e->conn, e->id, cb_daemon_error_code(rc), "%s",
+			      *cb_error_message() ? cb_error_message() : strerror(-rc));
+	running_remove(e);
+	api_exec_free(e);
+	return NULL;
+}
+
+static struct api_exec *running_find(struct cb_daemon_conn *conn, json_t *id)
+{
+	for (struct api_exec *e = running; e; e = e->next)
+		if (e->conn == conn && json_equal(e->id, id))
+			return e;
+	return NULL;
+}
+
+/* The running command of (conn, id) once it has started (a stdin frame may come before its
+ * exec's thread got that far), with a reference that running_put drops; NULL if none. */
+static struct api_exec *running_get(struct cb_daemon_conn *conn, json_t *id)
+{
+	struct api_exec *e;
+
+	pthread_mutex_lock(&running_lock);
+	while ((e = running_find(conn, id)) && !e->started)
+		pthread_cond_wait(&running_cond, &running_lock);
+	if (e)
+		e->refs++;
+	pthread_mutex_unlock(&running_lock);
+	return e;
+}
+
+static void running_put(struct api_exec *e)
+{
+	pthread_mutex_lock(&running_lock);
+	e->refs--;
+	pthread_cond_broadcast(&running_cond);
+	pthread_mutex_unlock(&running_lock);
+}
+
+static int api_start(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req, int stream)
+{
+	struct api_exec *e = calloc(1, sizeof(*e));
+	json_t *id = json_object_get(req, "id");
+	pthread_attr_t attr;
+	pthread_t t;
+	int rc, busy;
+
+	if (!e)
+		return cb_error_set(ENOMEM, "exec: out of memory");
+	e->d = d;
+	e->stream = stream;
+	e->strict = json_is_true(json_object_get(req, "strict"));
+	e->id = json_incref(id);
+	if ((rc = cmd_parse(req, e)) < 0) {
+		api_exec_free(e);
+		return rc;
+	}
+	e->conn = cb_daemon_conn_ref(conn);
+	pthread_mutex_lock(&running_lock);
+	busy = running_find(conn, id) != NULL;
+	if (!busy) {
+		e->next = running;
+		running = e;
+	}
+	pthread_mutex_unlock(&running_lock);
+	if (busy) {
+		api_exec_free(e);
+		return cb_error_set(EBUSY, "a command with this id is still running");
+	}
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	rc = pthread_create(&t, &attr, api_exec_main, e);
+	pthread_attr_destroy(&attr);
+	if (rc) {
+		running_remove(e);
+		api_exec_free(e);
+		return cb_error_set(rc, "exec thread: %s", strerror(rc));
+	}
+	return 0;
+}
+
+static int op_exec(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
+{
+	return api_start(d, conn, req, 1);
+}
+
+static int op_run(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
+{
+	return api_start(d, conn, req, 0);
+}
+
+/* stdin frames are answered only when they fail: the id belongs to the running exec. */
+static int op_stdin(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
+{
+	json_t *id = json_object_get(req, "id"), *data = json_object_get(req, "data");
+	int eof = json_is_true(json_object_get(req, "eof")), rc = 0;
+	void *buf = NULL;
+	size_t len = 0;
+	struct api_exec *e;
+
+	(void)d;
+	if (!json_is_string(data) && !eof)
+		return cb_error_set(EINVAL, "stdin: needs \"data\" (base64) or \"eof\": true");
+	if (data && (rc = cb_api_b64_decode("data", json_string_value(data), &buf, &len)) < 0)
+		return rc;
+	e = running_get(conn, id);
+	if (!e || e->cmd.stdin_kind != CB_EXEC_STDIN_STREAM) {
+		if (e)
+			running_put(e);
+		free(buf);
+		return cb_error_set(ENOENT, "stdin: no running exec with this id and \"stdin\": "
+					    "true on this connection");
+	}
+	if (len)
+		rc = cb_exec_stdin_write(e->h, buf, len);
+	if (eof && !rc)
+		rc = cb_exec_stdin_close(e->h);
+	running_put(e);
+	free(buf);
+	/* The command closed its stdin or ended: not the client's mistake, nothing to say. */
+	return rc == -EPIPE ? 0 : rc;
+}
+
+static int op_kill(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
+{
+	json_t *id = json_object_get(req, "id"), *sig = json_object_get(req, "signal");
+	int signo = sig ? (int)json_integer_value(sig) : SIGKILL;
+	struct api_exec *e;
+
+	(void)d;
+	if ((sig && !json_is_integer(sig)) || signo < 1 || signo > 64)
+		return cb_error_set(EINVAL, "kill: \"signal\" needs a signal number 1-64");
+	pthread_mutex_lock(&running_lock);
+	if ((e = running_find(conn, id)))
+		e->b->ops->kill(e->b, e->h, signo);
+	pthread_mutex_unlock(&running_lock);
+	return e ? 0
+		 : cb_error_set(ENOENT, "kill: no running command with this id on this "
+					"connection");
+}
+
+void cb_daemon_api_stop(struct cb_daemon *d)
+{
+	struct timespec deadline;
+
+	(void)d;
+	clock_gettime(CLOCK_REALTIME, &deadline);
+	deadline.tv_sec += 10;
+	pthread_mutex_lock(&running_lock);
+	while (running) {
+		for (struct api_exec *e = running; e; e = e->next)
+			if (e->started && !e->stop_sent) {
+				e->b->ops->kill(e->b, e->h, SIGKILL);
+				e->stop_sent = 1;
+			}
+		if (pthread_cond_timedwait(&running_cond, &running_lock, &deadline) == ETIMEDOUT)
+			break;
+	}
+	pthread_mutex_unlock(&running_lock);
+	cb_api_backend_release();
+}
+
+extern const struct cb_daemon_op cb_daemon_ops_files[];
+
+const struct cb_daemon_op cb_daemon_ops_api[] = {
+    {"exec", op_exec}, {"run", op_run}, {"stdin", op_stdin}, {"kill", op_kill}, {NULL, NULL},
+};

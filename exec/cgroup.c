@@ -18,7 +18,8 @@ enum { CG_MEMORY, CG_CPU, CG_PIDS, CG_N };
 static const char *const cg_names[CG_N] = {"memory", "cpu", "pids"};
 
 struct cb_cgroup {
-	char *dir[CG_N]; /* NULL: that limit was not asked for */
+	char *dir[CG_N]; /* v1: NULL when that limit was not asked for */
+	char *v2dir;	 /* v2 (delegated controllers): the one group, else NULL */
 };
 
 /* Where this process's group of a controller is: the hierarchy's mount point (from
@@ -90,6 +91,117 @@ static int write_value(const char *dir, const char *file, const char *value)
 	return 0;
 }
 
+static int wanted(const struct cb_sandbox *sb, int c)
+{
+	return c == CG_MEMORY ? sb->memory_mb > 0 : c == CG_CPU ? sb->cpus > 0 : sb->pids > 0;
+}
+
+/* Our group in the unified (v2) hierarchy when every wanted controller is delegated to its
+ * children (listed in its cgroup.subtree_control); -ENOENT otherwise. */
+static int v2_base(const struct cb_sandbox *sb, char *out, size_t cap)
+{
+	char line[4096], mnt[1024] = "", self[2048] = "", ctl[512] = "";
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+	if (!f)
+		return -errno;
+	while (!mnt[0] && fgets(line, sizeof line, f)) {
+		char *s = line;
+		if (!strstr(line, " - cgroup2 "))
+			continue;
+		for (int i = 0; i < 4 && s; i++)
+			s = strchr(s + 1, ' ');
+		if (!s || sscanf(s + 1, "%1023s", mnt) != 1)
+			mnt[0] = 0;
+	}
+	fclose(f);
+	if (!mnt[0] || !(f = fopen("/proc/self/cgroup", "re")))
+		return -ENOENT;
+	while (fgets(line, sizeof line, f))
+		if (!strncmp(line, "0::", 3)) {
+			line[strcspn(line, "\n")] = 0;
+			if (strlen(line + 3) < sizeof self)
+				strcpy(self, line + 3);
+		}
+	fclose(f);
+	snprintf(out, cap, "%s%s", mnt, strcmp(self, "/") ? self : "");
+	snprintf(line, sizeof line, "%s/cgroup.subtree_control", out);
+	if (!(f = fopen(line, "re")))
+		return -ENOENT;
+	if (!fgets(ctl, sizeof ctl, f))
+		ctl[0] = 0;
+	fclose(f);
+	ctl[strcspn(ctl, "\n")] = 0;
+	for (int c = 0; c < CG_N; c++) {
+		char want[32], list[600];
+		snprintf(want, sizeof want, " %s ", cg_names[c]);
+		snprintf(list, sizeof list, " %s ", ctl);
+		if (wanted(sb, c) && !strstr(list, want))
+			return -ENOENT;
+	}
+	return 0;
+}
+
+/* Set controller c's limit in dir, in the v1 or v2 spelling. */
+static int write_limit(const struct cb_sandbox *sb, int c, const char *dir, int v2)
+{
+	char value[64], path[2400];
+	int rc;
+	if (c == CG_MEMORY) {
+		snprintf(value, sizeof value, "%lu", sb->memory_mb << 20);
+		if ((rc = write_value(dir, v2 ? "memory.max" : "memory.limit_in_bytes", value)) < 0)
+			return rc;
+		/* no swapping around the cap, where swap is accounted */
+		snprintf(path, sizeof path, "%s/%s", dir,
+			 v2 ? "memory.swap.max" : "memory.memsw.limit_in_bytes");
+		if (access(path, F_OK) == 0)
+			write_value(dir, v2 ? "memory.swap.max" : "memory.memsw.limit_in_bytes",
+				    v2 ? "0" : value);
+		return 0;
+	}
+	if (c == CG_CPU) {
+		long quota = (long)(sb->cpus * 100000);
+		if (v2) {
+			snprintf(value, sizeof value, "%ld 100000", quota);
+			return write_value(dir, "cpu.max", value);
+		}
+		snprintf(value, sizeof value, "%ld", quota);
+		if ((rc = write_value(dir, "cpu.cfs_period_us", "100000")) < 0)
+			return rc;
+		return write_value(dir, "cpu.cfs_quota_us", value);
+	}
+	snprintf(value, sizeof value, "%lu", sb->pids);
+	return write_value(dir, "pids.max", value);
+}
+
+/* v2: one group for all controllers, under a cowbox/ that delegates them. */
+static int create_v2(const struct cb_sandbox *sb, const char *base, unsigned id,
+		     struct cb_cgroup *cg)
+{
+	char dir[2300], enable[64] = "";
+	int rc;
+	snprintf(dir, sizeof dir, "%s/cowbox", base);
+	if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+		return cb_error_set(errno, "cgroup: mkdir %s: %s", dir, strerror(errno));
+	for (int c = 0; c < CG_N; c++)
+		if (wanted(sb, c)) {
+			strcat(enable, enable[0] ? " +" : "+");
+			strcat(enable, cg_names[c]);
+		}
+	if ((rc = write_value(dir, "cgroup.subtree_control", enable)) < 0)
+		return rc;
+	snprintf(dir, sizeof dir, "%s/cowbox/%d-%u", base, (int)getpid(), id);
+	if (mkdir(dir, 0755) < 0)
+		return cb_error_set(errno, "cgroup: mkdir %s: %s", dir, strerror(errno));
+	if (!(cg->v2dir = strdup(dir))) {
+		rmdir(dir);
+		return cb_error_set(ENOMEM, "cgroup: out of memory");
+	}
+	for (int c = 0; c < CG_N; c++)
+		if (wanted(sb, c) && (rc = write_limit(sb, c, dir, 1)) < 0)
+			return rc;
+	return 0;
+}
+
 int cb_cgroup_create(const struct cb_sandbox *sb, struct cb_cgroup **out)
 {
 	static unsigned counter;
@@ -101,10 +213,15 @@ int cb_cgroup_create(const struct cb_sandbox *sb, struct cb_cgroup **out)
 	if (!cg)
 		return cb_error_set(ENOMEM, "cgroup: out of memory");
 	unsigned id = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
+	char base[2048];
+	if (v2_base(sb, base, sizeof base) == 0) {
+		if ((rc = create_v2(sb, base, id, cg)) < 0)
+			goto out;
+		goto done;
+	}
 	for (int c = 0; c < CG_N; c++) {
-		char base[2048], dir[2300], value[64];
-		if ((c == CG_MEMORY && !sb->memory_mb) || (c == CG_CPU && !(sb->cpus > 0)) ||
-		    (c == CG_PIDS && !sb->pids))
+		char dir[2300];
+		if (!wanted(sb, c))
 			continue;
 		if ((rc = controller_dir(cg_names[c], base, sizeof base)) < 0) {
 			rc = cb_error_set(-rc, "cgroup: no %s hierarchy to put the limit in: %s",
@@ -126,25 +243,10 @@ int cb_cgroup_create(const struct cb_sandbox *sb, struct cb_cgroup **out)
 			rc = cb_error_set(ENOMEM, "cgroup: out of memory");
 			goto out;
 		}
-		if (c == CG_MEMORY) {
-			snprintf(value, sizeof value, "%lu", sb->memory_mb << 20);
-			if ((rc = write_value(dir, "memory.limit_in_bytes", value)) < 0)
-				goto out;
-			char sw[2400];
-			snprintf(sw, sizeof sw, "%s/memory.memsw.limit_in_bytes", dir);
-			if (access(sw, F_OK) == 0) /* only with swap accounting */
-				write_value(dir, "memory.memsw.limit_in_bytes", value);
-		} else if (c == CG_CPU) {
-			snprintf(value, sizeof value, "%ld", (long)(sb->cpus * 100000));
-			if ((rc = write_value(dir, "cpu.cfs_period_us", "100000")) < 0 ||
-			    (rc = write_value(dir, "cpu.cfs_quota_us", value)) < 0)
-				goto out;
-		} else {
-			snprintf(value, sizeof value, "%lu", sb->pids);
-			if ((rc = write_value(dir, "pids.max", value)) < 0)
-				goto out;
-		}
+		if ((rc = write_limit(sb, c, dir, 0)) < 0)
+			goto out;
 	}
+done:
 	*out = cg;
 	cg = NULL;
 out:
@@ -156,6 +258,8 @@ int cb_cgroup_attach(struct cb_cgroup *cg, pid_t pid)
 {
 	char value[32];
 	snprintf(value, sizeof value, "%d", (int)pid);
+	if (cg->v2dir)
+		return write_value(cg->v2dir, "cgroup.procs", value);
 	for (int c = 0; c < CG_N; c++) {
 		int rc;
 		if (cg->dir[c] && (rc = write_value(cg->dir[c], "cgroup.procs", value)) < 0)
@@ -168,9 +272,12 @@ int cb_cgroup_oom_killed(struct cb_cgroup *cg)
 {
 	char path[2400], line[128];
 	long long kills = 0;
-	if (!cg || !cg->dir[CG_MEMORY])
+	if (!cg || (!cg->dir[CG_MEMORY] && !cg->v2dir))
 		return 0;
-	snprintf(path, sizeof path, "%s/memory.oom_control", cg->dir[CG_MEMORY]);
+	if (cg->v2dir)
+		snprintf(path, sizeof path, "%s/memory.events", cg->v2dir);
+	else
+		snprintf(path, sizeof path, "%s/memory.oom_control", cg->dir[CG_MEMORY]);
 	FILE *f = fopen(path, "re");
 	if (!f)
 		return 0;
@@ -181,19 +288,24 @@ int cb_cgroup_oom_killed(struct cb_cgroup *cg)
 	return kills > 0;
 }
 
+static void remove_group(char *dir)
+{
+	if (!dir)
+		return;
+	/* the last processes may take a moment to leave after the namespace died */
+	for (int i = 0; i < 200 && rmdir(dir) < 0 && errno == EBUSY; i++) {
+		struct timespec ts = {0, 5000000};
+		nanosleep(&ts, NULL);
+	}
+	free(dir);
+}
+
 void cb_cgroup_destroy(struct cb_cgroup *cg)
 {
 	if (!cg)
 		return;
-	for (int c = 0; c < CG_N; c++) {
-		if (!cg->dir[c])
-			continue;
-		/* the last processes may take a moment to leave after the namespace died */
-		for (int i = 0; i < 200 && rmdir(cg->dir[c]) < 0 && errno == EBUSY; i++) {
-			struct timespec ts = {0, 5000000};
-			nanosleep(&ts, NULL);
-		}
-		free(cg->dir[c]);
-	}
+	for (int c = 0; c < CG_N; c++)
+		remove_group(cg->dir[c]);
+	remove_group(cg->v2dir);
 	free(cg);
 }

@@ -361,21 +361,24 @@ static void sleep_ms(long ms)
 	nanosleep(&ts, NULL);
 }
 
-/* SIGTERM lets the daemon unmount cleanly; SIGKILL after 10 s covers a wedged one. */
+/* SIGTERM lets the daemon unmount cleanly; SIGKILL 10 s later covers a wedged one. A daemon
+ * still starting (lock held, pid not written yet) is signalled once its pid shows. */
 static int ws_stop_daemon(const char *ref)
 {
 	char *mnt = NULL;
 	pid_t pid;
-	int rc, waited = 0;
+	int rc, waited = 0, termed_at = -1;
 
 	while (!(rc = cb_ws_daemon(ref, &pid, &mnt)) && pid) {
 		free(mnt);
 		mnt = NULL;
-		if (pid > 0 && waited == 0)
+		if (pid > 0 && termed_at < 0) {
 			kill(pid, SIGTERM);
-		if (pid > 0 && waited == 10000)
+			termed_at = waited;
+		}
+		if (pid > 0 && termed_at >= 0 && waited - termed_at == 10000)
 			kill(pid, SIGKILL);
-		if (waited > 15000)
+		if (waited > 20000)
 			return cb_error_set(EBUSY, "workspace %s: daemon pid %d does not stop", ref,
 					    (int)pid);
 		sleep_ms(50);

@@ -447,16 +447,15 @@ int cb_daemon_stop(const char *arg, int timeout_ms)
 		return rc;
 	if ((rc = cb_ws_daemon(ref, &pid, &mnt)) || !pid)
 		goto out;
-	/* A daemon that does not answer still gets SIGTERM. */
-	if (cb_daemon_connect(ref, &c) == 0)
-		rc = cb_client_request(c, json_pack("{s:s}", "op", "close"), 10000, NULL);
-	if (!c || rc) {
-		if (pid > 0)
-			kill(pid, SIGTERM);
-	}
+	/* A daemon that does not answer (or is still starting) gets SIGTERM instead. */
+	int asked = cb_daemon_connect(ref, &c) == 0 &&
+		    cb_client_request(c, json_pack("{s:s}", "op", "close"), 10000, NULL) == 0;
+
 	cb_client_close(c);
 	rc = 0;
 	for (;;) {
+		if (!asked && pid > 0)
+			asked = kill(pid, SIGTERM) == 0 || errno == ESRCH;
 		free(mnt);
 		mnt = NULL;
 		if ((rc = cb_ws_daemon(ref, &pid, &mnt)) || !pid)

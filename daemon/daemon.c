@@ -327,7 +327,10 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	pthread_mutex_init(&d.conns_lock, NULL);
 	pthread_cond_init(&d.conns_cond, NULL);
 	d.started = now_seconds();
-	if ((rc = daemon_load(&d, opt)) || (rc = daemon_lock(&d, &old_mnt)))
+	/* Our pid goes into the lock at once: a dead daemon's pid left there could meanwhile
+	 * belong to an unrelated process that `rm` would signal. */
+	if ((rc = daemon_load(&d, opt)) || (rc = daemon_lock(&d, &old_mnt)) ||
+	    (rc = daemon_write_lock(&d)))
 		goto out;
 	/* Every path is absolute now; a cwd inside some mount would keep it busy for our life. */
 	if (chdir("/") < 0) {
@@ -346,7 +349,7 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	pthread_sigmask(SIG_BLOCK, &daemon_signals, &old_mask);
 	if (old_mnt && strcmp(old_mnt, d.mountpoint) && cb_ws_is_fuse_mount(old_mnt))
 		daemon_clear_mountpoint(&d, old_mnt);
-	if ((rc = daemon_clear_mountpoint(&d, d.mountpoint)) || (rc = daemon_write_lock(&d)))
+	if ((rc = daemon_clear_mountpoint(&d, d.mountpoint)))
 		goto out;
 	if ((rc = cb_daemon_reaper_start()) || (rc = cb_db_open(d.db_path, &d.db)))
 		goto out;

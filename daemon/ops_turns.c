@@ -189,11 +189,10 @@ static int turns_snapshot(struct cb_daemon *d, struct cb_turns *t, const char *l
 			  struct cb_diff *changes, long long *turn_out)
 {
 	struct dirty_list dl = {0};
-	long long turn = cb_journal_turn(d->db), latest = cb_tdb_turn_latest(cb_turns_db(t));
+	long long open = cb_journal_turn(d->db), latest = cb_tdb_turn_latest(cb_turns_db(t));
+	long long turn = open > latest ? open : latest + 1;
 	int ret;
 
-	if (turn <= latest)
-		turn = latest + 1;
 	ret = turns_sync(d);
 	if (ret)
 		return ret;
@@ -202,7 +201,7 @@ static int turns_snapshot(struct cb_daemon *d, struct cb_turns *t, const char *l
 	 * too: rehashing them now is harmless, and it covers a crash after the advance. */
 	cb_tdb_journal_advance(d->db, turn + 1);
 	cb_overlay_turn_advance(d->ov);
-	ret = dirty_load(d, turn, turn + 1, &dl);
+	ret = dirty_load(d, open < turn ? open : turn, turn + 1, &dl);
 	if (!ret)
 		ret = cb_ws_snapshot(t, turn, dl.d, dl.n, label, changes);
 	if (ret)

@@ -499,6 +499,52 @@ int cb_tdb_prune(struct cb_tdb *t, long long keep_from)
 	return ret;
 }
 
+int cb_tdb_base_cache_from(struct cb_tdb *t, const char *db_path)
+{
+	sqlite3_stmt *s = NULL;
+	int ret = 0;
+
+	if (sqlite3_prepare_v2(t->db, "INSERT OR REPLACE INTO turn_meta VALUES('cache_from', ?1)",
+			       -1, &s, NULL) != SQLITE_OK)
+		return tdb_fail(t, "remember the base cache's source");
+	sqlite3_bind_text(s, 1, db_path, -1, SQLITE_STATIC);
+	if (sqlite3_step(s) != SQLITE_DONE)
+		ret = tdb_fail(t, "remember the base cache's source");
+	sqlite3_finalize(s);
+	return ret;
+}
+
+/* Copy the base cache of the workspace this one was forked from, once: a fork shares the base,
+ * so its hashes are valid here too (rows are still checked by size, mtime and inode). A source
+ * that is gone or unreadable only costs a rehash. */
+int cb_tdb_base_cache_import(struct cb_tdb *t)
+{
+	sqlite3_stmt *s = NULL;
+	char *from = NULL;
+
+	if (sqlite3_prepare_v2(t->db, "SELECT value FROM turn_meta WHERE key='cache_from'", -1, &s,
+			       NULL) != SQLITE_OK)
+		return tdb_fail(t, "base cache source");
+	if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_text(s, 0))
+		from = sqlite3_mprintf("%s", sqlite3_column_text(s, 0));
+	sqlite3_finalize(s);
+	if (!from)
+		return 0;
+	if (sqlite3_prepare_v2(t->db, "ATTACH ?1 AS forked_from", -1, &s, NULL) == SQLITE_OK) {
+		sqlite3_bind_text(s, 1, from, -1, SQLITE_STATIC);
+		if (sqlite3_step(s) == SQLITE_DONE) {
+			sqlite3_exec(t->db,
+				     "INSERT OR IGNORE INTO main.base_cache SELECT * FROM "
+				     "forked_from.base_cache",
+				     NULL, NULL, NULL);
+			sqlite3_exec(t->db, "DETACH forked_from", NULL, NULL, NULL);
+		}
+		sqlite3_finalize(s);
+	}
+	sqlite3_free(from);
+	return tdb_exec(t, "DELETE FROM turn_meta WHERE key='cache_from'");
+}
+
 int cb_tdb_blob_needed(struct cb_tdb *t, const unsigned char *xxh3)
 {
 	sqlite3_stmt *s = tdb_q(t, Q_BLOB_NEEDED);

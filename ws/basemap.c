@@ -230,6 +230,9 @@ int ws_map_ensure(struct cb_turns *t)
 
 	if (cb_tdb_map_turn(t->db) == latest)
 		return 0;
+	ret = cb_tdb_base_cache_import(t->db);
+	if (ret)
+		goto out;
 	w.base_fd = t->base_fd;
 	w.progress = t->progress && isatty(STDERR_FILENO);
 	if (t->base_fd >= 0) {

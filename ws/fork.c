@@ -178,6 +178,8 @@ int cb_ws_fork(struct cb_turns *t, long long turn, const char *new_upper, const 
 	clock_gettime(CLOCK_REALTIME, &ts);
 	snprintf(label, sizeof(label), "fork of turn %lld", turn);
 	if (!ret)
+		ret = cb_tdb_base_cache_from(f.db, t->db_path);
+	if (!ret)
 		ret = cb_tdb_turn_add(f.db, 1, (double)ts.tv_sec + ts.tv_nsec / 1e9, label, 0);
 	if (!ret)
 		ret = cb_tdb_commit(f.db);

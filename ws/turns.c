@@ -45,6 +45,11 @@ int cb_turns_open(const struct cb_turns_config *cfg, struct cb_turns **out)
 			goto out;
 		}
 	}
+	t->db_path = strdup(cfg->db_path);
+	if (!t->db_path) {
+		ret = cb_error_set(ENOMEM, "turns: out of memory");
+		goto out;
+	}
 	ret = cb_tdb_open(cfg->db_path, &t->db);
 out:
 	if (ret)
@@ -59,6 +64,7 @@ void cb_turns_close(struct cb_turns *t)
 	if (!t)
 		return;
 	cb_tdb_close(t->db);
+	free(t->db_path);
 	if (t->root_fd >= 0)
 		close(t->root_fd);
 	if (t->base_fd >= 0)

@@ -7,8 +7,9 @@
 
 struct cb_turns {
 	struct cb_tdb *db;
-	int root_fd; /* the live tree */
-	int base_fd; /* -1: an empty base */
+	char *db_path; /* meta.db, for a fork to import the base cache from */
+	int root_fd;   /* the live tree */
+	int base_fd;   /* -1: an empty base */
 	int blob_fd;
 	int progress;
 };

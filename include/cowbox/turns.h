@@ -72,6 +72,11 @@ int cb_tdb_base_cache_get(struct cb_tdb *t, const char *path, long long size, lo
 int cb_tdb_base_cache_put(struct cb_tdb *t, const char *path, long long size, long long mtime_ns,
 			  long long ino, const unsigned char *sha256, const unsigned char *xxh3);
 
+/* A fork remembers the database it came from; its first map build imports that base cache
+ * (cb_tdb_base_cache_import) instead of hashing the shared base again. */
+int cb_tdb_base_cache_from(struct cb_tdb *t, const char *db_path);
+int cb_tdb_base_cache_import(struct cb_tdb *t);
+
 /* A recorded turn. */
 struct cb_turn_info {
 	long long turn;

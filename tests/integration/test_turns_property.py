@@ -13,7 +13,7 @@ import unittest
 from cbtest import CowboxTestCase
 from turnutil import expected_events, files_of, tree_state
 
-STEPS = int(os.environ.get("COWBOX_TURNS_STEPS", "160"))
+STEPS = int(os.environ.get("COWBOX_TURNS_STEPS", "300"))
 
 
 class Mutator:

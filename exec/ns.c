@@ -150,6 +150,10 @@ int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out)
 		p->map_gid = (gid_t)p->map_uid;
 	}
 	p->net_none = sb->net == CB_NET_NONE;
+	if (sb->net == CB_NET_JOIN && sb->netns_fd < 0) {
+		rc = cb_error_set(EBADF, "sandbox: network join without a namespace fd");
+		goto out;
+	}
 	p->nofile = sb->nofile ? sb->nofile : 1024;
 	p->memory_limited = sb->memory_mb > 0;
 	p->hostname = strdup(sb->hostname && *sb->hostname ? sb->hostname : "cowbox");

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -307,7 +308,39 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 		plan.cwd = spec->cwd;
 	}
 
+	/* Joining a network namespace: the child is born in this thread's, so this thread steps
+	 * into it around clone (a child in a new user namespace could not setns there). */
+	int home_net = -1;
+	if (spec->sandbox && spec->sandbox->net == CB_NET_JOIN) {
+		home_net = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+		if (home_net < 0 || setns(spec->sandbox->netns_fd, CLONE_NEWNET) < 0) {
+			rc = cb_error_set(errno, "exec: join network namespace fd %d: %s",
+					  spec->sandbox->netns_fd, strerror(errno));
+			if (home_net >= 0)
+				close(home_net);
+			goto fail;
+		}
+	}
 	pid_t pid = (pid_t)syscall(SYS_clone, flags | SIGCHLD, 0UL, 0UL, 0UL, 0UL);
+	int clone_err = errno;
+	if (home_net >= 0 && pid != 0) {
+		int back = setns(home_net, CLONE_NEWNET);
+		int err = errno;
+		close(home_net);
+		if (back < 0) {
+			/* should never happen (we came from there); say so loudly, run nothing */
+			rc = cb_error_set(err,
+					  "exec: could not return this thread to its network "
+					  "namespace (it is left in the sandbox's): %s",
+					  strerror(err));
+			if (pid > 0) {
+				h->shim = pid;
+				goto fail_child;
+			}
+			goto fail;
+		}
+	}
+	errno = clone_err;
 	if (pid < 0) {
 		rc = cb_error_set(errno, "exec: clone (%s): %s",
 				  flags ? "new namespaces" : "supervisor", strerror(errno));

@@ -1,8 +1,11 @@
 /* Unit tests of the runner with the namespace sandbox: the command's view (pid 1, root,
  * hostname, env), timeouts, kill, a pty from the sandbox's devpts, and limit cgroups cleaned up. */
+#define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -174,4 +177,43 @@ Test(sandbox, bad_workspace_and_image_are_named)
 	sb.image = workspace;
 	cr_expect_lt(cb_exec_run(&spec, &r), 0);
 	cr_expect(strstr(cb_error_message(), "no usr/") != NULL, "%s", cb_error_message());
+}
+
+static void *make_netns(void *arg)
+{
+	if (unshare(CLONE_NEWNET) == 0)
+		*(int *)arg = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+	return NULL;
+}
+
+Test(sandbox, join_a_kept_network_namespace)
+{
+	int netns = -1;
+	pthread_t t;
+	pthread_create(&t, NULL, make_netns, &netns);
+	pthread_join(t, NULL);
+	cr_assert(netns >= 0, "could not make a network namespace");
+	struct stat st;
+	cr_assert_eq(fstat(netns, &st), 0);
+	char before[64], after[64], want[64];
+	ssize_t n = readlink("/proc/thread-self/ns/net", before, sizeof before - 1);
+	cr_assert(n > 0);
+	before[n] = 0;
+	struct cb_sandbox sb = {.workspace = workspace, .net = CB_NET_JOIN, .netns_fd = netns};
+	snprintf(want, sizeof want, "net:[%lu]\n", (unsigned long)st.st_ino);
+	for (int i = 0; i < 2; i++) { /* both commands land in the same namespace */
+		struct cb_exec_result r = run_in(&sb, "readlink /proc/self/ns/net", 0);
+		cr_expect_str_eq(r.out, want);
+		cb_exec_result_free(&r);
+	}
+	n = readlink("/proc/thread-self/ns/net", after, sizeof after - 1);
+	cr_assert(n > 0);
+	after[n] = 0;
+	cr_expect_str_eq(after, before, "the calling thread must be back in its own namespace");
+	sb.userns = 1; /* the user-namespace path joins from the parent's side */
+	chmod(workspace, 0755); /* its root is host uid 65534 now */
+	struct cb_exec_result r = run_in(&sb, "readlink /proc/self/ns/net", 0);
+	cr_expect_str_eq(r.out, want);
+	cb_exec_result_free(&r);
+	close(netns);
 }

@@ -71,8 +71,9 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 		  struct cb_exec **out);
 
 /* Supervise until the command and everything it started is gone, at most 2 s after the
- * command itself exits; fill res (free with cb_exec_result_free). Returns 0, or -errno when the
- * sandbox could not be set up (the message says which step and why). Call once. */
+ * command itself exits; fill res (free with cb_exec_result_free, also after an error). Returns
+ * 0, or -errno when the sandbox could not be set up (the message says which step and why).
+ * Call once. */
 int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res);
 
 /* Thread-safe: send sig to the whole tree of the command (SIGKILL also ends the supervisor).
@@ -95,7 +96,7 @@ pid_t cb_exec_pid(const struct cb_exec *h);
 /* Free the handle; if the command still runs it is killed and reaped first. NULL is fine. */
 void cb_exec_free(struct cb_exec *h);
 
-/* Start, wait and free in one call: collected output in res. */
+/* Start, wait and free in one call: collected output in res (free it, also after an error). */
 int cb_exec_run(const struct cb_exec_spec *spec, struct cb_exec_result *res);
 
 /* Free the buffers of a result; safe on a zeroed result. */

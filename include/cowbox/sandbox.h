@@ -10,6 +10,9 @@
 enum cb_sandbox_net {
 	CB_NET_NONE = 0, /* a fresh network namespace with only loopback, up */
 	CB_NET_ALL,	 /* the host's network */
+	CB_NET_JOIN,	 /* join netns_fd: a namespace the caller keeps, e.g. one per workspace
+			    shared by its commands (and the forwarders or proxy it runs there);
+			    also saves creating a namespace per command (the main cost of one) */
 };
 
 /* Zero-initialise and fill what you need; zero fields take the documented defaults. */
@@ -19,7 +22,8 @@ struct cb_sandbox {
 				  /usr /etc /bin /sbin /lib* read-only */
 	const char *hostname;  /* the workspace's name; NULL: "cowbox" */
 	enum cb_sandbox_net net;
-	double cpus;		 /* CPU quota in cpus (v1 cpu cfs quota), 0: none */
+	int netns_fd; /* CB_NET_JOIN: an fd of /proc/PID/ns/net (the caller still owns it) */
+	double cpus;  /* CPU quota in cpus (v1 cpu cfs quota), 0: none */
 	unsigned long memory_mb; /* memory cap, 0: none; exceeding it kills (137, oom_killed) */
 	unsigned long pids;	 /* cap on processes+threads, 0: none */
 	unsigned long nofile;	 /* RLIMIT_NOFILE, 0: 1024 */

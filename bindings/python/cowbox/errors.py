@@ -1,0 +1,72 @@
+"""Exceptions of the cowbox client: one per stable error code of the control protocol."""
+
+
+class WorkspaceError(Exception):
+    """A cowbox operation failed; code is the protocol's error code."""
+
+    code = "unavailable"
+
+    def __init__(self, message, code=None, result=None):
+        super().__init__(message)
+        if code:
+            self.code = code
+        self.message = message
+        self.result = result  # a CompletedRun for timeout / output_limit of a strict run
+
+
+class WorkspaceNotFoundError(WorkspaceError):
+    """not_found: no such workspace, file, running command or binary."""
+
+    code = "not_found"
+
+
+class InvalidPathError(WorkspaceError, ValueError):
+    """invalid_path: the path leaves the workspace root (.., absolute, symlink out)."""
+
+    code = "invalid_path"
+
+
+class WorkspaceInUseError(WorkspaceError):
+    """in_use: another daemon or request holds it."""
+
+    code = "in_use"
+
+
+class WorkspaceUnavailableError(WorkspaceError):
+    """unavailable: the workspace is gone or its daemon cannot serve."""
+
+    code = "unavailable"
+
+
+class WorkspaceTimeoutError(WorkspaceError, TimeoutError):
+    """timeout: the command (or hook) ran out of time; its tree was killed."""
+
+    code = "timeout"
+
+
+class WorkspaceOutputLimitError(WorkspaceError):
+    """output_limit: the output passed the cap; the command was stopped."""
+
+    code = "output_limit"
+
+
+class InvalidRequestError(WorkspaceError, ValueError):
+    """invalid_request: the daemon refused the request as malformed."""
+
+    code = "invalid_request"
+
+
+_BY_CODE = {
+    cls.code: cls
+    for cls in (WorkspaceNotFoundError, InvalidPathError, WorkspaceInUseError,
+                WorkspaceUnavailableError, WorkspaceTimeoutError, WorkspaceOutputLimitError,
+                InvalidRequestError)
+}
+
+
+def error_from_reply(error, result=None):
+    """The exception for a protocol error object {"code":..., "message":..., "result":...}."""
+    code = error.get("code", "unavailable")
+    result = error.get("result", result)
+    cls = _BY_CODE.get(code, WorkspaceError)
+    return cls(error.get("message", code), code=code, result=result)

@@ -1,0 +1,417 @@
+"""The cowbox Sandbox: the LiteLLM harness Sandbox protocol over a workspace daemon, plus
+create/attach/destroy and the turn operations (diff, rollback, fork)."""
+
+import asyncio
+import base64
+import json
+import os
+import re
+import signal as _signal
+from dataclasses import dataclass, field
+
+from .connection import Connection, request_sync
+from .errors import (InvalidRequestError, WorkspaceError, WorkspaceNotFoundError,
+                     WorkspaceUnavailableError, error_from_reply)
+
+CHUNK = 1 << 20  # bytes per read/write request; large files take several
+_REF = re.compile(r"^cb-[0-9a-f]{32}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+@dataclass
+class CompletedRun:
+    """What run() returns: exit_code (124 timed out, 127 not found, 128+n signal n)."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    output_limited: bool = False
+    duration: float = 0.0
+    stdout_bytes: bytes = field(default=b"", repr=False)
+    stderr_bytes: bytes = field(default=b"", repr=False)
+
+
+@dataclass(frozen=True)
+class FileChange:
+    """One change between two snapshots: kind is added, modified or deleted."""
+
+    path: str
+    kind: str
+    old_sha256: str = None
+    new_sha256: str = None
+
+
+def file_changes(before, after):
+    """The FileChange events between two snapshot() maps, sorted by path."""
+    out = []
+    for path in sorted(set(before) | set(after)):
+        old, new = before.get(path), after.get(path)
+        if old == new:
+            continue
+        kind = "added" if old is None else "deleted" if new is None else "modified"
+        out.append(FileChange(path, kind, old, new))
+    return out
+
+
+def _result(msg):
+    out = base64.b64decode(msg.get("stdout", ""))
+    err = base64.b64decode(msg.get("stderr", ""))
+    return CompletedRun(msg["exit_code"], out.decode("utf-8", "replace"),
+                        err.decode("utf-8", "replace"), bool(msg.get("timed_out")),
+                        bool(msg.get("output_limited")), msg.get("duration", 0.0), out, err)
+
+
+class _Stdin:
+    """The write end of a running command's stdin, sent as stdin frames."""
+
+    def __init__(self, proc):
+        self._proc = proc
+        self._closed = False
+
+    def write(self, data):
+        if self._closed:
+            raise BrokenPipeError("stdin is closed")
+        for i in range(0, len(data), CHUNK):
+            self._proc._send(op="stdin",
+                             data=base64.b64encode(data[i:i + CHUNK]).decode())
+
+    async def drain(self):
+        await self._proc._conn.writer.drain()
+
+    def close(self):
+        if not self._closed:
+            self._closed = True
+            try:
+                self._proc._send(op="stdin", eof=True)
+            except WorkspaceError:
+                pass
+
+    def is_closing(self):
+        return self._closed
+
+
+class Process:
+    """A command started by exec(): stdout/stderr are asyncio.StreamReaders, stdin a writer;
+    wait() returns the exit code (like asyncio.subprocess.Process)."""
+
+    def __init__(self, conn):
+        self._conn = conn
+        self._id = None
+        self._done = asyncio.get_running_loop().create_future()
+        self.stdout = asyncio.StreamReader(limit=1 << 24)
+        self.stderr = asyncio.StreamReader(limit=1 << 24)
+        self.stdin = _Stdin(self)
+        self.returncode = None
+        self.timed_out = False
+        self.output_limited = False
+
+    def _send(self, **msg):
+        self._conn.send(dict(msg, id=self._id))
+
+    def _on_message(self, msg):
+        if "stream" in msg:
+            data = base64.b64decode(msg.get("data", ""))
+            (self.stderr if msg["stream"] == "stderr" else self.stdout).feed_data(data)
+            return
+        self.stdout.feed_eof()
+        self.stderr.feed_eof()
+        if self._done.done():
+            return
+        if "error" in msg:
+            self._done.set_exception(error_from_reply(msg["error"]))
+        else:
+            self.returncode = msg["exit_code"]
+            self.timed_out = bool(msg.get("timed_out"))
+            self.output_limited = bool(msg.get("output_limited"))
+            self._done.set_result(self.returncode)
+
+    @property
+    def pid(self):
+        return self._id  # the request id: processes live in the sandbox's pid namespace
+
+    async def wait(self):
+        return await asyncio.shield(self._done)
+
+    def send_signal(self, sig):
+        if not self._done.done():
+            self._send(op="kill", signal=int(sig))
+
+    def kill(self):
+        self.send_signal(_signal.SIGKILL)
+
+    def terminate(self):
+        self.send_signal(_signal.SIGTERM)
+
+    async def communicate(self, input=None):
+        if input:
+            self.stdin.write(input)
+        self.stdin.close()
+        out, err = await asyncio.gather(self.stdout.read(), self.stderr.read())
+        await self.wait()
+        return out, err
+
+
+async def _cowbox(binary, env, *args):
+    proc = await asyncio.create_subprocess_exec(
+        binary, *args, env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    return proc.returncode, out.decode(), err.decode().strip()
+
+
+def _check_ref(ref):
+    if not isinstance(ref, str) or not (_REF.match(ref) or (_NAME.match(ref)
+                                                            and not ref.startswith("cb-"))):
+        raise ValueError("%r is not a workspace ref cowbox made (cb- and 32 hex digits) "
+                         "nor a workspace name" % (ref,))
+
+
+class Sandbox:
+    """A cowbox workspace as a harness sandbox. Build it with create() or attach(ref)."""
+
+    def __init__(self, ref, *, cowbox=None, home=None):
+        _check_ref(ref)
+        self.ref = ref
+        self.cowbox = cowbox or os.environ.get("COWBOX", "cowbox")
+        self._env = dict(os.environ)
+        if home:
+            self._env["COWBOX_HOME"] = home
+        self._conn = None
+        self._lock = None
+        self.mountpoint = None
+        self.backend = "ns"
+        self.workdir = "/workspace"
+        self.last_turn = None
+
+    # --- lifecycle ---
+
+    @classmethod
+    async def create(cls, base=None, *, name=None, backend="ns", env=None, working_dir=None,
+                     timeout=None, network="none", cpus=None, memory_mb=None, image=None,
+                     on_create=(), on_destroy=(), setup_script=None, setup_timeout=None,
+                     cowbox=None, home=None):
+        """A new workspace over base (a directory, or None for an empty one) with these
+        backend options; the backend itself boots on first use."""
+        options = {"backend": backend, "network": network, "env": dict(env or {}),
+                   "on_create": list(on_create), "on_destroy": list(on_destroy)}
+        for key, value in (("working_dir", working_dir), ("timeout", timeout),
+                           ("cpus", cpus), ("memory_mb", memory_mb), ("image", image),
+                           ("setup_script", setup_script), ("setup_timeout", setup_timeout)):
+            if value is not None:
+                options[key] = value
+        tmp = cls.__new__(cls)
+        Sandbox.__init__(tmp, "cb-" + "0" * 32, cowbox=cowbox, home=home)
+        args = ["create"] + (["--base", str(base)] if base else []) + (
+            ["--name", name] if name else [])
+        rc, out, err = await _cowbox(tmp.cowbox, tmp._env, *args)
+        if rc != 0:
+            raise WorkspaceError("cowbox create: " + err, code="invalid_request")
+        box = cls(out.strip().splitlines()[-1], cowbox=cowbox, home=home)
+        try:
+            await box._request("configure", options=options)
+        except Exception:
+            await box.close()
+            raise
+        return box
+
+    @classmethod
+    async def attach(cls, ref, *, cowbox=None, home=None):
+        """The workspace ref (or name) names, its daemon started if none runs; a ref that
+        does not exist raises WorkspaceUnavailableError."""
+        box = cls(ref, cowbox=cowbox, home=home)
+        await box._connect()
+        return box
+
+    @classmethod
+    async def destroy(cls, ref, *, cowbox=None, home=None):
+        """Run the on_destroy hooks, remove the backend's resources and delete the
+        workspace; a workspace that is already gone returns quietly."""
+        box = cls(ref, cowbox=cowbox, home=home)
+        rc, _, err = await _cowbox(box.cowbox, box._env, "info", ref, "--json")
+        if rc != 0:
+            if "no workspace" in err:
+                return
+            raise WorkspaceUnavailableError("cowbox info %s: %s" % (ref, err))
+        try:
+            await box._connect()
+            await box._conn.request("destroy")
+        except WorkspaceError:
+            pass  # a broken daemon must not keep the disk alive; rm below still runs
+        finally:
+            if box._conn:
+                await box._conn.close()
+                box._conn = None
+        rc, _, err = await _cowbox(box.cowbox, box._env, "rm", ref)
+        if rc != 0:
+            raise WorkspaceUnavailableError("cowbox rm %s: %s" % (ref, err))
+
+    async def _connect(self):
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._conn and not self._conn.closed:
+                return self._conn
+            rc, out, err = await _cowbox(self.cowbox, self._env, "mount", self.ref, "--json")
+            if rc != 0:
+                raise WorkspaceUnavailableError("workspace %s: %s" % (self.ref, err))
+            info = json.loads(out)
+            self.ref = info.get("ref", self.ref)
+            self.mountpoint = info["mountpoint"]
+            self._sock = os.path.join(os.path.dirname(self.mountpoint), "control.sock")
+            if not os.path.exists(self._sock):
+                home = self._env.get("COWBOX_HOME")
+                self._sock = os.path.join(home or "/var/lib/cowbox", "workspaces", self.ref,
+                                          "control.sock")
+            self._conn = await Connection.open(self._sock)
+            opts = (await self._conn.request("configure"))["options"]
+            self.backend = opts["backend"]
+            wd = opts.get("working_dir") or ""
+            root = self.mountpoint if self.backend == "local" else "/workspace"
+            self.workdir = root + ("/" + wd if wd else "")
+            return self._conn
+
+    async def _request(self, op, **args):
+        conn = await self._connect()
+        return await conn.request(op, **args)
+
+    async def close(self):
+        """Stop the workspace's daemon (and its container); the disk stays for attach."""
+        if self._conn and not self._conn.closed:
+            try:
+                await self._conn.request("close")
+                # The daemon hangs up once it has unmounted: closed means closed.
+                await self._conn.wait_closed(30)
+            except WorkspaceError:
+                pass
+        if self._conn:
+            await self._conn.close()
+        self._conn = None
+
+    async def __aenter__(self):
+        await self._connect()
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    # --- the harness protocol ---
+
+    @staticmethod
+    def _cmd_args(cmd, env, cwd, timeout):
+        if isinstance(cmd, str):
+            args = {"shell": cmd}
+        else:
+            args = {"cmd": [str(c) for c in cmd]}
+        if env:
+            args["env"] = {str(k): str(v) for k, v in env.items()}
+        if cwd is not None:
+            args["cwd"] = str(cwd)
+        if timeout is not None:
+            args["timeout"] = float(timeout)
+        return args
+
+    async def exec(self, cmd, *, env=None, cwd=None, timeout=None):
+        """Start cmd (a list, or a string for /bin/sh -c); returns a Process at once."""
+        conn = await self._connect()
+        proc = Process(conn)
+        proc._id = conn.start("exec", proc._on_message, stdin=True,
+                              **self._cmd_args(cmd, env, cwd, timeout))
+        await conn.writer.drain()
+        return proc
+
+    async def run(self, cmd, *, env=None, cwd=None, timeout=None, input=None, strict=False):
+        """Run cmd to completion. A timeout or the output cap shows in timed_out and
+        output_limited; with strict=True they raise WorkspaceTimeoutError and
+        WorkspaceOutputLimitError instead, the partial CompletedRun in .result."""
+        args = self._cmd_args(cmd, env, cwd, timeout)
+        if input:
+            args["stdin"] = base64.b64encode(input).decode()
+        try:
+            msg = await self._request("run", strict=strict, **args)
+        except WorkspaceError as e:
+            if isinstance(e.result, dict):
+                e.result = _result(e.result)
+            raise
+        return _result(msg)
+
+    async def read(self, path):
+        """The bytes of path (relative to the workspace root), read in chunks."""
+        conn = await self._connect()
+        parts, offset = [], 0
+        while True:
+            msg = await conn.request("read", path=path, offset=offset, length=CHUNK)
+            data = base64.b64decode(msg["data"])
+            parts.append(data)
+            offset += len(data)
+            if msg["eof"] or not data:
+                return b"".join(parts)
+
+    async def write(self, path, data):
+        """Replace path's content with data (parents made), sent in pipelined chunks."""
+        if isinstance(data, str):
+            data = data.encode()
+        conn = await self._connect()
+        futs = []
+        for off in range(0, max(len(data), 1), CHUNK):
+            chunk = base64.b64encode(data[off:off + CHUNK]).decode()
+            futs.append(asyncio.ensure_future(
+                conn.request("write", path=path, offset=off, data=chunk, truncate=off == 0)))
+            if off == 0:
+                await futs[0]  # the first chunk truncates: the rest must come after it
+        await asyncio.gather(*futs)
+
+    def host_url(self, port):
+        """A URL that code inside the sandbox reaches the host's port with (only that port,
+        even under network none). Synchronous, as the protocol has it."""
+        if not getattr(self, "_sock", None):
+            raise WorkspaceUnavailableError("host_url before the sandbox was started; "
+                                            "await any operation (or attach) first")
+        return request_sync(self._sock, "host_url", port=int(port))["url"]
+
+    async def which(self, binary):
+        """The path of binary on the sandbox's PATH, or None."""
+        try:
+            return (await self._request("which", binary=binary))["path"]
+        except WorkspaceNotFoundError:
+            return None
+
+    async def snapshot(self):
+        """Record a turn; every regular file's relative path -> SHA-256 (lowercase hex)."""
+        msg = await self._request("snapshot", files=True)
+        self.last_turn = msg.get("turn")
+        return dict(msg.get("files", {}))
+
+    # --- turns ---
+
+    async def diff(self, a, b=None):
+        """The FileChange events from turn a to turn b (None: the live tree now)."""
+        args = {"a": a}
+        if b is not None:
+            args["b"] = b
+        msg = await self._request("diff", **args)
+        kinds = {"created": "added", "deleted": "deleted"}
+        out = []
+        for ev in msg.get("events", []):
+            kind = kinds.get(ev["event"], "modified" if ev["event"] == "modified"
+                             else ev["event"])
+            out.append(FileChange(ev["path"], kind, ev.get("old", {}).get("sha256"),
+                                  ev.get("new", {}).get("sha256")))
+        return out
+
+    async def rollback(self, turn):
+        """Make the live workspace what it was at turn."""
+        return await self._request("rollback", turn=turn)
+
+    async def fork(self, turn, name=None):
+        """A new workspace starting at turn, attached."""
+        args = {"turn": turn}
+        if name:
+            args["name"] = name
+        msg = await self._request("fork", **args)
+        return await Sandbox.attach(msg["ref"], cowbox=self.cowbox,
+                                    home=self._env.get("COWBOX_HOME"))
+
+
+__all__ = ["Sandbox", "Process", "CompletedRun", "FileChange", "file_changes",
+           "InvalidRequestError"]

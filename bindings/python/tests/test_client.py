@@ -1,0 +1,168 @@
+"""The Python client against a real daemon: the harness Sandbox protocol, a scripted agent
+turn (snapshot, edits, snapshot, FileChange events, rollback), errors as exceptions."""
+
+import asyncio
+import hashlib
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import cbtest  # noqa: E402  (tests/integration, on PYTHONPATH under make check)
+import cowbox  # noqa: E402
+
+
+class ClientTest(cbtest.CowboxTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.base = self.make_base({"src/a.py": "x = 1\n", "README": "hello\n",
+                                    "keep.txt": "same\n"})
+
+    def arun(self, coro):
+        """Run a test body in one event loop; boxes it opened are closed in that loop."""
+        self.boxes = []
+
+        async def main():
+            try:
+                return await asyncio.wait_for(coro, 120)
+            finally:
+                for box in self.boxes:
+                    await box.close()
+        return asyncio.run(main())
+
+    async def new_box(self, **opts):
+        box = await cowbox.Sandbox.create(self.base, cowbox=cbtest.COWBOX, home=self.home,
+                                          **opts)
+        self.boxes.append(box)
+        return box
+
+    def test_protocol_members(self):
+        # The LiteLLM Sandbox protocol, member by member, with the seed's signatures.
+        for name in ("exec", "run", "read", "write", "which", "snapshot", "close"):
+            self.assertTrue(asyncio.iscoroutinefunction(getattr(cowbox.Sandbox, name)), name)
+        self.assertFalse(asyncio.iscoroutinefunction(cowbox.Sandbox.host_url))
+
+        async def go():
+            box = await self.new_box()
+            self.assertEqual(box.workdir, "/workspace")
+            return box.ref
+        self.assertRegex(self.arun(go()), r"^cb-[0-9a-f]{32}$")
+
+    def test_agent_turn(self):
+        async def go():
+            box = await self.new_box()
+            before = await box.snapshot()
+            turn1 = box.last_turn
+            with open(os.path.join(self.base, "src/a.py"), "rb") as f:
+                self.assertEqual(before["src/a.py"], hashlib.sha256(f.read()).hexdigest())
+            self.assertEqual(set(before), {"src/a.py", "README", "keep.txt"})
+            # The "agent" edits through commands and through write.
+            r = await box.run(["sh", "-c", "sed -i s/1/2/ src/a.py && rm README && "
+                               "mkdir -p new && echo fresh > new/file.txt"])
+            self.assertEqual(r.exit_code, 0, r.stderr)
+            await box.write("notes.md", b"# notes\n")
+            after = await box.snapshot()
+            changes = cowbox.file_changes(before, after)
+            self.assertEqual([(c.path, c.kind) for c in changes], [
+                ("README", "deleted"), ("new/file.txt", "added"), ("notes.md", "added"),
+                ("src/a.py", "modified")])
+            mod = changes[-1]
+            self.assertEqual(mod.old_sha256, before["src/a.py"])
+            self.assertEqual(mod.new_sha256, hashlib.sha256(b"x = 2\n").hexdigest())
+            # The daemon's own diff agrees on the files.
+            events = await box.diff(turn1, box.last_turn)
+            files = {(e.path, e.kind) for e in events if e.path in after or e.path in before}
+            self.assertEqual(files, {(c.path, c.kind) for c in changes})
+            # Roll back to the first turn: the live tree is what it was.
+            await box.rollback(turn1)
+            self.assertEqual(await box.read("src/a.py"), b"x = 1\n")
+            self.assertEqual(await box.read("README"), b"hello\n")
+            with self.assertRaises(cowbox.WorkspaceNotFoundError):
+                await box.read("notes.md")
+            self.assertEqual(await box.snapshot(), before)
+        self.arun(go())
+
+    def test_exec_streams_stdin_and_kill(self):
+        async def go():
+            box = await self.new_box()
+            p = await box.exec(["sh", "-c", "read line; echo got:$line; echo oops >&2"])
+            p.stdin.write(b"ping\n")
+            await p.stdin.drain()
+            self.assertEqual(await p.stdout.readline(), b"got:ping\n")
+            self.assertEqual(await p.wait(), 0)
+            self.assertEqual(await p.stderr.read(), b"oops\n")
+            p = await box.exec(["sleep", "30"])
+            await asyncio.sleep(0.2)
+            p.kill()
+            self.assertEqual(await p.wait(), 137)
+            out, err = await (await box.exec(["cat"])).communicate(b"x" * 300000)
+            self.assertEqual(len(out), 300000)
+        self.arun(go())
+
+    def test_run_results_and_errors(self):
+        async def go():
+            box = await self.new_box(env={"GREETING": "hi"})
+            r = await box.run(["sh", "-c", "echo $GREETING $EXTRA; pwd; exit 3"],
+                              env={"EXTRA": "there"})
+            self.assertEqual((r.exit_code, r.stdout), (3, "hi there\n/workspace\n"))
+            self.assertEqual((await box.run(["no-such-program"])).exit_code, 127)
+            r = await box.run(["sleep", "10"], timeout=0.3)
+            self.assertTrue(r.timed_out)
+            self.assertEqual(r.exit_code, 124)
+            with self.assertRaises(cowbox.WorkspaceTimeoutError) as cm:
+                await box.run("echo partial; sleep 10", timeout=0.5, strict=True)
+            self.assertEqual(cm.exception.result.stdout, "partial\n")
+            with self.assertRaises(cowbox.WorkspaceOutputLimitError) as cm:
+                await box.run(["sh", "-c", "yes | head -c 20000000"], strict=True)
+            self.assertEqual(len(cm.exception.result.stdout_bytes), 65536)
+            self.assertEqual(await box.which("sh"), "/usr/bin/sh")
+            self.assertIsNone(await box.which("no-such-program"))
+            for bad in ("../outside", "/etc/passwd"):
+                with self.assertRaises(cowbox.InvalidPathError):
+                    await box.read(bad)
+                with self.assertRaises(cowbox.InvalidPathError):
+                    await box.write(bad, b"x")
+        self.arun(go())
+
+    def test_large_file_round_trip(self):
+        async def go():
+            box = await self.new_box()
+            data = os.urandom(3 * cowbox.sandbox.CHUNK + 12345)
+            await box.write("big/blob.bin", data)
+            self.assertEqual(await box.read("big/blob.bin"), data)
+            r = await box.run(["sha256sum", "big/blob.bin"])
+            self.assertEqual(r.stdout.split()[0], hashlib.sha256(data).hexdigest())
+        self.arun(go())
+
+    def test_close_attach_destroy(self):
+        async def go():
+            box = await cowbox.Sandbox.create(self.base, name="agent-box", cowbox=cbtest.COWBOX,
+                                              home=self.home)
+            await box.write("state.txt", b"kept\n")
+            ref = box.ref
+            await box.close()
+            cbtest.wait_for(lambda: not self.daemon_pid(ref), 10, what="the daemon to stop")
+            again = await cowbox.Sandbox.attach("agent-box", cowbox=cbtest.COWBOX,
+                                                home=self.home)
+            self.assertEqual(again.ref, ref)
+            self.assertEqual(await again.read("state.txt"), b"kept\n")
+            await again.snapshot()
+            fork = await again.fork(again.last_turn)
+            self.boxes.append(fork)
+            self.assertEqual(await fork.read("state.txt"), b"kept\n")
+            await again.close()
+            await cowbox.Sandbox.destroy(ref, cowbox=cbtest.COWBOX, home=self.home)
+            self.assertFalse(os.path.exists(self.ws_dir(ref)))
+            # Gone already: quiet. Not a ref cowbox makes: refused before anything runs.
+            await cowbox.Sandbox.destroy(ref, cowbox=cbtest.COWBOX, home=self.home)
+            with self.assertRaises(ValueError):
+                await cowbox.Sandbox.destroy("/etc", cowbox=cbtest.COWBOX, home=self.home)
+            with self.assertRaises(cowbox.WorkspaceUnavailableError):
+                await cowbox.Sandbox.attach("cb-" + "0" * 32, cowbox=cbtest.COWBOX,
+                                            home=self.home)
+        self.arun(go())
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -4,8 +4,6 @@
 #include "config.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,7 +42,7 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	struct cb_sandbox sb = {0};
 	struct cb_exec_spec spec = {0};
 	char **env = NULL, *cwd = NULL;
-	int rc, home = -1;
+	int rc;
 
 	if ((rc = cb_backend_env(b, cmd->env, &env)) < 0)
 		return rc;
@@ -53,7 +51,9 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	sb.workspace = b->root;
 	sb.image = b->opt.image;
 	sb.hostname = b->hostname;
-	sb.net = b->opt.net_all || s->netns_fd >= 0 ? CB_NET_ALL : CB_NET_NONE;
+	/* Every command joins the workspace's namespace, where host_url's listeners are. */
+	sb.net = b->opt.net_all ? CB_NET_ALL : s->netns_fd >= 0 ? CB_NET_JOIN : CB_NET_NONE;
+	sb.netns_fd = s->netns_fd;
 	sb.cpus = b->opt.cpus;
 	sb.memory_mb = b->opt.memory_mb;
 	spec.argv = cmd->argv;
@@ -66,27 +66,8 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	spec.stdin_data = cmd->stdin_data;
 	spec.stdin_len = cmd->stdin_len;
 	spec.sandbox = &sb;
-	/* The runner clones from this thread, so the command is born in the namespace this
-	 * thread is in: the workspace's, where host_url's listeners are. */
-	if (s->netns_fd >= 0) {
-		home = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
-		if (home < 0 || setns(s->netns_fd, CLONE_NEWNET) < 0) {
-			rc = cb_error_set(errno, "ns backend: enter the workspace's network: %s",
-					  strerror(errno));
-			goto out;
-		}
-	}
 	rc = cb_exec_start(&spec, cb, out);
-	if (home >= 0 && setns(home, CLONE_NEWNET) < 0 && !rc) {
-		/* A thread left in the sandbox's network would serve the next op there. */
-		rc = cb_error_set(errno, "ns backend: leave the workspace's network: %s",
-				  strerror(errno));
-		cb_exec_free(*out);
-		*out = NULL;
-	}
 out:
-	if (home >= 0)
-		close(home);
 	free(cwd);
 	cb_exec_env_free(env);
 	return rc;

@@ -16,11 +16,65 @@
 #include "cowbox/error.h"
 #include "cowbox/workspace.h"
 
-/* Send req (consumed) to the daemon of ref_arg and wait for its reply. */
-static int turns_request(const char *cmd, const char *ref_arg, json_t *req, json_t **reply)
+/* One line of progress bar on stderr from a daemon's progress frame. */
+static void draw_progress(json_t *f)
+{
+	long long done = json_integer_value(json_object_get(f, "files_done"));
+	long long total = json_integer_value(json_object_get(f, "files_total"));
+	long long bdone = json_integer_value(json_object_get(f, "bytes_done"));
+	long long btotal = json_integer_value(json_object_get(f, "bytes_total"));
+	double frac = btotal > 0 ? (double)bdone / (double)btotal : 1.0;
+	int fill = (int)(frac * 30);
+
+	fprintf(stderr, "\rhashing base [%.*s%*s] %lld/%lld files %3d%%", fill,
+		"##############################", 30 - fill, "", done, total, (int)(frac * 100));
+	fflush(stderr);
+}
+
+/* Wait for the reply to request id, drawing the progress frames that come first. */
+static int wait_reply(const char *cmd, struct cb_client *c, long long id, json_t **reply)
+{
+	int drawn = 0, rc;
+	json_t *msg, *err;
+
+	for (;;) {
+		if ((rc = cb_client_recv(c, -1, &msg)))
+			break;
+		if (json_integer_value(json_object_get(msg, "id")) != id) {
+			json_decref(msg);
+			continue;
+		}
+		if (json_object_get(msg, "stream")) {
+			draw_progress(msg);
+			drawn = 1;
+			json_decref(msg);
+			continue;
+		}
+		err = json_object_get(msg, "error");
+		if (err)
+			rc =
+			    cb_error_set(EIO, "%s: %s: %s", cmd,
+					 json_string_value(json_object_get(err, "code")) ?: "error",
+					 json_string_value(json_object_get(err, "message")) ?: "");
+		if (err)
+			json_decref(msg);
+		else
+			*reply = msg;
+		break;
+	}
+	if (drawn)
+		fputc('\n', stderr);
+	return rc;
+}
+
+/* Send req (consumed) to the daemon of ref_arg and wait for its reply. With progress (and
+ * stderr a terminal), the daemon streams progress frames drawn as a bar on stderr. */
+static int turns_request_ex(const char *cmd, const char *ref_arg, json_t *req, int progress,
+			    json_t **reply)
 {
 	char ref[CB_WS_REF_LEN + 1];
 	struct cb_client *c = NULL;
+	long long id;
 	int rc;
 
 	*reply = NULL;
@@ -30,9 +84,21 @@ static int turns_request(const char *cmd, const char *ref_arg, json_t *req, json
 		cb_client_close(c);
 		return cli_fail(cmd, NULL);
 	}
-	rc = cb_client_request(c, req, -1, reply);
+	if (progress && isatty(STDERR_FILENO)) {
+		json_object_set_new(req, "progress", json_true());
+		rc = cb_client_send(c, req, &id);
+		if (!rc)
+			rc = wait_reply(cmd, c, id, reply);
+	} else {
+		rc = cb_client_request(c, req, -1, reply);
+	}
 	cb_client_close(c);
 	return rc ? cli_fail(cmd, NULL) : CLI_OK;
+}
+
+static int turns_request(const char *cmd, const char *ref_arg, json_t *req, json_t **reply)
+{
+	return turns_request_ex(cmd, ref_arg, req, 0, reply);
 }
 
 static int parse_turn(const char *s, long long *out)
@@ -114,7 +180,7 @@ static void print_event(json_t *ev)
 	else if (!strcmp(kind, "created"))
 		printf("  %.12s", short_hash(new));
 	if (json_integer_value(json_object_get(old, "mode")) !=
-		    json_integer_value(json_object_get(new, "mode")) &&
+		json_integer_value(json_object_get(new, "mode")) &&
 	    (!strcmp(kind, "mode_changed") || !strcmp(kind, "modified")))
 		printf("  mode %04llo -> %04llo",
 		       (unsigned long long)json_integer_value(json_object_get(old, "mode")),
@@ -161,10 +227,10 @@ int cmd_snapshot(int argc, char **argv)
 	if (sha256sum && (common.json || changes))
 		return cli_usage_error(snapshot_usage,
 				       "--format sha256sum goes with neither --json nor --changes");
-	status = turns_request("snapshot", argv[optind],
-			       json_pack("{s:s, s:s?, s:b, s:b}", "op", "snapshot", "label", label,
-					 "changes", changes, "files", !changes),
-			       &reply);
+	status = turns_request_ex("snapshot", argv[optind],
+				  json_pack("{s:s, s:s?, s:b, s:b}", "op", "snapshot", "label",
+					    label, "changes", changes, "files", !changes),
+				  1, &reply);
 	if (status)
 		return status;
 	if (common.json) {

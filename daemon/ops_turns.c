@@ -83,7 +83,27 @@ static int turns_sync(struct cb_daemon *d)
 	return ret;
 }
 
-static int turns_open(struct cb_daemon *d, struct cb_turns **t)
+/* Where progress frames of a request go. */
+struct turns_progress {
+	struct cb_daemon_conn *conn;
+	json_t *id;
+};
+
+/* Sent as {"id":..,"stream":"progress",...} frames: the CLI draws a bar from them. */
+static void turns_progress_frame(void *arg, long long files_done, long long files_total,
+				 long long bytes_done, long long bytes_total)
+{
+	struct turns_progress *p = arg;
+
+	cb_daemon_send_frame(
+	    p->conn, p->id,
+	    json_pack("{s:s, s:I, s:I, s:I, s:I}", "stream", "progress", "files_done",
+		      (json_int_t)files_done, "files_total", (json_int_t)files_total, "bytes_done",
+		      (json_int_t)bytes_done, "bytes_total", (json_int_t)bytes_total));
+}
+
+static int turns_open_progress(struct cb_daemon *d, struct cb_turns **t,
+			       struct turns_progress *progress)
 {
 	char blobs[4096];
 	struct cb_turns_config cfg = {
@@ -91,11 +111,17 @@ static int turns_open(struct cb_daemon *d, struct cb_turns **t)
 	    .blob_dir = blobs,
 	    .base_dir = d->base,
 	    .root = d->mountpoint,
-	    .progress = 0,
+	    .progress = progress ? turns_progress_frame : NULL,
+	    .progress_arg = progress,
 	};
 
 	snprintf(blobs, sizeof(blobs), "%s/blobs", d->dir);
 	return cb_turns_open(&cfg, t);
+}
+
+static int turns_open(struct cb_daemon *d, struct cb_turns **t)
+{
+	return turns_open_progress(d, t, NULL);
 }
 
 static double elapsed(const struct timespec *a, const struct timespec *b)
@@ -224,9 +250,12 @@ static int op_snapshot(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	json_t *r = NULL;
 	int ret;
 
+	struct turns_progress progress = {conn, json_object_get(req, "id")};
+
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	pthread_mutex_lock(&d->turn_lock);
-	ret = turns_open(d, &t);
+	ret = turns_open_progress(
+	    d, &t, json_is_true(json_object_get(req, "progress")) ? &progress : NULL);
 	if (!ret)
 		ret = turns_snapshot(d, t, label, want_changes ? &changes : NULL, &turn);
 	clock_gettime(CLOCK_MONOTONIC, &t1);

@@ -1,5 +1,5 @@
 /* The materialized map of the latest turn: built once from a walk of the base (hashes from
- * the base cache, the misses hashed on two threads with a progress bar) plus the deltas. */
+ * the base cache, the misses hashed on two threads, reporting progress) plus the deltas. */
 #include "config.h"
 
 #include <dirent.h>
@@ -34,7 +34,8 @@ struct base_walk {
 	size_t next, done, misses;
 	long long bytes_done, bytes_total;
 	pthread_mutex_t lock;
-	int progress;
+	void (*progress)(void *, long long, long long, long long, long long);
+	void *progress_arg;
 	double last_draw;
 };
 
@@ -101,22 +102,17 @@ static double now_s(void)
 	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* Called under w->lock. */
-static void base_draw(struct base_walk *w, int final)
+/* Called under w->lock: report progress at most ten times a second, and always at the start
+ * and the end, so even a short hash shows a whole bar. */
+static void base_report(struct base_walk *w, int force)
 {
-	double now = now_s(), frac;
-	int fill;
+	double now = now_s();
 
-	if (!w->progress || (!final && now - w->last_draw < 0.1))
+	if (!w->progress || (!force && now - w->last_draw < 0.1))
 		return;
 	w->last_draw = now;
-	frac = w->bytes_total ? (double)w->bytes_done / (double)w->bytes_total : 1.0;
-	fill = (int)(frac * 30);
-	fprintf(stderr, "\rhashing base [%.*s%*s] %zu/%zu files %3d%%", fill,
-		"##############################", 30 - fill, "", w->done, w->misses,
-		(int)(frac * 100));
-	if (final)
-		fputc('\n', stderr);
+	w->progress(w->progress_arg, (long long)w->done, (long long)w->misses, w->bytes_done,
+		    w->bytes_total);
 }
 
 static void *base_hash_thread(void *arg)
@@ -139,7 +135,7 @@ static void *base_hash_thread(void *arg)
 		pthread_mutex_lock(&w->lock);
 		w->done++;
 		w->bytes_done += it->st.st_size;
-		base_draw(w, 0);
+		base_report(w, 0);
 		pthread_mutex_unlock(&w->lock);
 	}
 	return NULL;
@@ -152,6 +148,8 @@ static int base_hash_misses(struct base_walk *w)
 	int nth = w->misses > 64 ? BASE_THREADS : 1, started = 0;
 
 	pthread_mutex_init(&w->lock, NULL);
+	if (w->misses)
+		base_report(w, 1);
 	for (int i = 1; i < nth; i++)
 		if (pthread_create(&th[i], NULL, base_hash_thread, w) == 0)
 			started++;
@@ -160,7 +158,7 @@ static int base_hash_misses(struct base_walk *w)
 		pthread_join(th[i], NULL);
 	pthread_mutex_lock(&w->lock);
 	if (w->misses)
-		base_draw(w, 1);
+		base_report(w, 1);
 	pthread_mutex_unlock(&w->lock);
 	pthread_mutex_destroy(&w->lock);
 	for (size_t i = 0; i < w->n; i++)
@@ -234,7 +232,8 @@ int ws_map_ensure(struct cb_turns *t)
 	if (ret)
 		goto out;
 	w.base_fd = t->base_fd;
-	w.progress = t->progress && isatty(STDERR_FILENO);
+	w.progress = t->progress;
+	w.progress_arg = t->progress_arg;
 	if (t->base_fd >= 0) {
 		ret = base_walk_dir(&w, t->base_fd, "");
 		if (ret)

@@ -61,7 +61,7 @@ static void setup(void)
 	put(base, "docs/x.md", "x\n");
 	put(base, "docs/y.md", "y\n");
 	sh("cp -a %s/. %s/../live", base);
-	cfg = (struct cb_turns_config){dbp, blobs, base, live, 0};
+	cfg = (struct cb_turns_config){dbp, blobs, base, live, NULL, NULL};
 	cr_assert_eq(cb_turns_open(&cfg, &T), 0, "%s", cb_error_message());
 }
 
@@ -225,7 +225,7 @@ Test(snapshot, first_is_base_then_incremental, .init = setup, .fini = teardown)
 Test(snapshot, base_cache_notices_change_behind_our_back, .init = setup, .fini = teardown)
 {
 	struct cb_entry e = {0};
-	struct cb_turns_config cfg = {dbp, blobs, base, live, 0};
+	struct cb_turns_config cfg = {dbp, blobs, base, live, NULL, NULL};
 	char hex[65];
 
 	snap(1, NULL, 0);
@@ -245,6 +245,44 @@ Test(snapshot, base_cache_notices_change_behind_our_back, .init = setup, .fini =
 		cr_assert_str_eq(hex, hex2);
 	}
 	cb_entry_clear(&e);
+}
+
+struct progress_seen {
+	int calls;
+	long long done, total, bytes_done, bytes_total;
+};
+
+static void progress_cb(void *arg, long long done, long long total, long long bytes_done,
+			long long bytes_total)
+{
+	struct progress_seen *p = arg;
+
+	p->calls++;
+	p->done = done;
+	p->total = total;
+	p->bytes_done = bytes_done;
+	p->bytes_total = bytes_total;
+}
+
+Test(snapshot, first_hash_reports_progress, .init = setup, .fini = teardown)
+{
+	struct progress_seen seen = {0};
+	struct cb_turns_config cfg = {dbp, blobs, base, live, progress_cb, &seen};
+
+	cb_turns_close(T);
+	cr_assert_eq(cb_turns_open(&cfg, &T), 0);
+	snap(1, NULL, 0);
+	/* a start and an end at least, and the end is the whole base (5 files, 24 bytes) */
+	cr_assert_geq(seen.calls, 2);
+	cr_assert_eq(seen.done, 5);
+	cr_assert_eq(seen.total, 5);
+	cr_assert_eq(seen.bytes_done, 24);
+	cr_assert_eq(seen.bytes_total, 24);
+	/* the base is cached now: the next map build hashes nothing and says nothing */
+	seen.calls = 0;
+	cr_assert_eq(cb_tdb_map_set_turn(cb_turns_db(T), -1), 0);
+	assert_live_is_map();
+	cr_assert_eq(seen.calls, 0);
 }
 
 static struct cb_dirty all_dirty[] = {
@@ -430,7 +468,7 @@ Test(fork, upper_holds_only_the_difference, .init = setup, .fini = teardown)
 	 * a same-size rewrite of a base file with its mtime put back (cache key unchanged) still
 	 * shows the cached hash there. */
 	{
-		struct cb_turns_config cfg = {fdb, fblobs, base, up, 0};
+		struct cb_turns_config cfg = {fdb, fblobs, base, up, NULL, NULL};
 		struct cb_entry old = {0}, now = {0};
 		struct cb_turns *ft;
 		struct stat bst;

@@ -24,6 +24,7 @@ int cb_turns_open(const struct cb_turns_config *cfg, struct cb_turns **out)
 		return cb_error_set(ENOMEM, "turns: out of memory");
 	t->root_fd = t->base_fd = t->blob_fd = -1;
 	t->progress = cfg->progress;
+	t->progress_arg = cfg->progress_arg;
 	if (mkdir(cfg->blob_dir, 0700) < 0 && errno != EEXIST) {
 		ret = cb_error_set(errno, "blob store %s: %s", cfg->blob_dir, strerror(errno));
 		goto out;

@@ -11,7 +11,8 @@ struct cb_turns {
 	int root_fd;   /* the live tree */
 	int base_fd;   /* -1: an empty base */
 	int blob_fd;
-	int progress;
+	void (*progress)(void *, long long, long long, long long, long long);
+	void *progress_arg;
 };
 
 /* A set of paths (sorted, unique after ws_pathset_sort) with the journal attribution each

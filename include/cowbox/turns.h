@@ -180,7 +180,12 @@ struct cb_turns_config {
 	const char *blob_dir; /* blobs/, created if missing */
 	const char *base_dir; /* the read-only base; NULL for an empty one */
 	const char *root;     /* the live tree: the mount point (a plain directory in tests) */
-	int progress;	      /* draw a progress bar on stderr for a long base hash */
+	/* Called while the base is hashed (first snapshot): files and bytes hashed so far out
+	 * of those to hash; at the start, at most ten times a second, and at the end. From the
+	 * hashing threads, one call at a time. NULL: no reports. */
+	void (*progress)(void *arg, long long files_done, long long files_total,
+			 long long bytes_done, long long bytes_total);
+	void *progress_arg;
 };
 
 int cb_turns_open(const struct cb_turns_config *cfg, struct cb_turns **out);

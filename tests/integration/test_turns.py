@@ -213,6 +213,35 @@ class TurnsTest(CowboxTestCase):
         self.assertLess(elapsed, 10)
         self.assert_fails(["fork", "w2", "99", "--name", "w3"], "turn 99 does not exist")
 
+    def test_progress_bar_only_on_a_terminal(self):
+        base = self.make_base({"d%d/f%d" % (i % 7, i): "%d\n" % i for i in range(300)})
+        self.create(base, "big")
+        self.mount("big")
+        # stderr a terminal: the first (base-hashing) snapshot draws a bar there
+        master, slave = os.openpty()
+        proc = subprocess.run([os.environ.get("COWBOX", "cowbox"), "snapshot", "big",
+                               "--format", "sha256sum"], env=self.env, stdout=subprocess.PIPE,
+                              stderr=slave, timeout=60)
+        os.close(slave)
+        bar = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            bar += chunk
+        os.close(master)
+        self.assertEqual(proc.returncode, 0)
+        self.assertIn(b"hashing base [", bar)
+        self.assertIn(b"300/300 files 100%", bar)
+        self.assertEqual(len(proc.stdout.splitlines()), 300)
+        # not a terminal: nothing on stderr, even for a first hash
+        self.create(base, "big2")
+        proc = self.cowbox("snapshot", "big2", "--format", "sha256sum")
+        self.assertEqual(proc.stderr, "")
+
     def test_kill_between_write_and_snapshot(self):
         self.snapshot()
         pid = self.daemon_pid(self.ref)

@@ -1,0 +1,306 @@
+"""The sandbox API over the raw control protocol: every API op, every error code, malformed
+requests (the daemon keeps serving), concurrency, crash and reattach, path escapes, host_url
+against a real HTTP server on the host."""
+
+import base64
+import http.server
+import json
+import os
+import signal
+import socket
+import threading
+import time
+import unittest
+
+import cbtest
+
+
+def b64(data):
+    return base64.b64encode(data).decode()
+
+
+def unb64(text):
+    return base64.b64decode(text)
+
+
+class ApiTest(cbtest.CowboxTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.base = self.make_base({"a.txt": "alpha\n", "sub/b.txt": "beta\n"})
+        self.ref = self.create(self.base)
+        self.mount(self.ref)
+        self.c = self.client(self.ref)
+
+    def ok(self, op, c=None, **args):
+        r = (c or self.c).request(op, **args)
+        self.assertTrue(r.get("ok"), r)
+        return r
+
+    def err(self, op, code, c=None, **args):
+        r = (c or self.c).request(op, **args)
+        self.assertIn("error", r, r)
+        self.assertEqual(r["error"]["code"], code, r)
+        self.assertTrue(r["error"]["message"])
+        return r["error"]["message"]
+
+    def run_cmd(self, cmd, **args):
+        r = self.ok("run", cmd=cmd, **args)
+        return r["exit_code"], unb64(r["stdout"]), unb64(r["stderr"]), r
+
+    # --- ops ---
+
+    def test_run_exec_semantics(self):
+        code, out, err, _ = self.run_cmd(["sh", "-c", "cat a.txt; echo e >&2; exit 7"])
+        self.assertEqual((code, out, err), (7, b"alpha\n", b"e\n"))
+        code, out, _, _ = self.run_cmd(["pwd"], cwd="sub")
+        self.assertEqual(out, b"/workspace/sub\n")
+        self.assertEqual(self.run_cmd(["no-such-cmd"])[0], 127)
+        code, _, _, r = self.run_cmd(["sh", "-c", "kill -TERM $$"])
+        self.assertEqual((code, r["signal"]), (143, 15))
+        t0 = time.monotonic()
+        code, _, _, r = self.run_cmd(["sh", "-c", "sleep 30 & sleep 30"], timeout=0.5)
+        self.assertEqual((code, r["timed_out"]), (124, True))
+        self.assertLess(time.monotonic() - t0, 8)
+        code, out, _, r = self.run_cmd(["sh", "-c", "head -c 12000000 /dev/zero"])
+        self.assertTrue(r["output_limited"])
+        self.assertEqual(len(out), 65536)
+        code, out, _, _ = self.run_cmd(["cat"], stdin=b64(b"fed\n"))
+        self.assertEqual(out, b"fed\n")
+        code, out, _, _ = self.run_cmd(["sh", "-c", "echo $A-$HOME"], env={"A": "1"})
+        self.assertEqual(out, b"1-/tmp\n")
+        # Nothing of the daemon's environment reaches a command.
+        os.environ["OPENAI_API_KEY"] = "sk-test"
+        out = self.run_cmd(["env"])[1]
+        self.assertNotIn(b"OPENAI_API_KEY", out)
+        self.assertNotIn(b"COWBOX_HOME", out)
+        # exec streams frames, then the final reply.
+        self.c.send({"id": "s1", "op": "exec", "shell": "echo one; echo two >&2; exit 2"})
+        frames, final = [], None
+        while final is None:
+            m = self.c.recv()
+            if "stream" in m:
+                frames.append((m["stream"], unb64(m["data"])))
+            else:
+                final = m
+        self.assertEqual(final["exit_code"], 2)
+        self.assertIn(("stdout", b"one\n"), frames)
+        self.assertIn(("stderr", b"two\n"), frames)
+
+    def test_exec_stdin_and_kill(self):
+        self.c.send({"id": 5, "op": "exec", "cmd": ["cat"], "stdin": True})
+        self.c.send({"id": 5, "op": "stdin", "data": b64(b"abc")})
+        self.c.send({"id": 5, "op": "stdin", "eof": True})
+        msgs = []
+        while not msgs or "stream" in msgs[-1]:
+            msgs.append(self.c.recv())
+        self.assertEqual(b"".join(unb64(m["data"]) for m in msgs[:-1]), b"abc")
+        self.assertEqual(msgs[-1]["exit_code"], 0)
+        self.c.send({"id": 6, "op": "exec", "cmd": ["sleep", "60"]})
+        time.sleep(0.2)
+        self.c.send({"id": 6, "op": "kill", "signal": 15})
+        m = self.c.recv()
+        self.assertEqual((m["id"], m["exit_code"], m["killed"]), (6, 143, True))
+        self.err("kill", "not_found", signal=9)  # a fresh id: nothing runs under it
+        self.err("stdin", "not_found", data=b64(b"x"))
+
+    def test_read_write(self):
+        self.assertEqual(unb64(self.ok("read", path="sub/b.txt")["data"]), b"beta\n")
+        blob = os.urandom(300000)
+        self.ok("write", path="deep/er/x.bin", data=b64(blob[:200000]))
+        self.ok("write", path="deep/er/x.bin", data=b64(blob[200000:]), offset=200000)
+        r = self.ok("read", path="deep/er/x.bin", offset=100000, length=100)
+        self.assertEqual((unb64(r["data"]), r["size"], r["eof"]), (blob[100000:100100],
+                                                                   300000, False))
+        with open(os.path.join(self.mountpoint(self.ref), "deep/er/x.bin"), "rb") as f:
+            self.assertEqual(f.read(), blob)
+        self.ok("write", path="a.txt", data=b64(b"new"))
+        self.assertEqual(unb64(self.ok("read", path="a.txt")["data"]), b"new")
+        self.ok("write", path="run.sh", data=b64(b"#!/bin/sh\necho ran\n"), mode=0o755)
+        self.assertEqual(self.run_cmd(["./run.sh"])[1], b"ran\n")
+
+    def test_path_escapes_refused(self):
+        mnt = self.mountpoint(self.ref)
+        os.symlink("/etc", os.path.join(mnt, "etc-link"))
+        os.symlink("/etc/passwd", os.path.join(mnt, "passwd-link"))
+        os.symlink("sub/b.txt", os.path.join(mnt, "inner-link"))
+        for path in ("../a.txt", "sub/../../x", "/etc/passwd", "etc-link/passwd",
+                     "passwd-link"):
+            msg = self.err("read", "invalid_path", path=path)
+            self.assertIn(path, msg)
+            self.err("write", "invalid_path", path=path, data=b64(b"x"))
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "x")))
+        # A symlink that stays inside is followed.
+        self.assertEqual(unb64(self.ok("read", path="inner-link")["data"]), b"beta\n")
+        self.assertIn("nope", self.err("read", "not_found", path="nope"))
+
+    def test_which_and_configure(self):
+        self.assertEqual(self.ok("which", binary="sh")["path"], "/usr/bin/sh")
+        self.assertIn("definitely-missing", self.err("which", "not_found",
+                                                     binary="definitely-missing"))
+        r = self.ok("configure")
+        self.assertEqual((r["options"]["backend"], r["options"]["network"]), ("ns", "none"))
+        # The backend exists now (which booted it): options only shape a new workspace.
+        self.err("configure", "in_use", options={"backend": "local"})
+        other = self.create(self.base)
+        self.mount(other)
+        c2 = self.client(other)
+        self.err("configure", "invalid_request", c=c2, options={"backend": "vm"})
+        self.err("configure", "invalid_request", c=c2, options={"bogus": 1})
+        self.err("configure", "invalid_request", c=c2, options={"working_dir": "/abs"})
+        r = self.ok("configure", c=c2, options={"backend": "local", "env": {"K": "v"},
+                                                "working_dir": "sub", "timeout": 5})
+        self.assertEqual(r["options"]["backend"], "local")
+        code, out, _, _ = self.run_cmd(["sh", "-c", "pwd; echo $K"])
+        r = c2.request("run", cmd=["sh", "-c", "pwd; echo $K"])
+        self.assertEqual(unb64(r["stdout"]),
+                         (self.mountpoint(other) + "/sub\nv\n").encode())
+
+    def test_host_url_reaches_only_that_port(self):
+        class Hello(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = b"hello from the host"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+        other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+        for s in (srv, other):
+            threading.Thread(target=s.serve_forever, daemon=True).start()
+            self.addCleanup(s.server_close)
+            self.addCleanup(s.shutdown)
+        port, other_port = srv.server_address[1], other.server_address[1]
+        url = self.ok("host_url", port=port)["url"]
+        self.assertEqual(url, "http://127.0.0.1:%d" % port)
+        fetch = ("import sys, urllib.request\n"
+                 "try:\n print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())\n"
+                 "except Exception as e:\n print('refused', type(e).__name__); sys.exit(1)\n")
+        code, out, _, _ = self.run_cmd(["python3", "-c", fetch, url + "/"])
+        self.assertEqual((code, out), (0, b"hello from the host\n"))
+        # The other port, though it listens on the host, stays unreachable (network none).
+        code, out, _, _ = self.run_cmd(["python3", "-c", fetch,
+                                        "http://127.0.0.1:%d/" % other_port])
+        self.assertEqual(code, 1, out)
+        self.err("host_url", "invalid_request", port=0)
+        self.err("host_url", "invalid_request", port="80")
+
+    # --- errors and malformed input ---
+
+    def test_malformed_requests_and_error_codes(self):
+        c = self.c
+        for raw, code in ((b"{not json\n", "invalid_request"), (b"[1,2]\n", "invalid_request"),
+                          (b'{"op":"run"}\n', "invalid_request"),
+                          (b'{"id":1.5,"op":"run"}\n', "invalid_request"),
+                          (b'{"id":1,"op":"frobnicate"}\n', "invalid_request")):
+            c.send_raw(raw)
+            self.assertEqual(c.recv()["error"]["code"], code, raw)
+        self.err("run", "invalid_request")                        # no cmd
+        self.err("run", "invalid_request", cmd=[])                # empty
+        self.err("run", "invalid_request", cmd="ls")              # wrong type
+        self.err("run", "invalid_request", cmd=["ls"], shell="ls")
+        self.err("run", "invalid_request", cmd=["ls"], timeout=-1)
+        self.err("run", "invalid_request", cmd=["ls"], env={"A": 1})
+        self.err("run", "invalid_request", cmd=["ls"], stdin="***")
+        self.err("read", "invalid_request")
+        self.err("write", "invalid_request", path="x", data="not base64!")
+        self.err("run", "invalid_path", cmd=["ls"], cwd="../..")
+        self.err("which", "invalid_request")
+        # A huge line is refused and the connection still serves.
+        c.send_raw(b'{"id":1,"op":"ping","pad":"' + b"x" * (17 << 20) + b'"}\n')
+        self.assertEqual(c.recv()["error"]["code"], "invalid_request")
+        self.ok("ping")
+        # Strict runs turn a timeout and the output cap into error replies with the result.
+        r = c.request("run", cmd=["sh", "-c", "echo so-far; sleep 10"], timeout=0.3,
+                      strict=True)
+        self.assertEqual(r["error"]["code"], "timeout")
+        self.assertEqual(unb64(r["error"]["result"]["stdout"]), b"so-far\n")
+        r = c.request("run", cmd=["sh", "-c", "yes"], strict=True)
+        self.assertEqual(r["error"]["code"], "output_limit")
+        # A second daemon for the workspace: in_use naming the pid.
+        proc = self.cowbox("serve", self.ref, "--foreground", check=False, timeout=30)
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("in use by pid", proc.stderr)
+        # unavailable: a docker backend whose image cannot start.
+        other = self.create(self.base)
+        self.mount(other)
+        c2 = self.client(other)
+        self.ok("configure", c=c2, options={"backend": "docker", "image": "cowbox-no-such:img"})
+        env = dict(os.environ)
+        r = c2.request("run", cmd=["true"])
+        self.assertIn(r["error"]["code"], ("unavailable", "not_found"), r)
+        self.ok("ping")
+
+    # --- concurrency, crash, reattach ---
+
+    def test_concurrent_clients_and_commands(self):
+        clients = [self.client(self.ref) for _ in range(4)]
+        t0 = time.monotonic()
+        for i, c in enumerate(clients):
+            for j in range(2):
+                c.send({"id": j, "op": "run", "cmd": ["sh", "-c", "sleep 1; echo %d-%d" % (i, j)]})
+        outs = set()
+        for c in clients:
+            for _ in range(2):
+                r = c.recv()
+                self.assertEqual(r["exit_code"], 0, r)
+                outs.add(unb64(r["stdout"]).decode().strip())
+        # Eight one-second commands at once take about one second, not eight.
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertEqual(len(outs), 8)
+        # A duplicate id while the first still runs is refused; both ids stay distinct.
+        self.c.send({"id": 9, "op": "run", "cmd": ["sleep", "1"]})
+        self.c.send({"id": 9, "op": "run", "cmd": ["true"]})
+        first = self.c.recv()
+        self.assertEqual(first["error"]["code"], "in_use")
+        self.assertEqual(self.c.recv()["exit_code"], 0)
+
+    def test_client_hangup_and_daemon_crash_reattach(self):
+        c = self.client(self.ref)
+        c.send({"id": 1, "op": "exec", "cmd": ["sh", "-c", "while :; do echo y; sleep 0.05; done"]})
+        c.recv()
+        c.close()  # the command loses its reader and is stopped
+        self.ok("write", path="kept.txt", data=b64(b"survives\n"))
+        pid = self.daemon_pid(self.ref)
+        os.kill(pid, signal.SIGKILL)
+        cbtest.wait_for(lambda: not cbtest.pid_alive(pid), 10, what="daemon death")
+        # Reattach by ref: a new daemon recovers the stale mount and serves the same data.
+        self.mount(self.ref)
+        c2 = self.client(self.ref)
+        self.assertEqual(unb64(self.ok("read", c=c2, path="kept.txt")["data"]), b"survives\n")
+        r = c2.request("run", cmd=["cat", "kept.txt"])
+        self.assertEqual(unb64(r["stdout"]), b"survives\n")
+
+    def test_destroy_runs_hooks_and_stops(self):
+        other = self.create(self.base)
+        self.mount(other)
+        c2 = self.client(other)
+        marker = os.path.join(self.tmp, "destroyed")
+        self.ok("configure", c=c2, options={
+            "backend": "local", "on_create": ["echo created > hook.txt"],
+            "setup_script": "echo setup >> hook.txt",
+            "on_destroy": ["echo gone > %s" % marker]})
+        r = c2.request("run", cmd=["cat", "hook.txt"])
+        self.assertEqual(unb64(r["stdout"]), b"created\nsetup\n")
+        pid = self.daemon_pid(other)
+        self.ok("destroy", c=c2)
+        cbtest.wait_for(lambda: not cbtest.pid_alive(pid), 15, what="daemon to stop")
+        with open(marker) as f:
+            self.assertEqual(f.read(), "gone\n")
+
+    def test_setup_script_timeout(self):
+        other = self.create(self.base)
+        self.mount(other)
+        c2 = self.client(other)
+        self.ok("configure", c=c2, options={"setup_script": "sleep 20", "setup_timeout": 0.5})
+        r = c2.request("run", cmd=["true"])
+        self.assertEqual(r["error"]["code"], "timeout", r)
+        self.assertIn("setup script", r["error"]["message"])
+
+
+if __name__ == "__main__":
+    unittest.main()

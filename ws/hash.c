@@ -14,8 +14,9 @@
 #include "cowbox/error.h"
 #include "cowbox/turns.h"
 
-#define HASH_BUF   (256 * 1024)
-#define HASH_TRIES 5
+#define HASH_BUF	    (256 * 1024)
+#define HASH_TRIES	    10
+#define HASH_BACKOFF_MAX_US 50000
 
 static void hash_xxh_out(XXH128_hash_t h, unsigned char *out)
 {
@@ -146,7 +147,9 @@ int cb_ws_hash_file_at(int dirfd, const char *path, int copy_fd, struct cb_hash 
 			ret = cb_error_set(errno, "hash %s: rewind: %s", path, strerror(errno));
 			goto out;
 		}
-		usleep(1000u << tries);
+		/* 1, 2, 4 ... ms, at most 50 ms: ~0.2 s in all before giving up on this file */
+		usleep((1000u << tries) < HASH_BACKOFF_MAX_US ? (1000u << tries)
+							      : HASH_BACKOFF_MAX_US);
 	}
 	if (st)
 		*st = after;

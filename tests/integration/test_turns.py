@@ -2,6 +2,7 @@
 are open and the tree is being read, prune, fork, and a kill -9 between a write and a
 snapshot."""
 
+import hashlib
 import json
 import os
 import signal
@@ -212,6 +213,37 @@ class TurnsTest(CowboxTestCase):
         self.assertEqual(tree_state(m2), want)
         self.assertLess(elapsed, 10)
         self.assert_fails(["fork", "w2", "99", "--name", "w3"], "turn 99 does not exist")
+
+    def test_snapshot_while_a_file_is_being_written(self):
+        # a writer appends fixed-size lines while snapshots run: each recorded hash must be
+        # of a state the file really had (a whole number of lines), never of a torn read
+        stop = threading.Event()
+        line = b"%063d\n"
+
+        def append():
+            with open(self.path("log.txt"), "ab", buffering=0) as f:
+                i = 0
+                while not stop.is_set():
+                    f.write(line % i)
+                    i += 1
+                    time.sleep(0.002)
+
+        th = threading.Thread(target=append)
+        th.start()
+        seen = []
+        try:
+            for _ in range(5):
+                seen.append(self.snapshot()["files"].get("log.txt"))
+        finally:
+            stop.set()
+            th.join()
+        with open(self.path("log.txt"), "rb") as f:
+            final = f.read()
+        prefixes = {hashlib.sha256(final[:n]).hexdigest() for n in range(0, len(final) + 1, 64)}
+        for h in seen:
+            if h is not None:
+                self.assertIn(h, prefixes)
+        self.assertTrue(any(seen))
 
     def test_progress_bar_only_on_a_terminal(self):
         base = self.make_base({"d%d/f%d" % (i % 7, i): "%d\n" % i for i in range(300)})

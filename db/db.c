@@ -112,7 +112,6 @@ int cb_db_open(const char *path, struct cb_db **out)
 	db->path = strdup(path);
 	pthread_mutex_init(&db->sql_lock, NULL);
 	pthread_mutex_init(&db->queue_lock, NULL);
-	pthread_cond_init(&db->queue_cond, NULL);
 	db->queue_tail = &db->queue_head;
 	db->turn = 1;
 	if (!db->path) {
@@ -171,7 +170,6 @@ void cb_db_close(struct cb_db *db)
 	sqlite3_finalize(db->st_meta_set);
 	/* sqlite3_close_v2 checkpoints the WAL when this is the last connection. */
 	sqlite3_close_v2(db->sql);
-	pthread_cond_destroy(&db->queue_cond);
 	pthread_mutex_destroy(&db->queue_lock);
 	pthread_mutex_destroy(&db->sql_lock);
 	free(db->path);

@@ -16,6 +16,7 @@ struct cb_mark_waiter {
 	int done;
 	int rc;
 	struct cb_mark_waiter *next;
+	pthread_cond_t cond; /* signalled when done, or when it is to lead the next batch */
 };
 
 /* The set of (turn, path, kind) keys already committed in the open turn, so that a repeated
@@ -40,7 +41,6 @@ struct cb_db {
 
 	/* Group commit: waiters queue under queue_lock; one leader at a time commits a batch. */
 	pthread_mutex_t queue_lock;
-	pthread_cond_t queue_cond;
 	struct cb_mark_waiter *queue_head, **queue_tail;
 	int leader_active;
 	struct cb_mark_set marked; /* guarded by queue_lock */

@@ -210,7 +210,7 @@ static int journal_validate(struct cb_db *db, const struct cb_change *changes, s
  * others'), then wakes the batch. A caller returns only once its own rows are committed. */
 int cb_journal_mark(struct cb_db *db, const struct cb_change *changes, size_t n)
 {
-	struct cb_mark_waiter w = {changes, n, 0, 0, NULL};
+	struct cb_mark_waiter w = {changes, n, 0, 0, NULL, PTHREAD_COND_INITIALIZER};
 	int rc = journal_validate(db, changes, n);
 	size_t fresh = 0;
 
@@ -226,7 +226,9 @@ int cb_journal_mark(struct cb_db *db, const struct cb_change *changes, size_t n)
 	db->queue_tail = &w.next;
 	while (!w.done) {
 		if (db->leader_active) {
-			pthread_cond_wait(&db->queue_cond, &db->queue_lock);
+			/* Each waiter sleeps on its own condition: only its leader (done) or the
+			 * previous leader (you lead next) wakes it, no herd. */
+			pthread_cond_wait(&w.cond, &db->queue_lock);
 			continue;
 		}
 		struct cb_mark_waiter *batch = db->queue_head;
@@ -252,17 +254,21 @@ int cb_journal_mark(struct cb_db *db, const struct cb_change *changes, size_t n)
 						 b->changes[i].path);
 			b->rc = brc;
 			b->done = 1;
+			pthread_cond_signal(&b->cond);
 		}
 		if (brc)
 			snprintf(db->batch_error, sizeof(db->batch_error), "%s", msg);
 		db->leader_active = 0;
-		pthread_cond_broadcast(&db->queue_cond);
+		/* Marks that queued meanwhile are the next batch; its first waiter leads it. */
+		if (db->queue_head)
+			pthread_cond_signal(&db->queue_head->cond);
 	}
 	rc = w.rc;
 	if (rc)
 		cb_error_set(rc, "%s", db->batch_error);
 out:
 	pthread_mutex_unlock(&db->queue_lock);
+	pthread_cond_destroy(&w.cond);
 	return rc;
 }
 

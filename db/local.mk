@@ -13,3 +13,9 @@ db_test_journal_LDADD = db/libcb_db.la util/libcb_util.la $(SQLITE3_LIBS) $(CRIT
 # turns: the turn store (turns, deltas, the map, the base hash cache) (issue 3)
 db_libcb_db_la_SOURCES += db/turns.c db/turn_entry.c
 pkginclude_HEADERS += include/cowbox/turns.h
+
+# scripts/bench/journal builds this on request (make db/bench_journal); not a test.
+EXTRA_PROGRAMS = db/bench_journal
+db_bench_journal_SOURCES = db/bench_journal.c
+db_bench_journal_LDADD = db/libcb_db.la util/libcb_util.la $(SQLITE3_LIBS)
+CLEANFILES += db/bench_journal

@@ -1,0 +1,71 @@
+/* The journal's write path in numbers: marks per second and transactions per mark for 1..N
+ * threads marking distinct paths (what concurrent FUSE writers do). Run by
+ * scripts/bench/journal; not a test. */
+#include "config.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "cowbox/error.h"
+#include "cowbox/journal.h"
+
+static struct cb_db *bench_db;
+static int bench_per_thread;
+
+static double now(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static void *bench_worker(void *arg)
+{
+	long index = (long)arg;
+	char path[64];
+
+	for (int i = 0; i < bench_per_thread; i++) {
+		struct cb_change c = {path, CB_CHANGE_CREATE, 0, 1, "bench"};
+
+		snprintf(path, sizeof(path), "t%ld/d%d/file%06d", index, i % 64, i);
+		if (cb_journal_mark(bench_db, &c, 1)) {
+			fprintf(stderr, "bench_journal: %s\n", cb_error_message());
+			exit(1);
+		}
+	}
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	pthread_t threads[256];
+	unsigned long long marks, rows, txs;
+	int nthreads, total;
+	double t0, elapsed;
+
+	if (argc != 4 || (nthreads = atoi(argv[2])) < 1 || nthreads > 256 ||
+	    (total = atoi(argv[3])) < nthreads) {
+		fprintf(stderr, "usage: bench_journal DB THREADS MARKS\n");
+		return 2;
+	}
+	bench_per_thread = total / nthreads;
+	if (cb_db_open(argv[1], &bench_db)) {
+		fprintf(stderr, "bench_journal: %s\n", cb_error_message());
+		return 1;
+	}
+	t0 = now();
+	for (long i = 0; i < nthreads; i++)
+		pthread_create(&threads[i], NULL, bench_worker, (void *)i);
+	for (int i = 0; i < nthreads; i++)
+		pthread_join(threads[i], NULL);
+	elapsed = now() - t0;
+	cb_journal_stats(bench_db, &marks, &rows, &txs);
+	printf("%3d threads  %7llu marks  %7llu transactions  %6.2f marks/tx  %6.1f us/mark\n",
+	       nthreads, marks, txs, (double)marks / (double)(txs ? txs : 1),
+	       elapsed / (double)marks * 1e6);
+	cb_db_close(bench_db);
+	return 0;
+}

@@ -181,9 +181,10 @@ static json_t *events_json(struct cb_daemon *d, struct cb_turns *t, const struct
 		const struct cb_diff_event *ev = &diff->ev[i];
 		const struct cb_entry *who =
 		    ev->new.type != CB_ENTRY_ABSENT || ev->new.pid ? &ev->new : &ev->old;
-		json_t *j = json_pack("{s:s, s:s, s:o, s:o}", "event", cb_diff_kind_name(ev->kind),
-				      "path", ev->old.path ? ev->old.path : ev->new.path, "old",
-				      entry_json(&ev->old), "new", entry_json(&ev->new));
+		json_t *j =
+		    json_pack("{s:s, s:s, s:o, s:o}", "event", cb_ws_diff_kind_name(ev->kind),
+			      "path", ev->old.path ? ev->old.path : ev->new.path, "old",
+			      entry_json(&ev->old), "new", entry_json(&ev->new));
 
 		if (!j)
 			continue;
@@ -215,7 +216,7 @@ static int turns_snapshot(struct cb_daemon *d, struct cb_turns *t, const char *l
 			  struct cb_diff *changes, long long *turn_out)
 {
 	struct dirty_list dl = {0};
-	long long open = cb_journal_turn(d->db), latest = cb_tdb_turn_latest(cb_turns_db(t));
+	long long open = cb_journal_turn(d->db), latest = cb_db_turns_latest(cb_turns_db(t));
 	long long turn = open > latest ? open : latest + 1;
 	int ret;
 
@@ -225,13 +226,13 @@ static int turns_snapshot(struct cb_daemon *d, struct cb_turns *t, const char *l
 	/* New changes belong to the next turn from here; the rows of this one are complete
 	 * (a mark commits before its operation is answered). The next turn's rows are read
 	 * too: rehashing them now is harmless, and it covers a crash after the advance. */
-	cb_tdb_journal_advance(d->db, turn + 1);
+	cb_db_turns_journal_advance(d->db, turn + 1);
 	cb_overlay_turn_advance(d->ov);
 	ret = dirty_load(d, open < turn ? open : turn, turn + 1, &dl);
 	if (!ret)
 		ret = cb_ws_snapshot(t, turn, dl.d, dl.n, label, changes);
 	if (ret)
-		cb_tdb_journal_advance(d->db, turn);
+		cb_db_turns_journal_advance(d->db, turn);
 	else
 		*turn_out = turn;
 	dirty_free(&dl);
@@ -272,7 +273,7 @@ static int op_snapshot(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 			json_object_set_new(r, "files", files);
 		}
 	}
-	cb_diff_free(&changes);
+	cb_ws_diff_free(&changes);
 	cb_turns_close(t);
 	pthread_mutex_unlock(&d->turn_lock);
 	if (ret) {
@@ -307,7 +308,7 @@ static int op_diff(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 		    "{s:I, s:o, s:o}", "a", (json_int_t)a, "b",
 		    b < 0 ? json_string("live") : json_integer(b), "events",
 		    events_json(d, t, &diff, a, b, json_is_true(json_object_get(req, "sources"))));
-	cb_diff_free(&diff);
+	cb_ws_diff_free(&diff);
 	dirty_free(&dl);
 	cb_turns_close(t);
 	pthread_mutex_unlock(&d->turn_lock);
@@ -437,7 +438,7 @@ static int op_turns(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *re
 	pthread_mutex_lock(&d->turn_lock);
 	ret = turns_open(d, &t);
 	if (!ret)
-		ret = cb_tdb_turn_list(cb_turns_db(t), turn_row, arr);
+		ret = cb_db_turns_list(cb_turns_db(t), turn_row, arr);
 	cb_turns_close(t);
 	pthread_mutex_unlock(&d->turn_lock);
 	snprintf(blobs, sizeof(blobs), "%s/blobs", d->dir);

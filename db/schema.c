@@ -21,7 +21,7 @@ const char *const cb_db_migrations[] = {
     "  UNIQUE (turn, path, kind));",
 
     /* 2: the turns tables (turns, deltas, the map, base_cache): db/turns.c owns the SQL. */
-    cb_tdb_schema_sql,
+    cb_db_turns_schema_sql,
 };
 
 const size_t cb_db_migration_count = sizeof(cb_db_migrations) / sizeof(cb_db_migrations[0]);

@@ -14,7 +14,7 @@
 
 /* Deltas are keyed (path, turn) so "newest row of path at or before turn" is one index seek;
  * the (turn, path) index makes "what changed in (a, b]" cost what changed. */
-const char cb_tdb_schema_sql[] =
+const char cb_db_turns_schema_sql[] =
     "CREATE TABLE IF NOT EXISTS base_cache(path TEXT PRIMARY KEY, size INTEGER, "
     "  mtime_ns INTEGER, ino INTEGER, sha256 BLOB, xxh3 BLOB) WITHOUT ROWID;"
     "CREATE TABLE IF NOT EXISTS turns(turn INTEGER PRIMARY KEY, time REAL, label TEXT, "
@@ -84,12 +84,12 @@ static const char *const tdb_sql[Q_COUNT] = {
 
 static const char tdb_meta_turn_sql[] = "UPDATE meta SET value=?1 WHERE key='turn'";
 
-struct cb_tdb {
+struct cb_db_turns {
 	sqlite3 *db;
 	sqlite3_stmt *q[Q_ALL];
 };
 
-static int tdb_fail(struct cb_tdb *t, const char *what)
+static int tdb_fail(struct cb_db_turns *t, const char *what)
 {
 	int code = sqlite3_errcode(t->db);
 	int err = code == SQLITE_BUSY || code == SQLITE_LOCKED ? EBUSY
@@ -101,7 +101,7 @@ static int tdb_fail(struct cb_tdb *t, const char *what)
 }
 
 /* A prepared statement, reset and cleared for a new use. */
-static sqlite3_stmt *tdb_q(struct cb_tdb *t, int which)
+static sqlite3_stmt *tdb_q(struct cb_db_turns *t, int which)
 {
 	sqlite3_stmt *s = t->q[which];
 
@@ -110,9 +110,9 @@ static sqlite3_stmt *tdb_q(struct cb_tdb *t, int which)
 	return s;
 }
 
-int cb_tdb_open(const char *path, struct cb_tdb **out)
+int cb_db_turns_open(const char *path, struct cb_db_turns **out)
 {
-	struct cb_tdb *t = calloc(1, sizeof(*t));
+	struct cb_db_turns *t = calloc(1, sizeof(*t));
 	char *msg = NULL;
 	int ret = 0;
 
@@ -128,7 +128,7 @@ int cb_tdb_open(const char *path, struct cb_tdb **out)
 	sqlite3_busy_timeout(t->db, 10000);
 	if (sqlite3_exec(t->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL,
 			 &msg) != SQLITE_OK ||
-	    sqlite3_exec(t->db, cb_tdb_schema_sql, NULL, NULL, &msg) != SQLITE_OK) {
+	    sqlite3_exec(t->db, cb_db_turns_schema_sql, NULL, NULL, &msg) != SQLITE_OK) {
 		ret = cb_error_set(EIO, "turn tables in %s: %s", path, msg ? msg : "?");
 		goto out;
 	}
@@ -147,11 +147,11 @@ int cb_tdb_open(const char *path, struct cb_tdb **out)
 out:
 	sqlite3_free(msg);
 	if (ret)
-		cb_tdb_close(t);
+		cb_db_turns_close(t);
 	return ret;
 }
 
-void cb_tdb_close(struct cb_tdb *t)
+void cb_db_turns_close(struct cb_db_turns *t)
 {
 	if (!t)
 		return;
@@ -161,7 +161,7 @@ void cb_tdb_close(struct cb_tdb *t)
 	free(t);
 }
 
-static int tdb_exec(struct cb_tdb *t, const char *sql)
+static int tdb_exec(struct cb_db_turns *t, const char *sql)
 {
 	if (sqlite3_exec(t->db, sql, NULL, NULL, NULL) != SQLITE_OK)
 		return tdb_fail(t, sql);
@@ -169,24 +169,24 @@ static int tdb_exec(struct cb_tdb *t, const char *sql)
 }
 
 /* IMMEDIATE: take the write lock up front, so a long read-then-write never fails midway. */
-int cb_tdb_begin(struct cb_tdb *t)
+int cb_db_turns_begin(struct cb_db_turns *t)
 {
 	return tdb_exec(t, "BEGIN IMMEDIATE");
 }
 
-int cb_tdb_commit(struct cb_tdb *t)
+int cb_db_turns_commit(struct cb_db_turns *t)
 {
 	return tdb_exec(t, "COMMIT");
 }
 
-void cb_tdb_rollback(struct cb_tdb *t)
+void cb_db_turns_rollback(struct cb_db_turns *t)
 {
 	if (!sqlite3_get_autocommit(t->db))
 		sqlite3_exec(t->db, "ROLLBACK", NULL, NULL, NULL);
 }
 
 /* Step a statement that returns no row. */
-static int tdb_done(struct cb_tdb *t, sqlite3_stmt *s, const char *what)
+static int tdb_done(struct cb_db_turns *t, sqlite3_stmt *s, const char *what)
 {
 	int rc = sqlite3_step(s);
 	int ret = rc == SQLITE_DONE ? 0 : tdb_fail(t, what);
@@ -206,8 +206,9 @@ static long long tdb_int(sqlite3_stmt *s, long long def)
 	return v;
 }
 
-int cb_tdb_base_cache_get(struct cb_tdb *t, const char *path, long long size, long long mtime_ns,
-			  long long ino, unsigned char *sha256, unsigned char *xxh3)
+int cb_db_turns_base_cache_get(struct cb_db_turns *t, const char *path, long long size,
+			       long long mtime_ns, long long ino, unsigned char *sha256,
+			       unsigned char *xxh3)
 {
 	sqlite3_stmt *s = tdb_q(t, Q_CACHE_GET);
 	int ret = 0, rc;
@@ -229,8 +230,9 @@ int cb_tdb_base_cache_get(struct cb_tdb *t, const char *path, long long size, lo
 	return ret;
 }
 
-int cb_tdb_base_cache_put(struct cb_tdb *t, const char *path, long long size, long long mtime_ns,
-			  long long ino, const unsigned char *sha256, const unsigned char *xxh3)
+int cb_db_turns_base_cache_put(struct cb_db_turns *t, const char *path, long long size,
+			       long long mtime_ns, long long ino, const unsigned char *sha256,
+			       const unsigned char *xxh3)
 {
 	sqlite3_stmt *s = tdb_q(t, Q_CACHE_PUT);
 
@@ -243,7 +245,7 @@ int cb_tdb_base_cache_put(struct cb_tdb *t, const char *path, long long size, lo
 	return tdb_done(t, s, "base cache store");
 }
 
-int cb_tdb_turn_add(struct cb_tdb *t, long long turn, double time, const char *label,
+int cb_db_turns_add(struct cb_db_turns *t, long long turn, double time, const char *label,
 		    long long changes)
 {
 	sqlite3_stmt *s = tdb_q(t, Q_TURN_ADD);
@@ -265,22 +267,22 @@ int cb_tdb_turn_add(struct cb_tdb *t, long long turn, double time, const char *l
 	return tdb_done(t, s, "advance the open turn");
 }
 
-void cb_tdb_journal_advance(struct cb_db *db, long long turn)
+void cb_db_turns_journal_advance(struct cb_db *db, long long turn)
 {
 	cb_journal_set_turn(db, turn);
 }
 
-long long cb_tdb_turn_latest(struct cb_tdb *t)
+long long cb_db_turns_latest(struct cb_db_turns *t)
 {
 	return tdb_int(tdb_q(t, Q_TURN_LATEST), 0);
 }
 
-long long cb_tdb_turn_oldest(struct cb_tdb *t)
+long long cb_db_turns_oldest(struct cb_db_turns *t)
 {
 	return tdb_int(tdb_q(t, Q_TURN_OLDEST), 0);
 }
 
-int cb_tdb_turn_exists(struct cb_tdb *t, long long turn)
+int cb_db_turns_exists(struct cb_db_turns *t, long long turn)
 {
 	sqlite3_stmt *s;
 
@@ -291,7 +293,8 @@ int cb_tdb_turn_exists(struct cb_tdb *t, long long turn)
 	return (int)tdb_int(s, 0);
 }
 
-int cb_tdb_turn_list(struct cb_tdb *t, int (*fn)(const struct cb_turn_info *, void *), void *arg)
+int cb_db_turns_list(struct cb_db_turns *t, int (*fn)(const struct cb_turn_info *, void *),
+		     void *arg)
 {
 	sqlite3_stmt *s = tdb_q(t, Q_TURN_LIST);
 	int ret = 0, rc;
@@ -350,7 +353,7 @@ static void tdb_column_entry(sqlite3_stmt *s, struct cb_entry *e)
 	e->comm = (char *)sqlite3_column_text(s, 8);
 }
 
-int cb_tdb_delta_put(struct cb_tdb *t, long long turn, const struct cb_entry *e)
+int cb_db_turns_delta_put(struct cb_db_turns *t, long long turn, const struct cb_entry *e)
 {
 	sqlite3_stmt *s = tdb_q(t, Q_DELTA_PUT);
 
@@ -360,7 +363,8 @@ int cb_tdb_delta_put(struct cb_tdb *t, long long turn, const struct cb_entry *e)
 }
 
 /* One-row lookup into an owned entry: 1 found, 0 none, -errno. */
-static int tdb_lookup(struct cb_tdb *t, sqlite3_stmt *s, struct cb_entry *out, const char *what)
+static int tdb_lookup(struct cb_db_turns *t, sqlite3_stmt *s, struct cb_entry *out,
+		      const char *what)
 {
 	struct cb_entry row;
 	int rc = sqlite3_step(s), ret = 0;
@@ -377,7 +381,8 @@ static int tdb_lookup(struct cb_tdb *t, sqlite3_stmt *s, struct cb_entry *out, c
 	return ret;
 }
 
-int cb_tdb_delta_at(struct cb_tdb *t, const char *path, long long turn, struct cb_entry *out)
+int cb_db_turns_delta_at(struct cb_db_turns *t, const char *path, long long turn,
+			 struct cb_entry *out)
 {
 	sqlite3_stmt *s = tdb_q(t, Q_DELTA_AT);
 
@@ -386,8 +391,8 @@ int cb_tdb_delta_at(struct cb_tdb *t, const char *path, long long turn, struct c
 	return tdb_lookup(t, s, out, "delta lookup");
 }
 
-int cb_tdb_delta_paths(struct cb_tdb *t, long long from, long long to,
-		       int (*fn)(const char *path, void *), void *arg)
+int cb_db_turns_delta_paths(struct cb_db_turns *t, long long from, long long to,
+			    int (*fn)(const char *path, void *), void *arg)
 {
 	sqlite3_stmt *s = tdb_q(t, Q_DELTA_PATHS);
 	int ret = 0, rc;
@@ -406,12 +411,12 @@ out:
 	return ret;
 }
 
-long long cb_tdb_map_turn(struct cb_tdb *t)
+long long cb_db_turns_map_turn(struct cb_db_turns *t)
 {
 	return tdb_int(tdb_q(t, Q_MAP_TURN), -1);
 }
 
-int cb_tdb_map_set_turn(struct cb_tdb *t, long long turn)
+int cb_db_turns_map_set_turn(struct cb_db_turns *t, long long turn)
 {
 	sqlite3_stmt *s = tdb_q(t, Q_MAP_SET_TURN);
 
@@ -419,7 +424,7 @@ int cb_tdb_map_set_turn(struct cb_tdb *t, long long turn)
 	return tdb_done(t, s, "map turn");
 }
 
-int cb_tdb_map_get(struct cb_tdb *t, const char *path, struct cb_entry *out)
+int cb_db_turns_map_get(struct cb_db_turns *t, const char *path, struct cb_entry *out)
 {
 	sqlite3_stmt *s = tdb_q(t, Q_MAP_GET);
 
@@ -427,7 +432,7 @@ int cb_tdb_map_get(struct cb_tdb *t, const char *path, struct cb_entry *out)
 	return tdb_lookup(t, s, out, "map lookup");
 }
 
-int cb_tdb_map_put(struct cb_tdb *t, const struct cb_entry *e)
+int cb_db_turns_map_put(struct cb_db_turns *t, const struct cb_entry *e)
 {
 	sqlite3_stmt *s = tdb_q(t, Q_MAP_PUT);
 
@@ -435,7 +440,7 @@ int cb_tdb_map_put(struct cb_tdb *t, const struct cb_entry *e)
 	return tdb_done(t, s, "map store");
 }
 
-int cb_tdb_map_del(struct cb_tdb *t, const char *path)
+int cb_db_turns_map_del(struct cb_db_turns *t, const char *path)
 {
 	sqlite3_stmt *s = tdb_q(t, Q_MAP_DEL);
 
@@ -443,13 +448,13 @@ int cb_tdb_map_del(struct cb_tdb *t, const char *path)
 	return tdb_done(t, s, "map delete");
 }
 
-int cb_tdb_map_clear(struct cb_tdb *t)
+int cb_db_turns_map_clear(struct cb_db_turns *t)
 {
 	return tdb_done(t, tdb_q(t, Q_MAP_CLEAR), "map clear");
 }
 
-int cb_tdb_map_list(struct cb_tdb *t, const char *prefix,
-		    int (*fn)(const struct cb_entry *, void *), void *arg)
+int cb_db_turns_map_list(struct cb_db_turns *t, const char *prefix,
+			 int (*fn)(const struct cb_entry *, void *), void *arg)
 {
 	sqlite3_stmt *s = tdb_q(t, prefix ? Q_MAP_UNDER : Q_MAP_ALL);
 	struct cb_entry e;
@@ -472,7 +477,7 @@ out:
 
 /* The newest row at or before keep_from of each path changed before it becomes a row of
  * keep_from itself (unless keep_from changed that path too), then the older rows go. */
-int cb_tdb_prune(struct cb_tdb *t, long long keep_from)
+int cb_db_turns_prune(struct cb_db_turns *t, long long keep_from)
 {
 	static const char *const steps[] = {
 	    "INSERT OR IGNORE INTO turn_delta SELECT d.path, ?1, d.type, d.mode, d.size, "
@@ -499,7 +504,7 @@ int cb_tdb_prune(struct cb_tdb *t, long long keep_from)
 	return ret;
 }
 
-int cb_tdb_base_cache_from(struct cb_tdb *t, const char *db_path)
+int cb_db_turns_base_cache_from(struct cb_db_turns *t, const char *db_path)
 {
 	sqlite3_stmt *s = NULL;
 	int ret = 0;
@@ -517,7 +522,7 @@ int cb_tdb_base_cache_from(struct cb_tdb *t, const char *db_path)
 /* Copy the base cache of the workspace this one was forked from, once: a fork shares the base,
  * so its hashes are valid here too (rows are still checked by size, mtime and inode). A source
  * that is gone or unreadable only costs a rehash. */
-int cb_tdb_base_cache_import(struct cb_tdb *t)
+int cb_db_turns_base_cache_import(struct cb_db_turns *t)
 {
 	sqlite3_stmt *s = NULL;
 	char *from = NULL;
@@ -545,7 +550,7 @@ int cb_tdb_base_cache_import(struct cb_tdb *t)
 	return tdb_exec(t, "DELETE FROM turn_meta WHERE key='cache_from'");
 }
 
-int cb_tdb_blob_needed(struct cb_tdb *t, const unsigned char *xxh3)
+int cb_db_turns_blob_needed(struct cb_db_turns *t, const unsigned char *xxh3)
 {
 	sqlite3_stmt *s = tdb_q(t, Q_BLOB_NEEDED);
 

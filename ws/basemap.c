@@ -180,9 +180,9 @@ static int base_fill(struct cb_turns *t, struct base_walk *w)
 
 		if (S_ISREG(it->st.st_mode)) {
 			if (!it->cached)
-				ret = cb_tdb_base_cache_put(t->db, it->path, it->st.st_size,
-							    mtime_ns, (long long)it->st.st_ino,
-							    it->h.sha256, it->h.xxh3);
+				ret = cb_db_turns_base_cache_put(t->db, it->path, it->st.st_size,
+								 mtime_ns, (long long)it->st.st_ino,
+								 it->h.sha256, it->h.xxh3);
 			memset(&e, 0, sizeof(e));
 			e.path = it->path;
 			e.type = CB_ENTRY_FILE;
@@ -191,14 +191,14 @@ static int base_fill(struct cb_turns *t, struct base_walk *w)
 			memcpy(e.sha256, it->h.sha256, CB_SHA256_LEN);
 			memcpy(e.xxh3, it->h.xxh3, CB_XXH128_LEN);
 			if (!ret)
-				ret = cb_tdb_map_put(t->db, &e);
+				ret = cb_db_turns_map_put(t->db, &e);
 		} else {
 			/* dirs and symlinks: ws_base_entry reads the target */
 			struct cb_entry be = {0};
 
 			ret = ws_base_entry(t, it->path, &be);
 			if (!ret && be.type != CB_ENTRY_ABSENT)
-				ret = cb_tdb_map_put(t->db, &be);
+				ret = cb_db_turns_map_put(t->db, &be);
 			cb_entry_clear(&be);
 		}
 	}
@@ -220,15 +220,15 @@ static int collect_path(const char *path, void *arg)
 
 int ws_map_ensure(struct cb_turns *t)
 {
-	long long latest = cb_tdb_turn_latest(t->db);
+	long long latest = cb_db_turns_latest(t->db);
 	struct base_walk w = {0};
 	struct apply_arg a = {t, latest, {0}};
 	struct cb_entry e = {0};
 	int ret = 0, intx = 0;
 
-	if (cb_tdb_map_turn(t->db) == latest)
+	if (cb_db_turns_map_turn(t->db) == latest)
 		return 0;
-	ret = cb_tdb_base_cache_import(t->db);
+	ret = cb_db_turns_base_cache_import(t->db);
 	if (ret)
 		goto out;
 	w.base_fd = t->base_fd;
@@ -243,7 +243,7 @@ int ws_map_ensure(struct cb_turns *t)
 
 			if (!S_ISREG(it->st.st_mode))
 				continue;
-			ret = cb_tdb_base_cache_get(
+			ret = cb_db_turns_base_cache_get(
 			    t->db, it->path, it->st.st_size,
 			    (long long)it->st.st_mtim.tv_sec * 1000000000LL +
 				it->st.st_mtim.tv_nsec,
@@ -262,31 +262,31 @@ int ws_map_ensure(struct cb_turns *t)
 		if (ret)
 			goto out;
 	}
-	ret = cb_tdb_delta_paths(t->db, 0, latest, collect_path, &a);
+	ret = cb_db_turns_delta_paths(t->db, 0, latest, collect_path, &a);
 	if (ret)
 		goto out;
-	ret = cb_tdb_begin(t->db);
+	ret = cb_db_turns_begin(t->db);
 	if (ret)
 		goto out;
 	intx = 1;
-	ret = cb_tdb_map_clear(t->db);
+	ret = cb_db_turns_map_clear(t->db);
 	if (!ret)
 		ret = base_fill(t, &w);
 	for (size_t i = 0; i < a.paths.n && !ret; i++) {
-		ret = cb_tdb_delta_at(t->db, a.paths.p[i].path, latest, &e);
+		ret = cb_db_turns_delta_at(t->db, a.paths.p[i].path, latest, &e);
 		if (ret == 1)
-			ret = e.type == CB_ENTRY_ABSENT ? cb_tdb_map_del(t->db, e.path)
-							: cb_tdb_map_put(t->db, &e);
+			ret = e.type == CB_ENTRY_ABSENT ? cb_db_turns_map_del(t->db, e.path)
+							: cb_db_turns_map_put(t->db, &e);
 	}
 	if (!ret)
-		ret = cb_tdb_map_set_turn(t->db, latest);
+		ret = cb_db_turns_map_set_turn(t->db, latest);
 	if (!ret)
-		ret = cb_tdb_commit(t->db);
+		ret = cb_db_turns_commit(t->db);
 	if (!ret)
 		intx = 0;
 out:
 	if (intx)
-		cb_tdb_rollback(t->db);
+		cb_db_turns_rollback(t->db);
 	cb_entry_clear(&e);
 	ws_pathset_free(&a.paths);
 	for (size_t i = 0; i < w.n; i++)
@@ -299,5 +299,5 @@ int cb_ws_map_list(struct cb_turns *t, int (*fn)(const struct cb_entry *, void *
 {
 	int ret = ws_map_ensure(t);
 
-	return ret ? ret : cb_tdb_map_list(t->db, NULL, fn, arg);
+	return ret ? ret : cb_db_turns_map_list(t->db, NULL, fn, arg);
 }

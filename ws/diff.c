@@ -55,10 +55,10 @@ static int diff_live(struct cb_turns *t, const struct ws_pathset *live, long lon
 int ws_diff_paths(struct cb_turns *t, long long a, long long b, const struct cb_dirty *dirty,
 		  size_t n, struct ws_pathset *all, struct ws_pathset *live)
 {
-	long long latest = cb_tdb_turn_latest(t->db), to = b < 0 ? latest : b;
+	long long latest = cb_db_turns_latest(t->db), to = b < 0 ? latest : b;
 	int ret;
 
-	ret = cb_tdb_delta_paths(t->db, a < to ? a : to, a < to ? to : a, diff_collect, all);
+	ret = cb_db_turns_delta_paths(t->db, a < to ? a : to, a < to ? to : a, diff_collect, all);
 	if (!ret && b < 0) {
 		ret = ws_map_ensure(t);
 		if (!ret)
@@ -74,7 +74,7 @@ int ws_diff_paths(struct cb_turns *t, long long a, long long b, const struct cb_
 int cb_ws_diff(struct cb_turns *t, long long a, long long b, const struct cb_dirty *dirty, size_t n,
 	       struct cb_diff *out)
 {
-	long long latest = cb_tdb_turn_latest(t->db);
+	long long latest = cb_db_turns_latest(t->db);
 	struct ws_pathset all = {0}, live = {0};
 	struct cb_entry old = {0}, new = {0};
 	int ret;
@@ -100,6 +100,6 @@ int cb_ws_diff(struct cb_turns *t, long long a, long long b, const struct cb_dir
 	ws_pathset_free(&all);
 	ws_pathset_free(&live);
 	if (ret)
-		cb_diff_free(out);
+		cb_ws_diff_free(out);
 	return ret ? cb_error_wrap(ret, "diff") : 0;
 }

@@ -20,7 +20,7 @@ struct fork_ctx {
 	struct cb_turns *t;
 	long long turn;
 	int upper_fd, blob_fd;
-	struct cb_tdb *db;
+	struct cb_db_turns *db;
 };
 
 /* Create the upper's parent directories of path, with the modes they have at the turn. */
@@ -111,7 +111,7 @@ static int fork_one(const char *path, void *arg)
 		ret = ws_base_entry(f->t, path, &base);
 	if (ret || cb_entry_same(&e, &base))
 		goto out;
-	ret = cb_tdb_delta_put(f->db, 1, &e);
+	ret = cb_db_turns_delta_put(f->db, 1, &e);
 	if (ret)
 		goto out;
 	/* Below a directory gone at the turn: its whiteout already hides all of it. */
@@ -166,29 +166,29 @@ int cb_ws_fork(struct cb_turns *t, long long turn, const char *new_upper, const 
 				   f.upper_fd < 0 ? new_upper : new_blob_dir, strerror(errno));
 		goto out;
 	}
-	ret = cb_tdb_open(new_db, &f.db);
+	ret = cb_db_turns_open(new_db, &f.db);
 	if (ret)
 		goto out;
-	ret = cb_tdb_begin(f.db);
+	ret = cb_db_turns_begin(f.db);
 	if (ret)
 		goto out;
 	intx = 1;
 	/* Sorted: a whited-out directory comes before everything that was below it. */
-	ret = cb_tdb_delta_paths(t->db, 0, turn, fork_one, &f);
+	ret = cb_db_turns_delta_paths(t->db, 0, turn, fork_one, &f);
 	clock_gettime(CLOCK_REALTIME, &ts);
 	snprintf(label, sizeof(label), "fork of turn %lld", turn);
 	if (!ret)
-		ret = cb_tdb_base_cache_from(f.db, t->db_path);
+		ret = cb_db_turns_base_cache_from(f.db, t->db_path);
 	if (!ret)
-		ret = cb_tdb_turn_add(f.db, 1, (double)ts.tv_sec + ts.tv_nsec / 1e9, label, 0);
+		ret = cb_db_turns_add(f.db, 1, (double)ts.tv_sec + ts.tv_nsec / 1e9, label, 0);
 	if (!ret)
-		ret = cb_tdb_commit(f.db);
+		ret = cb_db_turns_commit(f.db);
 	if (!ret)
 		intx = 0;
 out:
 	if (intx)
-		cb_tdb_rollback(f.db);
-	cb_tdb_close(f.db);
+		cb_db_turns_rollback(f.db);
+	cb_db_turns_close(f.db);
 	if (f.upper_fd >= 0)
 		close(f.upper_fd);
 	if (f.blob_fd >= 0)

@@ -9,12 +9,12 @@
 
 static int prune_needed(const unsigned char *xxh3, void *arg)
 {
-	return cb_tdb_blob_needed(arg, xxh3);
+	return cb_db_turns_blob_needed(arg, xxh3);
 }
 
 int cb_ws_prune(struct cb_turns *t, long long keep, long long *dropped, long long *freed)
 {
-	long long latest = cb_tdb_turn_latest(t->db), oldest = cb_tdb_turn_oldest(t->db);
+	long long latest = cb_db_turns_latest(t->db), oldest = cb_db_turns_oldest(t->db);
 	long long keep_from = latest - keep + 1, removed = 0;
 	int ret;
 
@@ -23,13 +23,13 @@ int cb_ws_prune(struct cb_turns *t, long long keep, long long *dropped, long lon
 		return cb_error_set(EINVAL, "prune: --keep must be at least 1 (got %lld)", keep);
 	if (latest == 0 || keep_from <= oldest)
 		goto gc;
-	ret = cb_tdb_begin(t->db);
+	ret = cb_db_turns_begin(t->db);
 	if (!ret)
-		ret = cb_tdb_prune(t->db, keep_from);
+		ret = cb_db_turns_prune(t->db, keep_from);
 	if (!ret)
-		ret = cb_tdb_commit(t->db);
+		ret = cb_db_turns_commit(t->db);
 	if (ret) {
-		cb_tdb_rollback(t->db);
+		cb_db_turns_rollback(t->db);
 		return cb_error_wrap(ret, "prune");
 	}
 	*dropped = keep_from - oldest;

@@ -286,6 +286,6 @@ int cb_ws_rollback(struct cb_turns *t, long long turn, const struct cb_dirty *di
 out:
 	free(jobs.job);
 	pthread_mutex_destroy(&jobs.lock);
-	cb_diff_free(&d);
+	cb_ws_diff_free(&d);
 	return ret ? cb_error_wrap(ret, "rollback to turn %lld", turn) : 0;
 }

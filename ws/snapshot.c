@@ -66,7 +66,7 @@ int ws_diff_add(struct cb_diff *d, const struct cb_entry *old, const struct cb_e
 	return 0;
 }
 
-void cb_diff_free(struct cb_diff *d)
+void cb_ws_diff_free(struct cb_diff *d)
 {
 	for (size_t i = 0; i < d->n; i++) {
 		cb_entry_clear(&d->ev[i].old);
@@ -76,7 +76,7 @@ void cb_diff_free(struct cb_diff *d)
 	memset(d, 0, sizeof(*d));
 }
 
-const char *cb_diff_kind_name(enum cb_diff_kind kind)
+const char *cb_ws_diff_kind_name(enum cb_diff_kind kind)
 {
 	switch (kind) {
 	case CB_DIFF_CREATED:
@@ -102,7 +102,7 @@ static int snap_collect(struct cb_turns *t, const struct ws_pathset *set, struct
 		const struct ws_path *p = &set->p[i];
 		struct snap_item *it = &items[i];
 
-		ret = cb_tdb_map_get(t->db, p->path, &it->old);
+		ret = cb_db_turns_map_get(t->db, p->path, &it->old);
 		if (ret < 0)
 			break;
 		if (!it->old.path)
@@ -129,7 +129,7 @@ static int snap_record(struct cb_turns *t, long long turn, const char *label,
 	long long nchanged = 0;
 	int ret;
 
-	ret = cb_tdb_begin(t->db);
+	ret = cb_db_turns_begin(t->db);
 	if (ret)
 		return ret;
 	for (size_t i = 0; i < n && !ret; i++) {
@@ -138,28 +138,29 @@ static int snap_record(struct cb_turns *t, long long turn, const char *label,
 		if (cb_entry_same(&it->old, &it->new))
 			continue;
 		nchanged++;
-		ret = cb_tdb_delta_put(t->db, turn, &it->new);
+		ret = cb_db_turns_delta_put(t->db, turn, &it->new);
 		if (!ret)
-			ret = it->new.type == CB_ENTRY_ABSENT ? cb_tdb_map_del(t->db, it->new.path)
-							      : cb_tdb_map_put(t->db, &it->new);
+			ret = it->new.type == CB_ENTRY_ABSENT
+				  ? cb_db_turns_map_del(t->db, it->new.path)
+				  : cb_db_turns_map_put(t->db, &it->new);
 		if (!ret && changes)
 			ret = ws_diff_add(changes, &it->old, &it->new);
 	}
 	if (!ret)
-		ret = cb_tdb_turn_add(t->db, turn, wall_now(), label, nchanged);
+		ret = cb_db_turns_add(t->db, turn, wall_now(), label, nchanged);
 	if (!ret)
-		ret = cb_tdb_map_set_turn(t->db, turn);
+		ret = cb_db_turns_map_set_turn(t->db, turn);
 	if (!ret)
-		ret = cb_tdb_commit(t->db);
+		ret = cb_db_turns_commit(t->db);
 	if (ret)
-		cb_tdb_rollback(t->db);
+		cb_db_turns_rollback(t->db);
 	return ret;
 }
 
 int cb_ws_snapshot(struct cb_turns *t, long long turn, const struct cb_dirty *dirty, size_t n,
 		   const char *label, struct cb_diff *changes)
 {
-	long long latest = cb_tdb_turn_latest(t->db);
+	long long latest = cb_db_turns_latest(t->db);
 	struct ws_pathset set = {0};
 	struct snap_item *items = NULL;
 	int ret;

@@ -207,7 +207,7 @@ Test(snapshot, first_is_base_then_incremental, .init = setup, .fini = teardown)
 	cr_assert_eq(ch.ev[0].kind, CB_DIFF_CREATED);
 	cr_assert_eq(ch.ev[1].kind, CB_DIFF_MODIFIED);
 	cr_assert_eq(ch.ev[1].new.pid, 42);
-	cb_diff_free(&ch);
+	cb_ws_diff_free(&ch);
 	/* the old content is the base's; the new content was kept as a blob */
 	cr_assert_eq(cb_ws_entry_at(T, "src/a.c", 2, &e), 0);
 	{
@@ -280,7 +280,7 @@ Test(snapshot, first_hash_reports_progress, .init = setup, .fini = teardown)
 	cr_assert_eq(seen.bytes_total, 24);
 	/* the base is cached now: the next map build hashes nothing and says nothing */
 	seen.calls = 0;
-	cr_assert_eq(cb_tdb_map_set_turn(cb_turns_db(T), -1), 0);
+	cr_assert_eq(cb_db_turns_map_set_turn(cb_turns_db(T), -1), 0);
 	assert_live_is_map();
 	cr_assert_eq(seen.calls, 0);
 }
@@ -341,7 +341,7 @@ Test(rollback, back_and_forth, .init = setup, .fini = teardown)
 		}
 		cr_assert(seen_type && seen_mode && seen_del);
 	}
-	cb_diff_free(&d);
+	cb_ws_diff_free(&d);
 	/* back to turn 1 */
 	cr_assert_eq(cb_ws_rollback(T, 1, NULL, 0, &touched), 0, "%s", cb_error_message());
 	cr_assert_gt(touched, 5);
@@ -402,7 +402,7 @@ Test(prune, folds_and_frees, .init = setup, .fini = teardown)
 	/* the base and the kept turn are whole: 0 -> 4 still diffs, rollback to 0 and back */
 	cr_assert_eq(cb_ws_diff(T, 0, 4, NULL, 0, &diff), 0);
 	cr_assert_eq(diff.n, 1);
-	cb_diff_free(&diff);
+	cb_ws_diff_free(&diff);
 	cr_assert_eq(cb_ws_rollback(T, 0, NULL, 0, &touched), 0, "%s", cb_error_message());
 	cr_assert_eq(touched, 1);
 	snap(5, d, 1);
@@ -422,7 +422,7 @@ static int ignore_entry(const struct cb_entry *e, void *arg)
 Test(fork, upper_holds_only_the_difference, .init = setup, .fini = teardown)
 {
 	char up[400], fdb[400], fblobs[400], p[600];
-	struct cb_tdb *db;
+	struct cb_db_turns *db;
 	struct stat st;
 	struct cb_entry e = {0};
 
@@ -453,9 +453,9 @@ Test(fork, upper_holds_only_the_difference, .init = setup, .fini = teardown)
 	cr_assert_eq(lstat(p, &st), 0);
 	cr_assert(S_ISLNK(st.st_mode));
 	/* the fork's db has turn 1, and its blob store holds what turn 1 needs */
-	cr_assert_eq(cb_tdb_open(fdb, &db), 0);
-	cr_assert_eq(cb_tdb_turn_latest(db), 1);
-	cr_assert_eq(cb_tdb_delta_at(db, "lib/a.c", 1, &e), 1);
+	cr_assert_eq(cb_db_turns_open(fdb, &db), 0);
+	cr_assert_eq(cb_db_turns_latest(db), 1);
+	cr_assert_eq(cb_db_turns_delta_at(db, "lib/a.c", 1, &e), 1);
 	{
 		int fb = open(fblobs, O_RDONLY | O_DIRECTORY);
 
@@ -463,7 +463,7 @@ Test(fork, upper_holds_only_the_difference, .init = setup, .fini = teardown)
 		close(fb);
 	}
 	cb_entry_clear(&e);
-	cb_tdb_close(db);
+	cb_db_turns_close(db);
 	/* The fork's first map build imports the base cache instead of hashing the base again:
 	 * a same-size rewrite of a base file with its mtime put back (cache key unchanged) still
 	 * shows the cached hash there. */

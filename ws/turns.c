@@ -51,7 +51,7 @@ int cb_turns_open(const struct cb_turns_config *cfg, struct cb_turns **out)
 		ret = cb_error_set(ENOMEM, "turns: out of memory");
 		goto out;
 	}
-	ret = cb_tdb_open(cfg->db_path, &t->db);
+	ret = cb_db_turns_open(cfg->db_path, &t->db);
 out:
 	if (ret)
 		cb_turns_close(t);
@@ -64,7 +64,7 @@ void cb_turns_close(struct cb_turns *t)
 {
 	if (!t)
 		return;
-	cb_tdb_close(t->db);
+	cb_db_turns_close(t->db);
 	free(t->db_path);
 	if (t->root_fd >= 0)
 		close(t->root_fd);
@@ -75,7 +75,7 @@ void cb_turns_close(struct cb_turns *t)
 	free(t);
 }
 
-struct cb_tdb *cb_turns_db(struct cb_turns *t)
+struct cb_db_turns *cb_turns_db(struct cb_turns *t)
 {
 	return t->db;
 }
@@ -198,8 +198,8 @@ int ws_base_entry(struct cb_turns *t, const char *path, struct cb_entry *out)
 	ret = entry_from_stat(t->base_fd, path, &st, out);
 	if (ret || out->type != CB_ENTRY_FILE)
 		return ret;
-	ret = cb_tdb_base_cache_get(t->db, path, st.st_size, stat_mtime_ns(&st),
-				    (long long)st.st_ino, out->sha256, out->xxh3);
+	ret = cb_db_turns_base_cache_get(t->db, path, st.st_size, stat_mtime_ns(&st),
+					 (long long)st.st_ino, out->sha256, out->xxh3);
 	if (ret)
 		return ret < 0 ? ret : 0;
 	/* Not cached, or changed behind our back since it was: hash what is there now. */
@@ -209,8 +209,8 @@ int ws_base_entry(struct cb_turns *t, const char *path, struct cb_entry *out)
 	memcpy(out->sha256, h.sha256, CB_SHA256_LEN);
 	memcpy(out->xxh3, h.xxh3, CB_XXH128_LEN);
 	out->size = st.st_size;
-	return cb_tdb_base_cache_put(t->db, path, st.st_size, stat_mtime_ns(&st),
-				     (long long)st.st_ino, h.sha256, h.xxh3);
+	return cb_db_turns_base_cache_put(t->db, path, st.st_size, stat_mtime_ns(&st),
+					  (long long)st.st_ino, h.sha256, h.xxh3);
 }
 
 /* Hash the live file, keeping a blob when its content is not the base's at that path:
@@ -304,17 +304,17 @@ int ws_live_entry(struct cb_turns *t, const char *path, int keep_blob, struct cb
 
 int ws_turn_check(struct cb_turns *t, long long turn)
 {
-	long long oldest = cb_tdb_turn_oldest(t->db);
+	long long oldest = cb_db_turns_oldest(t->db);
 
 	if (turn < 0)
 		return cb_error_set(EINVAL, "turn %lld: turns are numbered from 0 (the base)",
 				    turn);
-	if (!cb_tdb_turn_exists(t->db, turn)) {
+	if (!cb_db_turns_exists(t->db, turn)) {
 		if (turn > 0 && turn < oldest)
 			return cb_error_set(ENOENT, "turn %lld was pruned (oldest kept: %lld)",
 					    turn, oldest);
 		return cb_error_set(ENOENT, "turn %lld does not exist (latest: %lld)", turn,
-				    cb_tdb_turn_latest(t->db));
+				    cb_db_turns_latest(t->db));
 	}
 	return 0;
 }
@@ -331,7 +331,7 @@ int ws_entry_at(struct cb_turns *t, const char *path, long long turn, struct cb_
 	/* One index seek on (path, turn); the map would be no faster and has no tombstones to
 	 * say who deleted a path. */
 	cb_entry_clear(out);
-	ret = cb_tdb_delta_at(t->db, path, turn, out);
+	ret = cb_db_turns_delta_at(t->db, path, turn, out);
 	if (ret < 0)
 		return ret;
 	if (ret == 0)
@@ -429,7 +429,7 @@ int ws_dirty_expand(struct cb_turns *t, const struct cb_dirty *dirty, size_t n,
 		ret = ws_pathset_add(set, d->path, d->pid, d->comm);
 		if (ret)
 			break;
-		ret = cb_tdb_map_get(t->db, d->path, &old);
+		ret = cb_db_turns_map_get(t->db, d->path, &old);
 		if (ret < 0)
 			break;
 		old_dir = ret == 1 && old.type == CB_ENTRY_DIR;
@@ -439,7 +439,7 @@ int ws_dirty_expand(struct cb_turns *t, const struct cb_dirty *dirty, size_t n,
 		ret = 0;
 		/* What the map had below it is gone or moved unless it is still the same dir. */
 		if (old_dir && (d->subtree || !live_dir))
-			ret = cb_tdb_map_list(t->db, d->path, expand_old, &a);
+			ret = cb_db_turns_map_list(t->db, d->path, expand_old, &a);
 		/* A new or moved-in directory: everything in it is new to the map. */
 		if (!ret && live_dir && (d->subtree || !old_dir))
 			ret = walk_dir(t->root_fd, d->path, set, d->pid, d->comm);

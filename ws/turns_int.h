@@ -6,7 +6,7 @@
 #include "cowbox/turns.h"
 
 struct cb_turns {
-	struct cb_tdb *db;
+	struct cb_db_turns *db;
 	char *db_path; /* meta.db, for a fork to import the base cache from */
 	int root_fd;   /* the live tree */
 	int base_fd;   /* -1: an empty base */

@@ -1,5 +1,5 @@
 /* Turns: incremental snapshots of a workspace, diffs between any two turns, rollback, prune
- * and fork. db/turns.c keeps the maps and deltas (cb_tdb_), ws/ computes them (cb_ws_). */
+ * and fork. db/turns.c keeps the maps and deltas (cb_db_turns_), ws/ computes them (cb_ws_). */
 #ifndef COWBOX_TURNS_H
 #define COWBOX_TURNS_H
 
@@ -51,31 +51,39 @@ void cb_hex(const unsigned char *bytes, size_t n, char *out);
 
 /* ---- db/turns.c: the turn store in meta.db ---- */
 
-struct cb_tdb;
+struct cb_db_turns;
 
 /* The SQL of the turn tables, run as migration 2 of meta.db (idempotent). */
-extern const char cb_tdb_schema_sql[];
+extern const char cb_db_turns_schema_sql[];
 
 /* Open a connection of its own to the workspace database at path (creating the turn tables
  * if the migration has not), so turn transactions never interleave with the journal's. */
-int cb_tdb_open(const char *path, struct cb_tdb **out);
-void cb_tdb_close(struct cb_tdb *t);
+int cb_db_turns_open(const char *path, struct cb_db_turns **out);
+/* Finalize and close; NULL is accepted. */
+void cb_db_turns_close(struct cb_db_turns *t);
 
-int cb_tdb_begin(struct cb_tdb *t);
-int cb_tdb_commit(struct cb_tdb *t);
-void cb_tdb_rollback(struct cb_tdb *t);
+/* A write transaction (the write lock taken at once), its commit, and its rollback (a no-op
+ * outside a transaction, so cleanup paths can always call it). */
+int cb_db_turns_begin(struct cb_db_turns *t);
+int cb_db_turns_commit(struct cb_db_turns *t);
+void cb_db_turns_rollback(struct cb_db_turns *t);
 
 /* Base hash cache by (path, size, mtime_ns, ino): returns 1 and fills the hashes on a hit,
  * 0 on a miss (also when the file changed since it was cached). */
-int cb_tdb_base_cache_get(struct cb_tdb *t, const char *path, long long size, long long mtime_ns,
-			  long long ino, unsigned char *sha256, unsigned char *xxh3);
-int cb_tdb_base_cache_put(struct cb_tdb *t, const char *path, long long size, long long mtime_ns,
-			  long long ino, const unsigned char *sha256, const unsigned char *xxh3);
+int cb_db_turns_base_cache_get(struct cb_db_turns *t, const char *path, long long size,
+			       long long mtime_ns, long long ino, unsigned char *sha256,
+			       unsigned char *xxh3);
+/* Remember a base file's hashes under its current key (replacing an older row). */
+int cb_db_turns_base_cache_put(struct cb_db_turns *t, const char *path, long long size,
+			       long long mtime_ns, long long ino, const unsigned char *sha256,
+			       const unsigned char *xxh3);
 
 /* A fork remembers the database it came from; its first map build imports that base cache
- * (cb_tdb_base_cache_import) instead of hashing the shared base again. */
-int cb_tdb_base_cache_from(struct cb_tdb *t, const char *db_path);
-int cb_tdb_base_cache_import(struct cb_tdb *t);
+ * (cb_db_turns_base_cache_import) instead of hashing the shared base again. */
+int cb_db_turns_base_cache_from(struct cb_db_turns *t, const char *db_path);
+/* Import (once) the base cache of the database recorded by cb_db_turns_base_cache_from; a
+ * source that is gone is skipped. */
+int cb_db_turns_base_cache_import(struct cb_db_turns *t);
 
 /* A recorded turn. */
 struct cb_turn_info {
@@ -86,44 +94,49 @@ struct cb_turn_info {
 };
 
 /* Record a turn; in the same transaction the journal's open turn (meta) becomes turn + 1. */
-int cb_tdb_turn_add(struct cb_tdb *t, long long turn, double time, const char *label,
+int cb_db_turns_add(struct cb_db_turns *t, long long turn, double time, const char *label,
 		    long long changes);
 struct cb_db;
 /* Tell the journal's in-memory state that new changes belong to turn (db/journal.c). */
-void cb_tdb_journal_advance(struct cb_db *db, long long turn);
+void cb_db_turns_journal_advance(struct cb_db *db, long long turn);
 /* The newest recorded turn (0 if none) and the oldest still kept (0 if none). */
-long long cb_tdb_turn_latest(struct cb_tdb *t);
-long long cb_tdb_turn_oldest(struct cb_tdb *t);
+long long cb_db_turns_latest(struct cb_db_turns *t);
+long long cb_db_turns_oldest(struct cb_db_turns *t);
 /* 1 if turn is recorded (turn 0, the base, always is), 0 if not. */
-int cb_tdb_turn_exists(struct cb_tdb *t, long long turn);
-int cb_tdb_turn_list(struct cb_tdb *t, int (*fn)(const struct cb_turn_info *, void *), void *arg);
+int cb_db_turns_exists(struct cb_db_turns *t, long long turn);
+/* Call fn for every recorded turn, oldest first; a non-zero return stops and is returned. */
+int cb_db_turns_list(struct cb_db_turns *t, int (*fn)(const struct cb_turn_info *, void *),
+		     void *arg);
 
 /* Record that path became e (e->type == CB_ENTRY_ABSENT: deleted) in turn. */
-int cb_tdb_delta_put(struct cb_tdb *t, long long turn, const struct cb_entry *e);
+int cb_db_turns_delta_put(struct cb_db_turns *t, long long turn, const struct cb_entry *e);
 /* The newest delta row of path at or before turn: 1 and *out filled (maybe a tombstone),
  * or 0 if no turn up to `turn` changed it (the base entry applies). */
-int cb_tdb_delta_at(struct cb_tdb *t, const char *path, long long turn, struct cb_entry *out);
+int cb_db_turns_delta_at(struct cb_db_turns *t, const char *path, long long turn,
+			 struct cb_entry *out);
 /* Each distinct path changed in a turn in (from, to], sorted. */
-int cb_tdb_delta_paths(struct cb_tdb *t, long long from, long long to,
-		       int (*fn)(const char *path, void *), void *arg);
+int cb_db_turns_delta_paths(struct cb_db_turns *t, long long from, long long to,
+			    int (*fn)(const char *path, void *), void *arg);
 
 /* The materialized map of the latest turn. map_turn is the turn it reflects, -1 if it was
  * never built (it is built on demand from the base and the deltas). */
-long long cb_tdb_map_turn(struct cb_tdb *t);
-int cb_tdb_map_set_turn(struct cb_tdb *t, long long turn);
-int cb_tdb_map_get(struct cb_tdb *t, const char *path, struct cb_entry *out);
-int cb_tdb_map_put(struct cb_tdb *t, const struct cb_entry *e);
-int cb_tdb_map_del(struct cb_tdb *t, const char *path);
-int cb_tdb_map_clear(struct cb_tdb *t);
+long long cb_db_turns_map_turn(struct cb_db_turns *t);
+int cb_db_turns_map_set_turn(struct cb_db_turns *t, long long turn);
+/* 1 and *out (owned) if the map has path, 0 if not. */
+int cb_db_turns_map_get(struct cb_db_turns *t, const char *path, struct cb_entry *out);
+/* Insert or replace e; delete one path; empty the map. */
+int cb_db_turns_map_put(struct cb_db_turns *t, const struct cb_entry *e);
+int cb_db_turns_map_del(struct cb_db_turns *t, const char *path);
+int cb_db_turns_map_clear(struct cb_db_turns *t);
 /* Every entry (prefix NULL) or every entry strictly below directory prefix, sorted by path
  * in byte order. */
-int cb_tdb_map_list(struct cb_tdb *t, const char *prefix,
-		    int (*fn)(const struct cb_entry *, void *), void *arg);
+int cb_db_turns_map_list(struct cb_db_turns *t, const char *prefix,
+			 int (*fn)(const struct cb_entry *, void *), void *arg);
 
 /* Fold every turn before keep_from into keep_from and forget them. */
-int cb_tdb_prune(struct cb_tdb *t, long long keep_from);
+int cb_db_turns_prune(struct cb_db_turns *t, long long keep_from);
 /* 1 if some remaining turn or the map needs the blob with this xxh3, else 0. */
-int cb_tdb_blob_needed(struct cb_tdb *t, const unsigned char *xxh3);
+int cb_db_turns_blob_needed(struct cb_db_turns *t, const unsigned char *xxh3);
 
 /* ---- ws/hash.c ---- */
 
@@ -168,7 +181,8 @@ int cb_ws_blob_usage_dir(const char *blob_dir, long long *count, long long *byte
 /* Remove every blob for which needed() says 0; *freed gets the bytes returned. */
 int cb_ws_blob_gc(int blob_fd, int (*needed)(const unsigned char *xxh3, void *), void *arg,
 		  long long *removed, long long *freed);
-/* Hard-link every blob needed() wants from one store into another (copy across devices). */
+/* Hard-link the blob xxh3 from one store into another (a copy across devices); present
+ * already is fine. */
 int cb_ws_blob_share(int from_fd, int to_fd, const unsigned char *xxh3);
 
 /* ---- ws/: turns of a live tree ---- */
@@ -188,9 +202,13 @@ struct cb_turns_config {
 	void *progress_arg;
 };
 
+/* Open the turns of one workspace: its turn store, blob store, base and live tree. The
+ * handle is for one thread at a time (the daemon holds its turn lock around it). */
 int cb_turns_open(const struct cb_turns_config *cfg, struct cb_turns **out);
+/* Close everything; NULL is accepted. */
 void cb_turns_close(struct cb_turns *t);
-struct cb_tdb *cb_turns_db(struct cb_turns *t);
+/* The turn store underneath, for listing turns. */
+struct cb_db_turns *cb_turns_db(struct cb_turns *t);
 
 /* A path the journal says changed in the open turn. */
 struct cb_dirty {
@@ -214,14 +232,16 @@ struct cb_diff_event {
 	struct cb_entry new; /* type ABSENT when deleted; carries the attribution */
 };
 
-/* A sorted list of events; free with cb_diff_free. */
+/* A sorted list of events; free with cb_ws_diff_free. */
 struct cb_diff {
 	struct cb_diff_event *ev;
 	size_t n, cap;
 };
 
-void cb_diff_free(struct cb_diff *d);
-const char *cb_diff_kind_name(enum cb_diff_kind kind);
+/* Free the events and reset the list to empty. */
+void cb_ws_diff_free(struct cb_diff *d);
+/* "created", "modified", "deleted", "type_changed", "mode_changed"; "unknown" otherwise. */
+const char *cb_ws_diff_kind_name(enum cb_diff_kind kind);
 
 /* Record turn `turn` (the open turn, which the caller has just closed in the journal) from
  * the paths the journal names, rehashing only those through the live tree; on the first

@@ -1,5 +1,5 @@
-/* The runner's caller side: starts the shim, pumps stdin and output, enforces the timeout,
- * the output cap and the 2 s drain after exit, and turns what happened into a result. */
+/* The runner's caller side: starts the shim, supervises it (timeout, output cap, the 2 s
+ * drain after exit) and turns what happened into a result. */
 #include "config.h"
 
 #include <errno.h>
@@ -21,153 +21,7 @@
 #include "cowbox/error.h"
 #include "cowbox/exec.h"
 #include "internal.h"
-
-struct stream {
-	int fd;
-	char *buf;
-	size_t len, cap;
-};
-
-struct cb_exec {
-	pid_t shim;
-	int ctl; /* -1 once closed; guarded by ctl_lock */
-	pthread_mutex_t ctl_lock;
-	int in_w; /* stdin pipe (or pty master) for writing; guarded by in_lock */
-	pthread_mutex_t in_lock;
-	int tty_master;
-	int stdin_src; /* tty + CB_EXEC_STDIN_FD: copied to the master by the loop */
-	const char *in_data;
-	size_t in_len, in_off;
-	int in_bytes; /* the loop writes in_data */
-	struct stream out, err;
-	struct cb_exec_callbacks cb;
-	double timeout, grace;
-	size_t limit, keep, total;
-	struct cb_cgroup *cg;
-	struct cb_ns_plan *ns;
-	char *shell_argv[4];
-	char *cwd; /* the sandbox path of spec->cwd */
-	char setup_error[600];
-	int killed, waited;
-	int sigkill_sent; /* a SIGKILL went to the tree before the command's status came */
-	double t0;
-};
-
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-/* Move fd above 2 so the child's dup2 onto 0-2 never clobbers another of its fds. */
-static int fd_above_2(int fd)
-{
-	if (fd < 0 || fd > 2)
-		return fd;
-	int n = fcntl(fd, F_DUPFD_CLOEXEC, 3);
-	close(fd);
-	return n;
-}
-
-static int make_pipe(int fds[2])
-{
-	if (pipe2(fds, O_CLOEXEC) < 0)
-		return -errno;
-	fds[0] = fd_above_2(fds[0]);
-	fds[1] = fd_above_2(fds[1]);
-	return (fds[0] < 0 || fds[1] < 0) ? -EMFILE : 0;
-}
-
-static void close_fd(int *fd)
-{
-	if (*fd >= 0)
-		close(*fd);
-	*fd = -1;
-}
-
-/* write() that turns a closed reader into -EPIPE instead of killing us with SIGPIPE. */
-static ssize_t write_nosigpipe(int fd, const void *buf, size_t len)
-{
-	sigset_t pipe_set, old, pending;
-	sigemptyset(&pipe_set);
-	sigaddset(&pipe_set, SIGPIPE);
-	sigpending(&pending);
-	int was_pending = sigismember(&pending, SIGPIPE);
-	pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
-	ssize_t n = write(fd, buf, len);
-	int saved = errno;
-	if (n < 0 && saved == EPIPE && !was_pending) {
-		struct timespec zero = {0, 0};
-		sigtimedwait(&pipe_set, NULL, &zero);
-	}
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	errno = saved;
-	return n;
-}
-
-static int send_kill(struct cb_exec *h, int sig)
-{
-	char msg[1 + sizeof(int)];
-	int rc = 0;
-	msg[0] = CB_MSG_KILL;
-	memcpy(msg + 1, &sig, sizeof sig);
-	pthread_mutex_lock(&h->ctl_lock);
-	if (h->ctl >= 0 && send(h->ctl, msg, sizeof msg, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
-		rc = -errno;
-	else if (h->ctl >= 0 && sig == SIGKILL)
-		h->sigkill_sent = 1;
-	pthread_mutex_unlock(&h->ctl_lock);
-	return rc;
-}
-
-static int open_pty(const struct cb_exec_spec *spec, int *master, int *slave)
-{
-	char name[128];
-	*master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
-	if (*master < 0)
-		return cb_error_set(errno, "open a pseudo-terminal: %s", strerror(errno));
-	if (grantpt(*master) < 0 || unlockpt(*master) < 0 || ptsname_r(*master, name, sizeof name))
-		return cb_error_set(errno, "set up the pseudo-terminal: %s", strerror(errno));
-	*slave = fd_above_2(open(name, O_RDWR | O_NOCTTY | O_CLOEXEC));
-	*master = fd_above_2(*master);
-	if (*slave < 0 || *master < 0)
-		return cb_error_set(errno, "open %s: %s", name, strerror(errno));
-	struct winsize ws = {.ws_row = spec->tty_rows ? spec->tty_rows : 24,
-			     .ws_col = spec->tty_cols ? spec->tty_cols : 80};
-	ioctl(*master, TIOCSWINSZ, &ws);
-	return 0;
-}
-
-/* Wait for the sandbox's pty master (or the reason there is none). */
-static int recv_tty_master(struct cb_exec *h)
-{
-	char buf[600];
-	union {
-		char space[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr align;
-	} u;
-	struct iovec iov = {.iov_base = buf, .iov_len = sizeof buf - 1};
-	struct msghdr msg = {.msg_iov = &iov,
-			     .msg_iovlen = 1,
-			     .msg_control = u.space,
-			     .msg_controllen = sizeof u.space};
-	ssize_t n;
-	while ((n = recvmsg(h->ctl, &msg, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
-		;
-	struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&msg) : NULL;
-	if (n > 0 && buf[0] == CB_MSG_TTY && c && c->cmsg_type == SCM_RIGHTS) {
-		int fd;
-		memcpy(&fd, CMSG_DATA(c), sizeof fd);
-		h->tty_master = h->out.fd = h->in_w = fd_above_2(fd);
-		return 0;
-	}
-	if (n > 0 && buf[0] == CB_MSG_ERROR) {
-		buf[n] = 0;
-		return cb_error_set(EIO, "exec: sandbox setup: %s", buf + 1);
-	}
-	return cb_error_set(EIO, "exec: the sandbox ended before its terminal was ready");
-}
+#include "run.h"
 
 static const char *env_path(char *const *env)
 {
@@ -190,7 +44,7 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 	h->ctl = h->in_w = h->tty_master = h->stdin_src = h->out.fd = h->err.fd = -1;
 	pthread_mutex_init(&h->ctl_lock, NULL);
 	pthread_mutex_init(&h->in_lock, NULL);
-	h->t0 = now();
+	h->t0 = cb_exec_now();
 	if (cb)
 		h->cb = *cb;
 	h->timeout = spec->timeout;
@@ -221,7 +75,7 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 		plan.rows = spec->tty_rows;
 		plan.cols = spec->tty_cols;
 	} else if (spec->tty) {
-		if ((rc = open_pty(spec, &h->tty_master, &slave)) < 0)
+		if ((rc = cb_exec_pty_open(spec, &h->tty_master, &slave)) < 0)
 			goto fail;
 		plan.tty = slave;
 		h->out.fd = h->tty_master;
@@ -229,26 +83,26 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 		if (spec->stdin_kind == CB_EXEC_STDIN_FD)
 			h->stdin_src = spec->stdin_fd;
 	} else {
-		if ((rc = make_pipe(o)) < 0 || (rc = make_pipe(e)) < 0) {
+		if ((rc = cb_exec_pipe(o)) < 0 || (rc = cb_exec_pipe(e)) < 0) {
 			rc = cb_error_set(-rc, "exec: pipe: %s", strerror(-rc));
 			goto fail;
 		}
 		if (spec->stdin_kind == CB_EXEC_STDIN_FD) {
-			plan.fd_in = fd_above_2(fcntl(spec->stdin_fd, F_DUPFD_CLOEXEC, 3));
+			plan.fd_in = cb_exec_fd_above_2(fcntl(spec->stdin_fd, F_DUPFD_CLOEXEC, 3));
 			if (plan.fd_in < 0) {
 				rc = cb_error_set(errno, "exec: stdin fd %d: %s", spec->stdin_fd,
 						  strerror(errno));
 				goto fail;
 			}
 		} else {
-			if ((rc = make_pipe(in)) < 0) {
+			if ((rc = cb_exec_pipe(in)) < 0) {
 				rc = cb_error_set(-rc, "exec: pipe: %s", strerror(-rc));
 				goto fail;
 			}
 			plan.fd_in = in[0];
 			in[0] = -1;
 			if (spec->stdin_kind == CB_EXEC_STDIN_CLOSED) {
-				close_fd(&in[1]);
+				cb_exec_close_fd(&in[1]);
 			} else {
 				h->in_w = in[1];
 				in[1] = -1;
@@ -270,8 +124,8 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 		rc = cb_error_set(errno, "exec: socketpair: %s", strerror(errno));
 		goto fail;
 	}
-	sp[0] = fd_above_2(sp[0]);
-	sp[1] = fd_above_2(sp[1]);
+	sp[0] = cb_exec_fd_above_2(sp[0]);
+	sp[1] = cb_exec_fd_above_2(sp[1]);
 	plan.ctl = sp[1];
 	h->ctl = sp[0];
 	sp[0] = -1;
@@ -349,11 +203,11 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 	if (pid == 0)
 		cb_exec_shim_main(&plan);
 	h->shim = pid;
-	close_fd(&sp[1]);
-	close_fd(&plan.fd_in);
-	close_fd(&plan.fd_out);
-	close_fd(&plan.fd_err);
-	close_fd(&slave);
+	cb_exec_close_fd(&sp[1]);
+	cb_exec_close_fd(&plan.fd_in);
+	cb_exec_close_fd(&plan.fd_out);
+	cb_exec_close_fd(&plan.fd_err);
+	cb_exec_close_fd(&slave);
 	if (plan.wait_go) {
 		char go = CB_MSG_GO;
 		if (h->ns->userns && (rc = cb_ns_write_maps(h->ns, pid)) < 0)
@@ -363,7 +217,7 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 		send(h->ctl, &go, 1, MSG_NOSIGNAL);
 	}
 	if (plan.sandbox_tty) {
-		if ((rc = recv_tty_master(h)) < 0)
+		if ((rc = cb_exec_pty_receive(h)) < 0)
 			goto fail_child;
 		if (spec->stdin_kind == CB_EXEC_STDIN_FD)
 			h->stdin_src = spec->stdin_fd;
@@ -376,94 +230,20 @@ fail_child:
 		;
 	h->shim = 0;
 fail:
-	close_fd(&in[0]);
-	close_fd(&in[1]);
-	close_fd(&o[0]);
-	close_fd(&o[1]);
-	close_fd(&e[0]);
-	close_fd(&e[1]);
-	close_fd(&sp[0]);
-	close_fd(&sp[1]);
-	close_fd(&slave);
-	close_fd(&plan.fd_in);
-	close_fd(&plan.fd_out);
-	close_fd(&plan.fd_err);
+	cb_exec_close_fd(&in[0]);
+	cb_exec_close_fd(&in[1]);
+	cb_exec_close_fd(&o[0]);
+	cb_exec_close_fd(&o[1]);
+	cb_exec_close_fd(&e[0]);
+	cb_exec_close_fd(&e[1]);
+	cb_exec_close_fd(&sp[0]);
+	cb_exec_close_fd(&sp[1]);
+	cb_exec_close_fd(&slave);
+	cb_exec_close_fd(&plan.fd_in);
+	cb_exec_close_fd(&plan.fd_out);
+	cb_exec_close_fd(&plan.fd_err);
 	cb_exec_free(h);
 	return rc;
-}
-
-/* Take a chunk of output: hand it to the callback and keep it while under the cap. */
-static void take_output(struct cb_exec *h, struct stream *s, int stream, const char *buf, size_t n)
-{
-	if (h->cb.on_output && h->cb.on_output(h->cb.arg, stream, buf, n)) {
-		h->killed = 1;
-		send_kill(h, SIGKILL);
-	}
-	if (h->total > h->limit)
-		return; /* already over: discard */
-	h->total += n;
-	if (h->total > h->limit) {
-		send_kill(h, SIGKILL);
-		n -= h->total - h->limit; /* store up to the cap, cut below */
-	}
-	if (s->len + n + 1 > s->cap) {
-		size_t cap = s->cap ? s->cap : 4096;
-		while (cap < s->len + n + 1)
-			cap *= 2;
-		char *nb = realloc(s->buf, cap);
-		if (!nb)
-			return;
-		s->buf = nb;
-		s->cap = cap;
-	}
-	memcpy(s->buf + s->len, buf, n);
-	s->len += n;
-}
-
-/* Read what is there; returns 0 at end of file (or EIO on a pty whose slave is gone). */
-static int pump_output(struct cb_exec *h, struct stream *s, int stream)
-{
-	char buf[65536];
-	ssize_t n = read(s->fd, buf, sizeof buf);
-	if (n < 0 && (errno == EAGAIN || errno == EINTR))
-		return 1;
-	if (n <= 0)
-		return 0;
-	take_output(h, s, stream, buf, (size_t)n);
-	return 1;
-}
-
-static void pump_stdin_bytes(struct cb_exec *h)
-{
-	pthread_mutex_lock(&h->in_lock);
-	while (h->in_w >= 0 && h->in_off < h->in_len) {
-		ssize_t n = write_nosigpipe(h->in_w, (const char *)h->in_data + h->in_off,
-					    h->in_len - h->in_off);
-		if (n < 0 && errno == EAGAIN)
-			break;
-		if (n <= 0) {
-			h->in_off = h->in_len;
-			break;
-		}
-		h->in_off += (size_t)n;
-	}
-	if (h->in_w >= 0 && h->in_off >= h->in_len) {
-		close_fd(&h->in_w);
-		h->in_bytes = 0;
-	}
-	pthread_mutex_unlock(&h->in_lock);
-}
-
-static void pump_stdin_src(struct cb_exec *h)
-{
-	char buf[4096];
-	ssize_t n = read(h->stdin_src, buf, sizeof buf);
-	if (n <= 0) {
-		if (n == 0 || (errno != EAGAIN && errno != EINTR))
-			h->stdin_src = -1;
-		return;
-	}
-	cb_exec_stdin_write(h, buf, (size_t)n);
 }
 
 /* One datagram from the shim; returns 0 when the shim has gone. */
@@ -508,7 +288,7 @@ int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res)
 	if (src >= 0 && src_flags >= 0)
 		fcntl(src, F_SETFL, src_flags | O_NONBLOCK);
 	for (;;) {
-		double t = now();
+		double t = cb_exec_now();
 		if ((have_status || !shim_alive) && !ended) {
 			ended = t;
 			drain_until = t + CB_EXEC_EXIT_DRAIN;
@@ -518,12 +298,12 @@ int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res)
 		if (deadline && !term_sent && t >= deadline && !ended) {
 			res->timed_out = 1;
 			term_sent = 1;
-			send_kill(h, SIGTERM);
+			cb_exec_send_kill(h, SIGTERM);
 			kill_at = t + h->grace;
 		}
 		if (term_sent && !kill_sent && t >= kill_at) {
 			kill_sent = 1;
-			send_kill(h, SIGKILL);
+			cb_exec_send_kill(h, SIGKILL);
 		}
 		double wake = ended ? drain_until : 0;
 		if (deadline && !term_sent && (!wake || deadline < wake))
@@ -548,30 +328,30 @@ int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res)
 			rc = cb_error_set(errno, "exec: poll: %s", strerror(errno));
 			break;
 		}
-		if (i_out >= 0 && pf[i_out].revents && !pump_output(h, &h->out, 1)) {
+		if (i_out >= 0 && pf[i_out].revents && !cb_exec_pump_output(h, &h->out, 1)) {
 			if (h->out.fd == h->tty_master)
 				h->out.fd = -1; /* the master stays open for stdin until free */
 			else
-				close_fd(&h->out.fd);
+				cb_exec_close_fd(&h->out.fd);
 		}
-		if (i_err >= 0 && pf[i_err].revents && !pump_output(h, &h->err, 2))
-			close_fd(&h->err.fd);
+		if (i_err >= 0 && pf[i_err].revents && !cb_exec_pump_output(h, &h->err, 2))
+			cb_exec_close_fd(&h->err.fd);
 		if (i_ctl >= 0 && pf[i_ctl].revents && !pump_ctl(h, &status, &have_status))
 			shim_alive = 0;
 		if (i_in >= 0 && pf[i_in].revents)
-			pump_stdin_bytes(h);
+			cb_exec_pump_stdin_bytes(h);
 		if (i_src >= 0 && pf[i_src].revents)
-			pump_stdin_src(h);
+			cb_exec_pump_stdin_src(h);
 	}
 	int sigkill_before_exit = h->sigkill_sent;
 	if (!ended)
-		ended = now();
+		ended = cb_exec_now();
 	if (src >= 0 && src_flags >= 0)
 		fcntl(src, F_SETFL, src_flags); /* it may be the caller's terminal */
 	/* Whatever is left (background jobs, a stuck tree) goes now; then reap the shim. */
-	send_kill(h, SIGKILL);
+	cb_exec_send_kill(h, SIGKILL);
 	pthread_mutex_lock(&h->ctl_lock);
-	close_fd(&h->ctl);
+	cb_exec_close_fd(&h->ctl);
 	pthread_mutex_unlock(&h->ctl_lock);
 	int shim_status = 0;
 	while (waitpid(h->shim, &shim_status, 0) < 0 && errno == EINTR)
@@ -622,59 +402,7 @@ int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res)
 void cb_exec_kill(struct cb_exec *h, int sig)
 {
 	h->killed = 1;
-	send_kill(h, sig);
-}
-
-int cb_exec_stdin_write(struct cb_exec *h, const void *buf, size_t len)
-{
-	int rc = 0;
-	pthread_mutex_lock(&h->in_lock);
-	while (len > 0) {
-		if (h->in_w < 0) {
-			rc = -EPIPE;
-			break;
-		}
-		ssize_t n = write_nosigpipe(h->in_w, buf, len);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 && errno == EAGAIN) {
-			struct pollfd pf = {.fd = h->in_w, .events = POLLOUT};
-			poll(&pf, 1, 100);
-			continue;
-		}
-		if (n <= 0) {
-			rc = -(n < 0 ? errno : EPIPE);
-			break;
-		}
-		buf = (const char *)buf + n;
-		len -= (size_t)n;
-	}
-	pthread_mutex_unlock(&h->in_lock);
-	if (rc)
-		cb_error_set(-rc, "exec: write stdin: %s", strerror(-rc));
-	return rc;
-}
-
-int cb_exec_stdin_close(struct cb_exec *h)
-{
-	if (h->tty_master >= 0) {
-		char eof = 4; /* ^D: the line discipline's end of file */
-		return cb_exec_stdin_write(h, &eof, 1);
-	}
-	pthread_mutex_lock(&h->in_lock);
-	close_fd(&h->in_w);
-	pthread_mutex_unlock(&h->in_lock);
-	return 0;
-}
-
-int cb_exec_resize(struct cb_exec *h, unsigned short rows, unsigned short cols)
-{
-	struct winsize ws = {.ws_row = rows, .ws_col = cols};
-	if (h->tty_master < 0)
-		return cb_error_set(ENOTTY, "exec: resize: the command has no terminal");
-	if (ioctl(h->tty_master, TIOCSWINSZ, &ws) < 0)
-		return cb_error_set(errno, "exec: resize: %s", strerror(errno));
-	return 0;
+	cb_exec_send_kill(h, sig);
 }
 
 pid_t cb_exec_pid(const struct cb_exec *h)
@@ -687,18 +415,18 @@ void cb_exec_free(struct cb_exec *h)
 	if (!h)
 		return;
 	if (h->shim > 0) {
-		send_kill(h, SIGKILL);
-		close_fd(&h->ctl);
+		cb_exec_send_kill(h, SIGKILL);
+		cb_exec_close_fd(&h->ctl);
 		while (waitpid(h->shim, NULL, 0) < 0 && errno == EINTR)
 			;
 	}
-	close_fd(&h->ctl);
+	cb_exec_close_fd(&h->ctl);
 	if (h->in_w != h->tty_master)
-		close_fd(&h->in_w);
+		cb_exec_close_fd(&h->in_w);
 	if (h->out.fd != h->tty_master)
-		close_fd(&h->out.fd);
-	close_fd(&h->tty_master);
-	close_fd(&h->err.fd);
+		cb_exec_close_fd(&h->out.fd);
+	cb_exec_close_fd(&h->tty_master);
+	cb_exec_close_fd(&h->err.fd);
 	free(h->out.buf);
 	free(h->err.buf);
 	free(h->cwd);

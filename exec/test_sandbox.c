@@ -210,7 +210,7 @@ Test(sandbox, join_a_kept_network_namespace)
 	cr_assert(n > 0);
 	after[n] = 0;
 	cr_expect_str_eq(after, before, "the calling thread must be back in its own namespace");
-	sb.userns = 1; /* the user-namespace path joins from the parent's side */
+	sb.userns = 1;		/* the user-namespace path joins from the parent's side */
 	chmod(workspace, 0755); /* its root is host uid 65534 now */
 	struct cb_exec_result r = run_in(&sb, "readlink /proc/self/ns/net", 0);
 	cr_expect_str_eq(r.out, want);

@@ -5,6 +5,7 @@ pty shell, and a real cowbox workspace (FUSE mount) at /workspace."""
 import os
 import pty
 import shutil
+import signal
 import subprocess
 import time
 import unittest
@@ -97,6 +98,16 @@ class TestExecDir(ExecTestCase):
         p = self.run_exec("--", "sh", "-c", "sleep 60 & echo done")
         self.assertLess(time.monotonic() - t0, 4)
         self.assertEqual((p.returncode, p.stdout), (0, "done\n"))
+
+    def test_signals_to_cowbox_reach_the_command(self):
+        proc = subprocess.Popen([COWBOX, "exec", "--dir", self.ws, "--", "sh", "-c",
+                                 "trap 'echo got-int; exit 3' INT; echo ready; "
+                                 "while :; do sleep 0.05; done"],
+                                env=self.env, stdout=subprocess.PIPE, text=True)
+        self.assertEqual(proc.stdout.readline(), "ready\n")
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=10)
+        self.assertEqual((proc.returncode, out), (3, "got-int\n"))
 
     def test_stdin_reaches_the_command(self):
         p = self.run_exec("--", "wc", "-c", input="x" * 1000)

@@ -39,12 +39,13 @@ const char *cb_ws_state_name(enum cb_ws_state state)
 	}
 }
 
-int ws_check_complete(const char *db_path)
+int ws_open_complete(const char *db_path, struct cb_db **out)
 {
 	struct cb_db *db = NULL;
 	char *v = NULL;
 	int rc;
 
+	*out = NULL;
 	if (access(db_path, F_OK) < 0)
 		return cb_error_set(EUCLEAN, "%s is missing", db_path);
 	if ((rc = cb_db_open(db_path, &db)))
@@ -53,6 +54,18 @@ int ws_check_complete(const char *db_path)
 	if (rc == -ENOENT)
 		rc = cb_error_set(EUCLEAN, "%s has no creation mark", db_path);
 	free(v);
+	if (rc)
+		cb_db_close(db);
+	else
+		*out = db;
+	return rc;
+}
+
+int ws_check_complete(const char *db_path)
+{
+	struct cb_db *db;
+	int rc = ws_open_complete(db_path, &db);
+
 	cb_db_close(db);
 	return rc;
 }
@@ -227,14 +240,12 @@ static int ws_describe(const char *ref, struct cb_ws_info *out)
 	memcpy(out->ref, ref, CB_WS_REF_LEN + 1);
 	if ((rc = cb_ws_path(ref, NULL, &out->dir)) || (rc = cb_ws_path(ref, "meta.db", &dbpath)))
 		goto out;
-	rc = ws_check_complete(dbpath);
+	rc = ws_open_complete(dbpath, &db);
 	if (rc) {
 		out->state = rc == -EUCLEAN ? CB_WS_INCOMPLETE : CB_WS_BROKEN;
 		rc = 0;
 		goto out;
 	}
-	if ((rc = cb_db_open(dbpath, &db)))
-		goto out;
 	cb_db_meta_get(db, "name", &out->name);
 	cb_db_meta_get(db, "base", &out->base);
 	cb_error_clear();

@@ -19,4 +19,8 @@ int ws_name_lookup(const char *home, const char *name, char ref[CB_WS_REF_LEN + 
  * be read (corrupt, unreadable). */
 int ws_check_complete(const char *db_path);
 
+/* ws_check_complete that keeps the database open in *out on success (NULL otherwise). */
+struct cb_db;
+int ws_open_complete(const char *db_path, struct cb_db **out);
+
 #endif

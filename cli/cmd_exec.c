@@ -197,7 +197,11 @@ static int workspace_dir(const struct exec_opts *o, char **dir, char **name)
 	if (!*dir)
 		return cb_error_set(ENOENT, "%s: its daemon exited before the command started",
 				    ref);
-	struct cb_ws_info info;
+	if (!cb_ws_ref_syntax(o->ref)) {
+		*name = strdup(o->ref); /* given by name: no need to look it up */
+		return 0;
+	}
+	struct cb_ws_info info; /* (it also sizes upper/, so only when given a ref) */
 	if (cb_ws_info(ref, &info) == 0) {
 		*name = strdup(info.name ? info.name : ref);
 		cb_ws_info_free(&info);

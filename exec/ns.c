@@ -156,7 +156,8 @@ int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out)
 	}
 	p->nofile = sb->nofile ? sb->nofile : 1024;
 	p->memory_limited = sb->memory_mb > 0;
-	p->hostname = strdup(sb->hostname && *sb->hostname ? sb->hostname : "cowbox");
+	/* the kernel takes at most 64 bytes (HOST_NAME_MAX) */
+	p->hostname = strndup(sb->hostname && *sb->hostname ? sb->hostname : "cowbox", 64);
 	snprintf(buf, sizeof buf, "mode=1777,size=%lum", sb->tmp_mb ? sb->tmp_mb : 512);
 	p->tmp_opts = strdup(buf);
 	if (!p->hostname || !p->tmp_opts) {

@@ -71,9 +71,11 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 		  struct cb_exec **out);
 
 /* Supervise until the command and everything it started is gone, at most 2 s after the
- * command itself exits; fill res (free with cb_exec_result_free, also after an error). Returns
- * 0, or -errno when the sandbox could not be set up (the message says which step and why).
- * Call once. */
+ * command itself exits: output is read until every writer closes it or those 2 s pass, then
+ * whatever the command left running (background jobs, daemons, setsid'd or not) is killed,
+ * so a command never outlives its call. Fill res (free with cb_exec_result_free, also after an
+ * error). Returns 0, or -errno when the sandbox could not be set up (the message says which step
+ * and why). Call once. */
 int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res);
 
 /* Thread-safe: send sig to the whole tree of the command (SIGKILL also ends the supervisor).

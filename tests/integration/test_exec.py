@@ -109,6 +109,14 @@ class TestExecDir(ExecTestCase):
         out, _ = proc.communicate(timeout=10)
         self.assertEqual((proc.returncode, out), (3, "got-int\n"))
 
+    def test_nothing_outlives_the_call(self):
+        marker = "300.%d" % os.getpid()
+        for backend in ("ns", "local"):
+            p = self.run_exec("--backend", backend, "--", "sh", "-c",
+                              "setsid sleep %s >/dev/null 2>&1 & echo started" % marker)
+            self.assertEqual(p.stdout, "started\n", p.stderr)
+            self.assertEqual(host_pids_with(marker), [], backend)
+
     def test_stdin_reaches_the_command(self):
         p = self.run_exec("--", "wc", "-c", input="x" * 1000)
         self.assertEqual(p.stdout.strip(), "1000")

@@ -79,8 +79,8 @@ int cmd_umount(int argc, char **argv)
 	if (cb_ws_info(argv[optind], &info))
 		return cli_fail("umount", NULL);
 	was_mounted = info.state == CB_WS_MOUNTED;
-	/* A dead daemon's mount is detached too, so umount always leaves a clean state. */
-	if (cb_daemon_stop(info.ref, 30000) || cb_ws_unmount(info.mountpoint)) {
+	/* A dead daemon's mount and socket go too, so umount always leaves a clean state. */
+	if (cb_daemon_stop(info.ref, 30000) || cb_ws_clear_stale(info.ref)) {
 		cb_ws_info_free(&info);
 		return cli_fail("umount", NULL);
 	}

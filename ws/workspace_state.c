@@ -188,6 +188,74 @@ out:
 	return rc;
 }
 
+/* The mount point a dead daemon recorded in the lock, if a mount of this workspace (source
+ * "cowbox:<ref>") is still there: what a crash with `mount REF DIR` leaves behind. */
+static char *ws_dead_mountpoint(const char *ref)
+{
+	char *path = NULL, buf[4200], src[512], ours[64], *mnt = NULL;
+	int fd;
+	ssize_t n;
+
+	if (cb_ws_path(ref, "lock", &path))
+		return NULL;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	free(path);
+	if (fd < 0)
+		return NULL;
+	n = pread(fd, buf, sizeof(buf) - 1, 0);
+	close(fd);
+	buf[n > 0 ? n : 0] = '\0';
+	char *nl = strchr(buf, '\n'), *end = nl ? strchr(nl + 1, '\n') : NULL;
+
+	if (!end || nl[1] != '/')
+		return NULL;
+	*end = '\0';
+	snprintf(ours, sizeof(ours), "cowbox:%s", ref);
+	if (cb_ws_fuse_mount_source(nl + 1, src, sizeof(src)) && !strcmp(src, ours))
+		mnt = strdup(nl + 1);
+	return mnt;
+}
+
+int cb_ws_clear_stale(const char *ref)
+{
+	char *lock = NULL, *sock = NULL, *dir = NULL, *real = NULL, *mnt = NULL, *dead = NULL;
+	int fd = -1, rc;
+
+	if ((rc = cb_ws_path(ref, "lock", &lock)) ||
+	    (rc = cb_ws_path(ref, "control.sock", &sock)) || (rc = cb_ws_path(ref, NULL, &dir)))
+		goto out;
+	fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		rc = cb_error_set(errno, "open %s: %s", lock, strerror(errno));
+		goto out;
+	}
+	/* Holding the lock, nothing can be starting: what is left is a dead daemon's. */
+	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		rc = errno == EWOULDBLOCK
+			 ? cb_error_set(EBUSY, "workspace %s has a running daemon", ref)
+			 : cb_error_set(errno, "flock %s: %s", lock, strerror(errno));
+		goto out;
+	}
+	real = realpath(dir, NULL);
+	if ((rc = ws_pathf(&mnt, "%s/mnt", real ? real : dir)) || (rc = cb_ws_unmount(mnt)))
+		goto out;
+	dead = ws_dead_mountpoint(ref);
+	if (dead && (rc = cb_ws_unmount(dead)))
+		goto out;
+	if (unlink(sock) < 0 && errno != ENOENT)
+		rc = cb_error_set(errno, "remove %s: %s", sock, strerror(errno));
+out:
+	if (fd >= 0)
+		close(fd);
+	free(dead);
+	free(mnt);
+	free(real);
+	free(dir);
+	free(sock);
+	free(lock);
+	return rc;
+}
+
 static long long du_total;
 
 static int du_visit(const char *path, const struct stat *st, int type, struct FTW *ftw)
@@ -258,6 +326,12 @@ static int ws_describe(const char *ref, struct cb_ws_info *out)
 		free(real);
 		if (rc)
 			goto out;
+	}
+	char *dead = out->daemon_pid ? NULL : ws_dead_mountpoint(ref);
+
+	if (dead) {
+		free(out->mountpoint);
+		out->mountpoint = dead;
 	}
 	if (out->daemon_pid) {
 		out->state = CB_WS_MOUNTED;
@@ -433,6 +507,12 @@ int cb_ws_remove(const char *arg)
 			goto out;
 	}
 	if ((rc = cb_ws_unmount(mnt)))
+		goto out;
+	char *dead = ws_dead_mountpoint(ref);
+
+	rc = dead ? cb_ws_unmount(dead) : 0;
+	free(dead);
+	if (rc)
 		goto out;
 	if (!(rc = ws_pathf(&dbpath, "%s/meta.db", dir)) && access(dbpath, F_OK) == 0 &&
 	    cb_db_open(dbpath, &db) == 0 && cb_db_meta_get(db, "name", &name) == 0) {

@@ -78,6 +78,11 @@ int cb_ws_fuse_mount_source(const char *path, char *source, size_t size);
  * fusermount3 -u -z); 0 if nothing was mounted there. */
 int cb_ws_unmount(const char *path);
 
+/* Clean what a dead daemon left (its FUSE mounts of this workspace, the socket file) while
+ * holding the workspace lock, so that no daemon can be starting meanwhile; -EBUSY if one
+ * runs. Afterwards the workspace is "unmounted". */
+int cb_ws_clear_stale(const char *ref);
+
 /* "mounted", "unmounted", "stale", "incomplete", "broken". */
 const char *cb_ws_state_name(enum cb_ws_state state);
 

@@ -203,6 +203,27 @@ class TestCrash(CowboxTestCase):
                 self.assertEqual(f.read(), "base %d\n" % i)
         self.assertEqual(self.client(ref).request("ping")["ok"], True)
 
+    def test_kill9_at_a_chosen_mountpoint_then_umount_and_rm_clean_up(self):
+        ref = self.create()
+        where = os.path.join(self.tmp, "custom")
+        os.mkdir(where)
+        pid = self.mount(ref, where)
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(pid), 10, what="daemon to die")
+        self.assertTrue(is_fuse_mount(where))
+        info = self.cowbox_json("info", ref)
+        self.assertEqual((info["state"], info["mountpoint"]), ("stale", where))
+        self.cowbox("umount", ref)
+        self.assertFalse(is_fuse_mount(where))
+        self.assertEqual(self.cowbox_json("info", ref)["state"], "unmounted")
+        self.assertFalse(os.path.exists(os.path.join(self.ws_dir(ref), "control.sock")))
+        pid = self.mount(ref, where)
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(pid), 10, what="daemon to die")
+        self.cowbox("rm", ref)
+        self.assertFalse(is_fuse_mount(where))
+        self.assertFalse(os.path.exists(self.ws_dir(ref)))
+
 
 if __name__ == "__main__":
     unittest.main()

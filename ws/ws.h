@@ -23,4 +23,8 @@ int ws_check_complete(const char *db_path);
 struct cb_db;
 int ws_open_complete(const char *db_path, struct cb_db **out);
 
+/* The mount point a dead daemon recorded in the lock, when a mount of this workspace is still
+ * there (malloc'd), else NULL. */
+char *ws_dead_mountpoint(const char *ref);
+
 #endif

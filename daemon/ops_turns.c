@@ -151,7 +151,6 @@ static json_t *entry_json(const struct cb_entry *e)
 static json_t *entry_source(struct cb_daemon *d, struct cb_turns *t, const struct cb_entry *e,
 			    long long turn)
 {
-	struct cb_entry base = {0};
 	char buf[4200], hex[2 * CB_XXH128_LEN + 1];
 
 	if (e->type != CB_ENTRY_FILE)
@@ -160,14 +159,12 @@ static json_t *entry_source(struct cb_daemon *d, struct cb_turns *t, const struc
 		snprintf(buf, sizeof(buf), "%s/%s", d->mountpoint, e->path);
 		return json_string(buf);
 	}
-	if (cb_ws_entry_at(t, e->path, 0, &base) == 0 && base.type == CB_ENTRY_FILE &&
-	    !memcmp(base.xxh3, e->xxh3, CB_XXH128_LEN)) {
+	if (cb_ws_base_holds(t, e->path, e->xxh3) == 1) {
 		snprintf(buf, sizeof(buf), "%s/%s", d->base, e->path);
 	} else {
 		cb_hex(e->xxh3, CB_XXH128_LEN, hex);
 		snprintf(buf, sizeof(buf), "%s/blobs/%s", d->dir, hex);
 	}
-	cb_entry_clear(&base);
 	cb_error_clear();
 	return json_string(buf);
 }

@@ -26,7 +26,9 @@ const char cb_db_turns_schema_sql[] =
     "CREATE INDEX IF NOT EXISTS turn_delta_by_xxh3 ON turn_delta(xxh3);"
     "CREATE TABLE IF NOT EXISTS turn_map(path TEXT PRIMARY KEY, type INTEGER, mode INTEGER, "
     "  size INTEGER, sha256 BLOB, xxh3 BLOB, target TEXT, pid INTEGER, comm TEXT) WITHOUT ROWID;"
-    "CREATE TABLE IF NOT EXISTS turn_meta(key TEXT PRIMARY KEY, value INTEGER);";
+    "CREATE TABLE IF NOT EXISTS turn_meta(key TEXT PRIMARY KEY, value INTEGER);"
+    "CREATE TABLE IF NOT EXISTS base_map(path TEXT PRIMARY KEY, type INTEGER, mode INTEGER, "
+    "  size INTEGER, sha256 BLOB, xxh3 BLOB, target TEXT, pid INTEGER, comm TEXT) WITHOUT ROWID;";
 
 enum {
 	Q_CACHE_GET,
@@ -48,6 +50,10 @@ enum {
 	Q_MAP_ALL,
 	Q_MAP_UNDER,
 	Q_BLOB_NEEDED,
+	Q_BASE_GET,
+	Q_BASE_PUT,
+	Q_BASE_BUILT,
+	Q_BASE_SET_BUILT,
 	Q_COUNT,
 	Q_META_TURN = Q_COUNT, /* only when meta.db has the journal's meta table */
 	Q_ALL
@@ -80,6 +86,11 @@ static const char *const tdb_sql[Q_COUNT] = {
     [Q_MAP_UNDER] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm "
 		    "FROM turn_map WHERE path>?1||'/' AND path<?1||'0' ORDER BY path",
     [Q_BLOB_NEEDED] = "SELECT 1 FROM turn_delta WHERE xxh3=?1 AND type=1 LIMIT 1",
+    [Q_BASE_GET] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm "
+		   "FROM base_map WHERE path=?1",
+    [Q_BASE_PUT] = "INSERT OR REPLACE INTO base_map VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
+    [Q_BASE_BUILT] = "SELECT value FROM turn_meta WHERE key='base_map'",
+    [Q_BASE_SET_BUILT] = "INSERT OR REPLACE INTO turn_meta VALUES('base_map', 1)",
 };
 
 static const char tdb_meta_turn_sql[] = "UPDATE meta SET value=?1 WHERE key='turn'";
@@ -548,6 +559,37 @@ int cb_db_turns_base_cache_import(struct cb_db_turns *t)
 	}
 	sqlite3_free(from);
 	return tdb_exec(t, "DELETE FROM turn_meta WHERE key='cache_from'");
+}
+
+int cb_db_turns_base_map_built(struct cb_db_turns *t)
+{
+	return tdb_int(tdb_q(t, Q_BASE_BUILT), 0) == 1;
+}
+
+int cb_db_turns_base_map_set_built(struct cb_db_turns *t)
+{
+	return tdb_done(t, tdb_q(t, Q_BASE_SET_BUILT), "base map built");
+}
+
+int cb_db_turns_base_map_get(struct cb_db_turns *t, const char *path, struct cb_entry *out)
+{
+	sqlite3_stmt *s = tdb_q(t, Q_BASE_GET);
+
+	sqlite3_bind_text(s, 1, path, -1, SQLITE_STATIC);
+	return tdb_lookup(t, s, out, "base map lookup");
+}
+
+int cb_db_turns_base_map_put(struct cb_db_turns *t, const struct cb_entry *e)
+{
+	sqlite3_stmt *s = tdb_q(t, Q_BASE_PUT);
+
+	tdb_bind_entry(s, 1, 2, e);
+	return tdb_done(t, s, "base map store");
+}
+
+int cb_db_turns_map_from_base(struct cb_db_turns *t)
+{
+	return tdb_exec(t, "INSERT OR REPLACE INTO turn_map SELECT * FROM base_map");
 }
 
 int cb_db_turns_blob_needed(struct cb_db_turns *t, const unsigned char *xxh3)

@@ -167,7 +167,8 @@ static int base_hash_misses(struct base_walk *w)
 	return 0;
 }
 
-/* Put every base entry in the map (and new hashes in the cache). Called in a transaction. */
+/* Put every base entry in the map and, frozen, in the base map (and new hashes in the
+ * cache). Called in a transaction. */
 static int base_fill(struct cb_turns *t, struct base_walk *w)
 {
 	struct cb_entry e = {0};
@@ -192,13 +193,17 @@ static int base_fill(struct cb_turns *t, struct base_walk *w)
 			memcpy(e.xxh3, it->h.xxh3, CB_XXH128_LEN);
 			if (!ret)
 				ret = cb_db_turns_map_put(t->db, &e);
+			if (!ret)
+				ret = cb_db_turns_base_map_put(t->db, &e);
 		} else {
-			/* dirs and symlinks: ws_base_entry reads the target */
+			/* dirs and symlinks: ws_base_now reads the target */
 			struct cb_entry be = {0};
 
-			ret = ws_base_entry(t, it->path, &be);
+			ret = ws_base_now(t, it->path, &be);
 			if (!ret && be.type != CB_ENTRY_ABSENT)
 				ret = cb_db_turns_map_put(t->db, &be);
+			if (!ret && be.type != CB_ENTRY_ABSENT)
+				ret = cb_db_turns_base_map_put(t->db, &be);
 			cb_entry_clear(&be);
 		}
 	}
@@ -224,17 +229,20 @@ int ws_map_ensure(struct cb_turns *t)
 	struct base_walk w = {0};
 	struct apply_arg a = {t, latest, {0}};
 	struct cb_entry e = {0};
-	int ret = 0, intx = 0;
+	int ret = 0, intx = 0, frozen;
 
 	if (cb_db_turns_map_turn(t->db) == latest)
 		return 0;
-	ret = cb_db_turns_base_cache_import(t->db);
+	/* Once recorded, the base map is the base: no walk, and a base changed since does not
+	 * rewrite history. */
+	frozen = cb_db_turns_base_map_built(t->db);
+	ret = frozen ? 0 : cb_db_turns_base_cache_import(t->db);
 	if (ret)
 		goto out;
-	w.base_fd = t->base_fd;
+	w.base_fd = frozen ? -1 : t->base_fd;
 	w.progress = t->progress;
 	w.progress_arg = t->progress_arg;
-	if (t->base_fd >= 0) {
+	if (w.base_fd >= 0) {
 		ret = base_walk_dir(&w, t->base_fd, "");
 		if (ret)
 			goto out;
@@ -270,8 +278,12 @@ int ws_map_ensure(struct cb_turns *t)
 		goto out;
 	intx = 1;
 	ret = cb_db_turns_map_clear(t->db);
-	if (!ret)
+	if (!ret && frozen)
+		ret = cb_db_turns_map_from_base(t->db);
+	else if (!ret)
 		ret = base_fill(t, &w);
+	if (!ret && !frozen)
+		ret = cb_db_turns_base_map_set_built(t->db);
 	for (size_t i = 0; i < a.paths.n && !ret; i++) {
 		ret = cb_db_turns_delta_at(t->db, a.paths.p[i].path, latest, &e);
 		if (ret == 1)

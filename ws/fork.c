@@ -108,7 +108,8 @@ static int fork_one(const char *path, void *arg)
 
 	ret = ws_entry_at(f->t, path, f->turn, &e);
 	if (!ret)
-		ret = ws_base_entry(f->t, path, &base);
+		ret =
+		    ws_base_now(f->t, path, &base); /* the fork's base is the directory as it is */
 	if (ret || cb_entry_same(&e, &base))
 		goto out;
 	ret = cb_db_turns_delta_put(f->db, 1, &e);

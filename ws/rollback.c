@@ -65,16 +65,10 @@ static void rb_tmpname(const char *path, char *buf, size_t len)
  * the rollback's own thread only. */
 static int rb_resolve(struct cb_turns *t, const struct cb_entry *e, long long turn)
 {
-	struct cb_entry base = {0};
 	char hex[2 * CB_XXH128_LEN + 1];
-	int ret;
+	int ret = ws_base_holds(t, e->path, e->xxh3);
 
-	ret = ws_base_entry(t, e->path, &base);
-	if (ret)
-		return ret;
-	ret = base.type == CB_ENTRY_FILE && !memcmp(base.xxh3, e->xxh3, CB_XXH128_LEN);
-	cb_entry_clear(&base);
-	if (ret || cb_ws_blob_has(t->blob_fd, e->xxh3))
+	if (ret != 0 || cb_ws_blob_has(t->blob_fd, e->xxh3))
 		return ret;
 	cb_hex(e->xxh3, CB_XXH128_LEN, hex);
 	return cb_error_set(ENOENT,

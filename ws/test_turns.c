@@ -224,27 +224,27 @@ Test(snapshot, first_is_base_then_incremental, .init = setup, .fini = teardown)
 
 Test(snapshot, base_cache_notices_change_behind_our_back, .init = setup, .fini = teardown)
 {
-	struct cb_entry e = {0};
+	struct cb_entry was = {0}, e = {0};
 	struct cb_turns_config cfg = {dbp, blobs, base, live, NULL, NULL};
-	char hex[65];
+	struct cb_hash h;
+	char p[400];
 
 	snap(1, NULL, 0);
+	cr_assert_eq(cb_ws_entry_at(T, "README", 0, &was), 0);
+	cr_assert_eq(cb_ws_base_holds(T, "README", was.xxh3), 1);
 	cb_turns_close(T);
-	/* same size, other bytes, new mtime: the cache must not be trusted */
+	/* same size, other bytes, new mtime: the cache must not be trusted across a reopen */
 	put(base, "README", "HELLO\n");
+	snprintf(p, sizeof(p), "%s/README", base);
+	cr_assert_eq(cb_ws_hash_file_at(AT_FDCWD, p, -1, &h, NULL), 0);
 	cr_assert_eq(cb_turns_open(&cfg, &T), 0);
+	cr_assert_eq(cb_ws_base_holds(T, "README", was.xxh3), 0);
+	cr_assert_eq(cb_ws_base_holds(T, "README", h.xxh3), 1);
+	/* and turn 0 is still what the first snapshot saw: history is not rewritten */
 	cr_assert_eq(cb_ws_entry_at(T, "README", 0, &e), 0);
-	cb_hex(e.sha256, 32, hex);
-	{
-		struct cb_hash h;
-		char p[400], hex2[65];
-
-		snprintf(p, sizeof(p), "%s/README", base);
-		cr_assert_eq(cb_ws_hash_file_at(AT_FDCWD, p, -1, &h, NULL), 0);
-		cb_hex(h.sha256, 32, hex2);
-		cr_assert_str_eq(hex, hex2);
-	}
+	cr_assert_eq(memcmp(e.sha256, was.sha256, 32), 0);
 	cb_entry_clear(&e);
+	cb_entry_clear(&was);
 }
 
 struct progress_seen {
@@ -283,6 +283,38 @@ Test(snapshot, first_hash_reports_progress, .init = setup, .fini = teardown)
 	cr_assert_eq(cb_db_turns_map_set_turn(cb_turns_db(T), -1), 0);
 	assert_live_is_map();
 	cr_assert_eq(seen.calls, 0);
+}
+
+Test(rollback, refuses_base_content_that_changed, .init = setup, .fini = teardown)
+{
+	struct cb_dirty d[] = {{"README", 0, 0, NULL}};
+	long long touched;
+
+	snap(1, NULL, 0);
+	put(live, "README", "edited\n");
+	snap(2, d, 1);
+	/* turn 1's README lives only in the base (no blob), and the base changes behind our
+	 * back: the rollback must say so, not restore other bytes */
+	put(base, "README", "tampered, longer\n");
+	{
+		int rr = cb_ws_rollback(T, 1, NULL, 0, &touched);
+
+		cr_assert_eq(rr, -ENOENT, "%d %s", rr, cb_error_message());
+	}
+	cr_assert(strstr(cb_error_message(), "README at turn 1"), "%s", cb_error_message());
+	cr_assert(strstr(cb_error_message(), "neither in the base"), "%s", cb_error_message());
+	{
+		static char now[4096];
+		FILE *f;
+		char p[600];
+
+		snprintf(p, sizeof(p), "%s/README", live);
+		f = fopen(p, "r");
+		cr_assert(f);
+		now[fread(now, 1, sizeof(now) - 1, f)] = '\0';
+		fclose(f);
+		cr_assert_str_eq(now, "edited\n");
+	}
 }
 
 static struct cb_dirty all_dirty[] = {

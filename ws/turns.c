@@ -185,6 +185,37 @@ static int entry_lstat(int dirfd, const char *path, struct stat *st)
 
 int ws_base_entry(struct cb_turns *t, const char *path, struct cb_entry *out)
 {
+	int ret;
+
+	cb_entry_clear(out);
+	if (!cb_db_turns_base_map_built(t->db))
+		return ws_base_now(t, path, out);
+	ret = cb_db_turns_base_map_get(t->db, path, out);
+	if (ret < 0)
+		return ret;
+	if (!out->path && !(out->path = strdup(path)))
+		return cb_error_set(ENOMEM, "entry %s: out of memory", path);
+	return 0;
+}
+
+int ws_base_holds(struct cb_turns *t, const char *path, const unsigned char *xxh3)
+{
+	struct cb_entry now = {0};
+	int ret = ws_base_now(t, path, &now);
+
+	if (ret == 0)
+		ret = now.type == CB_ENTRY_FILE && !memcmp(now.xxh3, xxh3, CB_XXH128_LEN);
+	cb_entry_clear(&now);
+	return ret;
+}
+
+int cb_ws_base_holds(struct cb_turns *t, const char *path, const unsigned char *xxh3)
+{
+	return ws_base_holds(t, path, xxh3);
+}
+
+int ws_base_now(struct cb_turns *t, const char *path, struct cb_entry *out)
+{
 	struct cb_hash h;
 	struct stat st;
 	int ret;
@@ -223,7 +254,7 @@ static int live_file(struct cb_turns *t, const char *path, int keep_blob, struct
 	char tmp[64] = "";
 	int copy_fd = -1, ret;
 
-	if (keep_blob && (ret = ws_base_entry(t, path, &base)) < 0)
+	if (keep_blob && (ret = ws_base_now(t, path, &base)) < 0)
 		goto out;
 	if (keep_blob && (base.type != CB_ENTRY_FILE || base.size != out->size)) {
 		copy_fd = cb_ws_blob_tmp(t->blob_fd, tmp);

@@ -32,9 +32,16 @@ int ws_pathset_add(struct ws_pathset *s, const char *path, pid_t pid, const char
 void ws_pathset_sort(struct ws_pathset *s);
 void ws_pathset_free(struct ws_pathset *s);
 
-/* The base's entry for path (absent if the base has none), hashes from the base cache or
- * computed and cached. */
+/* Turn 0's entry for path (absent if the base had none): the frozen base map once the first
+ * snapshot recorded it, else what the base holds now. */
 int ws_base_entry(struct cb_turns *t, const char *path, struct cb_entry *out);
+
+/* What the base directory holds at path now (absent if nothing), hashes from the base cache
+ * by (size, mtime, inode) or computed and cached. */
+int ws_base_now(struct cb_turns *t, const char *path, struct cb_entry *out);
+
+/* 1 if the base file at path holds the content xxh3 now (so it can be copied from), else 0. */
+int ws_base_holds(struct cb_turns *t, const char *path, const unsigned char *xxh3);
 
 /* The live tree's entry for path, hashed now. keep_blob: also keep its content as a blob
  * unless it is the base's content at the same path. */

@@ -85,6 +85,16 @@ int cb_db_turns_base_cache_from(struct cb_db_turns *t, const char *db_path);
  * source that is gone is skipped. */
 int cb_db_turns_base_cache_import(struct cb_db_turns *t);
 
+/* The base as the first snapshot saw it (turn 0's map), frozen: a base that changes behind
+ * cowbox's back does not change what turn 0 and the turns after it were. built is 1 once
+ * it has been recorded. get: 1 and *out (owned) if the base had path, 0 if not. */
+int cb_db_turns_base_map_built(struct cb_db_turns *t);
+int cb_db_turns_base_map_set_built(struct cb_db_turns *t);
+int cb_db_turns_base_map_get(struct cb_db_turns *t, const char *path, struct cb_entry *out);
+int cb_db_turns_base_map_put(struct cb_db_turns *t, const struct cb_entry *e);
+/* Copy the whole base map into the turn map (the start of a rebuild). */
+int cb_db_turns_map_from_base(struct cb_db_turns *t);
+
 /* A recorded turn. */
 struct cb_turn_info {
 	long long turn;
@@ -255,6 +265,9 @@ int cb_ws_map_list(struct cb_turns *t, int (*fn)(const struct cb_entry *, void *
 
 /* 0 if turn can be read (recorded, or 0 = the base), else -ENOENT saying why (pruned...). */
 int cb_ws_turn_check(struct cb_turns *t, long long turn);
+
+/* 1 if the base directory's file at path holds the content xxh3 right now, else 0. */
+int cb_ws_base_holds(struct cb_turns *t, const char *path, const unsigned char *xxh3);
 
 /* The entry of path at turn (0 = the base). */
 int cb_ws_entry_at(struct cb_turns *t, const char *path, long long turn, struct cb_entry *out);

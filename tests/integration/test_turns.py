@@ -7,12 +7,34 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import unittest
 
 from cbtest import CowboxTestCase, pid_alive, wait_for
 from turnutil import expected_events, files_of, sha256sum_line, tree_state
+
+
+# Reads every file of the tree in a loop until SIGTERM; prints how many walks it made.
+WALKER = r"""
+import os, signal, sys
+root = sys.argv[1]
+walks, stop = 0, []
+signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(root)))),
+                  "walking"), "w").close()
+while not stop:
+    for d, dirs, files in os.walk(root):
+        for name in files:
+            try:
+                with open(os.path.join(d, name), "rb") as f:
+                    f.read()
+            except FileNotFoundError:
+                pass
+    walks += 1
+print(walks)
+"""
 
 
 class TurnsTest(CowboxTestCase):
@@ -120,26 +142,20 @@ class TurnsTest(CowboxTestCase):
         # reading the whole tree while the rollback runs
         reader = open(self.path("src/a.c"))
         writer = open(self.path("docs/new.md"), "a")
-        stop, errors = threading.Event(), []
-
-        def walk():
-            while not stop.is_set():
-                try:
-                    tree_state(self.mnt)
-                except FileNotFoundError:
-                    pass  # a path the rollback just removed
-                except Exception as e:  # anything else is a failure
-                    errors.append(repr(e))
-                    return
-
-        th = threading.Thread(target=walk)
-        th.start()
+        # another process walks and reads the whole tree over and over meanwhile; a path
+        # the rollback just removed may vanish under it, anything else is a failure
+        walker = subprocess.Popen(
+            [sys.executable, "-c", WALKER, self.mnt], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
         try:
+            wait_for(lambda: os.path.exists(os.path.join(self.tmp, "walking")) or
+                     walker.poll() is not None, what="the walker to start")
             r = self.cowbox_json("rollback", "w", str(t1))
         finally:
-            stop.set()
-            th.join()
-        self.assertEqual(errors, [])
+            walker.terminate()
+            out, err = walker.communicate(timeout=30)
+        self.assertEqual(err.strip(), "")
+        self.assertGreater(int(out.split()[-1]), 0)
         self.assertEqual(r["turn"], t2 + 1)
         self.assertEqual(tree_state(self.mnt), s1)
         # a cat right after sees the turn's content; the open reader keeps its old file

@@ -48,15 +48,27 @@ static int rb_remove(int dirfd, const char *path)
 	return ret;
 }
 
+/* rm -rf of path beneath root, reached through no symlink (a symlink on the way means the
+ * path is not in the tree: nothing to remove). */
+static int rb_remove_path(int root_fd, const char *path)
+{
+	const char *name;
+	int pfd = ws_parent_beneath(root_fd, path, &name), ret;
+
+	if (pfd < 0)
+		return ws_gone(pfd) ? 0 : cb_error_set(-pfd, "remove %s: %s", path, strerror(-pfd));
+	ret = rb_remove(pfd, name);
+	close(pfd);
+	return ret;
+}
+
 /* A name beside path for building its replacement: rename over path is then atomic for
  * every reader (old or new content, never a mix). */
-static void rb_tmpname(const char *path, char *buf, size_t len)
+static void rb_tmpname(char *buf, size_t len)
 {
 	static unsigned counter;
-	const char *slash = strrchr(path, '/');
-	int dirlen = slash ? (int)(slash - path + 1) : 0;
 
-	snprintf(buf, len, "%.*s.cowbox-rollback.%d.%u", dirlen, path, (int)getpid(),
+	snprintf(buf, len, ".cowbox-rollback.%d.%u", (int)getpid(),
 		 __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
 }
 
@@ -94,54 +106,86 @@ static mode_t rb_umask(void)
 
 static int rb_file(struct cb_turns *t, const struct cb_entry *e, int from_base, mode_t um)
 {
-	char tmp[4200];
-	int src, dst, ret;
+	const char *name;
+	char tmp[64];
+	int src = -1, dst = -1, pfd, ret = 0;
 
+	pfd = ws_parent_beneath(t->root_fd, e->path, &name);
+	if (pfd < 0)
+		return cb_error_set(-pfd, "restore %s: its directory: %s", e->path, strerror(-pfd));
 	if (from_base) {
 		src = openat(t->base_fd, e->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 		if (src < 0)
-			return cb_error_set(errno, "base %s: %s", e->path, strerror(errno));
+			ret = cb_error_set(errno, "base %s: %s", e->path, strerror(errno));
 	} else {
 		src = cb_ws_blob_open(t->blob_fd, e->xxh3);
-		if (src < 0)
-			return src;
 	}
-	rb_tmpname(e->path, tmp, sizeof(tmp));
+	if (src < 0) {
+		ret = ret ? ret : src;
+		goto out;
+	}
+	rb_tmpname(tmp, sizeof(tmp));
 	/* Created with its mode (a read-only mode does not stop this open for writing); a chmod
 	 * (one more FUSE round trip and journal mark) only when the umask took bits away. */
-	dst = openat(t->root_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, e->mode & 0777);
+	dst =
+	    openat(pfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, e->mode & 0777);
 	if (dst < 0) {
 		ret = cb_error_set(errno, "restore %s: create: %s", e->path, strerror(errno));
-		close(src);
-		return ret;
+		goto out;
 	}
 	ret = cb_ws_copy_fd(src, dst);
 	if (!ret && (e->mode & (um | 07000)) && fchmod(dst, e->mode) < 0)
 		ret = cb_error_set(errno, "restore %s: chmod: %s", e->path, strerror(errno));
 	if (close(dst) < 0 && !ret)
 		ret = cb_error_set(errno, "restore %s: close: %s", e->path, strerror(errno));
-	close(src);
-	if (!ret && renameat(t->root_fd, tmp, t->root_fd, e->path) < 0)
+	if (!ret && renameat(pfd, tmp, pfd, name) < 0)
 		ret = cb_error_set(errno, "restore %s: rename: %s", e->path, strerror(errno));
 	if (ret)
-		unlinkat(t->root_fd, tmp, 0);
+		unlinkat(pfd, tmp, 0);
+out:
+	if (src >= 0)
+		close(src);
+	close(pfd);
 	return ret ? cb_error_wrap(ret, "rollback") : 0;
 }
 
 static int rb_symlink(struct cb_turns *t, const struct cb_entry *e)
 {
-	char tmp[4200];
+	const char *name;
+	char tmp[64];
+	int pfd = ws_parent_beneath(t->root_fd, e->path, &name), ret = 0;
 
-	rb_tmpname(e->path, tmp, sizeof(tmp));
-	if (symlinkat(e->target, t->root_fd, tmp) < 0)
-		return cb_error_set(errno, "restore symlink %s: %s", e->path, strerror(errno));
-	if (renameat(t->root_fd, tmp, t->root_fd, e->path) < 0) {
-		int err = errno;
-
-		unlinkat(t->root_fd, tmp, 0);
-		return cb_error_set(err, "restore symlink %s: %s", e->path, strerror(err));
+	if (pfd < 0)
+		return cb_error_set(-pfd, "restore symlink %s: %s", e->path, strerror(-pfd));
+	rb_tmpname(tmp, sizeof(tmp));
+	if (symlinkat(e->target, pfd, tmp) < 0)
+		ret = cb_error_set(errno, "restore symlink %s: %s", e->path, strerror(errno));
+	else if (renameat(pfd, tmp, pfd, name) < 0) {
+		ret = cb_error_set(errno, "restore symlink %s: %s", e->path, strerror(errno));
+		unlinkat(pfd, tmp, 0);
 	}
-	return 0;
+	close(pfd);
+	return ret;
+}
+
+static int rb_mkdir(struct cb_turns *t, const char *path)
+{
+	const char *name;
+	int pfd = ws_parent_beneath(t->root_fd, path, &name), ret = 0;
+
+	if (pfd < 0)
+		return cb_error_set(-pfd, "restore dir %s: %s", path, strerror(-pfd));
+	if (mkdirat(pfd, name, 0700) < 0 && errno != EEXIST)
+		ret = cb_error_set(errno, "restore dir %s: %s", path, strerror(errno));
+	close(pfd);
+	return ret;
+}
+
+static int rb_chmod(struct cb_turns *t, const char *path, unsigned mode)
+{
+	int ret = ws_chmod_beneath(t->root_fd, path, mode);
+
+	return ret ? cb_error_set(-ret, "restore mode of %s: %s", path, strerror(-ret)) : 0;
 }
 
 /* A file whose content must be written, and where it comes from. */
@@ -172,19 +216,13 @@ static int rb_restore(struct cb_turns *t, const struct cb_diff_event *ev, long l
 	case CB_ENTRY_ABSENT:
 		return 0;
 	case CB_ENTRY_DIR:
-		if (!same_type && mkdirat(t->root_fd, want->path, 0700) < 0 && errno != EEXIST)
-			return cb_error_set(errno, "restore dir %s: %s", want->path,
-					    strerror(errno));
-		return 0;
+		return same_type ? 0 : rb_mkdir(t, want->path);
 	case CB_ENTRY_SYMLINK:
 		return rb_symlink(t, want);
 	case CB_ENTRY_FILE:
 		if (same_type && have->size == want->size &&
 		    !memcmp(have->sha256, want->sha256, CB_SHA256_LEN)) {
-			if (fchmodat(t->root_fd, want->path, want->mode, 0) < 0)
-				return cb_error_set(errno, "restore mode of %s: %s", want->path,
-						    strerror(errno));
-			return 0;
+			return rb_chmod(t, want->path, want->mode);
 		}
 		from_base = rb_resolve(t, want, turn);
 		if (from_base < 0)
@@ -257,7 +295,7 @@ int cb_ws_rollback(struct cb_turns *t, long long turn, const struct cb_dirty *di
 		const struct cb_diff_event *ev = &d.ev[i];
 
 		if (ev->new.type != CB_ENTRY_ABSENT && ev->old.type != ev->new.type)
-			ret = rb_remove(t->root_fd, ev->new.path);
+			ret = rb_remove_path(t->root_fd, ev->new.path);
 	}
 	/* Parents before children: directories exist before what goes in them. */
 	jobs.job = calloc(d.n ? d.n : 1, sizeof(*jobs.job));
@@ -271,10 +309,8 @@ int cb_ws_rollback(struct cb_turns *t, long long turn, const struct cb_dirty *di
 	for (size_t i = d.n; i-- > 0 && !ret;) {
 		const struct cb_entry *want = &d.ev[i].old;
 
-		if (want->type == CB_ENTRY_DIR &&
-		    fchmodat(t->root_fd, want->path, want->mode, 0) < 0)
-			ret = cb_error_set(errno, "restore mode of %s: %s", want->path,
-					   strerror(errno));
+		if (want->type == CB_ENTRY_DIR)
+			ret = rb_chmod(t, want->path, want->mode);
 	}
 	*touched = (long long)d.n;
 out:

@@ -317,6 +317,63 @@ Test(rollback, refuses_base_content_that_changed, .init = setup, .fini = teardow
 	}
 }
 
+/* A directory swapped for a symlink to outside the tree: neither the snapshot nor the
+ * rollback may follow it (the daemon is root and the link is the sandboxed program's). */
+Test(rollback, never_follows_a_planted_symlink, .init = setup, .fini = teardown)
+{
+	struct cb_dirty d[] = {{"esc", 0, 0, NULL}, {"esc/s.txt", 0, 0, NULL}};
+	char p[600], outside[400];
+	static char map[65536], now[65536];
+	long long touched;
+	struct stat st;
+
+	snprintf(outside, sizeof(outside), "%s/outside", top);
+	cr_assert_eq(mkdir(outside, 0700), 0);
+	put(outside, "s.txt", "secret\n");
+	snprintf(p, sizeof(p), "%s/esc", live);
+	cr_assert_eq(mkdir(p, 0755), 0);
+	put(live, "esc/s.txt", "mine\n");
+	snap(1, d, 2);
+	turn_map(map, sizeof(map));
+	cr_assert(strstr(map, "esc/s.txt"));
+	put(live, "esc/s.txt", "gone\n");
+	snprintf(p, sizeof(p), "%s/esc/s.txt", live);
+	cr_assert_eq(unlink(p), 0);
+	snprintf(p, sizeof(p), "%s/esc", live);
+	cr_assert_eq(rmdir(p), 0);
+	cr_assert_eq(symlink(outside, p), 0);
+	snap(2, d, 2);
+	turn_map(now, sizeof(now));
+	cr_assert_null(strstr(now, "esc/s.txt"), "followed the link: %s", now);
+	{
+		struct cb_entry e = {0};
+
+		cr_assert_eq(cb_ws_entry_at(T, "esc", 2, &e), 0);
+		cr_assert_eq(e.type, CB_ENTRY_SYMLINK);
+		cb_entry_clear(&e);
+	}
+	/* back to turn 1: the link goes, a real directory comes back, outside is untouched */
+	cr_assert_eq(cb_ws_rollback(T, 1, NULL, 0, &touched), 0, "%s", cb_error_message());
+	snprintf(p, sizeof(p), "%s/esc", live);
+	cr_assert_eq(lstat(p, &st), 0);
+	cr_assert(S_ISDIR(st.st_mode));
+	tree_map(live, now, sizeof(now));
+	cr_assert_str_eq(now, map);
+	tree_map(outside, now, sizeof(now));
+	cr_assert(strstr(now, "s.txt") && !strstr(now, "6a4b"), "%s", now);
+	{
+		FILE *f;
+		char buf[64] = "";
+
+		snprintf(p, sizeof(p), "%s/s.txt", outside);
+		f = fopen(p, "r");
+		cr_assert(f);
+		cr_assert(fgets(buf, sizeof(buf), f));
+		fclose(f);
+		cr_assert_str_eq(buf, "secret\n");
+	}
+}
+
 static struct cb_dirty all_dirty[] = {
     {"src", 1, 1, "mv"},	  {"lib", 1, 1, "mv"},	{"README", 0, 2, "rm"},
     {"docs/x.md", 0, 3, "chmod"}, {"link", 0, 4, "ln"}, {"docs/y.md", 0, 5, "sh"},

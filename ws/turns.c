@@ -138,13 +138,27 @@ static long long stat_mtime_ns(const struct stat *st)
 	return (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
 }
 
-/* Fill the type-independent part of an entry from lstat; symlinks read their target. */
-static int entry_from_stat(int dirfd, const char *path, const struct stat *st, struct cb_entry *out)
+/* Read path's entry beneath dirfd (no symlink followed on the way): 1 and *st, *out filled,
+ * 0 if there is no such path (out absent), -errno. Files get no hash here. */
+static int entry_read(int dirfd, const char *path, struct stat *st, struct cb_entry *out)
 {
+	const char *name;
+	int pfd, ret = 1;
+
 	cb_entry_clear(out);
+	pfd = ws_parent_beneath(dirfd, path, &name);
+	if (pfd < 0)
+		return ws_gone(pfd) ? 0 : cb_error_set(-pfd, "stat %s: %s", path, strerror(-pfd));
+	if (fstatat(pfd, name, st, AT_SYMLINK_NOFOLLOW) < 0) {
+		ret =
+		    ws_gone(-errno) ? 0 : cb_error_set(errno, "stat %s: %s", path, strerror(errno));
+		goto out;
+	}
 	out->path = strdup(path);
-	if (!out->path)
-		return cb_error_set(ENOMEM, "entry %s: out of memory", path);
+	if (!out->path) {
+		ret = cb_error_set(ENOMEM, "entry %s: out of memory", path);
+		goto out;
+	}
 	out->mode = st->st_mode & 07777;
 	if (S_ISDIR(st->st_mode)) {
 		out->type = CB_ENTRY_DIR;
@@ -154,33 +168,29 @@ static int entry_from_stat(int dirfd, const char *path, const struct stat *st, s
 	} else if (S_ISLNK(st->st_mode)) {
 		char buf[4096];
 		struct cb_hash h;
-		ssize_t n = readlinkat(dirfd, path, buf, sizeof(buf) - 1);
+		ssize_t n = readlinkat(pfd, name, buf, sizeof(buf) - 1);
 
-		if (n < 0)
-			return cb_error_set(errno, "readlink %s: %s", path, strerror(errno));
+		if (n < 0) {
+			ret = cb_error_set(errno, "readlink %s: %s", path, strerror(errno));
+			goto out;
+		}
 		buf[n] = '\0';
 		out->type = CB_ENTRY_SYMLINK;
 		out->mode = 0777;
 		out->size = n;
 		out->target = strdup(buf);
-		if (!out->target)
-			return cb_error_set(ENOMEM, "entry %s: out of memory", path);
+		if (!out->target) {
+			ret = cb_error_set(ENOMEM, "entry %s: out of memory", path);
+			goto out;
+		}
 		cb_ws_hash_bytes(buf, (size_t)n, &h);
 		memcpy(out->sha256, h.sha256, CB_SHA256_LEN);
 		memcpy(out->xxh3, h.xxh3, CB_XXH128_LEN);
 	}
 	/* Sockets, fifos and devices are not part of a turn: they stay ABSENT. */
-	return 0;
-}
-
-/* lstat that maps "not there" to 1, so callers can tell absence from failure. */
-static int entry_lstat(int dirfd, const char *path, struct stat *st)
-{
-	if (fstatat(dirfd, path, st, AT_SYMLINK_NOFOLLOW) == 0)
-		return 0;
-	if (errno == ENOENT || errno == ENOTDIR)
-		return 1;
-	return cb_error_set(errno, "stat %s: %s", path, strerror(errno));
+out:
+	close(pfd);
+	return ret;
 }
 
 int ws_base_entry(struct cb_turns *t, const char *path, struct cb_entry *out)
@@ -223,12 +233,9 @@ int ws_base_now(struct cb_turns *t, const char *path, struct cb_entry *out)
 	cb_entry_clear(out);
 	if (t->base_fd < 0)
 		return 0;
-	ret = entry_lstat(t->base_fd, path, &st);
-	if (ret)
-		return ret > 0 ? 0 : ret;
-	ret = entry_from_stat(t->base_fd, path, &st, out);
-	if (ret || out->type != CB_ENTRY_FILE)
-		return ret;
+	ret = entry_read(t->base_fd, path, &st, out);
+	if (ret <= 0 || out->type != CB_ENTRY_FILE)
+		return ret < 0 ? ret : 0;
 	ret = cb_db_turns_base_cache_get(t->db, path, st.st_size, stat_mtime_ns(&st),
 					 (long long)st.st_ino, out->sha256, out->xxh3);
 	if (ret)
@@ -318,15 +325,12 @@ int ws_live_entry(struct cb_turns *t, const char *path, int keep_blob, struct cb
 
 	cb_entry_clear(out);
 	for (int tries = 0; tries < 3; tries++) {
-		ret = entry_lstat(t->root_fd, path, &st);
-		if (ret)
-			return ret > 0 ? 0 : ret;
-		ret = entry_from_stat(t->root_fd, path, &st, out);
-		if (ret || out->type != CB_ENTRY_FILE)
-			return ret;
+		ret = entry_read(t->root_fd, path, &st, out);
+		if (ret <= 0 || out->type != CB_ENTRY_FILE)
+			return ret < 0 ? ret : 0;
 		ret = live_file(t, path, keep_blob, out);
 		/* Deleted or replaced between the stat and the open: look again. */
-		if (ret != -ENOENT && ret != -ELOOP && ret != -EINVAL)
+		if (!ws_gone(ret) && ret != -EINVAL)
 			return ret;
 		cb_entry_clear(out);
 	}
@@ -388,15 +392,13 @@ static int walk_add(int dirfd, const char *path, struct ws_pathset *set, pid_t p
 static int walk_dir(int dirfd, const char *path, struct ws_pathset *set, pid_t pid,
 		    const char *comm)
 {
-	int fd = openat(dirfd, path[0] ? path : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int fd = ws_open_beneath(dirfd, path[0] ? path : ".", O_RDONLY | O_DIRECTORY, 0);
 	struct dirent *de;
 	DIR *dir;
 	int ret = 0;
 
 	if (fd < 0)
-		return errno == ENOENT || errno == ENOTDIR
-			   ? 0
-			   : cb_error_set(errno, "walk %s: %s", path, strerror(errno));
+		return ws_gone(fd) ? 0 : cb_error_set(-fd, "walk %s: %s", path, strerror(-fd));
 	dir = fdopendir(fd);
 	if (!dir) {
 		close(fd);
@@ -425,7 +427,7 @@ static int walk_add(int dirfd, const char *path, struct ws_pathset *set, pid_t p
 {
 	struct stat st;
 
-	if (fstatat(dirfd, path, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode))
+	if (ws_lstat_beneath(dirfd, path, &st) < 0 || !S_ISDIR(st.st_mode))
 		return 0;
 	return walk_dir(dirfd, path, set, pid, comm);
 }
@@ -465,8 +467,7 @@ int ws_dirty_expand(struct cb_turns *t, const struct cb_dirty *dirty, size_t n,
 			break;
 		old_dir = ret == 1 && old.type == CB_ENTRY_DIR;
 		cb_entry_clear(&old);
-		live_dir = fstatat(t->root_fd, d->path, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-			   S_ISDIR(st.st_mode);
+		live_dir = ws_lstat_beneath(t->root_fd, d->path, &st) == 0 && S_ISDIR(st.st_mode);
 		ret = 0;
 		/* What the map had below it is gone or moved unless it is still the same dir. */
 		if (old_dir && (d->subtree || !live_dir))

@@ -15,6 +15,17 @@ struct cb_turns {
 	void *progress_arg;
 };
 
+/* ws/beneath.c: resolution beneath dirfd through no symlink at all (RESOLVE_BENEATH |
+ * RESOLVE_NO_SYMLINKS); -errno on failure, no message set. A symlink on the way gives
+ * -ELOOP (or -EXDEV to leave dirfd): for a turn, that path does not exist. */
+int ws_open_beneath(int dirfd, const char *path, int flags, mode_t mode);
+/* The directory holding path, as an O_PATH fd; *name is path's last component. */
+int ws_parent_beneath(int dirfd, const char *path, const char **name);
+int ws_lstat_beneath(int dirfd, const char *path, struct stat *st);
+int ws_chmod_beneath(int dirfd, const char *path, mode_t mode);
+/* 1 for the errors that mean "no such path in the tree" (ENOENT, ENOTDIR, ELOOP, EXDEV). */
+int ws_gone(int err);
+
 /* A set of paths (sorted, unique after ws_pathset_sort) with the journal attribution each
  * came from. */
 struct ws_path {

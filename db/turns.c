@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cowbox/error.h"
 #include "cowbox/turns.h"
@@ -546,7 +547,9 @@ int cb_db_turns_base_cache_import(struct cb_db_turns *t)
 	sqlite3_finalize(s);
 	if (!from)
 		return 0;
-	if (sqlite3_prepare_v2(t->db, "ATTACH ?1 AS forked_from", -1, &s, NULL) == SQLITE_OK) {
+	/* ATTACH would create an empty database where the source was removed: look first. */
+	if (access(from, R_OK) == 0 &&
+	    sqlite3_prepare_v2(t->db, "ATTACH ?1 AS forked_from", -1, &s, NULL) == SQLITE_OK) {
 		sqlite3_bind_text(s, 1, from, -1, SQLITE_STATIC);
 		if (sqlite3_step(s) == SQLITE_DONE) {
 			sqlite3_exec(t->db,

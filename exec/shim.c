@@ -8,6 +8,8 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sched.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -67,9 +69,23 @@ void cb_exec_child_error(int fd, const char *what, const char *detail, int err)
 	(void)!send(fd, msg, n, MSG_NOSIGNAL);
 }
 
-static pid_t raw_fork(void)
+static int command_child_entry(void *arg);
+
+/* Start the command as posix_spawn does: sharing our memory (no page-table copy of the
+ * caller's big address space) on its own stack, with us suspended until it execs or dies. */
+static pid_t spawn_command(const struct cb_exec_plan *p)
 {
-	return (pid_t)syscall(SYS_clone, (unsigned long)SIGCHLD, 0UL, 0UL, 0UL, 0UL);
+	size_t size = 256 * 1024;
+	char *stack = mmap(NULL, size, PROT_READ | PROT_WRITE,
+			   MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
+	if (stack == MAP_FAILED)
+		return -1;
+	pid_t pid =
+	    clone(command_child_entry, stack + size, CLONE_VM | CLONE_VFORK | SIGCHLD, (void *)p);
+	int err = errno;
+	munmap(stack, size);
+	errno = err;
+	return pid;
 }
 
 static void write_str(int fd, const char *s)
@@ -166,6 +182,11 @@ static _Noreturn void command_child(const struct cb_exec_plan *p)
 		_exit(126);
 	exec_program(p);
 	_exit(127);
+}
+
+static int command_child_entry(void *arg)
+{
+	command_child(arg);
 }
 
 /* Host tree walk: signal every descendant of this process, found through the children
@@ -390,17 +411,15 @@ void cb_exec_shim_main(const struct cb_exec_plan *given)
 		cb_exec_child_error(p->ctl, "signalfd", NULL, errno);
 		_exit(1);
 	}
-	pid_t cmd = raw_fork();
+	pid_t cmd = spawn_command(p);
 	if (cmd < 0) {
-		cb_exec_child_error(p->ctl, "fork the command", NULL, errno);
+		cb_exec_child_error(p->ctl, "start the command", NULL, errno);
 		_exit(1);
 	}
-	if (cmd == 0)
-		command_child(p);
+	/* the binds are attached by now, and the command must not get their fds */
 	for (size_t i = 0; p->ns && i < p->ns->n_entries; i++)
 		if (p->ns->entries[i].tree >= 0)
-			close(p->ns->entries[i]
-				  .tree); /* attached by now; the command must not get them */
+			close(p->ns->entries[i].tree);
 	if (p->tty >= 0)
 		close(p->tty);
 	else {

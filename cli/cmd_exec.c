@@ -309,6 +309,27 @@ static void *signal_loop(void *arg)
 	}
 }
 
+/* On the host nothing else keeps --cwd inside the workspace: relative, never climbing out. */
+static int cwd_stays_inside(const char *cwd)
+{
+	int depth = 0;
+	if (cwd[0] == '/')
+		return 0;
+	for (const char *s = cwd; *s;) {
+		size_t n = strcspn(s, "/");
+		if (n == 2 && !strncmp(s, "..", 2))
+			depth--;
+		else if (n && !(n == 1 && s[0] == '.'))
+			depth++;
+		if (depth < 0)
+			return 0;
+		s += n;
+		while (*s == '/')
+			s++;
+	}
+	return 1;
+}
+
 static int run_in_workspace(int argc, char **argv, int shell_mode)
 {
 	struct exec_opts o = {0};
@@ -343,6 +364,14 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 	}
 	spec.env = env;
 	spec.timeout = o.timeout;
+	if (o.local && o.cwd && !cwd_stays_inside(o.cwd)) {
+		fprintf(stderr,
+			"cowbox %s: --cwd %s: must be a path inside the workspace (relative, "
+			"no '..' that leaves it)\n",
+			argv[0], o.cwd);
+		status = 2;
+		goto out;
+	}
 	if (o.local) {
 		fprintf(stderr,
 			"cowbox: warning: the local backend runs on the host in %s, NOT "

@@ -152,6 +152,13 @@ class TestLocalBackend(ExecTestCase):
         self.assertIn("KEEP_ME=yes", lines)
         self.assertIn("NOT isolated", p.stderr)
 
+    def test_local_cwd_stays_in_the_workspace(self):
+        p = self.run_exec("--backend", "local", "--cwd", "sub", "--", "pwd")
+        self.assertEqual(p.stdout.strip(), os.path.join(os.path.realpath(self.ws), "sub"))
+        for bad in ("/etc", "../..", "sub/../../x"):
+            self.assert_fails(["exec", "--dir", self.ws, "--backend", "local", "--cwd", bad, "--",
+                               "pwd"], "must be a path inside the workspace", status=2)
+
     def test_local_timeout_kills_setsid_grandchildren(self):
         marker = "2000.%d" % os.getpid()
         p = self.cowbox("exec", "--backend", "local", "--dir", self.ws, "--timeout", "0.5",

@@ -141,7 +141,14 @@ class TurnsPropertyTest(CowboxTestCase):
                 snapshot()
             elif r < 0.2 and len(states) > 1:
                 check_diff()
-            elif r < 0.24 and len(states) > 1:
+            elif r < 0.22:
+                live = tree_state(mnt)
+                a = rng.choice(sorted(states))
+                d = self.cowbox_json("diff", "prop", str(a))
+                self.assertEqual({e["path"]: e["event"] for e in d["events"]},
+                                 expected_events(states[a], live),
+                                 "seed %d: live diff from %d" % (seed, a))
+            elif r < 0.26 and len(states) > 1:
                 # roll back, then forward to the latest turn before the rollback
                 latest = max(states)
                 check_rollback()
@@ -163,6 +170,18 @@ class TurnsPropertyTest(CowboxTestCase):
             check_diff()
             check_rollback()
         snapshot()
+        # prune to the newest 3 turns: they (and the base) still diff and roll back exactly,
+        # the others are refused
+        latest = max(states)
+        self.cowbox_json("prune", "prop", "--keep", "3")
+        for turn in [t for t in states if 0 < t <= latest - 3]:
+            del states[turn]
+        self.assertEqual(len(states), 3)
+        for _ in range(2):
+            mut.step()
+            check_rollback()
+            check_diff()
+        self.assertEqual(self.cowbox("diff", "prop", "1", check=False).returncode, 1)
 
 
 if __name__ == "__main__":

@@ -47,13 +47,17 @@ static void exec_usage(FILE *out, const char *name)
 	    "  --memory MB          memory cap; exceeding it kills the command (exit 137)\n"
 	    "  --pids N             cap on processes and threads\n"
 	    "  --image DIR          root image directory instead of the host's /usr, /etc, ...\n"
-	    "  --userns             as root, run in a user namespace (root -> host uid 65534)\n"
+	    "  --userns             as root, run in a user namespace (root -> host uid 65534,\n"
+	    "                       which may write only what that uid may)\n"
 	    "  --backend ns|local   ns (default): namespace sandbox; local: on the host, NOT "
 	    "isolated\n"
 	    "%s\n"
-	    "In the sandbox the environment is PATH, HOME=/tmp, TERM (from here), LANG=C.UTF-8\n"
-	    "and --env; the local backend passes this environment without provider "
-	    "credentials.\n",
+	    "In the sandbox the environment is PATH, HOME=/tmp (private, so tools' caches stay "
+	    "out\n"
+	    "of the workspace), TERM (from here), LANG=C.UTF-8 and --env: nothing else of the\n"
+	    "host's; the local backend passes this environment minus provider credentials.\n"
+	    "Exit status: the command's; 124 timed out; 128+N killed by signal N (137 also when\n"
+	    "the memory cap was hit); 127 not found; 126 not executable; 125 cowbox failed.\n",
 	    name, strcmp(name, "exec") ? "" : " [--] CMD [ARG...]",
 	    strcmp(name, "exec") ? ""
 				 : "  --shell STRING       run STRING with /bin/sh -c (so does a "

@@ -58,14 +58,71 @@ static int dirty_row(const struct cb_journal_row *row, void *arg)
 	return 0;
 }
 
-/* Rows of turns from..to (the open turn and, after an advance, the one after it). */
+/* The rows being sorted, for dirty_cmp (qsort has no argument; ops run one at a time
+ * under the turn lock). */
+static const struct cb_dirty *dirty_sorting;
+
+/* By path, then by journal order (the index), so the merge below sees rows in order. */
+static int dirty_cmp(const void *a, const void *b)
+{
+	size_t x = *(const size_t *)a, y = *(const size_t *)b;
+	int c = strcmp(dirty_sorting[x].path, dirty_sorting[y].path);
+
+	return c ? c : (x > y) - (x < y);
+}
+
+/* One entry per path: subtree if any row said so, attributed to its latest change. */
+static int dirty_merge(struct dirty_list *l)
+{
+	size_t *ord, w = 0;
+	struct cb_dirty *out;
+
+	if (l->n < 2)
+		return 0;
+	ord = malloc(l->n * sizeof(*ord));
+	out = malloc(l->n * sizeof(*out));
+	if (!ord || !out) {
+		free(ord);
+		free(out);
+		return cb_error_set(ENOMEM, "journal rows: out of memory");
+	}
+	for (size_t i = 0; i < l->n; i++)
+		ord[i] = i;
+	dirty_sorting = l->d;
+	qsort(ord, l->n, sizeof(*ord), dirty_cmp);
+	for (size_t i = 0; i < l->n; i++) {
+		struct cb_dirty *row = &l->d[ord[i]];
+
+		if (w == 0 || strcmp(out[w - 1].path, row->path)) {
+			out[w++] = *row;
+			continue;
+		}
+		out[w - 1].subtree |= row->subtree;
+		if (row->pid) {
+			free((char *)out[w - 1].comm);
+			out[w - 1].pid = row->pid;
+			out[w - 1].comm = row->comm;
+			row->comm = NULL;
+		}
+		free((char *)row->path);
+		free((char *)row->comm);
+	}
+	free(ord);
+	free(l->d);
+	l->d = out;
+	l->n = l->cap = w;
+	return 0;
+}
+
+/* Rows of turns from..to (the open turn and, after an advance, the one after it), merged to
+ * one entry per path so that a path written many times is examined once. */
 static int dirty_load(struct cb_daemon *d, long long from, long long to, struct dirty_list *l)
 {
 	int ret = 0;
 
 	for (long long turn = from; turn <= to && !ret; turn++)
 		ret = cb_journal_list(d->db, turn, dirty_row, l);
-	return ret;
+	return ret ? ret : dirty_merge(l);
 }
 
 /* Flush dirty pages so that their FUSE writes are journaled before the rows are read. */

@@ -275,10 +275,12 @@ class TestLimits(EscapeTestCase):
                 "while time.time() - t < 1.0: pass\nprint(time.process_time() - c)\n")
         p = self.sandbox("python3", "-c", code, args=("--cpus", "0.5"), check_status=0)
         used = float(p.stdout)
-        self.assertGreater(used, 0.25)
-        self.assertLess(used, 0.7)
-        p = self.sandbox("python3", "-c", code, check_status=0)
-        self.assertGreater(float(p.stdout), used + 0.15)  # unlimited: (nearly) a whole cpu
+        # the quota allows 0.05 s per 0.1 s period: one extra period of slack at most
+        self.assertGreater(used, 0.2)
+        self.assertLess(used, 0.62)
+        if os.getloadavg()[0] < 1.0:  # on a busy machine nothing gets a whole cpu anyway
+            p = self.sandbox("python3", "-c", code, check_status=0)
+            self.assertGreater(float(p.stdout), 0.8)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,18 @@ static const char *env_path(char *const *env)
 	return "/usr/local/bin:/usr/bin:/bin";
 }
 
+/* On a pty, stdin goes through the master: copied from an fd, or bytes the loop writes. */
+static void tty_stdin(struct cb_exec *h, const struct cb_exec_spec *spec)
+{
+	if (spec->stdin_kind == CB_EXEC_STDIN_FD) {
+		h->stdin_src = spec->stdin_fd;
+	} else if (spec->stdin_kind == CB_EXEC_STDIN_BYTES) {
+		h->in_bytes = 1;
+		h->in_data = spec->stdin_data;
+		h->in_len = spec->stdin_len;
+	}
+}
+
 int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callbacks *cb,
 		  struct cb_exec **out)
 {
@@ -80,8 +92,7 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 		plan.tty = slave;
 		h->out.fd = h->tty_master;
 		h->in_w = h->tty_master;
-		if (spec->stdin_kind == CB_EXEC_STDIN_FD)
-			h->stdin_src = spec->stdin_fd;
+		tty_stdin(h, spec);
 	} else {
 		if ((rc = cb_exec_pipe(o)) < 0 || (rc = cb_exec_pipe(e)) < 0) {
 			rc = cb_error_set(-rc, "exec: pipe: %s", strerror(-rc));
@@ -219,8 +230,7 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 	if (plan.sandbox_tty) {
 		if ((rc = cb_exec_pty_receive(h)) < 0)
 			goto fail_child;
-		if (spec->stdin_kind == CB_EXEC_STDIN_FD)
-			h->stdin_src = spec->stdin_fd;
+		tty_stdin(h, spec);
 	}
 	*out = h;
 	return 0;

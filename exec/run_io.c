@@ -195,7 +195,8 @@ void cb_exec_pump_stdin_bytes(struct cb_exec *h)
 		h->in_off += (size_t)n;
 	}
 	if (h->in_w >= 0 && h->in_off >= h->in_len) {
-		cb_exec_close_fd(&h->in_w);
+		if (h->in_w != h->tty_master) /* the master also carries the output */
+			cb_exec_close_fd(&h->in_w);
 		h->in_bytes = 0;
 	}
 	pthread_mutex_unlock(&h->in_lock);

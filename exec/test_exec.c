@@ -253,6 +253,20 @@ Test(exec, tty_gives_a_terminal)
 	cb_exec_result_free(&r);
 }
 
+Test(exec, tty_with_stdin_bytes)
+{
+	struct cb_exec_spec spec = {.shell = "read x; echo got-$x",
+				    .env = base_env,
+				    .tty = 1,
+				    .stdin_kind = CB_EXEC_STDIN_BYTES,
+				    .stdin_data = "abc\n",
+				    .stdin_len = 4};
+	struct cb_exec_result r;
+	cr_assert_eq(cb_exec_run(&spec, &r), 0, "%s", cb_error_message());
+	cr_expect(strstr(r.out, "got-abc") != NULL, "out: %s", r.out);
+	cb_exec_result_free(&r);
+}
+
 Test(exec, empty_command_is_an_error)
 {
 	char *argv[] = {NULL};

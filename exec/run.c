@@ -364,8 +364,14 @@ int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res)
 	cb_exec_close_fd(&h->ctl);
 	pthread_mutex_unlock(&h->ctl_lock);
 	int shim_status = 0;
-	while (waitpid(h->shim, &shim_status, 0) < 0 && errno == EINTR)
+	pid_t reaped;
+	while ((reaped = waitpid(h->shim, &shim_status, 0)) < 0 && errno == EINTR)
 		;
+	if (reaped < 0 && !have_status && !rc)
+		rc = cb_error_set(errno,
+				  "exec: the supervisor (pid %d) was reaped elsewhere before "
+				  "it reported (a waitpid(-1) in this process?): %s",
+				  (int)h->shim, strerror(errno));
 	h->shim = 0;
 
 	res->duration = ended - h->t0;

@@ -252,7 +252,7 @@ static void docker_signal_tree(struct docker_state *s, unsigned long token, int 
 	struct cb_exec_result res;
 
 	snprintf(script, sizeof(script),
-		 "p=$(cat /tmp/.cowbox-exec-%lu 2>/dev/null) && kill -%d -- -$p 2>/dev/null; "
+		 "p=$(cat /tmp/.cowbox-exec-%lu 2>/dev/null) && kill -%d -$p 2>/dev/null; "
 		 "true",
 		 token, sig);
 	if (docker_cli(argv, 30, &res) == 0)
@@ -292,9 +292,11 @@ static void docker_kill(struct cb_backend *b, struct cb_exec *h, int sig)
 	if ((r = docker_find(s, h)))
 		token = r->token;
 	pthread_mutex_unlock(&s->lock);
+	/* The CLI is left alone: it returns the status of the tree it runs once that ends. */
 	if (token)
 		docker_signal_tree(s, token, sig);
-	cb_exec_kill(h, sig);
+	else
+		cb_exec_kill(h, sig);
 }
 
 static int docker_which(struct cb_backend *b, const char *binary, char **path)

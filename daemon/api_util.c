@@ -13,13 +13,16 @@
 
 static pthread_mutex_t api_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct cb_backend *api_backend; /* guarded by api_lock; freed at stop */
+static int api_released;	       /* guarded by api_lock: the daemon is stopping */
 
 int cb_api_backend(struct cb_daemon *d, int create, struct cb_backend **out)
 {
 	int rc = 0;
 
 	pthread_mutex_lock(&api_lock);
-	if (!api_backend)
+	if (api_released)
+		rc = cb_error_set(ESHUTDOWN, "the daemon of %s is stopping", d->ref);
+	else if (!api_backend)
 		rc = cb_backend_open(d->ref, d->dir, d->mountpoint, d->name, &api_backend);
 	*out = api_backend;
 	pthread_mutex_unlock(&api_lock);
@@ -56,6 +59,7 @@ int cb_api_configure(struct cb_daemon *d, json_t *options)
 void cb_api_backend_release(void)
 {
 	pthread_mutex_lock(&api_lock);
+	api_released = 1;
 	cb_backend_free(api_backend);
 	api_backend = NULL;
 	pthread_mutex_unlock(&api_lock);

@@ -254,6 +254,8 @@ static void *daemon_signal_thread(void *arg)
 void cb_daemon_request_stop(struct cb_daemon *d)
 {
 	d->stopping = 1;
+	/* api (issue 5): commands and containers hold the mount; they go before the umount. */
+	cb_daemon_api_stop(d);
 	if (!d->ov)
 		return;
 	if (umount2(d->mountpoint, UMOUNT_NOFOLLOW) == 0)

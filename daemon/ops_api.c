@@ -377,9 +377,12 @@ static int op_kill(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 
 void cb_daemon_api_stop(struct cb_daemon *d)
 {
+	static pthread_mutex_t stop_lock = PTHREAD_MUTEX_INITIALIZER;
 	struct timespec deadline;
 
 	(void)d;
+	/* The close op and a signal may both stop the daemon; the second waits, finds nothing. */
+	pthread_mutex_lock(&stop_lock);
 	clock_gettime(CLOCK_REALTIME, &deadline);
 	deadline.tv_sec += 10;
 	pthread_mutex_lock(&running_lock);
@@ -394,6 +397,7 @@ void cb_daemon_api_stop(struct cb_daemon *d)
 	}
 	pthread_mutex_unlock(&running_lock);
 	cb_api_backend_release();
+	pthread_mutex_unlock(&stop_lock);
 }
 
 extern const struct cb_daemon_op cb_daemon_ops_files[];

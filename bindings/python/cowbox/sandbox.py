@@ -209,7 +209,7 @@ class Sandbox:
             raise WorkspaceError("cowbox create: " + err, code="invalid_request")
         box = cls(out.strip().splitlines()[-1], cowbox=cowbox, home=home)
         try:
-            await box._request("configure", options=options)
+            box._apply_options((await box._request("configure", options=options))["options"])
         except Exception:
             await box.close()
             raise
@@ -264,12 +264,14 @@ class Sandbox:
                 self._sock = os.path.join(home or "/var/lib/cowbox", "workspaces", self.ref,
                                           "control.sock")
             self._conn = await Connection.open(self._sock)
-            opts = (await self._conn.request("configure"))["options"]
-            self.backend = opts["backend"]
-            wd = opts.get("working_dir") or ""
-            root = self.mountpoint if self.backend == "local" else "/workspace"
-            self.workdir = root + ("/" + wd if wd else "")
+            self._apply_options((await self._conn.request("configure"))["options"])
             return self._conn
+
+    def _apply_options(self, opts):
+        self.backend = opts["backend"]
+        wd = opts.get("working_dir") or ""
+        root = self.mountpoint if self.backend == "local" else "/workspace"
+        self.workdir = root + ("/" + wd if wd else "")
 
     async def _request(self, op, **args):
         conn = await self._connect()

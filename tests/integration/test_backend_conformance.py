@@ -1,0 +1,187 @@
+"""One conformance suite, run against every backend (ns, local, docker via podman): the same
+harness-visible behaviour through the Python client, whatever runs the commands."""
+
+import asyncio
+import hashlib
+import http.server
+import os
+import subprocess
+import threading
+import time
+import unittest
+from urllib.parse import urlparse
+
+import cbtest
+import cowbox
+
+DOCKER_IMAGE = os.environ.get("COWBOX_DOCKER_IMAGE", "cowbox-debian:bookworm")
+
+
+class Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"hello from the host"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class Conformance:
+    """Mixed into one TestCase per backend; OPTIONS are that backend's create options."""
+
+    OPTIONS = {}
+
+    def setUp(self):
+        super().setUp()
+        self.base = self.make_base({"src/main.c": "int main(void) { return 0; }\n",
+                                    "README": "hi\n"})
+
+    def arun(self, body):
+        async def main():
+            box = await cowbox.Sandbox.create(self.base, cowbox=cbtest.COWBOX, home=self.home,
+                                              env={"FROM_OPTIONS": "yes"}, **self.OPTIONS)
+            try:
+                return await asyncio.wait_for(body(box), 180)
+            finally:
+                await box.close()
+        return asyncio.run(main())
+
+    def test_run_semantics(self):
+        async def body(box):
+            r = await box.run(["sh", "-c", "echo out; echo err >&2; exit 5"])
+            self.assertEqual((r.exit_code, r.stdout, r.stderr), (5, "out\n", "err\n"))
+            self.assertEqual((await box.run(["no-such-program-x"])).exit_code, 127)
+            self.assertEqual((await box.run(["sh", "-c", "kill -KILL $$"])).exit_code, 137)
+            r = await box.run("pwd")
+            self.assertEqual(r.stdout.strip(), box.workdir)
+            r = await box.run(["pwd"], cwd="src")
+            self.assertEqual(r.stdout.strip(), box.workdir + "/src")
+            r = await box.run(["sh", "-c", "echo $FROM_OPTIONS $PER_CMD ${OPENAI_API_KEY:-none}"],
+                              env={"PER_CMD": "also"})
+            self.assertEqual(r.stdout, "yes also none\n")
+            r = await box.run(["cat"], input=b"through stdin")
+            self.assertEqual(r.stdout, "through stdin")
+        os.environ["OPENAI_API_KEY"] = "sk-must-not-leak"
+        try:
+            self.arun(body)
+        finally:
+            del os.environ["OPENAI_API_KEY"]
+
+    def test_timeout_kills_the_tree(self):
+        async def body(box):
+            t0 = time.monotonic()
+            r = await box.run(["sh", "-c", "(sleep 3; echo late > late.txt) & sleep 30"],
+                              timeout=0.5)
+            self.assertEqual((r.exit_code, r.timed_out), (124, True))
+            self.assertLess(time.monotonic() - t0, 10)
+            # Leftovers of the tree are killed at most 2 s after the command ends.
+            await asyncio.sleep(3.5)
+            with self.assertRaises(cowbox.WorkspaceNotFoundError):
+                await box.read("late.txt")
+        self.arun(body)
+
+    def test_output_cap(self):
+        async def body(box):
+            r = await box.run(["sh", "-c", "yes | head -c 30000000; echo done >&2"])
+            self.assertTrue(r.output_limited)
+            self.assertEqual(len(r.stdout_bytes), 65536)
+        self.arun(body)
+
+    def test_exec_stream_stdin_kill(self):
+        async def body(box):
+            p = await box.exec(["sh", "-c", "while read l; do echo \"<$l>\"; done; echo bye >&2"])
+            p.stdin.write(b"a\nb\n")
+            p.stdin.close()
+            self.assertEqual(await p.stdout.read(), b"<a>\n<b>\n")
+            self.assertEqual(await p.wait(), 0)
+            self.assertEqual(await p.stderr.read(), b"bye\n")
+            p = await box.exec(["sh", "-c", "echo started; sleep 60"])
+            self.assertEqual(await p.stdout.readline(), b"started\n")
+            p.terminate()
+            self.assertIn(await p.wait(), (143, 137))
+        self.arun(body)
+
+    def test_files_and_paths(self):
+        async def body(box):
+            data = os.urandom(2 * cowbox.sandbox.CHUNK + 7)
+            await box.write("out/data.bin", data)
+            r = await box.run(["sha256sum", "out/data.bin"])
+            self.assertEqual(r.stdout.split()[0], hashlib.sha256(data).hexdigest())
+            await box.run(["sh", "-c", "printf made > made.txt"])
+            self.assertEqual(await box.read("made.txt"), b"made")
+            await box.run(["ln", "-s", "/etc/passwd", "escape"])
+            for bad in ("../x", "/etc/passwd", "escape"):
+                with self.assertRaises(cowbox.InvalidPathError):
+                    await box.read(bad)
+            snap = await box.snapshot()
+            self.assertEqual(snap["made.txt"], hashlib.sha256(b"made").hexdigest())
+            self.assertEqual(snap["out/data.bin"], hashlib.sha256(data).hexdigest())
+        self.arun(body)
+
+    def test_which(self):
+        async def body(box):
+            path = await box.which("sh")
+            self.assertTrue(path and path.startswith("/") and path.endswith("/sh"), path)
+            self.assertIsNone(await box.which("no-such-program-x"))
+        self.arun(body)
+
+    def test_host_url(self):
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        self.addCleanup(srv.server_close)
+        self.addCleanup(srv.shutdown)
+
+        async def body(box):
+            await box.run(["true"])  # boots the backend
+            url = urlparse(box.host_url(srv.server_address[1]))
+            # bash's /dev/tcp: images need no HTTP client for this.
+            script = ('exec 3<>/dev/tcp/%s/%d && printf "GET / HTTP/1.0\\r\\n\\r\\n" >&3 && '
+                      'cat <&3' % (url.hostname, url.port))
+            r = await box.run(["bash", "-c", script], timeout=20)
+            self.assertEqual(r.exit_code, 0, r.stderr)
+            self.assertTrue(r.stdout.endswith("hello from the host"), r.stdout)
+        self.arun(body)
+
+
+class NsConformance(Conformance, cbtest.CowboxTestCase):
+    OPTIONS = {"backend": "ns"}
+
+
+class LocalConformance(Conformance, cbtest.CowboxTestCase):
+    OPTIONS = {"backend": "local"}
+
+
+def _docker_ready():
+    try:
+        return subprocess.run(["docker", "image", "inspect", DOCKER_IMAGE],
+                              capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@unittest.skipUnless(_docker_ready(), "no docker engine with image %s (DOCKER_HOST=%s); "
+                     "scripts/setup-podman sets one up" % (DOCKER_IMAGE,
+                                                           os.environ.get("DOCKER_HOST")))
+class DockerConformance(Conformance, cbtest.CowboxTestCase):
+    OPTIONS = {"backend": "docker", "image": DOCKER_IMAGE}
+
+    def test_container_lifecycle(self):
+        name = []
+
+        async def body(box):
+            await box.run(["true"])
+            name.append("cowbox-" + box.ref)
+            out = subprocess.run(["docker", "inspect", "-f", "{{.HostConfig.NetworkMode}}",
+                                  name[0]], capture_output=True, text=True).stdout.strip()
+            self.assertEqual(out, "none")
+        self.arun(body)
+        # close took the container with it (its bind of the mount dies with the daemon).
+        gone = subprocess.run(["docker", "inspect", name[0]], capture_output=True)
+        self.assertNotEqual(gone.returncode, 0)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -6,3 +6,6 @@ EXTRA_DIST += tests/integration/cbtest.py
 TESTS += tests/integration/test_turns.py tests/integration/test_turns_property.py
 EXTRA_DIST += tests/integration/turnutil.py
 TESTS += tests/integration/test_exec.py tests/integration/test_escape.py
+# api (issue 5): the API ops, the shared backend conformance suite, the Python client.
+TESTS += tests/integration/test_api.py tests/integration/test_backend_conformance.py \
+	bindings/python/tests/test_client.py

@@ -352,7 +352,12 @@ int cmd_diff(int argc, char **argv)
 	}
 	json_array_foreach(json_object_get(reply, "events"), i, ev)
 	{
-		if (patch)
+		/* --patch: content changes as unified diffs; what has no content to diff
+		 * (directories, symlinks, a mode alone) as the one-line event. */
+		if (patch &&
+		    (json_is_string(json_object_get(ev, "old_src")) ||
+		     json_is_string(json_object_get(ev, "new_src"))) &&
+		    strcmp(json_string_value(json_object_get(ev, "event")), "mode_changed"))
 			status = print_patch(ev) ? CLI_FAIL : status;
 		else
 			print_event(ev);

@@ -303,9 +303,8 @@ static int op_snapshot(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	struct timespec t0, t1;
 	long long turn = 0;
 	json_t *r = NULL;
-	int ret;
-
 	struct turns_progress progress = {conn, json_object_get(req, "id")};
+	int ret;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	pthread_mutex_lock(&d->turn_lock);

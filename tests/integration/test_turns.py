@@ -122,6 +122,8 @@ class TurnsTest(CowboxTestCase):
         self.assertIn("+++ /dev/null", patch)
         self.assertIn("+int a = 2;", patch)
         self.assertIn("Binary files /dev/null and b/bin.dat differ", patch)
+        self.assertIn("mode_changed", patch)  # no content to diff: the one-line event
+        self.assertIn("created      symlink link  src/a.c", patch)
         human = self.cowbox("diff", "w", "1", "2").stdout
         self.assertIn("mode_changed", human)
         self.assertIn("docs/x.md", human)

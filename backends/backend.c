@@ -109,7 +109,7 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 {
 	const char *key;
 	json_t *v;
-	double num;
+	double num = 0;
 	int rc = 0;
 
 	memset(out, 0, sizeof(*out));
@@ -318,6 +318,11 @@ int cb_backend_ensure(struct cb_backend *b)
 		if (!rc) {
 			b->created = 1;
 			rc = backend_first_create(b);
+		}
+		/* A failed hook leaves nothing half-made: the next op tries it all again. */
+		if (rc && b->created) {
+			b->ops->close(b);
+			b->created = 0;
 		}
 	}
 	pthread_mutex_unlock(&b->lock);

@@ -164,5 +164,25 @@ class ClientTest(cbtest.CowboxTestCase):
         self.arun(go())
 
 
+class PackagingTest(unittest.TestCase):
+
+    def test_pip_installs_without_network(self):
+        # The in-tree backend needs nothing from an index: pip builds and installs offline.
+        import subprocess
+        import tempfile
+        src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+        with tempfile.TemporaryDirectory() as target:
+            proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index",
+                                   "--no-deps", "--quiet", "--target", target, src],
+                                  capture_output=True, text=True, timeout=120,
+                                  env=dict(os.environ, PIP_NO_CACHE_DIR="1",
+                                           PIP_DISABLE_PIP_VERSION_CHECK="1"))
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            out = subprocess.run([sys.executable, "-c", "import cowbox; print(cowbox.__file__)"],
+                                 capture_output=True, text=True, cwd=target,
+                                 env=dict(os.environ, PYTHONPATH=target))
+            self.assertTrue(out.stdout.startswith(target), out)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -357,6 +357,13 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 			argv[0]);
 		return 2;
 	}
+	if (o.local && o.cwd && !cwd_stays_inside(o.cwd)) {
+		fprintf(stderr,
+			"cowbox %s: --cwd %s: must be a path inside the workspace (relative, "
+			"no '..' that leaves it)\n",
+			argv[0], o.cwd);
+		return 2;
+	}
 	if ((rc = workspace_dir(&o, &dir, &name)) < 0 || !name) {
 		fprintf(stderr, "cowbox %s: %s\n", argv[0],
 			rc < 0 ? cb_error_message() : "out of memory");
@@ -368,14 +375,6 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 	}
 	spec.env = env;
 	spec.timeout = o.timeout;
-	if (o.local && o.cwd && !cwd_stays_inside(o.cwd)) {
-		fprintf(stderr,
-			"cowbox %s: --cwd %s: must be a path inside the workspace (relative, "
-			"no '..' that leaves it)\n",
-			argv[0], o.cwd);
-		status = 2;
-		goto out;
-	}
 	if (o.local) {
 		fprintf(stderr,
 			"cowbox: warning: the local backend runs on the host in %s, NOT "

@@ -128,11 +128,39 @@ class ClientTest(cbtest.CowboxTestCase):
     def test_large_file_round_trip(self):
         async def go():
             box = await self.new_box()
-            data = os.urandom(3 * cowbox.sandbox.CHUNK + 12345)
-            await box.write("big/blob.bin", data)
-            self.assertEqual(await box.read("big/blob.bin"), data)
-            r = await box.run(["sha256sum", "big/blob.bin"])
-            self.assertEqual(r.stdout.split()[0], hashlib.sha256(data).hexdigest())
+            for direct in (False, True):  # protocol chunks, then straight through the mount
+                box.direct_io = direct
+                data = os.urandom(3 * cowbox.sandbox.CHUNK + 12345)
+                await box.write("big/blob%d.bin" % direct, data)
+                self.assertEqual(await box.read("big/blob%d.bin" % direct), data)
+                r = await box.run(["sha256sum", "big/blob%d.bin" % direct])
+                self.assertEqual(r.stdout.split()[0], hashlib.sha256(data).hexdigest())
+                await box.write("small%d" % direct, b"")
+                self.assertEqual(await box.read("small%d" % direct), b"")
+                with self.assertRaises(cowbox.WorkspaceNotFoundError):
+                    await box.read("missing%d" % direct)
+            # Both paths see each other's files.
+            box.direct_io = False
+            self.assertEqual(len(await box.read("big/blob1.bin")), 3 * cowbox.sandbox.CHUNK + 12345)
+        self.arun(go())
+
+    def test_path_escapes_both_paths(self):
+        async def go():
+            box = await self.new_box()
+            await box.run(["sh", "-c", "ln -s /etc etc-link; ln -s /etc/passwd pw; "
+                                       "ln -s ../.. up"])
+            for direct in (False, True):
+                box.direct_io = direct
+                for bad in ("../outside", "/etc/passwd", "etc-link/passwd", "pw", "up/x",
+                            "src/../../x"):
+                    with self.assertRaises(cowbox.InvalidPathError, msg=(direct, bad)):
+                        await box.read(bad)
+                    with self.assertRaises(cowbox.InvalidPathError, msg=(direct, bad)):
+                        await box.write(bad, b"x")
+                    with self.assertRaises(cowbox.InvalidPathError, msg=(direct, bad)):
+                        await box.write(bad + "/deeper/file", b"x")
+            self.assertFalse(os.path.exists(os.path.join(self.tmp, "x")))
+            self.assertFalse(os.path.exists(os.path.join(self.tmp, "outside")))
         self.arun(go())
 
     def test_close_attach_destroy(self):

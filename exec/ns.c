@@ -107,6 +107,35 @@ static int add_masks(struct cb_ns_plan *p, const char *prefix)
 	return rc;
 }
 
+/* Validate an extra bind: its source exists, its target is a fresh path under the root. */
+static int add_extra_bind(struct cb_ns_plan *p, const struct cb_sandbox_bind *b)
+{
+	static const char *const reserved[] = {"usr",	    "etc",   "bin",   "sbin",
+					       "lib",	    "lib32", "lib64", "libx32",
+					       "workspace", "tmp",   "proc",  "dev"};
+	struct stat st;
+	const char *dst = b->dst ? b->dst : "";
+	while (*dst == '/')
+		dst++;
+	size_t first = strcspn(dst, "/");
+	if (!b->src || stat(b->src, &st) < 0)
+		return cb_error_set(b->src ? errno : EINVAL, "sandbox: bind source %s: %s",
+				    b->src ? b->src : "(none)", strerror(b->src ? errno : EINVAL));
+	if (!*dst || strstr(dst, "..") || p->n_entries >= CB_NS_MAX_ENTRIES)
+		return cb_error_set(EINVAL, "sandbox: bind target '%s' is not a usable path",
+				    b->dst ? b->dst : "");
+	for (size_t i = 0; i < sizeof reserved / sizeof *reserved; i++)
+		if (first == strlen(reserved[i]) && !strncmp(dst, reserved[i], first))
+			return cb_error_set(EINVAL,
+					    "sandbox: bind target %s is inside /%s, which "
+					    "the sandbox builds itself",
+					    b->dst, reserved[i]);
+	int rc = add_entry(p, b->writable ? CB_NS_BIND_RW : CB_NS_BIND_RO, b->src, dst);
+	if (rc == 0)
+		p->entries[p->n_entries - 1].is_file = !S_ISDIR(st.st_mode);
+	return rc;
+}
+
 int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out)
 {
 	struct stat st;
@@ -183,6 +212,13 @@ int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out)
 		p->entries[p->n_entries - 1].rdev = st.st_rdev;
 		p->entries[p->n_entries - 1].is_file = 1;
 	}
+	if (sb->n_binds > 16) {
+		rc = cb_error_set(E2BIG, "sandbox: %zu extra binds, at most 16", sb->n_binds);
+		goto out;
+	}
+	for (size_t i = 0; i < sb->n_binds; i++)
+		if ((rc = add_extra_bind(p, &sb->binds[i])) < 0)
+			goto out;
 	if ((rc = cb_ns_seccomp_prog(&p->seccomp_prog)) < 0)
 		goto out;
 	p->clone_flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP;
@@ -308,6 +344,23 @@ static int protect_proc(int rootfd, const char *path)
 	return rc;
 }
 
+/* mkdir -p of path's parent directories under rootfd (no allocation: a stack copy). */
+static int make_parents(int rootfd, const char *path)
+{
+	char buf[PATH_MAX];
+	size_t n = strlen(path);
+	if (n >= sizeof buf)
+		return errno = ENAMETOOLONG, -1;
+	memcpy(buf, path, n + 1);
+	for (char *s = buf; (s = strchr(s, '/')); s++) {
+		*s = 0;
+		if (mkdirat(rootfd, buf, 0755) < 0 && errno != EEXIST)
+			return -1;
+		*s = '/';
+	}
+	return 0;
+}
+
 /* Bind an empty file (or directory) of the root tmpfs over each masked path, then drop the
  * source names: the binds keep them alive, nothing shows in /. */
 static int mask_secrets(const struct cb_ns_plan *p, int rootfd, int ctl)
@@ -390,6 +443,8 @@ int cb_ns_setup_root(const struct cb_ns_plan *p, int ctl)
 		case CB_NS_MASK:
 			break; /* below, once /etc is in place */
 		default:
+			if (strchr(e->dst, '/') && make_parents(rootfd, e->dst) < 0)
+				FAIL("make the parents of", e->dst);
 			if (e->is_file) {
 				int f =
 				    openat(rootfd, e->dst, O_CREAT | O_WRONLY | O_CLOEXEC, 0666);

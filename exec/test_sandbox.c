@@ -11,7 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -216,4 +218,50 @@ Test(sandbox, join_a_kept_network_namespace)
 	cr_expect_str_eq(r.out, want);
 	cb_exec_result_free(&r);
 	close(netns);
+}
+
+static void *serve_once(void *arg)
+{
+	int fd = accept(*(int *)arg, NULL, NULL);
+	if (fd >= 0) {
+		(void)!write(fd, "PROXY\n", 6);
+		close(fd);
+	}
+	return NULL;
+}
+
+Test(sandbox, extra_bind_bridges_a_unix_socket)
+{
+	char dir[] = "/tmp/cb-proxy-XXXXXX", path[64];
+	cr_assert(mkdtemp(dir) != NULL);
+	snprintf(path, sizeof path, "%s/proxy.sock", dir);
+	int srv = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
+	cr_assert_eq(bind(srv, (struct sockaddr *)&addr, sizeof addr), 0);
+	cr_assert_eq(listen(srv, 1), 0);
+	pthread_t t;
+	pthread_create(&t, NULL, serve_once, &srv);
+	struct cb_sandbox_bind binds[] = {{.src = path, .dst = "/run/cowbox/proxy.sock"}};
+	struct cb_sandbox sb = {.workspace = workspace, .binds = binds, .n_binds = 1};
+	struct cb_exec_result r =
+	    run_in(&sb,
+		   "python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); "
+		   "s.connect(\"/run/cowbox/proxy.sock\"); print(s.recv(10).decode(), end=\"\")'",
+		   10);
+	cr_expect_str_eq(r.out, "PROXY\n", "err: %s", r.err);
+	cb_exec_result_free(&r);
+	pthread_join(t, NULL);
+	close(srv);
+	unlink(path);
+	rmdir(dir);
+	/* targets the sandbox builds itself are refused, naming the target */
+	struct cb_sandbox_bind bad[] = {{.src = dir, .dst = "/etc/evil"}};
+	sb.binds = bad;
+	struct cb_exec_spec spec = {.shell = "true", .env = base_env, .sandbox = &sb};
+	cr_expect_eq(cb_exec_run(&spec, &r), -ENOENT); /* the source is gone by now */
+	mkdir(dir, 0700);
+	cr_expect_eq(cb_exec_run(&spec, &r), -EINVAL);
+	cr_expect(strstr(cb_error_message(), "/etc/evil") != NULL, "%s", cb_error_message());
+	rmdir(dir);
 }

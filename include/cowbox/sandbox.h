@@ -15,6 +15,15 @@ enum cb_sandbox_net {
 			    also saves creating a namespace per command (the main cost of one) */
 };
 
+/* One more host path shown in the sandbox, e.g. the unix socket of an allow-list proxy that
+ * runs outside. dst is absolute inside the sandbox and must not fall under the root's own
+ * directories (/usr, /etc, /bin, /lib*, /workspace, /tmp, /proc, /dev): /run/... is typical. */
+struct cb_sandbox_bind {
+	const char *src; /* host path: a directory, file or socket */
+	const char *dst;
+	int writable; /* else read-only (a socket can still be connected to) */
+};
+
 /* Zero-initialise and fill what you need; zero fields take the documented defaults. */
 struct cb_sandbox {
 	const char *workspace; /* host directory (or FUSE mount) bound read-write at /workspace */
@@ -28,8 +37,10 @@ struct cb_sandbox {
 	unsigned long pids;	 /* cap on processes+threads, 0: none */
 	unsigned long nofile;	 /* RLIMIT_NOFILE, 0: 1024 */
 	unsigned long tmp_mb;	 /* size of the private /tmp, 0: 512 */
-	int userns;		 /* as root: still use a user namespace, mapping the sandbox's root
-				    to host uid/gid userns_uid (0: 65534). Always on when not root. */
+	const struct cb_sandbox_bind *binds; /* extra binds (at most 16), in this order */
+	size_t n_binds;
+	int userns; /* as root: still use a user namespace, mapping the sandbox's root
+		       to host uid/gid userns_uid (0: 65534). Always on when not root. */
 	uid_t userns_uid;
 };
 

@@ -112,6 +112,20 @@ class TestFilesystemEscapes(EscapeTestCase):
         self.assertEqual(len(out.split()), 2)
 
 
+class TestRealWorkspaceEscapes(CowboxTestCase):
+    def test_the_daemons_control_socket_and_home_are_out_of_reach(self):
+        ref = self.create(base=self.make_base({"a.txt": "a\n"}), name="esc")
+        self.cowbox("exec", ref, "--", "true")  # starts the daemon, which owns the socket
+        sock = os.path.join(self.ws_dir(ref), "control.sock")
+        self.assertTrue(os.path.exists(sock))
+        code = ("import os, socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n"
+                "    s.connect(%r); print('CONNECTED')\n"
+                "except OSError as e: print(type(e).__name__)\n"
+                "print(os.path.exists(%r), sorted(os.listdir('/workspace')))\n" % (sock, self.home))
+        p = self.cowbox("exec", ref, "--", "python3", "-c", code)
+        self.assertEqual(p.stdout, "FileNotFoundError\nFalse ['a.txt']\n")
+
+
 class TestProcessEscapes(EscapeTestCase):
     def test_cannot_see_host_pids(self):
         host = subprocess.Popen(["sleep", "321.%d" % os.getpid()])

@@ -25,6 +25,8 @@ def call(name, *args):
 
 class EscapeTestCase(CowboxTestCase):
     def setUp(self):
+        if os.geteuid() != 0:
+            self.skipTest("the escape suite probes root's sandbox (and writes under /root)")
         super().setUp()
         self.ws = os.path.join(self.tmp, "box")
         os.mkdir(self.ws)

@@ -251,13 +251,9 @@ int ws_base_now(struct cb_turns *t, const char *path, struct cb_entry *out)
 					  (long long)st.st_ino, h.sha256, h.xxh3);
 }
 
-/* Below this size a blob is copied in a second pass only when it is missing: the file is in
- * the page cache by then, and content that is already kept (a rollback's restores, a file
- * edited back) costs no temp file at all. Larger files are copied during the hash pass when
- * their size already says they are not the base's. */
-#define LIVE_COPY_IN_PASS (1 << 20)
-
-/* Hash the live file, keeping a blob when its content is not the base's at that path. */
+/* Hash the live file, keeping a blob when its content is not the base's at that path:
+ * copied during the hash pass when the sizes already say so (one read through FUSE for new
+ * content, the common case), else in a second pass when the blob is missing. */
 static int live_file(struct cb_turns *t, const char *path, int keep_blob, struct cb_entry *out)
 {
 	struct cb_entry base = {0};
@@ -268,8 +264,7 @@ static int live_file(struct cb_turns *t, const char *path, int keep_blob, struct
 
 	if (keep_blob && (ret = ws_base_now(t, path, &base)) < 0)
 		goto out;
-	if (keep_blob && out->size >= LIVE_COPY_IN_PASS &&
-	    (base.type != CB_ENTRY_FILE || base.size != out->size)) {
+	if (keep_blob && (base.type != CB_ENTRY_FILE || base.size != out->size)) {
 		copy_fd = cb_ws_blob_tmp(t->blob_fd, tmp);
 		if (copy_fd < 0) {
 			ret = copy_fd;

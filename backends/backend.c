@@ -273,9 +273,10 @@ void cb_backend_free(struct cb_backend *b)
 {
 	if (!b)
 		return;
+	/* Forwarders first: they listen in the namespace that close lets go of. */
+	cb_forwarder_stop_all(b);
 	if (b->created && b->ops)
 		b->ops->close(b);
-	cb_forwarder_stop_all(b);
 	cb_backend_options_free(&b->opt);
 	free(b->ref);
 	free(b->dir);

@@ -346,7 +346,6 @@ static void docker_close(struct cb_backend *b)
 	char *argv[] = {"docker", "rm", "-f", s ? s->name : NULL, NULL};
 	struct cb_exec_result res;
 
-	cb_forwarder_stop_all(b);
 	if (!s)
 		return;
 	if (docker_cli(argv, 60, &res) == 0)

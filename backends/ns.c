@@ -126,7 +126,6 @@ static void ns_close(struct cb_backend *b)
 {
 	struct ns_state *s = b->priv;
 
-	cb_forwarder_stop_all(b);
 	if (s && s->netns_fd >= 0)
 		close(s->netns_fd);
 	free(s);

@@ -27,6 +27,7 @@ struct api_exec {
 	int refs;      /* stdin writers using h; guarded by running_lock */
 	int started;   /* h is set and running; guarded by running_lock */
 	int stop_sent; /* the daemon's stop killed it */
+	int hangup;    /* the client went away: nobody wants the command any more */
 	struct api_exec *next;
 };
 
@@ -176,9 +177,23 @@ static json_t *result_json(const struct api_exec *e, const struct cb_exec_result
 	return r;
 }
 
+/* The connection's reader is gone (hang-up or stop): end the command even if it is silent.
+ * Runs under the connection's request lock, so it only sends a signal. */
+static void api_on_close(void *obj)
+{
+	struct api_exec *e = obj;
+
+	pthread_mutex_lock(&running_lock);
+	e->hangup = 1;
+	if (e->started)
+		cb_exec_kill(e->h, SIGKILL);
+	pthread_mutex_unlock(&running_lock);
+}
+
 /* Unlisted, and no stdin writer or killer still uses the handle. */
 static void running_remove(struct api_exec *e)
 {
+	cb_daemon_conn_detach(e->conn, e->id);
 	pthread_mutex_lock(&running_lock);
 	for (struct api_exec **p = &running; *p; p = &(*p)->next)
 		if (*p == e) {
@@ -210,6 +225,8 @@ static void *api_exec_main(void *arg)
 		goto fail;
 	pthread_mutex_lock(&running_lock);
 	e->started = 1;
+	if (e->hangup)
+		cb_exec_kill(e->h, SIGKILL);
 	pthread_cond_broadcast(&running_cond);
 	pthread_mutex_unlock(&running_lock);
 	rc = e->b->ops->wait(e->b, e->h, &res);
@@ -302,6 +319,19 @@ static int api_start(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *r
 	if (busy) {
 		api_exec_free(e);
 		return cb_error_set(EBUSY, "a command with this id is still running");
+	}
+	/* Only to hear of a hang-up: stdin and kill use this file's own table, since a stdin
+	 * write may block, which the connection's request lock must not. */
+	if ((rc = cb_daemon_conn_attach(conn, id, e, api_on_close)) < 0) {
+		pthread_mutex_lock(&running_lock);
+		for (struct api_exec **p = &running; *p; p = &(*p)->next)
+			if (*p == e) {
+				*p = e->next;
+				break;
+			}
+		pthread_mutex_unlock(&running_lock);
+		api_exec_free(e);
+		return rc == -EEXIST ? cb_error_set(EBUSY, "%s", cb_error_message()) : rc;
 	}
 	pthread_attr_init(&attr);
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);

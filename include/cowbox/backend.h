@@ -69,7 +69,8 @@ struct cb_backend_ops {
 	int (*which)(struct cb_backend *b, const char *binary, char **path);
 	/* A URL that code inside reaches the host's port with, and only that port. */
 	int (*host_url)(struct cb_backend *b, int port, char **url);
-	/* Let go of the resources (forwarders, the container), keeping the disk. */
+	/* Let go of the resources (a namespace, the container), keeping the disk; called after
+	 * the forwarders were stopped (by cb_backend_free, or by a failed create). */
 	void (*close)(struct cb_backend *b);
 	/* Run the on_destroy hooks and remove the resources for good (the container). */
 	int (*destroy)(struct cb_backend *b);

@@ -104,7 +104,8 @@ static mode_t rb_umask(void)
 	return (mode_t)m;
 }
 
-static int rb_file(struct cb_turns *t, const struct cb_entry *e, int from_base, mode_t um)
+static int rb_file(struct cb_turns *t, const struct cb_entry *e, int from_base, mode_t um,
+		   struct stat *after, int *written)
 {
 	const char *name;
 	char tmp[64];
@@ -142,6 +143,8 @@ static int rb_file(struct cb_turns *t, const struct cb_entry *e, int from_base, 
 		ret = cb_error_set(errno, "restore %s: rename: %s", e->path, strerror(errno));
 	if (ret)
 		unlinkat(pfd, tmp, 0);
+	else
+		*written = fstatat(pfd, name, after, AT_SYMLINK_NOFOLLOW) == 0;
 out:
 	if (src >= 0)
 		close(src);
@@ -192,6 +195,8 @@ static int rb_chmod(struct cb_turns *t, const char *path, unsigned mode)
 struct rb_job {
 	const struct cb_entry *want;
 	int from_base;
+	int written;	/* renamed into place */
+	struct stat st; /* its stat right after */
 };
 
 struct rb_jobs {
@@ -227,7 +232,7 @@ static int rb_restore(struct cb_turns *t, const struct cb_diff_event *ev, long l
 		from_base = rb_resolve(t, want, turn);
 		if (from_base < 0)
 			return from_base;
-		jobs->job[jobs->n++] = (struct rb_job){want, from_base};
+		jobs->job[jobs->n++] = (struct rb_job){.want = want, .from_base = from_base};
 		return 0;
 	}
 	return 0;
@@ -247,7 +252,7 @@ static void *rb_worker(void *arg)
 		pthread_mutex_unlock(&j->lock);
 		if (!job)
 			return NULL;
-		ret = rb_file(j->t, job->want, job->from_base, j->um);
+		ret = rb_file(j->t, job->want, job->from_base, j->um, &job->st, &job->written);
 		if (ret) {
 			pthread_mutex_lock(&j->lock);
 			if (!j->err) {
@@ -274,6 +279,32 @@ static int rb_run_jobs(struct rb_jobs *j)
 		pthread_join(th[i], NULL);
 	if (j->err)
 		return cb_error_set(j->err, "%s", j->msg);
+	return 0;
+}
+
+/* Hand the files written to the snapshot that records the rollback (ws_known_set). */
+static int rb_remember(struct cb_turns *t, struct rb_jobs *j)
+{
+	struct ws_known *known = calloc(j->n ? j->n : 1, sizeof(*known));
+	size_t n = 0;
+	int ret = 0;
+
+	if (!known)
+		return cb_error_set(ENOMEM, "rollback: out of memory");
+	for (size_t i = 0; i < j->n && !ret; i++) {
+		if (!j->job[i].written)
+			continue;
+		ret = cb_entry_copy(&known[n].e, j->job[i].want);
+		known[n].st = j->job[i].st;
+		n += !ret;
+	}
+	if (ret) {
+		for (size_t i = 0; i < n; i++)
+			cb_entry_clear(&known[i].e);
+		free(known);
+		return ret;
+	}
+	ws_known_set(t, known, n);
 	return 0;
 }
 
@@ -305,6 +336,8 @@ int cb_ws_rollback(struct cb_turns *t, long long turn, const struct cb_dirty *di
 		ret = rb_restore(t, &d.ev[i], turn, &jobs);
 	if (!ret)
 		ret = rb_run_jobs(&jobs);
+	if (!ret)
+		ret = rb_remember(t, &jobs);
 	/* Directory modes last and deepest first, so a read-only directory blocks nothing. */
 	for (size_t i = d.n; i-- > 0 && !ret;) {
 		const struct cb_entry *want = &d.ev[i].old;

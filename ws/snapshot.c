@@ -192,5 +192,6 @@ out:
 	}
 	free(items);
 	ws_pathset_free(&set);
+	ws_known_clear(t);
 	return ret ? cb_error_wrap(ret, "snapshot turn %lld", turn) : 0;
 }

@@ -65,6 +65,7 @@ void cb_turns_close(struct cb_turns *t)
 	if (!t)
 		return;
 	cb_db_turns_close(t->db);
+	ws_known_clear(t);
 	free(t->db_path);
 	if (t->root_fd >= 0)
 		close(t->root_fd);
@@ -319,8 +320,52 @@ out:
 	return ret;
 }
 
+static int known_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct ws_known *)a)->e.path, ((const struct ws_known *)b)->e.path);
+}
+
+void ws_known_clear(struct cb_turns *t)
+{
+	for (size_t i = 0; i < t->nknown; i++)
+		cb_entry_clear(&t->known[i].e);
+	free(t->known);
+	t->known = NULL;
+	t->nknown = 0;
+}
+
+void ws_known_set(struct cb_turns *t, struct ws_known *known, size_t n)
+{
+	ws_known_clear(t);
+	t->known = known;
+	t->nknown = n;
+	if (n)
+		qsort(known, n, sizeof(*known), known_cmp);
+}
+
+/* The entry a rollback wrote at path, if the file still has the stat it had then. */
+static const struct cb_entry *known_entry(struct cb_turns *t, const char *path,
+					  const struct stat *st)
+{
+	struct ws_known key = {.e.path = (char *)path};
+	const struct ws_known *k;
+
+	if (!t->nknown)
+		return NULL;
+	k = bsearch(&key, t->known, t->nknown, sizeof(*t->known), known_cmp);
+	if (!k || k->st.st_ino != st->st_ino || k->st.st_size != st->st_size ||
+	    k->st.st_mtim.tv_sec != st->st_mtim.tv_sec ||
+	    k->st.st_mtim.tv_nsec != st->st_mtim.tv_nsec ||
+	    k->st.st_ctim.tv_sec != st->st_ctim.tv_sec ||
+	    k->st.st_ctim.tv_nsec != st->st_ctim.tv_nsec ||
+	    (k->st.st_mode & 07777) != (st->st_mode & 07777))
+		return NULL;
+	return &k->e;
+}
+
 int ws_live_entry(struct cb_turns *t, const char *path, int keep_blob, struct cb_entry *out)
 {
+	const struct cb_entry *known;
 	struct stat st;
 	int ret;
 
@@ -329,6 +374,14 @@ int ws_live_entry(struct cb_turns *t, const char *path, int keep_blob, struct cb
 		ret = entry_read(t->root_fd, path, &st, out);
 		if (ret <= 0 || out->type != CB_ENTRY_FILE)
 			return ret < 0 ? ret : 0;
+		/* Just restored by a rollback and untouched since: its content (and blob or base
+		 * copy) is known. */
+		known = keep_blob ? known_entry(t, path, &st) : NULL;
+		if (known) {
+			memcpy(out->sha256, known->sha256, CB_SHA256_LEN);
+			memcpy(out->xxh3, known->xxh3, CB_XXH128_LEN);
+			return 0;
+		}
 		ret = live_file(t, path, keep_blob, out);
 		/* Deleted or replaced between the stat and the open: look again. */
 		if (!ws_gone(ret) && ret != -EINVAL)

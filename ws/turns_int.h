@@ -5,6 +5,14 @@
 
 #include "cowbox/turns.h"
 
+/* A file a rollback just wrote, with the stat it had right after: while the file still has
+ * that stat (inode, size, mtime, ctime), the next snapshot takes its entry without reading
+ * it again (any write since changes mtime and ctime). */
+struct ws_known {
+	struct cb_entry e;
+	struct stat st;
+};
+
 struct cb_turns {
 	struct cb_db_turns *db;
 	char *db_path; /* meta.db, for a fork to import the base cache from */
@@ -13,7 +21,13 @@ struct cb_turns {
 	int blob_fd;
 	void (*progress)(void *, long long, long long, long long, long long);
 	void *progress_arg;
+	struct ws_known *known; /* sorted by path; emptied by the next snapshot */
+	size_t nknown;
 };
+
+/* Remember files just written (takes ownership of the array), forget them. */
+void ws_known_set(struct cb_turns *t, struct ws_known *known, size_t n);
+void ws_known_clear(struct cb_turns *t);
 
 /* ws/beneath.c: resolution beneath dirfd through no symlink at all (RESOLVE_BENEATH |
  * RESOLVE_NO_SYMLINKS); -errno on failure, no message set. A symlink on the way gives

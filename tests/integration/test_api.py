@@ -295,6 +295,25 @@ class ApiTest(cbtest.CowboxTestCase):
         with open(marker) as f:
             self.assertEqual(f.read(), "gone\n")
 
+    def test_limits_and_network_options(self):
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(4)
+        self.addCleanup(srv.close)
+        port = srv.getsockname()[1]
+        probe = ("import socket,sys\ntry:\n socket.create_connection(('127.0.0.1', %d), 3)\n"
+                 " print('reached')\nexcept OSError as e:\n print('refused')\n" % port)
+        # Network none (the default): the host's loopback is not the sandbox's.
+        self.assertEqual(self.run_cmd(["python3", "-c", probe])[1], b"refused\n")
+        other = self.create(self.base)
+        self.mount(other)
+        c2 = self.client(other)
+        self.ok("configure", c=c2, options={"network": "all", "memory_mb": 64, "cpus": 0.5})
+        r = self.ok("run", c=c2, cmd=["python3", "-c", probe])
+        self.assertEqual(unb64(r["stdout"]), b"reached\n")
+        r = self.ok("run", c=c2, cmd=["python3", "-c", "b = bytearray(400 << 20); print(len(b))"])
+        self.assertEqual((r["exit_code"], r["oom_killed"]), (137, True), r)
+
     def test_setup_script_timeout(self):
         other = self.create(self.base)
         self.mount(other)

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -161,6 +162,8 @@ static int docker_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	struct docker_state *s = b->priv;
 	struct cb_exec_spec spec = {0};
 	char **env = NULL, *rel = NULL, *argv[DOCKER_MAX_ARGS], wrapper[160], tmo[32], wd[4200];
+	char envfile[4200];
+	FILE *ef = NULL;
 	size_t n = 0, slot;
 	double timeout = cb_backend_timeout(b, cmd);
 	unsigned long token;
@@ -191,9 +194,25 @@ static int docker_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	argv[n++] = "-i";
 	argv[n++] = "-w";
 	argv[n++] = wd;
+	/* The environment goes in a 0600 file, not on the command line where `ps` shows it;
+	 * a value with a newline cannot be in that file and stays an argument. */
+	snprintf(envfile, sizeof(envfile), "%s/docker-env-%d-%lu", b->dir, (int)getpid(), token);
+	if ((ef = fopen(envfile, "wxe"))) {
+		fchmod(fileno(ef), 0600);
+		argv[n++] = "--env-file";
+		argv[n++] = envfile;
+	}
 	for (size_t i = 0; env[i] && n < DOCKER_MAX_ARGS - 16; i++) {
+		if (ef && !strchr(env[i], '\n')) {
+			fprintf(ef, "%s\n", env[i]);
+			continue;
+		}
 		argv[n++] = "-e";
 		argv[n++] = env[i];
+	}
+	if (ef && fclose(ef) != 0) {
+		rc = cb_error_set(EIO, "docker backend: write %s", envfile);
+		goto release;
 	}
 	argv[n++] = s->name;
 	argv[n++] = "/bin/sh";
@@ -225,6 +244,8 @@ static int docker_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 		cb_exec_env_free(host);
 	}
 release:
+	if (rc && ef)
+		unlink(envfile);
 	pthread_mutex_lock(&s->lock);
 	s->running[slot].h = rc ? NULL : *out;
 	s->running[slot].token = token;
@@ -274,6 +295,13 @@ static int docker_wait(struct cb_backend *b, struct cb_exec *h, struct cb_exec_r
 		r->h = NULL;
 	}
 	pthread_mutex_unlock(&s->lock);
+	if (token) {
+		char envfile[4200];
+
+		snprintf(envfile, sizeof(envfile), "%s/docker-env-%d-%lu", b->dir, (int)getpid(),
+			 token);
+		unlink(envfile); /* the CLI read it long ago */
+	}
 	/* The CLI was stopped (output cap, kill, its own timeout): the tree inside still runs. */
 	if (!rc && token && (res->output_limited || res->killed || res->timed_out))
 		docker_signal_tree(s, token, SIGKILL);

@@ -4,3 +4,10 @@ backends_libcb_backends_la_SOURCES = backends/common.h backends/common.c backend
 	backends/pathio.c backends/forward.c backends/ns.c backends/local.c backends/docker.c
 COWBOX_LAYERS += backends/libcb_backends.la
 pkginclude_HEADERS += include/cowbox/backend.h
+
+check_PROGRAMS += backends/test_backend
+TESTS += backends/test_backend
+backends_test_backend_SOURCES = backends/test_backend.c
+backends_test_backend_CFLAGS = $(CRITERION_TEST_CFLAGS)
+backends_test_backend_LDADD = backends/libcb_backends.la exec/libcb_exec.la util/libcb_util.la \
+	$(DEPS_LIBS) $(CRITERION_TEST_LIBS)

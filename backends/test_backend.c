@@ -1,0 +1,182 @@
+/* Unit tests of the backends layer without a daemon: options from JSON and back, backend.json,
+ * command environments, path-safe read/write on a plain directory, and the local table. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cowbox/backend.h"
+#include "cowbox/error.h"
+
+static char tmp[] = "/tmp/cb-test-backend-XXXXXX";
+static char root[4200];
+
+static void setup(void)
+{
+	cr_assert_not_null(mkdtemp(tmp));
+	snprintf(root, sizeof(root), "%s/root", tmp);
+	cr_assert_eq(mkdir(root, 0755), 0);
+}
+
+static void teardown(void)
+{
+	char cmd[4300];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
+	cr_expect_eq(system(cmd), 0);
+}
+
+static struct cb_backend *open_with(const char *json)
+{
+	struct cb_backend_options o;
+	struct cb_backend *b = NULL;
+	json_error_t jerr;
+	json_t *j = json_loads(json, 0, &jerr);
+
+	cr_assert_not_null(j, "%s", jerr.text);
+	cr_assert_eq(cb_backend_options_from_json(j, &o), 0, "%s", cb_error_message());
+	json_decref(j);
+	cr_assert_eq(cb_backend_options_save(tmp, &o), 0, "%s", cb_error_message());
+	cb_backend_options_free(&o);
+	cr_assert_eq(cb_backend_open("cb-00000000000000000000000000000000", tmp, root, "t", &b), 0,
+		     "%s", cb_error_message());
+	return b;
+}
+
+TestSuite(backend, .init = setup, .fini = teardown);
+
+Test(backend, options_refuse_bad_input)
+{
+	static const char *const bad[] = {
+	    "[]",
+	    "{\"backend\":\"vm\"}",
+	    "{\"bogus\":1}",
+	    "{\"env\":{\"A\":1}}",
+	    "{\"env\":{\"A=B\":\"x\"}}",
+	    "{\"network\":\"some\"}",
+	    "{\"timeout\":-1}",
+	    "{\"working_dir\":\"/abs\"}",
+	    "{\"working_dir\":\"a/../..\"}",
+	    "{\"on_create\":\"echo\"}",
+	};
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+		struct cb_backend_options o;
+		json_t *j = json_loads(bad[i], 0, NULL);
+
+		cr_expect_eq(cb_backend_options_from_json(j, &o), -EINVAL, "%s accepted", bad[i]);
+		cr_expect_neq(strlen(cb_error_message()), 0);
+		json_decref(j);
+	}
+}
+
+Test(backend, options_round_trip_through_backend_json)
+{
+	struct cb_backend *b = open_with(
+	    "{\"backend\":\"local\",\"env\":{\"K\":\"v\"},\"network\":\"all\",\"cpus\":1.5,"
+	    "\"memory_mb\":256,\"on_create\":[\"true\"],\"setup_script\":\"echo hi\","
+	    "\"working_dir\":\"sub\"}");
+
+	cr_expect_str_eq(b->ops->name, "local");
+	cr_expect_str_eq(b->opt.env[0], "K=v");
+	cr_expect_eq(b->opt.net_all, 1);
+	cr_expect_eq(b->opt.memory_mb, 256);
+	cr_expect_str_eq(b->opt.on_create[0], "true");
+	cr_expect_str_eq(b->opt.working_dir, "sub");
+	cb_backend_free(b);
+}
+
+Test(backend, env_layers_and_strips_credentials)
+{
+	struct cb_backend *b =
+	    open_with("{\"backend\":\"ns\",\"env\":{\"A\":\"opt\",\"B\":\"o\"}}");
+	char *extra[] = {"A=cmd", NULL}, **env = NULL;
+	int seen_a = 0, seen_b = 0;
+
+	setenv("OPENAI_API_KEY", "sk-secret", 1);
+	cr_assert_eq(cb_backend_env(b, extra, &env), 0);
+	for (size_t i = 0; env[i]; i++) {
+		cr_expect(strncmp(env[i], "OPENAI_API_KEY=", 15), "%s leaked", env[i]);
+		seen_a += !strcmp(env[i], "A=cmd");
+		seen_b += !strcmp(env[i], "B=o");
+		cr_expect(strncmp(env[i], "A=opt", 5), "options' A not replaced");
+	}
+	cr_expect_eq(seen_a + seen_b, 2);
+	cb_exec_env_free(env);
+	cb_backend_free(b);
+	/* local: the host's environment, minus provider credentials */
+	b = open_with("{\"backend\":\"local\"}");
+	cr_assert_eq(cb_backend_env(b, NULL, &env), 0);
+	for (size_t i = 0; env[i]; i++)
+		cr_expect(strncmp(env[i], "OPENAI_API_KEY=", 15), "credential leaked");
+	cb_exec_env_free(env);
+	cb_backend_free(b);
+	unsetenv("OPENAI_API_KEY");
+}
+
+Test(backend, read_write_stay_beneath_the_root)
+{
+	struct cb_backend *b = open_with("{\"backend\":\"local\"}");
+	char path[4300];
+	void *got;
+	size_t n;
+	off_t size;
+
+	cr_assert_eq(cb_backend_write(b, "a/b/c.txt", 0, "hello", 5, 1, 0), 0, "%s",
+		     cb_error_message());
+	cr_assert_eq(cb_backend_write(b, "a/b/c.txt", 5, " world", 6, 0, 0), 0);
+	cr_assert_eq(cb_backend_read(b, "a/b/c.txt", 6, 100, &got, &n, &size), 0);
+	cr_expect_eq(n, 5);
+	cr_expect_eq(size, 11);
+	cr_expect_eq(memcmp(got, "world", 5), 0);
+	free(got);
+	snprintf(path, sizeof(path), "%s/out", root);
+	cr_assert_eq(symlink("/etc", path), 0);
+	snprintf(path, sizeof(path), "%s/up", root);
+	cr_assert_eq(symlink("..", path), 0);
+	static const char *const escapes[] = {"../x", "/etc/passwd", "out/passwd", "up/x",
+					      "a/../../x"};
+	for (size_t i = 0; i < sizeof(escapes) / sizeof(*escapes); i++) {
+		cr_expect_eq(cb_backend_read(b, escapes[i], 0, 10, &got, &n, &size), -EXDEV, "%s",
+			     escapes[i]);
+		cr_expect_neq(strstr(cb_error_message(), escapes[i]), NULL, "%s",
+			      cb_error_message());
+		cr_expect_eq(cb_backend_write(b, escapes[i], 0, "x", 1, 1, 0), -EXDEV, "%s",
+			     escapes[i]);
+	}
+	snprintf(path, sizeof(path), "%s/x", tmp);
+	cr_expect_neq(access(path, F_OK), 0, "a write escaped to %s", path);
+	cr_expect_eq(cb_backend_read(b, "nope", 0, 10, &got, &n, &size), -ENOENT);
+	cr_expect_eq(cb_backend_read(b, "a", 0, 10, &got, &n, &size), -EINVAL);
+	cb_backend_free(b);
+}
+
+Test(backend, local_table_runs_and_finds)
+{
+	struct cb_backend *b = open_with("{\"backend\":\"local\",\"working_dir\":\"w\"}");
+	char *argv[] = {"sh", "-c", "pwd; exit 4", NULL}, *path = NULL, dir[4300];
+	struct cb_backend_cmd cmd = {.argv = argv};
+	struct cb_exec_result res = {0};
+	struct cb_exec *h = NULL;
+
+	snprintf(dir, sizeof(dir), "%s/w", root);
+	cr_assert_eq(mkdir(dir, 0755), 0);
+	cr_assert_eq(cb_backend_ensure(b), 0, "%s", cb_error_message());
+	cr_assert_eq(b->ops->exec(b, &cmd, NULL, &h), 0, "%s", cb_error_message());
+	cr_assert_eq(b->ops->wait(b, h, &res), 0);
+	cb_exec_free(h);
+	cr_expect_eq(res.exit_code, 4);
+	strcat(dir, "\n");
+	cr_expect_str_eq(res.out, dir);
+	cb_exec_result_free(&res);
+	cr_expect_eq(b->ops->which(b, "sh", &path), 0);
+	cr_expect_eq(path[0], '/');
+	free(path);
+	cr_expect_eq(b->ops->which(b, "no-such-binary-here", &path), -ENOENT);
+	cr_expect_neq(strstr(cb_error_message(), "no-such-binary-here"), NULL);
+	cb_backend_free(b);
+}

@@ -5,8 +5,9 @@
 
 #include <sys/types.h>
 
-/* Network of the sandbox. An allow-list mode (a proxy outside reached through a unix socket
- * bound in) is meant to slot in here as a third value, with its socket in cb_sandbox. */
+/* Network of the sandbox. The allow-list mode is built from the pieces here: the proxy runs
+ * outside, its unix socket is bound in (cb_sandbox_bind) or it listens in a kept namespace
+ * the commands join (CB_NET_JOIN); an enum value for it can be added without changing these. */
 enum cb_sandbox_net {
 	CB_NET_NONE = 0, /* a fresh network namespace with only loopback, up */
 	CB_NET_ALL,	 /* the host's network */
@@ -24,7 +25,12 @@ struct cb_sandbox_bind {
 	int writable; /* else read-only (a socket can still be connected to) */
 };
 
-/* Zero-initialise and fill what you need; zero fields take the documented defaults. */
+/* Zero-initialise and fill what you need; zero fields take the documented defaults.
+ * Limits live in a per-command cgroup under a cowbox/ child of the caller's own cgroup (v2
+ * where the controllers are delegated to it, else each v1 hierarchy), removed afterwards.
+ * Without a user namespace the command runs as uid 0 with no capabilities: host secrets in
+ * the /etc it sees (shadow, sudoers, ssh host keys, ssl/private) are masked, /proc/sys is
+ * read-only. */
 struct cb_sandbox {
 	const char *workspace; /* host directory (or FUSE mount) bound read-write at /workspace */
 	const char *image;     /* root image directory (debootstrap tree); NULL: the host's
@@ -32,7 +38,7 @@ struct cb_sandbox {
 	const char *hostname;  /* the workspace's name; NULL: "cowbox" */
 	enum cb_sandbox_net net;
 	int netns_fd; /* CB_NET_JOIN: an fd of /proc/PID/ns/net (the caller still owns it) */
-	double cpus;  /* CPU quota in cpus (v1 cpu cfs quota), 0: none */
+	double cpus;  /* CPU quota in cpus (cgroup cpu quota per 100 ms period), 0: none */
 	unsigned long memory_mb; /* memory cap, 0: none; exceeding it kills (137, oom_killed) */
 	unsigned long pids;	 /* cap on processes+threads, 0: none */
 	unsigned long nofile;	 /* RLIMIT_NOFILE, 0: 1024 */

@@ -74,8 +74,11 @@ _Noreturn void cb_exec_shim_main(const struct cb_exec_plan *p);
 /* Send a CB_MSG_ERROR datagram "what: strerror(err)" on fd; async-signal-safe. */
 void cb_exec_child_error(int fd, const char *what, const char *detail, int err);
 
-/* Build a plan for sb (parent side); free with cb_ns_plan_free. */
+/* Build a plan for sb (parent side): every path checked and every string made now, so the
+ * child only makes syscalls. Bad input fails here, naming the path and why. */
 int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out);
+
+/* Free a plan and close the trees it holds; NULL is fine. */
 void cb_ns_plan_free(struct cb_ns_plan *plan);
 
 /* Privileged caller, before clone: clone the bind sources as detached trees, so that paths
@@ -95,11 +98,19 @@ int cb_ns_seccomp_prog(void **out);
 /* Write uid_map/gid_map of pid for a user namespace plan. */
 int cb_ns_write_maps(const struct cb_ns_plan *plan, pid_t pid);
 
-/* v1 (or delegated v2) cgroups for a sandbox's limits. */
 struct cb_cgroup;
+
+/* A fresh group with sb's limits (cpus, memory, pids) under cowbox/ in our own cgroup, v2
+ * when its controllers are delegated, else v1. *out NULL and 0 when no limit is asked for. */
 int cb_cgroup_create(const struct cb_sandbox *sb, struct cb_cgroup **out);
+
+/* Move pid (before it starts anything) into the group; its children follow. */
 int cb_cgroup_attach(struct cb_cgroup *cg, pid_t pid);
+
+/* 1 if the memory cap made the kernel kill a process in the group, else 0. */
 int cb_cgroup_oom_killed(struct cb_cgroup *cg);
+
+/* Remove the group once its processes are gone (waiting briefly for them); NULL is fine. */
 void cb_cgroup_destroy(struct cb_cgroup *cg);
 
 #endif

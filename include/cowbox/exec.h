@@ -67,8 +67,8 @@ struct cb_exec;
 /* Start the command; it runs in its own session and process group under a supervisor that
  * reaps every process it leaves behind. Only fds 0-2 reach the command. The supervisor is a
  * child of the calling process, reaped by cb_exec_wait: the caller must not ignore SIGCHLD
- * nor reap it with waitpid(-1) meanwhile. cb may be NULL
- * (output is only collected). On failure *out is NULL and the message says what failed. */
+ * nor reap it with waitpid(-1) meanwhile. cb may be NULL (output is only collected). On
+ * failure *out is NULL and the message says what failed. */
 int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callbacks *cb,
 		  struct cb_exec **out);
 

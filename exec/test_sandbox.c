@@ -265,3 +265,56 @@ Test(sandbox, extra_bind_bridges_a_unix_socket)
 	cr_expect(strstr(cb_error_message(), "/etc/evil") != NULL, "%s", cb_error_message());
 	rmdir(dir);
 }
+
+static int count_fds(void)
+{
+	int n = 0;
+	DIR *d = opendir("/proc/self/fd");
+	cr_assert(d);
+	while (readdir(d))
+		n++;
+	closedir(d);
+	return n;
+}
+
+struct worker {
+	int id, ok;
+};
+
+/* Each thread runs commands, sandboxed and not, while the others do the same: no output
+ * crosses over and no thread's pipes stay open in another's supervisor. */
+static void *worker_run(void *arg)
+{
+	struct worker *w = arg;
+	for (int i = 0; i < 6; i++) {
+		char script[64], want[64];
+		struct cb_sandbox sb = {.workspace = workspace};
+		snprintf(script, sizeof script, "echo w%d-%d; sleep 0.0%d", w->id, i, i);
+		snprintf(want, sizeof want, "w%d-%d\n", w->id, i);
+		struct cb_exec_spec spec = {
+		    .shell = script, .env = base_env, .sandbox = i % 2 ? &sb : NULL};
+		struct cb_exec_result r;
+		if (cb_exec_run(&spec, &r) == 0 && r.exit_code == 0 && !strcmp(r.out, want) &&
+		    r.duration < 1.5)
+			w->ok++;
+		cb_exec_result_free(&r);
+	}
+	return NULL;
+}
+
+Test(sandbox, concurrent_callers)
+{
+	int before = count_fds();
+	pthread_t t[4];
+	struct worker w[4];
+	for (int i = 0; i < 4; i++) {
+		w[i] = (struct worker){.id = i};
+		pthread_create(&t[i], NULL, worker_run, &w[i]);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(t[i], NULL);
+		cr_expect_eq(w[i].ok, 6, "thread %d: %d of 6 commands right", i, w[i].ok);
+	}
+	cr_expect_eq(count_fds(), before, "fds leaked");
+	cr_expect_eq(waitpid(-1, NULL, WNOHANG), -1); /* every supervisor was reaped */
+}

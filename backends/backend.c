@@ -315,7 +315,9 @@ int cb_backend_ensure(struct cb_backend *b)
 
 	pthread_mutex_lock(&b->lock);
 	if (!b->created) {
-		rc = b->ops->create(b);
+		rc = b->opt.working_dir ? cb_backend_mkdirs(b, b->opt.working_dir) : 0;
+		if (!rc)
+			rc = b->ops->create(b);
 		if (!rc) {
 			b->created = 1;
 			rc = backend_first_create(b);

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -200,5 +201,24 @@ int cb_backend_write(struct cb_backend *b, const char *path, off_t off, const vo
 	}
 	if (close(fd) < 0 && !rc)
 		rc = path_error("write", path, errno);
+	return rc;
+}
+
+int cb_backend_mkdirs(struct cb_backend *b, const char *path)
+{
+	char *leaf = NULL;
+	int root, rc;
+
+	if ((rc = path_check(path)) < 0)
+		return rc;
+	if (asprintf(&leaf, "%s/.", path) < 0)
+		return cb_error_set(ENOMEM, "mkdir %s: out of memory", path);
+	if ((root = open_root(b)) < 0) {
+		free(leaf);
+		return root;
+	}
+	rc = make_parents(root, leaf);
+	close(root);
+	free(leaf);
 	return rc;
 }

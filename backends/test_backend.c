@@ -157,15 +157,15 @@ Test(backend, read_write_stay_beneath_the_root)
 
 Test(backend, local_table_runs_and_finds)
 {
-	struct cb_backend *b = open_with("{\"backend\":\"local\",\"working_dir\":\"w\"}");
+	struct cb_backend *b = open_with("{\"backend\":\"local\",\"working_dir\":\"w/x\"}");
 	char *argv[] = {"sh", "-c", "pwd; exit 4", NULL}, *path = NULL, dir[4300];
 	struct cb_backend_cmd cmd = {.argv = argv};
 	struct cb_exec_result res = {0};
 	struct cb_exec *h = NULL;
 
-	snprintf(dir, sizeof(dir), "%s/w", root);
-	cr_assert_eq(mkdir(dir, 0755), 0);
+	snprintf(dir, sizeof(dir), "%s/w/x", root);
 	cr_assert_eq(cb_backend_ensure(b), 0, "%s", cb_error_message());
+	cr_assert_eq(access(dir, F_OK), 0, "working_dir was not made");
 	cr_assert_eq(b->ops->exec(b, &cmd, NULL, &h), 0, "%s", cb_error_message());
 	cr_assert_eq(b->ops->wait(b, h, &res), 0);
 	cb_exec_free(h);

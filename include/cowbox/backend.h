@@ -17,14 +17,15 @@
  * <workspace dir>/backend.json, so that a daemon started later (after a crash, or a close)
  * reattaches with the same ones. Zero fields take the documented defaults. */
 struct cb_backend_options {
-	char *kind;	   /* "ns" (default), "local" or "docker" */
-	char **env;	   /* "K=V", NULL-terminated: every command gets these, on top of a
-			      minimal PATH/HOME/LANG (ns, docker) or the host's environment
-			      without provider credentials (local); nothing else */
-	char *working_dir; /* where commands start, relative to the workspace root; NULL: root */
-	double timeout;	   /* default per-command timeout in seconds; <= 0: none */
-	int net_all;	   /* 0: network none (loopback only); 1: the host's network */
-	double cpus;	   /* CPU quota; 0: none */
+	char *kind;		 /* "ns" (default), "local" or "docker" */
+	char **env;		 /* "K=V", NULL-terminated: every command gets these, on top of a
+				    minimal PATH/HOME/LANG (ns, docker) or the host's environment
+				    without provider credentials (local); nothing else */
+	char *working_dir;	 /* where commands start, relative to the workspace root (made if
+				    missing when the backend is created); NULL: the root */
+	double timeout;		 /* default per-command timeout in seconds; <= 0: none */
+	int net_all;		 /* 0: network none (loopback only); 1: the host's network */
+	double cpus;		 /* CPU quota; 0: none */
 	unsigned long memory_mb; /* memory cap; 0: none */
 	char *image;		 /* ns: a root image directory; docker: an image name */
 	char *on_create[CB_BACKEND_MAX_HOOKS];	/* shell commands run once, on creation */
@@ -131,6 +132,9 @@ int cb_backend_read(struct cb_backend *b, const char *path, off_t off, size_t le
  * truncate is set; the same path rules as cb_backend_read. */
 int cb_backend_write(struct cb_backend *b, const char *path, off_t off, const void *data,
 		     size_t len, int truncate, mode_t mode);
+
+/* mkdir -p of path beneath the workspace root (the same path rules). */
+int cb_backend_mkdirs(struct cb_backend *b, const char *path);
 
 /* Run a shell command to completion for a hook or the setup script, failing with a message
  * (naming what) when it exits non-zero or times out. */

@@ -290,6 +290,11 @@ class Sandbox:
                 await self._conn.wait_closed(30)
             except WorkspaceError:
                 pass
+        elif self._conn is None and getattr(self, "_sock", None):
+            try:  # only host_url (synchronous) started it
+                request_sync(self._sock, "close")
+            except (WorkspaceError, OSError):
+                pass
         if self._conn:
             await self._conn.close()
         self._conn = None
@@ -385,8 +390,16 @@ class Sandbox:
         """A URL that code inside the sandbox reaches the host's port with (only that port,
         even under network none). Synchronous, as the protocol has it."""
         if not getattr(self, "_sock", None):
-            raise WorkspaceUnavailableError("host_url before the sandbox was started; "
-                                            "await any operation (or attach) first")
+            # Not started yet: boot the daemon the blocking way (the protocol's host_url is
+            # synchronous), as the first async operation would.
+            import subprocess
+            proc = subprocess.run([self.cowbox, "mount", self.ref, "--json"], env=self._env,
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise WorkspaceUnavailableError("workspace %s: %s" % (self.ref,
+                                                                      proc.stderr.strip()))
+            mnt = json.loads(proc.stdout)["mountpoint"]
+            self._sock = os.path.join(os.path.dirname(mnt), "control.sock")
         return request_sync(self._sock, "host_url", port=int(port))["url"]
 
     async def which(self, binary):

@@ -189,6 +189,15 @@ class ClientTest(cbtest.CowboxTestCase):
             with self.assertRaises(cowbox.WorkspaceUnavailableError):
                 await cowbox.Sandbox.attach("cb-" + "0" * 32, cowbox=cbtest.COWBOX,
                                             home=self.home)
+            # host_url first, on a sandbox nothing has started yet (the protocol's is sync).
+            box = await cowbox.Sandbox.create(self.base, cowbox=cbtest.COWBOX, home=self.home)
+            await box.close()
+            cold = cowbox.Sandbox(box.ref, cowbox=cbtest.COWBOX, home=self.home)
+            self.boxes.append(cold)
+            self.assertEqual(cold.host_url(8080), "http://127.0.0.1:8080")
+            self.assertTrue(self.daemon_pid(box.ref))
+            await cold.close()
+            cbtest.wait_for(lambda: not self.daemon_pid(box.ref), 10, what="the daemon to stop")
         self.arun(go())
 
 

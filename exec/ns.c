@@ -196,7 +196,9 @@ int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out)
 	for (size_t i = 0; i < sizeof root_dirs / sizeof *root_dirs; i++)
 		if ((rc = add_root_dir(p, prefix, root_dirs[i])) < 0)
 			goto out;
-	if ((rc = add_masks(p, prefix)) < 0)
+	/* in a user namespace the sandbox's root is an unprivileged host uid: root's files in
+	 * /etc are already out of its reach */
+	if (!p->userns && (rc = add_masks(p, prefix)) < 0)
 		goto out;
 	if ((rc = add_entry(p, CB_NS_BIND_RW, sb->workspace, "workspace")) < 0)
 		goto out;

@@ -248,9 +248,11 @@ class TestNetwork(EscapeTestCase):
 class TestUserNamespace(EscapeTestCase):
     def test_userns_maps_root_to_an_unprivileged_uid(self):
         out = self.sandbox("sh", "-c", "cat /proc/self/uid_map; id -u; touch /workspace/f "
-                           "2>&1 || echo denied", args=("--userns",), check_status=0).stdout
+                           "2>&1 || echo denied; cat /etc/shadow 2>&1", args=("--userns",),
+                           check_status=0).stdout
         self.assertEqual(out.split()[:3], ["0", "65534", "1"])
         self.assertIn("denied", out)  # the workspace belongs to the host's root
+        self.assertNotIn("root:", out)  # and so do the secrets in /etc
 
     def test_unprivileged_caller_gets_a_user_namespace(self):
         os.chown(self.ws, 65534, 65534)

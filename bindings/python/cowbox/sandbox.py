@@ -179,6 +179,7 @@ class Sandbox:
         if home:
             self._env["COWBOX_HOME"] = home
         self._conn = None
+        self._sock = None
         self._lock = None
         self.mountpoint = None
         self.backend = "ns"
@@ -290,7 +291,7 @@ class Sandbox:
                 await self._conn.wait_closed(30)
             except WorkspaceError:
                 pass
-        elif self._conn is None and getattr(self, "_sock", None):
+        elif self._conn is None and self._sock:
             try:  # only host_url (synchronous) started it
                 request_sync(self._sock, "close")
             except (WorkspaceError, OSError):
@@ -298,6 +299,7 @@ class Sandbox:
         if self._conn:
             await self._conn.close()
         self._conn = None
+        self._sock = None  # the next use boots the daemon again
 
     async def __aenter__(self):
         await self._connect()
@@ -389,7 +391,7 @@ class Sandbox:
     def host_url(self, port):
         """A URL that code inside the sandbox reaches the host's port with (only that port,
         even under network none). Synchronous, as the protocol has it."""
-        if not getattr(self, "_sock", None):
+        if not self._sock:
             # Not started yet: boot the daemon the blocking way (the protocol's host_url is
             # synchronous), as the first async operation would.
             import subprocess

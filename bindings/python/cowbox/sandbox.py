@@ -215,8 +215,10 @@ class Sandbox:
         box = cls(out.strip().splitlines()[-1], cowbox=cowbox, home=home)
         try:
             box._apply_options((await box._request("configure", options=options))["options"])
-        except Exception:
+        except BaseException:
+            # Refused options (or a cancel): the fresh workspace is of no use to anyone.
             await box.close()
+            await _cowbox(box.cowbox, box._env, "rm", box.ref)
             raise
         return box
 

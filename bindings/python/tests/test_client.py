@@ -125,6 +125,15 @@ class ClientTest(cbtest.CowboxTestCase):
                     await box.write(bad, b"x")
         self.arun(go())
 
+    def test_bad_options_leave_nothing(self):
+        async def go():
+            for bad in ({"backend": "vm"}, {"network": "some"}, {"working_dir": "../x"}):
+                with self.assertRaises(cowbox.InvalidRequestError, msg=bad):
+                    await self.new_box(**bad)
+            wsroot = os.path.join(self.home, "workspaces")
+            self.assertEqual(os.listdir(wsroot) if os.path.isdir(wsroot) else [], [])
+        self.arun(go())
+
     def test_large_file_round_trip(self):
         async def go():
             box = await self.new_box()

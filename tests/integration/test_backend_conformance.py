@@ -5,6 +5,7 @@ import asyncio
 import hashlib
 import http.server
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -126,6 +127,22 @@ class Conformance:
             path = await box.which("sh")
             self.assertTrue(path and path.startswith("/") and path.endswith("/sh"), path)
             self.assertIsNone(await box.which("no-such-program-x"))
+        self.arun(body)
+
+    def test_network_none(self):
+        if self.OPTIONS.get("backend") == "local":
+            self.skipTest("the local backend runs on the host's network by definition")
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(4)
+        self.addCleanup(srv.close)
+
+        async def body(box):
+            # A port listening on the host is not reachable: only loopback exists inside.
+            script = "exec 3<>/dev/tcp/127.0.0.1/%d && echo reached" % srv.getsockname()[1]
+            r = await box.run(["bash", "-c", script], timeout=20)
+            self.assertNotEqual(r.exit_code, 0, r.stdout)
+            self.assertNotIn("reached", r.stdout)
         self.arun(body)
 
     def test_host_url(self):

@@ -345,6 +345,21 @@ class ApiTest(cbtest.CowboxTestCase):
         self.assertLessEqual(last, first + 2, "fds grew from %d to %d over two more rounds of ops"
                              % (first, last))
 
+    def test_ns_image_directory(self):
+        image = os.environ.get("COWBOX_NS_IMAGE", "/var/cache/cowbox/rootfs-bookworm")
+        if not os.path.isdir(os.path.join(image, "usr")):
+            self.skipTest("no image tree at %s (scripts/setup-podman unpacks one)" % image)
+        other = self.create(self.base)
+        self.mount(other)
+        c2 = self.client(other)
+        self.ok("configure", c=c2, options={"image": image})
+        with open(os.path.join(image, "etc/debian_version"), "rb") as f:
+            version = f.read()
+        r = self.ok("run", c=c2, cmd=["sh", "-c", "cat /etc/debian_version; cat a.txt"])
+        self.assertEqual(unb64(r["stdout"]), version + b"alpha\n")
+        # The image's own programs, not the host's: minbase has no python3.
+        self.err("which", "not_found", c=c2, binary="python3")
+
     def test_setup_script_timeout(self):
         other = self.create(self.base)
         self.mount(other)

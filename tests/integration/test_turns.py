@@ -231,6 +231,10 @@ class TurnsTest(CowboxTestCase):
         self.assertEqual(tree_state(m2), want)
         self.assertLess(elapsed, 10)
         self.assert_fails(["fork", "w2", "99", "--name", "w3"], "turn 99 does not exist")
+        self.assert_fails(["fork", "w2", "1", "--name", "w2"], "w2")  # the name is taken
+        self.assert_fails(["fork", "w2", "1"], "--name", status=2)
+        self.assertEqual(sorted(os.listdir(os.path.join(self.home, "workspaces"))),
+                         [fork["ref"]])  # a refused fork leaves nothing behind
 
     def test_snapshot_while_a_file_is_being_written(self):
         # a writer appends fixed-size lines while snapshots run: each recorded hash must be

@@ -182,6 +182,13 @@ class TurnsPropertyTest(CowboxTestCase):
             check_rollback()
             check_diff()
         self.assertEqual(self.cowbox("diff", "prop", "1", check=False).returncode, 1)
+        # fork a random kept turn: the new workspace's tree is that turn exactly (files,
+        # modes, symlinks, directories, deletions of base entries as whiteouts)
+        turn = rng.choice(sorted(states))
+        fork = self.cowbox_json("fork", "prop", str(turn), "--name", "prop2")
+        self.mount(fork["ref"])
+        self.assertEqual(tree_state(self.mountpoint(fork["ref"])), states[turn],
+                         "seed %d: fork of turn %d" % (seed, turn))
 
 
 if __name__ == "__main__":

@@ -155,6 +155,20 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 		rc = cb_error_set(ENOMEM, "backend options: out of memory");
 	if (!rc && !cb_backend_find(out->kind))
 		rc = cb_error_set(EINVAL, "unknown backend '%s' (ns, local or docker)", out->kind);
+	/* The local backend isolates nothing: refuse what it could not enforce rather than
+	 * pretend, and say that its network is the host's. */
+	if (!rc && !strcmp(out->kind, "local")) {
+		json_t *net = json_object_get(j, "network");
+
+		if (out->cpus > 0 || out->memory_mb || out->image)
+			rc =
+			    cb_error_set(EINVAL, "the local backend cannot enforce cpus, memory_mb "
+						 "or image; use ns or docker");
+		else if (net && !out->net_all)
+			rc = cb_error_set(EINVAL, "the local backend runs on the host's network; "
+						  "network none needs ns or docker");
+		out->net_all = 1;
+	}
 	if (!rc && out->working_dir &&
 	    (out->working_dir[0] == '/' || strstr(out->working_dir, "..")))
 		rc = cb_error_set(EINVAL,

@@ -62,6 +62,8 @@ Test(backend, options_refuse_bad_input)
 	    "{\"working_dir\":\"/abs\"}",
 	    "{\"working_dir\":\"a/../..\"}",
 	    "{\"on_create\":\"echo\"}",
+	    "{\"backend\":\"local\",\"memory_mb\":64}",
+	    "{\"backend\":\"local\",\"network\":\"none\"}",
 	};
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
@@ -77,11 +79,11 @@ Test(backend, options_refuse_bad_input)
 Test(backend, options_round_trip_through_backend_json)
 {
 	struct cb_backend *b = open_with(
-	    "{\"backend\":\"local\",\"env\":{\"K\":\"v\"},\"network\":\"all\",\"cpus\":1.5,"
+	    "{\"backend\":\"docker\",\"env\":{\"K\":\"v\"},\"network\":\"all\",\"cpus\":1.5,"
 	    "\"memory_mb\":256,\"on_create\":[\"true\"],\"setup_script\":\"echo hi\","
 	    "\"working_dir\":\"sub\"}");
 
-	cr_expect_str_eq(b->ops->name, "local");
+	cr_expect_str_eq(b->ops->name, "docker");
 	cr_expect_str_eq(b->opt.env[0], "K=v");
 	cr_expect_eq(b->opt.net_all, 1);
 	cr_expect_eq(b->opt.memory_mb, 256);

@@ -193,14 +193,16 @@ class Sandbox:
 
     @classmethod
     async def create(cls, base=None, *, name=None, backend="ns", env=None, working_dir=None,
-                     timeout=None, network="none", cpus=None, memory_mb=None, image=None,
+                     timeout=None, network=None, cpus=None, memory_mb=None, image=None,
                      on_create=(), on_destroy=(), setup_script=None, setup_timeout=None,
                      cowbox=None, home=None):
         """A new workspace over base (a directory, or None for an empty one) with these
-        backend options; the backend itself boots on first use."""
-        options = {"backend": backend, "network": network, "env": dict(env or {}),
+        backend options; the backend itself boots on first use. network is "none" (the
+        default of ns and docker) or "all" (what local always is)."""
+        options = {"backend": backend, "env": dict(env or {}),
                    "on_create": list(on_create), "on_destroy": list(on_destroy)}
-        for key, value in (("working_dir", working_dir), ("timeout", timeout),
+        for key, value in (("network", network), ("working_dir", working_dir),
+                           ("timeout", timeout),
                            ("cpus", cpus), ("memory_mb", memory_mb), ("image", image),
                            ("setup_script", setup_script), ("setup_timeout", setup_timeout)):
             if value is not None:

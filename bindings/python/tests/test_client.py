@@ -125,6 +125,19 @@ class ClientTest(cbtest.CowboxTestCase):
                     await box.write(bad, b"x")
         self.arun(go())
 
+    def test_daemon_crash_then_next_use_boots_it_again(self):
+        async def go():
+            box = await self.new_box()
+            await box.write("kept.txt", b"before the crash\n")
+            pid = self.daemon_pid(box.ref)
+            os.kill(pid, 9)
+            cbtest.wait_for(lambda: not cbtest.pid_alive(pid), 10, what="daemon death")
+            await asyncio.sleep(0.1)  # the client sees the hang-up
+            r = await box.run(["cat", "kept.txt"])
+            self.assertEqual(r.stdout, "before the crash\n")
+            self.assertNotEqual(self.daemon_pid(box.ref), pid)
+        self.arun(go())
+
     def test_bad_options_leave_nothing(self):
         async def go():
             for bad in ({"backend": "vm"}, {"network": "some"}, {"working_dir": "../x"}):

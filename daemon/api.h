@@ -8,9 +8,11 @@
 #include "cowbox/backend.h"
 #include "daemon.h"
 
-/* The daemon's backend, opened on first use from backend.json; *out stays owned by the
- * daemon. When create is set its resources are made too (cb_backend_ensure). */
+/* The daemon's backend, opened on first use from backend.json, with a reference for the
+ * caller to drop with cb_api_backend_put. When create is set its resources are made too
+ * (cb_backend_ensure); on failure nothing is held. */
 int cb_api_backend(struct cb_daemon *d, int create, struct cb_backend **out);
+void cb_api_backend_put(struct cb_backend *b);
 
 /* Replace the backend's options (configure op): refused with -EBUSY once it was created. */
 int cb_api_configure(struct cb_daemon *d, json_t *options);

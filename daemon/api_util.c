@@ -12,28 +12,93 @@
 #include "cowbox/error.h"
 
 static pthread_mutex_t api_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct cb_backend *api_backend; /* guarded by api_lock; freed at stop */
+static struct cb_backend *api_backend; /* guarded by api_lock; the daemon holds one ref */
 static int api_released;	       /* guarded by api_lock: the daemon is stopping */
+
+/* References per backend generation: configure replaces api_backend while ops may still use
+ * the old one, which goes (and its container with it) when its last user lets go. */
+struct api_ref {
+	struct cb_backend *b;
+	int refs;
+	struct api_ref *next;
+};
+static struct api_ref *api_refs; /* guarded by api_lock */
+
+static struct api_ref *ref_of(struct cb_backend *b)
+{
+	for (struct api_ref *r = api_refs; r; r = r->next)
+		if (r->b == b)
+			return r;
+	return NULL;
+}
+
+/* Drop one reference (api_lock held); returns the backend to free after unlocking, if any. */
+static struct cb_backend *ref_drop(struct cb_backend *b)
+{
+	struct api_ref *r = ref_of(b);
+
+	if (!r || --r->refs > 0)
+		return NULL;
+	for (struct api_ref **p = &api_refs; *p; p = &(*p)->next)
+		if (*p == r) {
+			*p = r->next;
+			break;
+		}
+	free(r);
+	return b;
+}
 
 int cb_api_backend(struct cb_daemon *d, int create, struct cb_backend **out)
 {
+	struct api_ref *r;
 	int rc = 0;
 
+	*out = NULL;
 	pthread_mutex_lock(&api_lock);
-	if (api_released)
+	if (api_released) {
 		rc = cb_error_set(ESHUTDOWN, "the daemon of %s is stopping", d->ref);
-	else if (!api_backend)
+	} else if (!api_backend) {
 		rc = cb_backend_open(d->ref, d->dir, d->mountpoint, d->name, &api_backend);
-	*out = api_backend;
+		r = rc ? NULL : calloc(1, sizeof(*r));
+		if (!rc && !r) {
+			cb_backend_free(api_backend);
+			api_backend = NULL;
+			rc = cb_error_set(ENOMEM, "backend: out of memory");
+		} else if (r) {
+			r->b = api_backend;
+			r->refs = 1; /* the daemon's own */
+			r->next = api_refs;
+			api_refs = r;
+		}
+	}
+	if (!rc) {
+		ref_of(api_backend)->refs++;
+		*out = api_backend;
+	}
 	pthread_mutex_unlock(&api_lock);
-	if (!rc && create)
-		rc = cb_backend_ensure(*out);
+	if (!rc && create && (rc = cb_backend_ensure(*out)) < 0) {
+		cb_api_backend_put(*out);
+		*out = NULL;
+	}
 	return rc;
+}
+
+void cb_api_backend_put(struct cb_backend *b)
+{
+	struct cb_backend *gone;
+
+	if (!b)
+		return;
+	pthread_mutex_lock(&api_lock);
+	gone = ref_drop(b);
+	pthread_mutex_unlock(&api_lock);
+	cb_backend_free(gone);
 }
 
 int cb_api_configure(struct cb_daemon *d, json_t *options)
 {
 	struct cb_backend_options opt;
+	struct cb_backend *gone = NULL;
 	char marker[4096];
 	int rc;
 
@@ -46,23 +111,29 @@ int cb_api_configure(struct cb_daemon *d, json_t *options)
 				  "configure: the backend of %s was already created; "
 				  "options shape a new workspace only",
 				  d->ref);
-	} else if (!(rc = cb_backend_options_save(d->dir, &opt))) {
-		cb_backend_free(api_backend);
+	} else if (!(rc = cb_backend_options_save(d->dir, &opt)) && api_backend) {
+		gone = ref_drop(api_backend); /* the next op opens the new options */
 		api_backend = NULL;
 	}
 	pthread_mutex_unlock(&api_lock);
+	cb_backend_free(gone);
 	cb_backend_options_free(&opt);
 	return rc;
 }
 
-/* Called once the API's commands are gone: forwarders stop, the container goes. */
+/* Called once the API's commands are gone: forwarders stop, the container goes (now, or when
+ * a straggling op lets go of it). */
 void cb_api_backend_release(void)
 {
+	struct cb_backend *gone = NULL;
+
 	pthread_mutex_lock(&api_lock);
 	api_released = 1;
-	cb_backend_free(api_backend);
+	if (api_backend)
+		gone = ref_drop(api_backend);
 	api_backend = NULL;
 	pthread_mutex_unlock(&api_lock);
+	cb_backend_free(gone);
 }
 
 static const char b64_alphabet[] =

@@ -37,6 +37,7 @@ static struct api_exec *running; /* guarded by running_lock */
 
 static void api_exec_free(struct api_exec *e)
 {
+	cb_api_backend_put(e->b);
 	cb_exec_env_free(e->argv);
 	cb_exec_env_free(e->env);
 	free(e->shell);

@@ -45,8 +45,11 @@ static int op_read(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 	if ((rc = field_path(req, &path)) < 0 || (rc = field_offset(req, "offset", 0, &off)) < 0 ||
 	    (rc = field_offset(req, "length", CB_BACKEND_CHUNK, &len)) < 0)
 		return rc;
-	if ((rc = cb_api_backend(d, 0, &b)) < 0 ||
-	    (rc = cb_backend_read(b, path, (off_t)off, (size_t)len, &data, &n, &size)) < 0)
+	if ((rc = cb_api_backend(d, 0, &b)) < 0)
+		return rc;
+	rc = cb_backend_read(b, path, (off_t)off, (size_t)len, &data, &n, &size);
+	cb_api_backend_put(b);
+	if (rc < 0)
 		return rc;
 	rc = cb_daemon_reply(conn, json_object_get(req, "id"),
 			     json_pack("{s:o, s:I, s:I, s:b}", "data", cb_api_b64_json(data, n),
@@ -80,12 +83,12 @@ static int op_write(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *re
 				  "write: a chunk of %zu bytes; send at most %u per "
 				  "request",
 				  len, 4 * CB_BACKEND_CHUNK);
-	if (!rc)
-		rc = cb_api_backend(d, 0, &b);
-	if (!rc)
+	if (!rc && !(rc = cb_api_backend(d, 0, &b))) {
 		rc = cb_backend_write(b, path, (off_t)off, buf, len,
 				      trunc ? json_is_true(trunc) : off == 0,
 				      (mode_t)(mode & 07777));
+		cb_api_backend_put(b);
+	}
 	free(buf);
 	if (rc)
 		return rc;
@@ -102,7 +105,11 @@ static int op_which(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *re
 
 	if (!bin || !*bin)
 		return cb_error_set(EINVAL, "which: needs \"binary\", a program name");
-	if ((rc = cb_api_backend(d, 1, &b)) < 0 || (rc = b->ops->which(b, bin, &path)) < 0)
+	if ((rc = cb_api_backend(d, 1, &b)) < 0)
+		return rc;
+	rc = b->ops->which(b, bin, &path);
+	cb_api_backend_put(b);
+	if (rc < 0)
 		return rc;
 	rc = cb_daemon_reply(conn, json_object_get(req, "id"), json_pack("{s:s}", "path", path));
 	free(path);
@@ -118,8 +125,11 @@ static int op_host_url(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 
 	if (!json_is_integer(port))
 		return cb_error_set(EINVAL, "host_url: needs \"port\", an integer 1-65535");
-	if ((rc = cb_api_backend(d, 1, &b)) < 0 ||
-	    (rc = b->ops->host_url(b, (int)json_integer_value(port), &url)) < 0)
+	if ((rc = cb_api_backend(d, 1, &b)) < 0)
+		return rc;
+	rc = b->ops->host_url(b, (int)json_integer_value(port), &url);
+	cb_api_backend_put(b);
+	if (rc < 0)
 		return rc;
 	rc = cb_daemon_reply(conn, json_object_get(req, "id"), json_pack("{s:s}", "url", url));
 	free(url);
@@ -129,7 +139,7 @@ static int op_host_url(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 /* With "options": set them (only before the backend is first created); always: say which. */
 static int op_configure(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
-	json_t *opt = json_object_get(req, "options");
+	json_t *opt = json_object_get(req, "options"), *reply;
 	struct cb_backend *b;
 	int rc;
 
@@ -137,10 +147,10 @@ static int op_configure(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t
 		return rc;
 	if ((rc = cb_api_backend(d, 0, &b)) < 0)
 		return rc;
-	return cb_daemon_reply(conn, json_object_get(req, "id"),
-			       json_pack("{s:o, s:b}", "options",
-					 cb_backend_options_to_json(&b->opt), "created",
-					 b->created));
+	reply = json_pack("{s:o, s:b}", "options", cb_backend_options_to_json(&b->opt), "created",
+			  b->created);
+	cb_api_backend_put(b);
+	return cb_daemon_reply(conn, json_object_get(req, "id"), reply);
 }
 
 /* The on_destroy hooks, the backend's resources, then the daemon; `cowbox rm` (or the
@@ -153,11 +163,12 @@ static int op_destroy(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *
 
 	if ((rc = cb_api_backend(d, 1, &b)) < 0)
 		return rc;
-	for (int i = 0; i < CB_BACKEND_MAX_HOOKS && b->opt.on_destroy[i]; i++)
-		if ((rc = cb_backend_hook(b, "on_destroy hook", b->opt.on_destroy[i],
-					  b->opt.timeout)) < 0)
-			return rc;
-	if ((rc = b->ops->destroy(b)) < 0)
+	for (int i = 0; !rc && i < CB_BACKEND_MAX_HOOKS && b->opt.on_destroy[i]; i++)
+		rc = cb_backend_hook(b, "on_destroy hook", b->opt.on_destroy[i], b->opt.timeout);
+	if (!rc)
+		rc = b->ops->destroy(b);
+	cb_api_backend_put(b);
+	if (rc < 0)
 		return rc;
 	snprintf(marker, sizeof(marker), "%s/backend.created", d->dir);
 	unlink(marker);

@@ -30,7 +30,9 @@ class Mutator:
         return self.rng.choice([""] + self.entries("dir"))
 
     def new_name(self, parent):
-        return os.path.join(parent, "n%d" % self.rng.randrange(10**6))
+        # now and then a name that needs care: spaces, a backslash, a newline, non-ASCII
+        odd = self.rng.choice(["", "", "", "", " sp ace", "back\\slash", "new\nline", "ü-ñ"])
+        return os.path.join(parent, "n%d%s" % (self.rng.randrange(10**6), odd))
 
     def content(self):
         r = self.rng.random()
@@ -49,7 +51,7 @@ class Mutator:
         files, dirs = self.entries("file"), self.entries("dir")
         op = rng.choice(["write", "write", "new", "new", "append", "truncate", "unlink",
                          "rename", "rename_dir", "mkdir", "rmtree", "chmod", "chmod_dir",
-                         "symlink", "hardlink"])
+                         "symlink", "hardlink", "retype"])
         if op in ("write", "append", "truncate", "unlink", "rename", "chmod", "hardlink") \
                 and not files:
             op = "new"
@@ -92,6 +94,24 @@ class Mutator:
             os.symlink(target, self.p(self.new_name(self.any_dir())))
         elif op == "hardlink":
             os.link(self.p(rng.choice(files)), self.p(self.new_name(self.any_dir())))
+        elif op == "retype":
+            # the same path becomes another type: file -> dir, dir -> file, link -> file
+            links = self.entries("symlink")
+            kind = rng.choice(["file", "dir", "link"])
+            if kind == "file" and files:
+                path = rng.choice(files)
+                os.unlink(self.p(path))
+                os.mkdir(self.p(path))
+            elif kind == "dir" and dirs:
+                path = rng.choice(dirs)
+                shutil.rmtree(self.p(path))
+                with open(self.p(path), "wb") as f:
+                    f.write(self.content())
+            elif links:
+                path = rng.choice(links)
+                os.unlink(self.p(path))
+                with open(self.p(path), "wb") as f:
+                    f.write(self.content())
         return op
 
 

@@ -48,6 +48,8 @@ static int docker_cli(char *const *argv, double timeout, struct cb_exec_result *
 	cb_exec_env_free(env);
 	if (!rc && res->exit_code == 127 && !res->err_len)
 		rc = cb_error_set(ENOENT, "docker backend: the docker CLI is not on PATH");
+	if (rc)
+		cb_exec_result_free(res); /* callers free it only on success */
 	return rc;
 }
 
@@ -307,6 +309,14 @@ static int docker_wait(struct cb_backend *b, struct cb_exec *h, struct cb_exec_r
 		docker_signal_tree(s, token, SIGKILL);
 	if (!rc && timeout > 0 && res->exit_code == 124 && res->duration >= timeout - 0.05)
 		res->timed_out = 1;
+	/* The engine refused to run anything (the container was removed or stopped behind our
+	 * back): not the command's failure. A new daemon (close, then any use) makes a new one. */
+	if (!rc && res->exit_code == 1 && !res->out_len && res->err_len &&
+	    !strncmp(res->err, "Error response from daemon:", 27)) {
+		res->err[strcspn(res->err, "\n")] = 0;
+		rc = cb_error_set(ENXIO, "docker backend: container %s cannot run commands: %s",
+				  s->name, res->err + 28);
+	}
 	return rc;
 }
 

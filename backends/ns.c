@@ -87,8 +87,10 @@ static int ns_which(struct cb_backend *b, const char *binary, char **path)
 		return rc;
 	rc = b->ops->wait(b, h, &res);
 	cb_exec_free(h);
-	if (rc < 0)
+	if (rc < 0) {
+		cb_exec_result_free(&res);
 		return rc;
+	}
 	if (res.exit_code == 0 && res.out_len && res.out[0] == '/') {
 		res.out[strcspn(res.out, "\n")] = 0;
 		if (!(*path = strdup(res.out)))

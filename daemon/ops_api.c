@@ -235,8 +235,10 @@ static void *api_exec_main(void *arg)
 	if (pid)
 		cb_daemon_child_release(pid);
 	cb_exec_free(e->h);
-	if (rc < 0)
+	if (rc < 0) {
+		cb_exec_result_free(&res); /* partly filled, also on an error */
 		goto fail;
+	}
 	if (e->strict && (res.timed_out || res.output_limited)) {
 		json_t *err = json_pack("{s:s, s:s, s:o}", "code",
 					res.timed_out ? "timeout" : "output_limit", "message",

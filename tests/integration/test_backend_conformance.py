@@ -194,6 +194,11 @@ class DockerConformance(Conformance, cbtest.CowboxTestCase):
             out = subprocess.run(["docker", "inspect", "-f", "{{.HostConfig.NetworkMode}}",
                                   name[0]], capture_output=True, text=True).stdout.strip()
             self.assertEqual(out, "none")
+            # The container removed behind our back: an error saying so, not exit 1.
+            subprocess.run(["docker", "rm", "-f", name[0]], capture_output=True)
+            with self.assertRaises(cowbox.WorkspaceUnavailableError) as cm:
+                await box.run(["true"])
+            self.assertIn(name[0], str(cm.exception))
         self.arun(body)
         # close took the container with it (its bind of the mount dies with the daemon).
         gone = subprocess.run(["docker", "inspect", name[0]], capture_output=True)

@@ -119,8 +119,10 @@ class Connection:
             raise
         return rid
 
-    async def request(self, op, **args):
-        """Send a request and return its final reply; an error reply raises its exception."""
+    async def request(self, op, kill_on_cancel=False, **args):
+        """Send a request and return its final reply; an error reply raises its exception.
+        With kill_on_cancel, a cancelled caller (asyncio timeout, task cancel) kills the
+        command the request runs before the cancellation goes on."""
         fut = asyncio.get_running_loop().create_future()
 
         def done(msg):
@@ -128,9 +130,17 @@ class Connection:
                 return
             fut.set_result(msg)
 
-        self.start(op, done, **args)
-        await self.writer.drain()
-        msg = await fut
+        rid = self.start(op, done, **args)
+        try:
+            await self.writer.drain()
+            msg = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            if kill_on_cancel and not self.closed and not fut.done():
+                try:
+                    self.send({"id": rid, "op": "kill", "signal": 9})
+                except WorkspaceUnavailableError:
+                    pass
+            raise
         if "error" in msg:
             raise error_from_reply(msg["error"])
         return msg

@@ -340,12 +340,14 @@ class Sandbox:
     async def run(self, cmd, *, env=None, cwd=None, timeout=None, input=None, strict=False):
         """Run cmd to completion. A timeout or the output cap shows in timed_out and
         output_limited; with strict=True they raise WorkspaceTimeoutError and
-        WorkspaceOutputLimitError instead, the partial CompletedRun in .result."""
+        WorkspaceOutputLimitError instead, the partial CompletedRun in .result. Cancelling
+        the caller (e.g. asyncio.wait_for) kills the command and everything it started."""
         args = self._cmd_args(cmd, env, cwd, timeout)
         if input:
             args["stdin"] = base64.b64encode(input).decode()
         try:
-            msg = await self._request("run", strict=strict, **args)
+            conn = await self._connect()
+            msg = await conn.request("run", kill_on_cancel=True, strict=strict, **args)
         except WorkspaceError as e:
             if isinstance(e.result, dict):
                 e.result = _result(e.result)

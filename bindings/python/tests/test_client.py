@@ -138,6 +138,18 @@ class ClientTest(cbtest.CowboxTestCase):
             self.assertNotEqual(self.daemon_pid(box.ref), pid)
         self.arun(go())
 
+    def test_cancelled_run_kills_the_command(self):
+        async def go():
+            box = await self.new_box()
+            with self.assertRaises(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    box.run(["sh", "-c", "sleep 1.5; echo late > late.txt"]), 0.3)
+            await asyncio.sleep(2)
+            with self.assertRaises(cowbox.WorkspaceNotFoundError):
+                await box.read("late.txt")
+            self.assertEqual((await box.run(["true"])).exit_code, 0)  # the connection is fine
+        self.arun(go())
+
     def test_bad_options_leave_nothing(self):
         async def go():
             for bad in ({"backend": "vm"}, {"network": "some"}, {"working_dir": "../x"}):

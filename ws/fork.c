@@ -36,9 +36,13 @@ static int fork_parents(struct fork_ctx *f, const char *path)
 
 		*s = '\0';
 		if (fstatat(f->upper_fd, buf, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			mode_t mode;
+
 			ret = ws_entry_at(f->t, buf, f->turn, &e);
-			if (!ret &&
-			    mkdirat(f->upper_fd, buf, e.type == CB_ENTRY_DIR ? e.mode : 0755))
+			mode = e.type == CB_ENTRY_DIR ? e.mode : 0755;
+			/* chmod after mkdir: the umask must not change what the turn says */
+			if (!ret && (mkdirat(f->upper_fd, buf, 0700) < 0 ||
+				     fchmodat(f->upper_fd, buf, mode, 0) < 0))
 				ret =
 				    cb_error_set(errno, "fork: mkdir %s: %s", buf, strerror(errno));
 		}

@@ -86,9 +86,11 @@ class Mutator:
         elif op == "rmtree":
             shutil.rmtree(self.p(rng.choice(dirs)))
         elif op == "chmod":
-            os.chmod(self.p(rng.choice(files)), rng.choice([0o644, 0o600, 0o755, 0o444]))
+            os.chmod(self.p(rng.choice(files)),
+                     rng.choice([0o644, 0o600, 0o755, 0o444, 0o666, 0o777]))
         elif op == "chmod_dir":
-            os.chmod(self.p(rng.choice(dirs)), rng.choice([0o755, 0o700, 0o750]))
+            # 0777 and the sticky bit: modes a umask would change, had it been used
+            os.chmod(self.p(rng.choice(dirs)), rng.choice([0o755, 0o700, 0o750, 0o777, 0o1777]))
         elif op == "symlink":
             target = rng.choice(files + ["nowhere", "../x"])
             os.symlink(target, self.p(self.new_name(self.any_dir())))

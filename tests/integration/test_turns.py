@@ -296,6 +296,35 @@ class TurnsTest(CowboxTestCase):
         proc = self.cowbox("snapshot", "big2", "--format", "sha256sum")
         self.assertEqual(proc.stderr, "")
 
+    def test_no_fd_leak_in_the_daemon(self):
+        self.snapshot()
+        pid = self.daemon_pid(self.ref)
+
+        def fds():
+            # files, directories and sockets; FUSE worker threads come and go with splice
+            # pipes of their own, which are libfuse's
+            targets = []
+            for fd in os.listdir("/proc/%d/fd" % pid):
+                try:
+                    targets.append(os.readlink("/proc/%d/fd/%s" % (pid, fd)))
+                except FileNotFoundError:
+                    pass
+            return sorted(t for t in targets if not t.startswith(("pipe:", "anon_inode:")))
+
+        before = fds()
+        for i in range(3):
+            self.write("src/a.c", "round %d\n" % i)
+            os.symlink("x", self.path("l%d" % i))
+            t = self.snapshot("--changes")["turn"]
+            self.cowbox_json("diff", "w", "1")
+            self.cowbox("diff", "w", "1", str(t), "--patch")
+            self.cowbox_json("rollback", "w", "1")
+            self.cowbox_json("turns", "w")
+            self.cowbox_json("prune", "w", "--keep", "5")
+        self.cowbox_json("fork", "w", str(t), "--name", "w-fd")
+        wait_for(lambda: fds() == before, timeout=5,
+                 what="the daemon's fds to return to %s (now %s)" % (before, fds()))
+
     def test_kill_between_write_and_snapshot(self):
         self.snapshot()
         pid = self.daemon_pid(self.ref)

@@ -64,6 +64,7 @@ class TurnsTest(CowboxTestCase):
         # names that sha256sum escapes, and one that needs none
         self.write("back\\slash", "b\n")
         self.write("new\nline", "n\n")
+        self.write("carriage\rreturn", "r\n")
         self.write("sp ace", "s\n")
         snap = self.snapshot()
         self.assertEqual(snap["turn"], 1)

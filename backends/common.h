@@ -17,4 +17,10 @@ void cb_backend_kill_plain(struct cb_backend *b, struct cb_exec *h, int sig);
 /* The spec's timeout from a command and the options (0 = default, < 0 = none). */
 double cb_backend_timeout(const struct cb_backend *b, const struct cb_backend_cmd *cmd);
 
+/* A /bin/sh script printing where $1 is on $PATH (an executable file, not a directory):
+ * `command -v` would name shell builtins (true, echo) instead of the programs. */
+#define CB_BACKEND_WHICH_SCRIPT                                                                    \
+	"case $1 in */*) exit 1;; esac; IFS=:; for d in $PATH; do "                                \
+	"if [ -f \"$d/$1\" ] && [ -x \"$d/$1\" ]; then echo \"$d/$1\"; exit 0; fi; done; exit 1"
+
 #endif

@@ -340,7 +340,7 @@ static void docker_kill(struct cb_backend *b, struct cb_exec *h, int sig)
 static int docker_which(struct cb_backend *b, const char *binary, char **path)
 {
 	struct docker_state *s = b->priv;
-	char *argv[] = {"docker", "exec",	  s->name, "/bin/sh", "-c", "command -v -- \"$1\"",
+	char *argv[] = {"docker", "exec",	  s->name, "/bin/sh", "-c", CB_BACKEND_WHICH_SCRIPT,
 			"sh",	  (char *)binary, NULL};
 	struct cb_exec_result res;
 	int rc = docker_cli(argv, 30, &res);

@@ -76,7 +76,7 @@ out:
 /* Looked up inside the sandbox, whose image may differ from the host. */
 static int ns_which(struct cb_backend *b, const char *binary, char **path)
 {
-	char *argv[] = {"/bin/sh", "-c", "command -v -- \"$1\"", "sh", (char *)binary, NULL};
+	char *argv[] = {"/bin/sh", "-c", CB_BACKEND_WHICH_SCRIPT, "sh", (char *)binary, NULL};
 	struct cb_backend_cmd cmd = {.argv = argv, .timeout = 30};
 	struct cb_exec_result res = {0};
 	struct cb_exec *h = NULL;

@@ -189,6 +189,40 @@ class ApiTest(cbtest.CowboxTestCase):
         self.err("host_url", "invalid_request", port=0)
         self.err("host_url", "invalid_request", port="80")
 
+    def test_every_op_answers(self):
+        # One valid request per registered op, the API's and the rest of the protocol's.
+        self.assertEqual(self.ok("hello")["protocol"], 1)
+        self.ok("ping")
+        self.assertEqual(self.ok("info")["ref"], self.ref)
+        self.ok("write", path="w.txt", data=b64(b"one"))
+        t1 = self.ok("snapshot", files=True)
+        self.assertIn("w.txt", t1["files"])
+        self.ok("write", path="w.txt", data=b64(b"two"))
+        t2 = self.ok("snapshot")["turn"]
+        events = self.ok("diff", a=t1["turn"], b=t2)["events"]
+        self.assertEqual([(e["event"], e["path"]) for e in events], [("modified", "w.txt")])
+        self.ok("rollback", turn=t1["turn"])
+        self.assertEqual(unb64(self.ok("read", path="w.txt")["data"]), b"one")
+        self.assertTrue(self.ok("turns")["turns"])
+        self.ok("prune", keep=10)
+        fork = self.ok("fork", turn=t1["turn"])["ref"]
+        self.assertRegex(fork, r"^cb-[0-9a-f]{32}$")
+        self.assertEqual(self.run_cmd(["true"])[0], 0)
+        self.c.send({"id": "x", "op": "exec", "cmd": ["true"]})
+        self.assertEqual(self.c.recv()["exit_code"], 0)
+        self.ok("which", binary="true")
+        self.assertTrue(self.ok("host_url", port=9)["url"])
+        self.ok("configure")
+        pid = self.daemon_pid(self.ref)
+        self.ok("close")
+        cbtest.wait_for(lambda: not cbtest.pid_alive(pid), 15, what="the daemon to stop")
+        # destroy, on a daemon started again
+        self.mount(self.ref)
+        c = self.client(self.ref)
+        pid = self.daemon_pid(self.ref)
+        self.ok("destroy", c=c)
+        cbtest.wait_for(lambda: not cbtest.pid_alive(pid), 15, what="the daemon to stop")
+
     # --- errors and malformed input ---
 
     def test_malformed_requests_and_error_codes(self):

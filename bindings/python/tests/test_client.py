@@ -42,6 +42,20 @@ class ClientTest(cbtest.CowboxTestCase):
         for name in ("exec", "run", "read", "write", "which", "snapshot", "close"):
             self.assertTrue(asyncio.iscoroutinefunction(getattr(cowbox.Sandbox, name)), name)
         self.assertFalse(asyncio.iscoroutinefunction(cowbox.Sandbox.host_url))
+        import inspect
+        # The seed's parameters, by name and kind (extra keyword-only ones are allowed).
+        seed = {"exec": ["cmd", "*env", "*cwd"], "run": ["cmd", "*env", "*cwd", "*timeout"],
+                "read": ["path"], "write": ["path", "data"], "host_url": ["port"],
+                "which": ["binary"], "snapshot": [], "close": []}
+        for name, params in seed.items():
+            sig = inspect.signature(getattr(cowbox.Sandbox, name)).parameters
+            for p in params:
+                kw = p.startswith("*")
+                self.assertIn(p.lstrip("*"), sig, name)
+                kind = sig[p.lstrip("*")].kind
+                self.assertEqual(kind == inspect.Parameter.KEYWORD_ONLY, kw, (name, p))
+                if kw:
+                    self.assertIsNone(sig[p.lstrip("*")].default, (name, p))
 
         async def go():
             box = await self.new_box()

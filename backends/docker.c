@@ -310,11 +310,14 @@ static int docker_wait(struct cb_backend *b, struct cb_exec *h, struct cb_exec_r
 	if (!rc && timeout > 0 && res->exit_code == 124 && res->duration >= timeout - 0.05)
 		res->timed_out = 1;
 	/* The engine refused to run anything (the container was removed or stopped behind our
-	 * back): not the command's failure. A new daemon (close, then any use) makes a new one. */
+	 * back): not the command's failure. -ENXIO tells the daemon to stop; the next use
+	 * starts a new daemon, which makes a new container. */
 	if (!rc && res->exit_code == 1 && !res->out_len && res->err_len &&
 	    !strncmp(res->err, "Error response from daemon:", 27)) {
 		res->err[strcspn(res->err, "\n")] = 0;
-		rc = cb_error_set(ENXIO, "docker backend: container %s cannot run commands: %s",
+		rc = cb_error_set(ENXIO,
+				  "docker backend: container %s cannot run commands (%s); the "
+				  "daemon stops, the next use starts a new container",
 				  s->name, res->err + 28);
 	}
 	return rc;

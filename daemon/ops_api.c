@@ -258,6 +258,10 @@ fail:
 	cb_daemon_reply_error(e->conn, e->id, cb_daemon_error_code(rc), "%s",
 			      *cb_error_message() ? cb_error_message() : strerror(-rc));
 	running_remove(e);
+	/* The backend is gone from under us (a container removed or stopped behind our back):
+	 * stop, so that the next use boots the workspace again, container and all. */
+	if (rc == -ENXIO)
+		cb_daemon_request_stop(e->d);
 	api_exec_free(e);
 	return NULL;
 }

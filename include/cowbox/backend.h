@@ -59,10 +59,11 @@ struct cb_backend_ops {
 	/* Start a command; the handle is the runner's (cb_exec_wait/kill/stdin/free). */
 	int (*exec)(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 		    const struct cb_exec_callbacks *cb, struct cb_exec **out);
-	/* Wait for a command started by exec, fill res and clean up what it left in the
-	 * backend (the docker backend kills its tree in the container). The caller frees the
-	 * handle with cb_exec_free afterwards, so that a concurrent kill never meets a freed
-	 * one. */
+	/* Wait for a command started by exec, fill res (free it also after an error) and
+	 * clean up what it left in the backend (the docker backend kills its tree in the
+	 * container). -ENXIO: the backend itself is gone (its container was removed); the
+	 * caller should start afresh. The caller frees the handle with cb_exec_free afterwards,
+	 * so that a concurrent kill never meets a freed one. */
 	int (*wait)(struct cb_backend *b, struct cb_exec *h, struct cb_exec_result *res);
 	/* Signal a running command's whole tree. */
 	void (*kill)(struct cb_backend *b, struct cb_exec *h, int sig);

@@ -198,11 +198,22 @@ class DockerConformance(Conformance, cbtest.CowboxTestCase):
             out = subprocess.run(["docker", "inspect", "-f", "{{.HostConfig.NetworkMode}}",
                                   name[0]], capture_output=True, text=True).stdout.strip()
             self.assertEqual(out, "none")
-            # The container removed behind our back: an error saying so, not exit 1.
+            # The container removed behind our back: the command in flight fails saying so
+            # (not a plain exit 1), and the next use boots the workspace again (BoxLite's
+            # semantics), files intact.
+            await box.write("kept.txt", b"kept\n")
+            old_id = subprocess.run(["docker", "inspect", "-f", "{{.Id}}", name[0]],
+                                    capture_output=True, text=True).stdout
             subprocess.run(["docker", "rm", "-f", name[0]], capture_output=True)
             with self.assertRaises(cowbox.WorkspaceUnavailableError) as cm:
                 await box.run(["true"])
             self.assertIn(name[0], str(cm.exception))
+            cbtest.wait_for(lambda: not self.daemon_pid(box.ref), 15, what="daemon stop")
+            r = await box.run(["cat", "kept.txt"])
+            self.assertEqual(r.stdout, "kept\n")
+            new_id = subprocess.run(["docker", "inspect", "-f", "{{.Id}}", name[0]],
+                                    capture_output=True, text=True).stdout
+            self.assertNotEqual(new_id, old_id)
         self.arun(body)
         # close took the container with it (its bind of the mount dies with the daemon).
         gone = subprocess.run(["docker", "inspect", name[0]], capture_output=True)

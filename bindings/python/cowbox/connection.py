@@ -50,6 +50,10 @@ def request_sync(sock_path, op, timeout=30.0, **args):
     return msg
 
 
+class SendFailed(WorkspaceUnavailableError):
+    """The request never reached the daemon (it had hung up): safe to send again."""
+
+
 class Connection:
     """Use open(); then request() for ops with one reply, start() for streaming ones."""
 
@@ -131,8 +135,8 @@ class Connection:
             fut.set_result(msg)
 
         rid = self.start(op, done, **args)
+        await self.drain(rid)
         try:
-            await self.writer.drain()
             msg = await asyncio.shield(fut)
         except asyncio.CancelledError:
             if kill_on_cancel and not self.closed and not fut.done():
@@ -144,6 +148,16 @@ class Connection:
         if "error" in msg:
             raise error_from_reply(msg["error"])
         return msg
+
+    async def drain(self, rid=None):
+        """Flush what was sent; SendFailed if the daemon had hung up, so nothing of it was
+        read (a daemon that read a line answers it before it closes)."""
+        try:
+            await self.writer.drain()
+        except (ConnectionError, OSError) as e:
+            self.closed = True
+            self._handlers.pop(rid, None)
+            raise SendFailed("the workspace daemon went away: %s" % e) from None
 
     async def wait_closed(self, timeout):
         """Wait (at most timeout seconds) for the daemon to hang up, e.g. after close."""

@@ -10,7 +10,7 @@ import signal as _signal
 from dataclasses import dataclass, field
 
 from . import directio
-from .connection import Connection, request_sync
+from .connection import Connection, SendFailed, request_sync
 from .errors import (InvalidRequestError, WorkspaceError, WorkspaceNotFoundError,
                      WorkspaceUnavailableError, error_from_reply)
 
@@ -283,8 +283,14 @@ class Sandbox:
         self.workdir = root + ("/" + wd if wd else "")
 
     async def _request(self, op, **args):
+        """One request; if the daemon had gone (a crash, a close elsewhere) before it read
+        it, the next daemon gets it: the next use boots the workspace again."""
         conn = await self._connect()
-        return await conn.request(op, **args)
+        try:
+            return await conn.request(op, **args)
+        except SendFailed:
+            conn = await self._connect()
+            return await conn.request(op, **args)
 
     async def close(self):
         """Stop the workspace's daemon (and its container); the disk stays for attach."""
@@ -330,12 +336,17 @@ class Sandbox:
 
     async def exec(self, cmd, *, env=None, cwd=None, timeout=None):
         """Start cmd (a list, or a string for /bin/sh -c); returns a Process at once."""
-        conn = await self._connect()
-        proc = Process(conn)
-        proc._id = conn.start("exec", proc._on_message, stdin=True,
-                              **self._cmd_args(cmd, env, cwd, timeout))
-        await conn.writer.drain()
-        return proc
+        for attempt in (0, 1):
+            conn = await self._connect()
+            proc = Process(conn)
+            proc._id = conn.start("exec", proc._on_message, stdin=True,
+                                  **self._cmd_args(cmd, env, cwd, timeout))
+            try:
+                await conn.drain(proc._id)
+                return proc
+            except SendFailed:
+                if attempt:
+                    raise
 
     async def run(self, cmd, *, env=None, cwd=None, timeout=None, input=None, strict=False):
         """Run cmd to completion. A timeout or the output cap shows in timed_out and
@@ -346,8 +357,7 @@ class Sandbox:
         if input:
             args["stdin"] = base64.b64encode(input).decode()
         try:
-            conn = await self._connect()
-            msg = await conn.request("run", kill_on_cancel=True, strict=strict, **args)
+            msg = await self._request("run", kill_on_cancel=True, strict=strict, **args)
         except WorkspaceError as e:
             if isinstance(e.result, dict):
                 e.result = _result(e.result)
@@ -371,7 +381,7 @@ class Sandbox:
             return data
         parts, offset = [], 0
         while True:
-            msg = await conn.request("read", path=path, offset=offset, length=CHUNK)
+            msg = await self._request("read", path=path, offset=offset, length=CHUNK)
             data = base64.b64decode(msg["data"])
             parts.append(data)
             offset += len(data)
@@ -382,16 +392,17 @@ class Sandbox:
         """Replace path's content with data (parents made), sent in pipelined chunks."""
         if isinstance(data, str):
             data = data.encode()
-        conn = await self._connect()
+        await self._connect()
         if (await self._direct(directio.write, path, bytes(data)))[0]:
             return
-        futs = []
-        for off in range(0, max(len(data), 1), CHUNK):
+        # The first chunk truncates, so the rest must come after it; those are pipelined.
+        await self._request("write", path=path, offset=0, data=base64.b64encode(
+            data[:CHUNK]).decode(), truncate=True)
+        conn, futs = self._conn, []
+        for off in range(CHUNK, len(data), CHUNK):
             chunk = base64.b64encode(data[off:off + CHUNK]).decode()
             futs.append(asyncio.ensure_future(
-                conn.request("write", path=path, offset=off, data=chunk, truncate=off == 0)))
-            if off == 0:
-                await futs[0]  # the first chunk truncates: the rest must come after it
+                conn.request("write", path=path, offset=off, data=chunk, truncate=False)))
         await asyncio.gather(*futs)
 
     def host_url(self, port):

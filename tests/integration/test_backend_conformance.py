@@ -189,6 +189,19 @@ def _docker_ready():
 class DockerConformance(Conformance, cbtest.CowboxTestCase):
     OPTIONS = {"backend": "docker", "image": DOCKER_IMAGE}
 
+    def test_memory_cap(self):
+        async def main():
+            box = await cowbox.Sandbox.create(self.base, cowbox=cbtest.COWBOX, home=self.home,
+                                              memory_mb=96, cpus=0.5, **self.OPTIONS)
+            try:
+                r = await box.run(["sh", "-c", "x=$(head -c 300000000 /dev/zero | tr '\\0' a); "
+                                   "echo ${#x}"], timeout=60)
+                self.assertEqual(r.exit_code, 137, r)
+                self.assertEqual((await box.run(["true"])).exit_code, 0)
+            finally:
+                await box.close()
+        asyncio.run(main())
+
     def test_container_lifecycle(self):
         name = []
 

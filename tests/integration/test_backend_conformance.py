@@ -189,6 +189,17 @@ def _docker_ready():
 class DockerConformance(Conformance, cbtest.CowboxTestCase):
     OPTIONS = {"backend": "docker", "image": DOCKER_IMAGE}
 
+    def setUp(self):
+        super().setUp()
+        # Runs before the daemons are stopped: a test that failed half-way (or a daemon that
+        # died) must not leave a container behind once its workspace is deleted.
+        self.addCleanup(self._remove_containers)
+
+    def _remove_containers(self):
+        wsroot = os.path.join(self.home, "workspaces")
+        for ref in os.listdir(wsroot) if os.path.isdir(wsroot) else []:
+            subprocess.run(["docker", "rm", "-f", "cowbox-" + ref], capture_output=True)
+
     def test_memory_cap(self):
         async def main():
             box = await cowbox.Sandbox.create(self.base, cowbox=cbtest.COWBOX, home=self.home,

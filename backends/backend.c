@@ -12,6 +12,7 @@
 #include "cowbox/backend.h"
 #include "cowbox/error.h"
 #include "cowbox/exec.h"
+#include "cowbox/workspace.h"
 
 extern const struct cb_backend_ops cb_backend_ns, cb_backend_local, cb_backend_docker;
 
@@ -422,5 +423,26 @@ int cb_backend_hook(struct cb_backend *b, const char *what, const char *shell, d
 		rc = cb_error_set(EIO, "%s '%s' exited with %d: %.300s", what, shell, res.exit_code,
 				  res.err_len ? res.err : res.out);
 	cb_exec_result_free(&res);
+	return rc;
+}
+
+int cb_backend_remove_leftovers(const char *ref_or_name)
+{
+	struct cb_backend_options opt;
+	char ref[CB_WS_REF_LEN + 1], *dir = NULL;
+	int rc;
+
+	if (cb_ws_resolve(ref_or_name, ref) < 0 || cb_ws_path(ref, NULL, &dir) < 0) {
+		cb_error_clear();
+		free(dir);
+		return 0; /* nothing cowbox knows: whoever removes it says so */
+	}
+	rc = cb_backend_options_load(dir, &opt);
+	free(dir);
+	if (rc < 0)
+		return rc;
+	if (!strcmp(opt.kind, "docker"))
+		rc = cb_backend_docker_remove(ref);
+	cb_backend_options_free(&opt);
 	return rc;
 }

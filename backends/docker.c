@@ -417,3 +417,17 @@ const struct cb_backend_ops cb_backend_docker = {
     .close = docker_close,
     .destroy = docker_destroy,
 };
+
+int cb_backend_docker_remove(const char *ref)
+{
+	char name[64];
+	char *argv[] = {"docker", "rm", "-f", name, NULL};
+	struct cb_exec_result res;
+	int rc;
+
+	snprintf(name, sizeof(name), "cowbox-%s", ref);
+	rc = docker_cli(argv, 60, &res);
+	if (!rc)
+		cb_exec_result_free(&res);
+	return rc;
+}

@@ -9,5 +9,5 @@ check_PROGRAMS += backends/test_backend
 TESTS += backends/test_backend
 backends_test_backend_SOURCES = backends/test_backend.c
 backends_test_backend_CFLAGS = $(CRITERION_TEST_CFLAGS)
-backends_test_backend_LDADD = backends/libcb_backends.la exec/libcb_exec.la util/libcb_util.la \
-	$(DEPS_LIBS) $(CRITERION_TEST_LIBS)
+backends_test_backend_LDADD = backends/libcb_backends.la ws/libcb_ws.la db/libcb_db.la \
+	exec/libcb_exec.la util/libcb_util.la $(DEPS_LIBS) $(CRITERION_TEST_LIBS)

@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "cowbox/error.h"
 #include "cowbox/turns.h"
+#include "cowbox/backend.h"
 #include "cowbox/workspace.h"
 
 static const char create_usage[] =
@@ -211,6 +212,9 @@ int cmd_rm(int argc, char **argv)
 		return status;
 	if (optind + 1 != argc)
 		return cli_usage_error(rm_usage, "rm takes one workspace ref or name");
+	/* api (issue 5): a crashed daemon's docker container goes too. */
+	if (cb_backend_remove_leftovers(argv[optind]) < 0)
+		fprintf(stderr, "cowbox rm: warning: %s\n", cb_error_message());
 	if (cb_ws_remove(argv[optind]))
 		return cli_fail("rm", NULL);
 	if (common.json)

@@ -107,6 +107,14 @@ void cb_backend_options_free(struct cb_backend_options *o);
 int cb_backend_options_save(const char *dir, const struct cb_backend_options *o);
 int cb_backend_options_load(const char *dir, struct cb_backend_options *out);
 
+/* Remove what a workspace's backend may have left outside the workspace (the docker
+ * container of a daemon that crashed), before the workspace itself is removed; 0 when there
+ * is nothing. */
+int cb_backend_remove_leftovers(const char *ref_or_name);
+
+/* docker rm -f of the workspace's container (backends/docker.c). */
+int cb_backend_docker_remove(const char *ref);
+
 /* The table of a backend kind; NULL if there is none by that name. */
 const struct cb_backend_ops *cb_backend_find(const char *kind);
 

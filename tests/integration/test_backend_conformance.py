@@ -200,6 +200,21 @@ class DockerConformance(Conformance, cbtest.CowboxTestCase):
         for ref in os.listdir(wsroot) if os.path.isdir(wsroot) else []:
             subprocess.run(["docker", "rm", "-f", "cowbox-" + ref], capture_output=True)
 
+    def test_rm_after_a_crash_removes_the_container(self):
+        refs = []
+
+        async def body(box):
+            await box.run(["true"])
+            refs.append(box.ref)
+            os.kill(self.daemon_pid(box.ref), 9)
+        self.arun(body)
+        name = "cowbox-" + refs[0]
+        self.assertEqual(subprocess.run(["docker", "inspect", name],
+                                        capture_output=True).returncode, 0)
+        self.cowbox("rm", refs[0])
+        self.assertNotEqual(subprocess.run(["docker", "inspect", name],
+                                           capture_output=True).returncode, 0)
+
     def test_memory_cap(self):
         async def main():
             box = await cowbox.Sandbox.create(self.base, cowbox=cbtest.COWBOX, home=self.home,

@@ -67,6 +67,16 @@ class ApiTest(cbtest.CowboxTestCase):
         self.assertEqual(len(out), 65536)
         code, out, _, _ = self.run_cmd(["cat"], stdin=b64(b"fed\n"))
         self.assertEqual(out, b"fed\n")
+        r = self.run_cmd(["sh", "-c", "head -c 50000 /dev/zero"], output_limit=1000)[3]
+        self.assertTrue(r["output_limited"])
+        self.c.send({"id": "b", "op": "exec", "cmd": ["cat"], "stdin": b64(b"bytes in")})
+        got = b""
+        while True:
+            m = self.c.recv()
+            if "stream" not in m:
+                break
+            got += unb64(m["data"])
+        self.assertEqual((got, m["exit_code"]), (b"bytes in", 0))
         code, out, _, _ = self.run_cmd(["sh", "-c", "echo $A-$HOME"], env={"A": "1"})
         self.assertEqual(out, b"1-/tmp\n")
         # Nothing of the daemon's environment reaches a command.

@@ -15,6 +15,32 @@
 #include "cowbox/error.h"
 #include "ov.h"
 
+/* Puts h on the list of open handles with its destructor. */
+void ov_handle_add(struct cb_overlay *ov, struct ov_handle *h, void (*fn)(struct ov_handle *))
+{
+	h->free = fn;
+	h->prev = NULL;
+	pthread_mutex_lock(&ov->handles_lock);
+	h->next = ov->handles;
+	if (ov->handles)
+		ov->handles->prev = h;
+	ov->handles = h;
+	pthread_mutex_unlock(&ov->handles_lock);
+}
+
+/* Takes h off the list (before it is freed). */
+void ov_handle_del(struct cb_overlay *ov, struct ov_handle *h)
+{
+	pthread_mutex_lock(&ov->handles_lock);
+	if (h->prev)
+		h->prev->next = h->next;
+	else
+		ov->handles = h->next;
+	if (h->next)
+		h->next->prev = h->prev;
+	pthread_mutex_unlock(&ov->handles_lock);
+}
+
 static void ov_init(void *userdata, struct fuse_conn_info *conn)
 {
 	(void)userdata;
@@ -137,6 +163,7 @@ int cb_overlay_mount(const struct cb_overlay_config *cfg, struct cb_overlay **ou
 	ov->upper_fd = ov->base_fd = -1;
 	pthread_mutex_init(&ov->tab_lock, NULL);
 	pthread_rwlock_init(&ov->ns_lock, NULL);
+	pthread_mutex_init(&ov->handles_lock, NULL);
 	r = ov_setup(cfg, ov);
 	if (r < 0)
 		goto fail;
@@ -220,10 +247,13 @@ void cb_overlay_destroy(struct cb_overlay *ov)
 	if (!ov)
 		return;
 	if (ov->se) {
+		/* quiet when already unmounted; also frees libfuse's copy of the mount point */
 		if (ov->mounted)
 			fuse_session_unmount(ov->se);
 		fuse_session_destroy(ov->se);
 	}
+	while (ov->handles)
+		ov->handles->free(ov->handles);
 	ov_journal_sync(ov);
 	if (ov->root)
 		ov_table_free_all(&ov->tab);
@@ -233,6 +263,7 @@ void cb_overlay_destroy(struct cb_overlay *ov)
 		close(ov->base_fd);
 	pthread_rwlock_destroy(&ov->ns_lock);
 	pthread_mutex_destroy(&ov->tab_lock);
+	pthread_mutex_destroy(&ov->handles_lock);
 	free(ov->mountpoint);
 	free(ov);
 }

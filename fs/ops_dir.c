@@ -173,6 +173,8 @@ static void ov_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 	atomic_init(&f->layer, OV_UPPER);
 	f->flags = ov_open_flags(fi->flags);
 	f->inode = ov_inode_get(ov, e.ino);
+	f->overlay = ov;
+	ov_handle_add(ov, &f->h, ov_file_free);
 	fd = -1;
 	fi->fh = (uint64_t)(uintptr_t)f;
 	fi->keep_cache = 1;
@@ -183,8 +185,7 @@ out:
 	if (r < 0)
 		fuse_reply_err(req, -r);
 	else if (fuse_reply_create(req, &e, fi) == -ENOENT) {
-		close(f->fd);
-		free(f);
+		ov_file_free(&f->h);
 		ov_forget_one(ov, ov_inode_get(ov, e.ino), 1);
 	}
 }

@@ -37,6 +37,16 @@ static int ov_file_fd(struct cb_overlay *ov, struct ov_file *f)
 	return f->fd;
 }
 
+/* Closes and frees an open file (release, or unmount for the ones never released). */
+void ov_file_free(struct ov_handle *h)
+{
+	struct ov_file *f = (struct ov_file *)h;
+
+	ov_handle_del(f->overlay, h);
+	close(f->fd);
+	free(f);
+}
+
 static void ov_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct cb_overlay *ov = ov_of(req);
@@ -80,12 +90,12 @@ out:
 	atomic_init(&f->layer, layer);
 	f->flags = flags;
 	f->inode = in;
+	f->overlay = ov;
+	ov_handle_add(ov, &f->h, ov_file_free);
 	fi->fh = (uint64_t)(uintptr_t)f;
 	fi->keep_cache = 1; /* we are the only writer: cached pages stay valid */
-	if (fuse_reply_open(req, fi) == -ENOENT) {
-		close(fd);
-		free(f);
-	}
+	if (fuse_reply_open(req, fi) == -ENOENT)
+		ov_file_free(&f->h);
 }
 
 static void ov_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -151,8 +161,7 @@ static void ov_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	struct ov_file *f = (struct ov_file *)(uintptr_t)fi->fh;
 
 	(void)ino;
-	close(f->fd);
-	free(f);
+	ov_file_free(&f->h);
 	fuse_reply_err(req, 0);
 }
 

@@ -18,6 +18,8 @@ struct ov_dirent {
 };
 
 struct ov_dir {
+	struct ov_handle h; /* first: a listing is its handle */
+	struct cb_overlay *overlay;
 	struct ov_dirent *ents;
 	size_t count, cap;
 	char **seen; /* names in upper (open addressing), for merging with the base */
@@ -182,6 +184,17 @@ static int ov_dir_load(struct cb_overlay *ov, struct ov_inode *in, struct ov_dir
 	return r;
 }
 
+static void ov_dir_free(struct ov_handle *h)
+{
+	struct ov_dir *d = (struct ov_dir *)h;
+
+	ov_handle_del(d->overlay, h);
+	ov_dir_clear(d);
+	free(d->ents);
+	pthread_mutex_destroy(&d->lock);
+	free(d);
+}
+
 static void ov_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct ov_dir *d = calloc(1, sizeof(*d));
@@ -192,11 +205,11 @@ static void ov_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 		return;
 	}
 	pthread_mutex_init(&d->lock, NULL);
+	d->overlay = ov_of(req);
+	ov_handle_add(d->overlay, &d->h, ov_dir_free);
 	fi->fh = (uint64_t)(uintptr_t)d;
-	if (fuse_reply_open(req, fi) == -ENOENT) {
-		pthread_mutex_destroy(&d->lock);
-		free(d);
-	}
+	if (fuse_reply_open(req, fi) == -ENOENT)
+		ov_dir_free(&d->h);
 }
 
 static void ov_readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -271,10 +284,7 @@ static void ov_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
 	struct ov_dir *d = (struct ov_dir *)(uintptr_t)fi->fh;
 
 	(void)ino;
-	ov_dir_clear(d);
-	free(d->ents);
-	pthread_mutex_destroy(&d->lock);
-	free(d);
+	ov_dir_free(&d->h);
 	fuse_reply_err(req, 0);
 }
 

@@ -62,6 +62,13 @@ struct ov_table {
 	struct ov_inode *all; /* every inode, hashed or not */
 };
 
+/* Open files and directories are on a list, so that unmount frees the ones the kernel never
+ * released (an aborted connection). */
+struct ov_handle {
+	struct ov_handle *prev, *next;
+	void (*free)(struct ov_handle *h);
+};
+
 struct cb_overlay {
 	int upper_fd; /* O_PATH|O_DIRECTORY roots of the layers; base_fd -1 if none */
 	int base_fd;
@@ -81,16 +88,24 @@ struct cb_overlay {
 	int debug;
 	pthread_t run_thread;
 	_Atomic int running;
+	struct ov_handle *handles;
+	pthread_mutex_t handles_lock;
 };
 
 /* An open file: the fd and the layer it was opened in (a read-only base fd is reopened in
  * upper when the inode is copied up meanwhile). */
 struct ov_file {
+	struct ov_handle h; /* first: a file is its handle */
 	int fd;
 	_Atomic int layer;
 	int flags;
 	struct ov_inode *inode;
+	struct cb_overlay *overlay;
 };
+
+void ov_handle_add(struct cb_overlay *ov, struct ov_handle *h, void (*fn)(struct ov_handle *));
+void ov_handle_del(struct cb_overlay *ov, struct ov_handle *h);
+void ov_file_free(struct ov_handle *h);
 
 /* inode.c: the table. All functions expect the caller to hold the locks named. */
 int ov_table_init(struct ov_table *t);

@@ -49,3 +49,20 @@ void cb_backend_kill_plain(struct cb_backend *b, struct cb_exec *h, int sig)
 	(void)b;
 	cb_exec_kill(h, sig);
 }
+
+int cb_backend_which_result(struct cb_exec_result *res, const char *binary, const char *where,
+			    char **path)
+{
+	int rc = 0;
+
+	*path = NULL;
+	if (res->exit_code == 0 && res->out_len && res->out[0] == '/') {
+		res->out[strcspn(res->out, "\n")] = 0;
+		if (!(*path = strdup(res->out)))
+			rc = cb_error_set(ENOMEM, "which: out of memory");
+	} else {
+		rc = cb_error_set(ENOENT, "which %s: not found on the %s's PATH", binary, where);
+	}
+	cb_exec_result_free(res);
+	return rc;
+}

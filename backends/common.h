@@ -17,6 +17,12 @@ void cb_backend_kill_plain(struct cb_backend *b, struct cb_exec *h, int sig);
 /* The spec's timeout from a command and the options (0 = default, < 0 = none). */
 double cb_backend_timeout(const struct cb_backend *b, const struct cb_backend_cmd *cmd);
 
+/* which's answer from CB_BACKEND_WHICH_SCRIPT's result, which it frees: 0 with *path the
+ * malloc'd absolute path it printed, else -ENOENT saying it is not on where's PATH ("sandbox",
+ * "container"). */
+int cb_backend_which_result(struct cb_exec_result *res, const char *binary, const char *where,
+			    char **path);
+
 /* A /bin/sh script printing where $1 is on $PATH (an executable file, not a directory):
  * `command -v` would name shell builtins (true, echo) instead of the programs. */
 #define CB_BACKEND_WHICH_SCRIPT                                                                    \

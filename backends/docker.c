@@ -53,6 +53,19 @@ static int docker_cli(char *const *argv, double timeout, struct cb_exec_result *
 	return rc;
 }
 
+/* docker rm -f NAME: 0 once the CLI ran, whatever it answered (a container that is already
+ * gone is what the caller wants); -errno only when the CLI could not run. */
+static int docker_remove_quietly(const char *name)
+{
+	char *argv[] = {"docker", "rm", "-f", (char *)name, NULL};
+	struct cb_exec_result res;
+	int rc = docker_cli(argv, 60, &res);
+
+	if (!rc)
+		cb_exec_result_free(&res);
+	return rc;
+}
+
 /* Run docker with argv; a non-zero exit is an error quoting docker's own message. */
 static int docker_check(char *const *argv, double timeout, char **out)
 {
@@ -95,13 +108,7 @@ static int docker_create(struct cb_backend *b)
 		goto out;
 	}
 	/* A container left by an earlier daemon has a dead bind of the old mount: replace it. */
-	{
-		char *rm[] = {"docker", "rm", "-f", s->name, NULL};
-		struct cb_exec_result res;
-
-		if (docker_cli(rm, 60, &res) == 0)
-			cb_exec_result_free(&res);
-	}
+	docker_remove_quietly(s->name);
 	snprintf(vol, sizeof(vol), "%s:/workspace", b->root);
 	argv[n++] = "docker";
 	argv[n++] = "run";
@@ -351,15 +358,7 @@ static int docker_which(struct cb_backend *b, const char *binary, char **path)
 	*path = NULL;
 	if (rc)
 		return rc;
-	if (res.exit_code == 0 && res.out_len && res.out[0] == '/') {
-		res.out[strcspn(res.out, "\n")] = 0;
-		if (!(*path = strdup(res.out)))
-			rc = cb_error_set(ENOMEM, "which: out of memory");
-	} else {
-		rc = cb_error_set(ENOENT, "which %s: not found on the container's PATH", binary);
-	}
-	cb_exec_result_free(&res);
-	return rc;
+	return cb_backend_which_result(&res, binary, "container", path);
 }
 
 static int docker_host_url(struct cb_backend *b, int port, char **url)
@@ -384,13 +383,10 @@ static int docker_host_url(struct cb_backend *b, int port, char **url)
 static void docker_close(struct cb_backend *b)
 {
 	struct docker_state *s = b->priv;
-	char *argv[] = {"docker", "rm", "-f", s ? s->name : NULL, NULL};
-	struct cb_exec_result res;
 
 	if (!s)
 		return;
-	if (docker_cli(argv, 60, &res) == 0)
-		cb_exec_result_free(&res);
+	docker_remove_quietly(s->name);
 	if (s->netns_fd >= 0)
 		close(s->netns_fd);
 	pthread_mutex_destroy(&s->lock);
@@ -421,13 +417,7 @@ const struct cb_backend_ops cb_backend_docker = {
 int cb_backend_docker_remove(const char *ref)
 {
 	char name[64];
-	char *argv[] = {"docker", "rm", "-f", name, NULL};
-	struct cb_exec_result res;
-	int rc;
 
 	snprintf(name, sizeof(name), "cowbox-%s", ref);
-	rc = docker_cli(argv, 60, &res);
-	if (!rc)
-		cb_exec_result_free(&res);
-	return rc;
+	return docker_remove_quietly(name);
 }

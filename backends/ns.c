@@ -91,15 +91,7 @@ static int ns_which(struct cb_backend *b, const char *binary, char **path)
 		cb_exec_result_free(&res);
 		return rc;
 	}
-	if (res.exit_code == 0 && res.out_len && res.out[0] == '/') {
-		res.out[strcspn(res.out, "\n")] = 0;
-		if (!(*path = strdup(res.out)))
-			rc = cb_error_set(ENOMEM, "which: out of memory");
-	} else {
-		rc = cb_error_set(ENOENT, "which %s: not found on the sandbox's PATH", binary);
-	}
-	cb_exec_result_free(&res);
-	return rc;
+	return cb_backend_which_result(&res, binary, "sandbox", path);
 }
 
 static int ns_host_url(struct cb_backend *b, int port, char **url)

@@ -31,7 +31,10 @@ def is_mounted(path):
 
 
 def syncfs(path):
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return  # the daemon is gone
     try:
         ctypes.CDLL(None, use_errno=True).syncfs(fd)
     finally:
@@ -136,6 +139,7 @@ class Mount:
         self.proc.wait()
         umount(self.mnt)
         self.proc.stdout.close()
+        os.unlink(self.log.name)
 
     def close(self):
         status = self.stop()

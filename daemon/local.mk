@@ -21,3 +21,6 @@ daemon_libcb_daemon_la_SOURCES += daemon/ops_turns.c
 # api: exec/run/stdin/kill, read/write/which/host_url, configure/destroy (issue 5)
 daemon_libcb_daemon_la_SOURCES += daemon/api.h daemon/api_util.c daemon/ops_api.c \
 	daemon/ops_files.c
+# box: libcowbox's high-level C API (include/cowbox/box.h) over the client (issue 5)
+daemon_libcb_daemon_la_SOURCES += daemon/box_private.h daemon/box.c daemon/box_run.c
+pkginclude_HEADERS += include/cowbox/box.h

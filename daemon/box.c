@@ -1,0 +1,628 @@
+/* libcowbox's high-level API (include/cowbox/box.h): workspaces as sandboxes over the daemon's
+ * control protocol: lifecycle, requests with stable error codes, files, turns. */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api.h"
+#include "box_private.h"
+#include "cowbox/client.h"
+#include "cowbox/error.h"
+#include "cowbox/workspace.h"
+
+#define BOX_CHUNK    (1u << 20) /* bytes per read/write request */
+#define BOX_WINDOW   4		/* write requests in flight at once */
+#define BOX_START_MS 60000	/* a daemon that needs longer to mount is broken */
+#define BOX_STOP_MS  30000
+
+static __thread char last_code[32];
+
+static const struct {
+	const char *code;
+	int err;
+} box_codes[] = {
+    {"not_found", ENOENT},	 {"invalid_path", EINVAL}, {"in_use", EBUSY},
+    {"unavailable", EAGAIN},	 {"timeout", ETIMEDOUT},   {"output_limit", EFBIG},
+    {"invalid_request", EPROTO},
+};
+
+const char *cb_box_last_code(void)
+{
+	return last_code;
+}
+
+void cb_box_set_code(const char *code)
+{
+	snprintf(last_code, sizeof(last_code), "%s", code ? code : "");
+}
+
+int cb_box_finish(int rc)
+{
+	static const struct {
+		int err;
+		const char *code;
+	} local[] = {
+	    {ENOENT, "not_found"},    {EINVAL, "invalid_request"},   {EBUSY, "in_use"},
+	    {ETIMEDOUT, "timeout"},   {ECONNREFUSED, "unavailable"}, {ECONNRESET, "unavailable"},
+	    {EPIPE, "unavailable"},   {EAGAIN, "unavailable"},	     {EIO, "unavailable"},
+	    {EUCLEAN, "unavailable"}, {EPROTO, "invalid_request"},
+	};
+
+	if (rc >= 0) {
+		cb_box_set_code("");
+		return rc;
+	}
+	if (last_code[0])
+		return rc;
+	for (size_t i = 0; i < sizeof(local) / sizeof(local[0]); i++)
+		if (-rc == local[i].err)
+			cb_box_set_code(local[i].code);
+	return rc;
+}
+
+/* The errno of a protocol code; EIO for one this library does not know. */
+static int code_errno(const char *code)
+{
+	for (size_t i = 0; code && i < sizeof(box_codes) / sizeof(box_codes[0]); i++)
+		if (!strcmp(code, box_codes[i].code))
+			return box_codes[i].err;
+	return EIO;
+}
+
+int cb_box_reply_error(const char *what, json_t *msg, json_t **result)
+{
+	json_t *err = json_object_get(msg, "error");
+	const char *code = json_string_value(json_object_get(err, "code"));
+	const char *text = json_string_value(json_object_get(err, "message"));
+
+	if (result && json_is_object(json_object_get(err, "result")))
+		*result = json_incref(json_object_get(err, "result"));
+	cb_box_set_code(code ? code : "unavailable");
+	return cb_error_set(code_errno(code), "%s: %s: %s", what, code ? code : "error",
+			    text ? text : "the daemon gave no reason");
+}
+
+/* Boot (if needed) and connect to the workspace's daemon. */
+static int box_connect(struct cb_box *box)
+{
+	int rc;
+
+	if (box->client)
+		return 0;
+	if ((rc = cb_daemon_ensure(box->ref, NULL, BOX_START_MS, NULL)) ||
+	    (rc = cb_daemon_connect(box->ref, &box->client))) {
+		cb_box_set_code("unavailable");
+		return rc;
+	}
+	return 0;
+}
+
+/* Wait for the final reply to id on c, skipping stream frames and others' replies. */
+static int box_wait_reply(struct cb_client *c, long long id, const char *what, json_t **reply,
+			  json_t **result)
+{
+	json_t *msg;
+	int rc;
+
+	for (;;) {
+		if ((rc = cb_client_recv(c, -1, &msg))) {
+			cb_box_set_code("unavailable");
+			return cb_error_wrap(rc, "%s", what);
+		}
+		if (json_integer_value(json_object_get(msg, "id")) != id ||
+		    json_object_get(msg, "stream")) {
+			json_decref(msg);
+			continue;
+		}
+		if (json_object_get(msg, "error")) {
+			rc = cb_box_reply_error(what, msg, result);
+			json_decref(msg);
+			return rc;
+		}
+		if (reply)
+			*reply = msg;
+		else
+			json_decref(msg);
+		return 0;
+	}
+}
+
+int cb_box_request(struct cb_box *box, const char *what, json_t *req, json_t **reply,
+		   json_t **result)
+{
+	long long id;
+	int rc = -ENOMEM;
+
+	if (reply)
+		*reply = NULL;
+	if (!req)
+		return cb_error_set(ENOMEM, "%s: out of memory", what);
+	/* A daemon closed elsewhere (or crashed) since the last request: the send fails and
+	 * the next daemon gets the request, as the next use boots the workspace again. */
+	for (int attempt = 0; attempt < 2; attempt++) {
+		if ((rc = box_connect(box)))
+			break;
+		json_object_del(req, "id");
+		rc = cb_client_send(box->client, json_incref(req), &id);
+		if (rc == 0)
+			rc = box_wait_reply(box->client, id, what, reply, result);
+		if (rc != -EPIPE && rc != -ECONNRESET)
+			break;
+		cb_client_close(box->client);
+		box->client = NULL;
+		if (attempt == 0)
+			cb_box_set_code("");
+	}
+	json_decref(req);
+	return rc;
+}
+
+/* Take backend, working_dir and the mount point from the daemon's view of the workspace. */
+static int box_apply_options(struct cb_box *box, json_t *opts)
+{
+	const char *backend = json_string_value(json_object_get(opts, "backend"));
+	const char *wd = json_string_value(json_object_get(opts, "working_dir"));
+	json_t *info = NULL;
+	int rc;
+
+	if ((rc = cb_box_request(box, "info", json_pack("{s:s}", "op", "info"), &info, NULL)))
+		return rc;
+	free(box->mountpoint);
+	free(box->backend);
+	free(box->workdir);
+	box->workdir = NULL;
+	box->mountpoint = strdup(json_string_value(json_object_get(info, "mountpoint")) ?: "");
+	box->backend = strdup(backend ? backend : "ns");
+	json_decref(info);
+	if (!box->mountpoint || !box->backend ||
+	    asprintf(&box->workdir, "%s%s%s",
+		     !strcmp(box->backend, "local") ? box->mountpoint : "/workspace",
+		     wd && *wd ? "/" : "", wd && *wd ? wd : "") < 0) {
+		box->workdir = NULL;
+		return cb_error_set(ENOMEM, "out of memory");
+	}
+	return 0;
+}
+
+/* Attach box to ref, optionally configuring a fresh workspace with options (consumed). */
+static int box_attach(const char *ref, json_t *options, struct cb_box **out)
+{
+	struct cb_box *box = calloc(1, sizeof(*box));
+	json_t *req = json_pack("{s:s}", "op", "configure"), *reply = NULL;
+	int rc;
+
+	*out = NULL;
+	if (!box || !req) {
+		rc = cb_error_set(ENOMEM, "out of memory");
+		goto out;
+	}
+	snprintf(box->ref, sizeof(box->ref), "%s", ref);
+	if (options)
+		json_object_set(req, "options", options);
+	rc = cb_box_request(box, "configure", req, &reply, NULL);
+	req = NULL;
+	if (!rc)
+		rc = box_apply_options(box, json_object_get(reply, "options"));
+	if (!rc) {
+		*out = box;
+		box = NULL;
+	}
+out:
+	json_decref(reply);
+	json_decref(req);
+	json_decref(options);
+	cb_box_detach(box);
+	return rc;
+}
+
+int cb_box_open(const char *ref_or_name, struct cb_box **out)
+{
+	char ref[CB_WS_REF_LEN + 1];
+	int rc;
+
+	cb_box_set_code("");
+	*out = NULL;
+	if ((rc = cb_ws_resolve(ref_or_name ? ref_or_name : "", ref)))
+		return cb_box_finish(rc);
+	if ((rc = box_attach(ref, NULL, out)))
+		cb_error_wrap(rc, "open %s", ref_or_name);
+	return cb_box_finish(rc);
+}
+
+/* "KEY=VALUE" strings into a JSON object, refusing ones without '='. */
+int cb_box_env_json(const char *const *env, const char *what, json_t **out)
+{
+	*out = json_object();
+	if (!*out)
+		return cb_error_set(ENOMEM, "out of memory");
+	for (size_t i = 0; env && env[i]; i++) {
+		const char *eq = strchr(env[i], '=');
+
+		if (!eq || eq == env[i]) {
+			json_decref(*out);
+			*out = NULL;
+			return cb_error_set(EINVAL, "%s: '%s' is not KEY=VALUE", what, env[i]);
+		}
+		char *key = strndup(env[i], (size_t)(eq - env[i]));
+
+		if (!key || json_object_set_new(*out, key, json_string(eq + 1))) {
+			free(key);
+			json_decref(*out);
+			*out = NULL;
+			return cb_error_set(ENOMEM, "%s: out of memory", what);
+		}
+		free(key);
+	}
+	return 0;
+}
+
+static json_t *strings_json(const char *const *list)
+{
+	json_t *a = json_array();
+
+	for (size_t i = 0; a && list && list[i]; i++)
+		json_array_append_new(a, json_string(list[i]));
+	return a;
+}
+
+/* The daemon's backend options for opts; the daemon checks the values themselves. */
+static int options_json(const struct cb_box_options *o, json_t **out)
+{
+	json_t *j = json_object(), *env = NULL;
+	int rc;
+
+	*out = NULL;
+	if (!j)
+		return cb_error_set(ENOMEM, "out of memory");
+	if ((rc = cb_box_env_json(o->env, "create: env", &env))) {
+		json_decref(j);
+		return rc;
+	}
+	json_object_set_new(j, "backend", json_string(o->backend ? o->backend : "ns"));
+	json_object_set_new(j, "env", env);
+	if (o->working_dir)
+		json_object_set_new(j, "working_dir", json_string(o->working_dir));
+	if (o->network)
+		json_object_set_new(j, "network", json_string(o->network));
+	if (o->cpus > 0)
+		json_object_set_new(j, "cpus", json_real(o->cpus));
+	if (o->memory_mb)
+		json_object_set_new(j, "memory_mb", json_integer((json_int_t)o->memory_mb));
+	if (o->image)
+		json_object_set_new(j, "image", json_string(o->image));
+	if (o->timeout > 0)
+		json_object_set_new(j, "timeout", json_real(o->timeout));
+	if (o->on_create)
+		json_object_set_new(j, "on_create", strings_json(o->on_create));
+	if (o->on_destroy)
+		json_object_set_new(j, "on_destroy", strings_json(o->on_destroy));
+	if (o->setup_script)
+		json_object_set_new(j, "setup_script", json_string(o->setup_script));
+	if (o->setup_timeout > 0)
+		json_object_set_new(j, "setup_timeout", json_real(o->setup_timeout));
+	*out = j;
+	return 0;
+}
+
+int cb_box_create(const struct cb_box_options *opts, struct cb_box **out)
+{
+	static const struct cb_box_options none;
+	char ref[CB_WS_REF_LEN + 1];
+	json_t *options = NULL;
+	int rc;
+
+	cb_box_set_code("");
+	*out = NULL;
+	if (!opts)
+		opts = &none;
+	if ((rc = options_json(opts, &options)))
+		return cb_box_finish(rc);
+	if ((rc = cb_ws_create(opts->base, opts->name, NULL, ref))) {
+		json_decref(options);
+		return cb_box_finish(cb_error_wrap(rc, "create"));
+	}
+	if ((rc = box_attach(ref, options, out))) {
+		/* Refused options: the fresh workspace is of no use to anyone. */
+		char msg[1024], code[sizeof(last_code)];
+
+		snprintf(msg, sizeof(msg), "%s", cb_error_message());
+		snprintf(code, sizeof(code), "%s", last_code);
+		cb_daemon_stop(ref, BOX_STOP_MS);
+		cb_ws_remove(ref);
+		cb_error_set(rc, "create: %s", msg);
+		cb_box_set_code(code);
+	}
+	return cb_box_finish(rc);
+}
+
+const char *cb_box_ref(const struct cb_box *box)
+{
+	return box->ref;
+}
+
+const char *cb_box_workdir(const struct cb_box *box)
+{
+	return box->workdir;
+}
+
+const char *cb_box_mountpoint(const struct cb_box *box)
+{
+	return box->mountpoint;
+}
+
+void cb_box_detach(struct cb_box *box)
+{
+	if (!box)
+		return;
+	cb_client_close(box->client);
+	free(box->mountpoint);
+	free(box->workdir);
+	free(box->backend);
+	free(box);
+}
+
+int cb_box_close(struct cb_box *box)
+{
+	int rc;
+
+	if (!box)
+		return 0;
+	cb_box_set_code("");
+	cb_client_close(box->client);
+	box->client = NULL;
+	rc = cb_daemon_stop(box->ref, BOX_STOP_MS);
+	cb_box_detach(box);
+	return cb_box_finish(rc);
+}
+
+int cb_box_destroy(const char *arg)
+{
+	char ref[CB_WS_REF_LEN + 1];
+	struct cb_box box = {0};
+	int rc;
+
+	cb_box_set_code("");
+	rc = cb_ws_resolve(arg ? arg : "", ref);
+	if (rc == -ENOENT) {
+		cb_error_clear();
+		return 0;
+	}
+	/* An interrupted creation (or a broken db) has no daemon to ask: just remove it. */
+	if (rc && arg && cb_ws_ref_syntax(arg))
+		return cb_box_finish(cb_ws_remove(arg));
+	if (rc)
+		return cb_box_finish(rc);
+	snprintf(box.ref, sizeof(box.ref), "%s", ref);
+	/* The on_destroy hooks and the container need the daemon; a broken daemon must not
+	 * keep the disk alive, so its failure only shows if the removal fails too. */
+	cb_box_request(&box, "destroy", json_pack("{s:s}", "op", "destroy"), NULL, NULL);
+	cb_client_close(box.client);
+	cb_daemon_stop(ref, BOX_STOP_MS);
+	cb_box_set_code("");
+	if ((rc = cb_ws_remove(ref)))
+		cb_error_wrap(rc, "destroy %s", ref);
+	return cb_box_finish(rc);
+}
+
+int cb_box_read(struct cb_box *box, const char *path, void **data, size_t *len)
+{
+	char what[4200];
+	char *buf = NULL;
+	size_t have = 0;
+	int rc = 0;
+
+	cb_box_set_code("");
+	*data = NULL;
+	*len = 0;
+	snprintf(what, sizeof(what), "read %s", path ? path : "(null)");
+	for (;;) {
+		json_t *reply = NULL;
+		void *chunk = NULL;
+		size_t n = 0;
+		char *grown;
+
+		rc = cb_box_request(box, what,
+				    json_pack("{s:s,s:s,s:I,s:I}", "op", "read", "path",
+					      path ? path : "", "offset", (json_int_t)have,
+					      "length", (json_int_t)BOX_CHUNK),
+				    &reply, NULL);
+		if (!rc)
+			rc = cb_api_b64_decode(
+			    "data", json_string_value(json_object_get(reply, "data")) ?: "", &chunk,
+			    &n);
+		grown = rc ? NULL : realloc(buf, have + n + 1);
+		if (!rc && !grown)
+			rc = cb_error_set(ENOMEM, "%s: out of memory", what);
+		if (rc) {
+			json_decref(reply);
+			free(chunk);
+			goto out;
+		}
+		buf = grown;
+		memcpy(buf + have, chunk, n);
+		have += n;
+		buf[have] = '\0';
+		free(chunk);
+		int eof = json_is_true(json_object_get(reply, "eof")) || n == 0;
+
+		json_decref(reply);
+		if (eof)
+			break;
+	}
+	*data = buf;
+	*len = have;
+	buf = NULL;
+out:
+	free(buf);
+	return cb_box_finish(rc);
+}
+
+/* Send one write chunk without waiting; its id goes to *id. */
+static int write_send(struct cb_box *box, const char *path, const char *what, const char *data,
+		      size_t off, size_t n, long long *id)
+{
+	json_t *req = json_pack("{s:s,s:s,s:o,s:I,s:b}", "op", "write", "path", path, "data",
+				cb_api_b64_json(data + off, n), "offset", (json_int_t)off,
+				"truncate", off == 0);
+
+	if (!req)
+		return cb_error_set(ENOMEM, "%s: out of memory", what);
+	return cb_client_send(box->client, req, id);
+}
+
+int cb_box_write(struct cb_box *box, const char *path, const void *data, size_t len)
+{
+	char what[4200];
+	long long ids[BOX_WINDOW];
+	size_t off, inflight = 0, head = 0;
+	int rc;
+
+	cb_box_set_code("");
+	snprintf(what, sizeof(what), "write %s", path ? path : "(null)");
+	if (!path)
+		return cb_box_finish(cb_error_set(EINVAL, "write: no path"));
+	/* The first chunk truncates, so the rest must come after it; those are pipelined. */
+	off = len < BOX_CHUNK ? len : BOX_CHUNK;
+	rc = cb_box_request(box, what,
+			    json_pack("{s:s,s:s,s:o,s:i,s:b}", "op", "write", "path", path, "data",
+				      cb_api_b64_json(data, off), "offset", 0, "truncate", 1),
+			    NULL, NULL);
+	while (!rc && (off < len || inflight)) {
+		if (off < len && inflight < BOX_WINDOW) {
+			size_t n = len - off < BOX_CHUNK ? len - off : BOX_CHUNK;
+
+			rc = write_send(box, path, what, data, off, n,
+					&ids[(head + inflight) % BOX_WINDOW]);
+			inflight++;
+			off += n;
+			continue;
+		}
+		rc = box_wait_reply(box->client, ids[head], what, NULL, NULL);
+		head = (head + 1) % BOX_WINDOW;
+		inflight--;
+	}
+	if (rc && inflight) {
+		/* The connection is out of step with its replies: start afresh next time. */
+		cb_client_close(box->client);
+		box->client = NULL;
+	}
+	return cb_box_finish(rc);
+}
+
+int cb_box_which(struct cb_box *box, const char *binary, char **path)
+{
+	char what[600];
+	json_t *reply = NULL;
+	int rc;
+
+	cb_box_set_code("");
+	*path = NULL;
+	snprintf(what, sizeof(what), "which %.500s", binary ? binary : "(null)");
+	rc = cb_box_request(box, what,
+			    json_pack("{s:s,s:s}", "op", "which", "binary", binary ? binary : ""),
+			    &reply, NULL);
+	if (!rc && !(*path = strdup(json_string_value(json_object_get(reply, "path")) ?: "")))
+		rc = cb_error_set(ENOMEM, "out of memory");
+	json_decref(reply);
+	return cb_box_finish(rc);
+}
+
+int cb_box_host_url(struct cb_box *box, int port, char **url)
+{
+	char what[64];
+	json_t *reply = NULL;
+	int rc;
+
+	cb_box_set_code("");
+	*url = NULL;
+	snprintf(what, sizeof(what), "host_url %d", port);
+	rc = cb_box_request(box, what, json_pack("{s:s,s:i}", "op", "host_url", "port", port),
+			    &reply, NULL);
+	if (!rc && !(*url = strdup(json_string_value(json_object_get(reply, "url")) ?: "")))
+		rc = cb_error_set(ENOMEM, "out of memory");
+	json_decref(reply);
+	return cb_box_finish(rc);
+}
+
+int cb_box_snapshot(struct cb_box *box, const char *label, json_t **files)
+{
+	json_t *req = json_pack("{s:s,s:b}", "op", "snapshot", "files", files != NULL);
+	json_t *reply = NULL;
+	int rc;
+
+	cb_box_set_code("");
+	if (files)
+		*files = NULL;
+	if (req && label)
+		json_object_set_new(req, "label", json_string(label));
+	rc = cb_box_request(box, "snapshot", req, &reply, NULL);
+	if (!rc) {
+		rc = (int)json_integer_value(json_object_get(reply, "turn"));
+		if (files) {
+			*files = json_incref(json_object_get(reply, "files"));
+			if (!*files)
+				*files = json_object();
+		}
+	}
+	json_decref(reply);
+	return cb_box_finish(rc);
+}
+
+int cb_box_diff(struct cb_box *box, int from, int to, json_t **events)
+{
+	json_t *req = json_pack("{s:s,s:i}", "op", "diff", "a", from), *reply = NULL;
+	char what[64];
+	int rc;
+
+	cb_box_set_code("");
+	*events = NULL;
+	if (req && to >= 0)
+		json_object_set_new(req, "b", json_integer(to));
+	snprintf(what, sizeof(what), to >= 0 ? "diff %d %d" : "diff %d", from, to);
+	rc = cb_box_request(box, what, req, &reply, NULL);
+	if (!rc) {
+		*events = json_incref(json_object_get(reply, "events"));
+		if (!*events)
+			*events = json_array();
+		rc = (int)json_array_size(*events);
+	}
+	json_decref(reply);
+	return cb_box_finish(rc);
+}
+
+int cb_box_rollback(struct cb_box *box, int turn)
+{
+	json_t *reply = NULL;
+	char what[64];
+	int rc;
+
+	cb_box_set_code("");
+	snprintf(what, sizeof(what), "rollback %d", turn);
+	rc = cb_box_request(box, what, json_pack("{s:s,s:i}", "op", "rollback", "turn", turn),
+			    &reply, NULL);
+	if (!rc)
+		rc = (int)json_integer_value(json_object_get(reply, "turn"));
+	json_decref(reply);
+	return cb_box_finish(rc);
+}
+
+int cb_box_fork(struct cb_box *box, int turn, const char *name, struct cb_box **out)
+{
+	json_t *req = json_pack("{s:s,s:i}", "op", "fork", "turn", turn), *reply = NULL;
+	char what[64];
+	int rc;
+
+	cb_box_set_code("");
+	*out = NULL;
+	if (req && name)
+		json_object_set_new(req, "name", json_string(name));
+	snprintf(what, sizeof(what), "fork %d", turn);
+	rc = cb_box_request(box, what, req, &reply, NULL);
+	if (!rc)
+		rc = box_attach(json_string_value(json_object_get(reply, "ref")) ?: "", NULL, out);
+	json_decref(reply);
+	return cb_box_finish(rc);
+}

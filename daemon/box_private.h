@@ -1,0 +1,38 @@
+/* Private to libcowbox's high-level API (daemon/box.c, daemon/box_run.c): the box itself and
+ * the request plumbing both halves share. */
+#ifndef COWBOX_DAEMON_BOX_PRIVATE_H
+#define COWBOX_DAEMON_BOX_PRIVATE_H
+
+#include <jansson.h>
+
+#include "cowbox/box.h"
+#include "cowbox/workspace.h"
+
+struct cb_client;
+
+struct cb_box {
+	char ref[CB_WS_REF_LEN + 1];
+	char *mountpoint, *workdir, *backend;
+	struct cb_client *client; /* NULL until the first request, or after the daemon left */
+};
+
+/* Record code as the thread's last error code ("" or NULL: none). */
+void cb_box_set_code(const char *code);
+
+/* rc unchanged; on failure with no code recorded yet, the code matching rc's errno. */
+int cb_box_finish(int rc);
+
+/* The -errno of an error reply (msg has "error"), with its code recorded and a message
+ * "what: code: message"; *result (if not NULL) gets the error's "result" object, if any. */
+int cb_box_reply_error(const char *what, json_t *msg, json_t **result);
+
+/* Send req (consumed) over box's connection, booting the daemon if needed and retrying
+ * once on a fresh one if the old daemon has gone; *reply is the final reply, and on an
+ * error reply *result its "result" (both may be NULL). */
+int cb_box_request(struct cb_box *box, const char *what, json_t *req, json_t **reply,
+		   json_t **result);
+
+/* "KEY=VALUE" strings into a new JSON object; -EINVAL naming what for a malformed one. */
+int cb_box_env_json(const char *const *env, const char *what, json_t **out);
+
+#endif

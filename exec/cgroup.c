@@ -1,9 +1,10 @@
-/* cgroup limits of a sandbox (cpus, memory, pids): one group per command under a cowbox/
- * child of this process's own group in each v1 hierarchy, removed when the command is done. */
+/* cgroups of a command: a sandbox's limits (cpus, memory, pids) in v2 or v1, and the plain v2
+ * group a host command lives in so its whole tree can be frozen and killed at once. */
 #include "config.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +20,8 @@ static const char *const cg_names[CG_N] = {"memory", "cpu", "pids"};
 
 struct cb_cgroup {
 	char *dir[CG_N]; /* v1: NULL when that limit was not asked for */
-	char *v2dir;	 /* v2 (delegated controllers): the one group, else NULL */
+	char *v2dir;	 /* v2 (delegated controllers, or a host command's group), else NULL */
+	int dirfd;	 /* host command group: its directory, for the shim; else -1 */
 };
 
 /* Where this process's group of a controller is: the hierarchy's mount point (from
@@ -98,9 +100,9 @@ static int wanted(const struct cb_sandbox *sb, int c)
 
 /* Our group in the unified (v2) hierarchy when every wanted controller is delegated to its
  * children (listed in its cgroup.subtree_control); -ENOENT otherwise. */
-static int v2_base(const struct cb_sandbox *sb, char *out, size_t cap)
+static int v2_group(char *out, size_t cap)
 {
-	char line[4096], mnt[1024] = "", self[2048] = "", ctl[512] = "";
+	char line[4096], mnt[1024] = "", self[2048] = "";
 	FILE *f = fopen("/proc/self/mountinfo", "re");
 	if (!f)
 		return -errno;
@@ -124,6 +126,16 @@ static int v2_base(const struct cb_sandbox *sb, char *out, size_t cap)
 		}
 	fclose(f);
 	snprintf(out, cap, "%s%s", mnt, strcmp(self, "/") ? self : "");
+	return 0;
+}
+
+static int v2_base(const struct cb_sandbox *sb, char *out, size_t cap)
+{
+	char line[4096], ctl[512] = "";
+	FILE *f;
+	int rc = v2_group(out, cap);
+	if (rc < 0)
+		return rc;
 	snprintf(line, sizeof line, "%s/cgroup.subtree_control", out);
 	if (!(f = fopen(line, "re")))
 		return -ENOENT;
@@ -212,6 +224,7 @@ int cb_cgroup_create(const struct cb_sandbox *sb, struct cb_cgroup **out)
 	struct cb_cgroup *cg = calloc(1, sizeof *cg);
 	if (!cg)
 		return cb_error_set(ENOMEM, "cgroup: out of memory");
+	cg->dirfd = -1;
 	unsigned id = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
 	char base[2048];
 	if (v2_base(sb, base, sizeof base) == 0) {
@@ -304,8 +317,60 @@ void cb_cgroup_destroy(struct cb_cgroup *cg)
 {
 	if (!cg)
 		return;
+	if (cg->dirfd >= 0)
+		close(cg->dirfd);
 	for (int c = 0; c < CG_N; c++)
 		remove_group(cg->dir[c]);
 	remove_group(cg->v2dir);
 	free(cg);
+}
+
+/* Where host groups go: cowbox/ under our own v2 group, found once per process (a walk of
+ * mountinfo per command would cost more than the group itself). Empty: no usable v2. */
+static char host_base[2300];
+
+static void find_host_base(void)
+{
+	char own[2048];
+	if (v2_group(own, sizeof own) < 0)
+		return;
+	char dir[2300];
+	snprintf(dir, sizeof dir, "%s/cowbox", own);
+	if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+		return;
+	snprintf(host_base, sizeof host_base, "%s", dir);
+}
+
+int cb_cgroup_host_create(struct cb_cgroup **out)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+	static unsigned counter;
+	char dir[2400];
+	*out = NULL;
+	pthread_once(&once, find_host_base);
+	if (!host_base[0])
+		return 0;
+	unsigned id = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
+	snprintf(dir, sizeof dir, "%s/host-%d-%u", host_base, (int)getpid(), id);
+	if (mkdir(dir, 0755) < 0)
+		return 0; /* not ours to manage (read-only, no permission): the /proc walk serves */
+	struct cb_cgroup *cg = calloc(1, sizeof *cg);
+	if (!cg || !(cg->v2dir = strdup(dir))) {
+		free(cg);
+		rmdir(dir);
+		return cb_error_set(ENOMEM, "cgroup: out of memory");
+	}
+	cg->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (cg->dirfd < 0) {
+		int err = errno;
+		cb_cgroup_destroy(cg);
+		return cb_error_set(err, "cgroup: open %s: %s", dir, strerror(err));
+	}
+	*out = cg;
+	return 0;
+}
+
+int cb_cgroup_dirfd(const struct cb_cgroup *cg)
+{
+	return cg ? cg->dirfd : -1;
 }

@@ -64,6 +64,7 @@ struct cb_exec_plan {
 	unsigned short rows, cols;
 	int ctl;		     /* child end of the control socket */
 	int wait_go;		     /* wait for CB_MSG_GO before setting up */
+	int group;		     /* host: the command's v2 group directory, or -1 */
 	const struct cb_ns_plan *ns; /* NULL: on the host */
 };
 
@@ -109,6 +110,14 @@ int cb_cgroup_attach(struct cb_cgroup *cg, pid_t pid);
 
 /* 1 if the memory cap made the kernel kill a process in the group, else 0. */
 int cb_cgroup_oom_killed(struct cb_cgroup *cg);
+
+/* A plain v2 group (no limits) for a command run on the host, so that the shim can freeze and
+ * kill its whole tree however it reparents. *out NULL and 0 when there is no writable v2
+ * hierarchy (the shim then walks /proc). */
+int cb_cgroup_host_create(struct cb_cgroup **out);
+
+/* The host group's directory fd (close-on-exec, owned by cg), or -1. */
+int cb_cgroup_dirfd(const struct cb_cgroup *cg);
 
 /* Remove the group once its processes are gone (waiting briefly for them); NULL is fine. */
 void cb_cgroup_destroy(struct cb_cgroup *cg);

@@ -68,7 +68,8 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 				    .tty = -1,
 				    .fd_in = -1,
 				    .fd_out = -1,
-				    .fd_err = -1};
+				    .fd_err = -1,
+				    .group = -1};
 	if (spec->shell) {
 		h->shell_argv[0] = "/bin/sh";
 		h->shell_argv[1] = "-c";
@@ -171,6 +172,10 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 		}
 	} else {
 		plan.cwd = spec->cwd;
+		/* its own group, so that a kill reaches every process however it reparents */
+		if ((rc = cb_cgroup_host_create(&h->cg)) < 0)
+			goto fail;
+		plan.group = cb_cgroup_dirfd(h->cg);
 	}
 
 	/* Joining a network namespace: the child is born in this thread's, so this thread steps
@@ -305,6 +310,12 @@ int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res)
 		}
 		if (ended && ((h->out.fd < 0 && h->err.fd < 0) || t >= drain_until))
 			break;
+		/* A timed-out command has been told to end and has: what is left of its tree goes
+		 * now, not after the drain (which still reads what the pipes hold). */
+		if (ended && res->timed_out && !kill_sent) {
+			kill_sent = 1;
+			cb_exec_send_kill(h, SIGKILL);
+		}
 		if (deadline && !term_sent && t >= deadline && !ended) {
 			res->timed_out = 1;
 			term_sent = 1;

@@ -158,6 +158,16 @@ static _Noreturn void command_child(const struct cb_exec_plan *p)
 		dup2(p->fd_out, 1);
 		dup2(p->fd_err, 2);
 	}
+	/* Into the host group before anything can fork: the shim is stopped until we exec, so
+	 * no kill can come between. */
+	if (p->group >= 0) {
+		int fd = openat(p->group, "cgroup.procs", O_WRONLY | O_CLOEXEC);
+		if (fd < 0 || write(fd, "0", 1) != 1) {
+			cb_exec_child_error(p->ctl, "join the command's cgroup", NULL, errno);
+			_exit(126);
+		}
+		close(fd);
+	}
 	/* Only 0-2 reach the program: the rest closes at exec (ctl stays usable until then). */
 	syscall(SYS_close_range, 3U, ~0U, 4U /* CLOSE_RANGE_CLOEXEC */);
 	for (int s = 1; s < 65; s++) {
@@ -257,10 +267,83 @@ static int signal_descendants(int sig)
 	return count;
 }
 
+static int group_write(int group, const char *file, const char *value)
+{
+	int fd = openat(group, file, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t n = write(fd, value, strlen(value));
+	close(fd);
+	return n < 0 ? -1 : 0;
+}
+
+/* 1 once every process of the group is frozen ("frozen 1" in cgroup.events). */
+static int group_frozen(int group)
+{
+	char buf[256];
+	int fd = openat(group, "cgroup.events", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n = read(fd, buf, sizeof buf - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = 0;
+	const char *f = strstr(buf, "frozen ");
+	return f && f[7] == '1';
+}
+
+/* Send sig to every process listed in the group's cgroup.procs. */
+static void group_signal_members(int group, int sig)
+{
+	int fd = openat(group, "cgroup.procs", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	char buf[4096];
+	unsigned long v = 0;
+	int digits = 0;
+	ssize_t n;
+	while ((n = read(fd, buf, sizeof buf)) > 0)
+		for (ssize_t i = 0; i < n; i++) {
+			if (buf[i] >= '0' && buf[i] <= '9') {
+				v = v * 10 + (unsigned long)(buf[i] - '0');
+				digits = 1;
+			} else {
+				if (digits && v)
+					kill((pid_t)v, sig);
+				v = 0;
+				digits = 0;
+			}
+		}
+	if (digits && v)
+		kill((pid_t)v, sig);
+	close(fd);
+}
+
+/* The whole host group at once: SIGKILL through cgroup.kill; another signal by freezing the
+ * group (nobody forks or exits meanwhile, so the member list is complete), signalling each
+ * member, thawing. A member stuck in the kernel may keep the freeze from completing: after
+ * 100 ms we signal what is listed anyway. */
+static void group_signal(int group, int sig)
+{
+	if (sig == SIGKILL && group_write(group, "cgroup.kill", "1") == 0)
+		return;
+	int frozen = group_write(group, "cgroup.freeze", "1") == 0;
+	for (int i = 0; frozen && i < 1000 && !group_frozen(group); i++) {
+		struct timespec ts = {0, 100000};
+		nanosleep(&ts, NULL);
+	}
+	group_signal_members(group, sig);
+	if (frozen)
+		group_write(group, "cgroup.freeze", "0");
+}
+
 static void signal_tree(const struct cb_exec_plan *p, int sig)
 {
 	if (p->ns)
 		kill(-1, sig); /* pid 1 of the namespace: every other process in it */
+	else if (p->group >= 0)
+		group_signal(p->group, sig);
 	else
 		signal_descendants(sig);
 }
@@ -298,7 +381,9 @@ static _Noreturn void finish(const struct cb_exec_plan *p, pid_t cmd, int *cmd_d
 	/* Bounded: a process stuck in the kernel (a hung FUSE read) must not hang the caller;
 	 * after 10 s what is left goes to our parent to reap. */
 	for (int round = 0; round < 10000; round++) {
-		signal_descendants(SIGKILL);
+		if (p->group >= 0)
+			group_signal(p->group, SIGKILL);
+		signal_descendants(SIGKILL); /* also what is outside the group: none, normally */
 		if (reap(cmd, p->ctl, cmd_done))
 			_exit(0);
 		struct timespec ts = {0, 1000000};
@@ -316,6 +401,7 @@ static void close_foreign_fds(const struct cb_exec_plan *p)
 	keep[n++] = p->fd_out;
 	keep[n++] = p->fd_err;
 	keep[n++] = p->tty;
+	keep[n++] = p->group;
 	for (size_t i = 0; p->ns && i < p->ns->n_entries && n < 48; i++)
 		keep[n++] = p->ns->entries[i].tree;
 	for (int i = 0; i < n; i++)

@@ -181,6 +181,7 @@ Test(exec, orphans_are_reaped)
 struct killer {
 	struct cb_exec *h;
 	double after;
+	const char *after_path; /* term_when_ready: kill once this file has 16 lines */
 };
 
 static void *kill_later(void *arg)
@@ -198,7 +199,7 @@ Test(exec, kill_from_another_thread)
 	struct cb_exec_spec spec = {.argv = argv, .env = base_env};
 	struct cb_exec *h;
 	cr_assert_eq(cb_exec_start(&spec, NULL, &h), 0, "%s", cb_error_message());
-	struct killer k = {h, 0.2};
+	struct killer k = {.h = h, .after = 0.2};
 	pthread_t t;
 	pthread_create(&t, NULL, kill_later, &k);
 	struct cb_exec_result r;
@@ -274,4 +275,112 @@ Test(exec, empty_command_is_an_error)
 	struct cb_exec_result r;
 	cr_expect_eq(cb_exec_run(&spec, &r), -EINVAL);
 	cr_expect(strstr(cb_error_message(), "no command") != NULL);
+}
+
+static int count_lines(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	int n = 0, c;
+	if (!f)
+		return 0;
+	while ((c = fgetc(f)) != EOF)
+		n += c == '\n';
+	fclose(f);
+	return n;
+}
+
+static double seconds_since(const struct timespec *t0)
+{
+	struct timespec t1;
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+/* The parent dies of the SIGTERM while its child (another session, ignoring SIGTERM, holding
+ * stdout) is reparented to the supervisor: the timeout must still end it at once, not after
+ * the 2 s drain nor the 5 s grace. */
+Test(exec, timeout_kills_the_orphan_of_a_parent_dying_on_sigterm)
+{
+	char pidfile[] = "/tmp/cb-exec-test-XXXXXX";
+	int fd = mkstemp(pidfile);
+	cr_assert(fd >= 0);
+	close(fd);
+	char script[512];
+	snprintf(script, sizeof script,
+		 "setsid sh -c 'trap \"\" TERM; echo $$ > %s; exec sleep 100' &"
+		 " while [ ! -s %s ]; do sleep 0.01; done; sleep 100",
+		 pidfile, pidfile);
+	struct cb_exec_spec spec = {.shell = script, .env = base_env, .timeout = 0.3};
+	struct timespec t0;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	struct cb_exec_result r;
+	cr_assert_eq(cb_exec_run(&spec, &r), 0, "cb_exec_run: %s", cb_error_message());
+	double took = seconds_since(&t0);
+	cr_expect_eq(r.exit_code, 124);
+	cr_expect(took < 1.2, "took %.2f s: the orphan lived on past the timeout", took);
+	FILE *f = fopen(pidfile, "r");
+	cr_assert(f);
+	int pid = 0;
+	cr_expect_eq(fscanf(f, "%d", &pid), 1);
+	fclose(f);
+	unlink(pidfile);
+	cr_expect(pid > 0 && !pid_alive(pid), "pid %d survived the timeout", pid);
+	cb_exec_result_free(&r);
+}
+
+static void *term_when_ready(void *arg)
+{
+	struct killer *k = arg;
+	const char *pidfile = k->after_path;
+	for (int i = 0; i < 500 && count_lines(pidfile) < 16; i++) {
+		struct timespec ts = {0, 10000000};
+		nanosleep(&ts, NULL);
+	}
+	cb_exec_kill(k->h, SIGTERM);
+	return NULL;
+}
+
+/* A chain of sixteen shells, each in its own session and each dying on SIGTERM: every level
+ * the kill reaches orphans the one below it. One SIGTERM must reach all of them at once
+ * (no one waits for the drain), which a walk of the parent links cannot promise. */
+Test(exec, sigterm_reaches_every_level_of_a_dying_chain)
+{
+	char pidfile[] = "/tmp/cb-exec-test-XXXXXX";
+	int fd = mkstemp(pidfile);
+	cr_assert(fd >= 0);
+	close(fd);
+	const char *script = "echo $$ >> $PF; n=${N:-0}; if [ $n -lt 15 ]; then"
+			     " N=$((n+1)) setsid sh -c \"$S\" & wait; else sleep 100; fi";
+	char s_var[400], pf_var[64];
+	snprintf(s_var, sizeof s_var, "S=%s", script);
+	snprintf(pf_var, sizeof pf_var, "PF=%s", pidfile);
+	char *env[] = {"PATH=/usr/bin:/bin", s_var, pf_var, NULL};
+	struct cb_exec_spec spec = {.shell = script, .env = env};
+	struct cb_exec *h;
+	struct timespec t0;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	cr_assert_eq(cb_exec_start(&spec, NULL, &h), 0, "%s", cb_error_message());
+	struct killer k = {.h = h, .after_path = pidfile};
+	pthread_t t;
+	pthread_create(&t, NULL, term_when_ready, &k);
+	struct cb_exec_result r;
+	cr_assert_eq(cb_exec_wait(h, &r), 0);
+	pthread_join(t, NULL);
+	double took = seconds_since(&t0);
+	/* a level the SIGTERM missed holds stdout: the call would wait out the 2 s drain */
+	cr_expect(took < 1.8, "took %.2f s: a level outlived the SIGTERM", took);
+	cr_expect(r.killed);
+	cr_expect_eq(r.exit_code, 128 + SIGTERM);
+	FILE *f = fopen(pidfile, "r");
+	cr_assert(f);
+	int pid, n = 0;
+	while (fscanf(f, "%d", &pid) == 1) {
+		cr_expect(!pid_alive(pid), "level %d (pid %d) survived the SIGTERM", n, pid);
+		n++;
+	}
+	fclose(f);
+	unlink(pidfile);
+	cr_expect_eq(n, 16);
+	cb_exec_result_free(&r);
+	cb_exec_free(h);
 }

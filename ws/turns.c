@@ -252,6 +252,23 @@ int ws_base_now(struct cb_turns *t, const char *path, struct cb_entry *out)
 					  (long long)st.st_ino, h.sha256, h.xxh3);
 }
 
+/* Hash path under the live root (copying its bytes into copy_fd when that is >= 0) and fill
+ * out's size, mode and hashes; h keeps the hashes that name the blob. */
+static int live_hash(struct cb_turns *t, const char *path, int copy_fd, struct cb_hash *h,
+		     struct cb_entry *out)
+{
+	struct stat st;
+	int ret = cb_ws_hash_file_at(t->root_fd, path, copy_fd, h, &st);
+
+	if (ret)
+		return ret;
+	out->size = st.st_size;
+	out->mode = st.st_mode & 07777;
+	memcpy(out->sha256, h->sha256, CB_SHA256_LEN);
+	memcpy(out->xxh3, h->xxh3, CB_XXH128_LEN);
+	return 0;
+}
+
 /* Hash the live file, keeping a blob when its content is not the base's at that path:
  * copied during the hash pass when the sizes already say so (one read through FUSE for new
  * content, the common case), else in a second pass when the blob is missing. */
@@ -259,7 +276,6 @@ static int live_file(struct cb_turns *t, const char *path, int keep_blob, struct
 {
 	struct cb_entry base = {0};
 	struct cb_hash h;
-	struct stat st;
 	char tmp[64] = "";
 	int copy_fd = -1, ret;
 
@@ -272,41 +288,26 @@ static int live_file(struct cb_turns *t, const char *path, int keep_blob, struct
 			goto out;
 		}
 	}
-	ret = cb_ws_hash_file_at(t->root_fd, path, copy_fd, &h, &st);
-	if (ret)
-		goto out;
-	out->size = st.st_size;
-	out->mode = st.st_mode & 07777;
-	memcpy(out->sha256, h.sha256, CB_SHA256_LEN);
-	memcpy(out->xxh3, h.xxh3, CB_XXH128_LEN);
-	if (!keep_blob)
+	ret = live_hash(t, path, copy_fd, &h, out);
+	if (ret || !keep_blob)
 		goto out;
 	if (base.type == CB_ENTRY_FILE && !memcmp(base.xxh3, h.xxh3, CB_XXH128_LEN))
 		goto out; /* the base holds these bytes; the temp copy (if any) goes */
-	if (copy_fd >= 0) {
-		close(copy_fd);
-		copy_fd = -1;
-		ret = cb_ws_blob_publish(t->blob_fd, tmp, h.xxh3);
-		tmp[0] = '\0';
-		goto out;
-	}
-	if (cb_ws_blob_has(t->blob_fd, h.xxh3))
-		goto out;
-	/* Not kept yet: hash again while copying, so the blob's name is the hash of exactly what
-	 * it holds (the file may have changed since the first pass). */
-	cb_entry_clear(&base);
-	copy_fd = cb_ws_blob_tmp(t->blob_fd, tmp);
 	if (copy_fd < 0) {
-		ret = copy_fd;
-		goto out;
+		if (cb_ws_blob_has(t->blob_fd, h.xxh3))
+			goto out;
+		/* Not kept yet: hash again while copying, so the blob's name is the hash of
+		 * exactly what it holds (the file may have changed since the first pass). */
+		cb_entry_clear(&base);
+		copy_fd = cb_ws_blob_tmp(t->blob_fd, tmp);
+		if (copy_fd < 0) {
+			ret = copy_fd;
+			goto out;
+		}
+		ret = live_hash(t, path, copy_fd, &h, out);
+		if (ret)
+			goto out;
 	}
-	ret = cb_ws_hash_file_at(t->root_fd, path, copy_fd, &h, &st);
-	if (ret)
-		goto out;
-	out->size = st.st_size;
-	out->mode = st.st_mode & 07777;
-	memcpy(out->sha256, h.sha256, CB_SHA256_LEN);
-	memcpy(out->xxh3, h.xxh3, CB_XXH128_LEN);
 	close(copy_fd);
 	copy_fd = -1;
 	ret = cb_ws_blob_publish(t->blob_fd, tmp, h.xxh3);

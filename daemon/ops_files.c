@@ -96,6 +96,15 @@ static int op_write(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *re
 			       json_pack("{s:I}", "written", (json_int_t)len));
 }
 
+/* Reply {key: value} to req, value being what a backend operation malloc'd (freed here). */
+static int reply_string(struct cb_daemon_conn *conn, json_t *req, const char *key, char *value)
+{
+	int rc = cb_daemon_reply(conn, json_object_get(req, "id"), json_pack("{s:s}", key, value));
+
+	free(value);
+	return rc;
+}
+
 static int op_which(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
 	const char *bin = json_string_value(json_object_get(req, "binary"));
@@ -109,11 +118,7 @@ static int op_which(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *re
 		return rc;
 	rc = b->ops->which(b, bin, &path);
 	cb_api_backend_put(b);
-	if (rc < 0)
-		return rc;
-	rc = cb_daemon_reply(conn, json_object_get(req, "id"), json_pack("{s:s}", "path", path));
-	free(path);
-	return rc;
+	return rc < 0 ? rc : reply_string(conn, req, "path", path);
 }
 
 static int op_host_url(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
@@ -129,11 +134,7 @@ static int op_host_url(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 		return rc;
 	rc = b->ops->host_url(b, (int)json_integer_value(port), &url);
 	cb_api_backend_put(b);
-	if (rc < 0)
-		return rc;
-	rc = cb_daemon_reply(conn, json_object_get(req, "id"), json_pack("{s:s}", "url", url));
-	free(url);
-	return rc;
+	return rc < 0 ? rc : reply_string(conn, req, "url", url);
 }
 
 /* With "options": set them (only before the backend is first created); always: say which. */

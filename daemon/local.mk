@@ -24,3 +24,8 @@ daemon_libcb_daemon_la_SOURCES += daemon/api.h daemon/api_util.c daemon/ops_api.
 # box: libcowbox's high-level C API (include/cowbox/box.h) over the client (issue 5)
 daemon_libcb_daemon_la_SOURCES += daemon/box_private.h daemon/box.c daemon/box_run.c
 pkginclude_HEADERS += include/cowbox/box.h
+check_PROGRAMS += daemon/test_box
+TESTS += daemon/test_box
+daemon_test_box_SOURCES = daemon/test_box.c
+daemon_test_box_CFLAGS = $(CRITERION_TEST_CFLAGS)
+daemon_test_box_LDADD = libcowbox.la $(DEPS_LIBS) $(CRITERION_TEST_LIBS)

@@ -1,0 +1,291 @@
+/* Unit tests of libcowbox's high-level API (daemon/box.c, daemon/box_run.c) against real
+ * daemons ($COWBOX is the binary they run as), each test in a COWBOX_HOME of its own. */
+#include "config.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cowbox/box.h"
+#include "cowbox/error.h"
+#include "cowbox/workspace.h"
+
+static char home[] = "/tmp/cb-test-box-XXXXXX";
+
+static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st;
+	(void)flag;
+	(void)ftw;
+	return remove(path) < 0 && errno != ENOENT ? -1 : 0;
+}
+
+static int remove_ws(const struct cb_ws_info *info, void *arg)
+{
+	(void)arg;
+	cb_ws_remove(info->ref);
+	return 0;
+}
+
+static void setup(void)
+{
+	const char *bin = getenv("COWBOX");
+
+	cr_assert(bin && *bin, "COWBOX must name the built cowbox binary (make check sets it)");
+	cr_assert_not_null(mkdtemp(home));
+	setenv("COWBOX_HOME", home, 1);
+	setenv("COWBOX_BIN", bin, 1);
+}
+
+static void teardown(void)
+{
+	/* Whatever a failed test left: daemons stopped, mounts gone, then the files. */
+	cb_ws_list(remove_ws, NULL);
+	nftw(home, remove_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+TestSuite(box, .init = setup, .fini = teardown, .timeout = 60);
+
+static struct cb_box *create_empty(void)
+{
+	struct cb_box_options opts = {.name = "t1"};
+	struct cb_box *box = NULL;
+	int rc = cb_box_create(&opts, &box);
+
+	cr_assert_eq(rc, 0, "create: %s", cb_error_message());
+	return box;
+}
+
+static int count_ws(const struct cb_ws_info *info, void *arg)
+{
+	(void)info;
+	(*(int *)arg)++;
+	return 0;
+}
+
+Test(box, refusals_and_codes)
+{
+	struct cb_box_options bad = {.backend = "bogus"};
+	struct cb_box *box = NULL;
+	int n = 0;
+
+	cr_assert_eq(cb_box_open("/etc", &box), -EINVAL);
+	cr_assert_str_eq(cb_box_last_code(), "invalid_request");
+	cr_assert_eq(cb_box_open("nosuchname", &box), -ENOENT);
+	cr_assert_str_eq(cb_box_last_code(), "not_found");
+	cr_assert_null(box);
+	/* A gone ref is destroyed quietly, and so is an unknown name. */
+	cr_assert_eq(cb_box_destroy("cb-0123456789abcdef0123456789abcdef"), 0, "%s",
+		     cb_error_message());
+	cr_assert_eq(cb_box_destroy("nosuchname"), 0, "%s", cb_error_message());
+	/* Refused options leave nothing behind. */
+	cr_assert_eq(cb_box_create(&bad, &box), -EPROTO);
+	cr_assert_str_eq(cb_box_last_code(), "invalid_request");
+	cr_assert(strstr(cb_error_message(), "bogus"), "%s", cb_error_message());
+	cb_ws_list(count_ws, &n);
+	cr_assert_eq(n, 0);
+}
+
+Test(box, read_write_chunks_and_paths)
+{
+	struct cb_box *box = create_empty();
+	size_t big = (3u << 20) + 17, len = 0;
+	unsigned char *data = malloc(big);
+	void *back = NULL;
+
+	cr_assert_not_null(data);
+	for (size_t i = 0; i < big; i++)
+		data[i] = (unsigned char)(i * 7 + i / 4096);
+	cr_assert_eq(cb_box_write(box, "d/e/big.bin", data, big), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_box_read(box, "d/e/big.bin", &back, &len), 0, "%s", cb_error_message());
+	cr_assert_eq(len, big);
+	cr_assert_eq(memcmp(back, data, big), 0);
+	free(back);
+	free(data);
+	cr_assert_eq(cb_box_write(box, "empty", "", 0), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_box_read(box, "empty", &back, &len), 0, "%s", cb_error_message());
+	cr_assert_eq(len, 0);
+	free(back);
+
+	cr_assert_eq(cb_box_read(box, "missing.txt", &back, &len), -ENOENT);
+	cr_assert_str_eq(cb_box_last_code(), "not_found");
+	cr_assert(strstr(cb_error_message(), "missing.txt"), "%s", cb_error_message());
+	cr_assert_eq(cb_box_read(box, "../../etc/passwd", &back, &len), -EINVAL);
+	cr_assert_str_eq(cb_box_last_code(), "invalid_path");
+	cr_assert(strstr(cb_error_message(), "../../etc/passwd"), "%s", cb_error_message());
+	cr_assert_eq(cb_box_write(box, "/etc/evil", "x", 1), -EINVAL);
+	cr_assert_str_eq(cb_box_last_code(), "invalid_path");
+	cr_assert(strstr(cb_error_message(), "/etc/evil"), "%s", cb_error_message());
+	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
+}
+
+Test(box, run_results_and_limits)
+{
+	struct cb_box *box = create_empty();
+	const char *echo[] = {"echo", "hello", NULL}, *env[] = {"GREETING=hi there", NULL};
+	struct cb_box_run_options o = {0};
+	struct cb_box_result r;
+	char *path = NULL;
+
+	cr_assert_eq(cb_box_run(box, echo, NULL, NULL, &r), 0, "%s", cb_error_message());
+	cr_assert_eq(r.exit_code, 0);
+	cr_assert_str_eq(r.out, "hello\n");
+	cb_box_result_free(&r);
+
+	cr_assert_eq(cb_box_write(box, "sub/f", "x", 1), 0, "%s", cb_error_message());
+	o.env = env;
+	o.cwd = "sub";
+	o.stdin_data = "fed\n";
+	o.stdin_len = 4;
+	cr_assert_eq(cb_box_run(box, NULL,
+				"read l; echo \"$GREETING $l $(ls)\"; echo e >&2; exit 3", &o, &r),
+		     0, "%s", cb_error_message());
+	cr_assert_eq(r.exit_code, 3);
+	cr_assert_str_eq(r.out, "hi there fed f\n");
+	cr_assert_str_eq(r.err, "e\n");
+	cb_box_result_free(&r);
+
+	memset(&o, 0, sizeof(o));
+	o.timeout = 0.3;
+	cr_assert_eq(cb_box_run(box, NULL, "sleep 30", &o, &r), 0, "%s", cb_error_message());
+	cr_assert(r.timed_out);
+	cr_assert_eq(r.exit_code, 124);
+	cb_box_result_free(&r);
+	o.strict = true;
+	cr_assert_eq(cb_box_run(box, NULL, "echo partial; sleep 30", &o, &r), -ETIMEDOUT);
+	cr_assert_str_eq(cb_box_last_code(), "timeout");
+	cr_assert(r.timed_out, "a strict failure still carries the result");
+	cr_assert_str_eq(r.out, "partial\n");
+	cb_box_result_free(&r);
+	o.timeout = 0;
+	o.output_limit = 1000;
+	cr_assert_eq(cb_box_run(box, NULL, "yes", &o, &r), -EFBIG);
+	cr_assert_str_eq(cb_box_last_code(), "output_limit");
+	cr_assert(r.output_limited);
+	cb_box_result_free(&r);
+
+	cr_assert_eq(cb_box_run(box, echo, "echo", NULL, &r), -EINVAL);
+	cr_assert_eq(cb_box_which(box, "sh", &path), 0, "%s", cb_error_message());
+	cr_assert_eq(path[0], '/');
+	free(path);
+	cr_assert_eq(cb_box_which(box, "no-such-binary-here", &path), -ENOENT);
+	cr_assert_str_eq(cb_box_last_code(), "not_found");
+	cr_assert(strstr(cb_error_message(), "no-such-binary-here"), "%s", cb_error_message());
+	cr_assert_eq(cb_box_host_url(box, 8080, &path), 0, "%s", cb_error_message());
+	cr_assert_str_eq(path, "http://127.0.0.1:8080");
+	free(path);
+	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
+}
+
+struct collected {
+	char out[4096], err[4096];
+	size_t out_len, err_len, chunks;
+};
+
+static void collect(int stream, const void *data, size_t len, void *arg)
+{
+	struct collected *c = arg;
+	char *buf = stream == 1 ? c->out : c->err;
+	size_t *have = stream == 1 ? &c->out_len : &c->err_len;
+
+	if (*have + len < sizeof(c->out)) {
+		memcpy(buf + *have, data, len);
+		*have += len;
+		buf[*have] = '\0';
+	}
+	c->chunks++;
+}
+
+Test(box, exec_streams_stdin_and_kill)
+{
+	struct cb_box *box = create_empty();
+	struct cb_box_proc *p = NULL;
+	struct collected c = {0};
+	struct cb_box_result r;
+	int rc;
+
+	cr_assert_eq(
+	    cb_box_exec(box, NULL, "while read l; do echo out:$l; echo err:$l >&2; done", NULL, &p),
+	    0, "%s", cb_error_message());
+	cr_assert_eq(cb_box_proc_write(p, "a\n", 2), 0, "%s", cb_error_message());
+	/* The first line comes back while stdin is still open: it streams. */
+	while (c.out_len < 6 && (rc = cb_box_proc_poll(p, 100, collect, &c, NULL)) == 0)
+		;
+	cr_assert_str_eq(c.out, "out:a\n");
+	cr_assert_eq(cb_box_proc_write(p, "b\n", 2), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_box_proc_close_stdin(p), 0, "%s", cb_error_message());
+	rc = cb_box_proc_poll(p, -1, collect, &c, &r);
+	cr_assert_eq(rc, 1, "%d %s", rc, cb_error_message());
+	cr_assert_eq(r.exit_code, 0);
+	cr_assert_str_eq(c.out, "out:a\nout:b\n");
+	cr_assert_str_eq(c.err, "err:a\nerr:b\n");
+	cb_box_result_free(&r);
+	cb_box_proc_free(p);
+
+	cr_assert_eq(cb_box_exec(box, NULL, "sleep 30", NULL, &p), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_box_proc_poll(p, 100, NULL, NULL, &r), 0, "still running");
+	cr_assert_eq(cb_box_proc_kill(p, SIGKILL), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_box_proc_poll(p, 10000, NULL, NULL, &r), 1, "%s", cb_error_message());
+	cr_assert(r.killed);
+	cr_assert_eq(r.exit_code, 128 + SIGKILL);
+	cb_box_result_free(&r);
+	cb_box_proc_free(p);
+	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
+}
+
+Test(box, turns_fork_close_reopen)
+{
+	struct cb_box *box = create_empty(), *fork = NULL, *again = NULL;
+	json_t *files = NULL, *events = NULL;
+	char ref[64];
+	void *data = NULL;
+	size_t len;
+	int t1, t2, rc;
+
+	snprintf(ref, sizeof(ref), "%s", cb_box_ref(box));
+	cr_assert(cb_ws_ref_syntax(ref));
+	cr_assert_str_eq(cb_box_workdir(box), "/workspace");
+	cr_assert_eq(cb_box_write(box, "a.txt", "one\n", 4), 0, "%s", cb_error_message());
+	t1 = cb_box_snapshot(box, "first", &files);
+	cr_assert_geq(t1, 1, "%s", cb_error_message());
+	cr_assert_str_eq(json_string_value(json_object_get(files, "a.txt")),
+			 "2c8b08da5ce60398e1f19af0e5dccc744df274b826abe585eaba68c525434806");
+	json_decref(files);
+	cr_assert_eq(cb_box_write(box, "a.txt", "two\n", 4), 0, "%s", cb_error_message());
+	t2 = cb_box_snapshot(box, NULL, NULL);
+	cr_assert_eq(t2, t1 + 1, "%s", cb_error_message());
+	rc = cb_box_diff(box, t1, t2, &events);
+	cr_assert_eq(rc, 1, "%d %s", rc, cb_error_message());
+	cr_assert_str_eq(json_string_value(json_object_get(json_array_get(events, 0), "path")),
+			 "a.txt");
+	json_decref(events);
+	cr_assert_eq(cb_box_diff(box, 99, -1, &events), -ENOENT, "%s", cb_error_message());
+
+	/* A fork starts at t1, independent of the original. */
+	cr_assert_eq(cb_box_fork(box, t1, "forked", &fork), 0, "%s", cb_error_message());
+	cr_assert_str_neq(cb_box_ref(fork), ref);
+	cr_assert_eq(cb_box_read(fork, "a.txt", &data, &len), 0, "%s", cb_error_message());
+	cr_assert_str_eq(data, "one\n");
+	free(data);
+	cr_assert_eq(cb_box_close(fork), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_box_destroy("forked"), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_box_open("forked", &fork), -ENOENT);
+
+	rc = cb_box_rollback(box, t1);
+	cr_assert_gt(rc, t2, "%d %s", rc, cb_error_message());
+	/* Closed means the daemon is gone; open boots a new one over the same disk. */
+	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_box_open("t1", &again), 0, "%s", cb_error_message());
+	cr_assert_str_eq(cb_box_ref(again), ref);
+	cr_assert_eq(cb_box_read(again, "a.txt", &data, &len), 0, "%s", cb_error_message());
+	cr_assert_str_eq(data, "one\n");
+	free(data);
+	cb_box_detach(again);
+	cr_assert_eq(cb_box_destroy(ref), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_box_destroy(ref), 0, "a second destroy is quiet: %s", cb_error_message());
+}

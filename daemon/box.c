@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "api.h"
 #include "box_private.h"
@@ -92,7 +94,7 @@ static int box_connect(struct cb_box *box)
 
 	if (box->client)
 		return 0;
-	if ((rc = cb_daemon_ensure(box->ref, NULL, BOX_START_MS, NULL)) ||
+	if ((rc = cb_daemon_ensure(box->ref, NULL, BOX_START_MS, &box->daemon_pid)) ||
 	    (rc = cb_daemon_connect(box->ref, &box->client))) {
 		cb_box_set_code("unavailable");
 		return rc;
@@ -187,8 +189,22 @@ static int box_apply_options(struct cb_box *box, json_t *opts)
 	return 0;
 }
 
-/* Attach box to ref, optionally configuring a fresh workspace with options (consumed). */
-static int box_attach(const char *ref, json_t *options, struct cb_box **out)
+/* A daemon this process started is its child (cb_daemon_ensure forks it): once stopped it
+ * must be reaped here, since nothing else will (PID 1 may not reap orphans either). */
+static void reap_daemon(pid_t pid)
+{
+	for (int i = 0; pid > 0 && i < 200; i++) {
+		pid_t r = waitpid(pid, NULL, WNOHANG);
+
+		if (r == pid || (r < 0 && errno != EINTR))
+			return;
+		usleep(10000);
+	}
+}
+
+/* Attach box to ref, optionally configuring a fresh workspace with options (consumed).
+ * *pid (may be NULL) is the daemon's pid, also on failure, so the caller can reap it. */
+static int box_attach(const char *ref, json_t *options, struct cb_box **out, pid_t *pid)
 {
 	struct cb_box *box = calloc(1, sizeof(*box));
 	json_t *req = json_pack("{s:s}", "op", "configure"), *reply = NULL;
@@ -206,6 +222,8 @@ static int box_attach(const char *ref, json_t *options, struct cb_box **out)
 	req = NULL;
 	if (!rc)
 		rc = box_apply_options(box, json_object_get(reply, "options"));
+	if (pid)
+		*pid = box->daemon_pid;
 	if (!rc) {
 		*out = box;
 		box = NULL;
@@ -227,7 +245,7 @@ int cb_box_open(const char *ref_or_name, struct cb_box **out)
 	*out = NULL;
 	if ((rc = cb_ws_resolve(ref_or_name ? ref_or_name : "", ref)))
 		return cb_box_finish(rc);
-	if ((rc = box_attach(ref, NULL, out)))
+	if ((rc = box_attach(ref, NULL, out, NULL)))
 		cb_error_wrap(rc, "open %s", ref_or_name);
 	return cb_box_finish(rc);
 }
@@ -312,6 +330,7 @@ int cb_box_create(const struct cb_box_options *opts, struct cb_box **out)
 	static const struct cb_box_options none;
 	char ref[CB_WS_REF_LEN + 1];
 	json_t *options = NULL;
+	pid_t pid = 0;
 	int rc;
 
 	cb_box_set_code("");
@@ -324,7 +343,7 @@ int cb_box_create(const struct cb_box_options *opts, struct cb_box **out)
 		json_decref(options);
 		return cb_box_finish(cb_error_wrap(rc, "create"));
 	}
-	if ((rc = box_attach(ref, options, out))) {
+	if ((rc = box_attach(ref, options, out, &pid))) {
 		/* Refused options: the fresh workspace is of no use to anyone. */
 		char msg[1024], code[sizeof(last_code)];
 
@@ -332,6 +351,7 @@ int cb_box_create(const struct cb_box_options *opts, struct cb_box **out)
 		snprintf(code, sizeof(code), "%s", last_code);
 		cb_daemon_stop(ref, BOX_STOP_MS);
 		cb_ws_remove(ref);
+		reap_daemon(pid);
 		cb_error_set(rc, "create: %s", msg);
 		cb_box_set_code(code);
 	}
@@ -374,6 +394,8 @@ int cb_box_close(struct cb_box *box)
 	cb_client_close(box->client);
 	box->client = NULL;
 	rc = cb_daemon_stop(box->ref, BOX_STOP_MS);
+	if (!rc)
+		reap_daemon(box->daemon_pid);
 	cb_box_detach(box);
 	return cb_box_finish(rc);
 }
@@ -402,7 +424,9 @@ int cb_box_destroy(const char *arg)
 	cb_client_close(box.client);
 	cb_daemon_stop(ref, BOX_STOP_MS);
 	cb_box_set_code("");
-	if ((rc = cb_ws_remove(ref)))
+	rc = cb_ws_remove(ref);
+	reap_daemon(box.daemon_pid);
+	if (rc)
 		cb_error_wrap(rc, "destroy %s", ref);
 	return cb_box_finish(rc);
 }
@@ -622,7 +646,8 @@ int cb_box_fork(struct cb_box *box, int turn, const char *name, struct cb_box **
 	snprintf(what, sizeof(what), "fork %d", turn);
 	rc = cb_box_request(box, what, req, &reply, NULL);
 	if (!rc)
-		rc = box_attach(json_string_value(json_object_get(reply, "ref")) ?: "", NULL, out);
+		rc = box_attach(json_string_value(json_object_get(reply, "ref")) ?: "", NULL, out,
+				NULL);
 	json_decref(reply);
 	return cb_box_finish(rc);
 }

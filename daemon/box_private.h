@@ -4,6 +4,7 @@
 #define COWBOX_DAEMON_BOX_PRIVATE_H
 
 #include <jansson.h>
+#include <sys/types.h>
 
 #include "cowbox/box.h"
 #include "cowbox/workspace.h"
@@ -14,6 +15,7 @@ struct cb_box {
 	char ref[CB_WS_REF_LEN + 1];
 	char *mountpoint, *workdir, *backend;
 	struct cb_client *client; /* NULL until the first request, or after the daemon left */
+	pid_t daemon_pid;	  /* the daemon last seen serving it (maybe our child) */
 };
 
 /* Record code as the thread's last error code ("" or NULL: none). */

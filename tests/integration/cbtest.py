@@ -2,6 +2,7 @@
 built binary, waiting for mounts, talking to a daemon, and cleaning up every mount and daemon."""
 
 import ctypes
+import http.server
 import json
 import os
 import shutil
@@ -9,6 +10,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 
@@ -141,6 +143,20 @@ class Client:
         self.sock.close()  # closing twice is harmless
 
 
+class HelloHandler(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with "hello from the host": what host_url's tests fetch."""
+
+    def do_GET(self):
+        body = b"hello from the host"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
 class CowboxTestCase(unittest.TestCase):
     """Each test gets its own COWBOX_HOME under a temporary directory; tearDown stops every
     daemon, detaches every FUSE mount under it and deletes it, also when the test failed."""
@@ -271,3 +287,21 @@ class CowboxTestCase(unittest.TestCase):
 
     def log(self, ref, *args):
         return self.cowbox_json("log", ref, *args)
+
+    def serve_hello(self):
+        """A HelloHandler server on a free host loopback port, stopped when the test ends;
+        returns the port."""
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HelloHandler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        self.addCleanup(srv.server_close)
+        self.addCleanup(srv.shutdown)
+        return srv.server_address[1]
+
+    def listen_port(self):
+        """A host loopback port that listens but never answers (closed when the test ends):
+        what a sandbox under network none must not reach."""
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(4)
+        self.addCleanup(srv.close)
+        return srv.getsockname()[1]

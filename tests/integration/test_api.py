@@ -3,12 +3,8 @@ requests (the daemon keeps serving), concurrency, crash and reattach, path escap
 against a real HTTP server on the host."""
 
 import base64
-import http.server
-import json
 import os
 import signal
-import socket
-import threading
 import time
 import unittest
 
@@ -167,24 +163,7 @@ class ApiTest(cbtest.CowboxTestCase):
                          (self.mountpoint(other) + "/sub\nv\n").encode())
 
     def test_host_url_reaches_only_that_port(self):
-        class Hello(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                body = b"hello from the host"
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
-        other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
-        for s in (srv, other):
-            threading.Thread(target=s.serve_forever, daemon=True).start()
-            self.addCleanup(s.server_close)
-            self.addCleanup(s.shutdown)
-        port, other_port = srv.server_address[1], other.server_address[1]
+        port, other_port = self.serve_hello(), self.serve_hello()
         url = self.ok("host_url", port=port)["url"]
         self.assertEqual(url, "http://127.0.0.1:%d" % port)
         fetch = ("import sys, urllib.request\n"
@@ -340,11 +319,7 @@ class ApiTest(cbtest.CowboxTestCase):
             self.assertEqual(f.read(), "gone\n")
 
     def test_limits_and_network_options(self):
-        srv = socket.socket()
-        srv.bind(("127.0.0.1", 0))
-        srv.listen(4)
-        self.addCleanup(srv.close)
-        port = srv.getsockname()[1]
+        port = self.listen_port()
         probe = ("import socket,sys\ntry:\n socket.create_connection(('127.0.0.1', %d), 3)\n"
                  " print('reached')\nexcept OSError as e:\n print('refused')\n" % port)
         # Network none (the default): the host's loopback is not the sandbox's.

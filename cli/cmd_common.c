@@ -53,6 +53,16 @@ int cli_getopt(int argc, char **argv, const char *shortopts, const struct option
 	}
 }
 
+int cli_one_ref(int c, int argc, char **argv, const char *usage, int *status)
+{
+	if (c < 0)
+		return -1; /* *status is cli_getopt's */
+	if (optind + 1 == argc)
+		return 0;
+	*status = cli_usage_error(usage, "%s takes one workspace ref or name", argv[0]);
+	return -1;
+}
+
 int cli_fail(const char *cmd, const char *fmt, ...)
 {
 	char msg[2048];
@@ -91,6 +101,13 @@ int cli_print_json(json_t *value)
 	puts(text);
 	free(text);
 	return CLI_OK;
+}
+
+int cli_print_reply_json(json_t *reply)
+{
+	json_object_del(reply, "id");
+	json_object_del(reply, "ok");
+	return cli_print_json(reply);
 }
 
 const char *cli_size(long long bytes, char *buf, size_t size)

@@ -24,6 +24,11 @@ struct cli_common {
 int cli_getopt(int argc, char **argv, const char *shortopts, const struct option *own,
 	       struct cli_common *common, const char *usage, int *status);
 
+/* After the cli_getopt loop ended with c: 0 when exactly one operand, the workspace ref or
+ * name, is left at argv[optind]; else -1 with *status the exit status (cli_getopt's own when
+ * c < 0, CLI_USAGE after saying "CMD takes one workspace ref or name"). */
+int cli_one_ref(int c, int argc, char **argv, const char *usage, int *status);
+
 /* "cowbox CMD: message" on stderr (the library's message when fmt is NULL); returns CLI_FAIL. */
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -32,6 +37,10 @@ int cli_usage_error(const char *usage, const char *fmt, ...) __attribute__((form
 
 /* Print value as one line of JSON on stdout (consumed); returns CLI_OK. */
 int cli_print_json(json_t *value);
+
+/* Print a daemon's reply for --json without the protocol's "id" and "ok" (consumed); returns
+ * CLI_OK. */
+int cli_print_reply_json(json_t *reply);
 
 /* A human size: "0 B", "12.3 KiB", ... into buf. */
 const char *cli_size(long long bytes, char *buf, size_t size);

@@ -72,10 +72,8 @@ int cmd_umount(int argc, char **argv)
 
 	while ((c = cli_getopt(argc, argv, "", NULL, &common, umount_usage, &status)) > 0)
 		;
-	if (c < 0)
+	if (cli_one_ref(c, argc, argv, umount_usage, &status))
 		return status;
-	if (optind + 1 != argc)
-		return cli_usage_error(umount_usage, "umount takes one workspace ref or name");
 	if (cb_ws_info(argv[optind], &info))
 		return cli_fail("umount", NULL);
 	was_mounted = info.state == CB_WS_MOUNTED;
@@ -119,10 +117,8 @@ int cmd_serve(int argc, char **argv)
 		else
 			opt.debug = 1;
 	}
-	if (c < 0)
+	if (cli_one_ref(c, argc, argv, serve_usage, &status))
 		return status;
-	if (optind + 1 != argc)
-		return cli_usage_error(serve_usage, "serve takes one workspace ref or name");
 	opt.ref = argv[optind];
 	return cb_daemon_serve(&opt) ? cli_fail("serve", NULL) : CLI_OK;
 }
@@ -176,10 +172,8 @@ int cmd_log(int argc, char **argv)
 		if (errno || *end || turn < 1)
 			return cli_usage_error(log_usage, "bad turn '%s': a number from 1", optarg);
 	}
-	if (c < 0)
+	if (cli_one_ref(c, argc, argv, log_usage, &status))
 		return status;
-	if (optind + 1 != argc)
-		return cli_usage_error(log_usage, "log takes one workspace ref or name");
 	/* The journal is read straight from meta.db: WAL lets us read while the daemon writes. */
 	if (cb_ws_resolve(argv[optind], ref) || cb_ws_path(ref, "meta.db", &path) ||
 	    cb_db_open(path, &db)) {

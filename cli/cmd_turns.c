@@ -220,10 +220,8 @@ int cmd_snapshot(int argc, char **argv)
 		else
 			return cli_usage_error(snapshot_usage, "unknown --format '%s'", optarg);
 	}
-	if (c < 0)
+	if (cli_one_ref(c, argc, argv, snapshot_usage, &status))
 		return status;
-	if (optind + 1 != argc)
-		return cli_usage_error(snapshot_usage, "snapshot takes one workspace ref or name");
 	if (sha256sum && (common.json || changes))
 		return cli_usage_error(snapshot_usage,
 				       "--format sha256sum goes with neither --json nor --changes");
@@ -346,9 +344,7 @@ int cmd_diff(int argc, char **argv)
 			json_object_del(ev, "old_src");
 			json_object_del(ev, "new_src");
 		}
-		json_object_del(reply, "id");
-		json_object_del(reply, "ok");
-		return cli_print_json(reply);
+		return cli_print_reply_json(reply);
 	}
 	json_array_foreach(json_object_get(reply, "events"), i, ev)
 	{
@@ -390,11 +386,8 @@ int cmd_rollback(int argc, char **argv)
 			       &reply);
 	if (status)
 		return status;
-	if (common.json) {
-		json_object_del(reply, "id");
-		json_object_del(reply, "ok");
-		return cli_print_json(reply);
-	}
+	if (common.json)
+		return cli_print_reply_json(reply);
 	printf("rolled back to turn %lld: %lld paths restored, recorded as turn %lld\n", turn,
 	       (long long)json_integer_value(json_object_get(reply, "restored")),
 	       (long long)json_integer_value(json_object_get(reply, "turn")));
@@ -430,11 +423,8 @@ int cmd_prune(int argc, char **argv)
 			  json_pack("{s:s, s:I}", "op", "prune", "keep", (json_int_t)keep), &reply);
 	if (status)
 		return status;
-	if (common.json) {
-		json_object_del(reply, "id");
-		json_object_del(reply, "ok");
-		return cli_print_json(reply);
-	}
+	if (common.json)
+		return cli_print_reply_json(reply);
 	printf("dropped %lld turns, freed %s\n",
 	       (long long)json_integer_value(json_object_get(reply, "dropped")),
 	       cli_size(json_integer_value(json_object_get(reply, "freed_bytes")), size,
@@ -475,11 +465,8 @@ int cmd_fork(int argc, char **argv)
 	    &reply);
 	if (status)
 		return status;
-	if (common.json) {
-		json_object_del(reply, "id");
-		json_object_del(reply, "ok");
-		return cli_print_json(reply);
-	}
+	if (common.json)
+		return cli_print_reply_json(reply);
 	printf("%s\n", json_string_value(json_object_get(reply, "ref")));
 	json_decref(reply);
 	return CLI_OK;
@@ -498,18 +485,13 @@ int cmd_turns(int argc, char **argv)
 
 	while ((c = cli_getopt(argc, argv, "", NULL, &common, turns_usage, &status)) > 0)
 		;
-	if (c < 0)
+	if (cli_one_ref(c, argc, argv, turns_usage, &status))
 		return status;
-	if (optind + 1 != argc)
-		return cli_usage_error(turns_usage, "turns takes one workspace ref or name");
 	status = turns_request("turns", argv[optind], json_pack("{s:s}", "op", "turns"), &reply);
 	if (status)
 		return status;
-	if (common.json) {
-		json_object_del(reply, "id");
-		json_object_del(reply, "ok");
-		return cli_print_json(reply);
-	}
+	if (common.json)
+		return cli_print_reply_json(reply);
 	printf("%6s  %-19s  %7s  %s\n", "turn", "time (UTC)", "changes", "label");
 	json_array_foreach(json_object_get(reply, "turns"), i, t)
 	{

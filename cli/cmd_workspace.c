@@ -162,10 +162,8 @@ int cmd_info(int argc, char **argv)
 
 	while ((c = cli_getopt(argc, argv, "", NULL, &common, info_usage, &status)) > 0)
 		;
-	if (c < 0)
+	if (cli_one_ref(c, argc, argv, info_usage, &status))
 		return status;
-	if (optind + 1 != argc)
-		return cli_usage_error(info_usage, "info takes one workspace ref or name");
 	if (cb_ws_info(argv[optind], &i))
 		return cli_fail("info", NULL);
 	/* turns (issue 3): the blob store's size */
@@ -208,10 +206,8 @@ int cmd_rm(int argc, char **argv)
 
 	while ((c = cli_getopt(argc, argv, "", NULL, &common, rm_usage, &status)) > 0)
 		;
-	if (c < 0)
+	if (cli_one_ref(c, argc, argv, rm_usage, &status))
 		return status;
-	if (optind + 1 != argc)
-		return cli_usage_error(rm_usage, "rm takes one workspace ref or name");
 	/* api (issue 5): a crashed daemon's docker container goes too. */
 	if (cb_backend_remove_leftovers(argv[optind]) < 0)
 		fprintf(stderr, "cowbox rm: warning: %s\n", cb_error_message());

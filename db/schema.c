@@ -2,7 +2,7 @@
  * user_version counts how many have run). Append new migrations; never edit a shipped one. */
 #include "config.h"
 
-#include "cowbox/turns.h"
+#include "cowbox/turn_store.h"
 #include "db.h"
 
 const char *const cb_db_migrations[] = {

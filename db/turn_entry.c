@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "cowbox/error.h"
-#include "cowbox/turns.h"
+#include "cowbox/turn_store.h"
 
 void cb_entry_clear(struct cb_entry *e)
 {

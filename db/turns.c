@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "cowbox/error.h"
-#include "cowbox/turns.h"
+#include "cowbox/turn_store.h"
 #include "db.h"
 
 /* Deltas are keyed (path, turn) so "newest row of path at or before turn" is one index seek;

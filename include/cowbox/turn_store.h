@@ -1,0 +1,147 @@
+/* The turn store: what a turn's map holds per path (struct cb_entry) and the SQL tables of
+ * turns, deltas, the map and the base hash cache in meta.db (db/turns.c, cb_db_turns_). */
+#ifndef COWBOX_TURN_STORE_H
+#define COWBOX_TURN_STORE_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+/* ---- entries: one path of a turn's map ---- */
+
+enum cb_entry_type {
+	CB_ENTRY_ABSENT = 0, /* a tombstone: the path does not exist */
+	CB_ENTRY_FILE = 1,
+	CB_ENTRY_DIR = 2,
+	CB_ENTRY_SYMLINK = 3,
+};
+
+#define CB_SHA256_LEN 32
+#define CB_XXH128_LEN 16
+
+/* What a turn knows about a path. Strings are owned by the entry when it comes from
+ * cb_entry_* helpers, borrowed when handed to a callback. */
+struct cb_entry {
+	char *path; /* relative to the workspace root, no leading '/' */
+	enum cb_entry_type type;
+	unsigned mode;			     /* permission and special bits (07777), no S_IFMT */
+	long long size;			     /* file bytes; symlink target length; 0 for dirs */
+	unsigned char sha256[CB_SHA256_LEN]; /* files: content; symlinks: the target's bytes */
+	unsigned char xxh3[CB_XXH128_LEN];   /* the same, xxh3-128 (canonical big-endian) */
+	char *target;			     /* symlinks: where it points; else NULL */
+	pid_t pid;			     /* journal attribution of the change, 0 if unknown */
+	char *comm;			     /* its command name, NULL if unknown */
+};
+
+/* Free the strings an entry owns and reset it to an absent entry. */
+void cb_entry_clear(struct cb_entry *e);
+
+/* Deep copy src into dst (dst's old strings are freed). */
+int cb_entry_copy(struct cb_entry *dst, const struct cb_entry *src);
+
+/* 1 when a and b describe the same thing (type, mode, content or target), else 0. */
+int cb_entry_same(const struct cb_entry *a, const struct cb_entry *b);
+
+/* "file", "dir", "symlink" or "absent". */
+const char *cb_entry_type_name(enum cb_entry_type type);
+
+/* Lowercase hex of n bytes into out (2n+1 bytes). */
+void cb_hex(const unsigned char *bytes, size_t n, char *out);
+
+struct cb_db_turns;
+
+/* The SQL of the turn tables, run as migration 2 of meta.db (idempotent). */
+extern const char cb_db_turns_schema_sql[];
+
+/* Open a connection of its own to the workspace database at path (creating the turn tables
+ * if the migration has not), so turn transactions never interleave with the journal's. */
+int cb_db_turns_open(const char *path, struct cb_db_turns **out);
+/* Finalize and close; NULL is accepted. */
+void cb_db_turns_close(struct cb_db_turns *t);
+
+/* A write transaction (the write lock taken at once), its commit, and its rollback (a no-op
+ * outside a transaction, so cleanup paths can always call it). */
+int cb_db_turns_begin(struct cb_db_turns *t);
+int cb_db_turns_commit(struct cb_db_turns *t);
+void cb_db_turns_rollback(struct cb_db_turns *t);
+
+/* Base hash cache by (path, size, mtime_ns, ino): returns 1 and fills the hashes on a hit,
+ * 0 on a miss (also when the file changed since it was cached). */
+int cb_db_turns_base_cache_get(struct cb_db_turns *t, const char *path, long long size,
+			       long long mtime_ns, long long ino, unsigned char *sha256,
+			       unsigned char *xxh3);
+/* Remember a base file's hashes under its current key (replacing an older row). */
+int cb_db_turns_base_cache_put(struct cb_db_turns *t, const char *path, long long size,
+			       long long mtime_ns, long long ino, const unsigned char *sha256,
+			       const unsigned char *xxh3);
+
+/* A fork remembers the database it came from; its first map build imports that base cache
+ * (cb_db_turns_base_cache_import) instead of hashing the shared base again. */
+int cb_db_turns_base_cache_from(struct cb_db_turns *t, const char *db_path);
+/* Import (once) the base cache of the database recorded by cb_db_turns_base_cache_from; a
+ * source that is gone is skipped. */
+int cb_db_turns_base_cache_import(struct cb_db_turns *t);
+
+/* The base as the first snapshot saw it (turn 0's map), frozen: a base that changes behind
+ * cowbox's back does not change what turn 0 and the turns after it were. built is 1 once
+ * it has been recorded. get: 1 and *out (owned) if the base had path, 0 if not. */
+int cb_db_turns_base_map_built(struct cb_db_turns *t);
+int cb_db_turns_base_map_set_built(struct cb_db_turns *t);
+int cb_db_turns_base_map_get(struct cb_db_turns *t, const char *path, struct cb_entry *out);
+int cb_db_turns_base_map_put(struct cb_db_turns *t, const struct cb_entry *e);
+/* Copy the whole base map into the turn map (the start of a rebuild). */
+int cb_db_turns_map_from_base(struct cb_db_turns *t);
+
+/* A recorded turn. */
+struct cb_turn_info {
+	long long turn;
+	double time;
+	const char *label;
+	long long changes;
+};
+
+/* Record a turn; in the same transaction the journal's open turn (meta) becomes turn + 1. */
+int cb_db_turns_add(struct cb_db_turns *t, long long turn, double time, const char *label,
+		    long long changes);
+struct cb_db;
+/* Tell the journal's in-memory state that new changes belong to turn (db/journal.c). */
+void cb_db_turns_journal_advance(struct cb_db *db, long long turn);
+/* The newest recorded turn (0 if none) and the oldest still kept (0 if none). */
+long long cb_db_turns_latest(struct cb_db_turns *t);
+long long cb_db_turns_oldest(struct cb_db_turns *t);
+/* 1 if turn is recorded (turn 0, the base, always is), 0 if not. */
+int cb_db_turns_exists(struct cb_db_turns *t, long long turn);
+/* Call fn for every recorded turn, oldest first; a non-zero return stops and is returned. */
+int cb_db_turns_list(struct cb_db_turns *t, int (*fn)(const struct cb_turn_info *, void *),
+		     void *arg);
+
+/* Record that path became e (e->type == CB_ENTRY_ABSENT: deleted) in turn. */
+int cb_db_turns_delta_put(struct cb_db_turns *t, long long turn, const struct cb_entry *e);
+/* The newest delta row of path at or before turn: 1 and *out filled (maybe a tombstone),
+ * or 0 if no turn up to `turn` changed it (the base entry applies). */
+int cb_db_turns_delta_at(struct cb_db_turns *t, const char *path, long long turn,
+			 struct cb_entry *out);
+/* Each distinct path changed in a turn in (from, to], sorted. */
+int cb_db_turns_delta_paths(struct cb_db_turns *t, long long from, long long to,
+			    int (*fn)(const char *path, void *), void *arg);
+
+/* The materialized map of the latest turn. map_turn is the turn it reflects, -1 if it was
+ * never built (it is built on demand from the base and the deltas). */
+long long cb_db_turns_map_turn(struct cb_db_turns *t);
+int cb_db_turns_map_set_turn(struct cb_db_turns *t, long long turn);
+/* 1 and *out (owned) if the map has path, 0 if not. */
+int cb_db_turns_map_get(struct cb_db_turns *t, const char *path, struct cb_entry *out);
+/* Insert or replace e; delete one path; empty the map. */
+int cb_db_turns_map_put(struct cb_db_turns *t, const struct cb_entry *e);
+int cb_db_turns_map_del(struct cb_db_turns *t, const char *path);
+int cb_db_turns_map_clear(struct cb_db_turns *t);
+/* Every entry (prefix NULL) or every entry strictly below directory prefix, sorted by path
+ * in byte order. */
+int cb_db_turns_map_list(struct cb_db_turns *t, const char *prefix,
+			 int (*fn)(const struct cb_entry *, void *), void *arg);
+
+/* Fold every turn before keep_from into keep_from and forget them. */
+int cb_db_turns_prune(struct cb_db_turns *t, long long keep_from);
+/* 1 if some remaining turn or the map needs the blob with this xxh3, else 0. */
+int cb_db_turns_blob_needed(struct cb_db_turns *t, const unsigned char *xxh3);
+
+#endif

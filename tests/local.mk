@@ -13,3 +13,5 @@ TESTS += tests/integration/test_api.py tests/integration/test_backend_conformanc
 TESTS += tests/integration/test_fs_differential.py tests/integration/test_fs_crash.py \
 	tests/integration/test_fs_scale.py
 EXTRA_DIST += tests/integration/fsharness.py
+# libcowbox for embedders: examples/embed.c against the build tree; make install + pkg-config.
+TESTS += tests/integration/test_libcowbox.py

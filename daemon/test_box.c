@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cowbox/box.h"
@@ -42,11 +43,36 @@ static void setup(void)
 	setenv("COWBOX_BIN", bin, 1);
 }
 
+/* Daemons run detached, so their ASan/UBSan findings only reach daemon.log. */
+static int sanitizer_report(const struct cb_ws_info *info, void *arg)
+{
+	static const char *markers[] = {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
+					"runtime error:"};
+	char path[4200], buf[65536];
+	FILE *f;
+	size_t n;
+
+	snprintf(path, sizeof(path), "%s/daemon.log", info->dir);
+	if (!(f = fopen(path, "re")))
+		return 0;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	for (size_t i = 0; i < sizeof(markers) / sizeof(markers[0]); i++)
+		if (strstr(buf, markers[i]))
+			snprintf(arg, 4300, "%s: %s", path, strstr(buf, markers[i]));
+	return 0;
+}
+
 static void teardown(void)
 {
+	char report[4300] = "";
+
+	cb_ws_list(sanitizer_report, report);
 	/* Whatever a failed test left: daemons stopped, mounts gone, then the files. */
 	cb_ws_list(remove_ws, NULL);
 	nftw(home, remove_one, 16, FTW_DEPTH | FTW_PHYS);
+	cr_assert_eq(report[0], '\0', "%s", report);
 }
 
 TestSuite(box, .init = setup, .fini = teardown, .timeout = 60);
@@ -288,4 +314,48 @@ Test(box, turns_fork_close_reopen)
 	cb_box_detach(again);
 	cr_assert_eq(cb_box_destroy(ref), 0, "%s", cb_error_message());
 	cr_assert_eq(cb_box_destroy(ref), 0, "a second destroy is quiet: %s", cb_error_message());
+}
+
+Test(box, local_backend_workdir_is_the_mount)
+{
+	const char *env[] = {"FROM_OPTIONS=yes", NULL};
+	struct cb_box_options opts = {.backend = "local", .env = env, .working_dir = "w"};
+	struct cb_box_result r;
+	struct cb_box *box = NULL;
+	char want[4200];
+
+	cr_assert_eq(cb_box_create(&opts, &box), 0, "%s", cb_error_message());
+	snprintf(want, sizeof(want), "%s/w", cb_box_mountpoint(box));
+	cr_assert_str_eq(cb_box_workdir(box), want);
+	cr_assert_eq(cb_box_run(box, NULL, "echo \"$(pwd) $FROM_OPTIONS\"", NULL, &r), 0, "%s",
+		     cb_error_message());
+	snprintf(want, sizeof(want), "%s/w yes\n", cb_box_mountpoint(box));
+	cr_assert_str_eq(r.out, want);
+	cb_box_result_free(&r);
+	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
+}
+
+Test(box, a_killed_daemon_comes_back)
+{
+	const char *t[] = {"true", NULL};
+	struct cb_box *box = create_empty();
+	struct cb_box_result r;
+	pid_t pid = 0;
+	char *mnt = NULL;
+
+	cr_assert_eq(cb_box_write(box, "kept", "yes", 3), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_ws_daemon(cb_box_ref(box), &pid, &mnt), 0);
+	free(mnt);
+	cr_assert_gt(pid, 0);
+	cr_assert_eq(kill(pid, SIGKILL), 0);
+	for (int i = 0; i < 500 && waitpid(pid, NULL, WNOHANG) != pid; i++)
+		usleep(10000);
+	/* The next request boots a new daemon over the same disk (the stale mount cleared). */
+	cr_assert_eq(cb_box_run(box, t, NULL, NULL, &r), 0, "%s", cb_error_message());
+	cr_assert_eq(r.exit_code, 0);
+	cb_box_result_free(&r);
+	cr_assert_eq(cb_ws_daemon(cb_box_ref(box), &pid, &mnt), 0);
+	free(mnt);
+	cr_assert_gt(pid, 0);
+	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
 }

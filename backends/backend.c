@@ -79,27 +79,26 @@ static int opt_hooks(json_t *v, const char *key, char **out)
 	return 0;
 }
 
-static int opt_env(json_t *v, char ***out)
+int cb_backend_env_from_json(json_t *obj, const char *what, char ***out)
 {
 	const char *k;
-	json_t *e;
+	json_t *v;
 	size_t n = 0;
 
-	if (!json_is_object(v))
-		return cb_error_set(EINVAL, "backend option env: needs an object of strings");
-	*out = calloc(json_object_size(v) + 1, sizeof(char *));
+	*out = NULL;
+	if (!json_is_object(obj))
+		return cb_error_set(EINVAL, "%s: needs an object of strings", what);
+	*out = calloc(json_object_size(obj) + 1, sizeof(char *));
 	if (!*out)
-		return cb_error_set(ENOMEM, "backend option env: out of memory");
-	json_object_foreach(v, k, e)
+		return cb_error_set(ENOMEM, "%s: out of memory", what);
+	json_object_foreach(obj, k, v)
 	{
-		if (!json_is_string(e) || !*k || strchr(k, '='))
-			return cb_error_set(EINVAL,
-					    "backend option env: %s needs a string value "
-					    "and a name without '='",
-					    k);
-		if (asprintf(&(*out)[n], "%s=%s", k, json_string_value(e)) < 0) {
+		if (!json_is_string(v) || !*k || strchr(k, '='))
+			return cb_error_set(
+			    EINVAL, "%s %s: needs a string value and a name without '='", what, k);
+		if (asprintf(&(*out)[n], "%s=%s", k, json_string_value(v)) < 0) {
 			(*out)[n] = NULL;
-			return cb_error_set(ENOMEM, "backend option env: out of memory");
+			return cb_error_set(ENOMEM, "%s: out of memory", what);
 		}
 		n++;
 	}
@@ -121,7 +120,7 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 		if (!strcmp(key, "backend"))
 			rc = opt_string(v, key, &out->kind);
 		else if (!strcmp(key, "env"))
-			rc = opt_env(v, &out->env);
+			rc = cb_backend_env_from_json(v, "backend option env", &out->env);
 		else if (!strcmp(key, "working_dir"))
 			rc = opt_string(v, key, &out->working_dir);
 		else if (!strcmp(key, "image"))

@@ -67,33 +67,6 @@ static int strings_from(json_t *arr, const char *field, char ***out)
 	return 0;
 }
 
-static int env_from(json_t *obj, char ***out)
-{
-	const char *k;
-	json_t *v;
-	size_t n = 0;
-
-	if (!json_is_object(obj))
-		return cb_error_set(EINVAL, "env: needs an object of strings");
-	*out = calloc(json_object_size(obj) + 1, sizeof(char *));
-	if (!*out)
-		return cb_error_set(ENOMEM, "env: out of memory");
-	json_object_foreach(obj, k, v)
-	{
-		if (!json_is_string(v) || !*k || strchr(k, '='))
-			return cb_error_set(EINVAL,
-					    "env %s: needs a string value and a name without "
-					    "'='",
-					    k);
-		if (asprintf(&(*out)[n], "%s=%s", k, json_string_value(v)) < 0) {
-			(*out)[n] = NULL;
-			return cb_error_set(ENOMEM, "env: out of memory");
-		}
-		n++;
-	}
-	return 0;
-}
-
 /* The request's command fields, checked before anything runs. */
 static int cmd_parse(json_t *req, struct api_exec *e)
 {
@@ -112,7 +85,7 @@ static int cmd_parse(json_t *req, struct api_exec *e)
 		return rc;
 	if (shell && !(e->shell = strdup(json_string_value(shell))))
 		return cb_error_set(ENOMEM, "shell: out of memory");
-	if (env && !json_is_null(env) && (rc = env_from(env, &e->env)) < 0)
+	if (env && !json_is_null(env) && (rc = cb_backend_env_from_json(env, "env", &e->env)) < 0)
 		return rc;
 	if (cwd && !json_is_null(cwd)) {
 		if (!json_is_string(cwd))

@@ -102,6 +102,11 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out);
 json_t *cb_backend_options_to_json(const struct cb_backend_options *o);
 void cb_backend_options_free(struct cb_backend_options *o);
 
+/* A JSON object of strings as a NULL-terminated "NAME=value" array (malloc'd, for
+ * cb_exec_env_free, also after an error); -EINVAL naming what ("env", "backend option env")
+ * and the key when a value is not a string or a name is empty or holds '='. */
+int cb_backend_env_from_json(json_t *obj, const char *what, char ***out);
+
 /* Save options as dir/backend.json (atomically), or load them; a missing file loads the
  * defaults (ns, network none). */
 int cb_backend_options_save(const char *dir, const struct cb_backend_options *o);

@@ -18,6 +18,7 @@
 #include "cowbox/exec.h"
 #include "cowbox/sandbox.h"
 #include "cowbox/workspace.h"
+#include "cowbox/workspace_fast.h"
 
 #define MAX_ENV 256
 
@@ -192,6 +193,10 @@ static int workspace_dir(const struct exec_opts *o, char **dir, char **name)
 		*name = strdup(base && base[1] ? base + 1 : "cowbox");
 		return 0;
 	}
+	/* A served workspace is found from its lock and the mount table alone; the full route
+	 * below (meta.db opened three times, the daemon asked for a hello) starts one. */
+	if ((rc = cb_ws_find_served(o->ref, ref, dir, name)) != 0)
+		return rc < 0 ? rc : 0;
 	if ((rc = cb_ws_resolve(o->ref, ref)) < 0)
 		return rc;
 	if ((rc = cb_daemon_ensure(ref, NULL, 30000, NULL)) < 0)

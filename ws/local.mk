@@ -22,3 +22,7 @@ ws_test_workspace_SOURCES = ws/test_workspace.c
 ws_test_workspace_CFLAGS = $(CRITERION_TEST_CFLAGS)
 ws_test_workspace_LDADD = ws/libcb_ws.la db/libcb_db.la util/libcb_util.la $(DEPS_LIBS) \
 	$(CRITERION_TEST_LIBS)
+
+# exec-fast: the exec path's look-up of a served workspace without SQLite (issue 4)
+ws_libcb_ws_la_SOURCES += ws/resolve_fast.c
+pkginclude_HEADERS += include/cowbox/workspace_fast.h

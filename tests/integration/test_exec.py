@@ -240,6 +240,35 @@ class TestRealWorkspace(CowboxTestCase):
         self.assert_fails(["exec", "not-a-workspace", "--", "true"], "not-a-workspace",
                           status=125)
 
+    def test_exec_in_a_served_workspace_needs_no_database(self):
+        # Once its daemon serves, exec finds the workspace from the lock and the mount
+        # table: with meta.db moved away (the daemon keeps its open file) it still runs,
+        # named as before, by ref and by name; `info` (the full route) cannot.
+        ref = self.create(base=self.make_base({"a.txt": "a\n"}), name="served")
+        self.assertEqual(self.cowbox("exec", ref, "--", "hostname").stdout, "served\n")
+        db = os.path.join(self.home, "workspaces", ref, "meta.db")
+        os.rename(db, db + ".away")
+        try:
+            for arg in (ref, "served"):
+                p = self.cowbox("exec", arg, "--", "sh", "-c", "hostname; cat a.txt")
+                self.assertEqual(p.stdout, "served\na\n")
+            self.assertNotEqual(self.cowbox("info", ref, check=False).returncode, 0)
+        finally:
+            os.rename(db + ".away", db)
+
+    def test_exec_after_the_daemon_died_starts_another(self):
+        ref = self.create(base=self.make_base({"a.txt": "a\n"}), name="phoenix")
+        self.cowbox("exec", ref, "--", "true")
+        pid = self.daemon_pid(ref)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        # the dead daemon's mount and lock are no proof of service: the full route restarts
+        p = self.cowbox("exec", ref, "--", "sh", "-c", "hostname; cat a.txt")
+        self.assertEqual(p.stdout, "phoenix\na\n")
+        self.assertNotIn(self.daemon_pid(ref), (0, pid))
+
 
 if __name__ == "__main__":
     unittest.main()

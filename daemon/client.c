@@ -19,6 +19,7 @@
 
 #include "cowbox/client.h"
 #include "cowbox/error.h"
+#include "cowbox/grow.h"
 #include "daemon.h"
 
 struct cb_client {
@@ -102,15 +103,10 @@ int cb_client_recv(struct cb_client *c, int timeout_ms, json_t **msg)
 				return cb_error_set(EPROTO, "daemon sent bad JSON: %s", jerr.text);
 			return 0;
 		}
-		if (c->len == c->cap) {
-			size_t ncap = c->cap ? c->cap * 2 : 65536;
-			char *grown = realloc(c->buf, ncap);
+		int rc = cb_grow(&c->buf, &c->cap, c->len, 1, 65536, "daemon reply");
 
-			if (!grown)
-				return cb_error_set(ENOMEM, "out of memory");
-			c->buf = grown;
-			c->cap = ncap;
-		}
+		if (rc)
+			return rc;
 		int wait = deadline < 0 ? -1 : (int)(deadline - now_ms());
 		struct pollfd pfd = {c->fd, POLLIN, 0};
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cowbox/error.h"
+#include "cowbox/grow.h"
 #include "cowbox/journal.h"
 #include "cowbox/overlay.h"
 #include "cowbox/turns.h"
@@ -37,16 +38,10 @@ static int dirty_row(const struct cb_journal_row *row, void *arg)
 {
 	struct dirty_list *l = arg;
 	struct cb_dirty *d;
+	int rc = cb_grow(&l->d, &l->cap, l->n, sizeof(*l->d), 64, "journal rows");
 
-	if (l->n == l->cap) {
-		size_t cap = l->cap ? 2 * l->cap : 64;
-
-		d = realloc(l->d, cap * sizeof(*d));
-		if (!d)
-			return cb_error_set(ENOMEM, "journal rows: out of memory");
-		l->d = d;
-		l->cap = cap;
-	}
+	if (rc)
+		return rc;
 	d = &l->d[l->n];
 	d->path = strdup(row->path);
 	d->comm = row->comm ? strdup(row->comm) : NULL;

@@ -1,11 +1,17 @@
 # util: the lowest layer (error messages, path rules); everything may use it.
 noinst_LTLIBRARIES += util/libcb_util.la
-util_libcb_util_la_SOURCES = util/error.c
+util_libcb_util_la_SOURCES = util/error.c util/grow.c
 COWBOX_LAYERS += util/libcb_util.la
-pkginclude_HEADERS += include/cowbox/error.h
+pkginclude_HEADERS += include/cowbox/error.h include/cowbox/grow.h
 
 check_PROGRAMS += util/test_error
 TESTS += util/test_error
 util_test_error_SOURCES = util/test_error.c
 util_test_error_CFLAGS = $(CRITERION_TEST_CFLAGS)
 util_test_error_LDADD = util/libcb_util.la $(CRITERION_TEST_LIBS)
+
+check_PROGRAMS += util/test_grow
+TESTS += util/test_grow
+util_test_grow_SOURCES = util/test_grow.c
+util_test_grow_CFLAGS = $(CRITERION_TEST_CFLAGS)
+util_test_grow_LDADD = util/libcb_util.la $(CRITERION_TEST_LIBS)

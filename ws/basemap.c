@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cowbox/error.h"
+#include "cowbox/grow.h"
 #include "turns_int.h"
 
 #define BASE_THREADS 2
@@ -41,15 +42,10 @@ struct base_walk {
 
 static int base_add(struct base_walk *w, const char *path, const struct stat *st)
 {
-	if (w->n == w->cap) {
-		size_t cap = w->cap ? 2 * w->cap : 1024;
-		struct base_item *it = realloc(w->it, cap * sizeof(*it));
+	int rc = cb_grow(&w->it, &w->cap, w->n, sizeof(*w->it), 1024, "base walk");
 
-		if (!it)
-			return cb_error_set(ENOMEM, "base walk: out of memory");
-		w->it = it;
-		w->cap = cap;
-	}
+	if (rc)
+		return rc;
 	memset(&w->it[w->n], 0, sizeof(w->it[w->n]));
 	w->it[w->n].path = strdup(path);
 	if (!w->it[w->n].path)

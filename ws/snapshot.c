@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "cowbox/error.h"
+#include "cowbox/grow.h"
 #include "turns_int.h"
 
 struct snap_item {
@@ -42,15 +43,8 @@ int ws_diff_add(struct cb_diff *d, const struct cb_entry *old, const struct cb_e
 		kind = CB_DIFF_MODE_CHANGED;
 	else
 		kind = CB_DIFF_MODIFIED;
-	if (d->n == d->cap) {
-		size_t cap = d->cap ? 2 * d->cap : 16;
-
-		ev = realloc(d->ev, cap * sizeof(*ev));
-		if (!ev)
-			return cb_error_set(ENOMEM, "diff: out of memory");
-		d->ev = ev;
-		d->cap = cap;
-	}
+	if ((ret = cb_grow(&d->ev, &d->cap, d->n, sizeof(*d->ev), 16, "diff")))
+		return ret;
 	ev = &d->ev[d->n];
 	memset(ev, 0, sizeof(*ev));
 	ev->kind = kind;

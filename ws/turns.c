@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cowbox/error.h"
+#include "cowbox/grow.h"
 #include "turns_int.h"
 
 int cb_turns_open(const struct cb_turns_config *cfg, struct cb_turns **out)
@@ -83,15 +84,10 @@ struct cb_db_turns *cb_turns_db(struct cb_turns *t)
 
 int ws_pathset_add(struct ws_pathset *s, const char *path, pid_t pid, const char *comm)
 {
-	if (s->n == s->cap) {
-		size_t cap = s->cap ? 2 * s->cap : 64;
-		struct ws_path *p = realloc(s->p, cap * sizeof(*p));
+	int rc = cb_grow(&s->p, &s->cap, s->n, sizeof(*s->p), 64, "path set");
 
-		if (!p)
-			return cb_error_set(ENOMEM, "path set: out of memory");
-		s->p = p;
-		s->cap = cap;
-	}
+	if (rc)
+		return rc;
 	s->p[s->n].path = strdup(path);
 	if (!s->p[s->n].path)
 		return cb_error_set(ENOMEM, "path set: out of memory");

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "cowbox/error.h"
+#include "cowbox/grow.h"
 #include "cowbox/journal.h"
 #include "cowbox/workspace.h"
 #include "ws.h"
@@ -194,15 +195,8 @@ int cb_ws_list(int (*fn)(const struct cb_ws_info *info, void *arg), void *arg)
 	while ((de = readdir(d))) {
 		if (!cb_ws_ref_syntax(de->d_name))
 			continue;
-		if (n == cap) {
-			char **grown = realloc(refs, (cap = cap ? cap * 2 : 16) * sizeof(*refs));
-
-			if (!grown) {
-				rc = cb_error_set(ENOMEM, "out of memory");
-				goto out;
-			}
-			refs = grown;
-		}
+		if ((rc = cb_grow(&refs, &cap, n, sizeof(*refs), 16, "workspace list")))
+			goto out;
 		if (!(refs[n] = strdup(de->d_name))) {
 			rc = cb_error_set(ENOMEM, "out of memory");
 			goto out;

@@ -442,6 +442,10 @@ int cb_box_read(struct cb_box *box, const char *path, void **data, size_t *len)
 	*data = NULL;
 	*len = 0;
 	snprintf(what, sizeof(what), "read %s", path ? path : "(null)");
+	/* The daemon must be up for its mount to be there: a ping boots it if needed. */
+	if ((rc = cb_box_request(box, "read", json_pack("{s:s}", "op", "ping"), NULL, NULL)) ||
+	    (rc = cb_box_direct_read(box, path, data, len)) <= 0)
+		return cb_box_finish(rc);
 	for (;;) {
 		json_t *reply = NULL;
 		void *chunk = NULL;
@@ -508,6 +512,9 @@ int cb_box_write(struct cb_box *box, const char *path, const void *data, size_t 
 	snprintf(what, sizeof(what), "write %s", path ? path : "(null)");
 	if (!path)
 		return cb_box_finish(cb_error_set(EINVAL, "write: no path"));
+	if ((rc = cb_box_request(box, "write", json_pack("{s:s}", "op", "ping"), NULL, NULL)) ||
+	    (rc = cb_box_direct_write(box, path, data, len)) <= 0)
+		return cb_box_finish(rc);
 	/* The first chunk truncates, so the rest must come after it; those are pipelined. */
 	off = len < BOX_CHUNK ? len : BOX_CHUNK;
 	rc = cb_box_request(box, what,

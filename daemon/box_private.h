@@ -4,6 +4,7 @@
 #define COWBOX_DAEMON_BOX_PRIVATE_H
 
 #include <jansson.h>
+#include <stddef.h>
 #include <sys/types.h>
 
 #include "cowbox/box.h"
@@ -36,5 +37,11 @@ int cb_box_request(struct cb_box *box, const char *what, json_t *req, json_t **r
 
 /* "KEY=VALUE" strings into a new JSON object; -EINVAL naming what for a malformed one. */
 int cb_box_env_json(const char *const *env, const char *what, json_t **out);
+
+/* read/write straight through the mount (daemon/box_direct.c) when this process sees the
+ * daemon's live mount and COWBOX_DIRECT_IO is not 0: 0 done, -errno failed with the same
+ * codes and messages as the protocol, 1 when the protocol must do it instead. */
+int cb_box_direct_read(struct cb_box *box, const char *path, void **data, size_t *len);
+int cb_box_direct_write(struct cb_box *box, const char *path, const void *data, size_t len);
 
 #endif

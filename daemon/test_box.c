@@ -117,13 +117,21 @@ Test(box, refusals_and_codes)
 	cr_assert_eq(n, 0);
 }
 
-Test(box, read_write_chunks_and_paths)
+/* Both ways files travel: through the mount (this process sees it) and over the protocol. */
+static void read_write_case(int direct)
 {
-	struct cb_box *box = create_empty();
+	const char *ln[] = {"ln", "-s", "/etc/passwd", "link", NULL};
+	struct cb_box *box;
+	struct cb_box_result r;
+	json_t *events = NULL;
+	const char *comm = NULL;
+	int turn;
 	size_t big = (3u << 20) + 17, len = 0;
 	unsigned char *data = malloc(big);
 	void *back = NULL;
 
+	setenv("COWBOX_DIRECT_IO", direct ? "1" : "0", 1);
+	box = create_empty();
 	cr_assert_not_null(data);
 	for (size_t i = 0; i < big; i++)
 		data[i] = (unsigned char)(i * 7 + i / 4096);
@@ -147,7 +155,48 @@ Test(box, read_write_chunks_and_paths)
 	cr_assert_eq(cb_box_write(box, "/etc/evil", "x", 1), -EINVAL);
 	cr_assert_str_eq(cb_box_last_code(), "invalid_path");
 	cr_assert(strstr(cb_error_message(), "/etc/evil"), "%s", cb_error_message());
+	cr_assert_eq(cb_box_run(box, ln, NULL, NULL, &r), 0, "%s", cb_error_message());
+	cb_box_result_free(&r);
+	cr_assert_eq(cb_box_read(box, "link", &back, &len), -EINVAL, "%s", cb_error_message());
+	cr_assert_str_eq(cb_box_last_code(), "invalid_path");
+	cr_assert_eq(cb_box_read(box, "d", &back, &len), -EPROTO, "%s", cb_error_message());
+	cr_assert_str_eq(cb_box_last_code(), "invalid_request");
+
+	/* Who wrote shows in the journal: this process, or the daemon on its behalf. */
+	turn = cb_box_snapshot(box, NULL, NULL);
+	cr_assert_geq(turn, 1, "%s", cb_error_message());
+	cr_assert_eq(cb_box_write(box, "attr.txt", "x", 1), 0, "%s", cb_error_message());
+	cr_assert_geq(cb_box_diff(box, turn, -1, &events), 1, "%s", cb_error_message());
+	for (size_t i = 0; i < json_array_size(events); i++)
+		if (!strcmp(json_string_value(json_object_get(json_array_get(events, i), "path"))
+				?: "",
+			    "attr.txt"))
+			comm =
+			    json_string_value(json_object_get(json_array_get(events, i), "comm"));
+	cr_assert_not_null(comm);
+	if (direct) {
+		char self[64] = "";
+		FILE *f = fopen("/proc/self/comm", "re");
+
+		cr_assert(f && fgets(self, sizeof(self), f));
+		fclose(f);
+		self[strcspn(self, "\n")] = '\0';
+		cr_assert_str_eq(comm, self, "a direct write is this process's own");
+	} else {
+		cr_assert_str_eq(comm, "cowbox", "a protocol write is the daemon's");
+	}
+	json_decref(events);
 	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
+}
+
+Test(box, read_write_through_the_mount)
+{
+	read_write_case(1);
+}
+
+Test(box, read_write_over_the_protocol)
+{
+	read_write_case(0);
 }
 
 Test(box, run_results_and_limits)

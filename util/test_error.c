@@ -1,4 +1,5 @@
-/* Unit tests for util/error.c: messages are per thread, wrapping keeps the cause. */
+/* Unit tests for util/error.c: messages are kept per thread, and wrapping a message adds
+ * context without losing the cause. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <pthread.h>

@@ -53,8 +53,10 @@ struct ws_pathset {
 	size_t n, cap;
 };
 
+/* Append a copy of path with its attribution (comm is borrowed); 0 or -ENOMEM. */
 int ws_pathset_add(struct ws_pathset *s, const char *path, pid_t pid, const char *comm);
 void ws_pathset_sort(struct ws_pathset *s);
+/* Free the copies and the array and leave the set empty, ready for reuse. */
 void ws_pathset_free(struct ws_pathset *s);
 
 /* Turn 0's entry for path (absent if the base had none): the frozen base map once the first

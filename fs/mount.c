@@ -41,6 +41,43 @@ void ov_handle_del(struct cb_overlay *ov, struct ov_handle *h)
 	pthread_mutex_unlock(&ov->handles_lock);
 }
 
+/* FUSE mounts get a strict 1% share of the dirty page budget, so random writes stall on
+ * writeback one page per request; we are a local filesystem, so lift that (root only;
+ * failures just keep the kernel default). The bdi is named by the mount's device. */
+static void ov_tune_bdi(const char *mountpoint)
+{
+	char real[PATH_MAX], line[4096], dev[64] = "", path[128], *save, *f;
+	const char *knobs[][2] = {{"strict_limit", "0"}, {"max_ratio", "50"}};
+	FILE *mi;
+	size_t i;
+	int fd;
+
+	if (!realpath(mountpoint, real) || !(mi = fopen("/proc/self/mountinfo", "re")))
+		return;
+	while (!dev[0] && fgets(line, sizeof(line), mi)) {
+		char *id = NULL, *mp = NULL;
+		for (i = 0, f = strtok_r(line, " ", &save); f && i < 5; i++) {
+			if (i == 2)
+				id = f;
+			if (i == 4)
+				mp = f;
+			f = strtok_r(NULL, " ", &save);
+		}
+		if (id && mp && strcmp(mp, real) == 0)
+			snprintf(dev, sizeof(dev), "%s", id);
+	}
+	fclose(mi);
+	for (i = 0; dev[0] && i < sizeof(knobs) / sizeof(knobs[0]); i++) {
+		snprintf(path, sizeof(path), "/sys/class/bdi/%s/%s", dev, knobs[i][0]);
+		fd = open(path, O_WRONLY | O_CLOEXEC);
+		if (fd >= 0) {
+			if (write(fd, knobs[i][1], strlen(knobs[i][1])) < 0)
+				fprintf(stderr, "cowbox fs: %s: %s\n", path, strerror(errno));
+			close(fd);
+		}
+	}
+}
+
 static void ov_init(void *userdata, struct fuse_conn_info *conn)
 {
 	(void)userdata;
@@ -187,6 +224,7 @@ int cb_overlay_mount(const struct cb_overlay_config *cfg, struct cb_overlay **ou
 		goto fail;
 	}
 	ov->mounted = 1;
+	ov_tune_bdi(cfg->mountpoint);
 	*out = ov;
 	return 0;
 fail:

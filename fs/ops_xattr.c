@@ -39,7 +39,8 @@ static void ov_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
 	ssize_t n = 0;
 	int follow, r;
 
-	if (ov_name_is_private(name)) {
+	if (ov_name_is_private(name) ||
+	    (strcmp(name, OV_CAPS_XATTR) == 0 && atomic_load(&ov_inode_get(ov, ino)->no_caps))) {
 		fuse_reply_err(req, ENODATA);
 		return;
 	}
@@ -54,6 +55,10 @@ static void ov_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
 		r = n < 0 ? -errno : 0;
 	}
 	pthread_rwlock_unlock(&ov->ns_lock);
+	/* the kernel asks for this before every write(2) to drop capabilities: remember that
+	 * there are none, so the question costs no syscall next time */
+	if (r == -ENODATA && strcmp(name, OV_CAPS_XATTR) == 0)
+		atomic_store(&ov_inode_get(ov, ino)->no_caps, 1);
 	if (r < 0)
 		fuse_reply_err(req, -r);
 	else if (size == 0)
@@ -117,6 +122,8 @@ static void ov_change_xattr(fuse_req_t req, fuse_ino_t ino, const char *name, co
 		fuse_reply_err(req, remove ? ENODATA : EPERM);
 		return;
 	}
+	if (strcmp(name, OV_CAPS_XATTR) == 0)
+		atomic_store(&in->no_caps, 0);
 	pthread_rwlock_rdlock(&ov->ns_lock);
 	r = ov_copy_up(ov, in, 1);
 	if (r == 0)

@@ -23,6 +23,7 @@ enum ov_layer {
 
 #define OV_OPAQUE_XATTR	  "trusted.overlay.opaque"
 #define OV_PRIVATE_PREFIX "trusted.overlay."
+#define OV_CAPS_XATTR	  "security.capability"
 #define OV_TIMEOUT	  86400.0
 
 struct ov_inode;
@@ -52,7 +53,8 @@ struct ov_inode {
 	struct ov_name *names;
 	_Atomic uint64_t write_gen; /* turn generation whose content change is journaled */
 	_Atomic uint64_t meta_gen;  /* same for metadata changes */
-	pthread_mutex_t lock;	    /* serializes copy-up and fd upgrades of this inode */
+	_Atomic int no_caps;  /* known to have no security.capability (asked on every write) */
+	pthread_mutex_t lock; /* serializes copy-up and fd upgrades of this inode */
 };
 
 struct ov_table {

@@ -10,7 +10,8 @@ static int check(const char *name, const char *want)
 
 	greet(name, got, sizeof(got));
 	if (strcmp(got, want)) {
-		fprintf(stderr, "greet(%s): got '%s', want '%s'\n", name ? name : "NULL", got, want);
+		fprintf(stderr, "greet(%s): got '%s', want '%s'\n", name ? name : "NULL", got,
+			want);
 		return 1;
 	}
 	return 0;

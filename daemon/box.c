@@ -47,10 +47,19 @@ int cb_box_finish(int rc)
 		int err;
 		const char *code;
 	} local[] = {
-	    {ENOENT, "not_found"},    {EINVAL, "invalid_request"},   {EBUSY, "in_use"},
-	    {ETIMEDOUT, "timeout"},   {ECONNREFUSED, "unavailable"}, {ECONNRESET, "unavailable"},
-	    {EPIPE, "unavailable"},   {EAGAIN, "unavailable"},	     {EIO, "unavailable"},
-	    {EUCLEAN, "unavailable"}, {EPROTO, "invalid_request"},
+	    {ENOENT, "not_found"},
+	    {EINVAL, "invalid_request"},
+	    {EBUSY, "in_use"},
+	    {ETIMEDOUT, "timeout"},
+	    {ECONNREFUSED, "unavailable"},
+	    {ECONNRESET, "unavailable"},
+	    {EPIPE, "unavailable"},
+	    {EAGAIN, "unavailable"},
+	    {EIO, "unavailable"},
+	    {EUCLEAN, "unavailable"},
+	    {EPROTO, "invalid_request"},
+	    {EEXIST, "in_use"},
+	    {ENOTDIR, "invalid_request"},
 	};
 
 	if (rc >= 0) {

@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
 #include <signal.h>
@@ -77,6 +78,19 @@ static void teardown(void)
 
 TestSuite(box, .init = setup, .fini = teardown, .timeout = 60);
 
+static int count_fds(void)
+{
+	struct dirent *e;
+	DIR *d = opendir("/proc/self/fd");
+	int n = 0;
+
+	cr_assert_not_null(d);
+	while ((e = readdir(d)))
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
+
 static struct cb_box *create_empty(void)
 {
 	struct cb_box_options opts = {.name = "t1"};
@@ -97,7 +111,7 @@ static int count_ws(const struct cb_ws_info *info, void *arg)
 Test(box, refusals_and_codes)
 {
 	struct cb_box_options bad = {.backend = "bogus"};
-	struct cb_box *box = NULL;
+	struct cb_box *box = NULL, *again = NULL;
 	int n = 0;
 
 	cr_assert_eq(cb_box_open("/etc", &box), -EINVAL);
@@ -115,6 +129,16 @@ Test(box, refusals_and_codes)
 	cr_assert(strstr(cb_error_message(), "bogus"), "%s", cb_error_message());
 	cb_ws_list(count_ws, &n);
 	cr_assert_eq(n, 0);
+
+	/* A taken name, a base that is no directory. */
+	box = create_empty();
+	cr_assert_eq(cb_box_create(&(struct cb_box_options){.name = "t1"}, &again), -EEXIST);
+	cr_assert_str_eq(cb_box_last_code(), "in_use");
+	cr_assert(strstr(cb_error_message(), "t1"), "%s", cb_error_message());
+	cr_assert_eq(cb_box_create(&(struct cb_box_options){.base = "/etc/passwd"}, &again),
+		     -ENOTDIR);
+	cr_assert_str_eq(cb_box_last_code(), "invalid_request");
+	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
 }
 
 /* Both ways files travel: through the mount (this process sees it) and over the protocol. */
@@ -129,6 +153,8 @@ static void read_write_case(int direct)
 	size_t big = (3u << 20) + 17, len = 0;
 	unsigned char *data = malloc(big);
 	void *back = NULL;
+
+	int fds = count_fds();
 
 	setenv("COWBOX_DIRECT_IO", direct ? "1" : "0", 1);
 	box = create_empty();
@@ -187,6 +213,7 @@ static void read_write_case(int direct)
 	}
 	json_decref(events);
 	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
+	cr_assert_eq(count_fds(), fds, "no fd is left open");
 }
 
 Test(box, read_write_through_the_mount)
@@ -278,6 +305,7 @@ static void collect(int stream, const void *data, size_t len, void *arg)
 
 Test(box, exec_streams_stdin_and_kill)
 {
+	int fds = count_fds();
 	struct cb_box *box = create_empty();
 	struct cb_box_proc *p = NULL;
 	struct collected c = {0};
@@ -311,6 +339,7 @@ Test(box, exec_streams_stdin_and_kill)
 	cb_box_result_free(&r);
 	cb_box_proc_free(p);
 	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
+	cr_assert_eq(count_fds(), fds, "no fd is left open");
 }
 
 Test(box, turns_fork_close_reopen)

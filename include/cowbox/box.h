@@ -16,12 +16,14 @@
  *   code              errno       when
  *   not_found         ENOENT      no such workspace, file, binary or running command
  *   invalid_path      EINVAL      a path leaving the workspace root (absolute, .., symlink out)
- *   in_use            EBUSY       a name taken, a workspace mounted elsewhere, configure twice
+ *   in_use            EBUSY       a workspace mounted elsewhere, configure twice
+ *                     EEXIST      create: the name is taken
  *   unavailable       EAGAIN      the daemon or backend cannot start or went away
  *   timeout           ETIMEDOUT   a strict run timed out; a hook or setup script did
  *   output_limit      EFBIG       a strict run passed its output cap
  *   invalid_request   EPROTO      bad options or arguments (also local checks: EINVAL
- *                                 before anything was sent reports invalid_request)
+ *                                 before anything was sent reports invalid_request, and
+ *                                 ENOTDIR for a base that is not a directory)
  *
  * Failures that are not the daemon's (fork, connect, out of memory) report the code
  * "unavailable" (connect/start) or "" (anything else).

@@ -4,6 +4,10 @@ cowbox_SOURCES = cli/main.c cli/commands.h
 # Each command group adds its file below.
 cowbox_SOURCES += cli/cmd_common.h cli/cmd_common.c cli/cmd_workspace.c cli/cmd_mount.c
 cowbox_SOURCES += cli/cmd_exec.c
-cowbox_LDADD = libcowbox.la $(DEPS_LIBS)
+# The layers linked in (highest first, as a static link resolves), not libcowbox.so, and the
+# heavy libraries statically when configure found their archives (COWBOX_BIN_DEPS): loading
+# and relocating them was most of the binary's start (see docs/performance.md, Exec).
+cowbox_LDADD = daemon/libcb_daemon.la backends/libcb_backends.la exec/libcb_exec.la \
+	ws/libcb_ws.la fs/libcb_fs.la db/libcb_db.la util/libcb_util.la $(COWBOX_BIN_DEPS)
 cowbox_SOURCES += cli/cmd_turns.c
 dist_man_MANS += man/cowbox.1

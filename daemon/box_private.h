@@ -38,6 +38,14 @@ int cb_box_request(struct cb_box *box, const char *what, json_t *req, json_t **r
 /* "KEY=VALUE" strings into a new JSON object; -EINVAL naming what for a malformed one. */
 int cb_box_env_json(const char *const *env, const char *what, json_t **out);
 
+/* The request fields run and exec share (op, cmd or shell, env, cwd, timeout, output_limit)
+ * into a new *out; -EINVAL naming what is wrong with argv/shell/env. */
+int cb_box_command_json(const char *op, const char *const *argv, const char *shell,
+			const struct cb_box_run_options *o, json_t **out);
+
+/* Fill res (zeroed first) from an exec/run reply or a strict error's result. */
+int cb_box_result_fill(json_t *msg, struct cb_box_result *res);
+
 /* read/write straight through the mount (daemon/box_direct.c) when this process sees the
  * daemon's live mount and COWBOX_DIRECT_IO is not 0: 0 done, -errno failed with the same
  * codes and messages as the protocol, 1 when the protocol must do it instead. */

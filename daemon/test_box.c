@@ -303,6 +303,21 @@ static void collect(int stream, const void *data, size_t len, void *arg)
 	c->chunks++;
 }
 
+struct counted {
+	size_t bytes;
+	unsigned long sum;
+};
+
+static void count_bytes(int stream, const void *data, size_t len, void *arg)
+{
+	struct counted *c = arg;
+
+	cr_assert_eq(stream, 1);
+	c->bytes += len;
+	for (size_t i = 0; i < len; i++)
+		c->sum += ((const unsigned char *)data)[i];
+}
+
 Test(box, exec_streams_stdin_and_kill)
 {
 	int fds = count_fds();
@@ -327,6 +342,30 @@ Test(box, exec_streams_stdin_and_kill)
 	cr_assert_eq(r.exit_code, 0);
 	cr_assert_str_eq(c.out, "out:a\nout:b\n");
 	cr_assert_str_eq(c.err, "err:a\nerr:b\n");
+	cb_box_result_free(&r);
+	cb_box_proc_free(p);
+
+	/* A command echoing a large input: feeding it must keep taking its output. */
+	size_t big = 4u << 20;
+	char *in = malloc(big);
+	struct counted cnt = {0, 0};
+
+	cr_assert_not_null(in);
+	for (size_t i = 0; i < big; i++)
+		in[i] = (char)('a' + i % 26);
+	cr_assert_eq(cb_box_exec(box, (const char *[]){"cat", NULL}, NULL, NULL, &p), 0, "%s",
+		     cb_error_message());
+	cr_assert_eq(cb_box_proc_write(p, in, big), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_box_proc_close_stdin(p), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_box_proc_poll(p, 30000, count_bytes, &cnt, &r), 1, "%s",
+		     cb_error_message());
+	cr_assert_eq(r.exit_code, 0);
+	cr_assert_eq(cnt.bytes, big);
+	unsigned long want = 0;
+	for (size_t i = 0; i < big; i++)
+		want += (unsigned char)in[i];
+	cr_assert_eq(cnt.sum, want);
+	free(in);
 	cb_box_result_free(&r);
 	cb_box_proc_free(p);
 

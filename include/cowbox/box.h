@@ -119,9 +119,9 @@ int cb_box_exec(struct cb_box *box, const char *const *argv, const char *shell,
 /* Called with each chunk of output, stream 1 (stdout) or 2 (stderr), in order. */
 typedef void (*cb_box_output_fn)(int stream, const void *data, size_t len, void *arg);
 
-/* Feed the command's stdin (sent in chunks of at most 1 MiB). A write is not flow-controlled
- * against output: a command that writes much while being fed much needs cb_box_proc_poll
- * between writes. */
+/* Feed the command's stdin (frames of at most 1 MiB). While the daemon cannot take more,
+ * the output that arrives is kept for the next cb_box_proc_poll, so a command that writes
+ * as much as it is fed cannot stall the write. */
 int cb_box_proc_write(struct cb_box_proc *p, const void *data, size_t len);
 
 /* End of file on the command's stdin. */

@@ -111,11 +111,13 @@ static int box_connect(struct cb_box *box)
 	return 0;
 }
 
-/* Wait for the final reply to id on c, skipping stream frames and others' replies. */
-static int box_wait_reply(struct cb_client *c, long long id, const char *what, json_t **reply,
-			  json_t **result)
+/* Wait for the final reply to one of the n ids on c (replies may come in any order), skipping
+ * stream frames and others' replies; *which (may be NULL) is the index of the one answered. */
+static int box_wait_reply(struct cb_client *c, const long long *ids, size_t n, size_t *which,
+			  const char *what, json_t **reply, json_t **result)
 {
 	json_t *msg;
+	size_t k;
 	int rc;
 
 	for (;;) {
@@ -123,11 +125,14 @@ static int box_wait_reply(struct cb_client *c, long long id, const char *what, j
 			cb_box_set_code("unavailable");
 			return cb_error_wrap(rc, "%s", what);
 		}
-		if (json_integer_value(json_object_get(msg, "id")) != id ||
-		    json_object_get(msg, "stream")) {
+		for (k = 0; k < n && json_integer_value(json_object_get(msg, "id")) != ids[k]; k++)
+			;
+		if (k == n || json_object_get(msg, "stream")) {
 			json_decref(msg);
 			continue;
 		}
+		if (which)
+			*which = k;
 		if (json_object_get(msg, "error")) {
 			rc = cb_box_reply_error(what, msg, result);
 			json_decref(msg);
@@ -159,7 +164,7 @@ int cb_box_request(struct cb_box *box, const char *what, json_t *req, json_t **r
 		json_object_del(req, "id");
 		rc = cb_client_send(box->client, json_incref(req), &id);
 		if (rc == 0)
-			rc = box_wait_reply(box->client, id, what, reply, result);
+			rc = box_wait_reply(box->client, &id, 1, NULL, what, reply, result);
 		if (rc != -EPIPE && rc != -ECONNRESET)
 			break;
 		cb_client_close(box->client);
@@ -514,7 +519,7 @@ int cb_box_write(struct cb_box *box, const char *path, const void *data, size_t 
 {
 	char what[4200];
 	long long ids[BOX_WINDOW];
-	size_t off, inflight = 0, head = 0;
+	size_t off, inflight = 0, done;
 	int rc;
 
 	cb_box_set_code("");
@@ -534,15 +539,14 @@ int cb_box_write(struct cb_box *box, const char *path, const void *data, size_t 
 		if (off < len && inflight < BOX_WINDOW) {
 			size_t n = len - off < BOX_CHUNK ? len - off : BOX_CHUNK;
 
-			rc = write_send(box, path, what, data, off, n,
-					&ids[(head + inflight) % BOX_WINDOW]);
+			rc = write_send(box, path, what, data, off, n, &ids[inflight]);
 			inflight++;
 			off += n;
 			continue;
 		}
-		rc = box_wait_reply(box->client, ids[head], what, NULL, NULL);
-		head = (head + 1) % BOX_WINDOW;
-		inflight--;
+		rc = box_wait_reply(box->client, ids, inflight, &done, what, NULL, NULL);
+		if (!rc)
+			ids[done] = ids[--inflight];
 	}
 	if (rc && inflight) {
 		/* The connection is out of step with its replies: start afresh next time. */

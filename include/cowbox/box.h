@@ -7,6 +7,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /*
  * Errors. Every function returns 0 (or a count / turn number) on success and -errno on
  * failure, with a message in cb_error_message() (include/cowbox/error.h) that names what
@@ -180,5 +184,9 @@ void cb_box_detach(struct cb_box *box);
 /* Run the on_destroy hooks, remove the backend's resources and delete the workspace. A
  * well-formed ref (or a name) that no longer exists returns 0 quietly. */
 int cb_box_destroy(const char *ref_or_name);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -163,14 +163,20 @@ int cb_box_request(struct cb_box *box, const char *what, json_t *req, json_t **r
 			break;
 		json_object_del(req, "id");
 		rc = cb_client_send(box->client, json_incref(req), &id);
-		if (rc == 0)
+		if (rc == 0) {
+			/* Sent: a daemon dying now may have done it, so it is not sent again. */
 			rc = box_wait_reply(box->client, &id, 1, NULL, what, reply, result);
-		if (rc != -EPIPE && rc != -ECONNRESET)
+			if (rc == -ECONNRESET) {
+				cb_client_close(box->client);
+				box->client = NULL;
+			}
 			break;
+		}
 		cb_client_close(box->client);
 		box->client = NULL;
-		if (attempt == 0)
-			cb_box_set_code("");
+		if (rc != -EPIPE && rc != -ECONNRESET)
+			break;
+		cb_box_set_code("");
 	}
 	json_decref(req);
 	return rc;

@@ -30,8 +30,9 @@ int cb_box_finish(int rc);
 int cb_box_reply_error(const char *what, json_t *msg, json_t **result);
 
 /* Send req (consumed) over box's connection, booting the daemon if needed and retrying
- * once on a fresh one if the old daemon has gone; *reply is the final reply, and on an
- * error reply *result its "result" (both may be NULL). */
+ * once on a fresh one if the old daemon had gone before the send (never after: it may have
+ * acted); *reply is the final reply, and on an error reply *result its "result" (both may
+ * be NULL). */
 int cb_box_request(struct cb_box *box, const char *what, json_t *req, json_t **reply,
 		   json_t **result);
 

@@ -436,12 +436,24 @@ Test(box, turns_fork_close_reopen)
 Test(box, local_backend_workdir_is_the_mount)
 {
 	const char *env[] = {"FROM_OPTIONS=yes", NULL};
-	struct cb_box_options opts = {.backend = "local", .env = env, .working_dir = "w"};
+	char hook[4300], marker[4200], ref[64];
+	const char *on_create[] = {"echo made > made_by_hook", NULL};
+	const char *on_destroy[] = {hook, NULL};
+	struct cb_box_options opts = {.backend = "local",
+				      .env = env,
+				      .working_dir = "w",
+				      .on_create = on_create,
+				      .on_destroy = on_destroy};
 	struct cb_box_result r;
 	struct cb_box *box = NULL;
 	char want[4200];
+	void *data = NULL;
+	size_t len;
 
+	snprintf(marker, sizeof(marker), "%s/destroyed", home);
+	snprintf(hook, sizeof(hook), "touch %s", marker);
 	cr_assert_eq(cb_box_create(&opts, &box), 0, "%s", cb_error_message());
+	snprintf(ref, sizeof(ref), "%s", cb_box_ref(box));
 	snprintf(want, sizeof(want), "%s/w", cb_box_mountpoint(box));
 	cr_assert_str_eq(cb_box_workdir(box), want);
 	cr_assert_eq(cb_box_run(box, NULL, "echo \"$(pwd) $FROM_OPTIONS\"", NULL, &r), 0, "%s",
@@ -449,7 +461,14 @@ Test(box, local_backend_workdir_is_the_mount)
 	snprintf(want, sizeof(want), "%s/w yes\n", cb_box_mountpoint(box));
 	cr_assert_str_eq(r.out, want);
 	cb_box_result_free(&r);
+	/* The hooks ran when the backend booted (in working_dir) and run on destroy. */
+	cr_assert_eq(cb_box_read(box, "w/made_by_hook", &data, &len), 0, "%s", cb_error_message());
+	cr_assert_str_eq(data, "made\n");
+	free(data);
 	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
+	cr_assert_neq(access(marker, F_OK), 0);
+	cr_assert_eq(cb_box_destroy(ref), 0, "%s", cb_error_message());
+	cr_assert_eq(access(marker, F_OK), 0, "the on_destroy hook ran");
 }
 
 Test(box, a_killed_daemon_comes_back)

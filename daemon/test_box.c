@@ -6,11 +6,13 @@
 #include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cowbox/box.h"
@@ -494,4 +496,53 @@ Test(box, a_killed_daemon_comes_back)
 	free(mnt);
 	cr_assert_gt(pid, 0);
 	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
+}
+
+struct runner {
+	struct cb_box *box;
+	int rc;
+	char out[64], code[32];
+};
+
+static void *run_sleeper(void *arg)
+{
+	struct runner *t = arg;
+	struct cb_box_result r;
+	void *data = NULL;
+	size_t len;
+
+	t->rc = cb_box_run(t->box, NULL, "sleep 1; echo done", NULL, &r);
+	if (!t->rc)
+		snprintf(t->out, sizeof(t->out), "%s", r.out);
+	cb_box_result_free(&r);
+	/* Each thread keeps its own last code. */
+	if (cb_box_read(t->box, "nothing-here", &data, &len) == -ENOENT)
+		snprintf(t->code, sizeof(t->code), "%s", cb_box_last_code());
+	return NULL;
+}
+
+Test(box, two_boxes_run_concurrently)
+{
+	struct runner a = {.box = create_empty()}, b = {0};
+	struct timespec t0, t1;
+	pthread_t ta, tb;
+	double secs;
+
+	cr_assert_eq(cb_box_open(cb_box_ref(a.box), &b.box), 0, "%s", cb_error_message());
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	cr_assert_eq(pthread_create(&ta, NULL, run_sleeper, &a), 0);
+	cr_assert_eq(pthread_create(&tb, NULL, run_sleeper, &b), 0);
+	pthread_join(ta, NULL);
+	pthread_join(tb, NULL);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+	cr_assert_eq(a.rc, 0);
+	cr_assert_eq(b.rc, 0);
+	cr_assert_str_eq(a.out, "done\n");
+	cr_assert_str_eq(b.out, "done\n");
+	cr_assert_str_eq(a.code, "not_found");
+	cr_assert_str_eq(b.code, "not_found");
+	cr_assert_lt(secs, 1.9, "two 1 s commands took %.2f s: they did not overlap", secs);
+	cb_box_detach(b.box);
+	cr_assert_eq(cb_box_close(a.box), 0, "%s", cb_error_message());
 }

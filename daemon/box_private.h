@@ -36,6 +36,16 @@ int cb_box_reply_error(const char *what, json_t *msg, json_t **result);
 int cb_box_request(struct cb_box *box, const char *what, json_t *req, json_t **reply,
 		   json_t **result);
 
+/* Wait for the final reply to one of the n ids on c (replies may come in any order), skipping
+ * stream frames and others' replies; *which (may be NULL) is the index of the one answered. */
+int cb_box_wait_reply(struct cb_client *c, const long long *ids, size_t n, size_t *which,
+		      const char *what, json_t **reply, json_t **result);
+
+/* Attach *out to ref, configuring a fresh workspace with options (consumed; NULL: attach
+ * as it is). *pid (may be NULL) is the daemon's pid, also on failure, so that the caller
+ * can reap it. */
+int cb_box_attach(const char *ref, json_t *options, struct cb_box **out, pid_t *pid);
+
 /* "KEY=VALUE" strings into a new JSON object; -EINVAL naming what for a malformed one. */
 int cb_box_env_json(const char *const *env, const char *what, json_t **out);
 

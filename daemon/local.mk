@@ -23,7 +23,7 @@ daemon_libcb_daemon_la_SOURCES += daemon/api.h daemon/api_util.c daemon/ops_api.
 	daemon/ops_files.c
 # box: libcowbox's high-level C API (include/cowbox/box.h) over the client (issue 5)
 daemon_libcb_daemon_la_SOURCES += daemon/box_private.h daemon/box.c daemon/box_run.c \
-	daemon/box_proc.c daemon/box_direct.c
+	daemon/box_ops.c daemon/box_proc.c daemon/box_direct.c
 pkginclude_HEADERS += include/cowbox/box.h
 check_PROGRAMS += daemon/test_box
 TESTS += daemon/test_box

@@ -164,10 +164,9 @@ static void api_on_close(void *obj)
 	pthread_mutex_unlock(&running_lock);
 }
 
-/* Unlisted, and no stdin writer or killer still uses the handle. */
-static void running_remove(struct api_exec *e)
+/* Take e off the running list and wait until no stdin or kill request still uses it. */
+static void running_unlink(struct api_exec *e)
 {
-	cb_daemon_conn_detach(e->conn, e->id);
 	pthread_mutex_lock(&running_lock);
 	for (struct api_exec **p = &running; *p; p = &(*p)->next)
 		if (*p == e) {
@@ -178,6 +177,13 @@ static void running_remove(struct api_exec *e)
 		pthread_cond_wait(&running_cond, &running_lock);
 	pthread_cond_broadcast(&running_cond);
 	pthread_mutex_unlock(&running_lock);
+}
+
+/* Unlisted, and no stdin writer or killer still uses the handle. */
+static void running_remove(struct api_exec *e)
+{
+	cb_daemon_conn_detach(e->conn, e->id);
+	running_unlink(e);
 }
 
 static void *api_exec_main(void *arg)
@@ -276,7 +282,7 @@ static int api_start(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *r
 	json_t *id = json_object_get(req, "id");
 	pthread_attr_t attr;
 	pthread_t t;
-	int rc, busy;
+	int rc, busy, listed = 0;
 
 	if (!e)
 		return cb_error_set(ENOMEM, "exec: out of memory");
@@ -284,10 +290,8 @@ static int api_start(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *r
 	e->stream = stream;
 	e->strict = json_is_true(json_object_get(req, "strict"));
 	e->id = json_incref(id);
-	if ((rc = cmd_parse(req, e)) < 0) {
-		api_exec_free(e);
-		return rc;
-	}
+	if ((rc = cmd_parse(req, e)) < 0)
+		goto fail;
 	e->conn = cb_daemon_conn_ref(conn);
 	pthread_mutex_lock(&running_lock);
 	busy = running_find(conn, id) != NULL;
@@ -297,32 +301,32 @@ static int api_start(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *r
 	}
 	pthread_mutex_unlock(&running_lock);
 	if (busy) {
-		api_exec_free(e);
-		return cb_error_set(EBUSY, "a command with this id is still running");
+		rc = cb_error_set(EBUSY, "a command with this id is still running");
+		goto fail;
 	}
+	listed = 1;
 	/* Only to hear of a hang-up: stdin and kill use this file's own table, since a stdin
 	 * write may block, which the connection's request lock must not. */
 	if ((rc = cb_daemon_conn_attach(conn, id, e, api_on_close)) < 0) {
-		pthread_mutex_lock(&running_lock);
-		for (struct api_exec **p = &running; *p; p = &(*p)->next)
-			if (*p == e) {
-				*p = e->next;
-				break;
-			}
-		pthread_mutex_unlock(&running_lock);
-		api_exec_free(e);
-		return rc == -EEXIST ? cb_error_set(EBUSY, "%s", cb_error_message()) : rc;
+		if (rc == -EEXIST)
+			rc = -EBUSY; /* the attach's message says which id */
+		goto fail;
 	}
 	pthread_attr_init(&attr);
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
 	rc = pthread_create(&t, &attr, api_exec_main, e);
 	pthread_attr_destroy(&attr);
 	if (rc) {
-		running_remove(e);
-		api_exec_free(e);
-		return cb_error_set(rc, "exec thread: %s", strerror(rc));
+		cb_daemon_conn_detach(conn, id);
+		rc = cb_error_set(rc, "exec thread: %s", strerror(rc));
+		goto fail;
 	}
 	return 0;
+fail:
+	if (listed)
+		running_unlink(e);
+	api_exec_free(e);
+	return rc;
 }
 
 static int op_exec(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)

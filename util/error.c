@@ -13,14 +13,17 @@
 
 static _Thread_local char cb_error_buf[CB_ERROR_MAX];
 
-/* Format into the thread's buffer; a too-long message is cut, never overflowed. */
+/* Format in a scratch buffer, then keep it: an argument may be the current message itself
+ * (cb_error_set(e, "%s", cb_error_message())). A too-long message is cut, never overflowed. */
 int cb_error_set(int err, const char *fmt, ...)
 {
+	char msg[CB_ERROR_MAX];
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(cb_error_buf, sizeof(cb_error_buf), fmt, ap);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
+	memcpy(cb_error_buf, msg, sizeof(cb_error_buf));
 	return err > 0 ? -err : err;
 }
 

@@ -14,6 +14,13 @@ Test(error, set_returns_negative_errno)
 	cr_assert_eq(cb_error_set(-EINVAL, "bad"), -EINVAL);
 }
 
+Test(error, set_may_quote_the_current_message)
+{
+	cb_error_set(EEXIST, "request 7 is already running");
+	cr_assert_eq(cb_error_set(EBUSY, "exec: %s", cb_error_message()), -EBUSY);
+	cr_assert_str_eq(cb_error_message(), "exec: request 7 is already running");
+}
+
 Test(error, wrap_keeps_cause)
 {
 	cb_error_set(EACCES, "open meta.db: Permission denied");

@@ -35,6 +35,8 @@ void ws_known_clear(struct cb_turns *t);
 int ws_open_beneath(int dirfd, const char *path, int flags, mode_t mode);
 /* The directory holding path, as an O_PATH fd; *name is path's last component. */
 int ws_parent_beneath(int dirfd, const char *path, const char **name);
+/* lstat and chmod of path itself, never through a symlink (a symlink put in its place
+ * meanwhile is not followed); -errno, no message, like ws_open_beneath. */
 int ws_lstat_beneath(int dirfd, const char *path, struct stat *st);
 int ws_chmod_beneath(int dirfd, const char *path, mode_t mode);
 /* 1 for the errors that mean "no such path in the tree" (ENOENT, ENOTDIR, ELOOP, EXDEV). */

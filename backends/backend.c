@@ -382,10 +382,7 @@ int cb_backend_env(const struct cb_backend *b, char *const *extra, char ***out)
 	for (size_t i = 0; extra && extra[i]; i++)
 		cap++;
 	env = calloc(cap + 1, sizeof(*env));
-	if (!env) {
-		cb_exec_env_free(host);
-		return cb_error_set(ENOMEM, "environment: out of memory");
-	}
+	rc = env ? 0 : -ENOMEM;
 	for (size_t i = 0; !rc && host && host[i]; i++)
 		rc = env_put(env, &n, host[i]);
 	for (size_t i = 0; !rc && !host && base[i]; i++)

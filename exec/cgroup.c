@@ -347,6 +347,11 @@ int cb_cgroup_host_create(struct cb_cgroup **out)
 	static unsigned counter;
 	char dir[2400];
 	*out = NULL;
+	/* COWBOX_EXEC_CGROUP=0 keeps host commands out of cgroups (the tests exercise the
+	 * /proc-walk kill with it, as on hosts without a writable v2 hierarchy) */
+	const char *use = getenv("COWBOX_EXEC_CGROUP");
+	if (use && !strcmp(use, "0"))
+		return 0;
 	pthread_once(&once, find_host_base);
 	if (!host_base[0])
 		return 0;

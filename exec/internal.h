@@ -72,6 +72,18 @@ struct cb_exec_plan {
  * kills to the whole tree, reap everything. Never returns. */
 _Noreturn void cb_exec_shim_main(const struct cb_exec_plan *p);
 
+/* Append s (or v in decimal) to buf at off, NUL-terminated within cap; the new length.
+ * Async-signal-safe string building for code that runs after clone. */
+size_t cb_exec_cat(char *buf, size_t off, size_t cap, const char *s);
+size_t cb_exec_cat_uint(char *buf, size_t off, size_t cap, unsigned long v);
+
+/* Shim, on the host: send sig to every process of the command's tree at once, so that none
+ * escapes by being reparented while the signal goes out. group (the command's v2 cgroup
+ * directory, or -1): cgroup.kill, or freeze, signal each member, thaw; without a group the
+ * tree is stopped (SIGSTOP, walked until complete) before the signal and continued after.
+ * SIGKILL without a group is one walk: callers repeat it until nothing is left. */
+void cb_exec_tree_signal(int group, int sig);
+
 /* Send a CB_MSG_ERROR datagram "what: strerror(err)" on fd; async-signal-safe. */
 void cb_exec_child_error(int fd, const char *what, const char *detail, int err);
 

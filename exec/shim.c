@@ -30,7 +30,7 @@ static const char *errtext(int err)
 	return d ? d : "unknown error";
 }
 
-static size_t cat(char *buf, size_t off, size_t cap, const char *s)
+size_t cb_exec_cat(char *buf, size_t off, size_t cap, const char *s)
 {
 	while (*s && off + 1 < cap)
 		buf[off++] = *s++;
@@ -38,7 +38,7 @@ static size_t cat(char *buf, size_t off, size_t cap, const char *s)
 	return off;
 }
 
-static size_t cat_uint(char *buf, size_t off, size_t cap, unsigned long v)
+size_t cb_exec_cat_uint(char *buf, size_t off, size_t cap, unsigned long v)
 {
 	char tmp[24];
 	int i = 0;
@@ -57,14 +57,14 @@ void cb_exec_child_error(int fd, const char *what, const char *detail, int err)
 	char msg[512];
 	size_t n = 0;
 	msg[n++] = CB_MSG_ERROR;
-	n = cat(msg, n, sizeof msg, what);
+	n = cb_exec_cat(msg, n, sizeof msg, what);
 	if (detail) {
-		n = cat(msg, n, sizeof msg, " ");
-		n = cat(msg, n, sizeof msg, detail);
+		n = cb_exec_cat(msg, n, sizeof msg, " ");
+		n = cb_exec_cat(msg, n, sizeof msg, detail);
 	}
 	if (err) {
-		n = cat(msg, n, sizeof msg, ": ");
-		n = cat(msg, n, sizeof msg, errtext(err));
+		n = cb_exec_cat(msg, n, sizeof msg, ": ");
+		n = cb_exec_cat(msg, n, sizeof msg, errtext(err));
 	}
 	(void)!send(fd, msg, n, MSG_NOSIGNAL);
 }
@@ -116,7 +116,7 @@ static void exec_program(const struct cb_exec_plan *p)
 					full[n++] = '.';
 				full[n++] = '/';
 				full[n] = 0;
-				cat(full, n, sizeof full, prog);
+				cb_exec_cat(full, n, sizeof full, prog);
 				execve(full, p->argv, p->envp);
 				if (errno == EACCES)
 					saw_eacces = 1;
@@ -129,12 +129,12 @@ static void exec_program(const struct cb_exec_plan *p)
 			err = EACCES;
 	}
 	char msg[600];
-	size_t n = cat(msg, 0, sizeof msg, "cowbox: ");
-	n = cat(msg, n, sizeof msg, prog);
-	n = cat(msg, n, sizeof msg, err == ENOENT ? ": command not found\n" : ": ");
+	size_t n = cb_exec_cat(msg, 0, sizeof msg, "cowbox: ");
+	n = cb_exec_cat(msg, n, sizeof msg, prog);
+	n = cb_exec_cat(msg, n, sizeof msg, err == ENOENT ? ": command not found\n" : ": ");
 	if (err != ENOENT) {
-		n = cat(msg, n, sizeof msg, errtext(err));
-		cat(msg, n, sizeof msg, "\n");
+		n = cb_exec_cat(msg, n, sizeof msg, errtext(err));
+		cb_exec_cat(msg, n, sizeof msg, "\n");
 	}
 	write_str(2, msg);
 	_exit(err == ENOENT ? 127 : 126);
@@ -199,153 +199,12 @@ static int command_child_entry(void *arg)
 	command_child(arg);
 }
 
-/* Host tree walk: signal every descendant of this process, found through the children
- * lists in /proc (the shim is single-threaded, so its own list is complete). Returns how
- * many were signalled. Bounded by a stack array: a later round catches the rest. */
-static int signal_descendants(int sig)
-{
-	pid_t queue[2048];
-	size_t head = 0, tail = 0;
-	int count = 0;
-	queue[tail++] = getpid();
-	while (head < tail) {
-		pid_t pid = queue[head++];
-		char dir[64];
-		size_t n = cat(dir, 0, sizeof dir, "/proc/");
-		n = cat_uint(dir, n, sizeof dir, (unsigned long)pid);
-		cat(dir, n, sizeof dir, "/task");
-		int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		if (dfd < 0)
-			continue;
-		char dents[4096];
-		long got;
-		while ((got = syscall(SYS_getdents64, dfd, dents, sizeof dents)) > 0) {
-			for (long off = 0; off < got;) {
-				struct {
-					unsigned long long ino;
-					long long off;
-					unsigned short reclen;
-					unsigned char type;
-					char name[];
-				} *d = (void *)(dents + off);
-				off += d->reclen;
-				if (d->name[0] == '.')
-					continue;
-				char path[128], buf[4096];
-				size_t m = cat(path, 0, sizeof path, dir);
-				m = cat(path, m, sizeof path, "/");
-				m = cat(path, m, sizeof path, d->name);
-				cat(path, m, sizeof path, "/children");
-				int cfd = open(path, O_RDONLY | O_CLOEXEC);
-				if (cfd < 0)
-					continue;
-				ssize_t r = read(cfd, buf, sizeof buf - 1);
-				close(cfd);
-				if (r <= 0)
-					continue;
-				buf[r] = 0;
-				for (char *s = buf; *s;) {
-					unsigned long v = 0;
-					while (*s == ' ' || *s == '\n')
-						s++;
-					if (!*s)
-						break;
-					while (*s >= '0' && *s <= '9')
-						v = v * 10 + (unsigned long)(*s++ - '0');
-					if (v && tail < sizeof queue / sizeof queue[0]) {
-						queue[tail++] = (pid_t)v;
-						kill((pid_t)v, sig);
-						count++;
-					}
-					while (*s && *s != ' ' && *s != '\n')
-						s++;
-				}
-			}
-		}
-		close(dfd);
-	}
-	return count;
-}
-
-static int group_write(int group, const char *file, const char *value)
-{
-	int fd = openat(group, file, O_WRONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -1;
-	ssize_t n = write(fd, value, strlen(value));
-	close(fd);
-	return n < 0 ? -1 : 0;
-}
-
-/* 1 once every process of the group is frozen ("frozen 1" in cgroup.events). */
-static int group_frozen(int group)
-{
-	char buf[256];
-	int fd = openat(group, "cgroup.events", O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return 0;
-	ssize_t n = read(fd, buf, sizeof buf - 1);
-	close(fd);
-	if (n <= 0)
-		return 0;
-	buf[n] = 0;
-	const char *f = strstr(buf, "frozen ");
-	return f && f[7] == '1';
-}
-
-/* Send sig to every process listed in the group's cgroup.procs. */
-static void group_signal_members(int group, int sig)
-{
-	int fd = openat(group, "cgroup.procs", O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return;
-	char buf[4096];
-	unsigned long v = 0;
-	int digits = 0;
-	ssize_t n;
-	while ((n = read(fd, buf, sizeof buf)) > 0)
-		for (ssize_t i = 0; i < n; i++) {
-			if (buf[i] >= '0' && buf[i] <= '9') {
-				v = v * 10 + (unsigned long)(buf[i] - '0');
-				digits = 1;
-			} else {
-				if (digits && v)
-					kill((pid_t)v, sig);
-				v = 0;
-				digits = 0;
-			}
-		}
-	if (digits && v)
-		kill((pid_t)v, sig);
-	close(fd);
-}
-
-/* The whole host group at once: SIGKILL through cgroup.kill; another signal by freezing the
- * group (nobody forks or exits meanwhile, so the member list is complete), signalling each
- * member, thawing. A member stuck in the kernel may keep the freeze from completing: after
- * 100 ms we signal what is listed anyway. */
-static void group_signal(int group, int sig)
-{
-	if (sig == SIGKILL && group_write(group, "cgroup.kill", "1") == 0)
-		return;
-	int frozen = group_write(group, "cgroup.freeze", "1") == 0;
-	for (int i = 0; frozen && i < 1000 && !group_frozen(group); i++) {
-		struct timespec ts = {0, 100000};
-		nanosleep(&ts, NULL);
-	}
-	group_signal_members(group, sig);
-	if (frozen)
-		group_write(group, "cgroup.freeze", "0");
-}
-
 static void signal_tree(const struct cb_exec_plan *p, int sig)
 {
 	if (p->ns)
 		kill(-1, sig); /* pid 1 of the namespace: every other process in it */
-	else if (p->group >= 0)
-		group_signal(p->group, sig);
 	else
-		signal_descendants(sig);
+		cb_exec_tree_signal(p->group, sig);
 }
 
 static void send_status(int ctl, int status)
@@ -381,9 +240,7 @@ static _Noreturn void finish(const struct cb_exec_plan *p, pid_t cmd, int *cmd_d
 	/* Bounded: a process stuck in the kernel (a hung FUSE read) must not hang the caller;
 	 * after 10 s what is left goes to our parent to reap. */
 	for (int round = 0; round < 10000; round++) {
-		if (p->group >= 0)
-			group_signal(p->group, SIGKILL);
-		signal_descendants(SIGKILL); /* also what is outside the group: none, normally */
+		cb_exec_tree_signal(p->group, SIGKILL);
 		if (reap(cmd, p->ctl, cmd_done))
 			_exit(0);
 		struct timespec ts = {0, 1000000};
@@ -428,8 +285,8 @@ static int sandbox_pty(const struct cb_exec_plan *p)
 		return -1;
 	}
 	char path[64];
-	size_t len = cat(path, 0, sizeof path, "/dev/pts/");
-	cat_uint(path, len, sizeof path, (unsigned long)n);
+	size_t len = cb_exec_cat(path, 0, sizeof path, "/dev/pts/");
+	cb_exec_cat_uint(path, len, sizeof path, (unsigned long)n);
 	int slave = open(path, O_RDWR | O_NOCTTY | O_CLOEXEC);
 	if (slave < 0) {
 		cb_exec_child_error(p->ctl, "open", path, errno);

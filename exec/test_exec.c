@@ -299,7 +299,7 @@ static double seconds_since(const struct timespec *t0)
 /* The parent dies of the SIGTERM while its child (another session, ignoring SIGTERM, holding
  * stdout) is reparented to the supervisor: the timeout must still end it at once, not after
  * the 2 s drain nor the 5 s grace. */
-Test(exec, timeout_kills_the_orphan_of_a_parent_dying_on_sigterm)
+static void orphan_of_a_parent_dying_on_sigterm(void)
 {
 	char pidfile[] = "/tmp/cb-exec-test-XXXXXX";
 	int fd = mkstemp(pidfile);
@@ -343,7 +343,7 @@ static void *term_when_ready(void *arg)
 /* A chain of sixteen shells, each in its own session and each dying on SIGTERM: every level
  * the kill reaches orphans the one below it. One SIGTERM must reach all of them at once
  * (no one waits for the drain), which a walk of the parent links cannot promise. */
-Test(exec, sigterm_reaches_every_level_of_a_dying_chain)
+static void sigterm_through_a_dying_chain(void)
 {
 	char pidfile[] = "/tmp/cb-exec-test-XXXXXX";
 	int fd = mkstemp(pidfile);
@@ -383,4 +383,28 @@ Test(exec, sigterm_reaches_every_level_of_a_dying_chain)
 	cr_expect_eq(n, 16);
 	cb_exec_result_free(&r);
 	cb_exec_free(h);
+}
+
+Test(exec, timeout_kills_the_orphan_of_a_parent_dying_on_sigterm)
+{
+	orphan_of_a_parent_dying_on_sigterm();
+}
+
+Test(exec, sigterm_reaches_every_level_of_a_dying_chain)
+{
+	sigterm_through_a_dying_chain();
+}
+
+/* The same without a cgroup (as where no v2 hierarchy is writable): the tree is stopped
+ * top-down before the signal. */
+Test(exec, without_cgroup_timeout_kills_the_orphan_of_a_parent_dying_on_sigterm)
+{
+	setenv("COWBOX_EXEC_CGROUP", "0", 1);
+	orphan_of_a_parent_dying_on_sigterm();
+}
+
+Test(exec, without_cgroup_sigterm_reaches_every_level_of_a_dying_chain)
+{
+	setenv("COWBOX_EXEC_CGROUP", "0", 1);
+	sigterm_through_a_dying_chain();
 }

@@ -39,8 +39,9 @@ static void exec_usage(FILE *out, const char *name)
 	    out,
 	    "usage: cowbox %s REF|--dir DIR [OPTIONS]%s\n\n"
 	    "  --dir DIR            use a plain directory as the workspace\n"
-	    "  --timeout S          SIGTERM the whole tree after S seconds (SIGKILL 5 s later), "
-	    "exit 124\n"
+	    "  --timeout S          SIGTERM the whole tree after S seconds (SIGKILL 5 s later, "
+	    "or\n"
+	    "                       as soon as the command has ended), exit 124\n"
 	    "  --env K=V            add to the environment (repeatable)\n"
 	    "  --cwd DIR            working directory, relative to /workspace\n"
 	    "  --network none|all   none (default): loopback only; all: the host's network\n"

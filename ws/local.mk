@@ -26,3 +26,9 @@ ws_test_workspace_LDADD = ws/libcb_ws.la db/libcb_db.la util/libcb_util.la $(DEP
 # exec-fast: the exec path's look-up of a served workspace without SQLite (issue 4)
 ws_libcb_ws_la_SOURCES += ws/resolve_fast.c
 pkginclude_HEADERS += include/cowbox/workspace_fast.h
+check_PROGRAMS += ws/test_resolve_fast
+TESTS += ws/test_resolve_fast
+ws_test_resolve_fast_SOURCES = ws/test_resolve_fast.c
+ws_test_resolve_fast_CFLAGS = $(CRITERION_TEST_CFLAGS)
+ws_test_resolve_fast_LDADD = ws/libcb_ws.la db/libcb_db.la util/libcb_util.la $(DEPS_LIBS) \
+	$(CRITERION_TEST_LIBS)

@@ -34,7 +34,9 @@ struct cb_exec_spec {
 	size_t stdin_len;
 	int stdin_fd;
 	double timeout;	     /* seconds, <= 0: none */
-	double grace;	     /* SIGTERM -> SIGKILL delay after a timeout; 0: 5 s */
+	double grace;	     /* SIGTERM -> SIGKILL delay after a timeout; 0: 5 s. Once the
+				timed-out command itself has ended, the rest of its tree gets
+				SIGKILL at once. */
 	size_t output_limit; /* stdout+stderr bytes that stop the command; 0: 10 MiB */
 	size_t keep_bytes;   /* per stream kept when the limit is hit; 0: 64 KiB */
 	int tty;	     /* run on a new pseudo-terminal (stdout carries both streams) */

@@ -94,8 +94,8 @@ int cb_box_write(struct cb_box *box, const char *path, const void *data, size_t 
 
 	cb_box_set_code("");
 	snprintf(what, sizeof(what), "write %s", path ? path : "(null)");
-	if (!path)
-		return cb_box_finish(cb_error_set(EINVAL, "write: no path"));
+	if (!path || (len && !data))
+		return cb_box_finish(cb_error_set(EINVAL, "%s: no path or no data", what));
 	if ((rc = cb_box_request(box, "write", json_pack("{s:s}", "op", "ping"), NULL, NULL)) ||
 	    (rc = cb_box_direct_write(box, path, data, len)) <= 0)
 		return cb_box_finish(rc);

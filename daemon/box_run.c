@@ -106,6 +106,9 @@ int cb_box_run(struct cb_box *box, const char *const *argv, const char *shell,
 
 	cb_box_set_code("");
 	memset(res, 0, sizeof(*res));
+	if (opts && opts->stdin_len && !opts->stdin_data)
+		return cb_box_finish(
+		    cb_error_set(EINVAL, "run: stdin_len %zu without stdin_data", opts->stdin_len));
 	if ((rc = cb_box_command_json("run", argv, shell, opts, &req)))
 		return cb_box_finish(rc);
 	if (opts && opts->stdin_len)

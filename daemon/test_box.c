@@ -274,6 +274,16 @@ Test(box, run_results_and_limits)
 	cb_box_result_free(&r);
 
 	cr_assert_eq(cb_box_run(box, echo, "echo", NULL, &r), -EINVAL);
+	cr_assert_str_eq(cb_box_last_code(), "invalid_request");
+	cr_assert_eq(cb_box_run(box, (const char *[]){NULL}, NULL, NULL, &r), -EINVAL);
+	cr_assert_eq(cb_box_run(box, echo, NULL, &(struct cb_box_run_options){.stdin_len = 3}, &r),
+		     -EINVAL);
+	cr_assert_eq(cb_box_write(box, "x", NULL, 3), -EINVAL);
+	cr_assert_eq(
+	    cb_box_run(box, echo, NULL,
+		       &(struct cb_box_run_options){.env = (const char *[]){"NOEQUALS", NULL}}, &r),
+	    -EINVAL);
+	cr_assert(strstr(cb_error_message(), "NOEQUALS"), "%s", cb_error_message());
 	cr_assert_eq(cb_box_which(box, "sh", &path), 0, "%s", cb_error_message());
 	cr_assert_eq(path[0], '/');
 	free(path);

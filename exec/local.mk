@@ -1,4 +1,5 @@
-# exec: the process runner (run*.c, shim.c) and the namespace sandbox (ns*.c, cgroup.c).
+# exec: the process runner (run*.c, shim.c; tree.c kills a host command's whole tree) and
+# the namespace sandbox (ns*.c, cgroup.c).
 noinst_LTLIBRARIES += exec/libcb_exec.la
 exec_libcb_exec_la_SOURCES = exec/internal.h exec/run.h exec/run.c exec/run_io.c exec/shim.c \
 	exec/env.c exec/ns.c exec/tree.c \

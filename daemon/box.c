@@ -19,15 +19,6 @@
 
 static __thread char last_code[32];
 
-static const struct {
-	const char *code;
-	int err;
-} box_codes[] = {
-    {"not_found", ENOENT},	 {"invalid_path", EINVAL}, {"in_use", EBUSY},
-    {"unavailable", EAGAIN},	 {"timeout", ETIMEDOUT},   {"output_limit", EFBIG},
-    {"invalid_request", EPROTO},
-};
-
 const char *cb_box_last_code(void)
 {
 	return last_code;
@@ -71,15 +62,6 @@ int cb_box_finish(int rc)
 	return rc;
 }
 
-/* The errno of a protocol code; EIO for one this library does not know. */
-static int code_errno(const char *code)
-{
-	for (size_t i = 0; code && i < sizeof(box_codes) / sizeof(box_codes[0]); i++)
-		if (!strcmp(code, box_codes[i].code))
-			return box_codes[i].err;
-	return EIO;
-}
-
 int cb_box_reply_error(const char *what, json_t *msg, json_t **result)
 {
 	json_t *err = json_object_get(msg, "error");
@@ -89,7 +71,7 @@ int cb_box_reply_error(const char *what, json_t *msg, json_t **result)
 	if (result && json_is_object(json_object_get(err, "result")))
 		*result = json_incref(json_object_get(err, "result"));
 	cb_box_set_code(code ? code : "unavailable");
-	return cb_error_set(code_errno(code), "%s: %s: %s", what, code ? code : "error",
+	return cb_error_set(cb_client_code_errno(code), "%s: %s: %s", what, code ? code : "error",
 			    text ? text : "the daemon gave no reason");
 }
 

@@ -66,8 +66,7 @@ static long long now_ms(void)
 	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Errors carry the daemon's code in the message: "not_found: no such file". */
-static int code_errno(const char *code)
+int cb_client_code_errno(const char *code)
 {
 	static const struct {
 		const char *code;
@@ -192,7 +191,7 @@ int cb_client_request(struct cb_client *c, json_t *req, int timeout_ms, json_t *
 			const char *code = json_string_value(json_object_get(err, "code"));
 			const char *text = json_string_value(json_object_get(err, "message"));
 
-			rc = cb_error_set(code_errno(code), "%s: %s: %s", opname,
+			rc = cb_error_set(cb_client_code_errno(code), "%s: %s: %s", opname,
 					  code ? code : "error", text ? text : "");
 			json_decref(msg);
 			return rc;

@@ -28,6 +28,11 @@ int cb_client_recv(struct cb_client *c, int timeout_ms, json_t **msg);
  * success *reply (if not NULL) is the reply object, which the caller frees. */
 int cb_client_request(struct cb_client *c, json_t *req, int timeout_ms, json_t **reply);
 
+/* The errno that stands for a protocol error code (not_found -> ENOENT, invalid_path -> EINVAL,
+ * in_use -> EBUSY, unavailable -> EAGAIN, timeout -> ETIMEDOUT, output_limit -> EFBIG,
+ * invalid_request -> EPROTO); EIO for a code this library does not know or NULL. */
+int cb_client_code_errno(const char *code);
+
 /* Hang up; NULL is accepted. */
 void cb_client_close(struct cb_client *c);
 

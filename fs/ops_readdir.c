@@ -208,6 +208,10 @@ static void ov_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	d->overlay = ov_of(req);
 	ov_handle_add(d->overlay, &d->h, ov_dir_free);
 	fi->fh = (uint64_t)(uintptr_t)d;
+	/* every change to a directory goes through the kernel, which then drops its cached
+	 * listing: let it keep listings between opens */
+	fi->cache_readdir = 1;
+	fi->keep_cache = 1;
 	if (fuse_reply_open(req, fi) == -ENOENT)
 		ov_dir_free(&d->h);
 }

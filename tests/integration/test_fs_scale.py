@@ -1,5 +1,5 @@
-# Scale and concurrency of the workspace filesystem: 100k files under a 1,024-fd limit, and
-# several writer processes at once through one mount.
+# Scale and sharing of the workspace filesystem: 100k files under a 1,024-fd limit, several
+# writer processes at once through one mount, and a process under another uid using it.
 import os
 import subprocess
 import sys
@@ -97,6 +97,31 @@ class Scale(unittest.TestCase):
         self.assertEqual(status, 0, log)
         self.mount = fsharness.Mount(self.dirs.base, self.dirs.upper, self.dirs.mnt)
         self.assertEqual(len(os.listdir(os.path.join(self.dirs.mnt, "w3"))), 300)
+
+    def test_another_uid_uses_the_mount(self):
+        # allow_other lets a sandboxed uid in; default_permissions keeps the modes in force
+        os.chmod(self.dirs.top, 0o755)
+        with open(os.path.join(self.dirs.base, "pub"), "w") as f:
+            f.write("open")
+        with open(os.path.join(self.dirs.base, "priv"), "w") as f:
+            f.write("secret")
+        os.chmod(os.path.join(self.dirs.base, "priv"), 0o600)
+        self.mount = fsharness.Mount(self.dirs.base, self.dirs.upper, self.dirs.mnt)
+        m = self.dirs.mnt
+        os.mkdir(os.path.join(m, "shared"))
+        os.chmod(os.path.join(m, "shared"), 0o1777)
+        script = ("cat {m}/pub; cat {m}/priv 2>/dev/null && echo LEAK; "
+                  "echo hi > {m}/shared/x && mkdir {m}/shared/d; "
+                  "echo no > {m}/top 2>/dev/null && echo LEAK; true").format(m=m)
+        r = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                            "sh", "-c", script], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.stdout, "open", r.stderr)
+        for name in ("x", "d"):
+            st = os.lstat(os.path.join(m, "shared", name))
+            self.assertEqual((st.st_uid, st.st_gid), (65534, 65534))
+            st = os.lstat(os.path.join(self.dirs.upper, "shared", name))
+            self.assertEqual((st.st_uid, st.st_gid), (65534, 65534))
+        self.assertFalse(os.path.exists(os.path.join(m, "top")))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ ws_test_turns_LDADD = ws/libcb_ws.la db/libcb_db.la util/libcb_util.la $(DEPS_LI
 
 check_PROGRAMS += ws/test_workspace
 TESTS += ws/test_workspace
-ws_test_workspace_SOURCES = ws/test_workspace.c
+ws_test_workspace_SOURCES = ws/test_workspace.c ws/test_home.h
 ws_test_workspace_CFLAGS = $(CRITERION_TEST_CFLAGS)
 ws_test_workspace_LDADD = ws/libcb_ws.la db/libcb_db.la util/libcb_util.la $(DEPS_LIBS) \
 	$(CRITERION_TEST_LIBS)
@@ -28,7 +28,7 @@ ws_libcb_ws_la_SOURCES += ws/resolve_fast.c
 pkginclude_HEADERS += include/cowbox/workspace_fast.h
 check_PROGRAMS += ws/test_resolve_fast
 TESTS += ws/test_resolve_fast
-ws_test_resolve_fast_SOURCES = ws/test_resolve_fast.c
+ws_test_resolve_fast_SOURCES = ws/test_resolve_fast.c ws/test_home.h
 ws_test_resolve_fast_CFLAGS = $(CRITERION_TEST_CFLAGS)
 ws_test_resolve_fast_LDADD = ws/libcb_ws.la db/libcb_db.la util/libcb_util.la $(DEPS_LIBS) \
 	$(CRITERION_TEST_LIBS)

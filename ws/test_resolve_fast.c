@@ -16,29 +16,10 @@
 
 #include "cowbox/error.h"
 #include "cowbox/workspace.h"
+#include "test_home.h"
 #include "cowbox/workspace_fast.h"
 
-static char tmp[64];
-
-static void setup(void)
-{
-	char home[128];
-
-	snprintf(tmp, sizeof(tmp), "/tmp/cb-fasttest-XXXXXX");
-	cr_assert_not_null(mkdtemp(tmp));
-	snprintf(home, sizeof(home), "%s/home", tmp);
-	setenv("COWBOX_HOME", home, 1);
-}
-
-static void teardown(void)
-{
-	char cmd[128];
-
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
-	cr_assert_eq(system(cmd), 0);
-}
-
-TestSuite(fast, .init = setup, .fini = teardown);
+TestSuite(fast, .init = test_home_setup, .fini = test_home_teardown);
 
 static void expect_not_served(const char *arg)
 {
@@ -56,7 +37,7 @@ static void create(const char *name, char ref[CB_WS_REF_LEN + 1])
 {
 	char base[128];
 
-	snprintf(base, sizeof(base), "%s/base", tmp);
+	snprintf(base, sizeof(base), "%s/base", test_home_tmp);
 	mkdir(base, 0755);
 	cr_assert_eq(cb_ws_create(base, name, NULL, ref), 0, "%s", cb_error_message());
 }
@@ -88,8 +69,8 @@ Test(fast, a_held_lock_without_the_mount_is_not_served)
 	int go[2];
 
 	create("starting", ref);
-	snprintf(lock, sizeof(lock), "%s/home/workspaces/%s/lock", tmp, ref);
-	snprintf(mnt, sizeof(mnt), "%s/mnt-here", tmp);
+	snprintf(lock, sizeof(lock), "%s/home/workspaces/%s/lock", test_home_tmp, ref);
+	snprintf(mnt, sizeof(mnt), "%s/mnt-here", test_home_tmp);
 	mkdir(mnt, 0755);
 	for (int how = LOCK_EX; how; how = how == LOCK_EX ? LOCK_SH : 0) {
 		cr_assert_eq(pipe(go), 0);

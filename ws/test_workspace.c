@@ -12,28 +12,9 @@
 
 #include "cowbox/error.h"
 #include "cowbox/workspace.h"
+#include "test_home.h"
 
-static char tmp[64];
-
-static void setup(void)
-{
-	char home[128];
-
-	snprintf(tmp, sizeof(tmp), "/tmp/cb-wstest-XXXXXX");
-	cr_assert_not_null(mkdtemp(tmp));
-	snprintf(home, sizeof(home), "%s/home", tmp);
-	setenv("COWBOX_HOME", home, 1);
-}
-
-static void teardown(void)
-{
-	char cmd[128];
-
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
-	cr_assert_eq(system(cmd), 0);
-}
-
-TestSuite(ws, .init = setup, .fini = teardown);
+TestSuite(ws, .init = test_home_setup, .fini = test_home_teardown);
 
 Test(ws, ref_and_name_rules)
 {
@@ -61,7 +42,7 @@ Test(ws, home_from_the_environment)
 	char *home = NULL;
 
 	cr_assert_eq(cb_ws_home(&home), 0);
-	cr_assert(strstr(home, tmp));
+	cr_assert(strstr(home, test_home_tmp));
 	free(home);
 	setenv("COWBOX_HOME", "relative/dir", 1);
 	cr_assert_eq(cb_ws_home(&home), -EINVAL);
@@ -77,7 +58,7 @@ Test(ws, create_resolve_remove)
 	char ref[CB_WS_REF_LEN + 1], got[CB_WS_REF_LEN + 1], base[128], *dir = NULL;
 	struct cb_ws_info info;
 
-	snprintf(base, sizeof(base), "%s/base", tmp);
+	snprintf(base, sizeof(base), "%s/base", test_home_tmp);
 	cr_assert_eq(mkdir(base, 0755), 0);
 	cr_assert_eq(cb_ws_create(base, "alpha", NULL, ref), 0, "%s", cb_error_message());
 	cr_assert(cb_ws_ref_syntax(ref));

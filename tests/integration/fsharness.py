@@ -149,6 +149,17 @@ class Mount:
         return status, log
 
 
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
+
+
+def close_checked(testcase, mount):
+    """Unmount; fail testcase if the mount process exited non-zero or a sanitizer spoke."""
+    status, log = mount.close()
+    testcase.assertEqual(status, 0, log)
+    for marker in SANITIZER_MARKERS:
+        testcase.assertNotIn(marker, log)
+
+
 def file_digest(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:

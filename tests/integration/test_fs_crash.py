@@ -83,9 +83,8 @@ class Crash(unittest.TestCase):
         for i in range(200):
             with open(os.path.join(self.dirs.mnt, "base", "b%03d" % i)) as f:
                 self.assertTrue(f.readline().startswith("base %d" % i))
-        status, log_text = self.mount.close()
-        self.mount = None
-        self.assertEqual(status, 0, log_text)
+        mount, self.mount = self.mount, None
+        fsharness.close_checked(self, mount)
         self.assertEqual(fsharness.tree_digest(self.dirs.base), self.base_digest)
 
     def test_journal_kinds_and_turn_reuse(self):
@@ -99,9 +98,8 @@ class Crash(unittest.TestCase):
         os.mkdir(os.path.join(m, "d"))
         os.rename(os.path.join(m, "d"), os.path.join(m, "e"))
         os.unlink(os.path.join(m, "base", "b003"))
-        status, log_text = self.mount.close()
-        self.mount = None
-        self.assertEqual(status, 0, log_text)
+        mount, self.mount = self.mount, None
+        fsharness.close_checked(self, mount)
         con = sqlite3.connect("file:%s?mode=ro" % self.db, uri=True)
         rows = con.execute("SELECT path, kind, subtree, pid, comm FROM journal").fetchall()
         con.close()

@@ -265,9 +265,7 @@ class Differential(unittest.TestCase):
 
     def tearDown(self):
         if self.mount:
-            status, log = self.mount.close()
-            self.assertEqual(status, 0, log)
-            self.assertNotIn("ERROR: AddressSanitizer", log)
+            fsharness.close_checked(self, self.mount)
         self.dirs.cleanup()
 
     def known_paths(self):
@@ -375,9 +373,8 @@ class Differential(unittest.TestCase):
         if os.environ.get("COWBOX_FS_PAUSE"):
             print("PAUSED", self.dirs.mnt, file=sys.stderr, flush=True)
             time.sleep(int(os.environ["COWBOX_FS_PAUSE"]))
-        status, log = self.mount.close()
-        self.mount = None
-        self.assertEqual(status, 0, log)
+        mount, self.mount = self.mount, None
+        fsharness.close_checked(self, mount)
         self.assertEqual(fsharness.tree_digest(self.dirs.base), self.base_digest)
         self.mount = fsharness.Mount(self.dirs.base, self.dirs.upper, self.dirs.mnt)
         self.compare_trees("after a remount")

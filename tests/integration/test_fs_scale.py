@@ -32,9 +32,7 @@ class Scale(unittest.TestCase):
 
     def tearDown(self):
         if self.mount:
-            status, log = self.mount.close()
-            self.assertEqual(status, 0, log)
-            self.assertNotIn("ERROR: AddressSanitizer", log)
+            fsharness.close_checked(self, self.mount)
         self.dirs.cleanup()
 
     def test_100k_files_under_1024_fds(self):
@@ -93,8 +91,7 @@ class Scale(unittest.TestCase):
                 with open(os.path.join(self.dirs.mnt, "tree", "d%d" % d, "f%d" % k)) as f:
                     self.assertEqual(f.read(), "x" * 30)
         # the same tree after a remount
-        status, log = self.mount.close()
-        self.assertEqual(status, 0, log)
+        fsharness.close_checked(self, self.mount)
         self.mount = fsharness.Mount(self.dirs.base, self.dirs.upper, self.dirs.mnt)
         self.assertEqual(len(os.listdir(os.path.join(self.dirs.mnt, "w3"))), 300)
 

@@ -59,12 +59,18 @@ Test(exec, missing_program_is_127_and_named)
 	cb_exec_result_free(&r);
 }
 
+/* Create the (empty) file named by the mkstemp template, where a script writes its pids. */
+static void make_pidfile(char *template)
+{
+	int fd = mkstemp(template);
+	cr_assert(fd >= 0);
+	close(fd);
+}
+
 Test(exec, timeout_kills_the_whole_tree)
 {
 	char pidfile[] = "/tmp/cb-exec-test-XXXXXX";
-	int fd = mkstemp(pidfile);
-	cr_assert(fd >= 0);
-	close(fd);
+	make_pidfile(pidfile);
 	char script[512];
 	/* a plain child, a setsid'd one (another session), and one that ignores SIGTERM */
 	snprintf(script, sizeof script,
@@ -302,9 +308,7 @@ static double seconds_since(const struct timespec *t0)
 static void orphan_of_a_parent_dying_on_sigterm(void)
 {
 	char pidfile[] = "/tmp/cb-exec-test-XXXXXX";
-	int fd = mkstemp(pidfile);
-	cr_assert(fd >= 0);
-	close(fd);
+	make_pidfile(pidfile);
 	char script[512];
 	snprintf(script, sizeof script,
 		 "setsid sh -c 'trap \"\" TERM; echo $$ > %s; exec sleep 100' &"
@@ -346,9 +350,7 @@ static void *term_when_ready(void *arg)
 static void sigterm_through_a_dying_chain(void)
 {
 	char pidfile[] = "/tmp/cb-exec-test-XXXXXX";
-	int fd = mkstemp(pidfile);
-	cr_assert(fd >= 0);
-	close(fd);
+	make_pidfile(pidfile);
 	const char *script = "echo $$ >> $PF; n=${N:-0}; if [ $n -lt 15 ]; then"
 			     " N=$((n+1)) setsid sh -c \"$S\" & wait; else sleep 100; fi";
 	char s_var[400], pf_var[64];

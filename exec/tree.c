@@ -97,18 +97,27 @@ static int group_write(int group, const char *file, const char *value)
 	return n < 0 ? -1 : 0;
 }
 
+/* Read at most size-1 bytes of a small kernel file (relative to dirfd) into buf and end it
+ * with a NUL; the byte count, or -1 (0 for an empty file). No allocation: callers may be
+ * between fork and exec. */
+static ssize_t read_small(int dirfd, const char *path, char *buf, size_t size)
+{
+	int fd = openat(dirfd, path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t n = read(fd, buf, size - 1);
+	close(fd);
+	if (n >= 0)
+		buf[n] = 0;
+	return n;
+}
+
 /* 1 once every process of the group is frozen ("frozen 1" in cgroup.events). */
 static int group_frozen(int group)
 {
 	char buf[256];
-	int fd = openat(group, "cgroup.events", O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
+	if (read_small(group, "cgroup.events", buf, sizeof buf) <= 0)
 		return 0;
-	ssize_t n = read(fd, buf, sizeof buf - 1);
-	close(fd);
-	if (n <= 0)
-		return 0;
-	buf[n] = 0;
 	const char *f = strstr(buf, "frozen ");
 	return f && f[7] == '1';
 }
@@ -171,14 +180,8 @@ static int cannot_fork(pid_t pid)
 	size_t n = cb_exec_cat(path, 0, sizeof path, "/proc/");
 	n = cb_exec_cat_uint(path, n, sizeof path, (unsigned long)pid);
 	cb_exec_cat(path, n, sizeof path, "/stat");
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
+	if (read_small(AT_FDCWD, path, buf, sizeof buf) <= 0)
 		return 1;
-	ssize_t r = read(fd, buf, sizeof buf - 1);
-	close(fd);
-	if (r <= 0)
-		return 1;
-	buf[r] = 0;
 	const char *paren = strrchr(buf, ')');
 	char state = paren && paren[1] ? paren[2] : 'T';
 	return state == 'T' || state == 't' || state == 'Z' || state == 'X';

@@ -21,7 +21,8 @@ enum cb_ns_entry_kind {
 	CB_NS_BIND_RW,
 	CB_NS_SYMLINK,
 	CB_NS_DEV,
-	CB_NS_MASK, /* hide a host secret under /etc behind an empty file or directory */
+	CB_NS_MASK, /* hide a host secret (/etc) or kernel state (/proc) behind an empty file or
+		       directory, bound read-only */
 };
 
 struct cb_ns_entry {
@@ -50,6 +51,9 @@ struct cb_ns_plan {
 	int memory_limited; /* protect the in-sandbox init from the OOM killer */
 	unsigned long clone_flags;
 	void *seccomp_prog; /* struct sock_fprog, shared and never freed (built once) */
+	char *arg_start;    /* the caller's command line in memory (what /proc/PID/cmdline shows),
+			       which the sandbox's pid 1 blanks: it names host paths */
+	size_t arg_len;
 };
 
 /* What the shim and the command child do after clone. */

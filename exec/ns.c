@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <grp.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include "cowbox/error.h"
@@ -31,6 +32,11 @@ static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urand
 static const char *const masked[] = {"etc/shadow",	"etc/gshadow",	       "etc/shadow-",
 				     "etc/gshadow-",	"etc/sudoers",	       "etc/sudoers.d",
 				     "etc/ssl/private", "etc/security/opasswd"};
+/* Kernel state the sandbox's own /proc would show whatever its uid: kernel heap layout
+ * (slabinfo), physical page data, the scheduler's and timers' views of host tasks. */
+static const char *const masked_proc[] = {"proc/slabinfo",    "proc/kpagecount",
+					  "proc/kpageflags",  "proc/kpagecgroup",
+					  "proc/sched_debug", "proc/timer_list"};
 
 static int add_entry(struct cb_ns_plan *p, enum cb_ns_entry_kind kind, const char *src,
 		     const char *dst)
@@ -88,6 +94,12 @@ static int add_masks(struct cb_ns_plan *p, const char *prefix)
 {
 	char dir[PATH_MAX];
 	int rc = 0;
+	for (size_t i = 0; i < sizeof masked_proc / sizeof *masked_proc && !rc; i++)
+		rc = add_mask(p, "", masked_proc[i]);
+	/* in a user namespace the sandbox's root is an unprivileged host uid: root's files in
+	 * /etc are already out of its reach */
+	if (p->userns)
+		return rc;
 	for (size_t i = 0; i < sizeof masked / sizeof *masked && !rc; i++)
 		rc = add_mask(p, prefix, masked[i]);
 	snprintf(dir, sizeof dir, "%s/etc/ssh", prefix);
@@ -136,6 +148,32 @@ static int add_extra_bind(struct cb_ns_plan *p, const struct cb_sandbox_bind *b)
 	return rc;
 }
 
+static char *cmdline_start;
+static size_t cmdline_len;
+static pthread_once_t cmdline_once = PTHREAD_ONCE_INIT;
+
+/* Where the kernel reads this process's /proc/PID/cmdline from: fields 48 and 49 of
+ * /proc/self/stat (arg_start, arg_end). Unknown (0) leaves the command line as it is. */
+static void find_cmdline(void)
+{
+	char buf[1024];
+	unsigned long start = 0, end = 0;
+	int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+	ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+	if (fd >= 0)
+		close(fd);
+	if (n <= 0)
+		return;
+	buf[n] = 0;
+	char *s = strrchr(buf, ')'); /* the comm before it may hold spaces */
+	for (int field = 2; s && field < 48; field++)
+		s = strchr(s + 1, ' ');
+	if (!s || sscanf(s, " %lu %lu", &start, &end) != 2 || end <= start)
+		return;
+	cmdline_start = (char *)start;
+	cmdline_len = end - start;
+}
+
 int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out)
 {
 	struct stat st;
@@ -178,6 +216,9 @@ int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out)
 		p->map_uid = sb->userns_uid ? sb->userns_uid : 65534;
 		p->map_gid = (gid_t)p->map_uid;
 	}
+	pthread_once(&cmdline_once, find_cmdline);
+	p->arg_start = cmdline_start;
+	p->arg_len = cmdline_len;
 	p->net_none = sb->net == CB_NET_NONE;
 	if (sb->net == CB_NET_JOIN && sb->netns_fd < 0) {
 		rc = cb_error_set(EBADF, "sandbox: network join without a namespace fd");
@@ -196,9 +237,7 @@ int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out)
 	for (size_t i = 0; i < sizeof root_dirs / sizeof *root_dirs; i++)
 		if ((rc = add_root_dir(p, prefix, root_dirs[i])) < 0)
 			goto out;
-	/* in a user namespace the sandbox's root is an unprivileged host uid: root's files in
-	 * /etc are already out of its reach */
-	if (!p->userns && (rc = add_masks(p, prefix)) < 0)
+	if ((rc = add_masks(p, prefix)) < 0)
 		goto out;
 	if ((rc = add_entry(p, CB_NS_BIND_RW, sb->workspace, "workspace")) < 0)
 		goto out;
@@ -363,8 +402,9 @@ static int make_parents(int rootfd, const char *path)
 	return 0;
 }
 
-/* Bind an empty file (or directory) of the root tmpfs over each masked path, then drop the
- * source names: the binds keep them alive, nothing shows in /. */
+/* Bind an empty file (or directory) of the root tmpfs read-only over each masked path (host
+ * secrets in /etc, kernel state in /proc), then drop the source names: the binds keep them
+ * alive, nothing shows in /. */
 static int mask_secrets(const struct cb_ns_plan *p, int rootfd, int ctl)
 {
 	int made_file = 0, made_dir = 0, rc = 0;
@@ -387,7 +427,10 @@ static int mask_secrets(const struct cb_ns_plan *p, int rootfd, int ctl)
 		}
 		strncat(src, name, sizeof src - 6);
 		strncat(dst, e->dst, sizeof dst - 6);
-		if (mount(src, dst, NULL, MS_BIND, NULL) < 0)
+		/* read-only, or the sandbox's root (the mask's owner) could chmod and fill it */
+		if (mount(src, dst, NULL, MS_BIND, NULL) < 0 ||
+		    mount(NULL, dst, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV,
+			  NULL) < 0)
 			FAIL("hide", e->dst);
 	}
 out:
@@ -461,19 +504,18 @@ int cb_ns_setup_root(const struct cb_ns_plan *p, int ctl)
 				FAIL("attach", e->src);
 		}
 	}
+	if (mount("proc", "/tmp/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+		FAIL("mount /proc", NULL);
 	if (mask_secrets(p, rootfd, ctl) < 0) {
 		rc = -1;
 		goto out;
 	}
-	if (mount("proc", "/tmp/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
-		FAIL("mount /proc", NULL);
-	if (!p->userns) {
-		static const char *const ro[] = {"proc/sys", "proc/sysrq-trigger", "proc/irq",
-						 "proc/bus"};
-		for (i = 0; i < sizeof ro / sizeof *ro; i++)
-			if (protect_proc(rootfd, ro[i]) < 0)
-				FAIL("make read-only", ro[i]);
-	}
+	/* in a user namespace the kernel checks host root for most of these already; read-only
+	 * either way */
+	static const char *const ro[] = {"proc/sys", "proc/sysrq-trigger", "proc/irq", "proc/bus"};
+	for (i = 0; i < sizeof ro / sizeof *ro; i++)
+		if (protect_proc(rootfd, ro[i]) < 0)
+			FAIL("make read-only", ro[i]);
 	if (mount("devpts", "/tmp/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
 		  "newinstance,ptmxmode=0666,mode=0620") < 0)
 		FAIL("mount /dev/pts", NULL);

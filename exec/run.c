@@ -43,6 +43,28 @@ static void tty_stdin(struct cb_exec *h, const struct cb_exec_spec *spec)
 	}
 }
 
+/* A copy of argv in one block of our own: a sandbox's pid 1 blanks the caller's command line,
+ * where the strings may live (cowbox exec passes its own argv). */
+static int own_argv(struct cb_exec *h, char *const **argv)
+{
+	size_t n = 0, bytes = 0;
+	while ((*argv)[n])
+		bytes += strlen((*argv)[n++]) + 1;
+	char **copy = malloc((n + 1) * sizeof *copy + bytes);
+	if (!copy)
+		return cb_error_set(ENOMEM, "exec: out of memory");
+	char *s = (char *)(copy + n + 1);
+	for (size_t i = 0; i < n; i++) {
+		size_t len = strlen((*argv)[i]) + 1;
+		copy[i] = memcpy(s, (*argv)[i], len);
+		s += len;
+	}
+	copy[n] = NULL;
+	h->argv_copy = copy;
+	*argv = copy;
+	return 0;
+}
+
 int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callbacks *cb,
 		  struct cb_exec **out)
 {
@@ -82,6 +104,8 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 		goto fail;
 	}
 	plan.path = env_path(plan.envp);
+	if (spec->sandbox && (rc = own_argv(h, &plan.argv)) < 0)
+		goto fail;
 
 	if (spec->tty && spec->sandbox) {
 		plan.sandbox_tty = 1; /* the shim makes it inside and sends the master */
@@ -457,6 +481,7 @@ void cb_exec_free(struct cb_exec *h)
 	free(h->out.buf);
 	free(h->err.buf);
 	free(h->cwd);
+	free(h->argv_copy);
 	cb_cgroup_destroy(h->cg);
 	cb_ns_plan_free(h->ns);
 	pthread_mutex_destroy(&h->ctl_lock);

@@ -32,7 +32,8 @@ struct cb_exec {
 	struct cb_cgroup *cg;
 	struct cb_ns_plan *ns;
 	char *shell_argv[4];
-	char *cwd; /* the sandbox path of spec->cwd */
+	char **argv_copy; /* sandboxed: the command's argv, off the caller's command line */
+	char *cwd;	  /* the sandbox path of spec->cwd */
 	char setup_error[600];
 	int killed, waited;
 	int sigkill_sent; /* a SIGKILL went to the tree before the command's status came */

@@ -66,6 +66,31 @@ Test(sandbox, the_commands_view)
 	cb_exec_result_free(&r);
 }
 
+Test(sandbox, pid1_sheds_capabilities_and_host_command_line)
+{
+	struct cb_sandbox sb = {.workspace = workspace};
+	struct cb_exec_result r = run_in(&sb,
+					 "grep -E '^Cap(Prm|Eff|Bnd)' /proc/1/status | cut -f2;"
+					 " tr '\\0' '\\n' < /proc/1/cmdline | grep .",
+					 0);
+	cr_expect_eq(r.exit_code, 0, "err: %s", r.err);
+	cr_expect_str_eq(r.out, "0000000000000000\n0000000000000000\n0000000000000000\n"
+				"cowbox-init\n");
+	cb_exec_result_free(&r);
+}
+
+Test(sandbox, kernel_state_is_masked)
+{
+	struct cb_sandbox sb = {.workspace = workspace};
+	struct cb_exec_result r = run_in(&sb,
+					 "cat /proc/slabinfo /proc/kpageflags /proc/timer_list"
+					 " /proc/sched_debug 2>/dev/null | wc -c;"
+					 " echo x > /proc/timer_list && echo WROTE",
+					 0);
+	cr_expect_str_eq(r.out, "0\n", "err: %s", r.err);
+	cb_exec_result_free(&r);
+}
+
 Test(sandbox, exit_codes_and_timeout)
 {
 	struct cb_sandbox sb = {.workspace = workspace};

@@ -180,6 +180,51 @@ class TestProcessEscapes(EscapeTestCase):
                 self.assertTrue(line.endswith("0000000000000000"), line)
         self.assertIn("NoNewPrivs:\t1", p.stdout)
 
+    def test_no_io_uring_ldt_or_personality_flags(self):
+        out = self.probe("call('io_uring_setup', 425, 1, 0)\n"
+                         "call('io_uring_enter', 426, 0, 0, 0, 0, 0)\n"
+                         "call('io_uring_register', 427, 0, 0, 0, 0)\n"
+                         "call('modify_ldt', 154, 0, 0, 0)\n"
+                         "call('read_implies_exec', 135, ctypes.c_ulong(0x0400000))\n"
+                         "call('addr_no_randomize', 135, ctypes.c_ulong(0x0040000))\n"
+                         "call('high_bits_hide_nothing', 135, ctypes.c_ulong(0x100400000))\n"
+                         "call('per_linux', 135, ctypes.c_ulong(0))\n"
+                         "call('query', 135, ctypes.c_ulong(0xffffffff))\n")
+        got = dict(line.split() for line in out.splitlines())
+        for name in ("io_uring_setup", "io_uring_enter", "io_uring_register", "modify_ldt",
+                     "read_implies_exec", "addr_no_randomize", "high_bits_hide_nothing"):
+            self.assertIn(got[name], ("EPERM", "ENOSYS"), out)
+        self.assertEqual((got["per_linux"], got["query"]), ("ok", "ok"), out)
+
+    def test_kernel_state_in_proc_is_masked_read_only(self):
+        p = self.sandbox("sh", "-c", "for f in /proc/slabinfo /proc/kpagecount "
+                         "/proc/kpageflags /proc/kpagecgroup /proc/sched_debug "
+                         "/proc/timer_list; do test -e $f || continue; echo $f $(wc -c < $f); "
+                         "chmod 666 $f 2>/dev/null && echo CHMOD $f; "
+                         "echo x 2>/dev/null > $f && echo WROTE $f; done; "
+                         "chmod 644 /etc/shadow 2>/dev/null && echo CHMOD shadow; "
+                         "echo x 2>/dev/null > /etc/shadow && echo WROTE shadow; true")
+        self.assertNotIn("CHMOD", p.stdout)
+        self.assertNotIn("WROTE", p.stdout)
+        shown = [line.split() for line in p.stdout.splitlines()]
+        self.assertIn("/proc/timer_list", [w[0] for w in shown], p.stdout)
+        for words in shown:
+            self.assertTrue(len(words) < 2 or words[1] == "0", p.stdout + p.stderr)
+
+    def test_pid1_has_no_capabilities_and_no_host_command_line(self):
+        p = self.sandbox("sh", "-c", "grep -E '^Cap(Prm|Eff|Bnd|Amb)' /proc/1/status; "
+                         "tr '\\0' ' ' < /proc/1/cmdline; echo; "
+                         "cat /proc/1/environ >/dev/null 2>&1 && echo ENVIRON; true",
+                         check_status=0)
+        lines = p.stdout.splitlines()
+        caps = [line for line in lines if line.startswith("Cap")]
+        self.assertEqual(len(caps), 4, p.stdout)
+        for line in caps:
+            self.assertTrue(line.endswith("0000000000000000"), line)
+        self.assertEqual(lines[4].split(), ["cowbox-init"])
+        self.assertNotIn(self.ws, p.stdout)
+        self.assertNotIn("ENVIRON", p.stdout)
+
     def test_cannot_inject_into_the_callers_terminal(self):
         master, slave = pty.openpty()
         try:

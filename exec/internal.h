@@ -106,7 +106,12 @@ int cb_ns_plan_open_trees(struct cb_ns_plan *plan);
  * sent a CB_MSG_ERROR naming the step on ctl. */
 int cb_ns_setup_root(const struct cb_ns_plan *plan, int ctl);
 
-/* Command child, last step before execve: rlimits, no_new_privs, no capabilities, seccomp. */
+/* The sandbox's pid 1, once set up and before the command starts (which inherits all of it):
+ * RLIMIT_NOFILE, no_new_privs, empty bounding set, locked securebits, no capabilities.
+ * -1 having reported why on ctl. */
+int cb_ns_drop_privileges(const struct cb_ns_plan *plan, int ctl);
+
+/* Command child, last step before execve: umask, the seccomp filters. */
 int cb_ns_harden(const struct cb_ns_plan *plan, int ctl);
 
 /* The seccomp program (struct sock_fprog *), built once per process. */

@@ -1,5 +1,5 @@
-/* Hardening of the sandboxed command just before execve: rlimits, no_new_privs, every
- * capability dropped for good, and a seccomp filter (built once with libseccomp). */
+/* Hardening of the sandbox: its pid 1 gives up every privilege before the command starts
+ * (rlimits, no_new_privs, capabilities), the command adds seccomp filters before execve. */
 #include "config.h"
 
 #include <errno.h>
@@ -174,10 +174,9 @@ int cb_ns_seccomp_prog(void **out)
 	return 0;
 }
 
-int cb_ns_harden(const struct cb_ns_plan *p, int ctl)
+int cb_ns_drop_privileges(const struct cb_ns_plan *p, int ctl)
 {
 	struct rlimit rl = {.rlim_cur = p->nofile, .rlim_max = p->nofile};
-	umask(022);
 	if (setrlimit(RLIMIT_NOFILE, &rl) < 0) {
 		cb_exec_child_error(ctl, "setrlimit RLIMIT_NOFILE", NULL, errno);
 		return -1;
@@ -207,6 +206,12 @@ int cb_ns_harden(const struct cb_ns_plan *p, int ctl)
 		cb_exec_child_error(ctl, "drop capabilities", NULL, errno);
 		return -1;
 	}
+	return 0;
+}
+
+int cb_ns_harden(const struct cb_ns_plan *p, int ctl)
+{
+	umask(022);
 	if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, p->seccomp_prog, 0, 0) < 0 ||
 	    prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &personality_prog, 0, 0) < 0) {
 		cb_exec_child_error(ctl, "load the seccomp filter", NULL, errno);

@@ -4,7 +4,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/capability.h>
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
@@ -332,19 +331,6 @@ static void shim_hide(const struct cb_exec_plan *p)
 	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 }
 
-/* Once the command runs (it hardened itself with our capabilities): pid 1 keeps none, so
- * there is nothing a command could borrow from it. */
-static void shim_drop_caps(void)
-{
-	for (int cap = 0; cap < 64; cap++)
-		prctl(PR_CAPBSET_DROP, cap, 0, 0, 0);
-	prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
-	struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3};
-	struct __user_cap_data_struct data[2];
-	memset(data, 0, sizeof data);
-	syscall(SYS_capset, &hdr, data);
-}
-
 void cb_exec_shim_main(const struct cb_exec_plan *given)
 {
 	struct cb_exec_plan plan = *given, *p = &plan;
@@ -382,15 +368,16 @@ void cb_exec_shim_main(const struct cb_exec_plan *given)
 		cb_exec_child_error(p->ctl, "signalfd", NULL, errno);
 		_exit(1);
 	}
-	if (p->ns)
+	if (p->ns) {
 		shim_hide(p);
+		if (cb_ns_drop_privileges(p->ns, p->ctl) < 0)
+			_exit(1);
+	}
 	pid_t cmd = spawn_command(p);
 	if (cmd < 0) {
 		cb_exec_child_error(p->ctl, "start the command", NULL, errno);
 		_exit(1);
 	}
-	if (p->ns)
-		shim_drop_caps();
 	/* the binds are attached by now, and the command must not get their fds */
 	for (size_t i = 0; p->ns && i < p->ns->n_entries; i++)
 		if (p->ns->entries[i].tree >= 0)

@@ -57,7 +57,8 @@ static void exec_usage(FILE *out, const char *name)
 	    "In the sandbox the environment is PATH, HOME=/tmp (private, so tools' caches stay "
 	    "out\n"
 	    "of the workspace), TERM (from here), LANG=C.UTF-8 and --env: nothing else of the\n"
-	    "host's; the local backend passes this environment minus provider credentials.\n"
+	    "host's; the local backend passes the host's environment minus credentials (names\n"
+	    "with TOKEN, SECRET, PASSWORD, API_KEY, AUTH, ...; docs/security.md), then --env.\n"
 	    "Exit status: the command's; 124 timed out; 128+N killed by signal N (137 also when\n"
 	    "the memory cap was hit); 127 not found; 126 not executable; 125 cowbox failed.\n",
 	    name, strcmp(name, "exec") ? "" : " [--] CMD [ARG...]",

@@ -20,7 +20,7 @@ struct cb_backend_options {
 	char *kind;		 /* "ns" (default), "local" or "docker" */
 	char **env;		 /* "K=V", NULL-terminated: every command gets these, on top of a
 				    minimal PATH/HOME/LANG (ns, docker) or the host's environment
-				    without provider credentials (local); nothing else */
+				    without credentials (local); nothing else */
 	char *working_dir;	 /* where commands start, relative to the workspace root (made if
 				    missing when the backend is created); NULL: the root */
 	double timeout;		 /* default per-command timeout in seconds; <= 0: none */

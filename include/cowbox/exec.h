@@ -108,12 +108,16 @@ int cb_exec_run(const struct cb_exec_spec *spec, struct cb_exec_result *res);
 /* Free the buffers of a result; safe on a zeroed result. */
 void cb_exec_result_free(struct cb_exec_result *res);
 
-/* A copy of environ without provider credentials (ANTHROPIC_*, OPENAI_*, LITELLM_*, AZURE_*,
- * AWS_*, GEMINI_*, GOOGLE_API_KEY, CODEX_*, CURSOR_*), for the local backend. Free with
- * cb_exec_env_free. */
+/* A copy of environ without credentials, for the local backend (and the docker CLI): provider
+ * prefixes (ANTHROPIC_*, OPENAI_*, LITELLM_*, AZURE_*, AWS_*, GEMINI_*, CODEX_*, CURSOR_*,
+ * VAULT_*), names that say TOKEN, SECRET, PASSWORD, PASSWD, API_KEY, APIKEY, ACCESS_KEY,
+ * PRIVATE_KEY, CREDENTIAL, SESSION_KEY or AUTH (not AUTHOR), agent sockets and credential
+ * files (SSH_AUTH_SOCK, GPG_AGENT_INFO, GOOGLE_APPLICATION_CREDENTIALS, KUBECONFIG, ...),
+ * DATABASE_URL, REDIS_URL and any value with a URL's user:password@. The table is in
+ * exec/env.c. Free with cb_exec_env_free. */
 int cb_exec_env_host_stripped(char ***out);
 
-/* Is "NAME=..." (or NAME) a provider credential that the local backend strips? */
+/* Is "NAME=value" (or NAME) a credential that the local backend strips? */
 int cb_exec_env_is_credential(const char *entry);
 
 /* Free a NULL-terminated array of strings made by this module. */

@@ -152,6 +152,43 @@ class TestLocalBackend(ExecTestCase):
         self.assertIn("KEEP_ME=yes", lines)
         self.assertIn("NOT isolated", p.stderr)
 
+    # Every name and pattern the local backend strips (exec/env.c's table); each must be gone.
+    SECRET_ENV = {
+        "GITHUB_TOKEN": "ghp_x", "GH_TOKEN": "gho_x", "HF_TOKEN": "hf_x", "NPM_TOKEN": "npm_x",
+        "VAULT_TOKEN": "s.x", "VAULT_ADDR": "https://vault", "DATABASE_URL": "postgres:///db",
+        "REDIS_URL": "redis://cache:6379", "SSH_AUTH_SOCK": "/tmp/ssh-x/agent.1",
+        "GPG_AGENT_INFO": "/run/gpg:0:1", "GOOGLE_APPLICATION_CREDENTIALS": "/k.json",
+        "KUBECONFIG": "/root/.kube/config", "DOCKER_AUTH_CONFIG": "{}",
+        "MY_SERVICE_TOKEN": "t", "my_lower_secret": "s", "DB_PASSWORD": "p",
+        "MYSQL_PWD_PASSWD": "p", "STRIPE_API_KEY": "k", "SENDGRID_APIKEY": "k",
+        "MINIO_ACCESS_KEY": "k", "DEPLOY_PRIVATE_KEY": "k", "CI_CREDENTIALS": "c",
+        "X_CREDENTIAL": "c", "AUTH": "a", "NEXTAUTH_URL": "https://x", "OAUTH_CLIENT": "o",
+        "PROXY_AUTHORIZATION": "Basic x", "TWILIO_SESSION_KEY": "k",
+        "ANTHROPIC_API_KEY": "a", "OPENAI_ORG": "o", "AWS_REGION": "r", "GOOGLE_API_KEY": "g",
+        "AMQP_URL": "amqp://guest:hunter2@mq:5672/", "UPSTREAM": "https://u:p@example.org/x",
+        "MONGO_URI": "mongodb://db/x?authSource=a&password=p",
+    }
+    HARMLESS_ENV = {"AUTHOR_NAME": "Ada", "GIT_AUTHOR_EMAIL": "a@example.org",
+                    "LANG": "C.UTF-8", "HOMEPAGE_URL": "https://example.org/",
+                    "GIT_URL": "ssh://git@example.org/r.git", "KEEP_ME": "yes"}
+
+    def test_local_strips_credentials_by_pattern(self):
+        env = dict(self.env, **self.SECRET_ENV, **self.HARMLESS_ENV)
+        p = subprocess.run([COWBOX, "exec", "--backend", "local", "--dir", self.ws,
+                            "--env", "GITHUB_TOKEN=explicit", "--", "env"], env=env,
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        got = dict(line.split("=", 1) for line in p.stdout.splitlines() if "=" in line)
+        for name in self.SECRET_ENV:
+            if name != "GITHUB_TOKEN":
+                self.assertNotIn(name, got)
+        # What the caller gives explicitly still wins.
+        self.assertEqual(got.get("GITHUB_TOKEN"), "explicit")
+        for name, value in self.HARMLESS_ENV.items():
+            self.assertEqual(got.get(name), value, name)
+        for name in ("PATH", "HOME"):
+            self.assertEqual(got.get(name), os.environ[name], name)
+
     def test_local_cwd_stays_in_the_workspace(self):
         p = self.run_exec("--backend", "local", "--cwd", "sub", "--", "pwd")
         self.assertEqual(p.stdout.strip(), os.path.join(os.path.realpath(self.ws), "sub"))

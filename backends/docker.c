@@ -22,7 +22,12 @@ struct docker_running {
 	struct cb_exec *h;
 	unsigned long token;
 	double timeout;
+	int killed; /* docker_kill signalled its tree */
 };
+
+/* timeout's -k: how long a timed-out tree has between SIGTERM and SIGKILL (the runner's grace,
+ * so that every backend ends a command that ignores SIGTERM alike). */
+#define DOCKER_KILL_AFTER CB_EXEC_DEFAULT_GRACE
 
 struct docker_state {
 	char name[64]; /* cowbox-<ref> */
@@ -170,7 +175,7 @@ static int docker_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 {
 	struct docker_state *s = b->priv;
 	struct cb_exec_spec spec = {0};
-	char **env = NULL, *rel = NULL, *argv[DOCKER_MAX_ARGS], wrapper[160], tmo[32], wd[4200];
+	char **env = NULL, *rel = NULL, *argv[DOCKER_MAX_ARGS], wrapper[320], tmo[32], wd[4200];
 	char envfile[4200];
 	FILE *ef = NULL;
 	size_t n = 0, slot;
@@ -196,8 +201,13 @@ static int docker_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	}
 	snprintf(wd, sizeof(wd), "%s%s", rel[0] == '/' ? "" : "/workspace/", rel);
 	snprintf(tmo, sizeof(tmo), "%g", timeout > 0 ? timeout : 0);
+	/* A kill may come before the tree exists: docker_signal_tree leaves the signal in a
+	 * file first and reads the pid second, the wrapper writes its pid first and looks for
+	 * the file second, so one of them always sees the other. */
 	snprintf(wrapper, sizeof(wrapper),
-		 "echo $$ >/tmp/.cowbox-exec-%lu; exec timeout -k 5 %s \"$@\"", token, tmo);
+		 "echo $$ >/tmp/.cowbox-exec-%lu; s=$(cat /tmp/.cowbox-kill-%lu 2>/dev/null) && "
+		 "exit $((128 + s)); exec timeout -k %g %s \"$@\"",
+		 token, token, DOCKER_KILL_AFTER, tmo);
 	argv[n++] = "docker";
 	argv[n++] = "exec";
 	argv[n++] = "-i";
@@ -259,6 +269,7 @@ release:
 	s->running[slot].h = rc ? NULL : *out;
 	s->running[slot].token = token;
 	s->running[slot].timeout = timeout;
+	s->running[slot].killed = 0;
 	pthread_mutex_unlock(&s->lock);
 out:
 	free(rel);
@@ -274,17 +285,19 @@ static struct docker_running *docker_find(struct docker_state *s, struct cb_exec
 	return NULL;
 }
 
-/* Signal the command's process group inside the container (timeout made it the leader). */
+/* Signal the command's process group inside the container (timeout made it the leader), or
+ * the wrapper itself before timeout made the group; the signal is left in a file for a
+ * wrapper that has not started yet (see docker_exec). */
 static void docker_signal_tree(struct docker_state *s, unsigned long token, int sig)
 {
-	char script[160];
+	char script[320];
 	char *argv[] = {"docker", "exec", s->name, "/bin/sh", "-c", script, NULL};
 	struct cb_exec_result res;
 
 	snprintf(script, sizeof(script),
-		 "p=$(cat /tmp/.cowbox-exec-%lu 2>/dev/null) && kill -%d -$p 2>/dev/null; "
-		 "true",
-		 token, sig);
+		 "echo %d >/tmp/.cowbox-kill-%lu; p=$(cat /tmp/.cowbox-exec-%lu 2>/dev/null) && "
+		 "{ kill -%d -$p 2>/dev/null || kill -%d $p 2>/dev/null; }; true",
+		 sig, token, token, sig, sig);
 	if (docker_cli(argv, 30, &res) == 0)
 		cb_exec_result_free(&res);
 }
@@ -295,12 +308,13 @@ static int docker_wait(struct cb_backend *b, struct cb_exec *h, struct cb_exec_r
 	struct docker_running *r;
 	unsigned long token = 0;
 	double timeout = 0;
-	int rc = cb_exec_wait(h, res);
+	int rc = cb_exec_wait(h, res), killed = 0;
 
 	pthread_mutex_lock(&s->lock);
 	if ((r = docker_find(s, h))) {
 		token = r->token;
 		timeout = r->timeout;
+		killed = r->killed;
 		r->h = NULL;
 	}
 	pthread_mutex_unlock(&s->lock);
@@ -311,11 +325,22 @@ static int docker_wait(struct cb_backend *b, struct cb_exec *h, struct cb_exec_r
 			 token);
 		unlink(envfile); /* the CLI read it long ago */
 	}
-	/* The CLI was stopped (output cap, kill, its own timeout): the tree inside still runs. */
+	if (killed)
+		res->killed = 1;
+	/* timeout ends 124 when the command obeyed SIGTERM, 137 when it had to be killed after
+	 * DOCKER_KILL_AFTER more seconds; by then nothing but the timeout can have ended it. */
+	if (!rc && timeout > 0 &&
+	    ((res->exit_code == 124 && res->duration >= timeout - 0.05) ||
+	     (res->exit_code == 128 + SIGKILL && !killed &&
+	      res->duration >= timeout + DOCKER_KILL_AFTER - 0.05))) {
+		res->timed_out = 1;
+		res->exit_code = 124;
+		res->term_signal = 0;
+	}
+	/* The CLI was stopped (output cap, kill, its own timeout) or the command timed out:
+	 * what is left of the tree inside goes now. */
 	if (!rc && token && (res->output_limited || res->killed || res->timed_out))
 		docker_signal_tree(s, token, SIGKILL);
-	if (!rc && timeout > 0 && res->exit_code == 124 && res->duration >= timeout - 0.05)
-		res->timed_out = 1;
 	/* The engine refused to run anything (the container was removed or stopped behind our
 	 * back): not the command's failure. -ENXIO tells the daemon to stop; the next use
 	 * starts a new daemon, which makes a new container. */
@@ -337,8 +362,10 @@ static void docker_kill(struct cb_backend *b, struct cb_exec *h, int sig)
 	unsigned long token = 0;
 
 	pthread_mutex_lock(&s->lock);
-	if ((r = docker_find(s, h)))
+	if ((r = docker_find(s, h))) {
 		token = r->token;
+		r->killed = 1;
+	}
 	pthread_mutex_unlock(&s->lock);
 	/* The CLI is left alone: it returns the status of the tree it runs once that ends. */
 	if (token)

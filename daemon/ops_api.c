@@ -28,6 +28,10 @@ struct api_exec {
 	int started;   /* h is set and running; guarded by running_lock */
 	int stop_sent; /* the daemon's stop killed it */
 	int hangup;    /* the client went away: nobody wants the command any more */
+	int early_sig; /* a kill that came before the command existed; guarded by running_lock.
+			  b and h are only used once started is set: until then the kill is
+			  kept here and sent as soon as the command runs (SIGKILL: it never
+			  starts). */
 	struct api_exec *next;
 };
 
@@ -192,10 +196,21 @@ static void *api_exec_main(void *arg)
 	struct cb_exec_callbacks cbs = {api_output, e};
 	struct cb_exec_result res = {0};
 	pid_t pid = 0;
-	int rc;
+	int rc, early_kill;
 
 	if ((rc = cb_api_backend(e->d, 1, &e->b)) < 0)
 		goto fail;
+	pthread_mutex_lock(&running_lock);
+	early_kill = e->early_sig == SIGKILL || e->hangup;
+	pthread_mutex_unlock(&running_lock);
+	if (early_kill) {
+		/* Killed before it existed: it never runs, and ends as a SIGKILL would have. */
+		res.killed = 1;
+		res.term_signal = SIGKILL;
+		res.exit_code = 128 + SIGKILL;
+		running_remove(e);
+		goto reply;
+	}
 	cb_daemon_spawn_lock();
 	rc = e->b->ops->exec(e->b, &e->cmd, e->stream ? &cbs : NULL, &e->h);
 	if (!rc && cb_daemon_child_claim(cb_exec_pid(e->h)) == 0)
@@ -207,6 +222,8 @@ static void *api_exec_main(void *arg)
 	e->started = 1;
 	if (e->hangup)
 		cb_exec_kill(e->h, SIGKILL);
+	else if (e->early_sig)
+		e->b->ops->kill(e->b, e->h, e->early_sig);
 	pthread_cond_broadcast(&running_cond);
 	pthread_mutex_unlock(&running_lock);
 	rc = e->b->ops->wait(e->b, e->h, &res);
@@ -218,6 +235,7 @@ static void *api_exec_main(void *arg)
 		cb_exec_result_free(&res); /* partly filled, also on an error */
 		goto fail;
 	}
+reply:
 	if (e->strict && (res.timed_out || res.output_limited)) {
 		json_t *err = json_pack("{s:s, s:s, s:o}", "code",
 					res.timed_out ? "timeout" : "output_limit", "message",
@@ -381,8 +399,12 @@ static int op_kill(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 	if ((sig && !json_is_integer(sig)) || signo < 1 || signo > 64)
 		return cb_error_set(EINVAL, "kill: \"signal\" needs a signal number 1-64");
 	pthread_mutex_lock(&running_lock);
-	if ((e = running_find(conn, id)))
+	e = running_find(conn, id);
+	/* Before its start the command has no handle (nor, maybe, a backend) to signal. */
+	if (e && e->started)
 		e->b->ops->kill(e->b, e->h, signo);
+	else if (e && e->early_sig != SIGKILL)
+		e->early_sig = signo;
 	pthread_mutex_unlock(&running_lock);
 	return e ? 0
 		 : cb_error_set(ENOENT, "kill: no running command with this id on this "

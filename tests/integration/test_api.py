@@ -3,8 +3,11 @@ requests (the daemon keeps serving), concurrency, crash and reattach, path escap
 against a real HTTP server on the host."""
 
 import base64
+import json
 import os
+import random
 import signal
+import threading
 import time
 import unittest
 
@@ -17,6 +20,19 @@ def b64(data):
 
 def unb64(text):
     return base64.b64decode(text)
+
+
+def pids_with(marker):
+    """Host pids whose command line contains marker."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open("/proc/%s/cmdline" % entry, "rb") as f:
+                if entry.isdigit() and marker.encode() in f.read():
+                    found.append(int(entry))
+        except OSError:
+            pass
+    return found
 
 
 class ApiTest(cbtest.CowboxTestCase):
@@ -281,6 +297,85 @@ class ApiTest(cbtest.CowboxTestCase):
         first = self.c.recv()
         self.assertEqual(first["error"]["code"], "in_use")
         self.assertEqual(self.c.recv()["exit_code"], 0)
+
+    def final_reply(self, c, want):
+        """Read c until the final reply of each id in want; returns {id: reply}."""
+        got = {}
+        while len(got) < len(want):
+            m = c.recv()
+            if "stream" not in m and m.get("id") in want:
+                got[m["id"]] = m
+        return got
+
+    def test_kill_right_after_exec(self):
+        # A kill that arrives before the command exists (here while the on_create hook
+        # runs; later while the sandbox is being made) is kept and applied: the daemon
+        # survives and every exec ends killed.
+        self.ok("configure", options={"on_create": ["sleep 1"]})
+        pid = self.daemon_pid(self.ref)
+        self.c.send_raw(json.dumps({"id": "slow", "op": "exec", "cmd": ["sleep", "60"]}).encode()
+                        + b"\n" + json.dumps({"id": "slow", "op": "kill"}).encode() + b"\n")
+        r = self.final_reply(self.c, {"slow"})["slow"]
+        self.assertEqual((r.get("exit_code"), r.get("killed")), (137, True), r)
+        want = {}
+        for i in range(50):
+            sig = (9, 15)[i % 2]
+            op = ("exec", "run")[i % 3 == 0]
+            want["k%d" % i] = 128 + sig
+            self.c.send_raw(json.dumps({"id": "k%d" % i, "op": op,
+                                        "cmd": ["sleep", "60"]}).encode() + b"\n" +
+                            json.dumps({"id": "k%d" % i, "op": "kill",
+                                        "signal": sig}).encode() + b"\n")
+        t0 = time.monotonic()
+        for rid, r in self.final_reply(self.c, set(want)).items():
+            self.assertEqual((r.get("exit_code"), r.get("killed")), (want[rid], True), r)
+        self.assertLess(time.monotonic() - t0, 30)
+        self.assertEqual(self.daemon_pid(self.ref), pid)
+        self.assertEqual(self.run_cmd(["echo", "still"])[1], b"still\n")
+
+    def test_exec_kill_stdin_close_race(self):
+        # exec, stdin, kill and hang-ups racing on one connection and across connections:
+        # the daemon neither crashes nor leaks a command, and keeps serving.
+        seed = int(os.environ.get("COWBOX_SEED", random.randrange(1 << 30)))
+        print("COWBOX_SEED=%d" % seed)
+        pid = self.daemon_pid(self.ref)
+        marker = "7%d" % (seed % 100000)
+        errors = []
+
+        def worker(n):
+            rnd = random.Random(seed * 31 + n)
+            try:
+                for _ in range(12):
+                    c = cbtest.Client(os.path.join(self.ws_dir(self.ref), "control.sock"))
+                    lines = []
+                    for j in range(rnd.randrange(1, 6)):
+                        rid = "%d-%d" % (n, j)
+                        cmd = rnd.choice([["cat"], ["sleep", marker],
+                                          ["sh", "-c", "cat; sleep %s" % marker]])
+                        lines.append({"id": rid, "op": rnd.choice(["exec", "exec", "run"]),
+                                      "cmd": cmd, "stdin": True})
+                        for _ in range(rnd.randrange(0, 4)):
+                            lines.append(rnd.choice([
+                                {"id": rid, "op": "stdin", "data": b64(b"x\n")},
+                                {"id": rid, "op": "stdin", "eof": True},
+                                {"id": rid, "op": "kill", "signal": rnd.choice([9, 15])}]))
+                    c.send_raw(b"".join(json.dumps(m).encode() + b"\n" for m in lines))
+                    if rnd.random() < 0.5:
+                        time.sleep(rnd.random() * 0.05)
+                    c.close()  # the hang-up kills whatever still runs
+            except Exception as e:  # noqa: BLE001 - reported by the main thread
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        self.assertEqual(errors, [])
+        self.assertEqual(self.daemon_pid(self.ref), pid)
+        # Every command of a closed connection is gone, and the daemon still serves.
+        cbtest.wait_for(lambda: not pids_with(marker), 30, what="the racing commands to end")
+        self.assertEqual(self.run_cmd(["echo", "still"])[1], b"still\n")
 
     def test_client_hangup_and_daemon_crash_reattach(self):
         c = self.client(self.ref)

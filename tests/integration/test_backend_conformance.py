@@ -82,6 +82,22 @@ class Conformance:
                 await box.read("late.txt")
         self.arun(body)
 
+    def test_timeout_when_sigterm_is_ignored(self):
+        # SIGTERM is ignored by the whole tree (the ignore is inherited): the timeout's
+        # SIGKILL 5 s later ends it, and the result still says it timed out (124).
+        async def body(box):
+            t0 = time.monotonic()
+            r = await box.run(["sh", "-c", "trap '' TERM; (sleep 8; echo late > late.txt) & "
+                               "sleep 30"], timeout=0.5)
+            took = time.monotonic() - t0
+            self.assertEqual((r.exit_code, r.timed_out), (124, True), r)
+            self.assertGreater(took, 5)
+            self.assertLess(took, 15)
+            await asyncio.sleep(max(0, 9 - (time.monotonic() - t0)))
+            with self.assertRaises(cowbox.WorkspaceNotFoundError):
+                await box.read("late.txt")
+        self.arun(body)
+
     def test_output_cap(self):
         async def body(box):
             r = await box.run(["sh", "-c", "yes | head -c 30000000; echo done >&2"])
@@ -101,6 +117,17 @@ class Conformance:
             self.assertEqual(await p.stdout.readline(), b"started\n")
             p.terminate()
             self.assertIn(await p.wait(), (143, 137))
+        self.arun(body)
+
+    def test_kill_right_after_exec(self):
+        # The first kill comes while the backend boots (the docker container starts), the
+        # others while the command is being started: each is applied, none is lost.
+        async def body(box):
+            for sig in (9, 9, 15, 9, 15, 9):
+                p = await box.exec(["sleep", "60"])
+                p.send_signal(sig)
+                self.assertEqual(await asyncio.wait_for(p.wait(), 60), 128 + sig)
+            self.assertEqual((await box.run(["true"])).exit_code, 0)
         self.arun(body)
 
     def test_files_and_paths(self):
@@ -167,6 +194,30 @@ class NsConformance(Conformance, cbtest.CowboxTestCase):
 class LocalConformance(Conformance, cbtest.CowboxTestCase):
     OPTIONS = {"backend": "local"}
     KILLS_TREE_AT_ONCE = True
+
+    def test_credentials_stripped_by_pattern(self):
+        # Through the daemon (the API's path): the host's secrets by name and by pattern are
+        # gone, harmless names stay, and the env given by the caller wins.
+        planted = {"GH_TOKEN": "gho_x", "HF_TOKEN": "hf_x", "DATABASE_URL": "postgres:///d",
+                   "SSH_AUTH_SOCK": "/tmp/agent", "VAULT_ADDR": "https://v",
+                   "CACHE_URL": "redis://u:pw@cache/0", "AUTHOR_NAME": "Ada"}
+        os.environ.update(planted)
+
+        async def body(box):
+            r = await box.run(["env"], env={"HF_TOKEN": "explicit"})
+            got = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+            for name in ("GH_TOKEN", "DATABASE_URL", "SSH_AUTH_SOCK", "VAULT_ADDR",
+                         "CACHE_URL"):
+                self.assertNotIn(name, got)
+            self.assertEqual(got.get("HF_TOKEN"), "explicit")
+            self.assertEqual(got.get("FROM_OPTIONS"), "yes")
+            self.assertEqual(got.get("AUTHOR_NAME"), "Ada")
+            self.assertEqual(got.get("PATH"), os.environ["PATH"])
+        try:
+            self.arun(body)
+        finally:
+            for name in planted:
+                del os.environ[name]
 
 
 def _docker_ready():

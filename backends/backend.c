@@ -44,6 +44,24 @@ void cb_backend_options_free(struct cb_backend_options *o)
 	memset(o, 0, sizeof(*o));
 }
 
+static const char *const net_names[] = {"none", "all", "host"};
+
+const char *cb_backend_net_name(enum cb_backend_net net)
+{
+	return net_names[net];
+}
+
+int cb_backend_net_parse(const char *s, enum cb_backend_net *out)
+{
+	for (size_t i = 0; s && i < sizeof net_names / sizeof *net_names; i++)
+		if (!strcmp(s, net_names[i])) {
+			*out = (enum cb_backend_net)i;
+			return 0;
+		}
+	return cb_error_set(EINVAL, "backend option network: none, all or host, not '%s'",
+			    s ? s : "(not a string)");
+}
+
 static int opt_string(json_t *v, const char *key, char **out)
 {
 	if (!json_is_string(v))
@@ -137,11 +155,7 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 			rc = opt_number(v, key, &num);
 			out->memory_mb = (unsigned long)num;
 		} else if (!strcmp(key, "network")) {
-			const char *s = json_string_value(v);
-
-			if (!s || (strcmp(s, "none") && strcmp(s, "all")))
-				rc = cb_error_set(EINVAL, "backend option network: none or all");
-			out->net_all = s && !strcmp(s, "all");
+			rc = cb_backend_net_parse(json_string_value(v), &out->net);
 		} else if (!strcmp(key, "on_create"))
 			rc = opt_hooks(v, key, out->on_create);
 		else if (!strcmp(key, "on_destroy"))
@@ -164,10 +178,11 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 			rc =
 			    cb_error_set(EINVAL, "the local backend cannot enforce cpus, memory_mb "
 						 "or image; use ns or docker");
-		else if (net && !out->net_all)
-			rc = cb_error_set(EINVAL, "the local backend runs on the host's network; "
-						  "network none needs ns or docker");
-		out->net_all = 1;
+		else if (net && out->net != CB_BACKEND_NET_HOST)
+			rc = cb_error_set(EINVAL, "the local backend runs on the host's network "
+						  "(network host); network none or all needs ns "
+						  "or docker");
+		out->net = CB_BACKEND_NET_HOST;
 	}
 	if (!rc && out->working_dir &&
 	    (out->working_dir[0] == '/' || strstr(out->working_dir, "..")))
@@ -201,7 +216,7 @@ json_t *cb_backend_options_to_json(const struct cb_backend_options *o)
 	}
 	json_object_set_new(j, "backend", json_string(o->kind ? o->kind : "ns"));
 	json_object_set_new(j, "env", env);
-	json_object_set_new(j, "network", json_string(o->net_all ? "all" : "none"));
+	json_object_set_new(j, "network", json_string(cb_backend_net_name(o->net)));
 	json_object_set_new(j, "timeout", json_real(o->timeout));
 	json_object_set_new(j, "cpus", json_real(o->cpus));
 	json_object_set_new(j, "memory_mb", json_integer((json_int_t)o->memory_mb));

@@ -122,9 +122,10 @@ static int docker_create(struct cb_backend *b)
 	argv[n++] = s->name;
 	argv[n++] = "--hostname";
 	argv[n++] = b->hostname;
-	if (!b->opt.net_all) {
+	/* all: the engine's default network (its own namespace, NAT out); host: the host's. */
+	if (b->opt.net != CB_BACKEND_NET_ALL) {
 		argv[n++] = "--network";
-		argv[n++] = "none";
+		argv[n++] = b->opt.net == CB_BACKEND_NET_HOST ? "host" : "none";
 	}
 	/* host_url's forwarder listens on the container's own loopback. */
 	argv[n++] = "--add-host";

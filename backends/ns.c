@@ -1,6 +1,7 @@
 /* The ns backend (the default): each command in the namespace sandbox with the workspace at
- * /workspace; under network none all commands share one network namespace per workspace, so
- * that host_url's forwarder listens where they connect. */
+ * /workspace; all commands share one network namespace per workspace (loopback only under
+ * network none, served by pasta under all), so that host_url's forwarder listens where they
+ * connect and pasta starts once per workspace. */
 #include "config.h"
 
 #include <errno.h>
@@ -15,24 +16,53 @@
 
 struct ns_state {
 	int netns_fd; /* the workspace's network namespace; -1: the host's or a fresh one each */
+	struct cb_pasta *pasta; /* network all: the user-mode networking of netns_fd */
 };
+
+static void ns_state_free(struct ns_state *s)
+{
+	if (!s)
+		return;
+	cb_pasta_stop(s->pasta);
+	if (s->netns_fd >= 0)
+		close(s->netns_fd);
+	free(s);
+}
 
 static int ns_create(struct cb_backend *b)
 {
 	struct ns_state *s = calloc(1, sizeof(*s));
+	char log[4200], pid[4200];
 	int rc = 0;
 
 	if (!s)
 		return cb_error_set(ENOMEM, "ns backend: out of memory");
 	s->netns_fd = -1;
-	/* Without root each command gets a fresh namespace from the sandbox itself, and
-	 * host_url says it is unavailable. */
-	if (!b->opt.net_all && geteuid() == 0 && (rc = cb_netns_new(&s->netns_fd)) < 0) {
-		free(s);
-		return rc;
+	if (b->opt.net == CB_BACKEND_NET_HOST) {
+		fprintf(stderr,
+			"cowbox: warning: workspace %s: network host: its commands share the "
+			"host's network namespace (its loopback services, its abstract unix "
+			"sockets)\n",
+			b->ref);
+	} else if (geteuid() == 0) {
+		if ((rc = cb_netns_new(&s->netns_fd)) < 0)
+			goto out;
+		snprintf(log, sizeof(log), "%s/pasta.log", b->dir);
+		snprintf(pid, sizeof(pid), "%s/pasta.pid", b->dir);
+		if (b->opt.net == CB_BACKEND_NET_ALL &&
+		    (rc = cb_pasta_start(s->netns_fd, log, pid, &s->pasta)) < 0)
+			goto out;
+	} else if (b->opt.net == CB_BACKEND_NET_ALL) {
+		/* Without root each command gets a fresh namespace from the sandbox itself, and
+		 * host_url says it is unavailable. */
+		rc = cb_error_set(EOPNOTSUPP, "network all: needs the daemon to run as root");
+		goto out;
 	}
 	b->priv = s;
-	return 0;
+	s = NULL;
+out:
+	ns_state_free(s);
+	return rc;
 }
 
 static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
@@ -52,7 +82,9 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	sb.image = b->opt.image;
 	sb.hostname = b->hostname;
 	/* Every command joins the workspace's namespace, where host_url's listeners are. */
-	sb.net = b->opt.net_all ? CB_NET_ALL : s->netns_fd >= 0 ? CB_NET_JOIN : CB_NET_NONE;
+	sb.net = b->opt.net == CB_BACKEND_NET_HOST ? CB_NET_ALL
+		 : s->netns_fd >= 0		   ? CB_NET_JOIN
+						   : CB_NET_NONE;
 	sb.netns_fd = s->netns_fd;
 	sb.cpus = b->opt.cpus;
 	sb.memory_mb = b->opt.memory_mb;
@@ -99,7 +131,7 @@ static int ns_host_url(struct cb_backend *b, int port, char **url)
 	struct ns_state *s = b->priv;
 	int rc;
 
-	if (!b->opt.net_all) {
+	if (b->opt.net != CB_BACKEND_NET_HOST) {
 		if (s->netns_fd < 0)
 			return cb_error_set(EOPNOTSUPP,
 					    "host_url: needs the daemon to run as root under "
@@ -118,11 +150,7 @@ static int ns_host_url(struct cb_backend *b, int port, char **url)
 
 static void ns_close(struct cb_backend *b)
 {
-	struct ns_state *s = b->priv;
-
-	if (s && s->netns_fd >= 0)
-		close(s->netns_fd);
-	free(s);
+	ns_state_free(b->priv);
 	b->priv = NULL;
 }
 

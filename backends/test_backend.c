@@ -64,6 +64,7 @@ Test(backend, options_refuse_bad_input)
 	    "{\"on_create\":\"echo\"}",
 	    "{\"backend\":\"local\",\"memory_mb\":64}",
 	    "{\"backend\":\"local\",\"network\":\"none\"}",
+	    "{\"backend\":\"local\",\"network\":\"all\"}",
 	};
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
@@ -85,7 +86,7 @@ Test(backend, options_round_trip_through_backend_json)
 
 	cr_expect_str_eq(b->ops->name, "docker");
 	cr_expect_str_eq(b->opt.env[0], "K=v");
-	cr_expect_eq(b->opt.net_all, 1);
+	cr_expect_eq(b->opt.net, CB_BACKEND_NET_ALL);
 	cr_expect_eq(b->opt.memory_mb, 256);
 	cr_expect_str_eq(b->opt.on_create[0], "true");
 	cr_expect_str_eq(b->opt.working_dir, "sub");

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "cowbox/backend.h"
 #include "cowbox/client.h"
 #include "cowbox/error.h"
 #include "cowbox/exec.h"
@@ -26,7 +27,8 @@ struct exec_opts {
 	const char *ref, *dir, *cwd, *image, *shell;
 	double timeout, cpus;
 	unsigned long memory, pids;
-	int net_all, local, userns;
+	const char *net; /* --network: NULL (none), "none", "all" or "host" */
+	int local, userns;
 	const char *env[MAX_ENV];
 	int n_env;
 	char **cmd;
@@ -44,7 +46,9 @@ static void exec_usage(FILE *out, const char *name)
 	    "                       as soon as the command has ended), exit 124\n"
 	    "  --env K=V            add to the environment (repeatable)\n"
 	    "  --cwd DIR            working directory, relative to /workspace\n"
-	    "  --network none|all   none (default): loopback only; all: the host's network\n"
+	    "  --network MODE       none (default): loopback only; all: outbound TCP/UDP/DNS\n"
+	    "                       through pasta, not the host's loopback or its abstract\n"
+	    "                       sockets; host: the host's own network namespace (warned)\n"
 	    "  --cpus N             CPU quota (e.g. 0.5)\n"
 	    "  --memory MB          memory cap; exceeding it kills the command (exit 137)\n"
 	    "  --pids N             cap on processes and threads\n"
@@ -130,12 +134,13 @@ static int parse_exec_args(int argc, char **argv, int want_cmd, struct exec_opts
 			}
 			o->env[o->n_env++] = v;
 		} else if (!strcmp(a, "--network")) {
-			if (strcmp(v, "none") && strcmp(v, "all")) {
-				fprintf(stderr, "cowbox %s: --network is none or all, not '%s'\n",
+			if (strcmp(v, "none") && strcmp(v, "all") && strcmp(v, "host")) {
+				fprintf(stderr,
+					"cowbox %s: --network is none, all or host, not '%s'\n",
 					argv[0], v);
 				return 2;
 			}
-			o->net_all = !strcmp(v, "all");
+			o->net = v;
 		} else if (!strcmp(a, "--backend")) {
 			if (strcmp(v, "ns") && strcmp(v, "local")) {
 				fprintf(stderr, "cowbox %s: --backend is ns or local, not '%s'\n",
@@ -341,6 +346,47 @@ static int cwd_stays_inside(const char *cwd)
 	return 1;
 }
 
+/* --network all for one command: a namespace of its own served by pasta, whose files live
+ * in a private directory, all gone when the command is. */
+struct user_net {
+	int netns_fd;
+	struct cb_pasta *pasta;
+	char dir[64];
+};
+
+static int user_net_start(struct user_net *n)
+{
+	char log[128], pid[128];
+	int rc;
+
+	snprintf(n->dir, sizeof n->dir, "/tmp/cowbox-net-XXXXXX");
+	if (!mkdtemp(n->dir)) {
+		n->dir[0] = 0;
+		return cb_error_set(errno, "network all: mkdtemp: %s", strerror(errno));
+	}
+	snprintf(log, sizeof log, "%s/pasta.log", n->dir);
+	snprintf(pid, sizeof pid, "%s/pasta.pid", n->dir);
+	if ((rc = cb_netns_new(&n->netns_fd)) < 0)
+		return rc;
+	return cb_pasta_start(n->netns_fd, log, pid, &n->pasta);
+}
+
+static void user_net_stop(struct user_net *n)
+{
+	char path[128];
+
+	cb_pasta_stop(n->pasta);
+	if (n->netns_fd >= 0)
+		close(n->netns_fd);
+	if (!n->dir[0])
+		return;
+	snprintf(path, sizeof path, "%s/pasta.log", n->dir);
+	unlink(path);
+	snprintf(path, sizeof path, "%s/pasta.pid", n->dir);
+	unlink(path);
+	rmdir(n->dir);
+}
+
 static int run_in_workspace(int argc, char **argv, int shell_mode)
 {
 	struct exec_opts o = {0};
@@ -350,6 +396,7 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 	struct cb_exec_result res = {0};
 	struct cb_exec *h = NULL;
 	struct signal_thread st = {0};
+	struct user_net net = {.netns_fd = -1};
 	struct termios saved;
 	char *dir = NULL, *name = NULL, **env = NULL, *cwd = NULL;
 	int status = 125, raw = 0, rc, thread = 0;
@@ -357,7 +404,8 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 	rc = parse_exec_args(argc, argv, !shell_mode, &o);
 	if (rc)
 		return rc < 0 ? 0 : rc;
-	if (o.local && (o.image || o.cpus > 0 || o.memory || o.pids || o.net_all || o.userns)) {
+	if (o.local && (o.image || o.cpus > 0 || o.memory || o.pids || o.userns ||
+			(o.net && strcmp(o.net, "host")))) {
 		fprintf(stderr,
 			"cowbox %s: --image, --network, --cpus, --memory, --pids and "
 			"--userns need the ns backend\n",
@@ -396,7 +444,21 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 		sb.workspace = dir;
 		sb.image = o.image;
 		sb.hostname = name;
-		sb.net = o.net_all ? CB_NET_ALL : CB_NET_NONE;
+		if (o.net && !strcmp(o.net, "host")) {
+			fprintf(stderr, "cowbox: warning: --network host: the command shares the "
+					"host's network namespace (its loopback services, its "
+					"abstract unix sockets)\n");
+			sb.net = CB_NET_ALL;
+		} else if (o.net && !strcmp(o.net, "all")) {
+			if ((rc = user_net_start(&net)) < 0) {
+				fprintf(stderr, "cowbox %s: %s\n", argv[0], cb_error_message());
+				goto out;
+			}
+			sb.net = CB_NET_JOIN;
+			sb.netns_fd = net.netns_fd;
+		} else {
+			sb.net = CB_NET_NONE;
+		}
 		sb.cpus = o.cpus;
 		sb.memory_mb = o.memory;
 		sb.pids = o.pids;
@@ -472,6 +534,7 @@ out:
 	}
 	cb_exec_result_free(&res);
 	cb_exec_free(h);
+	user_net_stop(&net);
 	cb_exec_env_free(env);
 	free(cwd);
 	free(dir);

@@ -4,6 +4,8 @@
 
 #include <unistd.h>
 
+#include "cowbox/backend.h"
+#include "cowbox/error.h"
 #include "cowbox/journal.h"
 #include "daemon.h"
 
@@ -21,6 +23,25 @@ static int op_ping(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 	return cb_daemon_reply(conn, json_object_get(req, "id"), NULL);
 }
 
+/* The backend's network, and a warning when it is the host's own. */
+static void info_network(struct cb_daemon *d, json_t *r)
+{
+	struct cb_backend_options o;
+
+	if (cb_backend_options_load(d->dir, &o) < 0) {
+		cb_error_clear();
+		return;
+	}
+	json_object_set_new(r, "network", json_string(cb_backend_net_name(o.net)));
+	if (o.net == CB_BACKEND_NET_HOST)
+		json_object_set_new(
+		    r, "warning",
+		    json_string("network host: commands share the host's network "
+				"namespace (its loopback services and abstract unix "
+				"sockets)"));
+	cb_backend_options_free(&o);
+}
+
 static int op_info(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
 	json_t *r = json_pack("{s:s, s:s, s:s, s:I, s:I, s:f}", "ref", d->ref, "state", "mounted",
@@ -30,6 +51,7 @@ static int op_info(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 	if (r) {
 		json_object_set_new(r, "name", d->name ? json_string(d->name) : json_null());
 		json_object_set_new(r, "base", d->base ? json_string(d->base) : json_null());
+		info_network(d, r);
 	}
 	return cb_daemon_reply(conn, json_object_get(req, "id"), r);
 }

@@ -1,8 +1,8 @@
-# exec: the process runner (run*.c, shim.c; tree.c kills a host command's whole tree) and
-# the namespace sandbox (ns*.c, cgroup.c).
+# exec: the process runner (run*.c, shim.c; tree.c kills a host command's whole tree), the
+# namespace sandbox (ns*.c, cgroup.c) and pasta.c (user-mode networking for network all).
 noinst_LTLIBRARIES += exec/libcb_exec.la
 exec_libcb_exec_la_SOURCES = exec/internal.h exec/run.h exec/run.c exec/run_io.c exec/shim.c \
-	exec/env.c exec/ns.c exec/tree.c \
+	exec/env.c exec/ns.c exec/tree.c exec/pasta.c \
 	exec/ns_harden.c exec/cgroup.c
 COWBOX_LAYERS += exec/libcb_exec.la
 pkginclude_HEADERS += include/cowbox/exec.h include/cowbox/sandbox.h

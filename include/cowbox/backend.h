@@ -13,6 +13,14 @@
 #define CB_BACKEND_MAX_HOOKS 16
 #define CB_BACKEND_CHUNK     (1u << 20) /* the largest read or write chunk, in bytes */
 
+/* What a workspace's commands reach on the network. */
+enum cb_backend_net {
+	CB_BACKEND_NET_NONE = 0, /* loopback only: a namespace of the workspace's own */
+	CB_BACKEND_NET_ALL,	 /* outbound through user-mode networking (ns: pasta; docker:
+				    the engine's default network); not the host's loopback */
+	CB_BACKEND_NET_HOST,	 /* the host's own namespace (ns, docker; what local always is) */
+};
+
 /* The options every backend takes. They shape a new workspace's backend and are kept in
  * <workspace dir>/backend.json, so that a daemon started later (after a crash, or a close)
  * reattaches with the same ones. Zero fields take the documented defaults. */
@@ -24,7 +32,7 @@ struct cb_backend_options {
 	char *working_dir;	 /* where commands start, relative to the workspace root (made if
 				    missing when the backend is created); NULL: the root */
 	double timeout;		 /* default per-command timeout in seconds; <= 0: none */
-	int net_all;		 /* 0: network none (loopback only); 1: the host's network */
+	enum cb_backend_net net; /* none (default), all or host; docs/security.md */
 	double cpus;		 /* CPU quota; 0: none */
 	unsigned long memory_mb; /* memory cap; 0: none */
 	char *image;		 /* ns: a root image directory; docker: an image name */
@@ -94,10 +102,15 @@ struct cb_backend {
 };
 
 /* Parse options from JSON ({"backend":"ns","env":{"K":"V"},"working_dir":...,"timeout":...,
- * "network":"none"|"all","cpus":...,"memory_mb":...,"image":...,"on_create":[...],
+ * "network":"none"|"all"|"host","cpus":...,"memory_mb":...,"image":...,"on_create":[...],
  * "on_destroy":[...],"setup_script":...,"setup_timeout":...}). Unknown keys and wrong types
  * are refused with a message naming them (-EINVAL). Free with cb_backend_options_free. */
 int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out);
+/* The name of a network mode ("none", "all", "host"), and the mode of a name: -EINVAL with a
+ * message for anything else (NULL included). */
+const char *cb_backend_net_name(enum cb_backend_net net);
+int cb_backend_net_parse(const char *s, enum cb_backend_net *out);
+
 /* The JSON form of options (a new reference). */
 json_t *cb_backend_options_to_json(const struct cb_backend_options *o);
 void cb_backend_options_free(struct cb_backend_options *o);

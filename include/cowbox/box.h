@@ -47,7 +47,7 @@ struct cb_box_options {
 	const char *const *env;	       /* "KEY=VALUE" strings, NULL-terminated; nothing else
 					* of the host's environment reaches ns or docker */
 	const char *working_dir;       /* relative to the workspace root */
-	const char *network;	       /* "none" (default for ns/docker) or "all" */
+	const char *network;	       /* "none" (default for ns/docker), "all" or "host" */
 	double cpus;		       /* > 0: CPU limit */
 	unsigned long memory_mb;       /* > 0: memory limit */
 	const char *image;	       /* ns: a root directory; docker: an image name */

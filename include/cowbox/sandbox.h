@@ -10,7 +10,8 @@
  * the commands join (CB_NET_JOIN); an enum value for it can be added without changing these. */
 enum cb_sandbox_net {
 	CB_NET_NONE = 0, /* a fresh network namespace with only loopback, up */
-	CB_NET_ALL,	 /* the host's network */
+	CB_NET_ALL,	 /* the host's own network namespace (what `network host` asks for;
+			    `network all` is CB_NET_JOIN of a namespace that pasta serves) */
 	CB_NET_JOIN,	 /* join netns_fd: a namespace the caller keeps, e.g. one per workspace
 			    shared by its commands (and the forwarders or proxy it runs there);
 			    also saves creating a namespace per command (the main cost of one) */
@@ -49,5 +50,23 @@ struct cb_sandbox {
 		       to host uid/gid userns_uid (0: 65534). Always on when not root. */
 	uid_t userns_uid;
 };
+
+/* User-mode networking (exec/pasta.c) for a network namespace the caller keeps: pasta, from
+ * Debian's passt package, relays the namespace's outbound TCP, UDP (and so DNS) through host
+ * sockets, while the host's loopback, its abstract unix sockets and every port of the host
+ * stay out of reach (no port forwarding either way, the gateway is not mapped to the host).
+ * A thread of the caller keeps pasta: it ends with cb_pasta_stop or, if the caller's process
+ * dies, with it (a parent-death signal); nothing is left running. */
+struct cb_pasta;
+
+/* Start pasta for netns_fd (an fd of a network namespace with loopback up; duplicated, the
+ * caller keeps its own) and return once the namespace has its interface, address and routes.
+ * log_path gets pasta's messages, pid_path its pid (files in a directory only root may write).
+ * -errno with a message quoting pasta's own when it fails or takes over 10 s. */
+int cb_pasta_start(int netns_fd, const char *log_path, const char *pid_path,
+		   struct cb_pasta **out);
+
+/* Kill and reap pasta and free p; NULL is fine. */
+void cb_pasta_stop(struct cb_pasta *p);
 
 #endif

@@ -422,11 +422,72 @@ class ApiTest(cbtest.CowboxTestCase):
         other = self.create(self.base)
         self.mount(other)
         c2 = self.client(other)
-        self.ok("configure", c=c2, options={"network": "all", "memory_mb": 64, "cpus": 0.5})
+        self.ok("configure", c=c2, options={"network": "host", "memory_mb": 64, "cpus": 0.5})
+        self.assertIn("network host", self.ok("info", c=c2)["warning"])
         r = self.ok("run", c=c2, cmd=["python3", "-c", probe])
         self.assertEqual(unb64(r["stdout"]), b"reached\n")
         r = self.ok("run", c=c2, cmd=["python3", "-c", "b = bytearray(400 << 20); print(len(b))"])
         self.assertEqual((r["exit_code"], r["oom_killed"]), (137, True), r)
+
+    def pasta_pids(self, daemon):
+        """pasta processes the daemon keeps (children of its threads)."""
+        found = []
+        for task in os.listdir("/proc/%d/task" % daemon):
+            try:
+                with open("/proc/%d/task/%s/children" % (daemon, task)) as f:
+                    kids = f.read().split()
+            except OSError:
+                continue
+            for kid in kids:
+                try:
+                    with open("/proc/%s/cmdline" % kid, "rb") as f:
+                        if b"--no-map-gw" in f.read():
+                            found.append(int(kid))
+                except OSError:
+                    pass
+        return found
+
+    def test_network_all_one_pasta_per_workspace(self):
+        port = self.listen_port()
+        hello = self.serve_hello()
+        probe = ("import socket,sys\ntry:\n socket.create_connection(('127.0.0.1', %d), 3)\n"
+                 " print('reached')\nexcept OSError as e:\n print('refused')\n" % port)
+        other = self.create(self.base)
+        self.mount(other)
+        c2 = self.client(other)
+        self.ok("configure", c=c2, options={"network": "all"})
+        self.assertEqual(self.ok("info", c=c2)["network"], "all")
+        daemon = self.daemon_pid(other)
+        for _ in range(3):
+            r = self.ok("run", c=c2, cmd=["python3", "-c", probe])
+            self.assertEqual(unb64(r["stdout"]), b"refused\n")
+        # Commands share one namespace, served by one pasta that the daemon keeps.
+        pastas = self.pasta_pids(daemon)
+        self.assertEqual(len(pastas), 1, pastas)
+        r = self.ok("run", c=c2, cmd=["sh", "-c", "cat /proc/net/route | wc -l"])
+        self.assertGreater(int(unb64(r["stdout"])), 1)  # a default route, unlike none
+        # host_url still reaches that one host port.
+        url = self.ok("host_url", c=c2, port=hello)["url"]
+        r = self.ok("run", c=c2, cmd=["python3", "-c", "import urllib.request; print("
+                                      "urllib.request.urlopen('%s').read().decode())" % url])
+        self.assertEqual(unb64(r["stdout"]), b"hello from the host\n", r)
+        # pasta goes with the workspace's daemon.
+        self.ok("close", c=c2)
+        cbtest.wait_for(lambda: not cbtest.pid_alive(daemon), 15, what="daemon stop")
+        cbtest.wait_for(lambda: not any(cbtest.pid_alive(p) for p in pastas), 10,
+                        what="pasta to end")
+        # And with a daemon that dies without a word (kill -9).
+        third = self.create(self.base)
+        self.mount(third)
+        c3 = self.client(third)
+        self.ok("configure", c=c3, options={"network": "all"})
+        self.ok("run", c=c3, cmd=["true"])
+        daemon = self.daemon_pid(third)
+        pastas = self.pasta_pids(daemon)
+        self.assertEqual(len(pastas), 1, pastas)
+        os.kill(daemon, signal.SIGKILL)
+        cbtest.wait_for(lambda: not any(cbtest.pid_alive(p) for p in pastas), 10,
+                        what="pasta to end with the killed daemon")
 
     def test_no_fd_leaks(self):
         pid = self.daemon_pid(self.ref)

@@ -283,11 +283,98 @@ class TestNetwork(EscapeTestCase):
                            "ls /proc/sys/net/ipv4/conf").stdout.split()
         self.assertEqual(sorted(set(out) - {"all", "default"}), ["lo"])
 
-    def test_all_reaches_the_host(self):
-        port = self.serve()
+    def serve_abstract(self):
+        """A host abstract unix socket (the kind container shims, D-Bus and X11 use)."""
+        name = "cowbox-test-%d-%d" % (os.getpid(), id(self))
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        srv.bind("\0" + name)
+        srv.listen(4)
+        self.addCleanup(srv.close)
+
+        def accept():
+            try:
+                while True:
+                    conn, _ = srv.accept()
+                    conn.sendall(b"HOST-ABSTRACT\n")
+                    conn.close()
+            except OSError:
+                pass
+        threading.Thread(target=accept, daemon=True).start()
+        return name
+
+    ABSTRACT = ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.settimeout(3)\ntry:\n"
+                "    s.connect('\\0' + sys.argv[1]); print(s.recv(100).decode())\n"
+                "except OSError as e: print('refused', type(e).__name__)\n")
+
+    def peer_namespace(self):
+        """A server outside this machine's stack: a network namespace of the test's own,
+        joined to the host by a veth pair; answers TCP with PEER-TCP and echoes UDP."""
+        tag = "%05d" % (os.getpid() % 100000)
+        ns, host_if, peer_if = "cbt-" + tag, "cbh" + tag, "cbp" + tag
+        net = "10.%d.%d" % (200 + os.getpid() % 50, os.getpid() % 250)
+        ip = lambda *a: subprocess.run(["ip"] + list(a), check=True, capture_output=True)
+        ip("netns", "add", ns)
+        self.addCleanup(subprocess.run, ["ip", "netns", "del", ns], capture_output=True)
+        ip("link", "add", host_if, "type", "veth", "peer", "name", peer_if)
+        self.addCleanup(subprocess.run, ["ip", "link", "del", host_if], capture_output=True)
+        ip("link", "set", peer_if, "netns", ns)
+        ip("addr", "add", net + ".1/24", "dev", host_if)
+        ip("link", "set", host_if, "up")
+        ip("-n", ns, "addr", "add", net + ".2/24", "dev", peer_if)
+        ip("-n", ns, "link", "set", peer_if, "up")
+        ip("-n", ns, "link", "set", "lo", "up")
+        server = ("import socket, threading\n"
+                  "t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+                  "t.bind(('%s.2', 8765)); t.listen(8)\n"
+                  "u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(('%s.2', 8766))\n"
+                  "def udp():\n"
+                  "    while True:\n"
+                  "        d, a = u.recvfrom(100); u.sendto(b'PEER-UDP ' + d, a)\n"
+                  "threading.Thread(target=udp, daemon=True).start()\n"
+                  "print('ready', flush=True)\n"
+                  "while True:\n"
+                  "    c, _ = t.accept(); c.sendall(b'PEER-TCP\\n'); c.close()\n" % (net, net))
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-c", server],
+                                stdout=subprocess.PIPE, text=True)
+        self.addCleanup(proc.stdout.close)
+        self.addCleanup(proc.wait)
+        self.addCleanup(proc.kill)
+        self.assertEqual(proc.stdout.readline().strip(), "ready")
+        return net + ".2"
+
+    OUTBOUND = ("import socket, sys\ns = socket.create_connection((sys.argv[1], 8765), 5)\n"
+                "print(s.recv(100).decode().strip())\n"
+                "u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(5)\n"
+                "u.sendto(b'ping', (sys.argv[1], 8766)); print(u.recv(100).decode())\n")
+
+    def test_all_goes_out_but_not_to_the_hosts_loopback_or_abstract_sockets(self):
+        port, abstract, peer = self.serve(), self.serve_abstract(), self.peer_namespace()
+        p = self.sandbox("python3", "-c", self.OUTBOUND, peer, args=("--network", "all"),
+                         check_status=0)
+        self.assertEqual(p.stdout.split("\n")[:2], ["PEER-TCP", "PEER-UDP ping"], p.stderr)
         out = self.sandbox("python3", "-c", self.CONNECT, str(port), args=("--network", "all"),
                            check_status=0).stdout
-        self.assertIn("HOST-SERVICE", out)
+        self.assertNotIn("HOST-SERVICE", out)
+        self.assertIn("refused", out)
+        out = self.sandbox("python3", "-c", self.ABSTRACT, abstract,
+                           args=("--network", "all"), check_status=0).stdout
+        self.assertNotIn("HOST-ABSTRACT", out)
+        self.assertIn("refused", out)
+        # pasta ended with the command: nothing is left of it, nor of its files.
+        self.assertEqual([l for l in subprocess.run(["ps", "-eo", "args"], capture_output=True,
+                                                    text=True).stdout.splitlines()
+                          if "/tmp/cowbox-net-" in l], [])
+        self.assertEqual([d for d in os.listdir("/tmp") if d.startswith("cowbox-net-")], [])
+
+    def test_host_shares_the_hosts_namespace_and_says_so(self):
+        port, abstract = self.serve(), self.serve_abstract()
+        p = self.sandbox("python3", "-c", self.CONNECT, str(port), args=("--network", "host"),
+                         check_status=0)
+        self.assertIn("HOST-SERVICE", p.stdout)
+        self.assertIn("warning: --network host", p.stderr)
+        out = self.sandbox("python3", "-c", self.ABSTRACT, abstract,
+                           args=("--network", "host"), check_status=0).stdout
+        self.assertIn("HOST-ABSTRACT", out)
 
 
 class TestUserNamespace(EscapeTestCase):

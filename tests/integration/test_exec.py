@@ -124,7 +124,7 @@ class TestExecDir(ExecTestCase):
     def test_usage_errors(self):
         self.assert_fails(["exec", "--", "true"], "give a workspace REF or --dir", status=2)
         self.assert_fails(["exec", "--dir", self.ws, "--network", "some", "--", "true"],
-                          "--network is none or all", status=2)
+                          "--network is none, all or host", status=2)
         self.assert_fails(["exec", "--dir", self.ws, "--bogus", "--", "true"],
                           "unknown option --bogus", status=2)
         self.assert_fails(["exec", "--dir", self.ws], "no command given", status=2)

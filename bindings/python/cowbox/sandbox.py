@@ -198,7 +198,8 @@ class Sandbox:
                      cowbox=None, home=None):
         """A new workspace over base (a directory, or None for an empty one) with these
         backend options; the backend itself boots on first use. network is "none" (the
-        default of ns and docker) or "all" (what local always is)."""
+        default of ns and docker), "all" (outbound through user-mode networking, not the
+        host's loopback) or "host" (the host's own namespace; what local always is)."""
         options = {"backend": backend, "env": dict(env or {}),
                    "on_create": list(on_create), "on_destroy": list(on_destroy)}
         for key, value in (("network", network), ("working_dir", working_dir),

@@ -11,6 +11,7 @@
 #include "cowbox/error.h"
 #include "cowbox/turns.h"
 #include "cowbox/backend.h"
+#include "cowbox/client.h"
 #include "cowbox/workspace.h"
 
 static const char create_usage[] =
@@ -150,22 +151,76 @@ int cmd_ls(int argc, char **argv)
 }
 
 static const char info_usage[] =
-    "usage: cowbox info REF [--json]\n"
-    "Show a workspace: name, base, state, daemon pid, mount point, upper size.\n";
+    "usage: cowbox info REF [--stats] [--json]\n"
+    "Show a workspace: name, base, state, daemon pid, mount point, upper size; while it is\n"
+    "mounted also its libfuse, FUSE transport (io_uring or /dev/fuse) and fast paths.\n"
+    "--stats adds the FUSE requests served since the mount, per opcode, with the mean time\n"
+    "the daemon spent on one.\n";
+
+/* The mounted daemon's "fs" (and with stats "fs_stats") objects, or NULL when there is no
+ * daemon to ask (info then shows what is on disk only). */
+static json_t *info_fs_query(const char *ref, int stats)
+{
+	struct cb_client *c = NULL;
+	json_t *reply = NULL;
+
+	if (cb_daemon_connect(ref, &c) == 0 &&
+	    cb_client_request(c, json_pack("{s:s, s:b}", "op", "info", "stats", stats), 10000,
+			      &reply) == 0 &&
+	    json_is_object(json_object_get(reply, "fs"))) {
+		cb_client_close(c);
+		return reply;
+	}
+	cb_error_clear();
+	cb_client_close(c);
+	json_decref(reply);
+	return NULL;
+}
+
+static void info_fs_print(json_t *d)
+{
+	json_t *fs = json_object_get(d, "fs"), *st = json_object_get(d, "fs_stats"), *v;
+	const char *op;
+
+	printf("libfuse:     %s\n", json_string_value(json_object_get(fs, "libfuse")));
+	printf("transport:   %s\n", json_string_value(json_object_get(fs, "transport")));
+	printf("fast paths:  passthrough %s, killpriv_v2 %s, writeback cache %s\n",
+	       json_is_true(json_object_get(fs, "passthrough")) ? "on" : "off",
+	       json_is_true(json_object_get(fs, "killpriv_v2")) ? "on" : "off",
+	       json_is_true(json_object_get(fs, "writeback_cache")) ? "on" : "off");
+	if (!json_is_object(st))
+		return;
+	printf("%-16s %12s %12s\n", "FUSE request", "count", "mean us");
+	json_object_foreach(st, op, v)
+	{
+		json_int_t n = json_integer_value(json_object_get(v, "count"));
+		json_int_t ns = json_integer_value(json_object_get(v, "ns"));
+
+		printf("%-16s %12lld %12.1f\n", op, (long long)n, n ? ns / 1000.0 / n : 0.0);
+	}
+}
 
 int cmd_info(int argc, char **argv)
 {
+	static const struct option opts[] = {
+	    {"stats", no_argument, NULL, 's'},
+	    {NULL, 0, NULL, 0},
+	};
 	struct cli_common common = {0};
 	struct cb_ws_info i;
+	json_t *fs = NULL;
 	char size[32];
-	int c, status;
+	int c, status, stats = 0;
 
-	while ((c = cli_getopt(argc, argv, "", NULL, &common, info_usage, &status)) > 0)
-		;
+	while ((c = cli_getopt(argc, argv, "", opts, &common, info_usage, &status)) > 0)
+		if (c == 's')
+			stats = 1;
 	if (cli_one_ref(c, argc, argv, info_usage, &status))
 		return status;
 	if (cb_ws_info(argv[optind], &i))
 		return cli_fail("info", NULL);
+	if (i.daemon_pid > 0)
+		fs = info_fs_query(i.ref, stats);
 	/* turns (issue 3): the blob store's size */
 	char blobs[4200];
 	long long nblobs = 0, blob_bytes = 0;
@@ -177,6 +232,12 @@ int cmd_info(int argc, char **argv)
 
 		json_object_set_new(j, "blob_count", json_integer(nblobs));
 		json_object_set_new(j, "blob_bytes", json_integer(blob_bytes));
+		if (fs) {
+			json_object_set(j, "fs", json_object_get(fs, "fs"));
+			if (json_object_get(fs, "fs_stats"))
+				json_object_set(j, "fs_stats", json_object_get(fs, "fs_stats"));
+			json_decref(fs);
+		}
 		cb_ws_info_free(&i);
 		return cli_print_json(j);
 	}
@@ -190,6 +251,10 @@ int cmd_info(int argc, char **argv)
 	printf("upper size:  %s\n", cli_size(i.upper_bytes, size, sizeof(size)));
 	printf("blob store:  %lld blobs, %s\n", nblobs, cli_size(blob_bytes, size, sizeof(size)));
 	printf("directory:   %s\n", i.dir);
+	if (fs) {
+		info_fs_print(fs);
+		json_decref(fs);
+	}
 	cb_ws_info_free(&i);
 	return CLI_OK;
 }

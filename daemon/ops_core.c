@@ -7,6 +7,7 @@
 #include "cowbox/backend.h"
 #include "cowbox/error.h"
 #include "cowbox/journal.h"
+#include "cowbox/overlay.h"
 #include "daemon.h"
 
 static int op_hello(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
@@ -42,6 +43,33 @@ static void info_network(struct cb_daemon *d, json_t *r)
 	cb_backend_options_free(&o);
 }
 
+/* The filesystem's transport and fast paths; with stats, the FUSE requests per opcode. */
+static void info_fs(struct cb_daemon *d, json_t *req, json_t *r)
+{
+	struct cb_overlay_op_stat st[64];
+	struct cb_overlay_fs_info fi;
+	json_t *ops;
+	size_t i, n;
+
+	if (!d->ov)
+		return;
+	cb_overlay_fs_info(d->ov, &fi);
+	json_object_set_new(r, "fs",
+			    json_pack("{s:s, s:s, s:I, s:b, s:b, s:b}", "libfuse", fi.libfuse,
+				      "transport", fi.transport, "uring_requests",
+				      (json_int_t)fi.uring_requests, "passthrough", fi.passthrough,
+				      "killpriv_v2", fi.killpriv_v2, "writeback_cache",
+				      fi.writeback_cache));
+	if (!json_is_true(json_object_get(req, "stats")) || !(ops = json_object()))
+		return;
+	n = cb_overlay_op_stats(d->ov, st, sizeof(st) / sizeof(st[0]));
+	for (i = 0; i < n; i++)
+		json_object_set_new(ops, st[i].op,
+				    json_pack("{s:I, s:I}", "count", (json_int_t)st[i].count, "ns",
+					      (json_int_t)st[i].ns));
+	json_object_set_new(r, "fs_stats", ops);
+}
+
 static int op_info(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
 	json_t *r = json_pack("{s:s, s:s, s:s, s:I, s:I, s:f}", "ref", d->ref, "state", "mounted",
@@ -52,6 +80,7 @@ static int op_info(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 		json_object_set_new(r, "name", d->name ? json_string(d->name) : json_null());
 		json_object_set_new(r, "base", d->base ? json_string(d->base) : json_null());
 		info_network(d, r);
+		info_fs(d, req, r);
 	}
 	return cb_daemon_reply(conn, json_object_get(req, "id"), r);
 }

@@ -1,5 +1,6 @@
 /* cb-overlay-mount: mounts the overlay in the foreground for tests and benchmarks, until it
- * is unmounted or gets SIGTERM/SIGINT. Prints "mounted" on stdout once the mount exists. */
+ * is unmounted or gets SIGTERM/SIGINT. Prints "mounted" on stdout once the mount exists, and
+ * its FUSE request counters on each SIGUSR1 (scripts/bench/fs reads them). */
 #include "config.h"
 
 #include <errno.h>
@@ -19,6 +20,22 @@ static void usage(void)
 			"[--threads N]\n");
 }
 
+/* "stats OPCODE COUNT NS" per opcode seen so far, then "stats end", on stdout. */
+static void print_stats(struct cb_overlay *ov)
+{
+	struct cb_overlay_op_stat st[64];
+	struct cb_overlay_fs_info fi;
+	size_t i, n = cb_overlay_op_stats(ov, st, sizeof(st) / sizeof(st[0]));
+
+	cb_overlay_fs_info(ov, &fi);
+	printf("stats transport %s passthrough %d writeback %d\n", fi.transport, fi.passthrough,
+	       fi.writeback_cache);
+	for (i = 0; i < n; i++)
+		printf("stats %s %llu %llu\n", st[i].op, st[i].count, st[i].ns);
+	printf("stats end\n");
+	fflush(stdout);
+}
+
 static void *signal_thread(void *arg)
 {
 	sigset_t set;
@@ -28,8 +45,15 @@ static void *signal_thread(void *arg)
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGHUP);
-	if (sigwait(&set, &sig) == 0)
+	sigaddset(&set, SIGUSR1);
+	while (sigwait(&set, &sig) == 0) {
+		if (sig == SIGUSR1) {
+			print_stats(arg);
+			continue;
+		}
 		cb_overlay_stop(arg);
+		break;
+	}
 	return NULL;
 }
 
@@ -73,6 +97,7 @@ int main(int argc, char **argv)
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGHUP);
+	sigaddset(&set, SIGUSR1);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	r = cb_overlay_mount(&cfg, &ov);
 	if (r < 0) {

@@ -127,4 +127,5 @@ void ov_journal_sync(struct cb_overlay *ov)
 void cb_overlay_turn_advance(struct cb_overlay *ov)
 {
 	atomic_fetch_add(&ov->gen, 1);
+	ov_mark_open_writers(ov);
 }

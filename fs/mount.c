@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/magic.h>
 #include <sys/mount.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "cowbox/error.h"
@@ -78,10 +80,64 @@ static void ov_tune_bdi(const char *mountpoint)
 	}
 }
 
+/* Whether the environment variable name turns a fast path off ("0", "off", "no"). */
+static int ov_env_off(const char *name)
+{
+	const char *v = getenv(name);
+
+	return v && (!strcmp(v, "0") || !strcmp(v, "off") || !strcmp(v, "no"));
+}
+
+/* Whether the kernel lets FUSE servers use io_uring (root turns it on: scripts/setup). */
+static int ov_uring_allowed(void)
+{
+	char c = 'N';
+	int fd = open("/sys/module/fuse/parameters/enable_uring", O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return 0;
+	if (read(fd, &c, 1) != 1)
+		c = 'N';
+	close(fd);
+	return c == 'Y' || c == '1';
+}
+
+/* Whether fd is on overlayfs (its files as backing files add a stacking level). */
+static int ov_on_overlayfs(int fd)
+{
+	struct statfs sf;
+
+	return fd >= 0 && fstatfs(fd, &sf) == 0 && sf.f_type == OVERLAYFS_SUPER_MAGIC;
+}
+
 static void ov_init(void *userdata, struct fuse_conn_info *conn)
 {
-	(void)userdata;
-	if (conn->capable & FUSE_CAP_WRITEBACK_CACHE)
+	struct cb_overlay *ov = userdata;
+	int passthrough = 0;
+
+#ifdef HAVE_FUSE_PASSTHROUGH
+	/* file I/O straight to the upper file; the kernel refuses it beside the writeback
+	 * cache (connection-wide), and passthrough saves more: writes and reads of upper files
+	 * never reach us, where the writeback cache still sends each dirty page */
+	if (ov->want_passthrough && (conn->capable & FUSE_CAP_PASSTHROUGH)) {
+		conn->want |= FUSE_CAP_PASSTHROUGH;
+		/* backing files on overlayfs need one level more, which in turn keeps overlayfs
+		 * from stacking on this mount: ask for it only when a layer is there */
+		conn->max_backing_stack_depth = ov->layers_stacked;
+		passthrough = 1;
+	}
+#endif
+#ifdef HAVE_FUSE_KILLPRIV_V2
+	/* we clear set-id bits ourselves (ops_file.c), so a write needs no getxattr first */
+	if (conn->capable & FUSE_CAP_HANDLE_KILLPRIV_V2)
+		conn->want |= FUSE_CAP_HANDLE_KILLPRIV_V2;
+	atomic_store(&ov->killpriv_v2, (conn->want & FUSE_CAP_HANDLE_KILLPRIV_V2) != 0);
+#endif
+#ifdef HAVE_FUSE_URING
+	if (!ov->want_uring)
+		conn->want &= ~FUSE_CAP_OVER_IO_URING;
+#endif
+	if (!passthrough && (conn->capable & FUSE_CAP_WRITEBACK_CACHE))
 		conn->want |= FUSE_CAP_WRITEBACK_CACHE;
 	if (conn->capable & FUSE_CAP_SPLICE_WRITE)
 		conn->want |= FUSE_CAP_SPLICE_WRITE;
@@ -97,6 +153,8 @@ static void ov_init(void *userdata, struct fuse_conn_info *conn)
 	conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
 	conn->max_background = 64;
 	conn->congestion_threshold = 48;
+	atomic_store(&ov->passthrough, passthrough);
+	atomic_store(&ov->writeback, (conn->want & FUSE_CAP_WRITEBACK_CACHE) != 0);
 }
 
 static const struct fuse_lowlevel_ops *ov_ops(void)
@@ -109,6 +167,7 @@ static const struct fuse_lowlevel_ops *ov_ops(void)
 		ov_fill_ops_file(&ops);
 		ov_fill_ops_readdir(&ops);
 		ov_fill_ops_xattr(&ops);
+		ov_stats_wrap(&ops);
 		ops.init = ov_init;
 	}
 	return &ops;
@@ -181,6 +240,7 @@ static int ov_setup(const struct cb_overlay_config *cfg, struct cb_overlay *ov)
 	ov->db = cfg->db;
 	ov->debug = cfg->debug;
 	ov->max_threads = cfg->max_threads ? cfg->max_threads : 8;
+	ov->stats = ov_stats_new();
 	ov->mountpoint = strdup(cfg->mountpoint);
 	return ov->mountpoint ? 0 : cb_error_set(ENOMEM, "overlay: out of memory");
 }
@@ -204,8 +264,14 @@ int cb_overlay_mount(const struct cb_overlay_config *cfg, struct cb_overlay **ou
 	r = ov_setup(cfg, ov);
 	if (r < 0)
 		goto fail;
-	snprintf(opts, sizeof(opts), "default_permissions,allow_other,fsname=%s,subtype=cowbox%s",
-		 cfg->fsname ? cfg->fsname : "cowbox", cfg->debug ? ",debug" : "");
+	ov->want_passthrough = !ov_env_off("COWBOX_FUSE_PASSTHROUGH");
+	ov->layers_stacked = ov_on_overlayfs(ov->upper_fd) || ov_on_overlayfs(ov->base_fd);
+#ifdef HAVE_FUSE_URING
+	ov->want_uring = !ov_env_off("COWBOX_FUSE_URING") && ov_uring_allowed();
+#endif
+	snprintf(opts, sizeof(opts), "default_permissions,allow_other,fsname=%s,subtype=cowbox%s%s",
+		 cfg->fsname ? cfg->fsname : "cowbox", cfg->debug ? ",debug" : "",
+		 ov->want_uring ? ",io_uring" : "");
 	if (strchr(cfg->fsname ? cfg->fsname : "", ',')) {
 		r = cb_error_set(EINVAL, "fsname %s: no commas allowed", cfg->fsname);
 		goto fail;
@@ -302,6 +368,7 @@ void cb_overlay_destroy(struct cb_overlay *ov)
 	pthread_rwlock_destroy(&ov->ns_lock);
 	pthread_mutex_destroy(&ov->tab_lock);
 	pthread_mutex_destroy(&ov->handles_lock);
+	free(ov->stats);
 	free(ov->mountpoint);
 	free(ov);
 }

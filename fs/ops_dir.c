@@ -174,10 +174,10 @@ static void ov_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 	f->flags = ov_open_flags(fi->flags);
 	f->inode = ov_inode_get(ov, e.ino);
 	f->overlay = ov;
+	ov_file_choose_mode(req, f, fi);
 	ov_handle_add(ov, &f->h, ov_file_free);
 	fd = -1;
 	fi->fh = (uint64_t)(uintptr_t)f;
-	fi->keep_cache = 1;
 out:
 	pthread_rwlock_unlock(&ov->ns_lock);
 	if (fd >= 0)
@@ -185,6 +185,7 @@ out:
 	if (r < 0)
 		fuse_reply_err(req, -r);
 	else if (fuse_reply_create(req, &e, fi) == -ENOENT) {
+		ov_file_drop_mode(req, f);
 		ov_file_free(&f->h);
 		ov_forget_one(ov, ov_inode_get(ov, e.ino), 1);
 	}

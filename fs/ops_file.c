@@ -1,5 +1,5 @@
-/* FUSE operations on open files: open (copy-up for writing), read and write by splice
- * straight to the layer's fd, fsync, fallocate, copy_file_range, lseek, release. */
+/* FUSE operations on open files: open (copy-up for writing; passthrough to the upper file when
+ * the kernel allows), read and write by splice to the layer's fd, fsync, fallocate, etc. */
 #include "config.h"
 
 #include <errno.h>
@@ -7,9 +7,133 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ov.h"
+
+/* Whether f was opened for writing (so it can change the file without asking us). */
+int ov_file_writable(const struct ov_file *f)
+{
+	return (f->flags & O_ACCMODE) != O_RDONLY;
+}
+
+/* Passthrough is for upper files only: a base file's backing would stay the inode's until
+ * its last open closes, and the kernel refuses an open with another backing file (the upper
+ * one, after a copy-up for writing) meanwhile. Set-id files stay cached, so every write goes
+ * by the kernel's suid/sgid clearing through us. */
+static int ov_file_backing_ok(struct ov_file *f)
+{
+	struct stat st;
+
+	if (atomic_load(&f->layer) != OV_UPPER || fstat(f->fd, &st) < 0 || !S_ISREG(st.st_mode))
+		return 0;
+	return !(st.st_mode & (S_ISUID | S_ISGID));
+}
+
+/* See ov.h. The kernel fails an open whose mode differs from the inode's other opens, so the
+ * counts decide: join the passthrough opens (same backing id), else join the cached ones,
+ * else (no other open) passthrough when possible. A failed registration is cached mode. */
+void ov_file_choose_mode(fuse_req_t req, struct ov_file *f, struct fuse_file_info *fi)
+{
+	struct cb_overlay *ov = f->overlay;
+	struct ov_inode *in = f->inode;
+
+	(void)req;
+	pthread_mutex_lock(&in->lock);
+#ifdef HAVE_FUSE_PASSTHROUGH
+	if (in->backing_opens > 0) {
+		in->backing_opens++;
+		f->mode = OV_OPEN_BACKING;
+		fi->backing_id = in->backing_id;
+	} else if (in->cached_opens == 0 && atomic_load(&ov->passthrough) &&
+		   ov_file_backing_ok(f)) {
+		int id = fuse_passthrough_open(req, f->fd);
+
+		if (id > 0) {
+			in->backing_id = id;
+			in->backing_opens = 1;
+			f->mode = OV_OPEN_BACKING;
+			fi->backing_id = id;
+		}
+	}
+#else
+	(void)ov;
+#endif
+	if (f->mode != OV_OPEN_BACKING) {
+		in->cached_opens++;
+		f->mode = OV_OPEN_CACHED;
+		fi->keep_cache = 1; /* we are the only writer: cached pages stay valid */
+	} else {
+		fi->keep_cache = 0; /* the backing file's pages are the ones that count */
+	}
+	pthread_mutex_unlock(&in->lock);
+}
+
+/* See ov.h. The last passthrough open gives the backing id back (the kernel's open files
+ * keep their own reference to the backing file). */
+void ov_file_drop_mode(fuse_req_t req, struct ov_file *f)
+{
+	struct ov_inode *in = f->inode;
+	int id = 0;
+
+	pthread_mutex_lock(&in->lock);
+	if (f->mode == OV_OPEN_BACKING && in->backing_opens > 0 && --in->backing_opens == 0) {
+		id = in->backing_id;
+		in->backing_id = 0;
+	} else if (f->mode == OV_OPEN_CACHED && in->cached_opens > 0) {
+		in->cached_opens--;
+	}
+	f->mode = 0;
+	pthread_mutex_unlock(&in->lock);
+#ifdef HAVE_FUSE_PASSTHROUGH
+	if (id > 0 && req)
+		fuse_passthrough_close(req, id);
+#else
+	(void)req;
+	(void)id;
+#endif
+}
+
+/* Marks, in the turn that just began, the inode of every file open for writing in
+ * passthrough mode: its writes (also through a shared mapping, which keeps the file open)
+ * reach the upper file without asking us, so no later mark would say it changed. Files in
+ * cached mode need nothing: each of their writes comes through ov_file_dirty. */
+void ov_mark_open_writers(struct cb_overlay *ov)
+{
+	struct ov_handle *h;
+	struct ov_file *f;
+
+	if (!atomic_load(&ov->passthrough))
+		return;
+	pthread_rwlock_rdlock(&ov->ns_lock);
+	pthread_mutex_lock(&ov->handles_lock);
+	for (h = ov->handles; h; h = h->next) {
+		if (h->free != ov_file_free)
+			continue;
+		f = (struct ov_file *)h;
+		if (f->mode == OV_OPEN_BACKING && ov_file_writable(f))
+			ov_mark_inode(ov, NULL, f->inode, CB_CHANGE_WRITE);
+	}
+	pthread_mutex_unlock(&ov->handles_lock);
+	pthread_rwlock_unlock(&ov->ns_lock);
+}
+
+/* With FUSE_HANDLE_KILLPRIV_V2 we clear suid (and sgid when group-executable) on a write or
+ * truncating open by someone without CAP_FSETID: we write as root, so the kernel keeps them. */
+static void ov_kill_suidgid(int fd)
+{
+	struct stat st;
+	mode_t m;
+
+	if (fstat(fd, &st) < 0 || !(st.st_mode & (S_ISUID | S_ISGID)))
+		return;
+	m = st.st_mode & 07777 & ~S_ISUID;
+	if (st.st_mode & S_IXGRP)
+		m &= ~S_ISGID;
+	if (m != (st.st_mode & 07777) && fchmod(fd, m) < 0)
+		fprintf(stderr, "cowbox fs: clearing set-id bits: %s\n", strerror(errno));
+}
 
 /* The fd of f, reopened in upper first if the inode was copied up since f was opened
  * read-only in the base (rare: costs a compare on the hot path). */
@@ -91,11 +215,15 @@ out:
 	f->flags = flags;
 	f->inode = in;
 	f->overlay = ov;
+	if (writing && OV_KILL_SUIDGID(fi))
+		ov_kill_suidgid(fd);
+	ov_file_choose_mode(req, f, fi);
 	ov_handle_add(ov, &f->h, ov_file_free);
 	fi->fh = (uint64_t)(uintptr_t)f;
-	fi->keep_cache = 1; /* we are the only writer: cached pages stay valid */
-	if (fuse_reply_open(req, fi) == -ENOENT)
+	if (fuse_reply_open(req, fi) == -ENOENT) {
+		ov_file_drop_mode(req, f);
 		ov_file_free(&f->h);
+	}
 }
 
 static void ov_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -139,6 +267,8 @@ static void ov_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_
 		fuse_reply_err(req, -r);
 		return;
 	}
+	if (OV_KILL_SUIDGID(fi))
+		ov_kill_suidgid(f->fd);
 	out.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
 	out.buf[0].fd = f->fd;
 	out.buf[0].pos = off;
@@ -154,6 +284,7 @@ static void ov_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	struct ov_file *f = (struct ov_file *)(uintptr_t)fi->fh;
 
 	(void)ino;
+	ov_file_drop_mode(req, f);
 	ov_file_free(&f->h);
 	fuse_reply_err(req, 0);
 }

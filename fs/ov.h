@@ -55,6 +55,11 @@ struct ov_inode {
 	_Atomic uint64_t meta_gen;  /* same for metadata changes */
 	_Atomic int no_caps;  /* known to have no security.capability (asked on every write) */
 	pthread_mutex_t lock; /* serializes copy-up and fd upgrades of this inode */
+	/* The kernel lets an inode's opens be all passthrough (one backing file) or all cached:
+	 * counted here under lock, so each open takes the mode the others allow. */
+	int backing_id;		/* kernel backing file id while passthrough opens exist, else 0 */
+	unsigned backing_opens; /* opens in passthrough mode */
+	unsigned cached_opens;	/* opens in cached (page cache) mode */
 };
 
 struct ov_table {
@@ -92,6 +97,13 @@ struct cb_overlay {
 	_Atomic int running;
 	struct ov_handle *handles;
 	pthread_mutex_t handles_lock;
+	int want_passthrough;	 /* not turned off by COWBOX_FUSE_PASSTHROUGH=0 */
+	int want_uring;		 /* not turned off by COWBOX_FUSE_URING=0, and the kernel allows */
+	int layers_stacked;	 /* upper or base is on overlayfs */
+	_Atomic int passthrough; /* the kernel granted passthrough at init */
+	_Atomic int killpriv_v2; /* the kernel granted FUSE_HANDLE_KILLPRIV_V2 */
+	_Atomic int writeback;	 /* the writeback cache is on (not with passthrough) */
+	struct ov_stats *stats;	 /* request counters (stats.c); NULL counts nothing */
 };
 
 /* An open file: the fd and the layer it was opened in (a read-only base fd is reopened in
@@ -101,6 +113,7 @@ struct ov_file {
 	int fd;
 	_Atomic int layer;
 	int flags;
+	int mode; /* OV_OPEN_BACKING or OV_OPEN_CACHED: which of the inode's counts it holds */
 	struct ov_inode *inode;
 	struct cb_overlay *overlay;
 };
@@ -108,6 +121,18 @@ struct ov_file {
 void ov_handle_add(struct cb_overlay *ov, struct ov_handle *h, void (*fn)(struct ov_handle *));
 void ov_handle_del(struct cb_overlay *ov, struct ov_handle *h);
 void ov_file_free(struct ov_handle *h);
+
+enum { OV_OPEN_CACHED = 1, OV_OPEN_BACKING = 2 };
+#ifdef HAVE_FUSE_KILLPRIV_V2
+#define OV_KILL_SUIDGID(fi) ((fi)->kill_suidgid)
+#else
+#define OV_KILL_SUIDGID(fi) 0
+#endif
+/* ops_file.c: chooses passthrough or cached mode for a new open of f (fd set, in upper or
+ * base) and fills fi; ov_file_drop gives the mode back (release, failed reply). */
+void ov_file_choose_mode(fuse_req_t req, struct ov_file *f, struct fuse_file_info *fi);
+void ov_file_drop_mode(fuse_req_t req, struct ov_file *f);
+int ov_file_writable(const struct ov_file *f);
 
 /* inode.c: the table. All functions expect the caller to hold the locks named. */
 int ov_table_init(struct ov_table *t);
@@ -164,6 +189,12 @@ int ov_mark_inode(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *in,
 int ov_mark_child(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *parent, const char *name,
 		  enum cb_change_kind kind, int subtree);
 void ov_journal_sync(struct cb_overlay *ov);
+void ov_mark_open_writers(struct cb_overlay *ov);
+
+/* stats.c: per-opcode request counters around the operation table. */
+struct ov_stats;
+struct ov_stats *ov_stats_new(void);
+void ov_stats_wrap(struct fuse_lowlevel_ops *ops);
 
 /* ops_*.c: the FUSE operations, filled into one table by mount.c. */
 struct ov_inode *ov_inode_get(struct cb_overlay *ov, fuse_ino_t ino);

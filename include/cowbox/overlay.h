@@ -3,6 +3,8 @@
 #ifndef COWBOX_OVERLAY_H
 #define COWBOX_OVERLAY_H
 
+#include <stddef.h>
+
 struct cb_db;
 struct cb_overlay;
 
@@ -33,5 +35,29 @@ void cb_overlay_destroy(struct cb_overlay *ov);
 /* A snapshot was taken: every path is clean again, so the next change to any path is
  * journaled anew (in cb_journal_turn's new turn). */
 void cb_overlay_turn_advance(struct cb_overlay *ov);
+
+/* What the kernel and libfuse gave a mount. */
+struct cb_overlay_fs_info {
+	const char *libfuse;   /* the libfuse version it runs on, e.g. "3.18.3" */
+	const char *transport; /* "io_uring" once a request came that way, else "/dev/fuse" */
+	unsigned long long uring_requests; /* requests served over io_uring */
+	int passthrough;     /* file I/O of upper files goes to them without asking us */
+	int killpriv_v2;     /* we clear set-id bits on writes (no getxattr before each) */
+	int writeback_cache; /* the kernel gathers writes (only without passthrough) */
+};
+
+/* Fills out for ov (before the kernel's INIT, every feature reads as off). */
+void cb_overlay_fs_info(struct cb_overlay *ov, struct cb_overlay_fs_info *out);
+
+/* Requests of one FUSE opcode since the mount, and the daemon's time spent on them. */
+struct cb_overlay_op_stat {
+	const char *op; /* the kernel's name: "LOOKUP", "CREATE", ... (static) */
+	unsigned long long count;
+	unsigned long long ns;
+};
+
+/* Fills out[] with up to max opcodes seen so far (requests libfuse answers itself, like
+ * FLUSH without a handler, are not among them); returns how many. */
+size_t cb_overlay_op_stats(struct cb_overlay *ov, struct cb_overlay_op_stat *out, size_t max);
 
 #endif

@@ -380,5 +380,25 @@ class Differential(unittest.TestCase):
         self.compare_trees("after a remount")
 
 
+class DifferentialNoFastPaths(Differential):
+    """The same sequence with passthrough and io_uring forced off (COWBOX_FUSE_PASSTHROUGH=0,
+    COWBOX_FUSE_URING=0): the writeback cache over /dev/fuse, the fallback on older kernels
+    and libfuse."""
+
+    def setUp(self):
+        saved = {k: os.environ.get(k) for k in ("COWBOX_FUSE_PASSTHROUGH", "COWBOX_FUSE_URING")}
+
+        def restore():
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self.addCleanup(restore)
+        for k in saved:
+            os.environ[k] = "0"
+        super().setUp()
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -91,8 +91,10 @@ static void pasta_child(struct cb_pasta *p, pid_t keeper_tid)
 	if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(p->log_fd, 2) < 0 ||
 	    dup2(p->netns_fd, PASTA_NETNS_FD) < 0)
 		_exit(126);
-	for (int fd = PASTA_NETNS_FD + 1; fd < 1024; fd++)
-		close(fd);
+	/* Whatever the caller left without O_CLOEXEC stays out of pasta. */
+	if (syscall(SYS_close_range, PASTA_NETNS_FD + 1, ~0U, 0) < 0)
+		for (int fd = PASTA_NETNS_FD + 1; fd < 65536; fd++)
+			close(fd);
 	for (size_t i = 0; i < sizeof paths / sizeof *paths; i++)
 		execve(paths[i], p->argv, p->envp);
 	(void)!write(2, "cowbox: pasta is not installed (Debian package passt)\n", 54);

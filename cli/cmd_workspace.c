@@ -227,6 +227,21 @@ int cmd_info(int argc, char **argv)
 
 	snprintf(blobs, sizeof(blobs), "%s/blobs", i.dir);
 	cb_ws_blob_usage_dir(blobs, &nblobs, &blob_bytes);
+	/* The backend's network: `host` opens the host's own namespace, so info says so. */
+	struct cb_backend_options bo;
+	const char *net = NULL, *kind = NULL;
+
+	if (cb_backend_options_load(i.dir, &bo) == 0) {
+		net = cb_backend_net_name(bo.net);
+		kind = cb_backend_find(bo.kind)->name;
+		if (bo.net == CB_BACKEND_NET_HOST)
+			fprintf(stderr, "cowbox info: warning: network host: the workspace's "
+					"commands share the host's network namespace (its "
+					"loopback services, its abstract unix sockets)\n");
+		cb_backend_options_free(&bo);
+	} else {
+		cb_error_clear();
+	}
 	if (common.json) {
 		json_t *j = info_json(&i);
 
@@ -237,6 +252,10 @@ int cmd_info(int argc, char **argv)
 			if (json_object_get(fs, "fs_stats"))
 				json_object_set(j, "fs_stats", json_object_get(fs, "fs_stats"));
 			json_decref(fs);
+		}
+		if (net) {
+			json_object_set_new(j, "backend", json_string(kind));
+			json_object_set_new(j, "network", json_string(net));
 		}
 		cb_ws_info_free(&i);
 		return cli_print_json(j);
@@ -250,6 +269,8 @@ int cmd_info(int argc, char **argv)
 	printf("mount point: %s\n", i.mountpoint);
 	printf("upper size:  %s\n", cli_size(i.upper_bytes, size, sizeof(size)));
 	printf("blob store:  %lld blobs, %s\n", nblobs, cli_size(blob_bytes, size, sizeof(size)));
+	if (net)
+		printf("backend:     %s, network %s\n", kind, net);
 	printf("directory:   %s\n", i.dir);
 	if (fs) {
 		info_fs_print(fs);

@@ -173,7 +173,7 @@ int cb_daemon_conn_closed(struct cb_daemon_conn *conn)
 	int closed;
 
 	pthread_mutex_lock(&conn->d->conns_lock);
-	closed = conn->closed || conn->d->stopping;
+	closed = conn->closed || __atomic_load_n(&conn->d->stopping, __ATOMIC_ACQUIRE);
 	pthread_mutex_unlock(&conn->d->conns_lock);
 	return closed;
 }

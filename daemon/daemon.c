@@ -210,7 +210,7 @@ static void *daemon_accept(void *arg)
 {
 	struct cb_daemon *d = arg;
 
-	while (!d->stopping) {
+	while (!__atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE)) {
 		int fd = accept4(d->listen_fd, NULL, NULL, SOCK_CLOEXEC);
 
 		if (fd < 0) {
@@ -238,7 +238,7 @@ static void *daemon_signal_thread(void *arg)
 	int sig;
 
 	while (sigwait(&daemon_signals, &sig) == 0) {
-		if (d->stopping)
+		if (__atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE))
 			break;
 		daemon_log("got signal %d (%s), unmounting", sig, strsignal(sig));
 		cb_daemon_request_stop(d);
@@ -253,7 +253,7 @@ static void *daemon_signal_thread(void *arg)
  * told to stop instead. */
 void cb_daemon_request_stop(struct cb_daemon *d)
 {
-	d->stopping = 1;
+	__atomic_store_n(&d->stopping, 1, __ATOMIC_RELEASE);
 	/* api (issue 5): commands and containers hold the mount; they go before the umount. */
 	cb_daemon_api_stop(d);
 	if (!d->ov)
@@ -390,7 +390,7 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 out:
 	if (rc && d.lock_fd >= 0)
 		daemon_log("error: %s", cb_error_message());
-	d.stopping = 1;
+	__atomic_store_n(&d.stopping, 1, __ATOMIC_RELEASE);
 	/* api (issue 5): end the API's commands first; their threads hold connections. */
 	cb_daemon_api_stop(&d);
 	if (d.listen_fd >= 0)

@@ -39,7 +39,7 @@ struct cb_daemon {
 	/* Internal to daemon/: the lock, the listener and the connections. */
 	int lock_fd;
 	int listen_fd;
-	volatile sig_atomic_t stopping;
+	int stopping; /* set once, by any thread; read and written with __atomic builtins */
 	pthread_mutex_t conns_lock;
 	pthread_cond_t conns_cond;
 	struct cb_daemon_conn *conns;

@@ -196,7 +196,7 @@ static void *api_exec_main(void *arg)
 	struct cb_exec_callbacks cbs = {api_output, e};
 	struct cb_exec_result res = {0};
 	pid_t pid = 0;
-	int rc, early_kill;
+	int rc, early_kill, early_sig;
 
 	if ((rc = cb_api_backend(e->d, 1, &e->b)) < 0)
 		goto fail;
@@ -222,10 +222,11 @@ static void *api_exec_main(void *arg)
 	e->started = 1;
 	if (e->hangup)
 		cb_exec_kill(e->h, SIGKILL);
-	else if (e->early_sig)
-		e->b->ops->kill(e->b, e->h, e->early_sig);
+	early_sig = e->hangup ? 0 : e->early_sig;
 	pthread_cond_broadcast(&running_cond);
 	pthread_mutex_unlock(&running_lock);
+	if (early_sig) /* this thread owns e: no lock needed to use h */
+		e->b->ops->kill(e->b, e->h, early_sig);
 	rc = e->b->ops->wait(e->b, e->h, &res);
 	running_remove(e);
 	if (pid)
@@ -392,7 +393,7 @@ static int op_stdin(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *re
 static int op_kill(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
 	json_t *id = json_object_get(req, "id"), *sig = json_object_get(req, "signal");
-	int signo = sig ? (int)json_integer_value(sig) : SIGKILL;
+	int signo = sig ? (int)json_integer_value(sig) : SIGKILL, started = 0;
 	struct api_exec *e;
 
 	(void)d;
@@ -401,11 +402,17 @@ static int op_kill(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 	pthread_mutex_lock(&running_lock);
 	e = running_find(conn, id);
 	/* Before its start the command has no handle (nor, maybe, a backend) to signal. */
-	if (e && e->started)
-		e->b->ops->kill(e->b, e->h, signo);
-	else if (e && e->early_sig != SIGKILL)
+	if (e && e->started) {
+		e->refs++;
+		started = 1;
+	} else if (e && e->early_sig != SIGKILL)
 		e->early_sig = signo;
 	pthread_mutex_unlock(&running_lock);
+	/* Outside the lock (docker's kill runs its CLI); the reference keeps h alive. */
+	if (started) {
+		e->b->ops->kill(e->b, e->h, signo);
+		running_put(e);
+	}
 	return e ? 0
 		 : cb_error_set(ENOENT, "kill: no running command with this id on this "
 					"connection");

@@ -388,7 +388,8 @@ int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res)
 		if (i_src >= 0 && pf[i_src].revents)
 			cb_exec_pump_stdin_src(h);
 	}
-	int sigkill_before_exit = h->sigkill_sent;
+	/* Both flags are set by other threads (kill, the output callback's stop): atomics. */
+	int sigkill_before_exit = __atomic_load_n(&h->sigkill_sent, __ATOMIC_ACQUIRE);
 	if (!ended)
 		ended = cb_exec_now();
 	if (src >= 0 && src_flags >= 0)
@@ -410,7 +411,7 @@ int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res)
 	h->shim = 0;
 
 	res->duration = ended - h->t0;
-	res->killed = h->killed;
+	res->killed = __atomic_load_n(&h->killed, __ATOMIC_ACQUIRE);
 	if (!have_status && sigkill_before_exit)
 		status = SIGKILL; /* a sandbox's init dies with its namespace, status unsent */
 	else if (!have_status)
@@ -452,7 +453,7 @@ int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res)
 
 void cb_exec_kill(struct cb_exec *h, int sig)
 {
-	h->killed = 1;
+	__atomic_store_n(&h->killed, 1, __ATOMIC_RELEASE);
 	cb_exec_send_kill(h, sig);
 }
 

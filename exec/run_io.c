@@ -86,7 +86,7 @@ int cb_exec_send_kill(struct cb_exec *h, int sig)
 	if (h->ctl >= 0 && send(h->ctl, msg, sizeof msg, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
 		rc = -errno;
 	else if (h->ctl >= 0 && sig == SIGKILL)
-		h->sigkill_sent = 1;
+		__atomic_store_n(&h->sigkill_sent, 1, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&h->ctl_lock);
 	return rc;
 }
@@ -143,7 +143,7 @@ int cb_exec_pty_receive(struct cb_exec *h)
 void cb_exec_take_output(struct cb_exec *h, struct stream *s, int stream, const char *buf, size_t n)
 {
 	if (h->cb.on_output && h->cb.on_output(h->cb.arg, stream, buf, n)) {
-		h->killed = 1;
+		__atomic_store_n(&h->killed, 1, __ATOMIC_RELEASE);
 		cb_exec_send_kill(h, SIGKILL);
 	}
 	if (h->total > h->limit)

@@ -263,6 +263,13 @@ int cb_backend_options_load(const char *dir, struct cb_backend_options *out)
 	} else if (!(j = json_load_file(path, 0, &jerr))) {
 		return cb_error_set(EIO, "%s: line %d: %s", path, jerr.line, jerr.text);
 	}
+	/* Before network host existed the local backend saved its network as "all"; such a file
+	 * still loads (as host), while a request for local with "all" is refused. */
+	if (j && json_is_string(json_object_get(j, "backend")) &&
+	    !strcmp(json_string_value(json_object_get(j, "backend")), "local") &&
+	    json_is_string(json_object_get(j, "network")) &&
+	    !strcmp(json_string_value(json_object_get(j, "network")), "all"))
+		json_object_set_new(j, "network", json_string("host"));
 	rc = cb_backend_options_from_json(j, out);
 	json_decref(j);
 	if (rc)

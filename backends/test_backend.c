@@ -93,6 +93,24 @@ Test(backend, options_round_trip_through_backend_json)
 	cb_backend_free(b);
 }
 
+Test(backend, local_saved_as_network_all_still_loads_as_host)
+{
+	char path[4200];
+	struct cb_backend *b = NULL;
+	FILE *f;
+
+	/* What a cowbox before network host wrote for every local workspace. */
+	snprintf(path, sizeof(path), "%s/backend.json", tmp);
+	f = fopen(path, "w");
+	cr_assert_not_null(f);
+	fputs("{\"backend\":\"local\",\"env\":{},\"network\":\"all\"}", f);
+	fclose(f);
+	cr_assert_eq(cb_backend_open("cb-00000000000000000000000000000000", tmp, root, "t", &b), 0,
+		     "%s", cb_error_message());
+	cr_expect_eq(b->opt.net, CB_BACKEND_NET_HOST);
+	cb_backend_free(b);
+}
+
 Test(backend, env_layers_and_strips_credentials)
 {
 	struct cb_backend *b =

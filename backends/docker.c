@@ -176,7 +176,7 @@ static int docker_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 {
 	struct docker_state *s = b->priv;
 	struct cb_exec_spec spec = {0};
-	char **env = NULL, *rel = NULL, *argv[DOCKER_MAX_ARGS], wrapper[320], tmo[32], wd[4200];
+	char **env = NULL, *rel = NULL, *argv[DOCKER_MAX_ARGS], wrapper[400], tmo[32], wd[4200];
 	char envfile[4200];
 	FILE *ef = NULL;
 	size_t n = 0, slot;
@@ -205,10 +205,12 @@ static int docker_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	/* A kill may come before the tree exists: docker_signal_tree leaves the signal in a
 	 * file first and reads the pid second, the wrapper writes its pid first and looks for
 	 * the file second, so one of them always sees the other. */
+	/* COWBOX_EXEC_ID marks every process of the tree, also those that leave its process
+	 * group (setsid): docker_signal_tree finds them by it. */
 	snprintf(wrapper, sizeof(wrapper),
 		 "echo $$ >/tmp/.cowbox-exec-%lu; s=$(cat /tmp/.cowbox-kill-%lu 2>/dev/null) && "
-		 "exit $((128 + s)); exec timeout -k %g %s \"$@\"",
-		 token, token, DOCKER_KILL_AFTER, tmo);
+		 "exit $((128 + s)); export COWBOX_EXEC_ID=%lu; exec timeout -k %g %s \"$@\"",
+		 token, token, token, DOCKER_KILL_AFTER, tmo);
 	argv[n++] = "docker";
 	argv[n++] = "exec";
 	argv[n++] = "-i";
@@ -287,18 +289,21 @@ static struct docker_running *docker_find(struct docker_state *s, struct cb_exec
 }
 
 /* Signal the command's process group inside the container (timeout made it the leader), or
- * the wrapper itself before timeout made the group; the signal is left in a file for a
+ * the wrapper itself before timeout made the group, and every process that carries the
+ * command's COWBOX_EXEC_ID (its setsid'd descendants); the signal is left in a file for a
  * wrapper that has not started yet (see docker_exec). */
 static void docker_signal_tree(struct docker_state *s, unsigned long token, int sig)
 {
-	char script[320];
+	char script[640];
 	char *argv[] = {"docker", "exec", s->name, "/bin/sh", "-c", script, NULL};
 	struct cb_exec_result res;
 
 	snprintf(script, sizeof(script),
 		 "echo %d >/tmp/.cowbox-kill-%lu; p=$(cat /tmp/.cowbox-exec-%lu 2>/dev/null) && "
-		 "{ kill -%d -$p 2>/dev/null || kill -%d $p 2>/dev/null; }; true",
-		 sig, token, token, sig, sig);
+		 "{ kill -%d -$p 2>/dev/null || kill -%d $p 2>/dev/null; }; "
+		 "for d in /proc/[0-9]*; do tr '\\0' '\\n' <$d/environ 2>/dev/null | "
+		 "grep -qx COWBOX_EXEC_ID=%lu && kill -%d ${d#/proc/} 2>/dev/null; done; true",
+		 sig, token, token, sig, sig, token, sig);
 	if (docker_cli(argv, 30, &res) == 0)
 		cb_exec_result_free(&res);
 }

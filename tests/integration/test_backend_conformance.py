@@ -98,6 +98,24 @@ class Conformance:
                 await box.read("late.txt")
         self.arun(body)
 
+    def test_setsid_descendants_die_with_timeout_and_kill(self):
+        # A descendant that left the command's session and process group is still part of
+        # its tree: a timeout and a kill end it too.
+        async def body(box):
+            r = await box.run(["sh", "-c", "setsid sh -c 'sleep 3; echo late > t.txt' "
+                               "</dev/null >/dev/null 2>&1 & sleep 30"], timeout=0.5)
+            self.assertEqual((r.exit_code, r.timed_out), (124, True))
+            p = await box.exec(["sh", "-c", "setsid sh -c 'sleep 3; echo late > k.txt' "
+                                "</dev/null >/dev/null 2>&1 & echo started; sleep 30"])
+            self.assertEqual(await p.stdout.readline(), b"started\n")
+            p.kill()
+            self.assertEqual(await p.wait(), 137)
+            await asyncio.sleep(4)
+            for name in ("t.txt", "k.txt"):
+                with self.assertRaises(cowbox.WorkspaceNotFoundError):
+                    await box.read(name)
+        self.arun(body)
+
     def test_output_cap(self):
         async def body(box):
             r = await box.run(["sh", "-c", "yes | head -c 30000000; echo done >&2"])

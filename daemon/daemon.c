@@ -20,6 +20,7 @@
 #include "cowbox/error.h"
 #include "cowbox/journal.h"
 #include "cowbox/overlay.h"
+#include "cowbox/turns.h"
 #include "daemon.h"
 
 /* A single-line, timestamped message in daemon.log (or on stderr in the foreground). */
@@ -298,6 +299,37 @@ static void daemon_free(struct cb_daemon *d)
 	pthread_cond_destroy(&d->conns_cond);
 }
 
+static void daemon_base_changed(void *arg, const char *path, const char *why)
+{
+	struct cb_daemon *d = arg;
+
+	daemon_log("base file %s/%s: %s", d->base, path, why);
+}
+
+/* The base is watched: every base file whose stat moved since it was hashed is rehashed and
+ * each one whose content is no longer turn 0's is logged. On its own thread (a base changed
+ * wholesale takes a while to rehash) and its own handle, under the turn lock; the live tree
+ * is the upper layer, so it never waits on our own mount. */
+static void *daemon_base_check(void *arg)
+{
+	struct cb_daemon *d = arg;
+	char blobs[4096];
+	struct cb_turns_config cfg = {
+	    .db_path = d->db_path, .blob_dir = blobs, .base_dir = d->base, .root = d->upper};
+	struct cb_turns *t = NULL;
+	long long changed = 0;
+
+	snprintf(blobs, sizeof(blobs), "%s/blobs", d->dir);
+	pthread_mutex_lock(&d->turn_lock);
+	if (cb_turns_open(&cfg, &t) || cb_ws_base_check(t, daemon_base_changed, d, &changed))
+		daemon_log("base check: %s", cb_error_message());
+	else if (changed)
+		daemon_log("base check: %lld base files changed behind cowbox's back", changed);
+	cb_turns_close(t);
+	pthread_mutex_unlock(&d->turn_lock);
+	return NULL;
+}
+
 static int daemon_to_log(const struct cb_daemon *d)
 {
 	char *log = path_join(d->dir, "daemon.log");
@@ -320,8 +352,8 @@ static int daemon_to_log(const struct cb_daemon *d)
 int cb_daemon_serve(const struct cb_daemon_options *opt)
 {
 	struct cb_daemon d = {.lock_fd = -1, .listen_fd = -1};
-	pthread_t accept_thread, sig_thread;
-	int have_accept = 0, have_sig = 0, rc;
+	pthread_t accept_thread, sig_thread, base_thread;
+	int have_accept = 0, have_sig = 0, have_base = 0, rc;
 	char *old_mnt = NULL;
 	sigset_t old_mask;
 
@@ -384,6 +416,8 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	}
 	have_sig = 1;
 	daemon_log("ready: %s mounted at %s, control socket %s", d.ref, d.mountpoint, d.sock_path);
+	if (d.base)
+		have_base = pthread_create(&base_thread, NULL, daemon_base_check, &d) == 0;
 	rc = cb_overlay_run(d.ov);
 	if (rc)
 		daemon_log("filesystem loop ended: %s", cb_error_message());
@@ -398,6 +432,8 @@ out:
 	if (have_accept)
 		pthread_join(accept_thread, NULL);
 	cb_daemon_conns_shutdown(&d, 30000);
+	if (have_base)
+		pthread_join(base_thread, NULL);
 	if (have_sig) {
 		pthread_kill(sig_thread, SIGTERM);
 		pthread_join(sig_thread, NULL);

@@ -91,6 +91,32 @@ int cb_db_migrate(struct cb_db *db)
 	return 0;
 }
 
+/* The journal's own tables: a file at a schema version that has them must have them (a
+ * table dropped by damage is reported, not quietly taken as empty). */
+static int db_tables_check(struct cb_db *db)
+{
+	static const char *const tables[] = {"meta", "journal"};
+	sqlite3_stmt *st = NULL;
+	int rc = sqlite3_prepare_v2(
+	    db->sql, "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?1", -1, &st, NULL);
+
+	if (rc != SQLITE_OK)
+		return cb_db_error(db, rc, "schema check");
+	rc = 0;
+	for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]) && !rc; i++) {
+		sqlite3_reset(st);
+		sqlite3_bind_text(st, 1, tables[i], -1, SQLITE_STATIC);
+		if (sqlite3_step(st) != SQLITE_ROW)
+			rc = cb_error_set(EUCLEAN,
+					  "database %s is damaged: its table %s is missing; "
+					  "'cowbox fsck REF --repair' rebuilds it as a workspace "
+					  "with no turns, keeping the files",
+					  db->path, tables[i]);
+	}
+	sqlite3_finalize(st);
+	return rc;
+}
+
 static int db_prepare(struct cb_db *db, const char *sql, sqlite3_stmt **st)
 {
 	int rc = sqlite3_prepare_v3(db->sql, sql, -1, SQLITE_PREPARE_PERSISTENT, st, NULL);
@@ -143,6 +169,10 @@ int cb_db_open(const char *path, struct cb_db **out)
 		rc = db_exec(db, "PRAGMA foreign_keys=ON", "set foreign keys");
 	if (!rc)
 		rc = cb_db_migrate(db);
+	if (!rc)
+		rc = db_tables_check(db);
+	if (!rc)
+		rc = cb_db_turns_schema_check(db->sql, path);
 	if (!rc)
 		rc = db_prepare(db, "SELECT value FROM meta WHERE key = ?1", &db->st_meta_get);
 	if (!rc)

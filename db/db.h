@@ -70,6 +70,10 @@ void cb_journal_fini(struct cb_db *db);
  * new turn after committing it to meta). */
 void cb_journal_set_turn(struct cb_db *db, long long turn);
 
+/* Fail with -EUCLEAN naming the file and the table unless every turn table is there in a
+ * database whose schema version says they were created (db/turns.c). */
+int cb_db_turns_schema_check(sqlite3 *db, const char *path);
+
 /* Set an error message from SQLite's last error on db, naming the file and the step. */
 int cb_db_error(struct cb_db *db, int rc, const char *what);
 

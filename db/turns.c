@@ -62,8 +62,9 @@ enum {
 
 static const char *const tdb_sql[Q_COUNT] = {
     [Q_CACHE_GET] = "SELECT sha256, xxh3 FROM base_cache WHERE path=?1 AND size=?2 AND "
-		    "mtime_ns=?3 AND ino=?4",
-    [Q_CACHE_PUT] = "INSERT OR REPLACE INTO base_cache VALUES(?1,?2,?3,?4,?5,?6)",
+		    "mtime_ns=?3 AND ino=?4 AND ctime_ns=?5",
+    [Q_CACHE_PUT] = "INSERT OR REPLACE INTO base_cache(path, size, mtime_ns, ino, sha256, xxh3, "
+		    "ctime_ns) VALUES(?1,?2,?3,?4,?5,?6,?7)",
     [Q_TURN_ADD] = "INSERT OR REPLACE INTO turns VALUES(?1,?2,?3,?4)",
     [Q_TURN_LATEST] = "SELECT coalesce(max(turn),0) FROM turns",
     [Q_TURN_OLDEST] = "SELECT coalesce(min(turn),0) FROM turns",
@@ -122,6 +123,42 @@ static sqlite3_stmt *tdb_q(struct cb_db_turns *t, int which)
 	return s;
 }
 
+/* The tables a meta.db whose schema is at version 2 or later must have: CREATE TABLE IF NOT
+ * EXISTS would otherwise quietly replace a lost one with an empty one (a damaged file that
+ * says "0 paths restored"). */
+static const char *const tdb_tables[] = {"base_cache", "turns",	    "turn_delta",
+					 "turn_map",   "turn_meta", "base_map"};
+
+int cb_db_turns_schema_check(sqlite3 *db, const char *path)
+{
+	sqlite3_stmt *s = NULL;
+	long long version = 0;
+	int ret = 0;
+
+	if (sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &s, NULL) == SQLITE_OK &&
+	    sqlite3_step(s) == SQLITE_ROW)
+		version = sqlite3_column_int64(s, 0);
+	sqlite3_finalize(s);
+	if (version < 2)
+		return 0;
+	if (sqlite3_prepare_v2(db, "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?1", -1,
+			       &s, NULL) != SQLITE_OK)
+		return cb_error_set(EIO, "database %s: schema check: %s", path, sqlite3_errmsg(db));
+	for (size_t i = 0; i < sizeof(tdb_tables) / sizeof(tdb_tables[0]) && !ret; i++) {
+		sqlite3_reset(s);
+		sqlite3_bind_text(s, 1, tdb_tables[i], -1, SQLITE_STATIC);
+		if (sqlite3_step(s) != SQLITE_ROW)
+			ret = cb_error_set(EUCLEAN,
+					   "database %s is damaged: its table %s is missing (the "
+					   "turns cannot be read); 'cowbox fsck REF --repair' "
+					   "rebuilds it as a workspace with no turns, keeping the "
+					   "files",
+					   path, tdb_tables[i]);
+	}
+	sqlite3_finalize(s);
+	return ret;
+}
+
 int cb_db_turns_open(const char *path, struct cb_db_turns **out)
 {
 	struct cb_db_turns *t = calloc(1, sizeof(*t));
@@ -139,9 +176,25 @@ int cb_db_turns_open(const char *path, struct cb_db_turns **out)
 	}
 	sqlite3_busy_timeout(t->db, 10000);
 	if (sqlite3_exec(t->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL,
-			 &msg) != SQLITE_OK ||
-	    sqlite3_exec(t->db, cb_db_turns_schema_sql, NULL, NULL, &msg) != SQLITE_OK) {
+			 &msg) != SQLITE_OK) {
 		ret = cb_error_set(EIO, "turn tables in %s: %s", path, msg ? msg : "?");
+		goto out;
+	}
+	ret = cb_db_turns_schema_check(t->db, path);
+	if (ret)
+		goto out;
+	if (sqlite3_exec(t->db, cb_db_turns_schema_sql, NULL, NULL, &msg) != SQLITE_OK) {
+		ret = cb_error_set(EIO, "turn tables in %s: %s", path, msg ? msg : "?");
+		goto out;
+	}
+	/* The cache key gained ctime_ns after the schema shipped: older rows have none and so
+	 * never match (rehashed once). */
+	if (sqlite3_exec(t->db, "SELECT ctime_ns FROM base_cache LIMIT 0", NULL, NULL, NULL) !=
+		SQLITE_OK &&
+	    sqlite3_exec(t->db, "ALTER TABLE base_cache ADD COLUMN ctime_ns INTEGER", NULL, NULL,
+			 &msg) != SQLITE_OK) {
+		ret =
+		    cb_error_set(EIO, "turn tables in %s: add ctime_ns: %s", path, msg ? msg : "?");
 		goto out;
 	}
 	for (int i = 0; i < Q_COUNT; i++)
@@ -219,8 +272,8 @@ static long long tdb_int(sqlite3_stmt *s, long long def)
 }
 
 int cb_db_turns_base_cache_get(struct cb_db_turns *t, const char *path, long long size,
-			       long long mtime_ns, long long ino, unsigned char *sha256,
-			       unsigned char *xxh3)
+			       long long mtime_ns, long long ctime_ns, long long ino,
+			       unsigned char *sha256, unsigned char *xxh3)
 {
 	sqlite3_stmt *s = tdb_q(t, Q_CACHE_GET);
 	int ret = 0, rc;
@@ -229,6 +282,7 @@ int cb_db_turns_base_cache_get(struct cb_db_turns *t, const char *path, long lon
 	sqlite3_bind_int64(s, 2, size);
 	sqlite3_bind_int64(s, 3, mtime_ns);
 	sqlite3_bind_int64(s, 4, ino);
+	sqlite3_bind_int64(s, 5, ctime_ns);
 	rc = sqlite3_step(s);
 	if (rc == SQLITE_ROW && sqlite3_column_bytes(s, 0) == CB_SHA256_LEN &&
 	    sqlite3_column_bytes(s, 1) == CB_XXH128_LEN) {
@@ -243,11 +297,12 @@ int cb_db_turns_base_cache_get(struct cb_db_turns *t, const char *path, long lon
 }
 
 int cb_db_turns_base_cache_put(struct cb_db_turns *t, const char *path, long long size,
-			       long long mtime_ns, long long ino, const unsigned char *sha256,
-			       const unsigned char *xxh3)
+			       long long mtime_ns, long long ctime_ns, long long ino,
+			       const unsigned char *sha256, const unsigned char *xxh3)
 {
 	sqlite3_stmt *s = tdb_q(t, Q_CACHE_PUT);
 
+	sqlite3_bind_int64(s, 7, ctime_ns);
 	sqlite3_bind_text(s, 1, path, -1, SQLITE_STATIC);
 	sqlite3_bind_int64(s, 2, size);
 	sqlite3_bind_int64(s, 3, mtime_ns);
@@ -532,8 +587,8 @@ int cb_db_turns_base_cache_from(struct cb_db_turns *t, const char *db_path)
 }
 
 /* Copy the base cache of the workspace this one was forked from, once: a fork shares the base,
- * so its hashes are valid here too (rows are still checked by size, mtime and inode). A source
- * that is gone or unreadable only costs a rehash. */
+ * so its hashes are valid here too (rows are still checked by size, mtime, ctime and inode). A
+ * source that is gone or unreadable only costs a rehash. */
 int cb_db_turns_base_cache_import(struct cb_db_turns *t)
 {
 	sqlite3_stmt *s = NULL;
@@ -553,8 +608,9 @@ int cb_db_turns_base_cache_import(struct cb_db_turns *t)
 		sqlite3_bind_text(s, 1, from, -1, SQLITE_STATIC);
 		if (sqlite3_step(s) == SQLITE_DONE) {
 			sqlite3_exec(t->db,
-				     "INSERT OR IGNORE INTO main.base_cache SELECT * FROM "
-				     "forked_from.base_cache",
+				     "INSERT OR IGNORE INTO main.base_cache(path, size, mtime_ns, "
+				     "ino, sha256, xxh3, ctime_ns) SELECT path, size, mtime_ns, "
+				     "ino, sha256, xxh3, ctime_ns FROM forked_from.base_cache",
 				     NULL, NULL, NULL);
 			sqlite3_exec(t->db, "DETACH forked_from", NULL, NULL, NULL);
 		}

@@ -15,3 +15,5 @@ TESTS += tests/integration/test_fs_differential.py tests/integration/test_fs_cra
 EXTRA_DIST += tests/integration/fsharness.py
 # libcowbox for embedders: examples/embed.c against the build tree; make install + pkg-config.
 TESTS += tests/integration/test_libcowbox.py
+# faults in the data cowbox keeps: blobs, base, meta.db, a full disk, sparse files.
+TESTS += tests/integration/test_faults_data.py

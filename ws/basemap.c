@@ -174,12 +174,14 @@ static int base_fill(struct cb_turns *t, struct base_walk *w)
 		struct base_item *it = &w->it[i];
 		long long mtime_ns =
 		    (long long)it->st.st_mtim.tv_sec * 1000000000LL + it->st.st_mtim.tv_nsec;
+		long long ctime_ns =
+		    (long long)it->st.st_ctim.tv_sec * 1000000000LL + it->st.st_ctim.tv_nsec;
 
 		if (S_ISREG(it->st.st_mode)) {
 			if (!it->cached)
-				ret = cb_db_turns_base_cache_put(t->db, it->path, it->st.st_size,
-								 mtime_ns, (long long)it->st.st_ino,
-								 it->h.sha256, it->h.xxh3);
+				ret = cb_db_turns_base_cache_put(
+				    t->db, it->path, it->st.st_size, mtime_ns, ctime_ns,
+				    (long long)it->st.st_ino, it->h.sha256, it->h.xxh3);
 			memset(&e, 0, sizeof(e));
 			e.path = it->path;
 			e.type = CB_ENTRY_FILE;
@@ -251,6 +253,8 @@ int ws_map_ensure(struct cb_turns *t)
 			    t->db, it->path, it->st.st_size,
 			    (long long)it->st.st_mtim.tv_sec * 1000000000LL +
 				it->st.st_mtim.tv_nsec,
+			    (long long)it->st.st_ctim.tv_sec * 1000000000LL +
+				it->st.st_ctim.tv_nsec,
 			    (long long)it->st.st_ino, it->h.sha256, it->h.xxh3);
 			it->cached = ret == 1;
 			if (ret >= 0) {
@@ -308,4 +312,49 @@ int cb_ws_map_list(struct cb_turns *t, int (*fn)(const struct cb_entry *, void *
 	int ret = ws_map_ensure(t);
 
 	return ret ? ret : cb_db_turns_map_list(t->db, NULL, fn, arg);
+}
+
+int cb_ws_base_check(struct cb_turns *t, void (*changed)(void *, const char *, const char *),
+		     void *arg, long long *nchanged)
+{
+	struct base_walk w = {0};
+	struct cb_entry turn0 = {0}, now = {0};
+	int ret = 0;
+
+	*nchanged = 0;
+	/* Before the first snapshot there is no recorded base to differ from. */
+	if (t->base_fd < 0 || !cb_db_turns_base_map_built(t->db))
+		return 0;
+	ret = base_walk_dir(&w, t->base_fd, "");
+	for (size_t i = 0; i < w.n && !ret; i++) {
+		const char *path = w.it[i].path;
+
+		if (!S_ISREG(w.it[i].st.st_mode))
+			continue;
+		/* ws_base_now trusts a cache row only while inode, size, mtime and ctime all
+		 * agree, and rehashes (and re-caches) the file otherwise. */
+		ret = ws_base_now(t, path, &now);
+		if (!ret)
+			ret = cb_db_turns_base_map_get(t->db, path, &turn0);
+		if (ret < 0)
+			break;
+		ret = 0;
+		if (turn0.type == CB_ENTRY_FILE && now.type == CB_ENTRY_FILE &&
+		    (turn0.size != now.size || memcmp(turn0.xxh3, now.xxh3, CB_XXH128_LEN))) {
+			(*nchanged)++;
+			if (changed)
+				changed(arg, path,
+					"its content changed behind cowbox's back since turn 0 was "
+					"recorded; turns that need the old content cannot be "
+					"restored from the base");
+		}
+		cb_entry_clear(&turn0);
+		cb_entry_clear(&now);
+	}
+	cb_entry_clear(&turn0);
+	cb_entry_clear(&now);
+	for (size_t i = 0; i < w.n; i++)
+		free(w.it[i].path);
+	free(w.it);
+	return ret ? cb_error_wrap(ret, "check the base") : 0;
 }

@@ -31,17 +31,18 @@ int cb_ws_blob_has(int blob_fd, const unsigned char *xxh3)
 	return faccessat(blob_fd, name, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
 }
 
-/* Plain read/write, for pairs of files where neither reflink nor copy_file_range works (a
- * FUSE file on one side, on older kernels). */
-static int copy_rw(int src, int dst)
+/* Copy [off, end) by plain pread/pwrite, for pairs of files where copy_file_range does not
+ * work (a FUSE file on one side, on older kernels). */
+static int copy_rw(int src, int dst, off_t off, off_t end)
 {
 	char *buf = malloc(256 * 1024);
 	int ret = 0;
 
 	if (!buf)
 		return -ENOMEM;
-	for (;;) {
-		ssize_t r = read(src, buf, 256 * 1024), off = 0;
+	while (off < end) {
+		size_t want = end - off < 256 * 1024 ? (size_t)(end - off) : 256 * 1024;
+		ssize_t r = pread(src, buf, want, off), done = 0;
 
 		if (r < 0 && errno == EINTR)
 			continue;
@@ -51,8 +52,8 @@ static int copy_rw(int src, int dst)
 		}
 		if (r == 0)
 			break;
-		while (off < r) {
-			ssize_t w = write(dst, buf + off, (size_t)(r - off));
+		while (done < r) {
+			ssize_t w = pwrite(dst, buf + done, (size_t)(r - done), off + done);
 
 			if (w < 0 && errno == EINTR)
 				continue;
@@ -60,41 +61,90 @@ static int copy_rw(int src, int dst)
 				ret = -errno;
 				goto out;
 			}
-			off += w;
+			done += w;
 		}
+		off += r;
 	}
 out:
 	free(buf);
 	return ret;
 }
 
-int cb_ws_copy_fd(int src_fd, int dst_fd)
+/* Copy one data segment [off, end): copy_file_range, else read/write. */
+static int copy_segment(int src, int dst, off_t off, off_t end)
 {
-	int ret = 0;
+	while (off < end) {
+		loff_t in = off, out = off;
+		ssize_t n = copy_file_range(src, &in, dst, &out, (size_t)(end - off), 0);
 
-	if (ioctl(dst_fd, FICLONE, src_fd) == 0)
-		return 0;
-	for (;;) {
-		ssize_t n = copy_file_range(src_fd, NULL, dst_fd, NULL, 1 << 30, 0);
-
-		if (n > 0)
+		if (n > 0) {
+			off += n;
 			continue;
+		}
 		if (n == 0)
 			return 0;
 		if (errno == EINTR)
 			continue;
 		if (errno != EXDEV && errno != EINVAL && errno != EOPNOTSUPP && errno != ENOSYS)
-			return cb_error_set(errno, "copy: %s", strerror(errno));
-		break;
+			return -errno;
+		return copy_rw(src, dst, off, end);
 	}
-	/* copy_file_range may have refused after part of the data: restart from the top. */
-	if (lseek(src_fd, 0, SEEK_SET) < 0 || lseek(dst_fd, 0, SEEK_SET) < 0 ||
-	    ftruncate(dst_fd, 0) < 0)
-		return cb_error_set(errno, "copy: rewind: %s", strerror(errno));
-	ret = copy_rw(src_fd, dst_fd);
-	if (ret)
-		return cb_error_set(ret, "copy: %s", strerror(-ret));
 	return 0;
+}
+
+int cb_ws_copy_fd(int src_fd, int dst_fd)
+{
+	struct stat st;
+	off_t off = 0;
+	int ret = 0;
+
+	if (ioctl(dst_fd, FICLONE, src_fd) == 0)
+		return 0;
+	if (fstat(src_fd, &st) < 0 || ftruncate(dst_fd, 0) < 0)
+		return cb_error_set(errno, "copy: %s", strerror(errno));
+	/* Only the data segments: a hole stays a hole (a sparse file is not made dense). */
+	while (off < st.st_size && !ret) {
+		off_t data = lseek(src_fd, off, SEEK_DATA), hole;
+
+		if (data < 0 && errno == ENXIO)
+			break;
+		if (data < 0)
+			data = off;
+		hole = lseek(src_fd, data, SEEK_HOLE);
+		if (hole < 0 || hole > st.st_size)
+			hole = st.st_size;
+		if (hole <= data)
+			break;
+		ret = copy_segment(src_fd, dst_fd, data, hole);
+		off = hole;
+	}
+	if (!ret && ftruncate(dst_fd, st.st_size) < 0)
+		ret = -errno;
+	if (ret)
+		return cb_error_set(-ret, "copy: %s", strerror(-ret));
+	return 0;
+}
+
+int cb_ws_copy_checked(int src_fd, int dst_fd, const struct cb_entry *want, const char *what)
+{
+	char hex[2 * CB_XXH128_LEN + 1];
+	struct cb_hash got;
+	long long size = 0;
+	int ret;
+
+	if (dst_fd >= 0 && ftruncate(dst_fd, 0) < 0)
+		return cb_error_set(errno, "copy %s: %s", what, strerror(errno));
+	ret = cb_ws_hash_fd(src_fd, dst_fd, &got, &size);
+	if (ret)
+		return cb_error_wrap(ret, "copy %s", what);
+	if (size == want->size && !memcmp(got.xxh3, want->xxh3, CB_XXH128_LEN) &&
+	    !memcmp(got.sha256, want->sha256, CB_SHA256_LEN))
+		return 0;
+	cb_hex(want->xxh3, CB_XXH128_LEN, hex);
+	return cb_error_set(EBADMSG,
+			    "%s is damaged: it holds %lld bytes that do not hash to the content "
+			    "%s (%lld bytes) recorded for %s",
+			    what, size, hex, want->size, want->path);
 }
 
 int cb_ws_blob_tmp(int blob_fd, char name[64])

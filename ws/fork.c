@@ -52,34 +52,50 @@ static int fork_parents(struct fork_ctx *f, const char *path)
 	return ret;
 }
 
-static int fork_file(struct fork_ctx *f, const struct cb_entry *e, const struct cb_entry *base)
+/* Copy e's content into the fork's upper from the base file (from_base) or its blob, checked
+ * against the turn's hashes while copying. */
+static int fork_copy(struct fork_ctx *f, const struct cb_entry *e, int from_base, int dst)
 {
-	int from_base = base->type == CB_ENTRY_FILE && !memcmp(base->xxh3, e->xxh3, CB_XXH128_LEN);
-	int src, dst, ret;
+	char hex[2 * CB_XXH128_LEN + 1], what[128];
+	int src, ret;
 
+	cb_hex(e->xxh3, CB_XXH128_LEN, hex);
 	if (from_base) {
+		snprintf(what, sizeof(what), "base file %s", e->path);
 		src = openat(f->t->base_fd, e->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 		if (src < 0)
 			return cb_error_set(errno, "fork: base %s: %s", e->path, strerror(errno));
 	} else {
+		snprintf(what, sizeof(what), "blob %s", hex);
 		src = cb_ws_blob_open(f->t->blob_fd, e->xxh3);
 		if (src < 0)
 			return cb_error_wrap(src, "fork: content of %s", e->path);
 	}
-	dst = openat(f->upper_fd, e->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (dst < 0) {
-		ret = cb_error_set(errno, "fork: create %s: %s", e->path, strerror(errno));
-		close(src);
-		return ret;
+	ret = cb_ws_copy_checked(src, dst, e, what);
+	close(src);
+	return ret;
+}
+
+static int fork_file(struct fork_ctx *f, const struct cb_entry *e, const struct cb_entry *base)
+{
+	int from_base = base->type == CB_ENTRY_FILE && !memcmp(base->xxh3, e->xxh3, CB_XXH128_LEN);
+	int dst, ret;
+
+	dst = openat(f->upper_fd, e->path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (dst < 0)
+		return cb_error_set(errno, "fork: create %s: %s", e->path, strerror(errno));
+	ret = fork_copy(f, e, from_base, dst);
+	/* The base file changed after it was hashed: its blob, if kept, is the content. */
+	if (ret == -EBADMSG && from_base && cb_ws_blob_has(f->t->blob_fd, e->xxh3)) {
+		from_base = 0;
+		ret = fork_copy(f, e, 0, dst);
 	}
-	ret = cb_ws_copy_fd(src, dst);
 	if (!ret && fchmod(dst, e->mode) < 0)
 		ret = cb_error_set(errno, "fork: chmod %s: %s", e->path, strerror(errno));
 	close(dst);
-	close(src);
 	if (!ret && !from_base)
 		ret = cb_ws_blob_share(f->t->blob_fd, f->blob_fd, e->xxh3);
-	return ret;
+	return ret ? cb_error_wrap(ret, "fork: %s", e->path) : 0;
 }
 
 /* 1 if the parent directory of path exists at the turn (always for a top-level path). */

@@ -1,5 +1,6 @@
 /* Content hashing for turns: SHA-256 (OpenSSL EVP, SHA-NI where present) and xxh3-128 in one
- * read pass, optionally copying the bytes read, with a stat check that the file held still. */
+ * read pass that skips holes, optionally copying (sparse), with a stat check that the file
+ * held still. */
 #include "config.h"
 
 #include <errno.h>
@@ -27,31 +28,63 @@ static void hash_xxh_out(XXH128_hash_t h, unsigned char *out)
 	memcpy(out, c.digest, CB_XXH128_LEN);
 }
 
-static int write_all(int fd, const unsigned char *p, size_t n)
+/* Write n bytes at off; a run that is all zeros is left as a hole (the copy is sparse where
+ * the source was, and where it held zeros). */
+static int write_at(int fd, const unsigned char *p, size_t n, off_t off)
 {
 	while (n > 0) {
-		ssize_t w = write(fd, p, n);
+		ssize_t w = pwrite(fd, p, n, off);
 
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w < 0)
 			return -errno;
 		p += w;
+		off += w;
 		n -= (size_t)w;
 	}
 	return 0;
+}
+
+static int all_zero(const unsigned char *p, size_t n)
+{
+	static const unsigned char zero[4096];
+
+	for (; n >= sizeof(zero); p += sizeof(zero), n -= sizeof(zero))
+		if (memcmp(p, zero, sizeof(zero)))
+			return 0;
+	return !n || !memcmp(p, zero, n);
+}
+
+/* Where the next data at or after off is: the data's start, or the file's end when the rest
+ * is a hole. A filesystem without SEEK_DATA (EINVAL) is all data. */
+static off_t next_data(int fd, off_t off, off_t end)
+{
+	off_t d = lseek(fd, off, SEEK_DATA);
+
+	if (d < 0)
+		return errno == ENXIO ? end : off;
+	return d < end ? d : end;
+}
+
+static off_t next_hole(int fd, off_t off, off_t end)
+{
+	off_t h = lseek(fd, off, SEEK_HOLE);
+
+	return h < 0 || h > end ? end : h;
 }
 
 int cb_ws_hash_fd(int fd, int copy_fd, struct cb_hash *out, long long *size)
 {
 	EVP_MD_CTX *md = EVP_MD_CTX_new();
 	XXH3_state_t *xx = XXH3_createState();
-	unsigned char *buf = malloc(HASH_BUF);
+	unsigned char *buf = malloc(HASH_BUF), *zero = calloc(1, HASH_BUF);
 	unsigned int mdlen = 0;
-	long long total = 0;
+	off_t off = 0, end, data, hole;
+	struct stat st;
 	int ret = 0;
 
-	if (!md || !xx || !buf) {
+	if (!md || !xx || !buf || !zero) {
 		ret = cb_error_set(ENOMEM, "hash: out of memory");
 		goto out;
 	}
@@ -59,8 +92,55 @@ int cb_ws_hash_fd(int fd, int copy_fd, struct cb_hash *out, long long *size)
 		ret = cb_error_set(EIO, "hash: cannot start SHA-256/xxh3");
 		goto out;
 	}
+	if (fstat(fd, &st) < 0) {
+		ret = cb_error_set(errno, "hash: stat: %s", strerror(errno));
+		goto out;
+	}
+	/* Holes are hashed as the zeros they read as, without reading them; data is read up
+	 * to the size seen at the start and then until EOF (a file that grew is still hashed
+	 * whole, and the caller's stat check notices it moved). */
+	end = st.st_size;
+	while (off < end) {
+		data = next_data(fd, off, end);
+		for (; off < data; off += (off_t)HASH_BUF < data - off ? HASH_BUF : data - off) {
+			size_t n = (off_t)HASH_BUF < data - off ? HASH_BUF : (size_t)(data - off);
+
+			EVP_DigestUpdate(md, zero, n);
+			XXH3_128bits_update(xx, zero, n);
+		}
+		if (off >= end)
+			break;
+		hole = next_hole(fd, off, end);
+		if (hole <= off)
+			hole = end;
+		while (off < hole) {
+			size_t want =
+			    (off_t)HASH_BUF < hole - off ? HASH_BUF : (size_t)(hole - off);
+			ssize_t r = pread(fd, buf, want, off);
+
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r < 0) {
+				ret = cb_error_set(errno, "hash: read: %s", strerror(errno));
+				goto out;
+			}
+			if (r == 0) {
+				end = hole = off; /* shrank while we read: the stat check sees it */
+				break;
+			}
+			EVP_DigestUpdate(md, buf, (size_t)r);
+			XXH3_128bits_update(xx, buf, (size_t)r);
+			if (copy_fd >= 0 && !all_zero(buf, (size_t)r) &&
+			    (ret = write_at(copy_fd, buf, (size_t)r, off)) < 0) {
+				ret = cb_error_set(-ret, "hash: write copy: %s", strerror(-ret));
+				goto out;
+			}
+			off += r;
+		}
+	}
+	/* Bytes appended after the stat: read them too, so *size is what was hashed. */
 	for (;;) {
-		ssize_t r = read(fd, buf, HASH_BUF);
+		ssize_t r = pread(fd, buf, HASH_BUF, off);
 
 		if (r < 0 && errno == EINTR)
 			continue;
@@ -72,17 +152,23 @@ int cb_ws_hash_fd(int fd, int copy_fd, struct cb_hash *out, long long *size)
 			break;
 		EVP_DigestUpdate(md, buf, (size_t)r);
 		XXH3_128bits_update(xx, buf, (size_t)r);
-		if (copy_fd >= 0 && (ret = write_all(copy_fd, buf, (size_t)r)) < 0) {
-			ret = cb_error_set(ret, "hash: write copy: %s", strerror(-ret));
+		if (copy_fd >= 0 && (ret = write_at(copy_fd, buf, (size_t)r, off)) < 0) {
+			ret = cb_error_set(-ret, "hash: write copy: %s", strerror(-ret));
 			goto out;
 		}
-		total += r;
+		off += r;
+	}
+	/* The copy's size: trailing holes and skipped zeros are not written. */
+	if (copy_fd >= 0 && ftruncate(copy_fd, off) < 0) {
+		ret = cb_error_set(errno, "hash: write copy: %s", strerror(errno));
+		goto out;
 	}
 	EVP_DigestFinal_ex(md, out->sha256, &mdlen);
 	hash_xxh_out(XXH3_128bits_digest(xx), out->xxh3);
 	if (size)
-		*size = total;
+		*size = (long long)off;
 out:
+	free(zero);
 	free(buf);
 	XXH3_freeState(xx);
 	EVP_MD_CTX_free(md);

@@ -1,6 +1,7 @@
 /* Rollback: make the live tree equal a turn's map with ordinary file operations through the
  * mount (so the journal records them and every kernel cache stays coherent), touching only
- * the paths that differ. Files are replaced by rename, never rewritten in place. */
+ * the paths that differ. Sources are checked against the turn's hashes before the tree is
+ * touched and while copying; files are replaced by rename, never rewritten in place. */
 #include "config.h"
 
 #include <dirent.h>
@@ -72,21 +73,65 @@ static void rb_tmpname(char *buf, size_t len)
 		 __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
 }
 
+/* Open the source of e's content: the base file at its path or its blob; what names it. */
+static int rb_open_source(struct cb_turns *t, const struct cb_entry *e, int from_base, char *what,
+			  size_t len)
+{
+	char hex[2 * CB_XXH128_LEN + 1];
+	int fd;
+
+	cb_hex(e->xxh3, CB_XXH128_LEN, hex);
+	if (from_base) {
+		snprintf(what, len, "base file %s", e->path);
+		fd = openat(t->base_fd, e->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0)
+			return cb_error_set(errno, "%s: %s", what, strerror(errno));
+		return fd;
+	}
+	snprintf(what, len, "blob %s", hex);
+	return cb_ws_blob_open(t->blob_fd, e->xxh3);
+}
+
+/* 0 if the source holds exactly e's bytes, -EBADMSG (message names it) if not. */
+static int rb_check_source(struct cb_turns *t, const struct cb_entry *e, int from_base)
+{
+	char what[128];
+	int fd = rb_open_source(t, e, from_base, what, sizeof(what)), ret;
+
+	if (fd < 0)
+		return fd;
+	ret = cb_ws_copy_checked(fd, -1, e, what);
+	close(fd);
+	return ret;
+}
+
 /* Where the content of e (a file of the target turn) comes from: the base file at the same
- * path when it still holds these bytes (1), else its blob (0). Uses the db: call it from
- * the rollback's own thread only. */
+ * path when it still holds these bytes (1), else its blob (0); either is read whole and
+ * checked against the turn's hashes first, so a damaged or missing one fails the rollback
+ * before the tree is touched. Uses the db: call it from the rollback's own thread only. */
 static int rb_resolve(struct cb_turns *t, const struct cb_entry *e, long long turn)
 {
 	char hex[2 * CB_XXH128_LEN + 1];
-	int ret = ws_base_holds(t, e->path, e->xxh3);
+	int from_base = ws_base_holds(t, e->path, e->xxh3), has_blob, ret;
 
-	if (ret != 0 || cb_ws_blob_has(t->blob_fd, e->xxh3))
-		return ret;
+	if (from_base < 0)
+		return from_base;
+	has_blob = cb_ws_blob_has(t->blob_fd, e->xxh3);
 	cb_hex(e->xxh3, CB_XXH128_LEN, hex);
-	return cb_error_set(ENOENT,
-			    "%s at turn %lld: content %s is neither in the base (changed since it "
-			    "was hashed?) nor in the blob store",
-			    e->path, turn, hex);
+	if (!from_base && !has_blob)
+		return cb_error_set(ENOENT,
+				    "%s at turn %lld: content %s is neither in the base (changed "
+				    "since it was hashed?) nor in the blob store (blob %s missing)",
+				    e->path, turn, hex, hex);
+	ret = rb_check_source(t, e, from_base);
+	/* The base changed between its cache check and now: the blob may still be good. */
+	if (ret == -EBADMSG && from_base && has_blob) {
+		from_base = 0;
+		ret = rb_check_source(t, e, 0);
+	}
+	if (ret)
+		return cb_error_wrap(ret, "%s at turn %lld cannot be restored", e->path, turn);
+	return from_base;
 }
 
 /* The process umask, read without changing it (umask() would race with other threads). */
@@ -108,21 +153,15 @@ static int rb_file(struct cb_turns *t, const struct cb_entry *e, int from_base, 
 		   struct stat *after, int *written)
 {
 	const char *name;
-	char tmp[64];
+	char tmp[64], what[128];
 	int src = -1, dst = -1, pfd, ret = 0;
 
 	pfd = ws_parent_beneath(t->root_fd, e->path, &name);
 	if (pfd < 0)
 		return cb_error_set(-pfd, "restore %s: its directory: %s", e->path, strerror(-pfd));
-	if (from_base) {
-		src = openat(t->base_fd, e->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-		if (src < 0)
-			ret = cb_error_set(errno, "base %s: %s", e->path, strerror(errno));
-	} else {
-		src = cb_ws_blob_open(t->blob_fd, e->xxh3);
-	}
+	src = rb_open_source(t, e, from_base, what, sizeof(what));
 	if (src < 0) {
-		ret = ret ? ret : src;
+		ret = src;
 		goto out;
 	}
 	rb_tmpname(tmp, sizeof(tmp));
@@ -134,7 +173,9 @@ static int rb_file(struct cb_turns *t, const struct cb_entry *e, int from_base, 
 		ret = cb_error_set(errno, "restore %s: create: %s", e->path, strerror(errno));
 		goto out;
 	}
-	ret = cb_ws_copy_fd(src, dst);
+	/* Checked again while copying: what lands in the tree is what the turn recorded, and
+	 * the hash the next snapshot is given for it was computed from these very bytes. */
+	ret = cb_ws_copy_checked(src, dst, e, what);
 	if (!ret && (e->mode & (um | 07000)) && fchmod(dst, e->mode) < 0)
 		ret = cb_error_set(errno, "restore %s: chmod: %s", e->path, strerror(errno));
 	if (close(dst) < 0 && !ret)
@@ -209,31 +250,50 @@ struct rb_jobs {
 	char msg[512];
 };
 
-/* Restore one path whose live entry (ev->new) differs from the turn's (ev->old); what had
- * to go is already gone. Files that need content become jobs; directory modes come last. */
-static int rb_restore(struct cb_turns *t, const struct cb_diff_event *ev, long long turn,
-		      struct rb_jobs *jobs)
+/* 1 if the path needs its file content written (not just its mode). */
+static int rb_needs_content(const struct cb_diff_event *ev)
 {
 	const struct cb_entry *want = &ev->old, *have = &ev->new;
-	int same_type = want->type == have->type, from_base;
+
+	return want->type == CB_ENTRY_FILE &&
+	       !(have->type == CB_ENTRY_FILE && have->size == want->size &&
+		 !memcmp(have->sha256, want->sha256, CB_SHA256_LEN));
+}
+
+/* Restore one path whose live entry (ev->new) differs from the turn's (ev->old); what had
+ * to go is already gone. Files that need content are jobs already (rb_plan); directory
+ * modes come last. */
+static int rb_restore(struct cb_turns *t, const struct cb_diff_event *ev)
+{
+	const struct cb_entry *want = &ev->old, *have = &ev->new;
 
 	switch (want->type) {
 	case CB_ENTRY_ABSENT:
 		return 0;
 	case CB_ENTRY_DIR:
-		return same_type ? 0 : rb_mkdir(t, want->path);
+		return want->type == have->type ? 0 : rb_mkdir(t, want->path);
 	case CB_ENTRY_SYMLINK:
 		return rb_symlink(t, want);
 	case CB_ENTRY_FILE:
-		if (same_type && have->size == want->size &&
-		    !memcmp(have->sha256, want->sha256, CB_SHA256_LEN)) {
-			return rb_chmod(t, want->path, want->mode);
-		}
-		from_base = rb_resolve(t, want, turn);
+		return rb_needs_content(ev) ? 0 : rb_chmod(t, want->path, want->mode);
+	}
+	return 0;
+}
+
+/* Find (and check) the source of every file to write before anything is changed. */
+static int rb_plan(struct cb_turns *t, const struct cb_diff *d, long long turn,
+		   struct rb_jobs *jobs)
+{
+	for (size_t i = 0; i < d->n; i++) {
+		int from_base;
+
+		if (!rb_needs_content(&d->ev[i]))
+			continue;
+		from_base = rb_resolve(t, &d->ev[i].old, turn);
 		if (from_base < 0)
 			return from_base;
-		jobs->job[jobs->n++] = (struct rb_job){.want = want, .from_base = from_base};
-		return 0;
+		jobs->job[jobs->n++] =
+		    (struct rb_job){.want = &d->ev[i].old, .from_base = from_base};
 	}
 	return 0;
 }
@@ -321,6 +381,12 @@ int cb_ws_rollback(struct cb_turns *t, long long turn, const struct cb_dirty *di
 	ret = cb_ws_diff(t, turn, -1, dirty, n, &d);
 	if (ret)
 		goto out;
+	jobs.job = calloc(d.n ? d.n : 1, sizeof(*jobs.job));
+	if (!jobs.job) {
+		ret = cb_error_set(ENOMEM, "out of memory");
+		goto out;
+	}
+	ret = rb_plan(t, &d, turn, &jobs);
 	/* Children before parents: remove what the turn does not have (or has as another type). */
 	for (size_t i = d.n; i-- > 0 && !ret;) {
 		const struct cb_diff_event *ev = &d.ev[i];
@@ -329,11 +395,8 @@ int cb_ws_rollback(struct cb_turns *t, long long turn, const struct cb_dirty *di
 			ret = rb_remove_path(t->root_fd, ev->new.path);
 	}
 	/* Parents before children: directories exist before what goes in them. */
-	jobs.job = calloc(d.n ? d.n : 1, sizeof(*jobs.job));
-	if (!ret && !jobs.job)
-		ret = cb_error_set(ENOMEM, "out of memory");
 	for (size_t i = 0; i < d.n && !ret; i++)
-		ret = rb_restore(t, &d.ev[i], turn, &jobs);
+		ret = rb_restore(t, &d.ev[i]);
 	if (!ret)
 		ret = rb_run_jobs(&jobs);
 	if (!ret)

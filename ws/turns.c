@@ -135,6 +135,11 @@ static long long stat_mtime_ns(const struct stat *st)
 	return (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
 }
 
+static long long stat_ctime_ns(const struct stat *st)
+{
+	return (long long)st->st_ctim.tv_sec * 1000000000LL + st->st_ctim.tv_nsec;
+}
+
 /* Read path's entry beneath dirfd (no symlink followed on the way): 1 and *st, *out filled,
  * 0 if there is no such path (out absent), -errno. Files get no hash here. */
 static int entry_read(int dirfd, const char *path, struct stat *st, struct cb_entry *out)
@@ -234,7 +239,8 @@ int ws_base_now(struct cb_turns *t, const char *path, struct cb_entry *out)
 	if (ret <= 0 || out->type != CB_ENTRY_FILE)
 		return ret < 0 ? ret : 0;
 	ret = cb_db_turns_base_cache_get(t->db, path, st.st_size, stat_mtime_ns(&st),
-					 (long long)st.st_ino, out->sha256, out->xxh3);
+					 stat_ctime_ns(&st), (long long)st.st_ino, out->sha256,
+					 out->xxh3);
 	if (ret)
 		return ret < 0 ? ret : 0;
 	/* Not cached, or changed behind our back since it was: hash what is there now. */
@@ -245,7 +251,8 @@ int ws_base_now(struct cb_turns *t, const char *path, struct cb_entry *out)
 	memcpy(out->xxh3, h.xxh3, CB_XXH128_LEN);
 	out->size = st.st_size;
 	return cb_db_turns_base_cache_put(t->db, path, st.st_size, stat_mtime_ns(&st),
-					  (long long)st.st_ino, h.sha256, h.xxh3);
+					  stat_ctime_ns(&st), (long long)st.st_ino, h.sha256,
+					  h.xxh3);
 }
 
 /* Hash path under the live root (copying its bytes into copy_fd when that is >= 0) and fill

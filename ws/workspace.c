@@ -158,6 +158,29 @@ static int ws_new_ref(char ref[CB_WS_REF_LEN + 1])
 	return 0;
 }
 
+/* The current message with "workspace <ref>: " in front and each command's REF placeholder
+ * (as in 'cowbox fsck REF --repair', written by layers that do not know the ref) filled in,
+ * so the advice can be pasted as it is. */
+static int ws_error_ref(int rc, const char *ref)
+{
+	const char *msg = cb_error_message(), *p;
+	char out[2048];
+	size_t n = 0;
+
+	for (p = msg; *p && n + CB_WS_REF_LEN + 2 < sizeof(out); p++) {
+		if (!strncmp(p, " REF", 4) && (p[4] == ' ' || p[4] == '\'' || p[4] == '\0')) {
+			n += (size_t)snprintf(out + n, sizeof(out) - n, " %s", ref);
+			p += 3;
+		} else {
+			out[n++] = *p;
+		}
+	}
+	out[n] = '\0';
+	if (!strncmp(out, "workspace ", 10))
+		return cb_error_set(-rc, "%s", out);
+	return cb_error_set(-rc, "workspace %s: %s", ref, out);
+}
+
 /* Who holds a name: the ref its link points at, or -ENOENT. */
 int ws_name_lookup(const char *home, const char *name, char ref[CB_WS_REF_LEN + 1])
 {
@@ -305,13 +328,8 @@ int cb_ws_resolve(const char *arg, char ref[CB_WS_REF_LEN + 1])
 	if ((rc = ws_pathf(&db, "%s/meta.db", dir)))
 		goto out;
 	rc = ws_check_complete(db);
-	if (rc == -EUCLEAN)
-		rc = cb_error_set(EUCLEAN,
-				  "workspace %s was not fully created (interrupted?); remove it "
-				  "with 'cowbox rm %s'",
-				  ref, ref);
-	else if (rc)
-		rc = cb_error_wrap(rc, "workspace %s", ref);
+	if (rc)
+		rc = ws_error_ref(rc, ref);
 out:
 	if (rc)
 		ref[0] = '\0';

@@ -36,20 +36,75 @@ const char *cb_ws_state_name(enum cb_ws_state state)
 	}
 }
 
+/* 1 if dir/upper holds nothing (the agent never wrote anything there), else 0. */
+static int ws_upper_empty(const char *db_path)
+{
+	char *upper = NULL, *slash;
+	struct dirent *de;
+	DIR *d;
+	int empty = 1;
+
+	if (ws_pathf(&upper, "%s", db_path))
+		return 0;
+	slash = strrchr(upper, '/');
+	if (slash)
+		*slash = '\0';
+	if (ws_pathf(&slash, "%s/upper", upper)) {
+		free(upper);
+		return 0;
+	}
+	d = opendir(slash);
+	while (d && (de = readdir(d)))
+		if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+			empty = 0;
+	if (d)
+		closedir(d);
+	free(slash);
+	free(upper);
+	return empty;
+}
+
+/* The advice for a meta.db that cannot be used: never "remove it" while upper/ holds the
+ * agent's work; fsck --repair rebuilds the database and keeps every file. */
+static int ws_db_damaged(const char *db_path, const char *what)
+{
+	int empty = ws_upper_empty(db_path);
+
+	return cb_error_set(EUCLEAN,
+			    "%s: %s; the workspace's files (upper/) are not touched by this: "
+			    "'cowbox fsck REF --repair' rebuilds the database as a workspace with "
+			    "no turns, keeping them%s",
+			    db_path, what,
+			    empty ? " (upper/ is empty: if the workspace was never used, 'cowbox "
+				    "rm REF' removes it)"
+				  : "");
+}
+
 int ws_open_complete(const char *db_path, struct cb_db **out)
 {
 	struct cb_db *db = NULL;
+	struct stat st;
 	char *v = NULL;
 	int rc;
 
 	*out = NULL;
-	if (access(db_path, F_OK) < 0)
-		return cb_error_set(EUCLEAN, "%s is missing", db_path);
+	if (stat(db_path, &st) < 0)
+		return errno == ENOENT ? ws_db_damaged(db_path, "the database is missing")
+				       : cb_error_set(errno, "%s: %s", db_path, strerror(errno));
+	/* An empty file would be taken for a new database (and get a fresh schema): it is the
+	 * remains of one that lost its contents. */
+	if (st.st_size == 0)
+		return ws_db_damaged(db_path, "the database is empty (0 bytes)");
 	if ((rc = cb_db_open(db_path, &db)))
-		return rc;
+		return rc == -EUCLEAN ? ws_db_damaged(db_path, cb_error_message()) : rc;
 	rc = cb_db_meta_get(db, "created", &v);
 	if (rc == -ENOENT)
-		rc = cb_error_set(EUCLEAN, "%s has no creation mark", db_path);
+		rc = ws_upper_empty(db_path)
+			 ? cb_error_set(EUCLEAN,
+					"%s has no creation mark: the workspace was not fully "
+					"created (interrupted?); remove it with 'cowbox rm REF'",
+					db_path)
+			 : ws_db_damaged(db_path, "the database has no creation mark");
 	free(v);
 	if (rc)
 		cb_db_close(db);

@@ -64,15 +64,17 @@ int cb_db_turns_begin(struct cb_db_turns *t);
 int cb_db_turns_commit(struct cb_db_turns *t);
 void cb_db_turns_rollback(struct cb_db_turns *t);
 
-/* Base hash cache by (path, size, mtime_ns, ino): returns 1 and fills the hashes on a hit,
- * 0 on a miss (also when the file changed since it was cached). */
+/* Base hash cache by (path, size, mtime_ns, ctime_ns, ino): returns 1 and fills the hashes
+ * on a hit, 0 on a miss (also when the file changed since it was cached: a file replaced or
+ * rewritten behind our back with its size and mtime put back still has a new ctime or inode,
+ * and is rehashed, never trusted). */
 int cb_db_turns_base_cache_get(struct cb_db_turns *t, const char *path, long long size,
-			       long long mtime_ns, long long ino, unsigned char *sha256,
-			       unsigned char *xxh3);
+			       long long mtime_ns, long long ctime_ns, long long ino,
+			       unsigned char *sha256, unsigned char *xxh3);
 /* Remember a base file's hashes under its current key (replacing an older row). */
 int cb_db_turns_base_cache_put(struct cb_db_turns *t, const char *path, long long size,
-			       long long mtime_ns, long long ino, const unsigned char *sha256,
-			       const unsigned char *xxh3);
+			       long long mtime_ns, long long ctime_ns, long long ino,
+			       const unsigned char *sha256, const unsigned char *xxh3);
 
 /* A fork remembers the database it came from; its first map build imports that base cache
  * (cb_db_turns_base_cache_import) instead of hashing the shared base again. */

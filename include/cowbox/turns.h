@@ -17,8 +17,9 @@ struct cb_hash {
 	unsigned char xxh3[CB_XXH128_LEN];
 };
 
-/* Hash an open file from its current offset to EOF in one read pass (SHA-256 and xxh3-128);
- * when copy_fd >= 0 every byte read is also written there. *size gets the byte count. */
+/* Hash an open file, all of it, in one read pass (SHA-256 and xxh3-128);
+ * when copy_fd >= 0 every byte read is also written there (at the same offset; holes and
+ * zero runs are left as holes). *size gets the byte count. */
 int cb_ws_hash_fd(int fd, int copy_fd, struct cb_hash *out, long long *size);
 
 /* Hash the regular file dirfd/path consistently: between two fstat()s that agree on size,
@@ -44,8 +45,14 @@ int cb_ws_blob_tmp(int blob_fd, char name[64]);
 int cb_ws_blob_publish(int blob_fd, const char *tmpname, const unsigned char *xxh3);
 /* Open the blob for reading. */
 int cb_ws_blob_open(int blob_fd, const unsigned char *xxh3);
-/* Copy all of src_fd into dst_fd (both from offset 0): reflink, copy_file_range, read/write. */
+/* Copy all of src_fd into dst_fd (both from offset 0): reflink, else copy_file_range or
+ * read/write of the data segments only (holes stay holes). */
 int cb_ws_copy_fd(int src_fd, int dst_fd);
+/* Copy src_fd into dst_fd (truncated first; holes kept) while hashing what is read, and fail
+ * with -EBADMSG, naming what (the blob or base file) and want->path, unless the bytes are
+ * exactly want's (size, xxh3 and SHA-256): nothing damaged is ever passed on as good.
+ * dst_fd -1: only check. */
+int cb_ws_copy_checked(int src_fd, int dst_fd, const struct cb_entry *want, const char *what);
 /* Count and bytes (allocated) of the blob store. */
 int cb_ws_blob_usage(int blob_fd, long long *count, long long *bytes);
 /* The same for a blob directory by path; a missing one is empty (no turn kept a blob). */
@@ -130,6 +137,13 @@ int cb_ws_turn_check(struct cb_turns *t, long long turn);
 
 /* 1 if the base directory's file at path holds the content xxh3 right now, else 0. */
 int cb_ws_base_holds(struct cb_turns *t, const char *path, const unsigned char *xxh3);
+
+/* Look at every base file now: one whose inode, size, mtime or ctime differs from the base
+ * cache is rehashed (never trusted), and changed() is called for each whose content is no
+ * longer what turn 0 recorded (with a sentence saying what that means). *nchanged counts
+ * them. Nothing to do before the first snapshot froze the base. */
+int cb_ws_base_check(struct cb_turns *t, void (*changed)(void *, const char *, const char *),
+		     void *arg, long long *nchanged);
 
 /* The entry of path at turn (0 = the base). */
 int cb_ws_entry_at(struct cb_turns *t, const char *path, long long turn, struct cb_entry *out);

@@ -34,4 +34,7 @@ int cmd_turns(int argc, char **argv);
 int cmd_prune(int argc, char **argv);
 int cmd_fork(int argc, char **argv);
 
+/* Checking and repairing stored state (cli/cmd_fsck.c). */
+int cmd_fsck(int argc, char **argv);
+
 #endif

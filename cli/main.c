@@ -28,6 +28,7 @@ const struct cli_command cli_commands[] = {
     {"turns", cmd_turns, "list a workspace's turns and blob store size"},
     {"prune", cmd_prune, "drop old turns and the blobs only they needed"},
     {"fork", cmd_fork, "a new workspace starting at a turn of another"},
+    {"fsck", cmd_fsck, "check blobs, base and meta.db; --repair what can be repaired"},
     {NULL, NULL, NULL},
 };
 

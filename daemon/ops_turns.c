@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -154,10 +155,59 @@ static void turns_progress_frame(void *arg, long long files_done, long long file
 		      (json_int_t)bytes_done, "bytes_total", (json_int_t)bytes_total));
 }
 
+/* COWBOX_SNAPSHOT_MAX_BYTES from the daemon's environment: bytes, with an optional K, M,
+ * G or T (binary) suffix; "0" or unset is the default bound, "-1" none. */
+static int turns_read_bound(long long *out)
+{
+	const char *v = getenv("COWBOX_SNAPSHOT_MAX_BYTES");
+	char *end = NULL;
+	long long n;
+	int shift = 0;
+
+	*out = 0;
+	if (!v || !*v)
+		return 0;
+	errno = 0;
+	n = strtoll(v, &end, 10);
+	switch (*end) {
+	case 'K':
+	case 'k':
+		shift = 10;
+		break;
+	case 'M':
+	case 'm':
+		shift = 20;
+		break;
+	case 'G':
+	case 'g':
+		shift = 30;
+		break;
+	case 'T':
+	case 't':
+		shift = 40;
+		break;
+	}
+	if (shift)
+		end++;
+	if (errno || end == v || *end || n < -1 || (shift && n > (LLONG_MAX >> shift)))
+		return cb_error_set(
+		    EINVAL,
+		    "COWBOX_SNAPSHOT_MAX_BYTES=%s is not a size (bytes, or a number "
+		    "with K, M, G or T; -1: no bound)",
+		    v);
+	*out = n < 0 ? -1 : n << shift;
+	return 0;
+}
+
 static int turns_open_progress(struct cb_daemon *d, struct cb_turns **t,
 			       struct turns_progress *progress)
 {
 	char blobs[4096];
+	long long bound;
+	int ret = turns_read_bound(&bound);
+
+	if (ret)
+		return ret;
 	struct cb_turns_config cfg = {
 	    .db_path = d->db_path,
 	    .blob_dir = blobs,
@@ -165,6 +215,7 @@ static int turns_open_progress(struct cb_daemon *d, struct cb_turns **t,
 	    .root = d->mountpoint,
 	    .progress = progress ? turns_progress_frame : NULL,
 	    .progress_arg = progress,
+	    .snapshot_max_bytes = bound,
 	};
 
 	snprintf(blobs, sizeof(blobs), "%s/blobs", d->dir);
@@ -270,6 +321,8 @@ static int turns_snapshot(struct cb_daemon *d, struct cb_turns *t, const char *l
 	int ret;
 
 	ret = turns_sync(d);
+	if (!ret)
+		ret = cb_overlay_upper_check(d->ov, d->upper);
 	if (ret)
 		return ret;
 	/* New changes belong to the next turn from here; the rows of this one are complete
@@ -343,7 +396,11 @@ static int op_diff(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 
 	if (!json_is_integer(ja))
 		return cb_error_set(EINVAL, "diff: \"a\" must be a turn number");
-	pthread_mutex_lock(&d->turn_lock);
+	/* Between recorded turns a diff reads committed rows on its own connection (WAL: a
+	 * consistent view), so it does not wait behind a long snapshot; against the live tree
+	 * it needs the journal and the map at rest. */
+	if (b < 0)
+		pthread_mutex_lock(&d->turn_lock);
 	ret = turns_open(d, &t);
 	if (!ret && b < 0)
 		ret = turns_sync(d);
@@ -359,7 +416,8 @@ static int op_diff(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 	cb_ws_diff_free(&diff);
 	dirty_free(&dl);
 	cb_turns_close(t);
-	pthread_mutex_unlock(&d->turn_lock);
+	if (b < 0)
+		pthread_mutex_unlock(&d->turn_lock);
 	return ret ? ret : cb_daemon_reply(conn, json_object_get(req, "id"), r);
 }
 
@@ -483,12 +541,12 @@ static int op_turns(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *re
 	char blobs[4096];
 	int ret, fd;
 
-	pthread_mutex_lock(&d->turn_lock);
+	/* No turn lock: the list is read from committed rows on this op's own connection, so
+	 * a long snapshot does not hold it up. */
 	ret = turns_open(d, &t);
 	if (!ret)
 		ret = cb_db_turns_list(cb_turns_db(t), turn_row, arr);
 	cb_turns_close(t);
-	pthread_mutex_unlock(&d->turn_lock);
 	snprintf(blobs, sizeof(blobs), "%s/blobs", d->dir);
 	fd = open(blobs, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (!ret && fd >= 0)

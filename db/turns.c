@@ -658,3 +658,121 @@ int cb_db_turns_blob_needed(struct cb_db_turns *t, const unsigned char *xxh3)
 	sqlite3_bind_blob(s, 1, xxh3, CB_XXH128_LEN, SQLITE_STATIC);
 	return (int)tdb_int(s, 0);
 }
+
+/* Run sql (no parameters) and hand each row to row(); one-off statements for fsck. */
+static int tdb_each(struct cb_db_turns *t, const char *sql,
+		    int (*row)(sqlite3_stmt *, void *, void *), void *fn, void *arg,
+		    const char *what)
+{
+	sqlite3_stmt *s = NULL;
+	int ret = 0, rc;
+
+	if (sqlite3_prepare_v2(t->db, sql, -1, &s, NULL) != SQLITE_OK)
+		return tdb_fail(t, what);
+	while ((rc = sqlite3_step(s)) == SQLITE_ROW && !ret)
+		ret = row(s, fn, arg);
+	if (!ret && rc != SQLITE_DONE && rc != SQLITE_ROW)
+		ret = tdb_fail(t, what);
+	sqlite3_finalize(s);
+	return ret;
+}
+
+static int tdb_file_row(sqlite3_stmt *s, void *fn, void *arg)
+{
+	int (*cb)(const struct cb_entry *, long long, long long, void *) =
+	    (int (*)(const struct cb_entry *, long long, long long, void *))fn;
+	struct cb_entry e;
+
+	tdb_column_entry(s, &e);
+	return cb(&e, sqlite3_column_int64(s, 9),
+		  sqlite3_column_type(s, 10) == SQLITE_NULL ? -1 : sqlite3_column_int64(s, 10),
+		  arg);
+}
+
+int cb_db_turns_file_deltas(struct cb_db_turns *t,
+			    int (*fn)(const struct cb_entry *e, long long from, long long until,
+				      void *arg),
+			    void *arg)
+{
+	return tdb_each(t,
+			"SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, turn, "
+			"(SELECT min(n.turn) FROM turn_delta n WHERE n.path = d.path AND n.turn > "
+			"d.turn) FROM turn_delta d WHERE type = 1 ORDER BY xxh3, path, turn",
+			tdb_file_row, (void *)fn, arg, "list file deltas");
+}
+
+int cb_db_turns_base_files(struct cb_db_turns *t,
+			   int (*fn)(const struct cb_entry *e, long long from, long long until,
+				     void *arg),
+			   void *arg)
+{
+	return tdb_each(t,
+			"SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, 0, "
+			"(SELECT min(n.turn) FROM turn_delta n WHERE n.path = b.path) "
+			"FROM base_map b WHERE type = 1 ORDER BY path",
+			tdb_file_row, (void *)fn, arg, "list base files");
+}
+
+static int tdb_cache_row(sqlite3_stmt *s, void *fn, void *arg)
+{
+	int (*cb)(const struct cb_db_cache_row *, void *) =
+	    (int (*)(const struct cb_db_cache_row *, void *))fn;
+	struct cb_db_cache_row r = {
+	    .path = (const char *)sqlite3_column_text(s, 0),
+	    .size = sqlite3_column_int64(s, 1),
+	    .mtime_ns = sqlite3_column_int64(s, 2),
+	    .ino = sqlite3_column_int64(s, 3),
+	    .ctime_ns = sqlite3_column_type(s, 6) == SQLITE_NULL ? -1 : sqlite3_column_int64(s, 6),
+	};
+
+	if (sqlite3_column_bytes(s, 4) == CB_SHA256_LEN)
+		memcpy(r.sha256, sqlite3_column_blob(s, 4), CB_SHA256_LEN);
+	if (sqlite3_column_bytes(s, 5) == CB_XXH128_LEN)
+		memcpy(r.xxh3, sqlite3_column_blob(s, 5), CB_XXH128_LEN);
+	return r.path ? cb(&r, arg) : 0;
+}
+
+int cb_db_turns_base_cache_list(struct cb_db_turns *t,
+				int (*fn)(const struct cb_db_cache_row *row, void *arg), void *arg)
+{
+	return tdb_each(t,
+			"SELECT path, size, mtime_ns, ino, sha256, xxh3, ctime_ns FROM base_cache "
+			"ORDER BY path",
+			tdb_cache_row, (void *)fn, arg, "list the base cache");
+}
+
+int cb_db_turns_base_cache_del(struct cb_db_turns *t, const char *path)
+{
+	sqlite3_stmt *s = NULL;
+	int ret = 0;
+
+	if (sqlite3_prepare_v2(t->db, "DELETE FROM base_cache WHERE path = ?1", -1, &s, NULL) !=
+	    SQLITE_OK)
+		return tdb_fail(t, "drop a base cache row");
+	sqlite3_bind_text(s, 1, path, -1, SQLITE_STATIC);
+	if (sqlite3_step(s) != SQLITE_DONE)
+		ret = tdb_fail(t, "drop a base cache row");
+	sqlite3_finalize(s);
+	return ret;
+}
+
+int cb_db_meta_peek(const char *path, const char *key, char **value)
+{
+	sqlite3 *db = NULL;
+	sqlite3_stmt *s = NULL;
+	int ret = -ENOENT;
+
+	*value = NULL;
+	if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
+	    sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = ?1", -1, &s, NULL) ==
+		SQLITE_OK) {
+		sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
+		if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_text(s, 0)) {
+			*value = strdup((const char *)sqlite3_column_text(s, 0));
+			ret = *value ? 0 : -ENOMEM;
+		}
+	}
+	sqlite3_finalize(s);
+	sqlite3_close(db);
+	return ret;
+}

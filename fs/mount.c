@@ -11,6 +11,7 @@
 #include <string.h>
 #include <linux/magic.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -371,4 +372,21 @@ void cb_overlay_destroy(struct cb_overlay *ov)
 	free(ov->stats);
 	free(ov->mountpoint);
 	free(ov);
+}
+
+/* See overlay.h. */
+int cb_overlay_upper_check(struct cb_overlay *ov, const char *upper_dir)
+{
+	struct stat held, now;
+
+	if (fstat(ov->upper_fd, &held) < 0)
+		return cb_error_set(errno, "upper layer %s: %s", upper_dir, strerror(errno));
+	if (held.st_nlink == 0 || stat(upper_dir, &now) < 0 || now.st_dev != held.st_dev ||
+	    now.st_ino != held.st_ino)
+		return cb_error_set(ENOENT,
+				    "upper layer %s was deleted or replaced while the workspace "
+				    "was mounted: the files the workspace showed are gone from "
+				    "disk, so nothing true can be recorded",
+				    upper_dir);
+	return 0;
 }

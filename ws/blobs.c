@@ -15,6 +15,7 @@
 
 #include "cowbox/error.h"
 #include "cowbox/turns.h"
+#include "turns_int.h"
 
 #define BLOB_TMP_PREFIX "tmp."
 
@@ -96,14 +97,17 @@ int cb_ws_copy_fd(int src_fd, int dst_fd)
 {
 	struct stat st;
 	off_t off = 0;
-	int ret = 0;
+	int ret = 0, sparse;
 
 	if (ioctl(dst_fd, FICLONE, src_fd) == 0)
 		return 0;
 	if (fstat(src_fd, &st) < 0 || ftruncate(dst_fd, 0) < 0)
 		return cb_error_set(errno, "copy: %s", strerror(errno));
 	/* Only the data segments: a hole stays a hole (a sparse file is not made dense). */
-	while (off < st.st_size && !ret) {
+	sparse = ws_holes_trusted(src_fd);
+	if (!sparse)
+		ret = copy_segment(src_fd, dst_fd, 0, st.st_size);
+	while (sparse && off < st.st_size && !ret) {
 		off_t data = lseek(src_fd, off, SEEK_DATA), hole;
 
 		if (data < 0 && errno == ENXIO)

@@ -176,7 +176,10 @@ int cb_ws_snapshot(struct cb_turns *t, long long turn, const struct cb_dirty *di
 		ret = cb_error_set(ENOMEM, "snapshot: out of memory");
 		goto out;
 	}
+	t->read_left = t->read_max;
+	t->read_done = 0;
 	ret = snap_collect(t, &set, items);
+	t->read_left = -1;
 	if (!ret)
 		ret = snap_record(t, turn, label, items, set.n, changes);
 out:

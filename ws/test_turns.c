@@ -61,7 +61,7 @@ static void setup(void)
 	put(base, "docs/x.md", "x\n");
 	put(base, "docs/y.md", "y\n");
 	sh("cp -a %s/. %s/../live", base);
-	cfg = (struct cb_turns_config){dbp, blobs, base, live, NULL, NULL};
+	cfg = (struct cb_turns_config){dbp, blobs, base, live, NULL, NULL, 0};
 	cr_assert_eq(cb_turns_open(&cfg, &T), 0, "%s", cb_error_message());
 }
 
@@ -225,7 +225,7 @@ Test(snapshot, first_is_base_then_incremental, .init = setup, .fini = teardown)
 Test(snapshot, base_cache_notices_change_behind_our_back, .init = setup, .fini = teardown)
 {
 	struct cb_entry was = {0}, e = {0};
-	struct cb_turns_config cfg = {dbp, blobs, base, live, NULL, NULL};
+	struct cb_turns_config cfg = {dbp, blobs, base, live, NULL, NULL, 0};
 	struct cb_hash h;
 	char p[400];
 
@@ -267,7 +267,7 @@ static void progress_cb(void *arg, long long done, long long total, long long by
 Test(snapshot, first_hash_reports_progress, .init = setup, .fini = teardown)
 {
 	struct progress_seen seen = {0};
-	struct cb_turns_config cfg = {dbp, blobs, base, live, progress_cb, &seen};
+	struct cb_turns_config cfg = {dbp, blobs, base, live, progress_cb, &seen, 0};
 
 	cb_turns_close(T);
 	cr_assert_eq(cb_turns_open(&cfg, &T), 0);
@@ -557,7 +557,7 @@ Test(fork, upper_holds_only_the_difference, .init = setup, .fini = teardown)
 	 * a row planted in the source's cache under the file's exact current key (inode, size,
 	 * mtime, ctime) shows up as the fork's turn 0 hash, so it was not rehashed. */
 	{
-		struct cb_turns_config cfg = {fdb, fblobs, base, up, NULL, NULL};
+		struct cb_turns_config cfg = {fdb, fblobs, base, up, NULL, NULL, 0};
 		struct cb_entry old = {0}, now = {0};
 		struct cb_turns *ft;
 		struct stat bst;

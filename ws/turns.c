@@ -26,6 +26,8 @@ int cb_turns_open(const struct cb_turns_config *cfg, struct cb_turns **out)
 	t->root_fd = t->base_fd = t->blob_fd = -1;
 	t->progress = cfg->progress;
 	t->progress_arg = cfg->progress_arg;
+	t->read_max = cfg->snapshot_max_bytes ? cfg->snapshot_max_bytes : CB_SNAPSHOT_MAX_BYTES;
+	t->read_left = -1;
 	if (mkdir(cfg->blob_dir, 0700) < 0 && errno != EEXIST) {
 		ret = cb_error_set(errno, "blob store %s: %s", cfg->blob_dir, strerror(errno));
 		goto out;
@@ -282,6 +284,21 @@ static int live_file(struct cb_turns *t, const char *path, int keep_blob, struct
 	char tmp[64] = "";
 	int copy_fd = -1, ret;
 
+	/* A snapshot's reads are bounded: a huge (or hugely sparse) file fails it at once,
+	 * before a byte is read, instead of every turn operation waiting behind it. */
+	if (keep_blob && t->read_left >= 0) {
+		if (out->size > t->read_left) {
+			ret = cb_error_set(EFBIG,
+					   "%s is %lld bytes: this snapshot would read more than "
+					   "its bound of %lld bytes (%lld read already); a huge or "
+					   "sparse file? remove it, or raise the bound "
+					   "(COWBOX_SNAPSHOT_MAX_BYTES for the daemon)",
+					   path, out->size, t->read_max, t->read_done);
+			goto out;
+		}
+		t->read_left -= out->size;
+		t->read_done += out->size;
+	}
 	if (keep_blob && (ret = ws_base_now(t, path, &base)) < 0)
 		goto out;
 	if (keep_blob && (base.type != CB_ENTRY_FILE || base.size != out->size)) {

@@ -23,11 +23,18 @@ struct cb_turns {
 	void *progress_arg;
 	struct ws_known *known; /* sorted by path; emptied by the next snapshot */
 	size_t nknown;
+	long long read_max;  /* snapshot bound (< 0: none) */
+	long long read_left; /* what the running snapshot may still read; < 0: unbounded */
+	long long read_done;
 };
 
 /* Remember files just written (takes ownership of the array), forget them. */
 void ws_known_set(struct cb_turns *t, struct ws_known *known, size_t n);
 void ws_known_clear(struct cb_turns *t);
+
+/* 1 if SEEK_DATA/SEEK_HOLE on fd tell the truth: not on a FUSE mount, whose server does not
+ * see what the kernel's writeback cache still holds (a hole there may be data). */
+int ws_holes_trusted(int fd);
 
 /* ws/beneath.c: resolution beneath dirfd through no symlink at all (RESOLVE_BENEATH |
  * RESOLVE_NO_SYMLINKS); -errno on failure, no message set. A symlink on the way gives

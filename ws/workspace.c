@@ -219,6 +219,21 @@ static int ws_fill(const char *dir, const char *base, const char *name)
 	if ((rc = ws_pathf(&p, "%s/mnt", dir)) || (rc = ws_mkdir(p, 0755)))
 		goto out;
 	free(p);
+	/* A copy of the base's path beside meta.db: fsck --repair needs it to rebuild a
+	 * database that was lost. */
+	if (base) {
+		FILE *f;
+
+		if ((rc = ws_pathf(&p, "%s/base.path", dir)))
+			goto out;
+		f = fopen(p, "we");
+		if (!f || fprintf(f, "%s\n", base) < 0 || fclose(f) != 0) {
+			rc = cb_error_set(errno ? errno : EIO, "write %s: %s", p, strerror(errno));
+			goto out;
+		}
+		free(p);
+		p = NULL;
+	}
 	if ((rc = ws_pathf(&p, "%s/meta.db", dir)) || (rc = cb_db_open(p, &db)))
 		goto out;
 	if (base && (rc = cb_db_meta_set(db, "base", base)))
@@ -299,7 +314,26 @@ out:
 
 int cb_ws_resolve(const char *arg, char ref[CB_WS_REF_LEN + 1])
 {
-	char *home = NULL, *dir = NULL, *db = NULL;
+	char *db = NULL;
+	int rc = cb_ws_find(arg, ref);
+
+	if (rc)
+		return rc;
+	if ((rc = cb_ws_path(ref, "meta.db", &db)))
+		goto out;
+	rc = ws_check_complete(db);
+	if (rc)
+		rc = ws_error_ref(rc, ref);
+out:
+	if (rc)
+		ref[0] = '\0';
+	free(db);
+	return rc;
+}
+
+int cb_ws_find(const char *arg, char ref[CB_WS_REF_LEN + 1])
+{
+	char *home = NULL, *dir = NULL;
 	int rc;
 
 	ref[0] = '\0';
@@ -321,19 +355,11 @@ int cb_ws_resolve(const char *arg, char ref[CB_WS_REF_LEN + 1])
 		goto out;
 	if ((rc = ws_pathf(&dir, "%s/workspaces/%s", home, ref)))
 		goto out;
-	if (access(dir, F_OK) < 0) {
+	if (access(dir, F_OK) < 0)
 		rc = cb_error_set(ENOENT, "no workspace %s in %s", ref, home);
-		goto out;
-	}
-	if ((rc = ws_pathf(&db, "%s/meta.db", dir)))
-		goto out;
-	rc = ws_check_complete(db);
-	if (rc)
-		rc = ws_error_ref(rc, ref);
 out:
 	if (rc)
 		ref[0] = '\0';
-	free(db);
 	free(dir);
 	free(home);
 	return rc;

@@ -89,8 +89,13 @@ int ws_open_complete(const char *db_path, struct cb_db **out)
 
 	*out = NULL;
 	if (stat(db_path, &st) < 0)
-		return errno == ENOENT ? ws_db_damaged(db_path, "the database is missing")
-				       : cb_error_set(errno, "%s: %s", db_path, strerror(errno));
+		return errno == ENOENT
+			   ? ws_db_damaged(db_path, ws_upper_empty(db_path)
+							? "the database is missing (the "
+							  "workspace was not fully created, or "
+							  "lost it)"
+							: "the database is missing")
+			   : cb_error_set(errno, "%s: %s", db_path, strerror(errno));
 	/* An empty file would be taken for a new database (and get a fresh schema): it is the
 	 * remains of one that lost its contents. */
 	if (st.st_size == 0)

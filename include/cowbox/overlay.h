@@ -26,6 +26,11 @@ int cb_overlay_mount(const struct cb_overlay_config *cfg, struct cb_overlay **ou
  * called. Returns 0 on a clean end. */
 int cb_overlay_run(struct cb_overlay *ov);
 
+/* 0 while the upper layer the mount serves is still the directory at upper_dir; -ENOENT
+ * naming it when it was deleted or replaced behind the mount (a snapshot must not record
+ * files that exist only in open handles). */
+int cb_overlay_upper_check(struct cb_overlay *ov, const char *upper_dir);
+
 /* Ask cb_overlay_run to return; safe from another thread and from a signal handler. */
 void cb_overlay_stop(struct cb_overlay *ov);
 

@@ -146,4 +146,36 @@ int cb_db_turns_prune(struct cb_db_turns *t, long long keep_from);
 /* 1 if some remaining turn or the map needs the blob with this xxh3, else 0. */
 int cb_db_turns_blob_needed(struct cb_db_turns *t, const unsigned char *xxh3);
 
+/* ---- for cowbox fsck ---- */
+
+/* Every file entry recorded in a delta (ordered by content, then path, then turn), with the
+ * turn it was recorded at (from) and the next turn that recorded that path again (until; -1
+ * if none): the entry is the path's content for the turns from .. until-1. */
+int cb_db_turns_file_deltas(struct cb_db_turns *t,
+			    int (*fn)(const struct cb_entry *e, long long from, long long until,
+				      void *arg),
+			    void *arg);
+/* The same for turn 0's files (the frozen base map): from is 0, until the first delta. */
+int cb_db_turns_base_files(struct cb_db_turns *t,
+			   int (*fn)(const struct cb_entry *e, long long from, long long until,
+				     void *arg),
+			   void *arg);
+
+/* A row of the base cache (ctime_ns -1: a row from before ctime was part of the key). */
+struct cb_db_cache_row {
+	const char *path;
+	long long size, mtime_ns, ctime_ns, ino;
+	unsigned char sha256[CB_SHA256_LEN];
+	unsigned char xxh3[CB_XXH128_LEN];
+};
+
+/* Every row of the base cache, by path; and dropping one. */
+int cb_db_turns_base_cache_list(struct cb_db_turns *t,
+				int (*fn)(const struct cb_db_cache_row *row, void *arg), void *arg);
+int cb_db_turns_base_cache_del(struct cb_db_turns *t, const char *path);
+
+/* Read one key of meta.db's metadata without opening it for writing (no migration, nothing
+ * created): for a damaged file. 0 and *value (malloc'd), or -ENOENT; no message set. */
+int cb_db_meta_peek(const char *path, const char *key, char **value);
+
 #endif

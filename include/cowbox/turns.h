@@ -68,6 +68,9 @@ int cb_ws_blob_share(int from_fd, int to_fd, const unsigned char *xxh3);
 
 struct cb_turns;
 
+/* The default bound on one snapshot's reads: 64 GiB (a 1 TiB sparse file fails at once). */
+#define CB_SNAPSHOT_MAX_BYTES (64LL << 30)
+
 struct cb_turns_config {
 	const char *db_path;  /* meta.db */
 	const char *blob_dir; /* blobs/, created if missing */
@@ -79,6 +82,10 @@ struct cb_turns_config {
 	void (*progress)(void *arg, long long files_done, long long files_total,
 			 long long bytes_done, long long bytes_total);
 	void *progress_arg;
+	/* The most file bytes one snapshot may read (the sizes of the files it hashes, holes
+	 * included): past it the snapshot fails naming the file, before reading it. 0: the
+	 * default, CB_SNAPSHOT_MAX_BYTES; < 0: no bound. */
+	long long snapshot_max_bytes;
 };
 
 /* Open the turns of one workspace: its turn store, blob store, base and live tree. The

@@ -49,6 +49,10 @@ int cb_ws_create(const char *base, const char *name, FILE *log, char ref[CB_WS_R
  * message saying why, before the caller does anything. */
 int cb_ws_resolve(const char *ref_or_name, char ref[CB_WS_REF_LEN + 1]);
 
+/* Turn a ref or a name into the ref of a workspace directory that exists, complete or not
+ * (what fsck and rm need for a damaged one). */
+int cb_ws_find(const char *ref_or_name, char ref[CB_WS_REF_LEN + 1]);
+
 /* "$COWBOX_HOME/workspaces/<ref>/<leaf>" (leaf NULL: the directory), malloc'd into *out. */
 int cb_ws_path(const char *ref, const char *leaf, char **out);
 

@@ -1,0 +1,436 @@
+/* cowbox fsck: check every blob and base file a turn needs and every base-cache row, say which
+ * turns a bad one breaks, and repair what can be repaired without touching the agent's files. */
+#include "config.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cowbox/error.h"
+#include "cowbox/fsck.h"
+#include "cowbox/grow.h"
+#include "cowbox/journal.h"
+#include "cowbox/turns.h"
+#include "cowbox/workspace.h"
+#include "turns_int.h"
+#include "ws.h"
+
+static int fsck_add(struct cb_fsck_report *r, const char *kind, const char *path,
+		    const char *object, long long from, long long until, int repaired,
+		    const char *fmt, ...) __attribute__((format(printf, 8, 9)));
+
+static int fsck_add(struct cb_fsck_report *r, const char *kind, const char *path,
+		    const char *object, long long from, long long until, int repaired,
+		    const char *fmt, ...)
+{
+	struct cb_fsck_problem *p;
+	va_list ap;
+	int rc = cb_grow(&r->p, &r->cap, r->n, sizeof(*r->p), 16, "fsck");
+
+	if (rc)
+		return rc;
+	p = &r->p[r->n];
+	memset(p, 0, sizeof(*p));
+	p->kind = kind;
+	p->path = path ? strdup(path) : NULL;
+	p->object = object ? strdup(object) : NULL;
+	p->first_turn = from;
+	p->last_turn = until < 0 ? -1 : until - 1;
+	p->repaired = repaired;
+	va_start(ap, fmt);
+	if (vasprintf(&p->detail, fmt, ap) < 0)
+		p->detail = NULL;
+	va_end(ap);
+	if ((path && !p->path) || (object && !p->object) || !p->detail) {
+		free(p->path);
+		free(p->object);
+		free(p->detail);
+		return cb_error_set(ENOMEM, "fsck: out of memory");
+	}
+	r->n++;
+	return 0;
+}
+
+void cb_ws_fsck_free(struct cb_fsck_report *r)
+{
+	for (size_t i = 0; i < r->n; i++) {
+		free(r->p[i].path);
+		free(r->p[i].object);
+		free(r->p[i].detail);
+	}
+	free(r->p);
+	memset(r, 0, sizeof(*r));
+}
+
+struct fsck_ctx {
+	struct cb_turns *t;
+	struct cb_fsck_report *r;
+	/* the blob verdict of the last content seen (deltas come ordered by content) */
+	unsigned char last_xxh3[CB_XXH128_LEN];
+	int have_last, last_ok;
+	char last_why[256];
+};
+
+/* 1 if the base file at path holds exactly e's bytes now. */
+static int fsck_base_holds(struct cb_turns *t, const struct cb_entry *e)
+{
+	int fd, ok;
+
+	if (t->base_fd < 0)
+		return 0;
+	fd = ws_open_beneath(t->base_fd, e->path, O_RDONLY | O_NOCTTY | O_NONBLOCK, 0);
+	if (fd < 0)
+		return 0;
+	ok = cb_ws_copy_checked(fd, -1, e, "base file") == 0;
+	close(fd);
+	cb_error_clear();
+	return ok;
+}
+
+/* Is e's blob there and good? Sets ok and a reason; one read per distinct content. */
+static void fsck_blob(struct fsck_ctx *c, const struct cb_entry *e)
+{
+	char hex[2 * CB_XXH128_LEN + 1];
+	int fd;
+
+	if (c->have_last && !memcmp(c->last_xxh3, e->xxh3, CB_XXH128_LEN))
+		return;
+	memcpy(c->last_xxh3, e->xxh3, CB_XXH128_LEN);
+	c->have_last = 1;
+	c->r->blobs_checked++;
+	cb_hex(e->xxh3, CB_XXH128_LEN, hex);
+	if (!cb_ws_blob_has(c->t->blob_fd, e->xxh3)) {
+		c->last_ok = 0;
+		snprintf(c->last_why, sizeof(c->last_why), "missing");
+		return;
+	}
+	fd = cb_ws_blob_open(c->t->blob_fd, e->xxh3);
+	c->last_ok = fd >= 0 && cb_ws_copy_checked(fd, -1, e, "blob") == 0;
+	if (!c->last_ok)
+		snprintf(c->last_why, sizeof(c->last_why), "damaged: %s", cb_error_message());
+	if (fd >= 0)
+		close(fd);
+	cb_error_clear();
+}
+
+/* A file content a delta recorded: its blob, or (content equal to the base's at the same
+ * path is not kept as a blob) the base file. */
+static int fsck_delta(const struct cb_entry *e, long long from, long long until, void *arg)
+{
+	struct fsck_ctx *c = arg;
+	char hex[2 * CB_XXH128_LEN + 1];
+
+	fsck_blob(c, e);
+	if (c->last_ok || fsck_base_holds(c->t, e))
+		return 0;
+	cb_hex(e->xxh3, CB_XXH128_LEN, hex);
+	return fsck_add(c->r, "blob", e->path, hex, from, until, 0,
+			"blob %s (%lld bytes of %s) is %s, and the base does not hold it", hex,
+			e->size, e->path, c->last_why);
+}
+
+/* A file of turn 0: the base file, or a blob of the same content. */
+static int fsck_base_file(const struct cb_entry *e, long long from, long long until, void *arg)
+{
+	struct fsck_ctx *c = arg;
+	char hex[2 * CB_XXH128_LEN + 1];
+
+	c->r->base_checked++;
+	if (until == 0 || fsck_base_holds(c->t, e) || cb_ws_blob_has(c->t->blob_fd, e->xxh3))
+		return 0;
+	cb_hex(e->xxh3, CB_XXH128_LEN, hex);
+	return fsck_add(c->r, "base", e->path, hex, from, until, 0,
+			"base file %s is missing or no longer holds what turn 0 recorded (%lld "
+			"bytes, content %s), and no blob keeps it",
+			e->path, e->size, hex);
+}
+
+/* A cache row is usable only while the base file has exactly its key and its hashes. */
+static int fsck_cache_row(const struct cb_db_cache_row *row, void *arg)
+{
+	struct fsck_ctx *c = arg;
+	struct cb_entry e = {.path = (char *)row->path, .type = CB_ENTRY_FILE, .size = row->size};
+	const char *why = NULL;
+	struct stat st;
+
+	c->r->cache_rows++;
+	memcpy(e.sha256, row->sha256, CB_SHA256_LEN);
+	memcpy(e.xxh3, row->xxh3, CB_XXH128_LEN);
+	if (c->t->base_fd < 0 || ws_lstat_beneath(c->t->base_fd, row->path, &st) < 0)
+		why = "the base file is gone";
+	else if (!S_ISREG(st.st_mode) || st.st_size != row->size ||
+		 (long long)st.st_ino != row->ino ||
+		 (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec !=
+		     row->mtime_ns ||
+		 (long long)st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec != row->ctime_ns)
+		why = "the base file changed since (the row is never used again)";
+	else if (!fsck_base_holds(c->t, &e))
+		why = "the base file has the row's key but other content";
+	if (!why)
+		return 0;
+	return fsck_add(c->r, "base_cache", row->path, NULL, 0, -1, 0, "base cache row for %s: %s",
+			row->path, why);
+}
+
+/* Drop the unusable base-cache rows found (each is only a hint; a miss means a rehash). */
+static int fsck_repair_cache(struct cb_turns *t, struct cb_fsck_report *r)
+{
+	int ret = cb_db_turns_begin(t->db);
+
+	for (size_t i = 0; i < r->n && !ret; i++)
+		if (!strcmp(r->p[i].kind, "base_cache"))
+			ret = cb_db_turns_base_cache_del(t->db, r->p[i].path);
+	if (!ret)
+		ret = cb_db_turns_commit(t->db);
+	if (ret) {
+		cb_db_turns_rollback(t->db);
+		return ret;
+	}
+	for (size_t i = 0; i < r->n; i++)
+		if (!strcmp(r->p[i].kind, "base_cache"))
+			r->p[i].repaired = 1;
+	return 0;
+}
+
+static int fsck_turns(const char *dir, const char *db_path, const char *base, int repair,
+		      struct cb_fsck_report *r)
+{
+	char *blobs = NULL, *upper = NULL;
+	struct cb_turns *t = NULL;
+	struct fsck_ctx c = {.r = r};
+	int ret;
+
+	if ((ret = ws_pathf(&blobs, "%s/blobs", dir)) || (ret = ws_pathf(&upper, "%s/upper", dir)))
+		goto out;
+	/* The live tree is upper/ (never our own mount): fsck reads no path through FUSE. */
+	struct cb_turns_config cfg = {
+	    .db_path = db_path, .blob_dir = blobs, .base_dir = base, .root = upper};
+
+	if ((ret = cb_turns_open(&cfg, &t)))
+		goto out;
+	c.t = t;
+	ret = cb_db_turns_file_deltas(t->db, fsck_delta, &c);
+	if (!ret)
+		ret = cb_db_turns_base_files(t->db, fsck_base_file, &c);
+	if (!ret)
+		ret = cb_db_turns_base_cache_list(t->db, fsck_cache_row, &c);
+	if (!ret && repair)
+		ret = fsck_repair_cache(t, r);
+out:
+	cb_turns_close(t);
+	free(blobs);
+	free(upper);
+	return ret;
+}
+
+/* ---- rebuilding a meta.db that cannot be used ---- */
+
+static struct cb_db *rebuild_db;
+static const char *rebuild_upper;
+static int rebuild_rc;
+static long long rebuild_marked;
+
+/* Mark every path of upper/ changed in the new database's open turn, so that the first
+ * snapshot hashes all of them (a whiteout marks a base path deleted, subtree included). */
+static int rebuild_visit(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+	const char *rel = path + strlen(rebuild_upper);
+	struct cb_change ch = {.kind = CB_CHANGE_CREATE};
+
+	(void)type;
+	(void)ftw;
+	while (*rel == '/')
+		rel++;
+	if (!*rel)
+		return 0;
+	ch.path = rel;
+	if (S_ISCHR(st->st_mode) && st->st_rdev == makedev(0, 0))
+		ch.kind = CB_CHANGE_DELETE, ch.subtree = 1;
+	else if (S_ISDIR(st->st_mode))
+		ch.subtree = 1;
+	rebuild_rc = cb_journal_mark(rebuild_db, &ch, 1);
+	rebuild_marked++;
+	return rebuild_rc ? 1 : 0;
+}
+
+/* Who holds ref's name: the name whose link under names/ points at it, or NULL. */
+static char *rebuild_name(const char *ref)
+{
+	char *home = NULL, *names = NULL, *found = NULL;
+	struct dirent *de;
+	DIR *d;
+
+	if (cb_ws_home(&home) || ws_pathf(&names, "%s/names", home)) {
+		free(home);
+		return NULL;
+	}
+	d = opendir(names);
+	while (d && !found && (de = readdir(d))) {
+		char target[64];
+		ssize_t n = readlinkat(dirfd(d), de->d_name, target, sizeof(target) - 1);
+
+		if (n > 0) {
+			target[n] = '\0';
+			if (!strcmp(target, ref))
+				found = strdup(de->d_name);
+		}
+	}
+	if (d)
+		closedir(d);
+	free(names);
+	free(home);
+	cb_error_clear();
+	return found;
+}
+
+/* Move meta.db (and its -wal, -shm) aside as meta.db.damaged-<time>: never deleted. */
+static int rebuild_move_aside(const char *db_path, char **kept)
+{
+	static const char *const sfx[] = {"", "-wal", "-shm"};
+	char *from = NULL, *to = NULL;
+	long long now = (long long)time(NULL);
+	int ret = 0;
+
+	*kept = NULL;
+	for (size_t i = 0; i < 3 && !ret; i++) {
+		if ((ret = ws_pathf(&from, "%s%s", db_path, sfx[i])) ||
+		    (ret = ws_pathf(&to, "%s.damaged-%lld%s", db_path, now, sfx[i])))
+			break;
+		if (rename(from, to) == 0) {
+			if (i == 0)
+				*kept = strdup(to);
+		} else if (errno != ENOENT) {
+			ret = cb_error_set(errno, "move %s aside: %s", from, strerror(errno));
+		}
+		free(from);
+		free(to);
+		from = to = NULL;
+	}
+	free(from);
+	free(to);
+	return ret;
+}
+
+static int fsck_rebuild(const char *ref, const char *dir, const char *db_path, const char *base_opt,
+			const char *why, struct cb_fsck_report *r)
+{
+	char *base = NULL, *name = NULL, *upper = NULL, *kept = NULL, *base_file = NULL;
+	char *mnt = NULL;
+	struct cb_db *db = NULL;
+	pid_t pid = 0;
+	int ret;
+
+	ret = cb_ws_daemon(ref, &pid, &mnt);
+	free(mnt);
+	if (ret)
+		return ret;
+	if (pid != 0)
+		return cb_error_set(EBUSY,
+				    "workspace %s is mounted (daemon %d): unmount it ('cowbox "
+				    "umount %s') before fsck --repair rebuilds its database",
+				    ref, (int)pid, ref);
+	/* The base: what the old file still says, else the copy kept beside it at create,
+	 * else --base. */
+	if (cb_db_meta_peek(db_path, "base", &base) < 0 &&
+	    !ws_pathf(&base_file, "%s/base.path", dir)) {
+		FILE *f = fopen(base_file, "re");
+		char line[4096];
+
+		if (f && fgets(line, sizeof(line), f)) {
+			line[strcspn(line, "\n")] = '\0';
+			base = line[0] ? strdup(line) : NULL;
+		}
+		if (f)
+			fclose(f);
+	}
+	if (base_opt) {
+		free(base);
+		base = strdup(base_opt);
+	}
+	cb_error_clear();
+	if (cb_db_meta_peek(db_path, "name", &name) < 0)
+		name = rebuild_name(ref);
+	if ((ret = rebuild_move_aside(db_path, &kept)) || (ret = cb_db_open(db_path, &db)))
+		goto out;
+	if (base && (ret = cb_db_meta_set(db, "base", base)))
+		goto out;
+	if (name && (ret = cb_db_meta_set(db, "name", name)))
+		goto out;
+	if ((ret = ws_pathf(&upper, "%s/upper", dir)))
+		goto out;
+	rebuild_db = db;
+	rebuild_upper = upper;
+	rebuild_rc = 0;
+	rebuild_marked = 0;
+	if (nftw(upper, rebuild_visit, 32, FTW_PHYS) < 0 && !rebuild_rc)
+		ret = cb_error_set(errno, "walk %s: %s", upper, strerror(errno));
+	else
+		ret = rebuild_rc;
+	if (!ret)
+		ret = cb_db_meta_set(db, "created", "1");
+	if (!ret)
+		ret = fsck_add(r, "meta.db", db_path, kept, 0, -1, 1,
+			       "%s; rebuilt as a workspace with no turns over the %lld paths of "
+			       "upper/ (base %s)%s%s",
+			       why, rebuild_marked, base ? base : "none (empty)",
+			       kept ? "; the old file is kept as " : "", kept ? kept : "");
+out:
+	cb_db_close(db);
+	free(base);
+	free(name);
+	free(upper);
+	free(kept);
+	free(base_file);
+	return ret;
+}
+
+int cb_ws_fsck(const char *arg, int repair, const char *base_opt, struct cb_fsck_report *out)
+{
+	char ref[CB_WS_REF_LEN + 1];
+	char *dir = NULL, *db_path = NULL, *base = NULL;
+	struct cb_db *db = NULL;
+	int ret;
+
+	memset(out, 0, sizeof(*out));
+	if ((ret = cb_ws_find(arg, ref)) || (ret = cb_ws_path(ref, NULL, &dir)) ||
+	    (ret = cb_ws_path(ref, "meta.db", &db_path)))
+		goto out;
+	memcpy(out->ref, ref, sizeof(out->ref));
+	ret = ws_open_complete(db_path, &db);
+	if (ret == -EUCLEAN || ret == -EILSEQ) {
+		char why[1024];
+
+		snprintf(why, sizeof(why), "%s", cb_error_message());
+		cb_error_clear();
+		if (!repair) {
+			ret = fsck_add(out, "meta.db", db_path, NULL, 0, -1, 0, "%s", why);
+			goto out;
+		}
+		ret = fsck_rebuild(ref, dir, db_path, base_opt, why, out);
+		if (ret)
+			goto out;
+		ret = ws_open_complete(db_path, &db);
+	}
+	if (ret)
+		goto out;
+	cb_db_meta_get(db, "base", &base);
+	cb_error_clear();
+	cb_db_close(db);
+	db = NULL;
+	ret = fsck_turns(dir, db_path, base, repair, out);
+out:
+	cb_db_close(db);
+	free(base);
+	free(db_path);
+	free(dir);
+	return ret;
+}

@@ -42,7 +42,7 @@ int cb_daemon_conn_attach(struct cb_daemon_conn *conn, json_t *id, void *obj,
 			  void (*on_close)(void *obj))
 {
 	struct conn_request *r = calloc(1, sizeof(*r));
-	int rc = 0;
+	int rc = 0, running = 0;
 
 	if (!r || !(r->key = request_key(id))) {
 		free(r);
@@ -51,11 +51,18 @@ int cb_daemon_conn_attach(struct cb_daemon_conn *conn, json_t *id, void *obj,
 	r->obj = obj;
 	r->on_close = on_close;
 	pthread_mutex_lock(&conn->requests_lock);
-	for (struct conn_request *q = conn->requests; q; q = q->next)
+	for (struct conn_request *q = conn->requests; q; q = q->next, running++)
 		if (!strcmp(q->key, r->key)) {
 			rc = cb_error_set(EEXIST, "request id %s is already running", r->key);
 			break;
 		}
+	if (!rc && running >= CB_PROTOCOL_MAX_IN_FLIGHT)
+		rc =
+		    cb_error_set(EBUSY,
+				 "request %s refused: %d requests are already running on this "
+				 "connection, the most one connection may have in flight; wait for "
+				 "a reply (or use another connection)",
+				 r->key, running);
 	if (!rc) {
 		r->next = conn->requests;
 		conn->requests = r;

@@ -130,6 +130,10 @@ static int op_host_url(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 
 	if (!json_is_integer(port))
 		return cb_error_set(EINVAL, "host_url: needs \"port\", an integer 1-65535");
+	/* Checked as sent, before any narrowing: 2^63-1 must not turn into "port -1". */
+	if (json_integer_value(port) < 1 || json_integer_value(port) > 65535)
+		return cb_error_set(EINVAL, "host_url: port %lld is not in 1-65535",
+				    (long long)json_integer_value(port));
 	if ((rc = cb_api_backend(d, 1, &b)) < 0)
 		return rc;
 	rc = b->ops->host_url(b, (int)json_integer_value(port), &url);

@@ -266,3 +266,42 @@ Test(conn, framing_errors_keep_the_connection)
 	cr_assert_str_eq(json_string_value(json_object_get(m, "id")), "s");
 	json_decref(m);
 }
+
+Test(conn, requests_in_flight_are_bounded)
+{
+	char line[64];
+	json_t *m = recv_msg();
+	int frames = 0;
+
+	json_decref(m);
+	for (int i = 0; i < CB_PROTOCOL_MAX_IN_FLIGHT; i++) {
+		snprintf(line, sizeof(line), "{\"id\":%d,\"op\":\"count\"}", i);
+		send_line(line);
+	}
+	/* one more is refused with a reason; a ping (inline) still goes through */
+	send_line("{\"id\":\"over\",\"op\":\"count\"}");
+	send_line("{\"id\":\"p\",\"op\":\"ping\"}");
+	m = recv_reply(&frames);
+	cr_assert_str_eq(json_string_value(json_object_get(m, "id")), "over");
+	cr_assert_str_eq(error_code(m), "in_use");
+	cr_assert(strstr(json_string_value(json_object_get(json_object_get(m, "error"), "message")),
+			 "in flight"));
+	json_decref(m);
+	m = recv_reply(&frames);
+	cr_assert_str_eq(json_string_value(json_object_get(m, "id")), "p");
+	json_decref(m);
+	/* once one ends, a new one is taken */
+	send_line("{\"id\":0,\"op\":\"kill\"}");
+	for (int seen = 0; seen < 2;) {
+		m = recv_reply(&frames);
+		seen += json_integer_value(json_object_get(m, "id")) == 0;
+		json_decref(m);
+	}
+	send_line("{\"id\":\"again\",\"op\":\"count\"}");
+	send_line("{\"id\":\"q\",\"op\":\"ping\"}");
+	m = recv_reply(&frames);
+	cr_assert_str_eq(json_string_value(json_object_get(m, "id")), "q");
+	json_decref(m);
+	close(peer);
+	peer = -1;
+}

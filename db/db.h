@@ -47,6 +47,8 @@ struct cb_db {
 	long long turn;		   /* the open turn; guarded by queue_lock */
 	char batch_error[512];	   /* why the last failed batch failed, for its followers */
 	int dir_synced;		   /* the directory was fsynced once (cb_journal_sync) */
+	int reserve_held;	   /* "<path>-reserve" is allocated; only the leader touches it */
+	long long reserve_tried;   /* when it was last given back or taken (seconds) */
 
 	/* Counters for tests and benchmarks (guarded by queue_lock). */
 	unsigned long long stat_marks, stat_rows, stat_transactions;

@@ -8,11 +8,52 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "cowbox/error.h"
 #include "db.h"
+
+/* Room kept for the journal on the database's filesystem (the file "<db>-reserve"): when a
+ * commit that records a delete finds the disk full, the reserve is given back and the commit
+ * tried again, so that the deletes an agent makes to free space can still be recorded (and
+ * so happen). It is taken again once the disk has room for it four times over. */
+#define JOURNAL_RESERVE (4 << 20)
+
+/* Take the reserve if it is not held: 1 if held afterwards. */
+static int reserve_take(struct cb_db *db)
+{
+	char path[4200];
+	struct statvfs sv;
+	struct stat st;
+	int fd, ok = 0;
+
+	snprintf(path, sizeof(path), "%s-reserve", db->path);
+	fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return 0;
+	if (fstat(fd, &st) == 0 && (long long)st.st_blocks * 512 >= JOURNAL_RESERVE)
+		ok = 1; /* still held from before */
+	else
+		ok = fstatvfs(fd, &sv) == 0 &&
+		     (unsigned long long)sv.f_bavail * sv.f_frsize >= 4ULL * JOURNAL_RESERVE &&
+		     posix_fallocate(fd, 0, JOURNAL_RESERVE) == 0;
+	close(fd);
+	if (!ok)
+		unlink(path);
+	return ok;
+}
+
+/* Give the reserve back to the filesystem: 1 if there was one. */
+static int reserve_release(struct cb_db *db)
+{
+	char path[4200];
+
+	snprintf(path, sizeof(path), "%s-reserve", db->path);
+	return unlink(path) == 0;
+}
 
 static uint64_t mark_hash(int kind, const char *path)
 {
@@ -121,6 +162,7 @@ int cb_journal_init(struct cb_db *db)
 	free(turn);
 	if (db->turn < 1)
 		return cb_error_set(EILSEQ, "database %s: bad turn in meta", db->path);
+	db->reserve_held = reserve_take(db);
 	return 0;
 }
 
@@ -206,6 +248,17 @@ static int journal_validate(struct cb_db *db, const struct cb_change *changes, s
 	return 0;
 }
 
+/* 1 if a batch records a delete (unlink, rmdir, or a rename's source). */
+static int batch_deletes(const struct cb_mark_waiter *batch)
+{
+	for (const struct cb_mark_waiter *w = batch; w; w = w->next)
+		for (size_t i = 0; i < w->n; i++)
+			if (w->changes[i].kind == CB_CHANGE_DELETE ||
+			    w->changes[i].kind == CB_CHANGE_RENAME_FROM)
+				return 1;
+	return 0;
+}
+
 /* Leader/follower: whoever finds no leader commits everything queued (its own rows and any
  * others'), then wakes the batch. A caller returns only once its own rows are committed. */
 int cb_journal_mark(struct cb_db *db, const struct cb_change *changes, size_t n)
@@ -240,6 +293,21 @@ int cb_journal_mark(struct cb_db *db, const struct cb_change *changes, size_t n)
 		db->queue_tail = &db->queue_head;
 		pthread_mutex_unlock(&db->queue_lock);
 		int brc = journal_commit_batch(db, batch, turn, &rows);
+
+		/* Disk full: spend the reserve on a commit that records a delete (the agent
+		 * freeing space must be able to); anything else stays ENOSPC, so the reserve is
+		 * not eaten by the writes that filled the disk. Later, with room again, take it
+		 * back (at most once a second). */
+		if (brc == -ENOSPC && db->reserve_held && batch_deletes(batch)) {
+			reserve_release(db);
+			db->reserve_held = 0;
+			db->reserve_tried = time(NULL);
+			rows = 0;
+			brc = journal_commit_batch(db, batch, turn, &rows);
+		} else if (!brc && !db->reserve_held && time(NULL) != db->reserve_tried) {
+			db->reserve_tried = time(NULL);
+			db->reserve_held = reserve_take(db);
+		}
 		const char *msg = brc ? cb_error_message() : NULL;
 
 		pthread_mutex_lock(&db->queue_lock);

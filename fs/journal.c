@@ -54,13 +54,15 @@ static int ov_mark(struct cb_overlay *ov, fuse_req_t req, struct cb_change *c, s
 	r = cb_journal_mark(ov->db, c, n);
 	if (r < 0) {
 		fprintf(stderr, "cowbox fs: journal %s: %s\n", c[0].path, cb_error_message());
-		return -EIO; /* the change cannot be recorded, so it must not happen */
+		/* The change cannot be recorded, so it must not happen; a full disk (or quota) is
+		 * said as such, anything else is an I/O error. */
+		return r == -ENOSPC || r == -EDQUOT ? r : -EIO;
 	}
 	return 0;
 }
 
-/* Records one change to path. Returns 0 or -EIO (the journal failed, the caller must not
- * make the change). */
+/* Records one change to path. Returns 0, or -ENOSPC/-EDQUOT (no room to record it) or -EIO
+ * (the journal failed): the caller must not make the change. */
 int ov_mark_path(struct cb_overlay *ov, fuse_req_t req, const char *path, enum cb_change_kind kind,
 		 int subtree)
 {

@@ -13,6 +13,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cowbox/error.h"
@@ -150,6 +151,11 @@ static void ov_init(void *userdata, struct fuse_conn_info *conn)
 		conn->want |= FUSE_CAP_CACHE_SYMLINKS;
 	if (conn->capable & FUSE_CAP_ASYNC_DIO)
 		conn->want |= FUSE_CAP_ASYNC_DIO;
+#ifdef FUSE_CAP_DIRECT_IO_ALLOW_MMAP
+	/* a file opened direct_io on a nearly full disk (ov_space_low) can still be mapped */
+	if (conn->capable & FUSE_CAP_DIRECT_IO_ALLOW_MMAP)
+		conn->want |= FUSE_CAP_DIRECT_IO_ALLOW_MMAP;
+#endif
 	/* a file's data changes only through us: no invalidation on mtime changes */
 	conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
 	conn->max_background = 64;
@@ -389,4 +395,25 @@ int cb_overlay_upper_check(struct cb_overlay *ov, const char *upper_dir)
 				    "disk, so nothing true can be recorded",
 				    upper_dir);
 	return 0;
+}
+
+/* See ov.h. */
+int ov_space_low(struct cb_overlay *ov)
+{
+	struct timespec now;
+	struct statfs sfs;
+	long long ms;
+
+	clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
+	ms = (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+	if (ms - atomic_load(&ov->space_checked_ms) < 100)
+		return atomic_load(&ov->space_low);
+	atomic_store(&ov->space_checked_ms, ms);
+	if (fstatfs(ov->upper_fd, &sfs) == 0) {
+		unsigned long long avail = (unsigned long long)sfs.f_bavail * sfs.f_bsize;
+		unsigned long long total = (unsigned long long)sfs.f_blocks * sfs.f_bsize;
+
+		atomic_store(&ov->space_low, avail < (256ULL << 20) || avail < total / 16);
+	}
+	return atomic_load(&ov->space_low);
 }

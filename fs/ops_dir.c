@@ -178,6 +178,8 @@ static void ov_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 	ov_handle_add(ov, &f->h, ov_file_free);
 	fd = -1;
 	fi->fh = (uint64_t)(uintptr_t)f;
+	if (f->mode == OV_OPEN_CACHED && ov_space_low(ov))
+		fi->direct_io = 1; /* see ov_open: ENOSPC at write(2) on a nearly full disk */
 out:
 	pthread_rwlock_unlock(&ov->ns_lock);
 	if (fd >= 0)

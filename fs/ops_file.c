@@ -220,6 +220,10 @@ out:
 	ov_file_choose_mode(req, f, fi);
 	ov_handle_add(ov, &f->h, ov_file_free);
 	fi->fh = (uint64_t)(uintptr_t)f;
+	/* Nearly full: a cached file's writes come to us at once and fail with ENOSPC at
+	 * write(2) (a passthrough file's writes reach the upper file and fail there anyway). */
+	if (writing && f->mode == OV_OPEN_CACHED && ov_space_low(ov))
+		fi->direct_io = 1;
 	if (fuse_reply_open(req, fi) == -ENOENT) {
 		ov_file_drop_mode(req, f);
 		ov_file_free(&f->h);

@@ -77,6 +77,8 @@ struct ov_handle {
 };
 
 struct cb_overlay {
+	_Atomic long long space_checked_ms; /* when ov_space_low last asked statfs */
+	_Atomic int space_low;
 	int upper_fd; /* O_PATH|O_DIRECTORY roots of the layers; base_fd -1 if none */
 	int base_fd;
 	char upper_proc[64]; /* "/proc/self/fd/N" of the roots, for path-only calls (xattrs) */
@@ -169,6 +171,10 @@ int ov_ensure_upper_dir(struct cb_overlay *ov, struct ov_inode *dir);
 
 /* ops_dir.c and rename.c */
 int ov_open_flags(int flags);
+/* 1 when the upper layer's filesystem is nearly full (less than 256 MiB or 1/16 of it free):
+ * a file opened for writing then bypasses the writeback cache (direct_io), so that write(2)
+ * itself reports ENOSPC instead of a later fsync. Looked up at most every 100 ms. */
+int ov_space_low(struct cb_overlay *ov);
 void ov_locate(struct cb_overlay *ov, struct ov_inode *parent, const char *path, int *in_upper,
 	       struct stat *ust, int *in_base, struct stat *bst);
 int ov_dir_empty(struct cb_overlay *ov, const char *path, int in_upper, int merged);

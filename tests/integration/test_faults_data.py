@@ -3,14 +3,18 @@ back, a damaged meta.db, a full disk, huge sparse files and out-of-range request
 fail naming what is wrong (or give the right bytes), never report success over wrong bytes.
 Random choices are seeded: COWBOX_SEED=N replays a run."""
 
+import errno
 import os
 import random
+import shutil
 import sqlite3
 import subprocess
+import tempfile
+import threading
 import time
 import unittest
 
-from cbtest import CowboxTestCase, wait_for
+from cbtest import CowboxTestCase, fuse_mounts, wait_for
 
 SEED = int(os.environ.get("COWBOX_SEED", str(int(time.time()) % 100000)))
 print("test_faults_data: COWBOX_SEED=%d" % SEED, flush=True)
@@ -79,8 +83,12 @@ class BlobCase(CowboxTestCase):
 
 class BlobFaultsTest(BlobCase):
     def test_damaged_blob_fails_rollback_and_fork_naming_it(self):
-        for how in ("truncated", "bit_flipped", "emptied", "missing"):
-            with self.subTest(how=how):
+        # each kind of damage once per round (COWBOX_FAULT_ROUNDS; the soak runs 100)
+        kinds = []
+        for _ in range(int(os.environ.get("COWBOX_FAULT_ROUNDS", "1"))):
+            kinds += self.rng.sample(["truncated", "bit_flipped", "emptied", "missing"], 4)
+        for n, how in enumerate(kinds):
+            with self.subTest(how=how, n=n):
                 t1, one = self.two_turns()
                 blob = blob_holding(self.blobs, one)
                 damage(os.path.join(self.blobs, blob), how, self.rng)
@@ -91,7 +99,7 @@ class BlobFaultsTest(BlobCase):
                 # nothing half-restored: the live file is untouched
                 self.assertEqual(self.get("a.txt"), b"turn two\n")
                 self.assertFalse([n for n in os.listdir(self.mnt) if "cowbox-rollback" in n])
-                proc = self.cowbox("fork", "w", str(t1), "--name", "f-" + how, check=False)
+                proc = self.cowbox("fork", "w", str(t1), "--name", "f%d" % n, check=False)
                 self.assertNotEqual(proc.returncode, 0, proc.stdout)
                 self.assertIn("a.txt", proc.stderr)
                 self.assertIn(blob, proc.stderr)
@@ -353,7 +361,7 @@ class SparseFilesTest(CowboxTestCase):
         with open(os.path.join(self.mnt, "f.txt"), "w") as f:
             f.write("one\n")
         self.cowbox_json("snapshot", "w")
-        subprocess.run(["truncate", "-s", "12G", os.path.join(self.mnt, "big")], check=True)
+        subprocess.run(["truncate", "-s", "8G", os.path.join(self.mnt, "big")], check=True)
         slow = subprocess.Popen([os.environ.get("COWBOX", "cowbox"), "snapshot", "w"],
                                 env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
@@ -375,6 +383,122 @@ class SparseFilesTest(CowboxTestCase):
         else:
             self.skipTest("the snapshot finished before turns/diff/info returned (%.1fs)"
                           % took)
+
+
+class DiskFullTest(CowboxTestCase):
+    """COWBOX_HOME on a 64 MiB tmpfs: the upper layer, meta.db and the blobs share it."""
+
+    def setUp(self):
+        self.small = tempfile.mkdtemp(prefix="cbtest-small-")
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", self.small],
+                       check=True)
+        # registered first, so it runs last: after the daemons are stopped
+        self.addCleanup(self._unmount_small)
+        super().setUp()
+        self.home = os.path.join(self.small, "home")
+        self.env["COWBOX_HOME"] = self.home
+        self.base = self.make_base({"a.txt": "base a\n"})
+        self.ref = self.create(self.base, "w")
+        self.mount(self.ref)
+        self.mnt = self.mountpoint(self.ref)
+
+    def _unmount_small(self):
+        for mnt in fuse_mounts():
+            if mnt.startswith(self.small):
+                subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
+        subprocess.run(["umount", "-l", self.small], stderr=subprocess.DEVNULL)
+        os.rmdir(self.small)
+
+    def fill(self, name, mib=256):
+        """Write up to mib MiB to name in 1 MiB writes; the error write(2) raised, or None."""
+        fd = os.open(os.path.join(self.mnt, name), os.O_WRONLY | os.O_CREAT, 0o644)
+        chunk = b"\xa5" * (1 << 20)
+        written, err = 0, None
+        try:
+            for _ in range(mib):
+                written += os.write(fd, chunk)
+        except OSError as e:
+            err = e
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        return written, err
+
+    def test_write_reports_enospc_and_unlink_frees_space(self):
+        written, err = self.fill("big")
+        self.assertIsNotNone(err, "256 MiB accepted by write(2) on a 64 MiB disk")
+        self.assertEqual(err.errno, errno.ENOSPC, err)
+        self.assertLess(written, 64 << 20)
+        # namespace operations on the full disk: done, or ENOSPC; never EIO
+        for name, op in (("create", lambda: open(os.path.join(self.mnt, "new"), "w").close()),
+                         ("mkdir", lambda: os.mkdir(os.path.join(self.mnt, "d"))),
+                         ("symlink", lambda: os.symlink("x", os.path.join(self.mnt, "l"))),
+                         ("append", lambda: self.fill("a.txt", 4))):
+            try:
+                op()
+            except OSError as e:
+                self.assertEqual(e.errno, errno.ENOSPC, "%s: %s" % (name, e))
+        # the agent that filled the disk can clean it up from inside
+        os.unlink(os.path.join(self.mnt, "big"))
+        self.assertGreater(shutil.disk_usage(self.small).free, 16 << 20)
+        written, err = self.fill("after", 4)
+        self.assertEqual((written, err), (4 << 20, None))
+        snap = self.cowbox_json("snapshot", "w")
+        self.assertIn("after", snap["files"])
+        self.assertNotIn("big", snap["files"])
+
+
+class SmallLimitsTest(CowboxTestCase):
+    def setUp(self):
+        super().setUp()
+        self.ref = self.create(self.make_base({"a.txt": "a\n"}), "w")
+        self.mount(self.ref)
+        self.mnt = self.mountpoint(self.ref)
+
+    def test_host_url_port_out_of_range_names_the_value(self):
+        c = self.client(self.ref)
+        for port in (2 ** 63 - 1, -(2 ** 63), 65536, 0):
+            r = c.request("host_url", port=port)
+            self.assertEqual(r["error"]["code"], "invalid_request", r)
+            self.assertIn("port %d is not in 1-65535" % port, r["error"]["message"])
+
+    def test_a_file_past_the_largest_size_is_efbig(self):
+        # The kernel's writeback cache acknowledges the write itself (it cannot know the
+        # upper filesystem's limit); fsync and ftruncate say EFBIG, never EIO.
+        path = os.path.join(self.mnt, "far")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.pwrite(fd, b"x", 1 << 62)
+            with self.assertRaises(OSError) as cm:
+                os.fsync(fd)
+            self.assertEqual(cm.exception.errno, errno.EFBIG)
+        finally:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        with self.assertRaises(OSError) as cm:
+            os.truncate(path, 1 << 62)
+        self.assertEqual(cm.exception.errno, errno.EFBIG)
+        # the workspace is fine afterwards
+        with open(os.path.join(self.mnt, "near"), "w") as f:
+            f.write("ok\n")
+        self.cowbox_json("snapshot", "w")
+
+    def test_pipelined_requests_are_all_answered_in_order(self):
+        n = int(os.environ.get("COWBOX_PIPELINE", "50000"))
+        c = self.client(self.ref)
+        c.sock.settimeout(120)
+        lines = b"".join(b'{"id":%d,"op":"ping"}\n' % i for i in range(n))
+        sender = threading.Thread(target=c.send_raw, args=(lines,))
+        sender.start()
+        try:
+            for i in range(n):
+                r = c.recv()
+                self.assertEqual((r.get("id"), r.get("ok")), (i, True), r)
+        finally:
+            sender.join()
 
 
 if __name__ == "__main__":

@@ -295,6 +295,7 @@ static void daemon_free(struct cb_daemon *d)
 	free(d->sock_path);
 	free(d->db_path);
 	pthread_mutex_destroy(&d->turn_lock);
+	pthread_mutex_destroy(&d->worker_lock);
 	pthread_mutex_destroy(&d->conns_lock);
 	pthread_cond_destroy(&d->conns_cond);
 }
@@ -351,13 +352,14 @@ static int daemon_to_log(const struct cb_daemon *d)
 
 int cb_daemon_serve(const struct cb_daemon_options *opt)
 {
-	struct cb_daemon d = {.lock_fd = -1, .listen_fd = -1};
+	struct cb_daemon d = {.lock_fd = -1, .listen_fd = -1, .worker_fd = -1};
 	pthread_t accept_thread, sig_thread, base_thread;
 	int have_accept = 0, have_sig = 0, have_base = 0, rc;
 	char *old_mnt = NULL;
 	sigset_t old_mask;
 
 	pthread_mutex_init(&d.turn_lock, NULL);
+	pthread_mutex_init(&d.worker_lock, NULL);
 	pthread_mutex_init(&d.conns_lock, NULL);
 	pthread_cond_init(&d.conns_cond, NULL);
 	d.started = now_seconds();
@@ -375,6 +377,9 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	if (!opt->foreground && (rc = daemon_to_log(&d)))
 		goto out;
 	daemon_log("serving %s at %s", d.ref, d.mountpoint);
+	/* Before any thread, database or /dev/fuse fd exists: the worker inherits none. */
+	if ((rc = cb_daemon_worker_start(&d)))
+		goto out;
 	sigemptyset(&daemon_signals);
 	sigaddset(&daemon_signals, SIGTERM);
 	sigaddset(&daemon_signals, SIGINT);
@@ -390,6 +395,8 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	cb_db_meta_get(d.db, "base", &d.base);
 	cb_db_meta_get(d.db, "name", &d.name);
 	cb_error_clear();
+	if ((rc = cb_daemon_worker_init(&d)))
+		goto out;
 	char fsname[64];
 	struct cb_overlay_config cfg = {
 	    .base_dir = d.base,
@@ -434,6 +441,7 @@ out:
 	cb_daemon_conns_shutdown(&d, 30000);
 	if (have_base)
 		pthread_join(base_thread, NULL);
+	cb_daemon_worker_stop(&d);
 	if (have_sig) {
 		pthread_kill(sig_thread, SIGTERM);
 		pthread_join(sig_thread, NULL);

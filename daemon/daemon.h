@@ -40,6 +40,12 @@ struct cb_daemon {
 	 * FUSE keeps serving on its own threads meanwhile. */
 	pthread_mutex_t turn_lock;
 	double started; /* seconds since the epoch */
+	/* The turn worker (daemon/worker.c): its end of the socket, pid and line buffer;
+	 * worker_lock makes one call at a time. */
+	int worker_fd;
+	pid_t worker_pid;
+	void *worker_reader;
+	pthread_mutex_t worker_lock;
 
 	/* Internal to daemon/: the lock, the listener and the connections. */
 	int lock_fd;
@@ -131,6 +137,31 @@ int cb_daemon_child_claim(pid_t pid);
 void cb_daemon_child_release(pid_t pid);
 int cb_daemon_reaper_start(void);
 void cb_daemon_reaper_stop(void);
+
+/* ---- the turn worker (daemon/worker.c) ----
+ * A process forked before the mount and before any thread or database, holding no /dev/fuse
+ * fd: every I/O of a turn op through the daemon's own mount runs there, so a daemon killed at
+ * any point can finish dying (see docs/reliability.md). */
+
+/* Fork the worker (call it single-threaded, before the mount and before SQLite is used). */
+int cb_daemon_worker_start(struct cb_daemon *d);
+/* Tell the worker the paths it works on (once the daemon read the base from meta.db). */
+int cb_daemon_worker_init(struct cb_daemon *d);
+/* Send req (consumed) and wait for its answer: progress lines are forwarded to conn as
+ * progress frames of id (conn may be NULL); *result (may be NULL) gets the reply's result
+ * and *touched (may be NULL) a rollback's count, also when it failed. 0 or -errno with the
+ * worker's message; -EIO naming the signal when the worker died. */
+int cb_daemon_worker_call(struct cb_daemon *d, json_t *req, struct cb_daemon_conn *conn, json_t *id,
+			  json_t **result, long long *touched);
+/* The events of a diff as the protocol sends them, with where each side's bytes can be read
+ * when sources is set (base, blob, or the live file under mountpoint). */
+struct cb_turns;
+struct cb_diff;
+json_t *cb_daemon_events_json(const char *mountpoint, const char *base, const char *dir,
+			      struct cb_turns *t, const struct cb_diff *diff, long long a,
+			      long long b, int sources);
+/* Close the worker's socket (it exits at EOF) and reap it. */
+void cb_daemon_worker_stop(struct cb_daemon *d);
 
 /* ---- connections (daemon/conn.c) ---- */
 

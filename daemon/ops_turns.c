@@ -1,9 +1,8 @@
 /* The turn ops of the control protocol: snapshot, diff, rollback, prune, fork, turns and
- * blobs. They run under the daemon's turn lock, through the mount, while FUSE keeps serving. */
+ * blobs. They run under the daemon's turn lock; what reads the mount runs in the worker. */
 #include "config.h"
 
 #include <errno.h>
-#include <limits.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,110 +120,37 @@ static int dirty_load(struct cb_daemon *d, long long from, long long to, struct 
 	return ret ? ret : dirty_merge(l);
 }
 
-/* Flush dirty pages so that their FUSE writes are journaled before the rows are read. */
+/* The dirty list as the worker takes it: [[path, subtree, pid, comm], ...]. */
+static json_t *dirty_json(const struct dirty_list *l)
+{
+	json_t *arr = json_array();
+
+	for (size_t i = 0; arr && i < l->n; i++)
+		json_array_append_new(arr, json_pack("[s, i, I, s?]", l->d[i].path, l->d[i].subtree,
+						     (json_int_t)l->d[i].pid, l->d[i].comm));
+	return arr;
+}
+
+/* Flush dirty pages so that their FUSE writes are journaled before the rows are read (in
+ * the worker: the daemon never waits on its own mount). */
 static int turns_sync(struct cb_daemon *d)
 {
-	int fd = open(d->mountpoint, O_RDONLY | O_DIRECTORY | O_CLOEXEC), ret = 0;
-
-	if (fd < 0)
-		return cb_error_set(errno, "open %s: %s", d->mountpoint, strerror(errno));
-	/* syncfs reports a writeback error of any file once (errseq), even of a file deleted
-	 * since; the second call says whether the flush itself works. */
-	if (syncfs(fd) < 0 && syncfs(fd) < 0)
-		ret = cb_error_set(errno, "syncfs %s: %s", d->mountpoint, strerror(errno));
-	close(fd);
-	return ret;
+	return cb_daemon_worker_call(d, json_pack("{s:s}", "op", "sync"), NULL, NULL, NULL, NULL);
 }
 
-/* Where progress frames of a request go. */
-struct turns_progress {
-	struct cb_daemon_conn *conn;
-	json_t *id;
-};
-
-/* Sent as {"id":..,"stream":"progress",...} frames: the CLI draws a bar from them. */
-static void turns_progress_frame(void *arg, long long files_done, long long files_total,
-				 long long bytes_done, long long bytes_total)
-{
-	struct turns_progress *p = arg;
-
-	cb_daemon_send_frame(
-	    p->conn, p->id,
-	    json_pack("{s:s, s:I, s:I, s:I, s:I}", "stream", "progress", "files_done",
-		      (json_int_t)files_done, "files_total", (json_int_t)files_total, "bytes_done",
-		      (json_int_t)bytes_done, "bytes_total", (json_int_t)bytes_total));
-}
-
-/* COWBOX_SNAPSHOT_MAX_BYTES from the daemon's environment: bytes, with an optional K, M,
- * G or T (binary) suffix; "0" or unset is the default bound, "-1" none. */
-static int turns_read_bound(long long *out)
-{
-	const char *v = getenv("COWBOX_SNAPSHOT_MAX_BYTES");
-	char *end = NULL;
-	long long n;
-	int shift = 0;
-
-	*out = 0;
-	if (!v || !*v)
-		return 0;
-	errno = 0;
-	n = strtoll(v, &end, 10);
-	switch (*end) {
-	case 'K':
-	case 'k':
-		shift = 10;
-		break;
-	case 'M':
-	case 'm':
-		shift = 20;
-		break;
-	case 'G':
-	case 'g':
-		shift = 30;
-		break;
-	case 'T':
-	case 't':
-		shift = 40;
-		break;
-	}
-	if (shift)
-		end++;
-	if (errno || end == v || *end || n < -1 || (shift && n > (LLONG_MAX >> shift)))
-		return cb_error_set(
-		    EINVAL,
-		    "COWBOX_SNAPSHOT_MAX_BYTES=%s is not a size (bytes, or a number "
-		    "with K, M, G or T; -1: no bound)",
-		    v);
-	*out = n < 0 ? -1 : n << shift;
-	return 0;
-}
-
-static int turns_open_progress(struct cb_daemon *d, struct cb_turns **t,
-			       struct turns_progress *progress)
+/* The turns of the workspace without its live tree: what prune, fork and turns read (the
+ * base, the blobs and meta.db) needs no I/O through the mount. */
+static int turns_open(struct cb_daemon *d, struct cb_turns **t)
 {
 	char blobs[4096];
-	long long bound;
-	int ret = turns_read_bound(&bound);
-
-	if (ret)
-		return ret;
 	struct cb_turns_config cfg = {
 	    .db_path = d->db_path,
 	    .blob_dir = blobs,
 	    .base_dir = d->base,
-	    .root = d->mountpoint,
-	    .progress = progress ? turns_progress_frame : NULL,
-	    .progress_arg = progress,
-	    .snapshot_max_bytes = bound,
 	};
 
 	snprintf(blobs, sizeof(blobs), "%s/blobs", d->dir);
 	return cb_turns_open(&cfg, t);
-}
-
-static int turns_open(struct cb_daemon *d, struct cb_turns **t)
-{
-	return turns_open_progress(d, t, NULL);
 }
 
 static double elapsed(const struct timespec *a, const struct timespec *b)
@@ -232,107 +158,45 @@ static double elapsed(const struct timespec *a, const struct timespec *b)
 	return (double)(b->tv_sec - a->tv_sec) + (double)(b->tv_nsec - a->tv_nsec) / 1e9;
 }
 
-static json_t *entry_json(const struct cb_entry *e)
-{
-	char hex[2 * CB_SHA256_LEN + 1];
-	json_t *j = json_pack("{s:s}", "type", cb_entry_type_name(e->type));
-
-	if (!j || e->type == CB_ENTRY_ABSENT)
-		return j;
-	json_object_set_new(j, "mode", json_integer(e->mode));
-	json_object_set_new(j, "size", json_integer(e->size));
-	if (e->type == CB_ENTRY_FILE) {
-		cb_hex(e->sha256, CB_SHA256_LEN, hex);
-		json_object_set_new(j, "sha256", json_string(hex));
-	}
-	if (e->type == CB_ENTRY_SYMLINK)
-		json_object_set_new(j, "target", json_string(e->target));
-	return j;
-}
-
-/* Where the bytes of a file entry of turn can be read (for --patch): base, blob, or live. */
-static json_t *entry_source(struct cb_daemon *d, struct cb_turns *t, const struct cb_entry *e,
-			    long long turn)
-{
-	char buf[4200], hex[2 * CB_XXH128_LEN + 1];
-
-	if (e->type != CB_ENTRY_FILE)
-		return json_null();
-	if (turn < 0) {
-		snprintf(buf, sizeof(buf), "%s/%s", d->mountpoint, e->path);
-		return json_string(buf);
-	}
-	if (cb_ws_base_holds(t, e->path, e->xxh3) == 1) {
-		snprintf(buf, sizeof(buf), "%s/%s", d->base, e->path);
-	} else {
-		cb_hex(e->xxh3, CB_XXH128_LEN, hex);
-		snprintf(buf, sizeof(buf), "%s/blobs/%s", d->dir, hex);
-	}
-	cb_error_clear();
-	return json_string(buf);
-}
-
-static json_t *events_json(struct cb_daemon *d, struct cb_turns *t, const struct cb_diff *diff,
-			   long long a, long long b, int sources)
-{
-	json_t *arr = json_array();
-
-	for (size_t i = 0; arr && i < diff->n; i++) {
-		const struct cb_diff_event *ev = &diff->ev[i];
-		const struct cb_entry *who =
-		    ev->new.type != CB_ENTRY_ABSENT || ev->new.pid ? &ev->new : &ev->old;
-		json_t *j =
-		    json_pack("{s:s, s:s, s:o, s:o}", "event", cb_ws_diff_kind_name(ev->kind),
-			      "path", ev->old.path ? ev->old.path : ev->new.path, "old",
-			      entry_json(&ev->old), "new", entry_json(&ev->new));
-
-		if (!j)
-			continue;
-		json_object_set_new(j, "pid", json_integer(who == &ev->new ? ev->new.pid : 0));
-		json_object_set_new(j, "comm",
-				    ev->new.comm ? json_string(ev->new.comm) : json_null());
-		if (sources) {
-			json_object_set_new(j, "old_src", entry_source(d, t, &ev->old, a));
-			json_object_set_new(j, "new_src", entry_source(d, t, &ev->new, b));
-		}
-		json_array_append_new(arr, j);
-	}
-	return arr;
-}
-
-static int files_add(const struct cb_entry *e, void *arg)
-{
-	char hex[2 * CB_SHA256_LEN + 1];
-
-	if (e->type != CB_ENTRY_FILE)
-		return 0;
-	cb_hex(e->sha256, CB_SHA256_LEN, hex);
-	return json_object_set_new(arg, e->path, json_string(hex)) ? -ENOMEM : 0;
-}
-
-/* Record the open turn: sync, move the journal on to the next turn, then hash what the rows
- * of the closed turn name. Called with the turn lock held. */
-static int turns_snapshot(struct cb_daemon *d, struct cb_turns *t, const char *label,
-			  struct cb_diff *changes, long long *turn_out)
+/* Record the open turn: sync, move the journal on to the next turn, then have the worker
+ * hash what the rows of the closed turn name. Called with the turn lock held. req holds the
+ * worker's snapshot request (label, what to return); it gets the turn and the rows. */
+static int turns_snapshot(struct cb_daemon *d, json_t *req, struct cb_daemon_conn *conn, json_t *id,
+			  json_t **result, long long *turn_out)
 {
 	struct dirty_list dl = {0};
-	long long open = cb_journal_turn(d->db), latest = cb_db_turns_latest(cb_turns_db(t));
-	long long turn = open > latest ? open : latest + 1;
+	long long open = cb_journal_turn(d->db), latest = cb_journal_turn(d->db) - 1;
+	struct cb_turns *t = NULL;
+	long long turn;
 	int ret;
 
-	ret = turns_sync(d);
+	ret = turns_open(d, &t);
+	if (!ret)
+		latest = cb_db_turns_latest(cb_turns_db(t));
+	cb_turns_close(t);
+	turn = open > latest ? open : latest + 1;
+	if (!ret)
+		ret = turns_sync(d);
 	if (!ret)
 		ret = cb_overlay_upper_check(d->ov, d->upper);
-	if (ret)
+	if (ret) {
+		json_decref(req);
 		return ret;
+	}
 	/* New changes belong to the next turn from here; the rows of this one are complete
 	 * (a mark commits before its operation is answered). The next turn's rows are read
 	 * too: rehashing them now is harmless, and it covers a crash after the advance. */
 	cb_db_turns_journal_advance(d->db, turn + 1);
 	cb_overlay_turn_advance(d->ov);
 	ret = dirty_load(d, open < turn ? open : turn, turn + 1, &dl);
-	if (!ret)
-		ret = cb_ws_snapshot(t, turn, dl.d, dl.n, label, changes);
+	if (!ret) {
+		json_object_set_new(req, "op", json_string("snapshot"));
+		json_object_set_new(req, "turn", json_integer(turn));
+		json_object_set_new(req, "dirty", dirty_json(&dl));
+		ret = cb_daemon_worker_call(d, req, conn, id, result, NULL);
+	} else {
+		json_decref(req);
+	}
 	if (ret)
 		cb_db_turns_journal_advance(d->db, turn);
 	else
@@ -343,44 +207,26 @@ static int turns_snapshot(struct cb_daemon *d, struct cb_turns *t, const char *l
 
 static int op_snapshot(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
-	const char *label = json_string_value(json_object_get(req, "label"));
-	int want_changes = json_is_true(json_object_get(req, "changes"));
-	int want_files = json_is_true(json_object_get(req, "files"));
-	struct cb_diff changes = {0};
-	struct cb_turns *t = NULL;
+	json_t *wreq = json_pack("{s:O*, s:b, s:b, s:b}", "label", json_object_get(req, "label"),
+				 "changes", json_is_true(json_object_get(req, "changes")), "files",
+				 json_is_true(json_object_get(req, "files")), "progress",
+				 json_is_true(json_object_get(req, "progress")));
 	struct timespec t0, t1;
 	long long turn = 0;
 	json_t *r = NULL;
-	struct turns_progress progress = {conn, json_object_get(req, "id")};
 	int ret;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	pthread_mutex_lock(&d->turn_lock);
-	ret = turns_open_progress(
-	    d, &t, json_is_true(json_object_get(req, "progress")) ? &progress : NULL);
-	if (!ret)
-		ret = turns_snapshot(d, t, label, want_changes ? &changes : NULL, &turn);
-	clock_gettime(CLOCK_MONOTONIC, &t1);
-	if (!ret) {
-		r = json_pack("{s:I, s:f}", "turn", (json_int_t)turn, "seconds",
-			      (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
-		if (want_changes)
-			json_object_set_new(r, "changes",
-					    events_json(d, t, &changes, turn - 1, turn, 0));
-		if (want_files) {
-			json_t *files = json_object();
-
-			ret = cb_ws_map_list(t, files_add, files);
-			json_object_set_new(r, "files", files);
-		}
-	}
-	cb_ws_diff_free(&changes);
-	cb_turns_close(t);
+	ret = turns_snapshot(d, wreq, conn, json_object_get(req, "id"), &r, &turn);
 	pthread_mutex_unlock(&d->turn_lock);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
 	if (ret) {
 		json_decref(r);
 		return ret;
 	}
+	json_object_set_new(r, "turn", json_integer(turn));
+	json_object_set_new(r, "seconds", json_real(elapsed(&t0, &t1)));
 	return cb_daemon_reply(conn, json_object_get(req, "id"), r);
 }
 
@@ -388,37 +234,49 @@ static int op_diff(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 {
 	json_t *ja = json_object_get(req, "a"), *jb = json_object_get(req, "b");
 	long long a = json_integer_value(ja), b = json_is_integer(jb) ? json_integer_value(jb) : -1;
+	int sources = json_is_true(json_object_get(req, "sources"));
 	struct dirty_list dl = {0};
 	struct cb_diff diff = {0};
 	struct cb_turns *t = NULL;
 	json_t *r = NULL;
-	int ret;
+	int ret = 0;
 
 	if (!json_is_integer(ja))
 		return cb_error_set(EINVAL, "diff: \"a\" must be a turn number");
-	/* Between recorded turns a diff reads committed rows on its own connection (WAL: a
-	 * consistent view), so it does not wait behind a long snapshot; against the live tree
-	 * it needs the journal and the map at rest. */
-	if (b < 0)
-		pthread_mutex_lock(&d->turn_lock);
-	ret = turns_open(d, &t);
-	if (!ret && b < 0)
-		ret = turns_sync(d);
-	if (!ret && b < 0)
+	if (b >= 0) {
+		/* Between recorded turns a diff reads committed rows on its own connection (WAL:
+		 * a consistent view) and never the mount, so it runs here, beside a long
+		 * snapshot, without the turn lock or the worker. */
+		ret = turns_open(d, &t);
+		if (!ret)
+			ret = cb_ws_diff(t, a, b, NULL, 0, &diff);
+		if (!ret)
+			r = json_pack("{s:o}", "events",
+				      cb_daemon_events_json(d->mountpoint, d->base, d->dir, t,
+							    &diff, a, b, sources));
+		cb_ws_diff_free(&diff);
+		cb_turns_close(t);
+		goto reply;
+	}
+	/* Against the live tree: the journal and the map at rest, the tree read by the worker. */
+	pthread_mutex_lock(&d->turn_lock);
+	ret = turns_sync(d);
+	if (!ret)
 		ret = dirty_load(d, cb_journal_turn(d->db), cb_journal_turn(d->db), &dl);
 	if (!ret)
-		ret = cb_ws_diff(t, a, b, dl.d, dl.n, &diff);
-	if (!ret)
-		r = json_pack(
-		    "{s:I, s:o, s:o}", "a", (json_int_t)a, "b",
-		    b < 0 ? json_string("live") : json_integer(b), "events",
-		    events_json(d, t, &diff, a, b, json_is_true(json_object_get(req, "sources"))));
-	cb_ws_diff_free(&diff);
+		ret = cb_daemon_worker_call(d,
+					    json_pack("{s:s, s:I, s:I, s:o, s:b}", "op", "diff",
+						      "a", (json_int_t)a, "b", (json_int_t)b,
+						      "dirty", dirty_json(&dl), "sources", sources),
+					    NULL, NULL, &r, NULL);
 	dirty_free(&dl);
-	cb_turns_close(t);
-	if (b < 0)
-		pthread_mutex_unlock(&d->turn_lock);
-	return ret ? ret : cb_daemon_reply(conn, json_object_get(req, "id"), r);
+	pthread_mutex_unlock(&d->turn_lock);
+reply:
+	if (ret)
+		return ret;
+	json_object_set_new(r, "a", json_integer(a));
+	json_object_set_new(r, "b", b < 0 ? json_string("live") : json_integer(b));
+	return cb_daemon_reply(conn, json_object_get(req, "id"), r);
 }
 
 static int op_rollback(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
@@ -426,8 +284,8 @@ static int op_rollback(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	json_t *jt = json_object_get(req, "turn");
 	long long to = json_integer_value(jt), touched = 0, turn = 0;
 	struct dirty_list dl = {0};
-	struct cb_turns *t = NULL;
 	struct timespec t0, t1, t2;
+	json_t *snap = NULL;
 	char label[64];
 	int ret;
 
@@ -435,25 +293,32 @@ static int op_rollback(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 		return cb_error_set(EINVAL, "rollback: \"turn\" must be a turn number");
 	snprintf(label, sizeof(label), "rollback to %lld", to);
 	pthread_mutex_lock(&d->turn_lock);
-	ret = turns_open(d, &t);
-	if (!ret)
-		ret = turns_sync(d);
+	ret = turns_sync(d);
 	if (!ret)
 		ret = dirty_load(d, cb_journal_turn(d->db), cb_journal_turn(d->db), &dl);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	if (!ret)
-		ret = cb_ws_rollback(t, to, dl.d, dl.n, &touched);
+		ret = cb_daemon_worker_call(d,
+					    json_pack("{s:s, s:I, s:o}", "op", "rollback", "turn",
+						      (json_int_t)to, "dirty", dirty_json(&dl)),
+					    NULL, NULL, NULL, &touched);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	/* Even a rollback that failed part-way changed the tree: record what it is now. */
 	if (!ret || touched) {
-		int sret = turns_snapshot(d, t, label, NULL, &turn);
+		char saved[1024];
+		int sret;
 
+		snprintf(saved, sizeof(saved), "%s", cb_error_message());
+		sret =
+		    turns_snapshot(d, json_pack("{s:s}", "label", label), NULL, NULL, &snap, &turn);
 		if (!ret)
 			ret = sret;
+		else
+			cb_error_set(-ret, "%s", saved);
 	}
+	json_decref(snap);
 	clock_gettime(CLOCK_MONOTONIC, &t2);
 	dirty_free(&dl);
-	cb_turns_close(t);
 	pthread_mutex_unlock(&d->turn_lock);
 	if (ret)
 		return ret;

@@ -37,8 +37,9 @@ int cb_turns_open(const struct cb_turns_config *cfg, struct cb_turns **out)
 		ret = cb_error_set(errno, "blob store %s: %s", cfg->blob_dir, strerror(errno));
 		goto out;
 	}
-	t->root_fd = open(cfg->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (t->root_fd < 0) {
+	if (cfg->root)
+		t->root_fd = open(cfg->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (cfg->root && t->root_fd < 0) {
 		ret = cb_error_set(errno, "workspace tree %s: %s", cfg->root, strerror(errno));
 		goto out;
 	}

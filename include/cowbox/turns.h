@@ -75,7 +75,8 @@ struct cb_turns_config {
 	const char *db_path;  /* meta.db */
 	const char *blob_dir; /* blobs/, created if missing */
 	const char *base_dir; /* the read-only base; NULL for an empty one */
-	const char *root;     /* the live tree: the mount point (a plain directory in tests) */
+	const char *root;     /* the live tree: the mount point (a plain directory in tests);
+			       * NULL for ops that never read it (prune, fork, listing turns) */
 	/* Called while the base is hashed (first snapshot): files and bytes hashed so far out
 	 * of those to hash; at the start, at most ten times a second, and at the end. From the
 	 * hashing threads, one call at a time. NULL: no reports. */

@@ -324,14 +324,61 @@ static void exec_serve(const char *ref, const char *mountpoint)
 	_exit(127);
 }
 
+/* A daemon that was killed but cannot finish dying (threads of an old version waiting on its
+ * own mount), or one that never answers, keeps its lock, socket and /dev/fuse: aborting its
+ * FUSE connection fails whatever it waits for, so it can exit. Said on stderr. */
+static void stuck_abort(const char *ref, pid_t pid, const char *mnt, const char *why)
+{
+	if (!mnt || !*mnt)
+		return;
+	fprintf(stderr,
+		"cowbox: the daemon of %s (pid %d) %s; aborting its FUSE connection and "
+		"detaching %s\n",
+		ref, (int)pid, why, mnt);
+	if (cb_ws_fuse_abort(mnt))
+		fprintf(stderr, "cowbox: %s\n", cb_error_message());
+	cb_error_clear();
+}
+
+/* Watch the daemon holding ref's lock: 0 when none does any more; its pid otherwise, after
+ * aborting its connection once it has been dying for a second (*dying_since, *aborted keep
+ * the watch's state between calls). */
+static pid_t watch_predecessor(const char *ref, long long *dying_since, int *aborted)
+{
+	char *mnt = NULL;
+	pid_t other = 0;
+
+	if (cb_ws_daemon(ref, &other, &mnt)) {
+		cb_error_clear();
+		return -1;
+	}
+	if (other > 0 && cb_ws_pid_dying(other)) {
+		if (!*dying_since)
+			*dying_since = now_ms();
+		else if (!*aborted && now_ms() - *dying_since > 1000) {
+			stuck_abort(ref, other, mnt, "was killed but cannot finish exiting");
+			*aborted = 1;
+		}
+	}
+	free(mnt);
+	return other;
+}
+
+/* Wait for ref's daemon to serve: the one we started (child), or with child 0 the one that
+ * holds the lock; -EAGAIN when that one went away instead (start another). */
 static int wait_ready(const char *ref, const char *log, pid_t child, long long deadline, pid_t *pid)
 {
+	long long dying_since = 0;
+	int aborted = 0;
 	char tail[1024];
 	int rc, status;
 
 	for (;;) {
 		struct cb_client *c = NULL;
 		struct cb_ws_info info;
+
+		if (child == 0 && watch_predecessor(ref, &dying_since, &aborted) == 0)
+			return -EAGAIN;
 
 		if (child > 0 && waitpid(child, &status, WNOHANG) == child) {
 			pid_t other = 0;
@@ -363,6 +410,18 @@ static int wait_ready(const char *ref, const char *log, pid_t child, long long d
 			cb_client_close(c);
 			if (ready)
 				return 0;
+		}
+		if (now_ms() > deadline && child == 0 && !aborted) {
+			char *mnt = NULL;
+			pid_t other = 0;
+
+			/* Alive, holding the lock, never ready: stuck. */
+			if (!cb_ws_daemon(ref, &other, &mnt) && other > 0)
+				stuck_abort(ref, other, mnt, "does not answer");
+			cb_error_clear();
+			free(mnt);
+			aborted = 1;
+			deadline = now_ms() + 5000;
 		}
 		if (now_ms() > deadline) {
 			log_tail(log, tail, sizeof(tail));
@@ -398,7 +457,9 @@ int cb_daemon_ensure(const char *arg, const char *mountpoint, int timeout_ms, pi
 			}
 		}
 		rc = wait_ready(ref, log, 0, deadline, pid);
-		goto out;
+		if (rc != -EAGAIN)
+			goto out;
+		/* It was stopping (or dying) and is gone now: start ours. */
 	}
 	child = fork();
 	if (child < 0) {
@@ -448,6 +509,9 @@ int cb_daemon_stop(const char *arg, int timeout_ms)
 
 	cb_client_close(c);
 	rc = 0;
+	long long dying_since = 0;
+	int aborted = 0;
+
 	for (;;) {
 		if (!asked && pid > 0)
 			asked = kill(pid, SIGTERM) == 0 || errno == ESRCH;
@@ -455,6 +519,13 @@ int cb_daemon_stop(const char *arg, int timeout_ms)
 		mnt = NULL;
 		if ((rc = cb_ws_daemon(ref, &pid, &mnt)) || !pid)
 			break;
+		watch_predecessor(ref, &dying_since, &aborted);
+		if (now_ms() > deadline && !aborted && pid > 0) {
+			/* Asked to stop and still there: stuck; free it rather than give up. */
+			stuck_abort(ref, pid, mnt, "does not stop");
+			aborted = 1;
+			deadline = now_ms() + 5000;
+		}
 		if (now_ms() > deadline) {
 			rc = cb_error_set(ETIMEDOUT, "workspace %s: daemon pid %d did not stop",
 					  ref, (int)pid);

@@ -117,6 +117,23 @@ static int daemon_clear_mountpoint(const struct cb_daemon *d, const char *path)
 	return cb_ws_unmount(path);
 }
 
+/* lock is the lock file's text, "PID\nMOUNTPOINT\n": abort that mount's FUSE connection. */
+static void daemon_abort_predecessor(const struct cb_daemon *d, pid_t owner, const char *lock)
+{
+	const char *nl = strchr(lock, '\n');
+	char mnt[4096];
+
+	if (!nl || nl[1] != '/' || sscanf(nl + 1, "%4095[^\n]", mnt) != 1)
+		return;
+	fprintf(stderr,
+		"cowbox: the previous daemon of %s (pid %d) was killed but cannot finish exiting; "
+		"aborting its FUSE connection and detaching %s\n",
+		d->ref, (int)owner, mnt);
+	if (cb_ws_fuse_abort(mnt))
+		fprintf(stderr, "cowbox: %s\n", cb_error_message());
+	cb_error_clear();
+}
+
 /* Takes the lock without blocking; when another daemon holds it, name its pid. */
 static int daemon_lock(struct cb_daemon *d, char **old_mountpoint)
 {
@@ -140,8 +157,14 @@ static int daemon_lock(struct cb_daemon *d, char **old_mountpoint)
 		if (flock(d->lock_fd, LOCK_EX | LOCK_NB) == 0 || errno != EWOULDBLOCK)
 			break;
 		pid_t owner = (pid_t)atoi(buf);
+		int dying = owner > 0 && cb_ws_pid_dying(owner);
 
-		if (tries == 100 || (owner > 0 && (kill(owner, 0) == 0 || errno == EPERM)))
+		/* A predecessor killed but unable to finish exiting holds the lock for ever: after
+		 * a second, abort its FUSE connection so that it can. */
+		if (dying && tries == 100)
+			daemon_abort_predecessor(d, owner, buf);
+		if (tries == (dying ? 1000 : 100) ||
+		    (owner > 0 && !dying && (kill(owner, 0) == 0 || errno == EPERM)))
 			break;
 		usleep(10000);
 	}
@@ -377,6 +400,8 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	if (!opt->foreground && (rc = daemon_to_log(&d)))
 		goto out;
 	daemon_log("serving %s at %s", d.ref, d.mountpoint);
+	/* Forks this daemon's predecessor was building when it died are of no use to anyone. */
+	cb_ws_clean_unpublished();
 	/* Before any thread, database or /dev/fuse fd exists: the worker inherits none. */
 	if ((rc = cb_daemon_worker_start(&d)))
 		goto out;
@@ -390,6 +415,7 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 		daemon_clear_mountpoint(&d, old_mnt);
 	if ((rc = daemon_clear_mountpoint(&d, d.mountpoint)))
 		goto out;
+	cb_daemon_rollback_recover(&d);
 	if ((rc = cb_daemon_reaper_start()) || (rc = cb_db_open(d.db_path, &d.db)))
 		goto out;
 	cb_db_meta_get(d.db, "base", &d.base);

@@ -160,6 +160,11 @@ struct cb_diff;
 json_t *cb_daemon_events_json(const char *mountpoint, const char *base, const char *dir,
 			      struct cb_turns *t, const struct cb_diff *diff, long long a,
 			      long long b, int sources);
+/* A rollback in progress keeps this file in the workspace directory. */
+#define CB_DAEMON_ROLLBACK_PENDING "rollback.pending"
+/* Before mounting: if a rollback was interrupted (its mark is there), remove its temporary
+ * names from the upper layer and say so in the log. */
+void cb_daemon_rollback_recover(struct cb_daemon *d);
 /* Close the worker's socket (it exits at EOF) and reap it. */
 void cb_daemon_worker_stop(struct cb_daemon *d);
 

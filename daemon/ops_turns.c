@@ -355,9 +355,9 @@ static int op_fork(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 {
 	json_t *jt = json_object_get(req, "turn");
 	const char *name = json_string_value(json_object_get(req, "name"));
-	char ref[CB_WS_REF_LEN + 1], *upper = NULL, *db = NULL, *blobs = NULL;
+	char ref[CB_WS_REF_LEN + 1], *dir = NULL, *upper = NULL, *db = NULL, *blobs = NULL;
 	struct cb_turns *t = NULL;
-	int ret, created = 0;
+	int ret;
 
 	if (!json_is_integer(jt))
 		return cb_error_set(EINVAL, "fork: \"turn\" must be a turn number");
@@ -365,23 +365,27 @@ static int op_fork(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 	ret = turns_open(d, &t);
 	if (!ret)
 		ret = cb_ws_turn_check(t, json_integer_value(jt));
+	/* Built where nothing sees it, published (renamed to its ref, then named) last: a fork
+	 * killed midway is never listed and never mounts with part of its tree. */
 	if (!ret)
-		ret = cb_ws_create(d->base, name, NULL, ref);
-	created = !ret;
-	if (!ret && !(ret = cb_ws_path(ref, "upper", &upper)) &&
-	    !(ret = cb_ws_path(ref, "meta.db", &db)))
-		ret = cb_ws_path(ref, "blobs", &blobs);
+		ret = cb_ws_create_unpublished(d->base, name, ref, &dir);
+	if (!ret && (asprintf(&upper, "%s/upper", dir) < 0 ||
+		     asprintf(&db, "%s/meta.db", dir) < 0 || asprintf(&blobs, "%s/blobs", dir) < 0))
+		ret = cb_error_set(ENOMEM, "fork: out of memory");
 	if (!ret)
 		ret = cb_ws_fork(t, json_integer_value(jt), upper, db, blobs);
 	cb_turns_close(t);
-	pthread_mutex_unlock(&d->turn_lock);
-	if (ret && created) {
+	if (!ret)
+		ret = cb_ws_publish(ref, dir, name);
+	else if (dir) {
 		char saved[1024];
 
 		snprintf(saved, sizeof(saved), "%s", cb_error_message());
-		cb_ws_remove(ref);
-		cb_error_set(ret, "%s", saved);
+		cb_ws_delete_unpublished(dir);
+		cb_error_set(-ret, "%s", saved);
 	}
+	pthread_mutex_unlock(&d->turn_lock);
+	free(dir);
 	free(upper);
 	free(db);
 	free(blobs);

@@ -377,14 +377,24 @@ static int worker_rollback(struct worker_state *w, json_t *req, json_t **res)
 	struct cb_turns *t = NULL;
 	struct cb_dirty *dirty = NULL;
 	long long touched = 0;
+	char pending[4200];
 	size_t n = 0;
-	int ret = worker_open(w, 0, &t);
+	int ret = worker_open(w, 0, &t), fd;
+
+	/* Until the rollback is done, its temporary names may be in the tree: the next start
+	 * removes them if it finds this mark (cb_daemon_rollback_recover). */
+	snprintf(pending, sizeof(pending), "%s/" CB_DAEMON_ROLLBACK_PENDING, w->dir);
+	fd = open(pending, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+	if (fd >= 0)
+		close(fd);
 
 	if (!ret)
 		ret = dirty_from_json(req, &dirty, &n);
 	if (!ret)
 		ret = cb_ws_rollback(t, json_integer_value(json_object_get(req, "turn")), dirty, n,
 				     &touched);
+	if (!ret)
+		unlink(pending);
 	/* An error reply carries no result: the count goes in the error line. */
 	*res = json_pack("{s:I}", "touched", (json_int_t)touched);
 	if (!ret || touched)
@@ -462,6 +472,25 @@ static void worker_loop(int fd)
 }
 
 /* ---- the daemon's side ---- */
+
+void cb_daemon_rollback_recover(struct cb_daemon *d)
+{
+	char pending[4200];
+	long long removed = 0;
+
+	snprintf(pending, sizeof(pending), "%s/" CB_DAEMON_ROLLBACK_PENDING, d->dir);
+	if (access(pending, F_OK) < 0)
+		return;
+	if (cb_ws_rollback_clean(d->upper, &removed) == 0)
+		unlink(pending);
+	else
+		fprintf(stderr, "cowbox: %s\n", cb_error_message());
+	if (removed)
+		fprintf(stderr,
+			"cowbox: removed %lld temporary file(s) of an interrupted rollback\n",
+			removed);
+	cb_error_clear();
+}
 
 int cb_daemon_worker_start(struct cb_daemon *d)
 {

@@ -4,6 +4,8 @@ TESTS += tests/integration/test_cli.py tests/integration/test_journal.py \
 	tests/integration/test_daemon.py
 EXTRA_DIST += tests/integration/cbtest.py
 TESTS += tests/integration/test_turns.py tests/integration/test_turns_property.py
+# faults: kill -9 of the daemon in the middle of turn operations (docs/reliability.md).
+TESTS += tests/integration/test_faults_kill.py
 EXTRA_DIST += tests/integration/turnutil.py
 TESTS += tests/integration/test_exec.py tests/integration/test_escape.py
 # api (issue 5): the API ops, the shared backend conformance suite, the Python client.

@@ -64,12 +64,13 @@ static int rb_remove_path(int root_fd, const char *path)
 }
 
 /* A name beside path for building its replacement: rename over path is then atomic for
- * every reader (old or new content, never a mix). */
+ * every reader (old or new content, never a mix). Names with this prefix are cowbox's:
+ * snapshots skip them and a start after a crash removes them (cb_ws_rollback_clean). */
 static void rb_tmpname(char *buf, size_t len)
 {
 	static unsigned counter;
 
-	snprintf(buf, len, ".cowbox-rollback.%d.%u", (int)getpid(),
+	snprintf(buf, len, CB_WS_ROLLBACK_TMP "%d.%u", (int)getpid(),
 		 __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
 }
 
@@ -103,6 +104,64 @@ static int rb_check_source(struct cb_turns *t, const struct cb_entry *e, int fro
 	ret = cb_ws_copy_checked(fd, -1, e, what);
 	close(fd);
 	return ret;
+}
+
+int ws_is_tmp_name(const char *path)
+{
+	const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
+
+	return !strncmp(name, CB_WS_ROLLBACK_TMP, strlen(CB_WS_ROLLBACK_TMP));
+}
+
+/* Remove the temporary names below dirfd (a directory of the upper layer), recursively. */
+static int rb_clean_dir(int fd_in, long long *removed)
+{
+	struct dirent *de;
+	DIR *dir = fdopendir(fd_in);
+	int ret = 0;
+
+	if (!dir) {
+		ret = cb_error_set(errno, "clean: %s", strerror(errno));
+		close(fd_in);
+		return ret;
+	}
+	while ((de = readdir(dir))) {
+		int fd;
+
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		if (ws_is_tmp_name(de->d_name)) {
+			/* A rollback temp is a file or a symlink, never a directory. */
+			if (unlinkat(dirfd(dir), de->d_name, 0) == 0)
+				(*removed)++;
+			else if (errno != ENOENT && !ret)
+				ret = cb_error_set(errno, "remove %s: %s", de->d_name,
+						   strerror(errno));
+			continue;
+		}
+		if (de->d_type != DT_DIR && de->d_type != DT_UNKNOWN)
+			continue;
+		fd =
+		    openat(dirfd(dir), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd >= 0) {
+			int r = rb_clean_dir(fd, removed);
+
+			if (r && !ret)
+				ret = r;
+		}
+	}
+	closedir(dir);
+	return ret;
+}
+
+int cb_ws_rollback_clean(const char *upper, long long *removed)
+{
+	int fd = open(upper, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+	*removed = 0;
+	if (fd < 0)
+		return cb_error_set(errno, "%s: %s", upper, strerror(errno));
+	return rb_clean_dir(fd, removed);
 }
 
 /* Where the content of e (a file of the target turn) comes from: the base file at the same

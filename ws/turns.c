@@ -483,7 +483,8 @@ static int walk_dir(int dirfd, const char *path, struct ws_pathset *set, pid_t p
 	while (!ret && (de = readdir(dir))) {
 		char *child;
 
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..") ||
+		    ws_is_tmp_name(de->d_name))
 			continue;
 		if (asprintf(&child, "%s%s%s", path, path[0] ? "/" : "", de->d_name) < 0) {
 			ret = cb_error_set(ENOMEM, "walk %s: out of memory", path);
@@ -533,7 +534,7 @@ int ws_dirty_expand(struct cb_turns *t, const struct cb_dirty *dirty, size_t n,
 		struct stat st;
 		int live_dir, old_dir;
 
-		if (!d->path[0] || !strcmp(d->path, "."))
+		if (!d->path[0] || !strcmp(d->path, ".") || ws_is_tmp_name(d->path))
 			continue;
 		ret = ws_pathset_add(set, d->path, d->pid, d->comm);
 		if (ret)

@@ -49,6 +49,9 @@ int ws_chmod_beneath(int dirfd, const char *path, mode_t mode);
 /* 1 for the errors that mean "no such path in the tree" (ENOENT, ENOTDIR, ELOOP, EXDEV). */
 int ws_gone(int err);
 
+/* 1 if path's last component is a rollback's temporary name (never part of a turn). */
+int ws_is_tmp_name(const char *path);
+
 /* A set of paths (sorted, unique after ws_pathset_sort) with the journal attribution each
  * came from. */
 struct ws_path {

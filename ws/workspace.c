@@ -3,9 +3,11 @@
 #include "config.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <pwd.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -310,6 +312,123 @@ out:
 	free(base_abs);
 	free(home);
 	return rc;
+}
+
+#define WS_UNPUBLISHED ".unpublished-"
+
+int cb_ws_create_unpublished(const char *base, const char *name, char ref[CB_WS_REF_LEN + 1],
+			     char **dir)
+{
+	char *home = NULL, *base_abs = NULL;
+	char other[CB_WS_REF_LEN + 1];
+	int rc;
+
+	ref[0] = '\0';
+	*dir = NULL;
+	if (name && (rc = cb_ws_name_check(name)))
+		return rc;
+	if ((rc = cb_ws_home(&home)))
+		return rc;
+	if (name && ws_name_lookup(home, name, other) == 0) {
+		rc = cb_error_set(EEXIST, "the name '%s' is already used by %s", name, other);
+		goto out;
+	}
+	if (base && !(base_abs = realpath(base, NULL))) {
+		rc = cb_error_set(errno, "base %s: %s", base, strerror(errno));
+		goto out;
+	}
+	if ((rc = ws_mkdir_home(home)) || (rc = ws_new_ref(ref)))
+		goto out;
+	/* Not a ref: nothing lists, resolves or mounts it. The pid says whose it is. */
+	if ((rc = ws_pathf(dir, "%s/workspaces/" WS_UNPUBLISHED "%d-%s", home, (int)getpid(), ref)))
+		goto out;
+	if (mkdir(*dir, 0700) < 0) {
+		rc = cb_error_set(errno, "mkdir %s: %s", *dir, strerror(errno));
+		goto out;
+	}
+	/* The name goes into meta.db when the link exists (cb_ws_publish), so that a workspace
+	 * is never shown under a name that does not resolve to it. */
+	if ((rc = ws_fill(*dir, base_abs, NULL)))
+		ws_delete_tree(*dir);
+out:
+	if (rc) {
+		free(*dir);
+		*dir = NULL;
+		ref[0] = '\0';
+	}
+	free(base_abs);
+	free(home);
+	return rc;
+}
+
+int cb_ws_publish(const char *ref, const char *dir, const char *name)
+{
+	char *target = NULL, *link = NULL, *home = NULL;
+	struct cb_db *db = NULL;
+	int rc;
+
+	if ((rc = cb_ws_home(&home)) || (rc = ws_pathf(&target, "%s/workspaces/%s", home, ref)))
+		goto out;
+	if (rename(dir, target) < 0) {
+		rc = cb_error_set(errno, "publish %s: %s", target, strerror(errno));
+		ws_delete_tree(dir);
+		goto out;
+	}
+	if (!name)
+		goto out;
+	/* The link claims the name atomically: of two racing creates one gets EEXIST. */
+	if ((rc = ws_pathf(&link, "%s/names/%s", home, name)))
+		goto out;
+	if (symlink(ref, link) < 0) {
+		rc = errno == EEXIST ? cb_error_set(EEXIST, "the name '%s' is already in use", name)
+				     : cb_error_set(errno, "symlink %s: %s", link, strerror(errno));
+		ws_delete_tree(target);
+		goto out;
+	}
+	free(target);
+	if (!(rc = ws_pathf(&target, "%s/workspaces/%s/meta.db", home, ref)) &&
+	    !(rc = cb_db_open(target, &db)))
+		rc = cb_db_meta_set(db, "name", name);
+	cb_db_close(db);
+out:
+	free(link);
+	free(target);
+	free(home);
+	return rc;
+}
+
+void cb_ws_delete_unpublished(const char *dir)
+{
+	ws_delete_tree(dir);
+}
+
+void cb_ws_clean_unpublished(void)
+{
+	char *home = NULL, *dir = NULL, *path = NULL;
+	struct dirent *de;
+	DIR *d;
+
+	if (cb_ws_home(&home) || ws_pathf(&dir, "%s/workspaces", home))
+		goto out;
+	d = opendir(dir);
+	while (d && (de = readdir(d))) {
+		int pid;
+
+		if (strncmp(de->d_name, WS_UNPUBLISHED, strlen(WS_UNPUBLISHED)) ||
+		    sscanf(de->d_name + strlen(WS_UNPUBLISHED), "%d-", &pid) != 1 || pid <= 0 ||
+		    kill(pid, 0) == 0 || errno != ESRCH)
+			continue;
+		if (!ws_pathf(&path, "%s/%s", dir, de->d_name))
+			ws_delete_tree(path);
+		free(path);
+		path = NULL;
+	}
+	if (d)
+		closedir(d);
+out:
+	cb_error_clear();
+	free(dir);
+	free(home);
 }
 
 int cb_ws_resolve(const char *arg, char ref[CB_WS_REF_LEN + 1])

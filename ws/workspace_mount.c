@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,82 @@ int cb_ws_unmount(const char *path)
 	if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status))
 		return cb_error_set(EBUSY, "fusermount3 -u -z %s failed", path);
 	return 0;
+}
+
+/* The device minor of the FUSE mount at path (its connection's number under fusectl), or
+ * -1 if there is none. */
+static int fuse_mount_minor(const char *path)
+{
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+	char *line = NULL;
+	size_t cap = 0;
+	int minor = -1;
+
+	while (f && minor < 0 && getline(&line, &cap, f) > 0) {
+		char mnt[4096], fstype[64], *sep = strstr(line, " - ");
+		unsigned maj, min;
+
+		if (!sep || sscanf(line, "%*s %*s %u:%u %*s %4095s", &maj, &min, mnt) != 3 ||
+		    sscanf(sep + 3, "%63s", fstype) != 1)
+			continue;
+		unescape_octal(mnt);
+		if (!strcmp(mnt, path) && !strncmp(fstype, "fuse", 4))
+			minor = (int)min;
+	}
+	free(line);
+	if (f)
+		fclose(f);
+	return minor;
+}
+
+int cb_ws_pid_dying(pid_t pid)
+{
+	char path[64], line[256], state = 0;
+	unsigned long long pending = 0;
+	int threads = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "re");
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long long v;
+
+		if (sscanf(line, "State: %c", &state) == 1)
+			continue;
+		if (sscanf(line, "Threads: %d", &threads) == 1)
+			continue;
+		if (sscanf(line, "ShdPnd: %llx", &v) == 1 || sscanf(line, "SigPnd: %llx", &v) == 1)
+			pending |= v;
+	}
+	fclose(f);
+	/* A leader that exited while threads remain, or a SIGKILL not yet acted on. */
+	return (state == 'Z' && threads > 0) || (pending & (1ULL << (SIGKILL - 1)));
+}
+
+int cb_ws_fuse_abort(const char *path)
+{
+	const char *ctl = "/sys/fs/fuse/connections";
+	char abort_path[128];
+	int minor = fuse_mount_minor(path), fd, rc = 0;
+
+	if (minor < 0)
+		return 0;
+	snprintf(abort_path, sizeof(abort_path), "%s/%d/abort", ctl, minor);
+	if (access(abort_path, F_OK) < 0 && mount("fusectl", ctl, "fusectl", 0, NULL) < 0 &&
+	    errno != EBUSY)
+		rc = cb_error_set(errno, "mount fusectl on %s: %s", ctl, strerror(errno));
+	fd = open(abort_path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0 || write(fd, "1", 1) != 1)
+		rc = cb_error_set(errno, "abort FUSE connection %d (%s): %s", minor, abort_path,
+				  strerror(errno));
+	if (fd >= 0)
+		close(fd);
+	/* Aborted or not, take the mount away: nothing can be served there any more. */
+	if (umount2(path, MNT_DETACH) < 0 && !rc)
+		rc = cb_error_set(errno, "umount %s: %s", path, strerror(errno));
+	return rc;
 }
 
 /* The lock file holds "PID\nMOUNTPOINT\n", written by the daemon once it holds the flock; a

@@ -247,6 +247,7 @@ int cb_ws_list(int (*fn)(const struct cb_ws_info *info, void *arg), void *arg)
 
 	if ((rc = cb_ws_home(&home)) || (rc = ws_pathf(&dir, "%s/workspaces", home)))
 		goto out;
+	cb_ws_clean_unpublished();
 	d = opendir(dir);
 	if (!d) {
 		rc = errno == ENOENT ? 0 : cb_error_set(errno, "open %s: %s", dir, strerror(errno));

@@ -167,6 +167,14 @@ int cb_ws_diff(struct cb_turns *t, long long a, long long b, const struct cb_dir
 int cb_ws_rollback(struct cb_turns *t, long long turn, const struct cb_dirty *dirty, size_t n,
 		   long long *touched);
 
+/* The prefix of a rollback's temporary names (a file is built beside its path and renamed
+ * over it): reserved, never recorded by a snapshot. */
+#define CB_WS_ROLLBACK_TMP ".cowbox-rollback."
+
+/* Remove every temporary name a rollback left in upper (the upper layer, not mounted) when it
+ * was killed or failed to clean up; *removed gets how many. */
+int cb_ws_rollback_clean(const char *upper, long long *removed);
+
 /* Keep the newest keep turns; fold the older ones and delete unneeded blobs. */
 int cb_ws_prune(struct cb_turns *t, long long keep, long long *dropped, long long *freed);
 

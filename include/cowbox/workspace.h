@@ -44,6 +44,19 @@ int cb_ws_name_check(const char *name);
  * `cowbox rm` cleans. Bad names, taken names and missing bases fail before anything is made. */
 int cb_ws_create(const char *base, const char *name, FILE *log, char ref[CB_WS_REF_LEN + 1]);
 
+/* A workspace built in a hidden directory (*dir, malloc'd) that nothing lists, resolves or
+ * mounts until cb_ws_publish: what a fork fills. name is only checked here; it is claimed
+ * by publishing. */
+int cb_ws_create_unpublished(const char *base, const char *name, char ref[CB_WS_REF_LEN + 1],
+			     char **dir);
+/* Make a filled unpublished workspace a workspace: rename it to its ref (atomic), then claim
+ * name. On failure it is deleted. */
+int cb_ws_publish(const char *ref, const char *dir, const char *name);
+/* Delete an unpublished workspace (a fork that failed). */
+void cb_ws_delete_unpublished(const char *dir);
+/* Delete unpublished workspaces whose builder is dead (a fork killed midway). */
+void cb_ws_clean_unpublished(void);
+
 /* Turn a ref or a name into the ref of a complete workspace cowbox created; anything else
  * (a malformed ref, an unknown name, a path, an interrupted creation) is refused with a
  * message saying why, before the caller does anything. */
@@ -81,6 +94,15 @@ int cb_ws_fuse_mount_source(const char *path, char *source, size_t size);
 /* Detach a FUSE mount left behind by a dead daemon (umount2 MNT_DETACH as root, else
  * fusermount3 -u -z); 0 if nothing was mounted there. */
 int cb_ws_unmount(const char *path);
+
+/* 1 if pid was killed but cannot finish exiting (its leader is a zombie while threads remain,
+ * or a SIGKILL is pending): what a daemon whose threads wait on its own mount looks like. */
+int cb_ws_pid_dying(pid_t pid);
+
+/* Abort the FUSE connection of the mount at path (fusectl's abort file, mounting fusectl on
+ * /sys/fs/fuse/connections if needed), which fails every request waiting on it, then detach
+ * the mount. 0 if there is no FUSE mount there; needs root. */
+int cb_ws_fuse_abort(const char *path);
 
 /* Clean what a dead daemon left (its FUSE mounts of this workspace, the socket file) while
  * holding the workspace lock, so that no daemon can be starting meanwhile; -EBUSY if one

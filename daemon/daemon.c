@@ -464,10 +464,10 @@ out:
 		shutdown(d.listen_fd, SHUT_RDWR);
 	if (have_accept)
 		pthread_join(accept_thread, NULL);
+	cb_daemon_worker_stop(&d);
 	cb_daemon_conns_shutdown(&d, 30000);
 	if (have_base)
 		pthread_join(base_thread, NULL);
-	cb_daemon_worker_stop(&d);
 	if (have_sig) {
 		pthread_kill(sig_thread, SIGTERM);
 		pthread_join(sig_thread, NULL);
@@ -478,6 +478,9 @@ out:
 	snprintf(saved, sizeof(saved), "%s", cb_error_message());
 	cb_overlay_destroy(d.ov);
 	d.ov = NULL;
+	/* Only now: a worker still waiting on the mount is answered (ENOTCONN) once the FUSE
+	 * session is gone, never before. */
+	cb_daemon_worker_reap(&d);
 	if (d.db) {
 		unsigned long long marks, rows, txs;
 

@@ -165,8 +165,11 @@ json_t *cb_daemon_events_json(const char *mountpoint, const char *base, const ch
 /* Before mounting: if a rollback was interrupted (its mark is there), remove its temporary
  * names from the upper layer and say so in the log. */
 void cb_daemon_rollback_recover(struct cb_daemon *d);
-/* Close the worker's socket (it exits at EOF) and reap it. */
+/* Shut the worker's socket down: an idle worker exits at once, a busy one when its request
+ * is done or fails (its mount requests fail once the FUSE session is destroyed). */
 void cb_daemon_worker_stop(struct cb_daemon *d);
+/* After the FUSE session is destroyed and no op runs: wait for the worker and free its end. */
+void cb_daemon_worker_reap(struct cb_daemon *d);
 
 /* ---- connections (daemon/conn.c) ---- */
 

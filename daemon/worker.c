@@ -106,8 +106,9 @@ static int line_write(int fd, json_t *j)
 struct worker_state {
 	int fd;
 	char *mountpoint, *base, *dir, *db_path;
-	/* A rollback's handle, kept for the snapshot that records it (it knows what it wrote). */
-	struct cb_turns *kept;
+	/* What a rollback wrote, for the snapshot that records it. No handle (and so no fd on
+	 * the mount) is kept between requests: an idle worker never keeps the mount busy. */
+	struct cb_ws_known *known;
 };
 
 static void worker_progress(void *arg, long long files_done, long long files_total,
@@ -313,15 +314,17 @@ static int worker_snapshot(struct worker_state *w, json_t *req, json_t **res)
 {
 	long long turn = json_integer_value(json_object_get(req, "turn"));
 	int want_changes = json_is_true(json_object_get(req, "changes"));
-	struct cb_turns *t = w->kept;
+	struct cb_turns *t = NULL;
 	struct cb_diff changes = {0};
 	struct cb_dirty *dirty = NULL;
 	size_t n = 0;
-	int ret = 0;
+	int ret = worker_open(w, json_is_true(json_object_get(req, "progress")), &t);
 
-	w->kept = NULL;
-	if (!t)
-		ret = worker_open(w, json_is_true(json_object_get(req, "progress")), &t);
+	if (!ret)
+		cb_ws_known_put(t, w->known);
+	else
+		cb_ws_known_free(w->known);
+	w->known = NULL;
 	if (!ret)
 		ret = dirty_from_json(req, &dirty, &n);
 	if (!ret)
@@ -398,9 +401,8 @@ static int worker_rollback(struct worker_state *w, json_t *req, json_t **res)
 	/* An error reply carries no result: the count goes in the error line. */
 	*res = json_pack("{s:I}", "touched", (json_int_t)touched);
 	if (!ret || touched)
-		w->kept = t; /* the daemon snapshots next */
-	else
-		cb_turns_close(t);
+		w->known = cb_ws_known_take(t); /* the daemon snapshots next */
+	cb_turns_close(t);
 	free(dirty);
 	return ret;
 }
@@ -435,10 +437,10 @@ static void worker_loop(int fd)
 		int ret;
 
 		cb_error_clear();
-		/* The rollback's handle is for the snapshot right after it and nothing else. */
-		if (w.kept && op && strcmp(op, "sync") && strcmp(op, "snapshot")) {
-			cb_turns_close(w.kept);
-			w.kept = NULL;
+		/* What the rollback wrote is for the snapshot right after it and nothing else. */
+		if (w.known && op && strcmp(op, "sync") && strcmp(op, "snapshot")) {
+			cb_ws_known_free(w.known);
+			w.known = NULL;
 		}
 		if (!op)
 			ret = cb_error_set(EINVAL, "turn worker: request without an op");
@@ -463,7 +465,7 @@ static void worker_loop(int fd)
 		if (line_write(fd, reply))
 			break;
 	}
-	cb_turns_close(w.kept);
+	cb_ws_known_free(w.known);
 	free(r.buf);
 	free(w.mountpoint);
 	free(w.base);
@@ -554,6 +556,10 @@ static int worker_died(struct cb_daemon *d)
 	int status = 0;
 	pid_t pid = d->worker_pid;
 
+	/* Stopping: the worker is being shut down (and reaped by cb_daemon_worker_reap). */
+	if (d->stopping)
+		return cb_error_set(ESHUTDOWN, "the workspace daemon is stopping");
+
 	if (pid > 0 && waitpid(pid, &status, 0) == pid) {
 		cb_daemon_child_release(pid);
 		d->worker_pid = 0;
@@ -627,10 +633,19 @@ out:
 
 void cb_daemon_worker_stop(struct cb_daemon *d)
 {
+	/* EOF for the worker (its loop ends) and for a thread waiting on its answer; no close
+	 * yet: such a thread may still be using the descriptor. */
+	if (d->worker_fd >= 0)
+		shutdown(d->worker_fd, SHUT_RDWR);
+}
+
+void cb_daemon_worker_reap(struct cb_daemon *d)
+{
 	struct line_reader *r = d->worker_reader;
 
+	cb_daemon_worker_stop(d);
 	if (d->worker_fd >= 0)
-		close(d->worker_fd); /* EOF: the worker's loop ends */
+		close(d->worker_fd);
 	d->worker_fd = -1;
 	if (d->worker_pid > 0 && waitpid(d->worker_pid, NULL, 0) == d->worker_pid)
 		cb_daemon_child_release(d->worker_pid);

@@ -356,6 +356,42 @@ void ws_known_clear(struct cb_turns *t)
 	t->nknown = 0;
 }
 
+struct cb_ws_known {
+	struct ws_known *known;
+	size_t n;
+};
+
+struct cb_ws_known *cb_ws_known_take(struct cb_turns *t)
+{
+	struct cb_ws_known *k;
+
+	if (!t->nknown || !(k = malloc(sizeof(*k))))
+		return NULL;
+	k->known = t->known;
+	k->n = t->nknown;
+	t->known = NULL;
+	t->nknown = 0;
+	return k;
+}
+
+void cb_ws_known_put(struct cb_turns *t, struct cb_ws_known *k)
+{
+	if (!k)
+		return;
+	ws_known_set(t, k->known, k->n);
+	free(k);
+}
+
+void cb_ws_known_free(struct cb_ws_known *k)
+{
+	if (!k)
+		return;
+	for (size_t i = 0; i < k->n; i++)
+		cb_entry_clear(&k->known[i].e);
+	free(k->known);
+	free(k);
+}
+
 void ws_known_set(struct cb_turns *t, struct ws_known *known, size_t n)
 {
 	ws_known_clear(t);

@@ -63,8 +63,7 @@ struct cb_pasta;
  * caller keeps its own) and return once the namespace has its interface, address and routes.
  * log_path gets pasta's messages, pid_path its pid (files in a directory only root may write).
  * -errno with a message quoting pasta's own when it fails or takes over 10 s. */
-int cb_pasta_start(int netns_fd, const char *log_path, const char *pid_path,
-		   struct cb_pasta **out);
+int cb_pasta_start(int netns_fd, const char *log_path, const char *pid_path, struct cb_pasta **out);
 
 /* Kill and reap pasta and free p; NULL is fine. */
 void cb_pasta_stop(struct cb_pasta *p);

@@ -167,6 +167,14 @@ int cb_ws_diff(struct cb_turns *t, long long a, long long b, const struct cb_dir
 int cb_ws_rollback(struct cb_turns *t, long long turn, const struct cb_dirty *dirty, size_t n,
 		   long long *touched);
 
+/* What a rollback wrote, for the snapshot that records it (it then reads none of it back):
+ * taken out of t so that t can be closed in between, and put into the handle that takes
+ * the snapshot (which owns it from then on). NULL: nothing to hand over. */
+struct cb_ws_known;
+struct cb_ws_known *cb_ws_known_take(struct cb_turns *t);
+void cb_ws_known_put(struct cb_turns *t, struct cb_ws_known *known);
+void cb_ws_known_free(struct cb_ws_known *known);
+
 /* The prefix of a rollback's temporary names (a file is built beside its path and renamed
  * over it): reserved, never recorded by a snapshot. */
 #define CB_WS_ROLLBACK_TMP ".cowbox-rollback."

@@ -192,11 +192,16 @@ class KillMidTurn(CowboxTestCase):
                 continue
             self.assertNotEqual(ws.get("state"), "incomplete", "%s: %s" % (what, ws))
             name = ws.get("name")
+            if name is None and len(self.forks) == 1:
+                # Killed after the rename that publishes it and before its name link: a
+                # complete fork, listed under its ref only. Its tree must still be right.
+                name = next(iter(self.forks))
+                ws["name"] = None
             turn = self.forks.get(name)
             self.assertIsNotNone(turn, "%s (seed %d): unknown workspace %s" % (what, SEED, ws))
             self.mount(ws["ref"])
             got = files_of(tree_state(self.mountpoint(ws["ref"])))
-            self.cowbox("rm", name or ws["ref"])
+            self.cowbox("rm", ws["name"] or ws["ref"])
             want = self.recorded_at_fork[name]
             self.assertEqual(got, want,
                              "%s (seed %d): fork %s of turn %d: missing %s, extra %s, differ %s"

@@ -352,6 +352,8 @@ static pid_t watch_predecessor(const char *ref, long long *dying_since, int *abo
 		cb_error_clear();
 		return -1;
 	}
+	if (other > 0 && !cb_ws_pid_dying(other) && *dying_since > 0)
+		*dying_since = 0;
 	if (other > 0 && cb_ws_pid_dying(other)) {
 		if (!*dying_since)
 			*dying_since = now_ms();
@@ -400,7 +402,8 @@ static int wait_ready(const char *ref, const char *log, pid_t child, long long d
 							      : WTERMSIG(status),
 					    tail[0] ? tail : "no log", log);
 		}
-		if (cb_daemon_connect(ref, &c) == 0) {
+		/* A dying daemon's socket still accepts, but nothing answers: do not ask. */
+		if (!(child == 0 && dying_since) && cb_daemon_connect(ref, &c) == 0) {
 			rc = cb_ws_info(ref, &info);
 			int ready = !rc && cb_ws_is_fuse_mount(info.mountpoint);
 

@@ -10,6 +10,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -77,9 +78,10 @@ class KillMidTurn(CowboxTestCase):
         self.forks = {}  # fork name -> the turn it was made from
         self.nfork = 0
         self.interrupted = 0  # trials where the kill came before the operation finished
+        self.trials_run = 0
         self.addCleanup(lambda: sys.stderr.write(
             "test_faults_kill: %s: the kill interrupted the operation in %d of %d trials\n"
-            % (self._testMethodName, self.interrupted, TRIALS)))
+            % (self._testMethodName, self.interrupted, self.trials_run)))
         for _ in range(2):
             self.change_tree()
             self.record()
@@ -153,6 +155,7 @@ class KillMidTurn(CowboxTestCase):
         t_gone = time.monotonic()
         proc.communicate(timeout=60)
         self.interrupted += proc.returncode != 0
+        self.trials_run += 1
         t1 = time.monotonic()
         self.pid = self.mount(self.ref)
         t2 = time.monotonic()
@@ -259,6 +262,61 @@ class KillMidTurn(CowboxTestCase):
             listed = sorted(self.turns_listed())
             self.assertEqual(listed, list(range(listed[0], listed[-1] + 1)))
             self.check_after("prune trial %d" % i)
+
+    def test_oom_kill_during_snapshot(self):
+        """The OOM killer's SIGKILL is a kill -9 nobody asked for: the same promises hold.
+        The daemon alone goes into a memory cgroup (v1) with a small limit, and a request
+        line it has to buffer pushes it over while its worker is busy with a snapshot."""
+        memory = "/sys/fs/cgroup/memory"
+        if not os.path.exists(os.path.join(memory, "cgroup.procs")):
+            self.skipTest("no memory cgroup (v1) hierarchy at %s" % memory)
+        cg = os.path.join(memory, "cowbox-faults-%d" % os.getpid())
+        os.mkdir(cg)
+
+        def remove_cgroup():
+            with open(os.path.join(cg, "cgroup.procs")) as f:
+                for pid in f.read().split():
+                    try:
+                        with open(os.path.join(memory, "cgroup.procs"), "w") as root:
+                            root.write(pid)
+                    except OSError:
+                        pass
+            wait_for(lambda: not open(os.path.join(cg, "cgroup.procs")).read().strip(), 10,
+                     what="the test cgroup to empty")
+            os.rmdir(cg)
+        self.addCleanup(remove_cgroup)
+        self.change_tree()
+        est = self.timed("snapshot", self.ref)
+        for i in range(max(1, TRIALS // 5)):
+            what = "oom trial %d" % i
+            self.change_tree()
+            with open(os.path.join(cg, "memory.limit_in_bytes"), "w") as f:
+                f.write(str(8 << 20))
+            with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+                f.write(str(self.pid))
+            proc = subprocess.Popen([cbtest.COWBOX, "snapshot", self.ref], env=self.env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(self.rng.uniform(0.0, est))
+            sock = socket.socket(socket.AF_UNIX)
+            sock.connect(os.path.join(self.ws_dir(self.ref), "control.sock"))
+            pid, t0 = self.pid, time.monotonic()
+            try:
+                sock.sendall(b'{"op":"ping","pad":"' + b"x" * (15 << 20))
+            except OSError:
+                pass  # killed while we were still sending
+            while proc_exists(pid) and time.monotonic() < t0 + 10 + GONE_WITHIN:
+                time.sleep(0.02)
+            sock.close()
+            self.assertFalse(proc_exists(pid), "%s (seed %d): pid %d is still there (thread "
+                             "states %s)" % (what, SEED, pid, thread_states(pid)))
+            with open(os.path.join(cg, "memory.oom_control")) as f:
+                kills = dict(line.split() for line in f if line.strip()).get("oom_kill")
+            self.assertEqual(kills, str(i + 1), "%s: the OOM killer did not act" % what)
+            proc.wait(timeout=60)
+            self.interrupted += proc.returncode != 0
+            self.trials_run += 1
+            self.pid = self.mount(self.ref)
+            self.check_after(what)
 
 
 if __name__ == "__main__":

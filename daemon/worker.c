@@ -557,7 +557,7 @@ static int worker_died(struct cb_daemon *d)
 	pid_t pid = d->worker_pid;
 
 	/* Stopping: the worker is being shut down (and reaped by cb_daemon_worker_reap). */
-	if (d->stopping)
+	if (__atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE))
 		return cb_error_set(ESHUTDOWN, "the workspace daemon is stopping");
 
 	if (pid > 0 && waitpid(pid, &status, 0) == pid) {

@@ -641,9 +641,12 @@ void cb_daemon_worker_stop(struct cb_daemon *d)
 
 void cb_daemon_worker_reap(struct cb_daemon *d)
 {
-	struct line_reader *r = d->worker_reader;
+	struct line_reader *r;
 
 	cb_daemon_worker_stop(d);
+	/* A connection that outlived the shutdown may still be in a call: it ends at the EOF. */
+	pthread_mutex_lock(&d->worker_lock);
+	r = d->worker_reader;
 	if (d->worker_fd >= 0)
 		close(d->worker_fd);
 	d->worker_fd = -1;
@@ -654,4 +657,5 @@ void cb_daemon_worker_reap(struct cb_daemon *d)
 		free(r->buf);
 	free(r);
 	d->worker_reader = NULL;
+	pthread_mutex_unlock(&d->worker_lock);
 }

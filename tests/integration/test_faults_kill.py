@@ -128,19 +128,28 @@ class KillMidTurn(CowboxTestCase):
 
     # --- one trial ---
 
-    def timed(self, *args):
-        """Run cowbox ARGS to the end; how long it took (to pick kill moments inside)."""
-        t0 = time.monotonic()
-        self.cowbox(*args)
-        return time.monotonic() - t0
+    def connect(self):
+        return cbtest.Client(os.path.join(self.ws_dir(self.ref), "control.sock"), timeout=120)
 
-    def kill_during(self, args, what, est):
-        """Run cowbox ARGS, kill -9 the daemon at a random moment of the est seconds it
-        takes, then check it is gone entirely within GONE_WITHIN seconds; mount it again."""
-        delay = self.rng.uniform(0.0, est * 1.2)
+    def timed(self, op, **args):
+        """Run op through the protocol to the end; how long it took (kill moments are
+        picked inside that span, measured from the request, without a CLI's start-up)."""
+        c = self.connect()
+        try:
+            t0 = time.monotonic()
+            reply = c.request(op, **args)
+            self.assertNotIn("error", reply)
+            return time.monotonic() - t0
+        finally:
+            c.close()
+
+    def kill_during(self, op, args, what, est):
+        """Send op, kill -9 the daemon at a random moment of the est seconds it takes, then
+        check it is gone entirely within GONE_WITHIN seconds; mount it again."""
+        delay = self.rng.uniform(0.0, est)
         workers = [c for c in children_of(self.pid) if comm_of(c) == "cowbox-worker"]
-        proc = subprocess.Popen([cbtest.COWBOX] + args, env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        c = self.connect()
+        c.send(dict(args, id=1, op=op))
         time.sleep(delay)
         os.kill(self.pid, signal.SIGKILL)
         t0 = time.monotonic()
@@ -153,17 +162,25 @@ class KillMidTurn(CowboxTestCase):
                 "%s (seed %d): pid %d is still there %.1fs after kill -9 (thread states %s)"
                 % (what, SEED, pid, GONE_WITHIN, thread_states(pid)))
         t_gone = time.monotonic()
-        proc.communicate(timeout=60)
-        self.interrupted += proc.returncode != 0
+        completed = False
+        try:
+            while True:
+                reply = c.recv()
+                if reply.get("id") == 1 and "stream" not in reply:
+                    completed = "error" not in reply
+        except (ConnectionError, OSError, ValueError):
+            pass
+        c.close()
+        self.interrupted += not completed
         self.trials_run += 1
         t1 = time.monotonic()
         self.pid = self.mount(self.ref)
         t2 = time.monotonic()
         if os.environ.get("COWBOX_FAULT_VERBOSE"):
-            sys.stderr.write("%s: rc %d, gone %.2fs, cli %.2fs, mount %.2fs\n" % (
-                what, proc.returncode, t_gone - t0, t1 - t_gone, t2 - t1))
+            sys.stderr.write("%s: %s after %.2fs of %.2fs, gone %.2fs, mount %.2fs\n" % (
+                what, "completed" if completed else "interrupted", delay, est,
+                t_gone - t0, t2 - t1))
         self.assertLess(t2 - t1, 15, "mount after the kill took too long")
-        return proc.returncode
 
     def check_after(self, what):
         upper = os.path.join(self.ws_dir(self.ref), "upper")
@@ -219,24 +236,24 @@ class KillMidTurn(CowboxTestCase):
 
     def test_kill_during_snapshot(self):
         self.change_tree()
-        est = self.timed("snapshot", self.ref)
+        est = self.timed("snapshot")
         for i in range(TRIALS):
             self.change_tree()
-            self.kill_during(["snapshot", self.ref], "snapshot trial %d" % i, est)
+            self.kill_during("snapshot", {}, "snapshot trial %d" % i, est)
             self.check_after("snapshot trial %d" % i)
 
     def test_kill_during_rollback(self):
         self.change_tree()
-        est = self.timed("rollback", self.ref, min(self.recorded))
+        est = self.timed("rollback", turn=min(self.recorded))
         for i in range(TRIALS):
             self.change_tree()
             turn = self.rng.choice(sorted(self.recorded))
-            self.kill_during(["rollback", self.ref, str(turn)], "rollback trial %d" % i, est)
+            self.kill_during("rollback", {"turn": turn}, "rollback trial %d" % i, est)
             self.check_after("rollback trial %d" % i)
 
     def test_kill_during_fork(self):
         self.recorded_at_fork = {}
-        est = self.timed("fork", self.ref, max(self.recorded), "--name", "calibrate")
+        est = self.timed("fork", turn=max(self.recorded), name="calibrate")
         self.cowbox("rm", "calibrate")
         for i in range(TRIALS):
             turn = self.rng.choice(sorted(self.recorded))
@@ -244,8 +261,7 @@ class KillMidTurn(CowboxTestCase):
             name = "f%d" % self.nfork
             self.forks[name] = turn
             self.recorded_at_fork[name] = self.recorded[turn]
-            self.kill_during(["fork", self.ref, str(turn), "--name", name],
-                             "fork trial %d" % i, est)
+            self.kill_during("fork", {"turn": turn, "name": name}, "fork trial %d" % i, est)
             self.check_after("fork trial %d" % i)
 
     def test_kill_during_prune(self):
@@ -255,9 +271,8 @@ class KillMidTurn(CowboxTestCase):
             self.record()
             keep = self.rng.randrange(1, 4)
             if i == 0:
-                est = self.timed("prune", self.ref, "--keep", keep + 2)
-            self.kill_during(["prune", self.ref, "--keep", str(keep)], "prune trial %d" % i,
-                             est)
+                est = self.timed("prune", keep=keep + 2)
+            self.kill_during("prune", {"keep": keep}, "prune trial %d" % i, est)
             # Pruned or not, never half: the turns listed are a suffix of what was there.
             listed = sorted(self.turns_listed())
             self.assertEqual(listed, list(range(listed[0], listed[-1] + 1)))
@@ -286,7 +301,7 @@ class KillMidTurn(CowboxTestCase):
             os.rmdir(cg)
         self.addCleanup(remove_cgroup)
         self.change_tree()
-        est = self.timed("snapshot", self.ref)
+        est = self.timed("snapshot")
         for i in range(max(1, TRIALS // 5)):
             what = "oom trial %d" % i
             self.change_tree()

@@ -183,11 +183,11 @@ static int turns_snapshot(struct cb_daemon *d, json_t *req, struct cb_daemon_con
 		json_decref(req);
 		return ret;
 	}
-	/* New changes belong to the next turn from here; the rows of this one are complete
-	 * (a mark commits before its operation is answered). The next turn's rows are read
-	 * too: rehashing them now is harmless, and it covers a crash after the advance. */
-	cb_db_turns_journal_advance(d->db, turn + 1);
-	cb_overlay_turn_advance(d->ov);
+	/* The fenced advance: every change made before it is in the tree and its mark is in
+	 * this turn's rows; every change after it is marked in the next turn. The next turn's
+	 * rows are read too: rehashing them now is harmless, and it covers a crash after the
+	 * advance. */
+	cb_overlay_turn_advance(d->ov, turn + 1);
 	ret = dirty_load(d, open < turn ? open : turn, turn + 1, &dl);
 	if (!ret) {
 		json_object_set_new(req, "op", json_string("snapshot"));
@@ -198,7 +198,7 @@ static int turns_snapshot(struct cb_daemon *d, json_t *req, struct cb_daemon_con
 		json_decref(req);
 	}
 	if (ret)
-		cb_db_turns_journal_advance(d->db, turn);
+		cb_overlay_turn_advance(d->ov, turn);
 	else
 		*turn_out = turn;
 	dirty_free(&dl);

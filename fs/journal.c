@@ -58,6 +58,7 @@ static int ov_mark(struct cb_overlay *ov, fuse_req_t req, struct cb_change *c, s
 		 * said as such, anything else is an I/O error. */
 		return r == -ENOSPC || r == -EDQUOT ? r : -EIO;
 	}
+	ov_fence_stall(ov);
 	return 0;
 }
 
@@ -123,11 +124,4 @@ void ov_journal_sync(struct cb_overlay *ov)
 {
 	if (ov->db && cb_journal_sync(ov->db) < 0)
 		fprintf(stderr, "cowbox fs: journal sync: %s\n", cb_error_message());
-}
-
-/* See overlay.h. */
-void cb_overlay_turn_advance(struct cb_overlay *ov)
-{
-	atomic_fetch_add(&ov->gen, 1);
-	ov_mark_open_writers(ov);
 }

@@ -174,6 +174,7 @@ static const struct fuse_lowlevel_ops *ov_ops(void)
 		ov_fill_ops_file(&ops);
 		ov_fill_ops_readdir(&ops);
 		ov_fill_ops_xattr(&ops);
+		ov_fence_wrap(&ops);
 		ov_stats_wrap(&ops);
 		ops.init = ov_init;
 	}
@@ -268,6 +269,7 @@ int cb_overlay_mount(const struct cb_overlay_config *cfg, struct cb_overlay **ou
 	pthread_mutex_init(&ov->tab_lock, NULL);
 	pthread_rwlock_init(&ov->ns_lock, NULL);
 	pthread_mutex_init(&ov->handles_lock, NULL);
+	ov_fence_setup(ov);
 	r = ov_setup(cfg, ov);
 	if (r < 0)
 		goto fail;
@@ -373,6 +375,7 @@ void cb_overlay_destroy(struct cb_overlay *ov)
 	if (ov->base_fd >= 0)
 		close(ov->base_fd);
 	pthread_rwlock_destroy(&ov->ns_lock);
+	pthread_rwlock_destroy(&ov->fence);
 	pthread_mutex_destroy(&ov->tab_lock);
 	pthread_mutex_destroy(&ov->handles_lock);
 	free(ov->stats);

@@ -249,8 +249,10 @@ static int ov_file_dirty(fuse_req_t req, struct ov_file *f)
 	struct cb_overlay *ov = ov_of(req);
 	int r;
 
-	if (atomic_load(&f->inode->write_gen) == atomic_load(&ov->gen))
+	if (atomic_load(&f->inode->write_gen) == atomic_load(&ov->gen)) {
+		ov_fence_stall(ov);
 		return 0;
+	}
 	pthread_rwlock_rdlock(&ov->ns_lock);
 	r = ov_mark_inode(ov, req, f->inode, CB_CHANGE_WRITE);
 	pthread_rwlock_unlock(&ov->ns_lock);

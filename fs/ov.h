@@ -89,6 +89,8 @@ struct cb_overlay {
 	pthread_rwlock_t ns_lock; /* names and parents: read to build paths, write to change */
 	mode_t umask;		  /* the process umask, so created files get their exact mode */
 	_Atomic uint64_t gen;	  /* turn generation; starts at 1 */
+	pthread_rwlock_t fence;	  /* shared: a change in flight; exclusive: a turn advance */
+	long stall_us;		  /* tests: hold each change this long after its mark */
 	struct cb_db *db;
 	struct fuse_session *se;
 	char *mountpoint;
@@ -201,6 +203,12 @@ void ov_mark_open_writers(struct cb_overlay *ov);
 struct ov_stats;
 struct ov_stats *ov_stats_new(void);
 void ov_stats_wrap(struct fuse_lowlevel_ops *ops);
+
+/* fence.c: the turn fence around every changing operation (see cb_overlay_turn_advance). */
+void ov_fence_setup(struct cb_overlay *ov);
+void ov_fence_wrap(struct fuse_lowlevel_ops *ops);
+/* Sleeps COWBOX_TEST_FS_STALL_US (0 outside tests) between a change's mark and the change. */
+void ov_fence_stall(struct cb_overlay *ov);
 
 /* ops_*.c: the FUSE operations, filled into one table by mount.c. */
 struct ov_inode *ov_inode_get(struct cb_overlay *ov, fuse_ino_t ino);

@@ -208,9 +208,7 @@ static int hash_stat_same(const struct stat *a, const struct stat *b)
 int cb_ws_hash_file_at(int dirfd, const char *path, int copy_fd, struct cb_hash *out,
 		       struct stat *st)
 {
-	struct stat before, after;
-	long long size = 0;
-	int fd, ret = 0;
+	int fd, ret;
 
 	/* Beneath dirfd and through no symlink: a link planted in the tree is not followed. */
 	if (dirfd == AT_FDCWD) {
@@ -222,6 +220,18 @@ int cb_ws_hash_file_at(int dirfd, const char *path, int copy_fd, struct cb_hash 
 	}
 	if (fd < 0)
 		return cb_error_set(-fd, "hash %s: open: %s", path, strerror(-fd));
+	ret = cb_ws_hash_open_file(fd, path, copy_fd, out, st);
+	close(fd);
+	return ret;
+}
+
+int cb_ws_hash_open_file(int fd, const char *path, int copy_fd, struct cb_hash *out,
+			 struct stat *st)
+{
+	struct stat before, after;
+	long long size = 0;
+	int ret = 0;
+
 	for (int tries = 0;; tries++) {
 		if (fstat(fd, &before) < 0) {
 			ret = cb_error_set(errno, "hash %s: stat: %s", path, strerror(errno));
@@ -261,6 +271,5 @@ int cb_ws_hash_file_at(int dirfd, const char *path, int copy_fd, struct cb_hash 
 	if (st)
 		*st = after;
 out:
-	close(fd);
 	return ret;
 }

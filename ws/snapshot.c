@@ -117,6 +117,120 @@ static int snap_collect(struct cb_turns *t, const struct ws_pathset *set, struct
 	return ret;
 }
 
+static int item_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct snap_item *)a)->old.path,
+		      ((const struct snap_item *)b)->old.path);
+}
+
+/* The items of this snapshot, sorted by path up to n_sorted, and more appended after. */
+struct snap_items {
+	struct snap_item *it;
+	size_t n, cap, n_sorted;
+	pid_t pid;
+	const char *comm;
+};
+
+static struct snap_item *items_find(struct snap_items *s, const char *path)
+{
+	struct snap_item key = {.old.path = (char *)path};
+
+	return bsearch(&key, s->it, s->n_sorted, sizeof(*s->it), item_cmp);
+}
+
+/* A map entry below a path that stops being a directory, not examined itself: deleted. */
+static int items_add_gone(const struct cb_entry *e, void *arg)
+{
+	struct snap_items *s = arg;
+	struct snap_item *it;
+	int ret;
+
+	if (items_find(s, e->path))
+		return 0;
+	ret = cb_grow(&s->it, &s->cap, s->n, sizeof(*s->it), 64, "snapshot");
+	if (ret)
+		return ret;
+	it = &s->it[s->n];
+	memset(it, 0, sizeof(*it));
+	ret = cb_entry_copy(&it->old, e);
+	if (!ret && !(it->new.path = strdup(e->path)))
+		ret = cb_error_set(ENOMEM, "snapshot: out of memory");
+	it->new.pid = s->pid;
+	if (!ret && s->comm && !(it->new.comm = strdup(s->comm)))
+		ret = cb_error_set(ENOMEM, "snapshot: out of memory");
+	s->n++;
+	return ret;
+}
+
+/* The type path has in this turn: its item's if it was examined, else the map's. */
+static int snap_type_of(struct cb_turns *t, struct snap_items *s, const char *path, int *type)
+{
+	struct snap_item *it = items_find(s, path);
+	struct cb_entry e = {0};
+	int ret;
+
+	if (it) {
+		*type = it->new.type;
+		return 0;
+	}
+	ret = cb_db_turns_map_get(t->db, path, &e);
+	*type = ret == 1 ? (int)e.type : CB_ENTRY_ABSENT;
+	cb_entry_clear(&e);
+	return ret < 0 ? ret : 0;
+}
+
+/* A turn is a tree: nothing is recorded below a path recorded as anything but a directory.
+ * Paths are read one at a time while a program may swap a directory and a symlink
+ * (rename-exchange) in between, so a child read while its parent was a directory can meet
+ * its parent read as a symlink a moment later. Such a child is recorded absent (the swap
+ * happened after the turn advance, so it is journaled in the next turn, whose snapshot
+ * walks the directory again), and map entries below a path that stops being a directory go
+ * with it. Parents sort before their children, so a dropped directory drops its subtree. */
+static int snap_tree(struct cb_turns *t, struct snap_items *s)
+{
+	int ret = 0;
+
+	s->n_sorted = s->n;
+	for (size_t i = 0; i < s->n_sorted && !ret; i++) {
+		struct snap_item *it = &s->it[i];
+		const char *path = it->old.path, *slash = strrchr(path, '/');
+		int parent = CB_ENTRY_DIR;
+
+		if (slash) {
+			char *dir = strndup(path, (size_t)(slash - path));
+
+			if (!dir)
+				return cb_error_set(ENOMEM, "snapshot: out of memory");
+			ret = snap_type_of(t, s, dir, &parent);
+			free(dir);
+			if (ret)
+				break;
+		}
+		if (parent != CB_ENTRY_DIR && it->new.type != CB_ENTRY_ABSENT) {
+			pid_t pid = it->new.pid;
+			char *comm = it->new.comm;
+
+			it->new.comm = NULL;
+			cb_entry_clear(&it->new);
+			it->new.pid = pid;
+			it->new.comm = comm;
+			if (!(it->new.path = strdup(path)))
+				return cb_error_set(ENOMEM, "snapshot: out of memory");
+		}
+		/* Below a parent that is not a directory the map holds nothing (it is a tree),
+		 * or the parent's own listing covered it. */
+		if (parent == CB_ENTRY_DIR && it->old.type == CB_ENTRY_DIR &&
+		    it->new.type != CB_ENTRY_DIR) {
+			s->pid = it->new.pid;
+			s->comm = it->new.comm;
+			ret = cb_db_turns_map_list(t->db, path, items_add_gone, s);
+		}
+	}
+	if (!ret && s->n > s->n_sorted)
+		qsort(s->it, s->n, sizeof(*s->it), item_cmp);
+	return ret;
+}
+
 static int snap_record(struct cb_turns *t, long long turn, const char *label,
 		       struct snap_item *items, size_t n, struct cb_diff *changes)
 {
@@ -156,7 +270,7 @@ int cb_ws_snapshot(struct cb_turns *t, long long turn, const struct cb_dirty *di
 {
 	long long latest = cb_db_turns_latest(t->db);
 	struct ws_pathset set = {0};
-	struct snap_item *items = NULL;
+	struct snap_items items = {0};
 	int ret;
 
 	if (turn <= latest) {
@@ -171,23 +285,27 @@ int cb_ws_snapshot(struct cb_turns *t, long long turn, const struct cb_dirty *di
 	if (ret)
 		goto out;
 	ws_pathset_sort(&set);
-	items = calloc(set.n ? set.n : 1, sizeof(*items));
-	if (!items) {
+	items.cap = set.n ? set.n : 1;
+	items.it = calloc(items.cap, sizeof(*items.it));
+	if (!items.it) {
 		ret = cb_error_set(ENOMEM, "snapshot: out of memory");
 		goto out;
 	}
+	items.n = set.n;
 	t->read_left = t->read_max;
 	t->read_done = 0;
-	ret = snap_collect(t, &set, items);
+	ret = snap_collect(t, &set, items.it);
 	t->read_left = -1;
 	if (!ret)
-		ret = snap_record(t, turn, label, items, set.n, changes);
+		ret = snap_tree(t, &items);
+	if (!ret)
+		ret = snap_record(t, turn, label, items.it, items.n, changes);
 out:
-	for (size_t i = 0; items && i < set.n; i++) {
-		cb_entry_clear(&items[i].old);
-		cb_entry_clear(&items[i].new);
+	for (size_t i = 0; i < items.n; i++) {
+		cb_entry_clear(&items.it[i].old);
+		cb_entry_clear(&items.it[i].new);
 	}
-	free(items);
+	free(items.it);
 	ws_pathset_free(&set);
 	ws_known_clear(t);
 	return ret ? cb_error_wrap(ret, "snapshot turn %lld", turn) : 0;

@@ -144,17 +144,23 @@ static long long stat_ctime_ns(const struct stat *st)
 }
 
 /* Read path's entry beneath dirfd (no symlink followed on the way): 1 and *st, *out filled,
- * 0 if there is no such path (out absent), -errno. Files get no hash here. */
-static int entry_read(int dirfd, const char *path, struct stat *st, struct cb_entry *out)
+ * 0 if there is no such path (out absent), -errno. Files get no hash here. Everything comes
+ * from one O_PATH descriptor of what is at path at that moment, so a path swapped for
+ * another type meanwhile gives the entry of one of them, never the stat of one and the
+ * readlink of the other. *fdp (if not NULL) keeps that descriptor open for a file, else -1. */
+static int entry_read(int dirfd, const char *path, struct stat *st, struct cb_entry *out, int *fdp)
 {
 	const char *name;
-	int pfd, ret = 1;
+	int pfd, fd = -1, ret = 1;
 
 	cb_entry_clear(out);
+	if (fdp)
+		*fdp = -1;
 	pfd = ws_parent_beneath(dirfd, path, &name);
 	if (pfd < 0)
 		return ws_gone(pfd) ? 0 : cb_error_set(-pfd, "stat %s: %s", path, strerror(-pfd));
-	if (fstatat(pfd, name, st, AT_SYMLINK_NOFOLLOW) < 0) {
+	fd = openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0 || fstat(fd, st) < 0) {
 		ret =
 		    ws_gone(-errno) ? 0 : cb_error_set(errno, "stat %s: %s", path, strerror(errno));
 		goto out;
@@ -170,10 +176,15 @@ static int entry_read(int dirfd, const char *path, struct stat *st, struct cb_en
 	} else if (S_ISREG(st->st_mode)) {
 		out->type = CB_ENTRY_FILE;
 		out->size = st->st_size;
+		if (fdp) {
+			*fdp = fd;
+			fd = -1;
+		}
 	} else if (S_ISLNK(st->st_mode)) {
 		char buf[4096];
 		struct cb_hash h;
-		ssize_t n = readlinkat(pfd, name, buf, sizeof(buf) - 1);
+		/* The symlink the descriptor is, not whatever holds its name now. */
+		ssize_t n = readlinkat(fd, "", buf, sizeof(buf) - 1);
 
 		if (n < 0) {
 			ret = cb_error_set(errno, "readlink %s: %s", path, strerror(errno));
@@ -194,6 +205,8 @@ static int entry_read(int dirfd, const char *path, struct stat *st, struct cb_en
 	}
 	/* Sockets, fifos and devices are not part of a turn: they stay ABSENT. */
 out:
+	if (fd >= 0)
+		close(fd);
 	close(pfd);
 	return ret;
 }
@@ -238,7 +251,7 @@ int ws_base_now(struct cb_turns *t, const char *path, struct cb_entry *out)
 	cb_entry_clear(out);
 	if (t->base_fd < 0)
 		return 0;
-	ret = entry_read(t->base_fd, path, &st, out);
+	ret = entry_read(t->base_fd, path, &st, out, NULL);
 	if (ret <= 0 || out->type != CB_ENTRY_FILE)
 		return ret < 0 ? ret : 0;
 	ret = cb_db_turns_base_cache_get(t->db, path, st.st_size, stat_mtime_ns(&st),
@@ -258,14 +271,21 @@ int ws_base_now(struct cb_turns *t, const char *path, struct cb_entry *out)
 					  h.xxh3);
 }
 
-/* Hash path under the live root (copying its bytes into copy_fd when that is >= 0) and fill
- * out's size, mode and hashes; h keeps the hashes that name the blob. */
-static int live_hash(struct cb_turns *t, const char *path, int copy_fd, struct cb_hash *h,
-		     struct cb_entry *out)
+/* Hash the live file open as fd (an O_PATH descriptor from entry_read: the inode that was
+ * at path, whatever holds the name now), copying its bytes into copy_fd when that is >= 0,
+ * and fill out's size, mode and hashes; h keeps the hashes that name the blob. */
+static int live_hash(const char *path, int fd, int copy_fd, struct cb_hash *h, struct cb_entry *out)
 {
+	char proc[64];
 	struct stat st;
-	int ret = cb_ws_hash_file_at(t->root_fd, path, copy_fd, h, &st);
+	int rfd, ret;
 
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	rfd = open(proc, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+	if (rfd < 0)
+		return cb_error_set(errno, "hash %s: open: %s", path, strerror(errno));
+	ret = cb_ws_hash_open_file(rfd, path, copy_fd, h, &st);
+	close(rfd);
 	if (ret)
 		return ret;
 	out->size = st.st_size;
@@ -278,7 +298,8 @@ static int live_hash(struct cb_turns *t, const char *path, int copy_fd, struct c
 /* Hash the live file, keeping a blob when its content is not the base's at that path:
  * copied during the hash pass when the sizes already say so (one read through FUSE for new
  * content, the common case), else in a second pass when the blob is missing. */
-static int live_file(struct cb_turns *t, const char *path, int keep_blob, struct cb_entry *out)
+static int live_file(struct cb_turns *t, const char *path, int fd, int keep_blob,
+		     struct cb_entry *out)
 {
 	struct cb_entry base = {0};
 	struct cb_hash h;
@@ -309,7 +330,7 @@ static int live_file(struct cb_turns *t, const char *path, int keep_blob, struct
 			goto out;
 		}
 	}
-	ret = live_hash(t, path, copy_fd, &h, out);
+	ret = live_hash(path, fd, copy_fd, &h, out);
 	if (ret || !keep_blob)
 		goto out;
 	if (base.type == CB_ENTRY_FILE && !memcmp(base.xxh3, h.xxh3, CB_XXH128_LEN))
@@ -325,7 +346,7 @@ static int live_file(struct cb_turns *t, const char *path, int keep_blob, struct
 			ret = copy_fd;
 			goto out;
 		}
-		ret = live_hash(t, path, copy_fd, &h, out);
+		ret = live_hash(path, fd, copy_fd, &h, out);
 		if (ret)
 			goto out;
 	}
@@ -425,11 +446,11 @@ int ws_live_entry(struct cb_turns *t, const char *path, int keep_blob, struct cb
 {
 	const struct cb_entry *known;
 	struct stat st;
-	int ret;
+	int fd = -1, ret;
 
 	cb_entry_clear(out);
 	for (int tries = 0; tries < 3; tries++) {
-		ret = entry_read(t->root_fd, path, &st, out);
+		ret = entry_read(t->root_fd, path, &st, out, &fd);
 		if (ret <= 0 || out->type != CB_ENTRY_FILE)
 			return ret < 0 ? ret : 0;
 		/* Just restored by a rollback and untouched since: its content (and blob or base
@@ -438,11 +459,13 @@ int ws_live_entry(struct cb_turns *t, const char *path, int keep_blob, struct cb
 		if (known) {
 			memcpy(out->sha256, known->sha256, CB_SHA256_LEN);
 			memcpy(out->xxh3, known->xxh3, CB_XXH128_LEN);
+			close(fd);
 			return 0;
 		}
-		ret = live_file(t, path, keep_blob, out);
-		/* Deleted or replaced between the stat and the open: look again. */
-		if (!ws_gone(ret) && ret != -EINVAL)
+		ret = live_file(t, path, fd, keep_blob, out);
+		close(fd);
+		/* Deleted (and gone for good) between the lookup and the open: look again. */
+		if (!ws_gone(ret))
 			return ret;
 		cb_entry_clear(out);
 	}

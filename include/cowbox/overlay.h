@@ -37,9 +37,11 @@ void cb_overlay_stop(struct cb_overlay *ov);
 /* Unmount if still mounted, make the journal durable, free everything; NULL is accepted. */
 void cb_overlay_destroy(struct cb_overlay *ov);
 
-/* A snapshot was taken: every path is clean again, so the next change to any path is
- * journaled anew (in cb_journal_turn's new turn). */
-void cb_overlay_turn_advance(struct cb_overlay *ov);
+/* Move the journal's open turn to turn, fenced: returns once every change in flight has
+ * been made and its mark committed (in the old turn), and every change that starts later is
+ * journaled anew in the new turn, also for paths already marked in the old one. A snapshot
+ * that reads the old turn's rows and hashes the tree after this call misses nothing. */
+void cb_overlay_turn_advance(struct cb_overlay *ov, long long turn);
 
 /* What the kernel and libfuse gave a mount. */
 struct cb_overlay_fs_info {

@@ -28,6 +28,11 @@ int cb_ws_hash_fd(int fd, int copy_fd, struct cb_hash *out, long long *size);
 int cb_ws_hash_file_at(int dirfd, const char *path, int copy_fd, struct cb_hash *out,
 		       struct stat *st);
 
+/* The same for a regular file already open for reading at offset 0 (fd stays open); path
+ * only names it in messages. */
+int cb_ws_hash_open_file(int fd, const char *path, int copy_fd, struct cb_hash *out,
+			 struct stat *st);
+
 /* Hash a byte string (a symlink's target). */
 void cb_ws_hash_bytes(const void *data, size_t len, struct cb_hash *out);
 

@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""Turns under races.
+
+The turn boundary loses nothing: threads create, rewrite (distinct and shared files) and
+delete files through the mount, each change acknowledged by close (some fsync'd first),
+while snapshots run in a loop; every acknowledged change must be in the turn of the first
+snapshot requested after it (so: in the turn of the snapshot running when it was acknowledged,
+or in the next one). Times are taken so that a late thread switch can only make the check
+laxer, never report a change that was not lost. The daemon holds each change for a few
+milliseconds after its journal mark (COWBOX_TEST_FS_STALL_US) so that changes in flight
+while a snapshot advances the turn are the rule, not a rare event. Prints its seed;
+COWBOX_SEED=N replays the same choices.
+
+A turn is a tree: a command in the sandbox swaps a directory and a symlink with
+renameat2(RENAME_EXCHANGE) in a loop while it rewrites files under the directory, and
+snapshots run in a loop meanwhile; every snapshot must succeed and every recorded turn must
+have no entry below a path it records as something other than a directory."""
+
+import hashlib
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import unittest
+
+from cbtest import COWBOX, CowboxTestCase
+
+THREADS = 6
+SECONDS = float(os.environ.get("COWBOX_FENCE_SECONDS", "8"))
+STALL_US = 3000
+EMPTY = hashlib.sha256(b"").hexdigest()
+
+
+class Path:
+    """One path's versions, in order: (sha256 or None for a delete, start, ack)."""
+
+    def __init__(self, name):
+        self.name, self.lock, self.versions, self.deleted = name, threading.Lock(), [], False
+
+
+class FenceTest(CowboxTestCase):
+    def setUp(self):
+        super().setUp()
+        self.env["COWBOX_TEST_FS_STALL_US"] = str(STALL_US)
+        self.ref = self.create(name="fence")
+        self.mount(self.ref)
+        self.mnt = self.mountpoint(self.ref)
+
+    def writer(self, rng, idx, paths, shared, stop, errors):
+        own = []
+        n = 0
+        try:
+            while not stop.is_set():
+                r = rng.random()
+                if r < 0.35 or not own:
+                    p = Path("t%d/f%d" % (idx, n))
+                    n += 1
+                    paths.append(p)
+                    own.append(p)
+                elif r < 0.45:
+                    p = own.pop(rng.randrange(len(own)))
+                    with p.lock:
+                        start = time.monotonic()
+                        os.unlink(os.path.join(self.mnt, p.name))
+                        p.versions.append((None, start, time.monotonic()))
+                        p.deleted = True
+                    continue
+                elif r < 0.75:
+                    p = rng.choice(own)
+                else:
+                    p = rng.choice(shared)
+                with p.lock:
+                    v = len(p.versions) + 1
+                    data = ("%s v%d by %d %d\n" % (p.name, v, idx, rng.randrange(1 << 30))
+                            ).encode() * rng.randrange(1, 40)
+                    start = time.monotonic()
+                    fd = os.open(os.path.join(self.mnt, p.name),
+                                 os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    try:
+                        os.write(fd, data)
+                        if rng.random() < 0.3:
+                            os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    p.versions.append((hashlib.sha256(data).hexdigest(), start,
+                                       time.monotonic()))
+        except Exception as e:  # reported by the main thread
+            errors.append("writer %d: %r" % (idx, e))
+
+    def test_every_acknowledged_change_is_in_its_turn_or_the_next(self):
+        seed = int(os.environ.get("COWBOX_SEED") or random.randrange(1 << 30))
+        print("COWBOX_SEED=%d" % seed, file=sys.stderr)
+        for i in range(THREADS):
+            os.mkdir(os.path.join(self.mnt, "t%d" % i))
+        shared = [Path("shared%d" % k) for k in range(4)]
+        paths = list(shared)
+        stop, errors = threading.Event(), []
+        threads = [threading.Thread(target=self.writer,
+                                    args=(random.Random(seed * 100 + i), i, paths, shared,
+                                          stop, errors))
+                   for i in range(THREADS)]
+        c = self.client(self.ref)
+        c.sock.settimeout(120)
+        snaps = []  # (turn, requested at, returned at, {path: sha256})
+
+        def snapshot():
+            requested = time.monotonic()
+            reply = c.request("snapshot", files=True)
+            self.assertTrue(reply.get("ok"), reply)
+            snaps.append((reply["turn"], requested, time.monotonic(), reply["files"]))
+
+        snapshot()
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + SECONDS
+        while time.monotonic() < deadline and not errors:
+            snapshot()
+        stop.set()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        snapshot()  # nothing runs now: this one must equal the tree
+        turns = [s[0] for s in snaps]
+        self.assertEqual(turns, list(range(turns[0], turns[0] + len(turns))))
+        self.assertGreater(len(snaps), 5, "too few snapshots to race anything")
+
+        def version(p, files, returned):
+            """The version number of p that files hold (0: absent and never deleted), given
+            the snapshot returned at returned: a delete or a truncating open that started
+            after that cannot explain what the snapshot holds."""
+            sha = files.get(p.name)
+            if sha is None:
+                return len(p.versions) if p.deleted and p.versions[-1][1] < returned else 0
+            for i, (s, start, ack) in enumerate(p.versions):
+                if s == sha:
+                    return i + 1
+            if sha == EMPTY:  # truncated by an open whose write was still to come
+                started = [i + 1 for i, v in enumerate(p.versions) if v[1] < returned]
+                return max(started, default=0) - 0.5
+            return -1
+
+        missed = []
+        checked = 0
+        for p in paths:
+            for v, (sha, start, ack) in enumerate(p.versions, 1):
+                # the first snapshot requested after the change was acknowledged
+                k = next((i for i, s in enumerate(snaps) if s[1] > ack), None)
+                self.assertIsNotNone(k, "the final snapshot came after every change")
+                got = version(p, snaps[k][3], snaps[k][2])
+                checked += 1
+                if got < v:
+                    missed.append("%s v%d (%s) acknowledged before turn %d was asked for; "
+                                  "it holds v%s" % (p.name, v, "delete" if sha is None
+                                                    else sha[:12], snaps[k][0], got))
+        print("%d snapshots, %d acknowledged changes checked, %d paths" % (
+            len(snaps), checked, len(paths)), file=sys.stderr)
+        self.assertEqual(missed, [], "seed %d" % seed)
+        # the last turn is the tree
+        live = {}
+        for dirpath, _, names in os.walk(self.mnt):
+            for name in names:
+                full = os.path.join(dirpath, name)
+                with open(full, "rb") as f:
+                    live[os.path.relpath(full, self.mnt)] = hashlib.sha256(f.read()).hexdigest()
+        self.assertEqual(snaps[-1][3], live, "seed %d" % seed)
+
+
+RACER = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+os.chdir("/workspace")
+os.mkdir("d")
+os.symlink("nowhere", "s")
+end = time.monotonic() + float(sys.argv[1])
+n = 0
+while time.monotonic() < end:
+    if libc.renameat2(-100, b"d", -100, b"s", 2) != 0:
+        sys.exit("renameat2: %s" % os.strerror(ctypes.get_errno()))
+    for name in ("d/x", "d/y", "s/x"):
+        try:
+            with open(name, "w") as f:
+                f.write("%d\n" % n)
+        except OSError:
+            pass  # through the symlink: nowhere
+    n += 1
+print(n)
+"""
+
+DIR = 2
+
+
+class TreeRaceTest(CowboxTestCase):
+    def turns_of(self, db):
+        """{turn: {path: type}} for every recorded turn, rebuilt from turn_delta."""
+        rows = db.execute("SELECT path, turn, type FROM turn_delta ORDER BY turn").fetchall()
+        turns = [r[0] for r in db.execute("SELECT turn FROM turns ORDER BY turn")]
+        state, out, i = {}, {}, 0
+        for turn in turns:
+            while i < len(rows) and rows[i][1] <= turn:
+                path, _, typ = rows[i]
+                if typ:
+                    state[path] = typ
+                else:
+                    state.pop(path, None)
+                i += 1
+            out[turn] = dict(state)
+        return out
+
+    def not_a_tree(self, entries):
+        bad = []
+        for path in entries:
+            parts = path.split("/")
+            for k in range(1, len(parts)):
+                parent = "/".join(parts[:k])
+                if entries.get(parent) != DIR:
+                    bad.append("%s under %s (%s)" % (path, parent, entries.get(parent)))
+                    break
+        return bad
+
+    def test_snapshots_under_a_rename_exchange_race_are_trees(self):
+        ref = self.create(name="tree")
+        self.mount(ref)
+        seconds = 6
+        racer = subprocess.Popen([COWBOX, "exec", ref, "--", "python3", "-c", RACER,
+                                  str(seconds)], env=self.env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        self.addCleanup(racer.kill)
+        c = self.client(ref)
+        c.sock.settimeout(120)
+        failed, ok = [], 0
+        while racer.poll() is None:
+            reply = c.request("snapshot")
+            if reply.get("ok"):
+                ok += 1
+            else:
+                failed.append(reply)
+        out, err = racer.communicate()
+        self.assertEqual(racer.returncode, 0, err)
+        reply = c.request("snapshot")
+        self.assertTrue(reply.get("ok"), reply)
+        print("%d snapshots during %s exchanges" % (ok, out.strip()), file=sys.stderr)
+        self.assertEqual(failed, [])
+        self.assertGreater(ok, 3)
+        db = sqlite3.connect("file:%s?mode=ro" % os.path.join(self.ws_dir(ref), "meta.db"),
+                             uri=True)
+        self.addCleanup(db.close)
+        for turn, entries in self.turns_of(db).items():
+            self.assertEqual(self.not_a_tree(entries), [], "turn %d: %s" % (turn, entries))
+        live = dict(db.execute("SELECT path, type FROM turn_map"))
+        self.assertEqual(self.not_a_tree(live), [], "turn_map: %s" % live)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -19,8 +19,13 @@ static void fence_enter(struct cb_overlay *ov)
 	pthread_rwlock_rdlock(&ov->fence);
 }
 
+/* An operation that a waiting advance let finish was answered, but the kernel completes it
+ * (its dentries, attributes) only a moment after the answer, so the snapshot that follows
+ * the advance may still see the old state through the mount: its marks are journaled in the
+ * next turn too. */
 static void fence_leave(struct cb_overlay *ov)
 {
+	ov_marks_leave(ov, atomic_load(&ov->advancing));
 	pthread_rwlock_unlock(&ov->fence);
 }
 
@@ -239,11 +244,16 @@ void ov_fence_stall(struct cb_overlay *ov)
  * generation every inode's "already marked" compare uses moves with it. */
 void cb_overlay_turn_advance(struct cb_overlay *ov, long long turn)
 {
+	atomic_store(&ov->advancing, 1);
 	pthread_rwlock_wrlock(&ov->fence);
 	if (ov->db)
 		cb_db_turns_journal_advance(ov->db, turn);
 	atomic_fetch_add(&ov->gen, 1);
+	atomic_store(&ov->advancing, 0);
 	pthread_rwlock_unlock(&ov->fence);
-	/* Files open for writing in passthrough mode change without asking us: marked anew. */
+	ov_marks_carry(ov);
+	/* Files open for writing in passthrough mode change without asking us: marked anew
+	 * (this thread serves no operation, so it keeps none of those marks). */
 	ov_mark_open_writers(ov);
+	ov_marks_leave(ov, 0);
 }

@@ -37,6 +37,93 @@ static void ov_comm(pid_t pid, char *buf, size_t size)
 	buf[n] = '\0';
 }
 
+/* The marks of the operation this thread is serving, kept until it leaves the fence. */
+static __thread struct ov_marks {
+	struct cb_change *c;
+	size_t n, cap;
+} op_marks;
+
+static void marks_free(struct ov_marks *m)
+{
+	for (size_t i = 0; i < m->n; i++) {
+		free((char *)m->c[i].path);
+		free((char *)m->c[i].comm);
+	}
+	free(m->c);
+	memset(m, 0, sizeof(*m));
+}
+
+/* Memory pressure only loses the carry of a mark to the next turn (see ov_marks_leave). */
+static void marks_keep(const struct cb_change *c, size_t n)
+{
+	struct ov_marks *m = &op_marks;
+
+	for (size_t i = 0; i < n; i++) {
+		if (m->n == m->cap) {
+			size_t cap = m->cap ? m->cap * 2 : 4;
+			struct cb_change *grown = realloc(m->c, cap * sizeof(*grown));
+
+			if (!grown)
+				return;
+			m->c = grown;
+			m->cap = cap;
+		}
+		m->c[m->n] = c[i];
+		m->c[m->n].path = strdup(c[i].path);
+		m->c[m->n].comm = c[i].comm ? strdup(c[i].comm) : NULL;
+		if (!m->c[m->n].path) {
+			free((char *)m->c[m->n].comm);
+			return;
+		}
+		m->n++;
+	}
+}
+
+/* See ov.h. */
+void ov_marks_leave(struct cb_overlay *ov, int carry)
+{
+	struct ov_marks *m = &op_marks;
+
+	if (m->n == 0)
+		return;
+	if (!carry) {
+		marks_free(m);
+		return;
+	}
+	pthread_mutex_lock(&ov->carry_lock);
+	for (size_t i = 0; i < m->n; i++) {
+		if (ov->ncarry == ov->capcarry) {
+			size_t cap = ov->capcarry ? ov->capcarry * 2 : 16;
+			struct cb_change *grown = realloc(ov->carry, cap * sizeof(*grown));
+
+			if (!grown)
+				break;
+			ov->carry = grown;
+			ov->capcarry = cap;
+		}
+		ov->carry[ov->ncarry++] = m->c[i];
+		m->c[i].path = m->c[i].comm = NULL;
+	}
+	pthread_mutex_unlock(&ov->carry_lock);
+	marks_free(m);
+}
+
+/* See ov.h. */
+void ov_marks_carry(struct cb_overlay *ov)
+{
+	struct ov_marks m;
+
+	pthread_mutex_lock(&ov->carry_lock);
+	m = (struct ov_marks){ov->carry, ov->ncarry, ov->capcarry};
+	ov->carry = NULL;
+	ov->ncarry = ov->capcarry = 0;
+	pthread_mutex_unlock(&ov->carry_lock);
+	if (m.n && ov->db && cb_journal_mark(ov->db, m.c, m.n) < 0)
+		fprintf(stderr, "cowbox fs: journal %s (carried to the next turn): %s\n",
+			m.c[0].path, cb_error_message());
+	marks_free(&m);
+}
+
 static int ov_mark(struct cb_overlay *ov, fuse_req_t req, struct cb_change *c, size_t n)
 {
 	char comm[32];
@@ -58,6 +145,7 @@ static int ov_mark(struct cb_overlay *ov, fuse_req_t req, struct cb_change *c, s
 		 * said as such, anything else is an I/O error. */
 		return r == -ENOSPC || r == -EDQUOT ? r : -EIO;
 	}
+	marks_keep(c, n);
 	ov_fence_stall(ov);
 	return 0;
 }

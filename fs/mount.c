@@ -269,6 +269,7 @@ int cb_overlay_mount(const struct cb_overlay_config *cfg, struct cb_overlay **ou
 	pthread_mutex_init(&ov->tab_lock, NULL);
 	pthread_rwlock_init(&ov->ns_lock, NULL);
 	pthread_mutex_init(&ov->handles_lock, NULL);
+	pthread_mutex_init(&ov->carry_lock, NULL);
 	ov_fence_setup(ov);
 	r = ov_setup(cfg, ov);
 	if (r < 0)
@@ -376,6 +377,12 @@ void cb_overlay_destroy(struct cb_overlay *ov)
 		close(ov->base_fd);
 	pthread_rwlock_destroy(&ov->ns_lock);
 	pthread_rwlock_destroy(&ov->fence);
+	pthread_mutex_destroy(&ov->carry_lock);
+	for (size_t i = 0; i < ov->ncarry; i++) {
+		free((char *)ov->carry[i].path);
+		free((char *)ov->carry[i].comm);
+	}
+	free(ov->carry);
 	pthread_mutex_destroy(&ov->tab_lock);
 	pthread_mutex_destroy(&ov->handles_lock);
 	free(ov->stats);

@@ -91,6 +91,10 @@ struct cb_overlay {
 	_Atomic uint64_t gen;	  /* turn generation; starts at 1 */
 	pthread_rwlock_t fence;	  /* shared: a change in flight; exclusive: a turn advance */
 	long stall_us;		  /* tests: hold each change this long after its mark */
+	_Atomic int advancing;	  /* a turn advance waits for the fence */
+	pthread_mutex_t carry_lock;
+	struct cb_change *carry; /* marks of changes in flight at the advance */
+	size_t ncarry, capcarry;
 	struct cb_db *db;
 	struct fuse_session *se;
 	char *mountpoint;
@@ -209,6 +213,11 @@ void ov_fence_setup(struct cb_overlay *ov);
 void ov_fence_wrap(struct fuse_lowlevel_ops *ops);
 /* Sleeps COWBOX_TEST_FS_STALL_US (0 outside tests) between a change's mark and the change. */
 void ov_fence_stall(struct cb_overlay *ov);
+/* journal.c: the marks of the current operation leave the fence with it: kept for the next
+ * turn when carry is set (an advance waited for this operation), else dropped. */
+void ov_marks_leave(struct cb_overlay *ov, int carry);
+/* Journal the kept marks in the (new) open turn. */
+void ov_marks_carry(struct cb_overlay *ov);
 
 /* ops_*.c: the FUSE operations, filled into one table by mount.c. */
 struct ov_inode *ov_inode_get(struct cb_overlay *ov, fuse_ino_t ino);

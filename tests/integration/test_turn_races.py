@@ -152,11 +152,28 @@ class FenceTest(CowboxTestCase):
                 got = version(p, snaps[k][3], snaps[k][2])
                 checked += 1
                 if got < v:
-                    missed.append("%s v%d (%s) acknowledged before turn %d was asked for; "
-                                  "it holds v%s" % (p.name, v, "delete" if sha is None
-                                                    else sha[:12], snaps[k][0], got))
+                    t0 = snaps[0][1]
+                    missed.append(
+                        "%s v%d (%s) acknowledged before turn %d was asked for; it holds v%s"
+                        " (versions: %s; turns: %s)" % (
+                            p.name, v, "delete" if sha is None else sha[:12], snaps[k][0],
+                            got, ["%.4f-%.4f" % (x[1] - t0, x[2] - t0) for x in p.versions],
+                            ["%d %.4f-%.4f v%s" % (x[0], x[1] - t0, x[2] - t0,
+                                                  version(p, x[3], x[2]))
+                             for x in snaps[max(0, k - 3):k + 2]]))
         print("%d snapshots, %d acknowledged changes checked, %d paths" % (
             len(snaps), checked, len(paths)), file=sys.stderr)
+        if missed:
+            db = sqlite3.connect("file:%s?mode=ro" % os.path.join(self.ws_dir(self.ref),
+                                                                 "meta.db"), uri=True)
+            for p in paths:
+                if any(m.startswith(p.name + " ") for m in missed):
+                    missed.append("%s: journal %s; turn_delta %s" % (p.name, db.execute(
+                        "SELECT turn, kind, subtree, time FROM journal WHERE path=? ORDER BY id",
+                        (p.name,)).fetchall(), db.execute(
+                        "SELECT turn, type, size FROM turn_delta WHERE path=? ORDER BY turn",
+                        (p.name,)).fetchall()))
+            db.close()
         self.assertEqual(missed, [], "seed %d" % seed)
         # the last turn is the tree
         live = {}

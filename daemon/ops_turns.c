@@ -34,6 +34,9 @@ static void dirty_free(struct dirty_list *l)
 	memset(l, 0, sizeof(*l));
 }
 
+/* The rows of the previous turn that are not content writes (see turns_snapshot). */
+static int dirty_row_names(const struct cb_journal_row *row, void *arg);
+
 static int dirty_row(const struct cb_journal_row *row, void *arg)
 {
 	struct dirty_list *l = arg;
@@ -51,6 +54,11 @@ static int dirty_row(const struct cb_journal_row *row, void *arg)
 		return cb_error_set(ENOMEM, "journal rows: out of memory");
 	l->n++;
 	return 0;
+}
+
+static int dirty_row_names(const struct cb_journal_row *row, void *arg)
+{
+	return row->kind == CB_CHANGE_WRITE ? 0 : dirty_row(row, arg);
 }
 
 /* The rows being sorted, for dirty_cmp (qsort has no argument; ops run one at a time
@@ -188,7 +196,13 @@ static int turns_snapshot(struct cb_daemon *d, json_t *req, struct cb_daemon_con
 	 * rows are read too: rehashing them now is harmless, and it covers a crash after the
 	 * advance. */
 	cb_overlay_turn_advance(d->ov, turn + 1);
-	ret = dirty_load(d, open < turn ? open : turn, turn + 1, &dl);
+	/* The kernel finishes a name or metadata change (its dentry, its cached attributes) a
+	 * moment after we answered it, so the previous snapshot may have seen the old state
+	 * through the mount: those paths of the previous turn are looked at once more (first,
+	 * so that this turn's rows have the last word on attribution). */
+	ret = turn > 1 ? cb_journal_list(d->db, turn - 1, dirty_row_names, &dl) : 0;
+	if (!ret)
+		ret = dirty_load(d, open < turn ? open : turn, turn + 1, &dl);
 	if (!ret) {
 		json_object_set_new(req, "op", json_string("snapshot"));
 		json_object_set_new(req, "turn", json_integer(turn));

@@ -5,10 +5,13 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cowbox/error.h"
@@ -129,5 +132,44 @@ out:
 	free(home);
 	if (rc < 0)
 		*base = 0;
+	return rc;
+}
+
+/* nftw has no argument for its callback: one walk at a time (a fork holds the turn lock). */
+static pthread_mutex_t shift_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned long shift_base;
+static int shift_err;
+
+static int shift_one(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+	(void)type;
+	(void)ftw;
+	uid_t uid = st->st_uid < CB_WS_IDS_SIZE ? (uid_t)(shift_base + st->st_uid) : st->st_uid;
+	gid_t gid = st->st_gid < CB_WS_IDS_SIZE ? (gid_t)(shift_base + st->st_gid) : st->st_gid;
+	if (uid == st->st_uid && gid == st->st_gid)
+		return 0;
+	/* chown clears set-id bits: the mode goes back on afterwards, now that the owner is one
+	 * of the range's */
+	if (lchown(path, uid, gid) < 0 || (!S_ISLNK(st->st_mode) && (st->st_mode & 06000) &&
+					   chmod(path, st->st_mode & 07777) < 0)) {
+		shift_err = cb_error_set(errno, "%s: %s", path, strerror(errno));
+		return 1;
+	}
+	return 0;
+}
+
+int cb_ws_ids_shift_tree(const char *top, unsigned long base)
+{
+	int rc;
+
+	pthread_mutex_lock(&shift_lock);
+	shift_base = base;
+	shift_err = 0;
+	rc = nftw(top, shift_one, 64, FTW_PHYS | FTW_MOUNT);
+	if (rc < 0)
+		rc = cb_error_set(errno, "%s: %s", top, strerror(errno));
+	else if (rc > 0)
+		rc = shift_err;
+	pthread_mutex_unlock(&shift_lock);
 	return rc;
 }

@@ -88,6 +88,12 @@ int cb_ws_ids_get(const char *dir, unsigned long *base);
  * $COWBOX_HOME holds, chosen under $COWBOX_HOME/ids.lock and kept in dir/ids. */
 int cb_ws_ids_ensure(const char *dir, unsigned long *base);
 
+/* Shift the owner of everything under top (not crossing mounts, not following symlinks)
+ * whose uid or gid is below 65536 into [base, base + 65536), keeping its mode (set-id bits
+ * included, now that they name an id of the range): for an upper layer that root wrote
+ * directly (fork). Only for a tree nothing else can reach yet. */
+int cb_ws_ids_shift_tree(const char *top, unsigned long base);
+
 /* Describe a workspace (state, daemon, mount point, upper size). Free with cb_ws_info_free. */
 int cb_ws_info(const char *ref, struct cb_ws_info *out);
 void cb_ws_info_free(struct cb_ws_info *info);

@@ -491,6 +491,26 @@ class TestUserNamespace(EscapeTestCase):
         info = subprocess.run([COWBOX, "info", ref], env=self.env, capture_output=True,
                               text=True).stdout
         self.assertIn(str(b), info)
+        # a fork of the turn (written by the daemon as root) lands in the fork's own range
+        subprocess.run([COWBOX, "snapshot", ref], env=self.env, capture_output=True,
+                       check=True)
+        p = subprocess.run([COWBOX, "fork", ref, "1", "--name", "forked"], env=self.env,
+                           capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        fref = p.stdout.split()[-1]
+        self.addCleanup(subprocess.run, [COWBOX, "rm", fref], env=self.env,
+                        capture_output=True)
+        fdir = os.path.join(self.home, "workspaces", fref)
+        with open(os.path.join(fdir, "ids")) as f:
+            fb = int(f.read())
+        self.assertNotEqual(fb, b)  # unique among the home's workspaces
+        t = os.lstat(os.path.join(fdir, "upper", "t"))
+        self.assertEqual((t.st_uid, t.st_mode & 0o7777), (fb, 0o4755))
+        for path, uid in setid_files(os.path.join(fdir, "upper")):
+            self.assertTrue(fb <= uid < fb + 65536, (path, uid))
+        p = subprocess.run([COWBOX, "exec", fref, "--", "stat", "-c", "%u %a", "/workspace/t"],
+                           env=self.env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.stdout.split(), ["0", "4755"], p.stderr)
 
     def test_unprivileged_caller_gets_a_user_namespace(self):
         os.chown(self.ws, 65534, 65534)
@@ -532,8 +552,9 @@ class TestLimits(EscapeTestCase):
         p = self.sandbox("python3", "-c", code, args=("--cpus", "0.5"), check_status=0)
         used = float(p.stdout)
         # the quota allows 0.05 s per 0.1 s period: one extra period of slack at most
-        self.assertGreater(used, 0.2)
         self.assertLess(used, 0.62)
+        if os.getloadavg()[0] < 2.0:  # under load the command gets less than its quota
+            self.assertGreater(used, 0.2)
         if os.getloadavg()[0] < 1.0:  # on a busy machine nothing gets a whole cpu anyway
             p = self.sandbox("python3", "-c", code, check_status=0)
             self.assertGreater(float(p.stdout), 0.8)

@@ -48,6 +48,8 @@ struct cb_ns_plan {
 	unsigned long map_count; /* ... and how many ids follow (65536, or 1 without root) */
 	uid_t idmap_uid;	 /* the workspace directory's owner and group: shown through */
 	gid_t idmap_gid;	 /* the idmapped bind as the sandbox's root */
+	int idmap_late;		 /* the idmap is the sandbox's own user namespace: applied once its
+				    maps are written (cb_ns_idmap_late), no helper namespace */
 	int deny_setid;		 /* files made in the workspace keep a host owner: the command
 				    may not set setuid/setgid bits (seccomp) */
 	int net_none;
@@ -134,6 +136,10 @@ int cb_ns_seccomp_setid_prog(void **out);
 
 /* Write uid_map/gid_map of pid for a user namespace plan. */
 int cb_ns_write_maps(const struct cb_ns_plan *plan, pid_t pid);
+
+/* With idmap_late, idmap the workspace's tree through the user namespace of the sandbox's
+ * pid 1 (its maps written, before it attaches the tree). 0 or -errno with a message. */
+int cb_ns_idmap_late(const struct cb_ns_plan *plan, pid_t pid);
 
 struct cb_cgroup;
 

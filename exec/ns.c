@@ -228,6 +228,8 @@ int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out)
 		p->deny_setid = p->userns && !sb->id_base;
 		p->idmap_uid = st.st_uid;
 		p->idmap_gid = st.st_gid;
+		/* root's directory: the sandbox's own namespace has the very map the mount needs */
+		p->idmap_late = p->deny_setid && !st.st_uid && !st.st_gid;
 	}
 	pthread_once(&cmdline_once, find_cmdline);
 	p->arg_start = cmdline_start;
@@ -320,7 +322,7 @@ static int clone_tree(const struct cb_ns_entry *e, int userns_fd)
 			      OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
 	if (fd < 0)
 		return -1;
-	if (e->idmap) {
+	if (e->idmap && userns_fd >= 0) {
 		struct mount_attr idmap = {.attr_set = MOUNT_ATTR_IDMAP,
 					   .userns_fd = (unsigned long long)userns_fd};
 		if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &idmap, sizeof idmap) < 0) {
@@ -392,10 +394,44 @@ static int make_idmap_userns(unsigned long base, uid_t owner, gid_t group)
 	return rc < 0 ? rc : fd;
 }
 
+/* The message of a workspace directory the kernel would not idmap. */
+static int idmap_error(const struct cb_ns_entry *e, int err)
+{
+	if (err == EINVAL || err == EPERM || err == ENOTSUP)
+		return cb_error_set(err,
+				    "sandbox: %s: its filesystem cannot be bound through an "
+				    "idmapped mount (%s); give a workspace ref, or --privileged to "
+				    "run as host root",
+				    e->src, strerror(err));
+	return cb_error_set(err, "sandbox: bind %s: %s", e->src, strerror(err));
+}
+
+int cb_ns_idmap_late(const struct cb_ns_plan *p, pid_t pid)
+{
+	char path[64];
+	int fd, rc = 0;
+	if (!p->idmap_late)
+		return 0;
+	snprintf(path, sizeof path, "/proc/%d/ns/user", (int)pid);
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+		return cb_error_set(errno, "sandbox: %s: %s", path, strerror(errno));
+	for (size_t i = 0; i < p->n_entries && !rc; i++) {
+		const struct cb_ns_entry *e = &p->entries[i];
+		struct mount_attr idmap = {.attr_set = MOUNT_ATTR_IDMAP,
+					   .userns_fd = (unsigned long long)fd};
+		if (e->idmap && e->tree >= 0 &&
+		    syscall(SYS_mount_setattr, e->tree, "", AT_EMPTY_PATH, &idmap, sizeof idmap) <
+			0)
+			rc = idmap_error(e, errno);
+	}
+	close(fd);
+	return rc;
+}
+
 int cb_ns_plan_open_trees(struct cb_ns_plan *p)
 {
 	int userns_fd = -1, rc = 0;
-	if (p->deny_setid) {
+	if (p->deny_setid && !p->idmap_late) {
 		userns_fd = make_idmap_userns(p->map_uid, p->idmap_uid, p->idmap_gid);
 		if (userns_fd < 0)
 			return userns_fd;
@@ -405,16 +441,9 @@ int cb_ns_plan_open_trees(struct cb_ns_plan *p)
 		if (e->kind != CB_NS_BIND_RO && e->kind != CB_NS_BIND_RW)
 			continue;
 		if (e->tree < 0 && (e->tree = clone_tree(e, userns_fd)) < 0) {
-			if (e->idmap && (errno == EINVAL || errno == EPERM || errno == ENOTSUP))
-				rc =
-				    cb_error_set(errno,
-						 "sandbox: %s: its filesystem cannot be bound "
-						 "through an idmapped mount (%s); give a workspace "
-						 "ref, or --privileged to run as host root",
-						 e->src, strerror(errno));
-			else
-				rc = cb_error_set(errno, "sandbox: bind %s: %s", e->src,
-						  strerror(errno));
+			rc = e->idmap ? idmap_error(e, errno)
+				      : cb_error_set(errno, "sandbox: bind %s: %s", e->src,
+						     strerror(errno));
 			goto out;
 		}
 	}

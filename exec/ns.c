@@ -17,7 +17,6 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
-#include <grp.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -574,9 +573,12 @@ int cb_ns_setup_root(const struct cb_ns_plan *p, int ctl)
 	if (p->userns) {
 		/* Clone kept the caller's host ids; become the namespace's root (its mapped uid),
 		 * and shed the caller's supplementary groups where the map allows it. */
-		if (p->privileged_parent && setgroups(0, NULL) < 0)
+		/* Raw system calls: glibc's wrappers would broadcast the change to the threads
+		 * it believes we have (the caller's, copied at clone), taking locks that one of
+		 * them may have held at that moment: a hang. */
+		if (p->privileged_parent && syscall(SYS_setgroups, 0, NULL) < 0)
 			FAIL("setgroups", NULL);
-		if (setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0)
+		if (syscall(SYS_setresgid, 0, 0, 0) < 0 || syscall(SYS_setresuid, 0, 0, 0) < 0)
 			FAIL("become root of the user namespace", NULL);
 	}
 	if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0)

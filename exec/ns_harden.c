@@ -170,52 +170,82 @@ out:
 		seccomp_release(ctx);
 }
 
-static struct sock_fprog setid_prog;
-static int setid_rc;
-static pthread_once_t setid_once = PTHREAD_ONCE_INIT;
-
-/* Where each call that sets a file mode takes it; fchmodat2 (Linux 6.6) by number, as older
- * libseccomp does not know it. */
-static const struct {
-	const char *name;
-	int nr;
-	unsigned arg;
-} mode_calls[] = {
-    {"chmod", 0, 1}, {"fchmod", 0, 1}, {"fchmodat", 0, 2},
-#ifdef __x86_64__
-    {NULL, 452, 2},
-#endif
-    {"open", 0, 2},  {"openat", 0, 3}, {"creat", 0, 1},	   {"mknod", 0, 1}, {"mknodat", 0, 2},
-};
-
 /* The filter of a sandbox whose workspace keeps the host owner of what it makes (an
  * idmapped directory): no setuid bit, and no setgid bit, in a mode the command passes;
- * openat2 (whose mode hides in a struct) reports ENOSYS, so libc falls back to openat. */
-static void build_setid_filter(void)
-{
-	scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
-	int rc = ctx ? 0 : -ENOMEM;
-	for (size_t i = 0; !rc && i < sizeof mode_calls / sizeof *mode_calls; i++) {
-		int nr = mode_calls[i].name ? seccomp_syscall_resolve_name(mode_calls[i].name)
-					    : mode_calls[i].nr;
-		if (nr == __NR_SCMP_ERROR)
-			continue;
-		unsigned a = mode_calls[i].arg;
-		rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 1,
-				      SCMP_CMP(a, SCMP_CMP_MASKED_EQ, S_ISUID, S_ISUID));
-		if (!rc)
-			rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 1,
-					      SCMP_CMP(a, SCMP_CMP_MASKED_EQ, S_ISGID, S_ISGID));
-	}
-	int nr = seccomp_syscall_resolve_name("openat2");
-	if (!rc && nr != __NR_SCMP_ERROR)
-		rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), nr, 0);
-	if (!rc)
-		rc = export_filter(ctx, &setid_prog);
-	setid_rc = rc;
-	if (ctx)
-		seccomp_release(ctx);
-}
+ * openat2 (whose mode hides in a struct) reports ENOSYS, so libc falls back to openat.
+ * Written by hand: libseccomp takes milliseconds to compile it, once per `cowbox exec`. */
+#ifdef __NR_chmod /* the old calls x86-64 still has, aarch64 not */
+#define NR_CHMOD __NR_chmod
+#define NR_CREAT __NR_creat
+#define NR_MKNOD __NR_mknod
+#define NR_OPEN	 __NR_open
+#else
+#define NR_CHMOD 0xffffffffu /* never a system call number */
+#define NR_CREAT 0xffffffffu
+#define NR_MKNOD 0xffffffffu
+#define NR_OPEN	 0xffffffffu
+#endif
+#define NR_FCHMODAT2 452 /* Linux 6.6, one number on every architecture */
+#define NR_OPENAT2   437
+
+enum {
+	S_ARCH,
+	S_ARCH_OK,
+	S_NR,
+	S_X32,
+	S_CHMOD,
+	S_FCHMOD,
+	S_CREAT,
+	S_MKNOD,
+	S_FCHMODAT,
+	S_FCHMODAT2,
+	S_OPEN,
+	S_MKNODAT,
+	S_OPENAT,
+	S_OPENAT2,
+	S_ARG1,
+	S_ARG1_GO,
+	S_ARG2,
+	S_ARG2_GO,
+	S_ARG3,
+	S_CHECK,
+	S_EPERM,
+	S_ALLOW,
+	S_ENOSYS,
+	S_COUNT
+};
+#define TO(from, to)	       ((to) - (from)-1)
+#define MODE_AT(insn, nr, arg) [insn] = BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, nr, TO(insn, arg), 0)
+#define ARG(n)		       offsetof(struct seccomp_data, args[n]) /* the low half: a mode_t */
+
+static struct sock_filter setid_insns[S_COUNT] = {
+    [S_ARCH] = BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+    [S_ARCH_OK] = BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, CB_AUDIT_ARCH, 0, TO(S_ARCH_OK, S_ALLOW)),
+    [S_NR] = BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+    [S_X32] = BPF_STMT(BPF_ALU | BPF_AND | BPF_K, ~0x40000000u),
+    MODE_AT(S_CHMOD, NR_CHMOD, S_ARG1),
+    MODE_AT(S_FCHMOD, __NR_fchmod, S_ARG1),
+    MODE_AT(S_CREAT, NR_CREAT, S_ARG1),
+    MODE_AT(S_MKNOD, NR_MKNOD, S_ARG1),
+    MODE_AT(S_FCHMODAT, __NR_fchmodat, S_ARG2),
+    MODE_AT(S_FCHMODAT2, NR_FCHMODAT2, S_ARG2),
+    MODE_AT(S_OPEN, NR_OPEN, S_ARG2),
+    MODE_AT(S_MKNODAT, __NR_mknodat, S_ARG2),
+    MODE_AT(S_OPENAT, __NR_openat, S_ARG3),
+    [S_OPENAT2] = BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NR_OPENAT2, TO(S_OPENAT2, S_ENOSYS),
+			   TO(S_OPENAT2, S_ALLOW)),
+    [S_ARG1] = BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG(1)),
+    [S_ARG1_GO] = BPF_STMT(BPF_JMP | BPF_JA, TO(S_ARG1_GO, S_CHECK)),
+    [S_ARG2] = BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG(2)),
+    [S_ARG2_GO] = BPF_STMT(BPF_JMP | BPF_JA, TO(S_ARG2_GO, S_CHECK)),
+    [S_ARG3] = BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG(3)),
+    [S_CHECK] = BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, S_ISUID | S_ISGID, TO(S_CHECK, S_EPERM),
+			 TO(S_CHECK, S_ALLOW)),
+    [S_EPERM] = BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+    [S_ALLOW] = BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    [S_ENOSYS] = BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+};
+static struct sock_fprog setid_prog = {.len = S_COUNT, .filter = setid_insns};
 
 int cb_ns_seccomp_prog(void **out)
 {
@@ -228,10 +258,6 @@ int cb_ns_seccomp_prog(void **out)
 
 int cb_ns_seccomp_setid_prog(void **out)
 {
-	pthread_once(&setid_once, build_setid_filter);
-	if (setid_rc < 0)
-		return cb_error_set(-setid_rc, "sandbox: build the set-id seccomp filter: %s",
-				    strerror(-setid_rc));
 	*out = &setid_prog;
 	return 0;
 }

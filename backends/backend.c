@@ -160,7 +160,12 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 			rc = opt_hooks(v, key, out->on_create);
 		else if (!strcmp(key, "on_destroy"))
 			rc = opt_hooks(v, key, out->on_destroy);
-		else
+		else if (!strcmp(key, "privileged")) {
+			if (!json_is_boolean(v))
+				rc = cb_error_set(EINVAL,
+						  "backend option privileged: true or false");
+			out->privileged = json_is_true(v);
+		} else
 			rc = cb_error_set(EINVAL, "unknown backend option '%s'", key);
 		if (rc)
 			break;
@@ -184,6 +189,9 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 						  "or docker");
 		out->net = CB_BACKEND_NET_HOST;
 	}
+	if (!rc && out->privileged && strcmp(out->kind, "ns"))
+		rc = cb_error_set(EINVAL, "backend option privileged: only the ns backend has a "
+					  "user namespace to leave out");
 	if (!rc && out->working_dir &&
 	    (out->working_dir[0] == '/' || strstr(out->working_dir, "..")))
 		rc = cb_error_set(EINVAL,
@@ -223,6 +231,8 @@ json_t *cb_backend_options_to_json(const struct cb_backend_options *o)
 	json_object_set_new(j, "on_create", c);
 	json_object_set_new(j, "on_destroy", d);
 	json_object_set_new(j, "setup_timeout", json_real(o->setup_timeout));
+	if (o->privileged)
+		json_object_set_new(j, "privileged", json_true());
 	if (o->working_dir)
 		json_object_set_new(j, "working_dir", json_string(o->working_dir));
 	if (o->image)

@@ -13,6 +13,7 @@
 #include "common.h"
 #include "cowbox/error.h"
 #include "cowbox/sandbox.h"
+#include "cowbox/workspace.h"
 
 struct ns_state {
 	int netns_fd; /* the workspace's network namespace; -1: the host's or a fresh one each */
@@ -88,6 +89,13 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	sb.netns_fd = s->netns_fd;
 	sb.cpus = b->opt.cpus;
 	sb.memory_mb = b->opt.memory_mb;
+	sb.privileged = b->opt.privileged;
+	/* the range the daemon's mount shows the workspace's files in (none: not root, or a
+	 * plain directory, which the sandbox binds through an idmapped mount) */
+	if (!sb.privileged && geteuid() == 0 && (rc = cb_ws_ids_get(b->dir, &sb.id_base)) < 0 &&
+	    rc != -ENOENT)
+		goto out;
+	cb_error_clear();
 	spec.argv = cmd->argv;
 	spec.shell = cmd->shell;
 	spec.env = env;

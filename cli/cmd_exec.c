@@ -28,7 +28,7 @@ struct exec_opts {
 	double timeout, cpus;
 	unsigned long memory, pids;
 	const char *net; /* --network: NULL (none), "none", "all" or "host" */
-	int local, userns;
+	int local, privileged;
 	const char *env[MAX_ENV];
 	int n_env;
 	char **cmd;
@@ -53,8 +53,12 @@ static void exec_usage(FILE *out, const char *name)
 	    "  --memory MB          memory cap; exceeding it kills the command (exit 137)\n"
 	    "  --pids N             cap on processes and threads\n"
 	    "  --image DIR          root image directory instead of the host's /usr, /etc, ...\n"
-	    "  --userns             as root, run in a user namespace (root -> host uid 65534,\n"
-	    "                       which may write only what that uid may)\n"
+	    "  --privileged         as root, no user namespace: the command runs as host uid 0\n"
+	    "                       (no capabilities); by default its root is a host id range\n"
+	    "                       of its own (with --dir: 2147418112-2147483647, DIR's owner\n"
+	    "                       shown as its root; a workspace: the range `cowbox info`\n"
+	    "                       shows). A workspace's is chosen when it is configured\n"
+	    "  --userns             accepted for compatibility: a user namespace is the default\n"
 	    "  --backend ns|local   ns (default): namespace sandbox; local: on the host, NOT "
 	    "isolated\n"
 	    "%s\n"
@@ -106,7 +110,7 @@ static int parse_exec_args(int argc, char **argv, int want_cmd, struct exec_opts
 			}
 			break; /* the command starts here */
 		}
-		int takes = strcmp(a, "--userns") != 0;
+		int takes = strcmp(a, "--userns") != 0 && strcmp(a, "--privileged") != 0;
 		if (takes && !v) {
 			fprintf(stderr, "cowbox %s: %s needs a value\n", argv[0], a);
 			return 2;
@@ -120,7 +124,9 @@ static int parse_exec_args(int argc, char **argv, int want_cmd, struct exec_opts
 		else if (!strcmp(a, "--shell") && want_cmd)
 			o->shell = v;
 		else if (!strcmp(a, "--userns"))
-			o->userns = 1;
+			; /* the default now */
+		else if (!strcmp(a, "--privileged"))
+			o->privileged = 1;
 		else if (!strcmp(a, "--env")) {
 			if (!strchr(v, '=') || v[0] == '=') {
 				fprintf(stderr, "cowbox %s: --env needs K=V, not '%s'\n", argv[0],
@@ -187,12 +193,13 @@ static int parse_exec_args(int argc, char **argv, int want_cmd, struct exec_opts
 }
 
 /* The workspace directory to put at /workspace: --dir, or the ref's live mount. */
-static int workspace_dir(const struct exec_opts *o, char **dir, char **name)
+static int workspace_dir(const struct exec_opts *o, char **dir, char **name,
+			 char ref[CB_WS_REF_LEN + 1])
 {
-	char ref[CB_WS_REF_LEN + 1];
 	pid_t pid;
 	int rc;
 	*dir = *name = NULL;
+	ref[0] = 0;
 	if (o->dir) {
 		if (!(*dir = realpath(o->dir, NULL)))
 			return cb_error_set(errno, "--dir %s: %s", o->dir, strerror(errno));
@@ -225,6 +232,45 @@ static int workspace_dir(const struct exec_opts *o, char **dir, char **name)
 		*name = strdup(ref);
 	}
 	return 0;
+}
+
+/* How the sandbox's ids meet the workspace's: --dir binds the directory through an idmapped
+ * mount (unless --privileged); a workspace's daemon shows its files in the workspace's own
+ * range, or as they are when its options made it privileged, and the sandbox follows. */
+static int sandbox_ids(const struct exec_opts *o, const char *ref, struct cb_sandbox *sb)
+{
+	struct cb_backend_options bo;
+	char *wsdir = NULL;
+	int rc;
+
+	sb->privileged = o->privileged;
+	if (o->dir || geteuid() != 0)
+		return 0;
+	if ((rc = cb_ws_path(ref, NULL, &wsdir)) < 0)
+		return rc;
+	if ((rc = cb_backend_options_load(wsdir, &bo)) < 0)
+		goto out;
+	sb->privileged = bo.privileged;
+	cb_backend_options_free(&bo);
+	if (o->privileged && !sb->privileged) {
+		rc = cb_error_set(EINVAL,
+				  "%s was not configured privileged (backend option "
+				  "privileged): its files belong to its own id range",
+				  ref);
+		goto out;
+	}
+	if (!sb->privileged && (rc = cb_ws_ids_get(wsdir, &sb->id_base)) < 0) {
+		if (rc == -ENOENT)
+			rc = cb_error_set(ENOENT,
+					  "%s has no id range yet (its daemon predates "
+					  "them): cowbox umount it and try again",
+					  ref);
+		goto out;
+	}
+	rc = 0;
+out:
+	free(wsdir);
+	return rc;
 }
 
 /* The command's environment: built from scratch in the sandbox, the host's minus
@@ -398,17 +444,17 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 	struct signal_thread st = {0};
 	struct user_net net = {.netns_fd = -1};
 	struct termios saved;
-	char *dir = NULL, *name = NULL, **env = NULL, *cwd = NULL;
+	char *dir = NULL, *name = NULL, **env = NULL, *cwd = NULL, ref[CB_WS_REF_LEN + 1];
 	int status = 125, raw = 0, rc, thread = 0;
 
 	rc = parse_exec_args(argc, argv, !shell_mode, &o);
 	if (rc)
 		return rc < 0 ? 0 : rc;
-	if (o.local && (o.image || o.cpus > 0 || o.memory || o.pids || o.userns ||
+	if (o.local && (o.image || o.cpus > 0 || o.memory || o.pids || o.privileged ||
 			(o.net && strcmp(o.net, "host")))) {
 		fprintf(stderr,
 			"cowbox %s: --image, --network, --cpus, --memory, --pids and "
-			"--userns need the ns backend\n",
+			"--privileged need the ns backend\n",
 			argv[0]);
 		return 2;
 	}
@@ -419,7 +465,7 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 			argv[0], o.cwd);
 		return 2;
 	}
-	if ((rc = workspace_dir(&o, &dir, &name)) < 0 || !name) {
+	if ((rc = workspace_dir(&o, &dir, &name, ref)) < 0 || !name) {
 		fprintf(stderr, "cowbox %s: %s\n", argv[0],
 			rc < 0 ? cb_error_message() : "out of memory");
 		goto out;
@@ -462,7 +508,13 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 		sb.cpus = o.cpus;
 		sb.memory_mb = o.memory;
 		sb.pids = o.pids;
-		sb.userns = o.userns;
+		if ((rc = sandbox_ids(&o, ref, &sb)) < 0) {
+			fprintf(stderr, "cowbox %s: %s\n", argv[0], cb_error_message());
+			goto out;
+		}
+		if (sb.privileged && geteuid() == 0)
+			fprintf(stderr, "cowbox: warning: privileged: the command runs as host "
+					"uid 0 (no capabilities), not in a user namespace\n");
 		spec.sandbox = &sb;
 		spec.cwd = o.cwd;
 	}

@@ -242,9 +242,14 @@ int cmd_info(int argc, char **argv)
 	} else {
 		cb_error_clear();
 	}
+	/* the host ids its sandbox's 0-65535 are (none: privileged, or never served as root) */
+	unsigned long id_base = 0;
+	if (cb_ws_ids_get(i.dir, &id_base) < 0)
+		cb_error_clear();
 	if (common.json) {
 		json_t *j = info_json(&i);
 
+		json_object_set_new(j, "id_base", json_integer((json_int_t)id_base));
 		json_object_set_new(j, "blob_count", json_integer(nblobs));
 		json_object_set_new(j, "blob_bytes", json_integer(blob_bytes));
 		if (fs) {
@@ -272,6 +277,11 @@ int cmd_info(int argc, char **argv)
 	if (net)
 		printf("backend:     %s, network %s\n", kind, net);
 	printf("directory:   %s\n", i.dir);
+	if (id_base)
+		printf("sandbox ids: host %lu-%lu are its uids/gids 0-65535\n", id_base,
+		       id_base + 65535);
+	else
+		printf("sandbox ids: - (privileged, or not yet served as root)\n");
 	if (fs) {
 		info_fs_print(fs);
 		json_decref(fs);

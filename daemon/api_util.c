@@ -10,6 +10,7 @@
 
 #include "api.h"
 #include "cowbox/error.h"
+#include "cowbox/overlay.h"
 
 static pthread_mutex_t api_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct cb_backend *api_backend; /* guarded by api_lock; the daemon holds one ref */
@@ -95,6 +96,18 @@ void cb_api_backend_put(struct cb_backend *b)
 	cb_backend_free(gone);
 }
 
+/* A new workspace's options decide how its files are owned: the mount follows (the range is
+ * kept once allocated, for a later change of mind). */
+static int configure_ids(struct cb_daemon *d, const struct cb_backend_options *opt)
+{
+	unsigned long base;
+	int rc = cb_daemon_ids(d->dir, opt->privileged, &base);
+
+	if (!rc && d->ov)
+		cb_overlay_set_id_base(d->ov, base);
+	return rc;
+}
+
 int cb_api_configure(struct cb_daemon *d, json_t *options)
 {
 	struct cb_backend_options opt;
@@ -111,7 +124,8 @@ int cb_api_configure(struct cb_daemon *d, json_t *options)
 				  "configure: the backend of %s was already created; "
 				  "options shape a new workspace only",
 				  d->ref);
-	} else if (!(rc = cb_backend_options_save(d->dir, &opt)) && api_backend) {
+	} else if (!(rc = configure_ids(d, &opt)) &&
+		   !(rc = cb_backend_options_save(d->dir, &opt)) && api_backend) {
 		gone = ref_drop(api_backend); /* the next op opens the new options */
 		api_backend = NULL;
 	}

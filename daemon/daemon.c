@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cowbox/backend.h"
 #include "cowbox/error.h"
 #include "cowbox/journal.h"
 #include "cowbox/overlay.h"
@@ -373,6 +374,23 @@ static int daemon_to_log(const struct cb_daemon *d)
 	return rc;
 }
 
+int cb_daemon_ids(const char *dir, int privileged, unsigned long *base)
+{
+	struct cb_backend_options o;
+	int rc;
+
+	*base = 0;
+	if (geteuid() != 0)
+		return 0; /* the sandbox maps its root to us, and only that */
+	if (privileged < 0) {
+		if ((rc = cb_backend_options_load(dir, &o)) < 0)
+			return rc;
+		privileged = o.privileged;
+		cb_backend_options_free(&o);
+	}
+	return privileged ? 0 : cb_ws_ids_ensure(dir, base);
+}
+
 int cb_daemon_serve(const struct cb_daemon_options *opt)
 {
 	struct cb_daemon d = {.lock_fd = -1, .listen_fd = -1, .worker_fd = -1};
@@ -423,6 +441,9 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	cb_error_clear();
 	if ((rc = cb_daemon_worker_init(&d)))
 		goto out;
+	unsigned long id_base;
+	if ((rc = cb_daemon_ids(d.dir, -1, &id_base)))
+		goto out;
 	char fsname[64];
 	struct cb_overlay_config cfg = {
 	    .base_dir = d.base,
@@ -431,6 +452,7 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	    .fsname = fsname,
 	    .db = d.db,
 	    .debug = opt->debug,
+	    .id_base = id_base,
 	};
 
 	snprintf(fsname, sizeof(fsname), "cowbox:%s", d.ref);

@@ -57,6 +57,11 @@ struct cb_daemon {
 	unsigned nconns;
 };
 
+/* The host id range the workspace in dir shows its files in (cb_overlay_config.id_base): 0
+ * when not root or when privileged (-1: as its backend options say), else its own slot,
+ * allocated the first time (cb_ws_ids_ensure). */
+int cb_daemon_ids(const char *dir, int privileged, unsigned long *base);
+
 /* An op: handle runs on the connection's reader thread with the parsed request (which holds
  * "id" and "op"). It either replies (now, or later from a thread of its own after taking a
  * reference with cb_daemon_conn_ref) and returns 0, or returns -errno with a message set

@@ -365,6 +365,24 @@ static int op_prune(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *re
 					 "freed_bytes", (json_int_t)freed));
 }
 
+static int fork_ids(const char *upper)
+{
+	char *dir = strdup(upper), *slash = dir ? strrchr(dir, '/') : NULL;
+	unsigned long base = 0;
+	int rc;
+
+	if (!slash) {
+		free(dir);
+		return cb_error_set(ENOMEM, "fork: out of memory");
+	}
+	*slash = 0;
+	rc = cb_daemon_ids(dir, -1, &base);
+	if (!rc && base)
+		rc = cb_ws_ids_shift_tree(upper, base);
+	free(dir);
+	return rc;
+}
+
 static int op_fork(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
 	json_t *jt = json_object_get(req, "turn");
@@ -388,6 +406,10 @@ static int op_fork(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 		ret = cb_error_set(ENOMEM, "fork: out of memory");
 	if (!ret)
 		ret = cb_ws_fork(t, json_integer_value(jt), upper, db, blobs);
+	/* The fork wrote its upper as root: its files get the new workspace's own id range
+	 * now, as its mount would have stored them (no set-id file of a host owner). */
+	if (!ret)
+		ret = fork_ids(upper);
 	cb_turns_close(t);
 	if (!ret)
 		ret = cb_ws_publish(ref, dir, name);

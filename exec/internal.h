@@ -32,6 +32,7 @@ struct cb_ns_entry {
 	dev_t rdev;  /* CB_NS_DEV: the host node's device number (mknod without userns) */
 	int is_file; /* bind of a file (device node) rather than a directory */
 	int tree;    /* detached clone opened by a privileged caller before clone, else -1 */
+	int idmap;   /* bind through an idmapped mount (plan->idmap_*) */
 };
 
 #define CB_NS_MAX_ENTRIES 64
@@ -42,8 +43,15 @@ struct cb_ns_plan {
 	size_t n_entries;
 	int userns;
 	int privileged_parent; /* the caller is root: it may allow setgroups in the namespace */
-	uid_t map_uid;
+	uid_t map_uid;	       /* host id of the sandbox's uid/gid 0 ... */
 	gid_t map_gid;
+	unsigned long map_count; /* ... and how many ids follow (65536, or 1 without root) */
+	uid_t idmap_uid;	 /* the workspace directory's owner and group: shown through */
+	gid_t idmap_gid;	 /* the idmapped bind as the sandbox's root */
+	int idmap_late;		 /* the idmap is the sandbox's own user namespace: applied once its
+				    maps are written (cb_ns_idmap_late), no helper namespace */
+	int deny_setid;		 /* files made in the workspace keep a host owner: the command
+				    may not set setuid/setgid bits (seccomp) */
 	int net_none;
 	char *hostname;
 	char *tmp_opts; /* tmpfs options of the private /tmp */
@@ -51,6 +59,7 @@ struct cb_ns_plan {
 	int memory_limited; /* protect the in-sandbox init from the OOM killer */
 	unsigned long clone_flags;
 	void *seccomp_prog; /* struct sock_fprog, shared and never freed (built once) */
+	void *setid_prog;   /* deny_setid: the set-id mode filter, likewise; else NULL */
 	char *arg_start;    /* the caller's command line in memory (what /proc/PID/cmdline shows),
 			       which the sandbox's pid 1 blanks: it names host paths */
 	size_t arg_len;
@@ -107,9 +116,14 @@ int cb_ns_plan_open_trees(struct cb_ns_plan *plan);
 int cb_ns_setup_root(const struct cb_ns_plan *plan, int ctl);
 
 /* The sandbox's pid 1, once set up and before the command starts (which inherits all of it):
- * RLIMIT_NOFILE, no_new_privs, empty bounding set, locked securebits, no capabilities.
+ * RLIMIT_NOFILE, no_new_privs, locked securebits, and only the capabilities (and bounding
+ * set) the command keeps: none as host root, root's over its own ids in a user namespace.
  * -1 having reported why on ctl. */
 int cb_ns_drop_privileges(const struct cb_ns_plan *plan, int ctl);
+
+/* The sandbox's pid 1 once the command has its copy of them: no capability, empty
+ * bounding set (best effort: nothing is left to report to). */
+void cb_ns_shed_privileges(void);
 
 /* Command child, last step before execve: umask, the seccomp filters. */
 int cb_ns_harden(const struct cb_ns_plan *plan, int ctl);
@@ -117,8 +131,15 @@ int cb_ns_harden(const struct cb_ns_plan *plan, int ctl);
 /* The seccomp program (struct sock_fprog *), built once per process. */
 int cb_ns_seccomp_prog(void **out);
 
+/* The extra filter of a sandbox with deny_setid (see ns_harden.c), built once. */
+int cb_ns_seccomp_setid_prog(void **out);
+
 /* Write uid_map/gid_map of pid for a user namespace plan. */
 int cb_ns_write_maps(const struct cb_ns_plan *plan, pid_t pid);
+
+/* With idmap_late, idmap the workspace's tree through the user namespace of the sandbox's
+ * pid 1 (its maps written, before it attaches the tree). 0 or -errno with a message. */
+int cb_ns_idmap_late(const struct cb_ns_plan *plan, pid_t pid);
 
 struct cb_cgroup;
 

@@ -16,7 +16,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <grp.h>
+#include <sys/wait.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -207,14 +207,28 @@ int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out)
 			goto out;
 		}
 	}
-	p->userns = geteuid() != 0 || sb->userns;
 	p->privileged_parent = geteuid() == 0;
-	if (geteuid() != 0) {
+	p->userns = !p->privileged_parent || !sb->privileged;
+	if (!p->privileged_parent) {
 		p->map_uid = geteuid();
 		p->map_gid = getegid();
+		p->map_count = 1;
 	} else {
-		p->map_uid = sb->userns_uid ? sb->userns_uid : 65534;
-		p->map_gid = (gid_t)p->map_uid;
+		unsigned long base = sb->id_base ? sb->id_base : CB_SANDBOX_DIR_ID_BASE;
+		if (base < 65536 || base > 0xffffffffUL - 65536) {
+			rc = cb_error_set(EINVAL, "sandbox: id base %lu is not a usable host range",
+					  base);
+			goto out;
+		}
+		p->map_uid = (uid_t)base;
+		p->map_gid = (gid_t)base;
+		p->map_count = 65536;
+		/* a plain directory: shown through an idmapped mount as the sandbox root's */
+		p->deny_setid = p->userns && !sb->id_base;
+		p->idmap_uid = st.st_uid;
+		p->idmap_gid = st.st_gid;
+		/* root's directory: the sandbox's own namespace has the very map the mount needs */
+		p->idmap_late = p->deny_setid && !st.st_uid && !st.st_gid;
 	}
 	pthread_once(&cmdline_once, find_cmdline);
 	p->arg_start = cmdline_start;
@@ -241,6 +255,7 @@ int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out)
 		goto out;
 	if ((rc = add_entry(p, CB_NS_BIND_RW, sb->workspace, "workspace")) < 0)
 		goto out;
+	p->entries[p->n_entries - 1].idmap = p->deny_setid;
 	for (size_t i = 0; i < sizeof dev_nodes / sizeof *dev_nodes; i++) {
 		char src[64], dst[64];
 		snprintf(src, sizeof src, "/dev/%s", dev_nodes[i]);
@@ -260,7 +275,8 @@ int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out)
 	for (size_t i = 0; i < sb->n_binds; i++)
 		if ((rc = add_extra_bind(p, &sb->binds[i])) < 0)
 			goto out;
-	if ((rc = cb_ns_seccomp_prog(&p->seccomp_prog)) < 0)
+	if ((rc = cb_ns_seccomp_prog(&p->seccomp_prog)) < 0 ||
+	    (p->deny_setid && (rc = cb_ns_seccomp_setid_prog(&p->setid_prog)) < 0))
 		goto out;
 	p->clone_flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP;
 	if (p->net_none)
@@ -297,13 +313,24 @@ static int set_attr(int fd, unsigned long long set)
 			    sizeof attr);
 }
 
-/* A detached recursive clone of e->src with the entry's flags; -1 and errno on failure. */
-static int clone_tree(const struct cb_ns_entry *e)
+/* A detached recursive clone of e->src with the entry's flags, its top mount idmapped
+ * through userns_fd when the entry asks; -1 and errno on failure. */
+static int clone_tree(const struct cb_ns_entry *e, int userns_fd)
 {
 	int fd = (int)syscall(SYS_open_tree, AT_FDCWD, e->src,
 			      OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
 	if (fd < 0)
 		return -1;
+	if (e->idmap && userns_fd >= 0) {
+		struct mount_attr idmap = {.attr_set = MOUNT_ATTR_IDMAP,
+					   .userns_fd = (unsigned long long)userns_fd};
+		if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &idmap, sizeof idmap) < 0) {
+			int err = errno;
+			close(fd);
+			errno = err;
+			return -1;
+		}
+	}
 	unsigned long long attr = MOUNT_ATTR_NOSUID;
 	if (e->kind == CB_NS_BIND_RO)
 		attr |= MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV;
@@ -318,16 +345,111 @@ static int clone_tree(const struct cb_ns_entry *e)
 	return fd;
 }
 
+static int write_file(const char *path, const char *text);
+
+/* A user namespace whose maps show host id `owner` (every id below 65536 when owner is root)
+ * as base: what an idmapped mount of the workspace directory needs. A helper process is
+ * born in it, and lives only until the maps are written and the namespace is opened. */
+static int make_idmap_userns(unsigned long base, uid_t owner, gid_t group)
+{
+	char path[64], map[64];
+	int pipefd[2], fd = -1, rc = 0;
+	if (pipe2(pipefd, O_CLOEXEC) < 0)
+		return cb_error_set(errno, "sandbox: pipe: %s", strerror(errno));
+	pid_t pid = (pid_t)syscall(SYS_clone, CLONE_NEWUSER | SIGCHLD, 0UL, 0UL, 0UL, 0UL);
+	if (pid == 0) {
+		char c;
+		close(pipefd[1]);
+		(void)!read(pipefd[0], &c, 1);
+		_exit(0);
+	}
+	close(pipefd[0]);
+	if (pid < 0) {
+		rc = cb_error_set(errno,
+				  "sandbox: clone a user namespace for the idmapped mount: %s",
+				  strerror(errno));
+		close(pipefd[1]);
+		return rc;
+	}
+	snprintf(path, sizeof path, "/proc/%d/uid_map", (int)pid);
+	snprintf(map, sizeof map, "%u %lu %u\n", owner ? (unsigned)owner : 0U, base,
+		 owner ? 1U : 65536U);
+	if ((rc = write_file(path, map)) == 0) {
+		snprintf(path, sizeof path, "/proc/%d/gid_map", (int)pid);
+		snprintf(map, sizeof map, "%u %lu %u\n", group ? (unsigned)group : 0U, base,
+			 group ? 1U : 65536U);
+		rc = write_file(path, map);
+	}
+	if (rc == 0) {
+		snprintf(path, sizeof path, "/proc/%d/ns/user", (int)pid);
+		if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+			rc = -errno;
+	}
+	if (rc < 0)
+		rc = cb_error_set(-rc, "sandbox: %s: %s", path, strerror(-rc));
+	close(pipefd[1]);
+	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+		;
+	return rc < 0 ? rc : fd;
+}
+
+/* The message of a workspace directory the kernel would not idmap. */
+static int idmap_error(const struct cb_ns_entry *e, int err)
+{
+	if (err == EINVAL || err == EPERM || err == ENOTSUP)
+		return cb_error_set(err,
+				    "sandbox: %s: its filesystem cannot be bound through an "
+				    "idmapped mount (%s); give a workspace ref, or --privileged to "
+				    "run as host root",
+				    e->src, strerror(err));
+	return cb_error_set(err, "sandbox: bind %s: %s", e->src, strerror(err));
+}
+
+int cb_ns_idmap_late(const struct cb_ns_plan *p, pid_t pid)
+{
+	char path[64];
+	int fd, rc = 0;
+	if (!p->idmap_late)
+		return 0;
+	snprintf(path, sizeof path, "/proc/%d/ns/user", (int)pid);
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+		return cb_error_set(errno, "sandbox: %s: %s", path, strerror(errno));
+	for (size_t i = 0; i < p->n_entries && !rc; i++) {
+		const struct cb_ns_entry *e = &p->entries[i];
+		struct mount_attr idmap = {.attr_set = MOUNT_ATTR_IDMAP,
+					   .userns_fd = (unsigned long long)fd};
+		if (e->idmap && e->tree >= 0 &&
+		    syscall(SYS_mount_setattr, e->tree, "", AT_EMPTY_PATH, &idmap, sizeof idmap) <
+			0)
+			rc = idmap_error(e, errno);
+	}
+	close(fd);
+	return rc;
+}
+
 int cb_ns_plan_open_trees(struct cb_ns_plan *p)
 {
+	int userns_fd = -1, rc = 0;
+	if (p->deny_setid && !p->idmap_late) {
+		userns_fd = make_idmap_userns(p->map_uid, p->idmap_uid, p->idmap_gid);
+		if (userns_fd < 0)
+			return userns_fd;
+	}
 	for (size_t i = 0; i < p->n_entries; i++) {
 		struct cb_ns_entry *e = &p->entries[i];
 		if (e->kind != CB_NS_BIND_RO && e->kind != CB_NS_BIND_RW)
 			continue;
-		if (e->tree < 0 && (e->tree = clone_tree(e)) < 0)
-			return cb_error_set(errno, "sandbox: bind %s: %s", e->src, strerror(errno));
+		if (e->tree < 0 && (e->tree = clone_tree(e, userns_fd)) < 0) {
+			rc = e->idmap ? idmap_error(e, errno)
+				      : cb_error_set(errno, "sandbox: bind %s: %s", e->src,
+						     strerror(errno));
+			goto out;
+		}
 	}
-	return 0;
+out:
+	if (userns_fd >= 0)
+		close(userns_fd); /* the mount keeps what it needs of it */
+	return rc;
 }
 
 static int write_file(const char *path, const char *text)
@@ -350,11 +472,11 @@ int cb_ns_write_maps(const struct cb_ns_plan *plan, pid_t pid)
 	if (!plan->privileged_parent && (rc = write_file(path, "deny")) < 0 && rc != -ENOENT)
 		return cb_error_set(-rc, "sandbox: write %s: %s", path, strerror(-rc));
 	snprintf(path, sizeof path, "/proc/%d/uid_map", (int)pid);
-	snprintf(map, sizeof map, "0 %u 1\n", (unsigned)plan->map_uid);
+	snprintf(map, sizeof map, "0 %u %lu\n", (unsigned)plan->map_uid, plan->map_count);
 	if ((rc = write_file(path, map)) < 0)
 		return cb_error_set(-rc, "sandbox: write %s: %s", path, strerror(-rc));
 	snprintf(path, sizeof path, "/proc/%d/gid_map", (int)pid);
-	snprintf(map, sizeof map, "0 %u 1\n", (unsigned)plan->map_gid);
+	snprintf(map, sizeof map, "0 %u %lu\n", (unsigned)plan->map_gid, plan->map_count);
 	if ((rc = write_file(path, map)) < 0)
 		return cb_error_set(-rc, "sandbox: write %s: %s", path, strerror(-rc));
 	return 0;
@@ -451,9 +573,12 @@ int cb_ns_setup_root(const struct cb_ns_plan *p, int ctl)
 	if (p->userns) {
 		/* Clone kept the caller's host ids; become the namespace's root (its mapped uid),
 		 * and shed the caller's supplementary groups where the map allows it. */
-		if (p->privileged_parent && setgroups(0, NULL) < 0)
+		/* Raw system calls: glibc's wrappers would broadcast the change to the threads
+		 * it believes we have (the caller's, copied at clone), taking locks that one of
+		 * them may have held at that moment: a hang. */
+		if (p->privileged_parent && syscall(SYS_setgroups, 0, NULL) < 0)
 			FAIL("setgroups", NULL);
-		if (setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0)
+		if (syscall(SYS_setresgid, 0, 0, 0) < 0 || syscall(SYS_setresuid, 0, 0, 0) < 0)
 			FAIL("become root of the user namespace", NULL);
 	}
 	if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0)
@@ -463,7 +588,7 @@ int cb_ns_setup_root(const struct cb_ns_plan *p, int ctl)
 		const struct cb_ns_entry *e = &p->entries[i];
 		if ((e->kind != CB_NS_BIND_RO && e->kind != CB_NS_BIND_RW) || e->tree >= 0)
 			continue;
-		if ((trees[i] = clone_tree(e)) < 0)
+		if ((trees[i] = clone_tree(e, -1)) < 0)
 			FAIL("bind", e->src);
 	}
 	if (mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID, "mode=0755,size=1m") < 0)

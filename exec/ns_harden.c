@@ -105,11 +105,37 @@ static const struct sock_fprog personality_prog = {
     .filter = personality_insns,
 };
 
+/* ctx as BPF in *prog; the program lives as long as the process (every sandbox uses it). */
+static int export_filter(scmp_filter_ctx ctx, struct sock_fprog *prog)
+{
+	int fd = memfd_create("cowbox-seccomp", MFD_CLOEXEC), rc = 0;
+	char *buf = NULL;
+	struct stat st;
+	if (fd < 0)
+		return -errno;
+	if ((rc = seccomp_export_bpf(ctx, fd)) < 0)
+		goto out;
+	if (fstat(fd, &st) < 0 || st.st_size <= 0 || !(buf = malloc((size_t)st.st_size))) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	if (pread(fd, buf, (size_t)st.st_size, 0) != st.st_size) {
+		rc = -EIO;
+		goto out;
+	}
+	prog->len = (unsigned short)(st.st_size / sizeof(struct sock_filter));
+	prog->filter = (struct sock_filter *)buf;
+	buf = NULL;
+out:
+	free(buf);
+	close(fd);
+	return rc;
+}
+
 static void build_filter(void)
 {
 	scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
-	int fd = -1, rc = 0;
-	char *buf = NULL;
+	int rc = 0;
 	if (!ctx) {
 		rc = -ENOMEM;
 		goto out;
@@ -134,36 +160,92 @@ static void build_filter(void)
 		0 ||
 	    (rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0)) < 0)
 		goto out;
-	fd = memfd_create("cowbox-seccomp", MFD_CLOEXEC);
-	if (fd < 0) {
-		rc = -errno;
-		goto out;
-	}
-	if ((rc = seccomp_export_bpf(ctx, fd)) < 0)
-		goto out;
-	struct stat st;
-	if (fstat(fd, &st) < 0 || st.st_size <= 0 || !(buf = malloc((size_t)st.st_size))) {
-		rc = -ENOMEM;
-		goto out;
-	}
-	if (pread(fd, buf, (size_t)st.st_size, 0) != st.st_size) {
-		rc = -EIO;
-		goto out;
-	}
-	seccomp_prog.len = (unsigned short)(st.st_size / sizeof(struct sock_filter));
-	seccomp_prog.filter = (struct sock_filter *)buf;
-	buf = NULL; /* lives as long as the process: every sandbox uses it */
+	rc = export_filter(ctx, &seccomp_prog);
 out:
 	if (rc < 0)
 		snprintf(seccomp_msg, sizeof seccomp_msg, "sandbox: build the seccomp filter: %s",
 			 strerror(-rc));
 	seccomp_rc = rc;
-	free(buf);
-	if (fd >= 0)
-		close(fd);
 	if (ctx)
 		seccomp_release(ctx);
 }
+
+/* The filter of a sandbox whose workspace keeps the host owner of what it makes (an
+ * idmapped directory): no setuid bit, and no setgid bit, in a mode the command passes;
+ * openat2 (whose mode hides in a struct) reports ENOSYS, so libc falls back to openat.
+ * Written by hand: libseccomp takes milliseconds to compile it, once per `cowbox exec`. */
+#ifdef __NR_chmod /* the old calls x86-64 still has, aarch64 not */
+#define NR_CHMOD __NR_chmod
+#define NR_CREAT __NR_creat
+#define NR_MKNOD __NR_mknod
+#define NR_OPEN	 __NR_open
+#else
+#define NR_CHMOD 0xffffffffu /* never a system call number */
+#define NR_CREAT 0xffffffffu
+#define NR_MKNOD 0xffffffffu
+#define NR_OPEN	 0xffffffffu
+#endif
+#define NR_FCHMODAT2 452 /* Linux 6.6, one number on every architecture */
+#define NR_OPENAT2   437
+
+enum {
+	S_ARCH,
+	S_ARCH_OK,
+	S_NR,
+	S_X32,
+	S_CHMOD,
+	S_FCHMOD,
+	S_CREAT,
+	S_MKNOD,
+	S_FCHMODAT,
+	S_FCHMODAT2,
+	S_OPEN,
+	S_MKNODAT,
+	S_OPENAT,
+	S_OPENAT2,
+	S_ARG1,
+	S_ARG1_GO,
+	S_ARG2,
+	S_ARG2_GO,
+	S_ARG3,
+	S_CHECK,
+	S_EPERM,
+	S_ALLOW,
+	S_ENOSYS,
+	S_COUNT
+};
+#define TO(from, to)	       ((to) - (from)-1)
+#define MODE_AT(insn, nr, arg) [insn] = BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, nr, TO(insn, arg), 0)
+#define ARG(n)		       offsetof(struct seccomp_data, args[n]) /* the low half: a mode_t */
+
+static struct sock_filter setid_insns[S_COUNT] = {
+    [S_ARCH] = BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+    [S_ARCH_OK] = BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, CB_AUDIT_ARCH, 0, TO(S_ARCH_OK, S_ALLOW)),
+    [S_NR] = BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+    [S_X32] = BPF_STMT(BPF_ALU | BPF_AND | BPF_K, ~0x40000000u),
+    MODE_AT(S_CHMOD, NR_CHMOD, S_ARG1),
+    MODE_AT(S_FCHMOD, __NR_fchmod, S_ARG1),
+    MODE_AT(S_CREAT, NR_CREAT, S_ARG1),
+    MODE_AT(S_MKNOD, NR_MKNOD, S_ARG1),
+    MODE_AT(S_FCHMODAT, __NR_fchmodat, S_ARG2),
+    MODE_AT(S_FCHMODAT2, NR_FCHMODAT2, S_ARG2),
+    MODE_AT(S_OPEN, NR_OPEN, S_ARG2),
+    MODE_AT(S_MKNODAT, __NR_mknodat, S_ARG2),
+    MODE_AT(S_OPENAT, __NR_openat, S_ARG3),
+    [S_OPENAT2] = BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NR_OPENAT2, TO(S_OPENAT2, S_ENOSYS),
+			   TO(S_OPENAT2, S_ALLOW)),
+    [S_ARG1] = BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG(1)),
+    [S_ARG1_GO] = BPF_STMT(BPF_JMP | BPF_JA, TO(S_ARG1_GO, S_CHECK)),
+    [S_ARG2] = BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG(2)),
+    [S_ARG2_GO] = BPF_STMT(BPF_JMP | BPF_JA, TO(S_ARG2_GO, S_CHECK)),
+    [S_ARG3] = BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG(3)),
+    [S_CHECK] = BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, S_ISUID | S_ISGID, TO(S_CHECK, S_EPERM),
+			 TO(S_CHECK, S_ALLOW)),
+    [S_EPERM] = BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+    [S_ALLOW] = BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    [S_ENOSYS] = BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+};
+static struct sock_fprog setid_prog = {.len = S_COUNT, .filter = setid_insns};
 
 int cb_ns_seccomp_prog(void **out)
 {
@@ -174,8 +256,24 @@ int cb_ns_seccomp_prog(void **out)
 	return 0;
 }
 
+int cb_ns_seccomp_setid_prog(void **out)
+{
+	*out = &setid_prog;
+	return 0;
+}
+
+/* What the command keeps in a user namespace: root's powers over the ids mapped there (its
+ * workspace, its /tmp, its processes), nothing over the host's (whose ids are not mapped).
+ * Not CAP_FSETID: a write must clear a set-id bit, also on a host owner's file in --dir. */
+static const int userns_caps[] = {CAP_CHOWN,   CAP_DAC_OVERRIDE,     CAP_FOWNER,
+				  CAP_KILL,    CAP_SETGID,	     CAP_SETUID,
+				  CAP_SETPCAP, CAP_NET_BIND_SERVICE, CAP_SYS_CHROOT};
+
 int cb_ns_drop_privileges(const struct cb_ns_plan *p, int ctl)
 {
+	unsigned long long keep = 0;
+	for (size_t i = 0; p->userns && i < sizeof userns_caps / sizeof *userns_caps; i++)
+		keep |= 1ULL << userns_caps[i];
 	struct rlimit rl = {.rlim_cur = p->nofile, .rlim_max = p->nofile};
 	if (setrlimit(RLIMIT_NOFILE, &rl) < 0) {
 		cb_exec_child_error(ctl, "setrlimit RLIMIT_NOFILE", NULL, errno);
@@ -185,23 +283,28 @@ int cb_ns_drop_privileges(const struct cb_ns_plan *p, int ctl)
 		cb_exec_child_error(ctl, "set no_new_privs", NULL, errno);
 		return -1;
 	}
-	/* Empty bounding set first: as uid 0 an execve would otherwise regain everything. */
+	/* The bounding set first: as uid 0 an execve would otherwise regain everything. */
 	for (int cap = 0; cap < 64; cap++)
-		if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL) {
+		if (!(keep & (1ULL << cap)) && prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 &&
+		    errno != EINVAL) {
 			cb_exec_child_error(ctl, "drop the capability bounding set", NULL, errno);
 			return -1;
 		}
 	prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
-	if (prctl(PR_SET_SECUREBITS,
-		  SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP |
-		      SECBIT_NO_SETUID_FIXUP_LOCKED | SECBIT_KEEP_CAPS_LOCKED,
-		  0, 0, 0) < 0) {
+	/* Host uid 0 gets nothing back at execve; in a user namespace root keeps the set above
+	 * (no_new_privs caps it there) and a switch to another uid drops it, as usual. */
+	if (!p->userns && prctl(PR_SET_SECUREBITS,
+				SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP |
+				    SECBIT_NO_SETUID_FIXUP_LOCKED | SECBIT_KEEP_CAPS_LOCKED,
+				0, 0, 0) < 0) {
 		cb_exec_child_error(ctl, "set securebits", NULL, errno);
 		return -1;
 	}
 	struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3};
 	struct __user_cap_data_struct data[2];
 	memset(data, 0, sizeof data);
+	data[0].permitted = data[0].effective = (unsigned)keep;
+	data[1].permitted = data[1].effective = (unsigned)(keep >> 32);
 	if (syscall(SYS_capset, &hdr, data) < 0) {
 		cb_exec_child_error(ctl, "drop capabilities", NULL, errno);
 		return -1;
@@ -209,11 +312,23 @@ int cb_ns_drop_privileges(const struct cb_ns_plan *p, int ctl)
 	return 0;
 }
 
+void cb_ns_shed_privileges(void)
+{
+	for (int cap = 0; cap < 64; cap++)
+		prctl(PR_CAPBSET_DROP, cap, 0, 0, 0);
+	struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3};
+	struct __user_cap_data_struct data[2];
+	memset(data, 0, sizeof data);
+	syscall(SYS_capset, &hdr, data);
+}
+
 int cb_ns_harden(const struct cb_ns_plan *p, int ctl)
 {
 	umask(022);
 	if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, p->seccomp_prog, 0, 0) < 0 ||
-	    prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &personality_prog, 0, 0) < 0) {
+	    prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &personality_prog, 0, 0) < 0 ||
+	    (p->setid_prog &&
+	     prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, p->setid_prog, 0, 0) < 0)) {
 		cb_exec_child_error(ctl, "load the seccomp filter", NULL, errno);
 		return -1;
 	}

@@ -250,7 +250,8 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 	cb_exec_close_fd(&slave);
 	if (plan.wait_go) {
 		char go = CB_MSG_GO;
-		if (h->ns->userns && (rc = cb_ns_write_maps(h->ns, pid)) < 0)
+		if (h->ns->userns && ((rc = cb_ns_write_maps(h->ns, pid)) < 0 ||
+				      (rc = cb_ns_idmap_late(h->ns, pid)) < 0))
 			goto fail_child;
 		if (h->cg && (rc = cb_cgroup_attach(h->cg, pid)) < 0)
 			goto fail_child;

@@ -71,18 +71,50 @@ void cb_exec_child_error(int fd, const char *what, const char *detail, int err)
 
 static int command_child_entry(void *arg);
 
+struct spawn_arg {
+	const struct cb_exec_plan *p;
+	int go_r, go_w;	    /* the command waits for a byte: we have shed our privileges */
+	int done_r, done_w; /* closes at the command's exec (or death): our memory is ours again */
+};
+
 /* Start the command as posix_spawn does: sharing our memory (no page-table copy of the
- * caller's big address space) on its own stack, with us suspended until it execs or dies. */
+ * caller's big address space) on its own stack, with us waiting until it execs or dies. In
+ * a sandbox, pid 1 gives up its capabilities before the command runs anything of its own:
+ * the command took its copy at clone and waits for that. */
 static pid_t spawn_command(const struct cb_exec_plan *p)
 {
 	size_t size = 256 * 1024;
+	int go[2] = {-1, -1}, done[2] = {-1, -1}, err;
+	pid_t pid = -1;
+	char c;
 	char *stack = mmap(NULL, size, PROT_READ | PROT_WRITE,
 			   MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
 	if (stack == MAP_FAILED)
 		return -1;
-	pid_t pid =
-	    clone(command_child_entry, stack + size, CLONE_VM | CLONE_VFORK | SIGCHLD, (void *)p);
-	int err = errno;
+	if (pipe2(go, O_CLOEXEC) < 0 || pipe2(done, O_CLOEXEC) < 0) {
+		err = errno;
+		goto out;
+	}
+	struct spawn_arg a = {p, go[0], go[1], done[0], done[1]};
+	pid = clone(command_child_entry, stack + size, CLONE_VM | SIGCHLD, &a);
+	err = errno;
+	close(go[0]);
+	close(done[1]);
+	go[0] = done[1] = -1;
+	if (pid > 0) {
+		if (p->ns)
+			cb_ns_shed_privileges();
+		(void)!write(go[1], "g", 1);
+		while (read(done[0], &c, 1) < 0 && errno == EINTR)
+			;
+	}
+out:
+	for (int i = 0; i < 2; i++) {
+		if (go[i] >= 0)
+			close(go[i]);
+		if (done[i] >= 0)
+			close(done[i]);
+	}
 	munmap(stack, size);
 	errno = err;
 	return pid;
@@ -196,7 +228,17 @@ static _Noreturn void command_child(const struct cb_exec_plan *p)
 
 static int command_child_entry(void *arg)
 {
-	command_child(arg);
+	const struct spawn_arg *a = arg;
+	char c = 0;
+	ssize_t n;
+	close(a->go_w);
+	close(a->done_r);
+	while ((n = read(a->go_r, &c, 1)) < 0 && errno == EINTR)
+		;
+	if (n != 1)
+		_exit(126); /* the supervisor is gone */
+	close(a->go_r);
+	command_child(a->p);
 }
 
 static void signal_tree(const struct cb_exec_plan *p, int sig)

@@ -267,6 +267,7 @@ Test(sandbox, extra_bind_bridges_a_unix_socket)
 	snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
 	cr_assert_eq(bind(srv, (struct sockaddr *)&addr, sizeof addr), 0);
 	cr_assert_eq(listen(srv, 1), 0);
+	chmod(path, 0666); /* the sandbox's root is no host root: the socket must let it in */
 	pthread_t t;
 	pthread_create(&t, NULL, serve_once, &srv);
 	struct cb_sandbox_bind binds[] = {{.src = path, .dst = "/run/cowbox/proxy.sock"}};

@@ -75,9 +75,13 @@ static int ov_copy_meta(struct cb_overlay *ov, const char *path, const struct st
 	struct timespec ts[2] = {st->st_atim, st->st_mtim};
 	int r;
 
-	if (fchownat(ov->upper_fd, path, st->st_uid, st->st_gid, AT_SYMLINK_NOFOLLOW) < 0)
+	uid_t uid = ov_id_store(ov, st->st_uid);
+	gid_t gid = (gid_t)ov_id_store(ov, st->st_gid);
+
+	if (fchownat(ov->upper_fd, path, uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
 		return -errno;
-	if (!S_ISLNK(st->st_mode) && fchmodat(ov->upper_fd, path, st->st_mode & 07777, 0) < 0)
+	if (!S_ISLNK(st->st_mode) &&
+	    fchmodat(ov->upper_fd, path, ov_mode_allowed(ov, st->st_mode, uid, gid) & 07777, 0) < 0)
 		return -errno;
 	snprintf(src, sizeof(src), "%s/%s", ov->base_proc, path);
 	snprintf(dst, sizeof(dst), "%s/%s", ov->upper_proc, path);
@@ -117,7 +121,10 @@ static int ov_copy_file(struct cb_overlay *ov, const char *path, const struct st
 		if (r < 0)
 			goto out;
 	}
-	if (fchown(out, st->st_uid, st->st_gid) < 0 || fchmod(out, st->st_mode & 07777) < 0) {
+	uid_t uid = ov_id_store(ov, st->st_uid);
+	gid_t gid = (gid_t)ov_id_store(ov, st->st_gid);
+	if (fchown(out, uid, gid) < 0 ||
+	    fchmod(out, ov_mode_allowed(ov, st->st_mode, uid, gid) & 07777) < 0) {
 		r = -errno;
 		goto out;
 	}

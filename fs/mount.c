@@ -247,6 +247,7 @@ static int ov_setup(const struct cb_overlay_config *cfg, struct cb_overlay *ov)
 	atomic_init(&ov->gen, 1);
 	ov->db = cfg->db;
 	ov->debug = cfg->debug;
+	atomic_init(&ov->id_base, cfg->id_base);
 	ov->max_threads = cfg->max_threads ? cfg->max_threads : 8;
 	ov->stats = ov_stats_new();
 	ov->mountpoint = strdup(cfg->mountpoint);

@@ -40,18 +40,25 @@ static int ov_finish_new(struct cb_overlay *ov, fuse_req_t req, const char *path
 			 int fd)
 {
 	const struct fuse_ctx *ctx = fuse_req_ctx(req);
+	uid_t uid = ov_id_store(ov, ctx->uid);
+	gid_t gid = (gid_t)ov_id_store(ov, ctx->gid), set_gid = gid;
 	struct stat st;
+	int r = ov_lstat(ov->upper_fd, path, &st);
 
-	if (ctx->uid != geteuid() || ctx->gid != getegid()) {
-		gid_t gid = ctx->gid;
-		if (ov_lstat(ov->upper_fd, path, &st) == 0 && st.st_gid != getegid())
-			gid = (gid_t)-1; /* inherited from a setgid directory */
-		if (fchownat(ov->upper_fd, path, ctx->uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
-			return -errno;
+	if (r < 0)
+		return r;
+	if (st.st_gid != getegid()) {
+		gid = st.st_gid; /* inherited from a setgid directory */
+		set_gid = (gid_t)-1;
 	}
-	if (!S_ISLNK(mode) && (mode & ov->umask & 07777)) {
-		if (fd >= 0 ? fchmod(fd, mode & 07777)
-			    : fchmodat(ov->upper_fd, path, mode & 07777, 0))
+	if ((uid != st.st_uid || (set_gid != (gid_t)-1 && set_gid != st.st_gid)) &&
+	    fchownat(ov->upper_fd, path, uid, set_gid, AT_SYMLINK_NOFOLLOW) < 0)
+		return -errno;
+	mode_t want = ov_mode_allowed(ov, mode, uid, gid);
+	/* chown dropped any set-id bits the creation kept; the umask may have cut others */
+	if (!S_ISLNK(mode) && ((mode & ov->umask & 07777) || (want & 06000) || want != mode)) {
+		if (fd >= 0 ? fchmod(fd, want & 07777)
+			    : fchmodat(ov->upper_fd, path, want & 07777, 0))
 			return -errno;
 	}
 	return 0;

@@ -84,6 +84,7 @@ int ov_lookup_child(struct cb_overlay *ov, struct ov_inode *parent, const char *
 	in->nlookup++;
 	pthread_mutex_unlock(&ov->tab_lock);
 	st.st_ino = in->st_ino;
+	ov_ids_present(ov, &st);
 	e->attr = st;
 	e->ino = (fuse_ino_t)(uintptr_t)in;
 	return 0;
@@ -116,6 +117,7 @@ int ov_stat_inode(struct cb_overlay *ov, struct ov_inode *in, struct stat *st)
 			return r;
 	}
 	st->st_ino = in->st_ino;
+	ov_ids_present(ov, st);
 	return 0;
 }
 
@@ -202,11 +204,23 @@ static int ov_apply_setattr(struct cb_overlay *ov, struct ov_inode *in, struct s
 	if (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
 		uid_t uid = (to_set & FUSE_SET_ATTR_UID) ? attr->st_uid : (uid_t)-1;
 		gid_t gid = (to_set & FUSE_SET_ATTR_GID) ? attr->st_gid : (gid_t)-1;
-		if (fchownat(dirfd, path, uid, gid, nofollow) < 0)
+		if (fchownat(dirfd, path, ov_id_store(ov, uid), (gid_t)ov_id_store(ov, gid),
+			     nofollow) < 0)
 			return -errno;
 	}
-	if ((to_set & FUSE_SET_ATTR_MODE) && fchmodat(dirfd, path, attr->st_mode & 07777, 0) < 0)
-		return -errno;
+	if (to_set & FUSE_SET_ATTR_MODE) {
+		mode_t mode = attr->st_mode & 07777;
+		struct stat cur;
+		if (ov->id_base && (mode & 06000)) {
+			if (fstatat(dirfd, path, &cur, nofollow) < 0)
+				return -errno;
+			mode = ov_mode_allowed(ov, (cur.st_mode & S_IFMT) | mode, cur.st_uid,
+					       cur.st_gid) &
+			       07777;
+		}
+		if (fchmodat(dirfd, path, mode, 0) < 0)
+			return -errno;
+	}
 	if (to_set & FUSE_SET_ATTR_SIZE) {
 		if (f && atomic_load(&f->layer) == OV_UPPER && (f->flags & O_ACCMODE) != O_RDONLY)
 			r = ftruncate(f->fd, attr->st_size);

@@ -88,6 +88,7 @@ struct cb_overlay {
 	pthread_mutex_t tab_lock; /* the identity hash, nlookup, refs */
 	pthread_rwlock_t ns_lock; /* names and parents: read to build paths, write to change */
 	mode_t umask;		  /* the process umask, so created files get their exact mode */
+	_Atomic unsigned long id_base; /* see cb_overlay_config; 0: no translation */
 	_Atomic uint64_t gen;	  /* turn generation; starts at 1 */
 	pthread_rwlock_t fence;	  /* shared: a change in flight; exclusive: a turn advance */
 	long stall_us;		  /* tests: hold each change this long after its mark */
@@ -169,6 +170,11 @@ int ov_whiteout_replace(int rootfd, const char *path);
 int ov_clear_whiteouts(int rootfd, const char *path);
 int ov_name_is_private(const char *xattr_name);
 const char *ov_base_name(const char *path);
+
+/* ids.c: the sandbox's id range (cb_overlay_config.id_base). */
+uid_t ov_id_store(const struct cb_overlay *ov, uid_t id);
+void ov_ids_present(const struct cb_overlay *ov, struct stat *st);
+mode_t ov_mode_allowed(const struct cb_overlay *ov, mode_t mode, uid_t uid, gid_t gid);
 
 /* copyup.c */
 int ov_copy_up(struct cb_overlay *ov, struct ov_inode *in, int with_data);

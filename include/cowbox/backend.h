@@ -40,6 +40,8 @@ struct cb_backend_options {
 	char *on_destroy[CB_BACKEND_MAX_HOOKS]; /* shell commands run by destroy */
 	char *setup_script;			/* a shell script run once after on_create */
 	double setup_timeout;			/* seconds for the setup script; <= 0: 600 */
+	int privileged; /* ns as root: no user namespace, the sandbox's uid 0 is the host's
+			   (with no capabilities); the workspace's files keep their host ids */
 };
 
 /* One command for a backend. Only argv (or shell) is required. */
@@ -103,8 +105,9 @@ struct cb_backend {
 
 /* Parse options from JSON ({"backend":"ns","env":{"K":"V"},"working_dir":...,"timeout":...,
  * "network":"none"|"all"|"host","cpus":...,"memory_mb":...,"image":...,"on_create":[...],
- * "on_destroy":[...],"setup_script":...,"setup_timeout":...}). Unknown keys and wrong types
- * are refused with a message naming them (-EINVAL). Free with cb_backend_options_free. */
+ * "on_destroy":[...],"setup_script":...,"setup_timeout":...,"privileged":false}). Unknown
+ * keys and wrong types are refused with a message naming them (-EINVAL). Free with
+ * cb_backend_options_free. */
 int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out);
 /* The name of a network mode ("none", "all", "host"), and the mode of a name: -EINVAL with a
  * message for anything else (NULL included). */

@@ -16,6 +16,11 @@ struct cb_overlay_config {
 	struct cb_db *db;	/* the journal; NULL records nothing (some tests) */
 	unsigned max_threads;	/* FUSE worker threads; 0 = a sensible default */
 	int debug;		/* libfuse request tracing on stderr */
+	unsigned long id_base;	/* 0: ids as they are. Else the first of the 65536 host ids the
+				   workspace's sandbox maps its ids 0-65535 to: ids x < 65536 are
+				   shown as id_base + x and stored so (creations, chown, copy-up),
+				   and no setuid/setgid bit is kept on a file whose owner (group)
+				   is outside [id_base, id_base + 65536). */
 };
 
 /* Mount the overlay: when this returns 0 the kernel mount exists and requests queue up
@@ -37,6 +42,9 @@ void cb_overlay_stop(struct cb_overlay *ov);
 /* Unmount if still mounted, make the journal durable, free everything; NULL is accepted. */
 void cb_overlay_destroy(struct cb_overlay *ov);
 
+/* Change cb_overlay_config.id_base of a mounted overlay (a new workspace's options chose
+ * it); the kernel is told to forget the ownership it cached. */
+void cb_overlay_set_id_base(struct cb_overlay *ov, unsigned long id_base);
 /* Move the journal's open turn to turn, fenced: returns once every change in flight has
  * been made and its mark committed (in the old turn), and every change that starts later is
  * journaled anew in the new turn, also for paths already marked in the old one. A snapshot

@@ -26,12 +26,18 @@ struct cb_sandbox_bind {
 	int writable; /* else read-only (a socket can still be connected to) */
 };
 
+/* The host ids of a sandbox given no id_base: its uids/gids 0-65535 are host ids
+ * [CB_SANDBOX_DIR_ID_BASE, CB_SANDBOX_DIR_ID_BASE + 65536), just below 2^31. */
+#define CB_SANDBOX_DIR_ID_BASE 0x7fff0000UL
+
 /* Zero-initialise and fill what you need; zero fields take the documented defaults.
  * Limits live in a per-command cgroup under a cowbox/ child of the caller's own cgroup (v2
  * where the controllers are delegated to it, else each v1 hierarchy), removed afterwards.
- * Without a user namespace the command runs as uid 0 with no capabilities: host secrets in
- * the /etc it sees (shadow, sudoers, ssh host keys, ssl/private) are masked, /proc/sys is
- * read-only. */
+ * The command runs in a user namespace: as root, its uids/gids 0-65535 are a host range of
+ * their own (id_base), so its root is no host user's and root-only host files are out of its
+ * reach; without root, its root is the caller. privileged (as root only) runs it as host
+ * uid 0 instead, with no capabilities and host secrets in /etc masked. Both ways /proc's
+ * kernel state (slabinfo, kpage*, sched_debug, timer_list) is masked, /proc/sys read-only. */
 struct cb_sandbox {
 	const char *workspace; /* host directory (or FUSE mount) bound read-write at /workspace */
 	const char *image;     /* root image directory (debootstrap tree); NULL: the host's
@@ -46,9 +52,15 @@ struct cb_sandbox {
 	unsigned long tmp_mb;	 /* size of the private /tmp, 0: 512 */
 	const struct cb_sandbox_bind *binds; /* extra binds (at most 16), in this order */
 	size_t n_binds;
-	int userns; /* as root: still use a user namespace, mapping the sandbox's root
-		       to host uid/gid userns_uid (0: 65534). Always on when not root. */
-	uid_t userns_uid;
+	int userns;	       /* ignored: a user namespace is the default (kept for callers) */
+	int privileged;	       /* as root: no user namespace (sandbox uid 0 is host uid 0) */
+	unsigned long id_base; /* as root: host id of the sandbox's uid/gid 0, the first of
+				  65536. Nonzero: the workspace already shows the sandbox's
+				  ids (a cowbox FUSE mount with this id_base). 0: the range at
+				  CB_SANDBOX_DIR_ID_BASE, and the workspace directory is bound
+				  through an idmapped mount so that its owner's files are the
+				  sandbox root's (files made there get that owner on disk; a
+				  seccomp filter refuses setuid, and setgid on files, there) */
 };
 
 /* User-mode networking (exec/pasta.c) for a network namespace the caller keeps: pasta, from

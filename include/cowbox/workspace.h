@@ -69,6 +69,31 @@ int cb_ws_find(const char *ref_or_name, char ref[CB_WS_REF_LEN + 1]);
 /* "$COWBOX_HOME/workspaces/<ref>/<leaf>" (leaf NULL: the directory), malloc'd into *out. */
 int cb_ws_path(const char *ref, const char *leaf, char **out);
 
+/* The host id range of a workspace's sandbox (run as root): its uids and gids 0-65535 are
+ * host ids [base, base + CB_WS_IDS_SIZE), a slot of its own among the workspaces of this
+ * $COWBOX_HOME, from CB_WS_IDS_FIRST up to CB_WS_IDS_END; `cowbox exec --dir` (no
+ * workspace) uses the slot at CB_WS_IDS_END. */
+#define CB_WS_IDS_SIZE	65536UL
+#define CB_WS_IDS_FIRST 0x40000000UL /* 2^30: above subordinate ids (/etc/subuid) in use */
+#define CB_WS_IDS_END	0x7fff0000UL /* the last slot below 2^31 is the --dir range */
+
+/* 1 if base is a slot of the range above. */
+int cb_ws_ids_valid(unsigned long base);
+
+/* The base kept in dir (a workspace directory): 0, or -ENOENT when it has none yet (other
+ * errors with a message). */
+int cb_ws_ids_get(const char *dir, unsigned long *base);
+
+/* The base kept in dir, allocated first if it has none: the lowest slot no workspace under
+ * $COWBOX_HOME holds, chosen under $COWBOX_HOME/ids.lock and kept in dir/ids. */
+int cb_ws_ids_ensure(const char *dir, unsigned long *base);
+
+/* Shift the owner of everything under top (not crossing mounts, not following symlinks)
+ * whose uid or gid is below 65536 into [base, base + 65536), keeping its mode (set-id bits
+ * included, now that they name an id of the range): for an upper layer that root wrote
+ * directly (fork). Only for a tree nothing else can reach yet. */
+int cb_ws_ids_shift_tree(const char *top, unsigned long base);
+
 /* Describe a workspace (state, daemon, mount point, upper size). Free with cb_ws_info_free. */
 int cb_ws_info(const char *ref, struct cb_ws_info *out);
 void cb_ws_info_free(struct cb_ws_info *info);

@@ -23,6 +23,23 @@ def call(name, *args):
 """
 
 
+# CHOWN DAC_OVERRIDE FOWNER KILL SETGID SETUID SETPCAP NET_BIND_SERVICE SYS_CHROOT
+USERNS_CAPS = "%016x" % sum(1 << c for c in (0, 1, 3, 5, 6, 7, 8, 10, 18))
+DIR_ID_BASE = 2147418112  # cowbox exec --dir's host range: 2^31 - 65536
+
+
+def setid_files(top):
+    """Every setuid file, and setgid non-directory, under top: (path, uid)."""
+    found = []
+    for root, dirs, files in os.walk(top):
+        for name in dirs + files:
+            st = os.lstat(os.path.join(root, name))
+            if st.st_mode & 0o4000 or (st.st_mode & 0o2000 and not os.path.isdir(
+                    os.path.join(root, name))):
+                found.append((os.path.join(root, name), st.st_uid))
+    return found
+
+
 class EscapeTestCase(CowboxTestCase):
     def setUp(self):
         if os.geteuid() != 0:
@@ -173,12 +190,16 @@ class TestProcessEscapes(EscapeTestCase):
                          "call('userfaultfd', 323, 0)\n")
         words = out.split()
         self.assertEqual(words[1::2], ["EPERM"] * 10, out)
-        p = self.sandbox("sh", "-c", "grep Cap /proc/self/status; cat /proc/self/status | "
-                         "grep NoNewPrivs")
-        for line in p.stdout.splitlines():
-            if line.startswith("Cap"):
-                self.assertTrue(line.endswith("0000000000000000"), line)
-        self.assertIn("NoNewPrivs:\t1", p.stdout)
+        # root's powers over its own ids only (docs/security.md), none as host root
+        for args, want in (((), USERNS_CAPS), (("--privileged",), "0000000000000000")):
+            p = self.sandbox("sh", "-c", "grep Cap /proc/self/status; cat /proc/self/status | "
+                             "grep NoNewPrivs", args=args)
+            caps = dict(line.split(":\t") for line in p.stdout.splitlines()
+                        if line.startswith("Cap"))
+            self.assertEqual(caps, {"CapInh": "0000000000000000", "CapPrm": want,
+                                    "CapEff": want, "CapBnd": want,
+                                    "CapAmb": "0000000000000000"}, p.stdout)
+            self.assertIn("NoNewPrivs:\t1", p.stdout)
 
     def test_no_io_uring_ldt_or_personality_flags(self):
         out = self.probe("call('io_uring_setup', 425, 1, 0)\n"
@@ -378,13 +399,118 @@ class TestNetwork(EscapeTestCase):
 
 
 class TestUserNamespace(EscapeTestCase):
-    def test_userns_maps_root_to_an_unprivileged_uid(self):
-        out = self.sandbox("sh", "-c", "cat /proc/self/uid_map; id -u; touch /workspace/f "
-                           "2>&1 || echo denied; cat /etc/shadow 2>&1; true", args=("--userns",),
-                           check_status=0).stdout
-        self.assertEqual(out.split()[:3], ["0", "65534", "1"])
-        self.assertIn("denied", out)  # the workspace belongs to the host's root
-        self.assertNotIn("root:", out)  # and so do the secrets in /etc
+    def test_root_is_a_host_range_of_its_own_and_dir_stays_writable(self):
+        os.chown(self.ws, 1000, 1000)  # --dir shows DIR's owner as the sandbox's root
+        out = self.sandbox("sh", "-c", "id -u; cat /proc/self/uid_map /proc/self/gid_map; "
+                           "echo hi > /workspace/f; mkdir /workspace/d; stat -c %u /workspace/f; "
+                           "cat /etc/shadow 2>&1; true", args=("--userns",),
+                           check_status=0).stdout.split()
+        self.assertEqual(out[:8], ["0", "0", str(DIR_ID_BASE), "65536", "0", str(DIR_ID_BASE),
+                                   "65536", "0"])
+        self.assertNotIn("root:", " ".join(out))
+        for name in ("f", "d"):  # on disk: DIR's owner, not host root
+            st = os.stat(os.path.join(self.ws, name))
+            self.assertEqual((st.st_uid, st.st_gid), (1000, 1000), name)
+
+    def test_no_setuid_file_for_a_host_owner_in_dir(self):
+        code = ("import os\n"
+                "for mode in (0o4755, 0o2755, 0o6777):\n"
+                "    for how in ('chmod', 'open', 'mknod'):\n"
+                "        p = '/workspace/%s-%o' % (how, mode)\n"
+                "        try:\n"
+                "            if how == 'chmod':\n"
+                "                open(p, 'w').close(); os.chmod(p, mode)\n"
+                "            elif how == 'open':\n"
+                "                os.close(os.open(p, os.O_CREAT | os.O_WRONLY, mode))\n"
+                "            else:\n"
+                "                os.mknod(p, mode | 0o100000)\n"
+                "            print(how, oct(mode), 'ok')\n"
+                "        except OSError as e:\n"
+                "            print(how, oct(mode), e.errno)\n"
+                "call('openat2', 437, -100, b'/workspace/o2', 0, 0)\n")
+        out = self.probe(code)
+        self.assertNotIn(" ok", out)
+        self.assertIn("openat2 ENOSYS", out)
+        subprocess.run([COWBOX, "exec", "--dir", self.ws, "--", "sh", "-c",
+                        "cp /bin/true /workspace/t; chmod u+s /workspace/t; "
+                        "chmod 4755 /workspace/t; install -m 4755 /bin/true /workspace/i"],
+                       env=self.env, capture_output=True, timeout=60)
+        self.assertEqual(setid_files(self.ws), [])
+
+    def test_root_only_host_files_are_unreadable_without_a_mask(self):
+        secret = "/etc/cowbox-escape-%d.key" % os.getpid()
+        fd = os.open(secret, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600)
+        self.addCleanup(os.unlink, secret)
+        os.write(fd, b"PRIVATE-KEY\n")
+        os.close(fd)
+        p = self.sandbox("sh", "-c", "cat %s 2>&1; ls -ln %s" % (secret, secret))
+        self.assertNotIn("PRIVATE-KEY", p.stdout)
+        self.assertIn("Permission denied", p.stdout)
+        self.assertIn(" 65534 65534 ", p.stdout)  # host root is no id of the sandbox's
+
+    def test_privileged_warns_and_runs_as_host_root(self):
+        p = self.sandbox("sh", "-c", "cat /proc/self/uid_map; echo x > /workspace/p",
+                         args=("--privileged",), check_status=0)
+        self.assertIn("warning", p.stderr)
+        self.assertEqual(p.stdout.split(), ["0", "0", "4294967295"])
+        self.assertEqual(os.stat(os.path.join(self.ws, "p")).st_uid, 0)
+
+    def test_workspace_files_live_in_its_own_range(self):
+        base = os.path.join(self.tmp, "base")
+        os.makedirs(os.path.join(base, "src"))
+        with open(os.path.join(base, "src", "a.py"), "w") as f:
+            f.write("print(1)\n")
+        os.chown(os.path.join(base, "src"), 1000, 1000)
+        ref = subprocess.run([COWBOX, "create", "--base", base], env=self.env,
+                             capture_output=True, text=True, check=True).stdout.split()[-1]
+        self.addCleanup(subprocess.run, [COWBOX, "rm", ref], env=self.env,
+                        capture_output=True)
+        p = subprocess.run([COWBOX, "exec", ref, "--", "sh", "-c",
+                            "cat /proc/self/uid_map; stat -c '%u %g' /workspace/src "
+                            "/workspace/src/a.py; echo more >> /workspace/src/a.py; "
+                            "echo new > /workspace/new; chown 1000:1000 /workspace/new; "
+                            "cp /bin/true /workspace/t; chmod 4755 /workspace/t; "
+                            "stat -c '%u %g' /workspace/new"],
+                           env=self.env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        wsdir = os.path.join(self.home, "workspaces", ref)
+        with open(os.path.join(wsdir, "ids")) as f:
+            b = int(f.read())
+        self.assertEqual(b % 65536, 0)
+        self.assertGreaterEqual(b, 1 << 30)
+        out = p.stdout.split()
+        self.assertEqual(out, ["0", str(b), "65536", "1000", "1000", "0", "0", "1000", "1000"])
+        upper = os.path.join(wsdir, "upper")
+        owners = {name: (os.lstat(os.path.join(upper, name)).st_uid,
+                         os.lstat(os.path.join(upper, name)).st_gid)
+                  for name in ("src", "src/a.py", "new", "t")}
+        self.assertEqual(owners, {"src": (b + 1000, b + 1000), "src/a.py": (b, b),
+                                  "new": (b + 1000, b + 1000), "t": (b, b)})
+        for path, uid in setid_files(upper):  # a set-id bit only ever for the range's ids
+            self.assertTrue(b <= uid < b + 65536, (path, uid))
+        info = subprocess.run([COWBOX, "info", ref], env=self.env, capture_output=True,
+                              text=True).stdout
+        self.assertIn(str(b), info)
+        # a fork of the turn (written by the daemon as root) lands in the fork's own range
+        subprocess.run([COWBOX, "snapshot", ref], env=self.env, capture_output=True,
+                       check=True)
+        p = subprocess.run([COWBOX, "fork", ref, "1", "--name", "forked"], env=self.env,
+                           capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        fref = p.stdout.split()[-1]
+        self.addCleanup(subprocess.run, [COWBOX, "rm", fref], env=self.env,
+                        capture_output=True)
+        fdir = os.path.join(self.home, "workspaces", fref)
+        with open(os.path.join(fdir, "ids")) as f:
+            fb = int(f.read())
+        self.assertNotEqual(fb, b)  # unique among the home's workspaces
+        t = os.lstat(os.path.join(fdir, "upper", "t"))
+        self.assertEqual((t.st_uid, t.st_mode & 0o7777), (fb, 0o4755))
+        for path, uid in setid_files(os.path.join(fdir, "upper")):
+            self.assertTrue(fb <= uid < fb + 65536, (path, uid))
+        p = subprocess.run([COWBOX, "exec", fref, "--", "stat", "-c", "%u %a", "/workspace/t"],
+                           env=self.env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.stdout.split(), ["0", "4755"], p.stderr)
 
     def test_unprivileged_caller_gets_a_user_namespace(self):
         os.chown(self.ws, 65534, 65534)
@@ -426,8 +552,9 @@ class TestLimits(EscapeTestCase):
         p = self.sandbox("python3", "-c", code, args=("--cpus", "0.5"), check_status=0)
         used = float(p.stdout)
         # the quota allows 0.05 s per 0.1 s period: one extra period of slack at most
-        self.assertGreater(used, 0.2)
         self.assertLess(used, 0.62)
+        if os.getloadavg()[0] < 2.0:  # under load the command gets less than its quota
+            self.assertGreater(used, 0.2)
         if os.getloadavg()[0] < 1.0:  # on a busy machine nothing gets a whole cpu anyway
             p = self.sandbox("python3", "-c", code, check_status=0)
             self.assertGreater(float(p.stdout), 0.8)

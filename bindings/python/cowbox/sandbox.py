@@ -195,11 +195,14 @@ class Sandbox:
     async def create(cls, base=None, *, name=None, backend="ns", env=None, working_dir=None,
                      timeout=None, network=None, cpus=None, memory_mb=None, image=None,
                      on_create=(), on_destroy=(), setup_script=None, setup_timeout=None,
-                     cowbox=None, home=None):
+                     privileged=False, cowbox=None, home=None):
         """A new workspace over base (a directory, or None for an empty one) with these
         backend options; the backend itself boots on first use. network is "none" (the
         default of ns and docker), "all" (outbound through user-mode networking, not the
-        host's loopback) or "host" (the host's own namespace; what local always is)."""
+        host's loopback) or "host" (the host's own namespace; what local always is).
+        privileged=True (ns only) runs commands as the host's uid 0 (no capabilities)
+        instead of in a user namespace with the workspace's own id range: warned, see
+        docs/security.md."""
         options = {"backend": backend, "env": dict(env or {}),
                    "on_create": list(on_create), "on_destroy": list(on_destroy)}
         for key, value in (("network", network), ("working_dir", working_dir),
@@ -208,6 +211,11 @@ class Sandbox:
                            ("setup_script", setup_script), ("setup_timeout", setup_timeout)):
             if value is not None:
                 options[key] = value
+        if privileged:
+            import warnings
+            warnings.warn("cowbox: privileged=True: commands run as the host's uid 0, not in "
+                          "a user namespace", RuntimeWarning, stacklevel=2)
+            options["privileged"] = True
         tmp = cls.__new__(cls)
         Sandbox.__init__(tmp, "cb-" + "0" * 32, cowbox=cowbox, home=home)
         args = ["create"] + (["--base", str(base)] if base else []) + (

@@ -211,6 +211,23 @@ class ClientTest(cbtest.CowboxTestCase):
             self.assertFalse(os.path.exists(os.path.join(self.tmp, "outside")))
         self.arun(go())
 
+    def test_user_namespace_by_default_privileged_on_request(self):
+        async def go():
+            box = await self.new_box()
+            r = await box.run(["sh", "-c", "id -u; cat /proc/self/uid_map; echo x > f; "
+                               "stat -c %u f keep.txt"])
+            words = r.stdout.split()
+            self.assertEqual(r.exit_code, 0, r.stderr)
+            self.assertEqual(words[0:2], ["0", "0"])
+            self.assertGreaterEqual(int(words[2]), 1 << 30)  # the workspace's own range
+            self.assertEqual(words[3:], ["65536", "0", "0"])  # its files are its root's
+            with self.assertWarns(RuntimeWarning):
+                priv = await self.new_box(privileged=True)
+            r = await priv.run(["sh", "-c", "cat /proc/self/uid_map; echo x > f; stat -c %u f"])
+            self.assertEqual((r.exit_code, r.stdout.split()), (0, ["0", "0", "4294967295", "0"]),
+                             r.stderr)
+        self.arun(go())
+
     def test_close_attach_destroy(self):
         async def go():
             box = await cowbox.Sandbox.create(self.base, name="agent-box", cowbox=cbtest.COWBOX,

@@ -1,0 +1,175 @@
+/* The host id range of a workspace's sandbox: 65536 uids/gids of its own, [base, base+65536),
+ * allocated once under a lock of $COWBOX_HOME and kept in <workspace dir>/ids. */
+#include "config.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cowbox/error.h"
+#include "cowbox/workspace.h"
+
+/* Read a base from path: 0 with *base set, -ENOENT when there is none yet. */
+static int ids_read(const char *path, unsigned long *base)
+{
+	char buf[32];
+	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	ssize_t n;
+	char *end;
+
+	if (fd < 0)
+		return errno == ENOENT ? -ENOENT
+				       : cb_error_set(errno, "open %s: %s", path, strerror(errno));
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return cb_error_set(EINVAL, "%s: empty or unreadable", path);
+	buf[n] = 0;
+	*base = strtoul(buf, &end, 10);
+	if ((*end && *end != '\n') || !cb_ws_ids_valid(*base))
+		return cb_error_set(EINVAL, "%s: '%.*s' is not an id range base", path, (int)n,
+				    buf);
+	return 0;
+}
+
+int cb_ws_ids_valid(unsigned long base)
+{
+	return base >= CB_WS_IDS_FIRST && base % CB_WS_IDS_SIZE == 0 &&
+	       base + CB_WS_IDS_SIZE <= CB_WS_IDS_END;
+}
+
+int cb_ws_ids_get(const char *dir, unsigned long *base)
+{
+	char path[4096];
+
+	*base = 0;
+	snprintf(path, sizeof(path), "%s/ids", dir);
+	return ids_read(path, base);
+}
+
+/* The lowest slot no workspace under home/workspaces holds. */
+static int ids_pick(const char *home, unsigned long *base)
+{
+	char path[4096];
+	size_t nslots = (CB_WS_IDS_END - CB_WS_IDS_FIRST) / CB_WS_IDS_SIZE;
+	unsigned char *used = calloc(nslots, 1);
+	DIR *d;
+	struct dirent *de;
+	int rc = 0;
+
+	if (!used)
+		return cb_error_set(ENOMEM, "out of memory");
+	snprintf(path, sizeof(path), "%s/workspaces", home);
+	d = opendir(path);
+	while (d && (de = readdir(d))) {
+		unsigned long b;
+		if (de->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "%s/workspaces/%s/ids", home, de->d_name);
+		if (ids_read(path, &b) == 0)
+			used[(b - CB_WS_IDS_FIRST) / CB_WS_IDS_SIZE] = 1;
+	}
+	if (d)
+		closedir(d);
+	cb_error_clear();
+	size_t i = 0;
+	while (i < nslots && used[i])
+		i++;
+	if (i == nslots)
+		rc = cb_error_set(ENOSPC, "no free id range left for a workspace (%zu in use)",
+				  nslots);
+	else
+		*base = CB_WS_IDS_FIRST + i * CB_WS_IDS_SIZE;
+	free(used);
+	return rc;
+}
+
+int cb_ws_ids_ensure(const char *dir, unsigned long *base)
+{
+	char *home = NULL, lock[4096], path[4096], tmp[4096], text[32];
+	int lock_fd = -1, fd = -1, rc;
+
+	if ((rc = cb_ws_ids_get(dir, base)) != -ENOENT)
+		return rc;
+	if ((rc = cb_ws_home(&home)) < 0)
+		return rc;
+	snprintf(lock, sizeof(lock), "%s/ids.lock", home);
+	lock_fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (lock_fd < 0 || flock(lock_fd, LOCK_EX) < 0) {
+		rc = cb_error_set(errno, "lock %s: %s", lock, strerror(errno));
+		goto out;
+	}
+	/* another daemon of the same workspace may have won the race */
+	if ((rc = cb_ws_ids_get(dir, base)) != -ENOENT)
+		goto out;
+	if ((rc = ids_pick(home, base)) < 0)
+		goto out;
+	snprintf(path, sizeof(path), "%s/ids", dir);
+	snprintf(tmp, sizeof(tmp), "%s/ids.tmp", dir);
+	int len = snprintf(text, sizeof(text), "%lu\n", *base);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+	if (fd < 0 || write(fd, text, (size_t)len) != len || fsync(fd) < 0 ||
+	    rename(tmp, path) < 0) {
+		rc = cb_error_set(errno ? errno : EIO, "write %s: %s", path,
+				  strerror(errno ? errno : EIO));
+		unlink(tmp);
+		goto out;
+	}
+	rc = 0;
+out:
+	if (fd >= 0)
+		close(fd);
+	if (lock_fd >= 0)
+		close(lock_fd);
+	free(home);
+	if (rc < 0)
+		*base = 0;
+	return rc;
+}
+
+/* nftw has no argument for its callback: one walk at a time (a fork holds the turn lock). */
+static pthread_mutex_t shift_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned long shift_base;
+static int shift_err;
+
+static int shift_one(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+	(void)type;
+	(void)ftw;
+	uid_t uid = st->st_uid < CB_WS_IDS_SIZE ? (uid_t)(shift_base + st->st_uid) : st->st_uid;
+	gid_t gid = st->st_gid < CB_WS_IDS_SIZE ? (gid_t)(shift_base + st->st_gid) : st->st_gid;
+	if (uid == st->st_uid && gid == st->st_gid)
+		return 0;
+	/* chown clears set-id bits: the mode goes back on afterwards, now that the owner is one
+	 * of the range's */
+	if (lchown(path, uid, gid) < 0 || (!S_ISLNK(st->st_mode) && (st->st_mode & 06000) &&
+					   chmod(path, st->st_mode & 07777) < 0)) {
+		shift_err = cb_error_set(errno, "%s: %s", path, strerror(errno));
+		return 1;
+	}
+	return 0;
+}
+
+int cb_ws_ids_shift_tree(const char *top, unsigned long base)
+{
+	int rc;
+
+	pthread_mutex_lock(&shift_lock);
+	shift_base = base;
+	shift_err = 0;
+	rc = nftw(top, shift_one, 64, FTW_PHYS | FTW_MOUNT);
+	if (rc < 0)
+		rc = cb_error_set(errno, "%s: %s", top, strerror(errno));
+	else if (rc > 0)
+		rc = shift_err;
+	pthread_mutex_unlock(&shift_lock);
+	return rc;
+}

@@ -394,9 +394,8 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 	}
 	/* On the host nothing else keeps --cwd inside the workspace: the workspace path rule. */
 	if (o.local && o.cwd && cb_beneath_check(o.cwd) < 0) {
-		fprintf(stderr,
-			"cowbox %s: --cwd: %s (a path inside the workspace: relative, no '..')\n",
-			argv[0], cb_error_message());
+		fprintf(stderr, "cowbox %s: --cwd %s: must be a path inside the workspace (%s)\n",
+			argv[0], o.cwd, cb_error_message());
 		return 2;
 	}
 	if ((rc = workspace_dir(&o, &dir, &name)) < 0 || !name) {

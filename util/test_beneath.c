@@ -118,6 +118,18 @@ static char *snapshot(const char *dir)
 	return snap_buf;
 }
 
+static int count_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	int n = 0;
+
+	while (d && readdir(d))
+		n++;
+	if (d)
+		closedir(d);
+	return n;
+}
+
 /* ---- the shared case table ---- */
 
 static char *subst(const char *s)
@@ -208,11 +220,13 @@ Test(beneath, case_table, .init = fresh, .fini = cleanup, .timeout = 60)
 	json_t *doc = json_load_file(CB_SRCDIR "/util/beneath_cases.json", 0, &jerr), *c;
 	char *before;
 	size_t i;
+	int fds;
 
 	cr_assert_not_null(doc, "%s", jerr.text);
 	put(outside, "secret", "SECRET", 0600);
 	make_tree(json_object_get(doc, "tree"));
 	before = snapshot(outside);
+	fds = count_fds();
 	json_array_foreach(json_object_get(doc, "cases"), i, c)
 	{
 		const char *op = json_string_value(json_object_get(c, "op"));
@@ -255,6 +269,7 @@ Test(beneath, case_table, .init = fresh, .fini = cleanup, .timeout = 60)
 		snprintf(nope, sizeof(nope), "%s/nope", rootdir);
 		cr_expect_neq(access(nope, F_OK), 0, "a dangling symlink's target was created");
 		cr_expect_neq(access("/tmp/cowbox-pwned", F_OK), 0);
+		cr_expect_eq(count_fds(), fds, "fds leaked over the cases");
 	}
 	free(before);
 	json_decref(doc);
@@ -647,6 +662,8 @@ Test(beneath, swap_race, .init = fresh, .fini = cleanup)
 	 * read SECRET, or change these files' bytes, modes or times. */
 	put(outside, "cowbox-race-f", "SECRET", 0600);
 	put(outside, "cowbox-race-w", "SECRET", 0600);
+	int fds = count_fds();
+
 	for (int t = 0; t < 2; t++) {
 		struct swapper s = {.root = root};
 		pthread_t th;
@@ -704,8 +721,8 @@ Test(beneath, swap_race, .init = fresh, .fini = cleanup)
 		}
 		s.stop = 1;
 		pthread_join(th, NULL);
-		fprintf(stderr, "swap_race: target %s: %ld swaps, %ld reads ok, %ld refused\n", targets[t], s.swaps,
-			    ok_reads, refused);
+		fprintf(stderr, "swap_race: target %s: %ld swaps, %ld reads ok, %ld refused\n",
+			targets[t], s.swaps, ok_reads, refused);
 		cr_expect_gt(s.swaps, 100, "the swapper hardly ran");
 		{
 			char *after = snapshot(outside);
@@ -717,6 +734,7 @@ Test(beneath, swap_race, .init = fresh, .fini = cleanup)
 			cr_expect_neq(access(race[i], F_OK), 0, "%s was made", race[i]);
 		free(before);
 	}
+	cr_expect_eq(count_fds(), fds, "fds leaked over the race");
 	cr_expect_gt(ok_reads, 0, "no read ever got through");
 	cr_expect_gt(refused, 0, "no read ever met the symlink");
 }

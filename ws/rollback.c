@@ -4,6 +4,7 @@
  * touched and while copying; files are replaced by rename, never rewritten in place. */
 #include "config.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>

@@ -13,6 +13,7 @@
 #include "cowbox/error.h"
 #include "cowbox/exec.h"
 #include "cowbox/workspace.h"
+#include "util/beneath.h"
 
 extern const struct cb_backend_ops cb_backend_ns, cb_backend_local, cb_backend_docker;
 
@@ -192,12 +193,10 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 	if (!rc && out->privileged && strcmp(out->kind, "ns"))
 		rc = cb_error_set(EINVAL, "backend option privileged: only the ns backend has a "
 					  "user namespace to leave out");
-	if (!rc && out->working_dir &&
-	    (out->working_dir[0] == '/' || strstr(out->working_dir, "..")))
-		rc = cb_error_set(EINVAL,
-				  "backend option working_dir %s: must be relative to the "
-				  "workspace root, without ..",
-				  out->working_dir);
+	if (!rc && out->working_dir && cb_beneath_check(out->working_dir) < 0)
+		rc = cb_error_wrap(EINVAL,
+				   "backend option working_dir: must be relative to the workspace "
+				   "root, without ..");
 	if (rc)
 		cb_backend_options_free(out);
 	return rc;

@@ -9,6 +9,7 @@
 
 #include "common.h"
 #include "cowbox/error.h"
+#include "util/beneath.h"
 
 int cb_backend_cwd(const struct cb_backend *b, const char *cwd, int allow_abs, char **out)
 {
@@ -16,8 +17,13 @@ int cb_backend_cwd(const struct cb_backend *b, const char *cwd, int allow_abs, c
 	int n;
 
 	*out = NULL;
-	if (cwd && (strstr(cwd, "..") || (cwd[0] == '/' && !allow_abs)))
-		return cb_error_set(EXDEV, "cwd %s: must stay inside the workspace", cwd);
+	/* The workspace's path rule (util/beneath): no ".." component, relative unless the
+	 * backend runs the command in a root of its own; names like "build..old" are fine. */
+	if (cwd && *cwd && (cwd[0] != '/' || !allow_abs) && cb_beneath_check(cwd) < 0)
+		return cb_error_wrap(-EXDEV, "cwd: must stay inside the workspace");
+	if (cwd && cwd[0] == '/' && allow_abs && cwd[strspn(cwd, "/")] &&
+	    cb_beneath_check(cwd + strspn(cwd, "/")) < 0)
+		return cb_error_wrap(-EXDEV, "cwd %s: must stay inside the workspace", cwd);
 	if (cwd && cwd[0] == '/')
 		n = asprintf(out, "%s", cwd);
 	else if (cwd && *cwd && *wd)

@@ -20,6 +20,7 @@
 #include "cowbox/sandbox.h"
 #include "cowbox/workspace.h"
 #include "cowbox/workspace_fast.h"
+#include "util/beneath.h"
 
 #define MAX_ENV 256
 
@@ -371,27 +372,6 @@ static void *signal_loop(void *arg)
 	}
 }
 
-/* On the host nothing else keeps --cwd inside the workspace: relative, never climbing out. */
-static int cwd_stays_inside(const char *cwd)
-{
-	int depth = 0;
-	if (cwd[0] == '/')
-		return 0;
-	for (const char *s = cwd; *s;) {
-		size_t n = strcspn(s, "/");
-		if (n == 2 && !strncmp(s, "..", 2))
-			depth--;
-		else if (n && !(n == 1 && s[0] == '.'))
-			depth++;
-		if (depth < 0)
-			return 0;
-		s += n;
-		while (*s == '/')
-			s++;
-	}
-	return 1;
-}
-
 /* --network all for one command: a namespace of its own served by pasta, whose files live
  * in a private directory, all gone when the command is. */
 struct user_net {
@@ -458,11 +438,10 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 			argv[0]);
 		return 2;
 	}
-	if (o.local && o.cwd && !cwd_stays_inside(o.cwd)) {
-		fprintf(stderr,
-			"cowbox %s: --cwd %s: must be a path inside the workspace (relative, "
-			"no '..' that leaves it)\n",
-			argv[0], o.cwd);
+	/* On the host nothing else keeps --cwd inside the workspace: the workspace path rule. */
+	if (o.local && o.cwd && cb_beneath_check(o.cwd) < 0) {
+		fprintf(stderr, "cowbox %s: --cwd %s: must be a path inside the workspace (%s)\n",
+			argv[0], o.cwd, cb_error_message());
 		return 2;
 	}
 	if ((rc = workspace_dir(&o, &dir, &name, ref)) < 0 || !name) {

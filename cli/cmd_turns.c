@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include "cowbox/client.h"
 #include "cowbox/error.h"
 #include "cowbox/workspace.h"
+#include "util/beneath.h"
 
 /* One line of progress bar on stderr from a daemon's progress frame. */
 static void draw_progress(json_t *f)
@@ -255,55 +257,100 @@ int cmd_snapshot(int argc, char **argv)
 }
 
 /* A NUL in the first 8000 bytes makes a file binary (what diff and git decide by). */
-static int is_binary(const char *path)
+static int is_binary(int fd)
 {
 	char buf[8000];
-	size_t n;
-	FILE *f;
+	ssize_t n;
 
-	if (!path)
+	if (fd < 0)
 		return 0;
-	f = fopen(path, "rb");
-	if (!f)
-		return 0;
-	n = fread(buf, 1, sizeof(buf), f);
-	fclose(f);
-	return memchr(buf, 0, n) != NULL;
+	n = pread(fd, buf, sizeof(buf), 0);
+	return n > 0 && memchr(buf, 0, (size_t)n) != NULL;
 }
 
-/* Unified diff of one file event through diff(1); binary files are named only. */
+/* Open the source the daemon named for one side of a file event: src is ROOT/PATH (the mount
+ * or the base, where the sandbox can plant symlinks and FIFOs: opened beneath ROOT through
+ * util/beneath) or a blob of the daemon's own store. -1 for no side; -errno, message set. */
+static int patch_source(const char *src, const char *path)
+{
+	size_t ls, lp = strlen(path);
+	char *root;
+	int rfd, fd;
+
+	if (!src)
+		return -1;
+	ls = strlen(src);
+	if (ls > lp + 1 && src[ls - lp - 1] == '/' && !strcmp(src + ls - lp, path)) {
+		if (!(root = strndup(src, ls - lp - 1)))
+			return cb_error_set(ENOMEM, "out of memory");
+		rfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+		fd = rfd < 0 ? cb_error_set(errno, "%s: %s", root, strerror(errno))
+			     : cb_beneath_open(rfd, path, O_RDONLY, 0);
+		if (rfd >= 0)
+			close(rfd);
+		free(root);
+		return fd;
+	}
+	fd = open(src, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+	if (fd < 0)
+		return cb_error_set(errno, "%s: %s", src, strerror(errno));
+	return fd;
+}
+
+/* Unified diff of one file event through diff(1), which reads the two sides from fds this
+ * process opened safely (as /dev/fd/3 and /dev/fd/4); binary files are named only. */
 static int print_patch(json_t *ev)
 {
 	const char *path = json_string_value(json_object_get(ev, "path"));
 	const char *a = json_string_value(json_object_get(ev, "old_src"));
 	const char *b = json_string_value(json_object_get(ev, "new_src"));
 	char la[4200], lb[4200];
+	int fa = -1, fb = -1, rc = 0, st;
 	pid_t pid;
-	int st;
 
 	if (!a && !b)
 		return 0;
+	if (!path)
+		return cli_fail("diff", "an event without a path");
+	if ((a && (fa = patch_source(a, path)) < 0) || (b && (fb = patch_source(b, path)) < 0)) {
+		rc = cli_fail("diff", "%s", cb_error_message());
+		goto out;
+	}
 	snprintf(la, sizeof(la), "a/%s", path);
 	snprintf(lb, sizeof(lb), "b/%s", path);
-	if (is_binary(a) || is_binary(b)) {
+	if (is_binary(fa) || is_binary(fb)) {
 		printf("Binary files %s and %s differ\n", a ? la : "/dev/null",
 		       b ? lb : "/dev/null");
-		return 0;
+		goto out;
 	}
 	fflush(stdout);
 	pid = fork();
-	if (pid < 0)
-		return cli_fail("diff", "fork: %s", strerror(errno));
+	if (pid < 0) {
+		rc = cli_fail("diff", "fork: %s", strerror(errno));
+		goto out;
+	}
 	if (pid == 0) {
+		/* 3 and 4 are free in the child once both are moved there (dup2 clears CLOEXEC). */
+		int ta = fa >= 0 ? fcntl(fa, F_DUPFD_CLOEXEC, 10) : -1;
+		int tb = fb >= 0 ? fcntl(fb, F_DUPFD_CLOEXEC, 10) : -1;
+
+		if ((ta >= 0 && dup2(ta, 3) < 0) || (tb >= 0 && dup2(tb, 4) < 0))
+			_exit(127);
 		execlp("diff", "diff", "-u", "--label", a ? la : "/dev/null", "--label",
-		       b ? lb : "/dev/null", a ? a : "/dev/null", b ? b : "/dev/null",
-		       (char *)NULL);
+		       b ? lb : "/dev/null", a ? "/dev/fd/3" : "/dev/null",
+		       b ? "/dev/fd/4" : "/dev/null", (char *)NULL);
 		_exit(127);
 	}
 	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
 		;
-	return WIFEXITED(st) && WEXITSTATUS(st) <= 1 ? 0
-						     : cli_fail("diff", "diff -u %s failed", path);
+	if (!(WIFEXITED(st) && WEXITSTATUS(st) <= 1))
+		rc = cli_fail("diff", "diff -u %s failed", path);
+out:
+	if (fa >= 0)
+		close(fa);
+	if (fb >= 0)
+		close(fb);
+	return rc;
 }
 
 static const char diff_usage[] = "usage: cowbox diff REF A [B] [--json] [--patch]\n"

@@ -283,7 +283,8 @@ const char *cb_daemon_error_code(int err)
 	case EFBIG:
 	case ENOBUFS:
 		return "output_limit";
-	case EINVAL:
+	case EINVAL: /* also a FIFO, socket or device where a file was asked for */
+	case EISDIR:
 	case EPROTO:
 	case EBADMSG:
 		return "invalid_request";

@@ -147,6 +147,7 @@ Test(box, refusals_and_codes)
 static void read_write_case(int direct)
 {
 	const char *ln[] = {"ln", "-s", "/etc/passwd", "link", NULL};
+	const char *fifo[] = {"mkfifo", "p", NULL};
 	struct cb_box *box;
 	struct cb_box_result r;
 	json_t *events = NULL;
@@ -189,6 +190,16 @@ static void read_write_case(int direct)
 	cr_assert_str_eq(cb_box_last_code(), "invalid_path");
 	cr_assert_eq(cb_box_read(box, "d", &back, &len), -EPROTO, "%s", cb_error_message());
 	cr_assert_str_eq(cb_box_last_code(), "invalid_request");
+	/* A FIFO the command made: refused at once, naming it (direct or protocol), and the
+	 * daemon still answers. */
+	cr_assert_eq(cb_box_run(box, fifo, NULL, NULL, &r), 0, "%s", cb_error_message());
+	cb_box_result_free(&r);
+	cr_assert_eq(cb_box_read(box, "p", &back, &len), -EPROTO, "%s", cb_error_message());
+	cr_assert_str_eq(cb_box_last_code(), "invalid_request");
+	cr_assert(strstr(cb_error_message(), "p: a FIFO"), "%s", cb_error_message());
+	cr_assert_eq(cb_box_write(box, "p", "x", 1), -EPROTO, "%s", cb_error_message());
+	cr_assert_str_eq(cb_box_last_code(), "invalid_request");
+	cr_assert_eq(cb_box_write(box, "build..old/x", "x", 1), 0, "%s", cb_error_message());
 
 	/* Who wrote shows in the journal: this process, or the daemon on its behalf. */
 	turn = cb_box_snapshot(box, NULL, NULL);

@@ -11,7 +11,7 @@ EXTRA_DIST += tests/integration/turnutil.py
 TESTS += tests/integration/test_exec.py tests/integration/test_escape.py
 # api (issue 5): the API ops, the shared backend conformance suite, the Python client.
 TESTS += tests/integration/test_api.py tests/integration/test_backend_conformance.py \
-	bindings/python/tests/test_client.py
+	bindings/python/tests/test_client.py bindings/python/tests/test_directio.py
 # fs (issue 2): the workspace filesystem against a native directory, crash safety, scale.
 TESTS += tests/integration/test_fs_differential.py tests/integration/test_fs_crash.py \
 	tests/integration/test_fs_scale.py tests/integration/test_fs_fast.py

@@ -1,6 +1,6 @@
 # util: the lowest layer (error messages, path rules); everything may use it.
 noinst_LTLIBRARIES += util/libcb_util.la
-util_libcb_util_la_SOURCES = util/error.c util/grow.c
+util_libcb_util_la_SOURCES = util/error.c util/grow.c util/beneath.h util/beneath.c
 COWBOX_LAYERS += util/libcb_util.la
 pkginclude_HEADERS += include/cowbox/error.h include/cowbox/grow.h
 
@@ -15,3 +15,11 @@ TESTS += util/test_grow
 util_test_grow_SOURCES = util/test_grow.c
 util_test_grow_CFLAGS = $(CRITERION_TEST_CFLAGS)
 util_test_grow_LDADD = util/libcb_util.la $(CRITERION_TEST_LIBS)
+
+# beneath: the one path-beneath module; its case table is shared with the Python mirror.
+check_PROGRAMS += util/test_beneath
+TESTS += util/test_beneath
+EXTRA_DIST += util/beneath_cases.json
+util_test_beneath_SOURCES = util/test_beneath.c
+util_test_beneath_CFLAGS = $(CRITERION_TEST_CFLAGS) -DCB_SRCDIR=\"$(abs_top_srcdir)\"
+util_test_beneath_LDADD = util/libcb_util.la $(JANSSON_LIBS) $(CRITERION_TEST_LIBS)

@@ -16,6 +16,7 @@
 #include "cowbox/error.h"
 #include "cowbox/grow.h"
 #include "turns_int.h"
+#include "util/beneath.h"
 
 #define BASE_THREADS 2
 
@@ -57,13 +58,13 @@ static int base_add(struct base_walk *w, const char *path, const struct stat *st
 
 static int base_walk_dir(struct base_walk *w, int base_fd, const char *path)
 {
-	int fd = openat(base_fd, path[0] ? path : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int fd = cb_beneath_open(base_fd, path[0] ? path : ".", O_RDONLY | O_DIRECTORY, 0);
 	struct dirent *de;
 	DIR *dir;
 	int ret = 0;
 
 	if (fd < 0)
-		return cb_error_set(errno, "base %s: %s", path[0] ? path : ".", strerror(errno));
+		return cb_error_wrap(fd, "base");
 	dir = fdopendir(fd);
 	if (!dir) {
 		close(fd);
@@ -77,7 +78,8 @@ static int base_walk_dir(struct base_walk *w, int base_fd, const char *path)
 			continue;
 		if (asprintf(&child, "%s%s%s", path, path[0] ? "/" : "", de->d_name) < 0)
 			return closedir(dir), cb_error_set(ENOMEM, "base walk: out of memory");
-		if (fstatat(base_fd, child, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+		/* Beside its directory's fd: the name is looked up in the directory just read. */
+		if (fstatat(dirfd(dir), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 			ret = cb_error_set(errno, "base %s: %s", child, strerror(errno));
 		} else if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode) || S_ISLNK(st.st_mode)) {
 			ret = base_add(w, child, &st);

@@ -23,7 +23,9 @@ struct fork_ctx {
 	struct cb_db_turns *db;
 };
 
-/* Create the upper's parent directories of path, with the modes they have at the turn. */
+/* Create the upper's parent directories of path, with the modes they have at the turn. Every
+ * entry of the upper is made through util/beneath: whatever a turn recorded (a symlink where
+ * a directory of a later path should be), nothing is ever made outside the new upper. */
 static int fork_parents(struct fork_ctx *f, const char *path)
 {
 	char buf[4096];
@@ -35,16 +37,18 @@ static int fork_parents(struct fork_ctx *f, const char *path)
 		struct stat st;
 
 		*s = '\0';
-		if (fstatat(f->upper_fd, buf, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+		if (cb_beneath_stat(f->upper_fd, buf, &st) == -ENOENT) {
 			mode_t mode;
 
 			ret = ws_entry_at(f->t, buf, f->turn, &e);
 			mode = e.type == CB_ENTRY_DIR ? e.mode : 0755;
 			/* chmod after mkdir: the umask must not change what the turn says */
-			if (!ret && (mkdirat(f->upper_fd, buf, 0700) < 0 ||
-				     fchmodat(f->upper_fd, buf, mode, 0) < 0))
-				ret =
-				    cb_error_set(errno, "fork: mkdir %s: %s", buf, strerror(errno));
+			if (!ret)
+				ret = cb_beneath_mkdir(f->upper_fd, buf, 0700);
+			if (!ret)
+				ret = cb_beneath_chmod(f->upper_fd, buf, mode, &f->t->setid);
+			if (ret)
+				ret = cb_error_wrap(ret, "fork");
 		}
 		*s = '/';
 	}
@@ -62,9 +66,9 @@ static int fork_copy(struct fork_ctx *f, const struct cb_entry *e, int from_base
 	cb_hex(e->xxh3, CB_XXH128_LEN, hex);
 	if (from_base) {
 		snprintf(what, sizeof(what), "base file %s", e->path);
-		src = openat(f->t->base_fd, e->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+		src = cb_beneath_open(f->t->base_fd, e->path, O_RDONLY, 0);
 		if (src < 0)
-			return cb_error_set(errno, "fork: base %s: %s", e->path, strerror(errno));
+			return cb_error_wrap(src, "fork: base");
 	} else {
 		snprintf(what, sizeof(what), "blob %s", hex);
 		src = cb_ws_blob_open(f->t->blob_fd, e->xxh3);
@@ -81,24 +85,25 @@ static int fork_file(struct fork_ctx *f, const struct cb_entry *e, const struct 
 	int from_base = base->type == CB_ENTRY_FILE && !memcmp(base->xxh3, e->xxh3, CB_XXH128_LEN);
 	int dst, ret;
 
-	dst = openat(f->upper_fd, e->path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	dst = cb_beneath_open(f->upper_fd, e->path, O_RDWR | O_CREAT | O_TRUNC, 0600);
 	if (dst < 0)
-		return cb_error_set(errno, "fork: create %s: %s", e->path, strerror(errno));
+		return cb_error_wrap(dst, "fork: create");
 	ret = fork_copy(f, e, from_base, dst);
 	/* The base file changed after it was hashed: its blob, if kept, is the content. */
 	if (ret == -EBADMSG && from_base && cb_ws_blob_has(f->t->blob_fd, e->xxh3)) {
 		from_base = 0;
 		ret = fork_copy(f, e, 0, dst);
 	}
-	if (!ret && fchmod(dst, e->mode) < 0)
-		ret = cb_error_set(errno, "fork: chmod %s: %s", e->path, strerror(errno));
+	if (!ret)
+		ret = cb_beneath_fchmod(dst, e->path, e->mode, &f->t->setid);
 	close(dst);
 	if (!ret && !from_base)
 		ret = cb_ws_blob_share(f->t->blob_fd, f->blob_fd, e->xxh3);
 	return ret ? cb_error_wrap(ret, "fork: %s", e->path) : 0;
 }
 
-/* 1 if the parent directory of path exists at the turn (always for a top-level path). */
+/* Whether the parent directory of path is a directory at the turn (always for a top-level
+ * path): a turn that says otherwise has nothing there a tree could hold. */
 static int fork_parent_exists(struct fork_ctx *f, const char *path, int *exists)
 {
 	const char *slash = strrchr(path, '/');
@@ -132,11 +137,13 @@ static int fork_one(const char *path, void *arg)
 		    ws_base_now(f->t, path, &base); /* the fork's base is the directory as it is */
 	if (ret || cb_entry_same(&e, &base))
 		goto out;
+	/* Below a directory gone at the turn: its whiteout already hides all of it. Below a
+	 * symlink or file (a turn recorded while the tree changed type under it): no such path
+	 * in a tree, so none in the fork either. */
+	if ((ret = fork_parent_exists(f, path, &parent)) || !parent)
+		goto out;
 	ret = cb_db_turns_delta_put(f->db, 1, &e);
 	if (ret)
-		goto out;
-	/* Below a directory gone at the turn: its whiteout already hides all of it. */
-	if (e.type == CB_ENTRY_ABSENT && ((ret = fork_parent_exists(f, path, &parent)) || !parent))
 		goto out;
 	ret = fork_parents(f, path);
 	if (ret)
@@ -144,18 +151,18 @@ static int fork_one(const char *path, void *arg)
 	switch (e.type) {
 	case CB_ENTRY_ABSENT:
 		/* overlayfs whiteout: a 0/0 character device hides the base entry */
-		if (mknodat(f->upper_fd, path, S_IFCHR | 0000, makedev(0, 0)) < 0)
-			ret = cb_error_set(errno, "fork: whiteout %s: %s", path, strerror(errno));
+		ret = cb_beneath_mknod(f->upper_fd, path, S_IFCHR | 0000, makedev(0, 0));
+		ret = ret ? cb_error_wrap(ret, "fork: whiteout") : 0;
 		break;
 	case CB_ENTRY_DIR:
-		if (mkdirat(f->upper_fd, path, e.mode) < 0 && errno != EEXIST)
-			ret = cb_error_set(errno, "fork: mkdir %s: %s", path, strerror(errno));
-		else if (fchmodat(f->upper_fd, path, e.mode, 0) < 0)
-			ret = cb_error_set(errno, "fork: chmod %s: %s", path, strerror(errno));
+		ret = cb_beneath_mkdir(f->upper_fd, path, e.mode);
+		if (!ret || ret == -EEXIST)
+			ret = cb_beneath_chmod(f->upper_fd, path, e.mode, &f->t->setid);
+		ret = ret ? cb_error_wrap(ret, "fork") : 0;
 		break;
 	case CB_ENTRY_SYMLINK:
-		if (symlinkat(e.target, f->upper_fd, path) < 0)
-			ret = cb_error_set(errno, "fork: symlink %s: %s", path, strerror(errno));
+		ret = cb_beneath_symlink(f->upper_fd, e.target, path);
+		ret = ret ? cb_error_wrap(ret, "fork") : 0;
 		break;
 	case CB_ENTRY_FILE:
 		ret = fork_file(f, &e, &base);

@@ -87,7 +87,7 @@ static int fsck_base_holds(struct cb_turns *t, const struct cb_entry *e)
 
 	if (t->base_fd < 0)
 		return 0;
-	fd = ws_open_beneath(t->base_fd, e->path, O_RDONLY | O_NOCTTY | O_NONBLOCK, 0);
+	fd = cb_beneath_open(t->base_fd, e->path, O_RDONLY | O_NONBLOCK, 0);
 	if (fd < 0)
 		return 0;
 	ok = cb_ws_copy_checked(fd, -1, e, "base file") == 0;
@@ -165,7 +165,7 @@ static int fsck_cache_row(const struct cb_db_cache_row *row, void *arg)
 	c->r->cache_rows++;
 	memcpy(e.sha256, row->sha256, CB_SHA256_LEN);
 	memcpy(e.xxh3, row->xxh3, CB_XXH128_LEN);
-	if (c->t->base_fd < 0 || ws_lstat_beneath(c->t->base_fd, row->path, &st) < 0)
+	if (c->t->base_fd < 0 || cb_beneath_stat(c->t->base_fd, row->path, &st) < 0)
 		why = "the base file is gone";
 	else if (!S_ISREG(st.st_mode) || st.st_size != row->size ||
 		 (long long)st.st_ino != row->ino ||

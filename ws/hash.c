@@ -16,6 +16,7 @@
 #include "cowbox/error.h"
 #include "cowbox/turns.h"
 #include "turns_int.h"
+#include "util/beneath.h"
 
 #define HASH_BUF	    (256 * 1024)
 #define HASH_TRIES	    10
@@ -212,14 +213,14 @@ int cb_ws_hash_file_at(int dirfd, const char *path, int copy_fd, struct cb_hash 
 
 	/* Beneath dirfd and through no symlink: a link planted in the tree is not followed. */
 	if (dirfd == AT_FDCWD) {
-		fd = openat(dirfd, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+		fd = openat(dirfd, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
 		if (fd < 0)
-			fd = -errno;
+			return cb_error_set(errno, "hash %s: open: %s", path, strerror(errno));
 	} else {
-		fd = ws_open_beneath(dirfd, path, O_RDONLY | O_NOCTTY | O_NONBLOCK, 0);
+		fd = cb_beneath_open(dirfd, path, O_RDONLY | O_NONBLOCK, 0);
+		if (fd < 0)
+			return cb_error_wrap(fd, "hash");
 	}
-	if (fd < 0)
-		return cb_error_set(-fd, "hash %s: open: %s", path, strerror(-fd));
 	ret = cb_ws_hash_open_file(fd, path, copy_fd, out, st);
 	close(fd);
 	return ret;

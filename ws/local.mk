@@ -6,7 +6,7 @@ COWBOX_LAYERS += ws/libcb_ws.la
 pkginclude_HEADERS += include/cowbox/workspace.h
 
 # turns: snapshot, diff, rollback, prune, fork over the live tree (issue 3)
-ws_libcb_ws_la_SOURCES += ws/turns_int.h ws/turns.c ws/beneath.c ws/hash.c ws/blobs.c ws/basemap.c \
+ws_libcb_ws_la_SOURCES += ws/turns_int.h ws/turns.c ws/hash.c ws/blobs.c ws/basemap.c \
 	ws/snapshot.c ws/diff.c ws/rollback.c ws/prune.c ws/fork.c ws/fsck.c
 pkginclude_HEADERS += include/cowbox/turns.h include/cowbox/fsck.h
 

@@ -19,48 +19,13 @@
 
 #define RB_THREADS 4
 
-/* rm -rf of dirfd/path, for a directory the turn does not have. */
-static int rb_remove(int dirfd, const char *path)
-{
-	struct dirent *de;
-	DIR *dir;
-	int fd, ret = 0;
-
-	if (unlinkat(dirfd, path, 0) == 0 || errno == ENOENT)
-		return 0;
-	if (errno != EISDIR && errno != EPERM)
-		return cb_error_set(errno, "remove %s: %s", path, strerror(errno));
-	fd = openat(dirfd, path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0)
-		return cb_error_set(errno, "remove %s: %s", path, strerror(errno));
-	dir = fdopendir(fd);
-	if (!dir) {
-		close(fd);
-		return cb_error_set(errno, "remove %s: %s", path, strerror(errno));
-	}
-	while (!ret && (de = readdir(dir))) {
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-			continue;
-		ret = rb_remove(fd, de->d_name);
-	}
-	closedir(dir);
-	if (!ret && unlinkat(dirfd, path, AT_REMOVEDIR) < 0 && errno != ENOENT)
-		ret = cb_error_set(errno, "remove %s: %s", path, strerror(errno));
-	return ret;
-}
-
-/* rm -rf of path beneath root, reached through no symlink (a symlink on the way means the
- * path is not in the tree: nothing to remove). */
+/* rm -rf of path beneath root, through no symlink at any depth (a symlink on the way means
+ * the path is not in the tree: nothing to remove). */
 static int rb_remove_path(int root_fd, const char *path)
 {
-	const char *name;
-	int pfd = ws_parent_beneath(root_fd, path, &name), ret;
+	int ret = cb_beneath_remove_tree(root_fd, path);
 
-	if (pfd < 0)
-		return ws_gone(pfd) ? 0 : cb_error_set(-pfd, "remove %s: %s", path, strerror(-pfd));
-	ret = rb_remove(pfd, name);
-	close(pfd);
-	return ret;
+	return ret ? cb_error_wrap(ret, "rollback") : 0;
 }
 
 /* A name beside path for building its replacement: rename over path is then atomic for
@@ -84,10 +49,8 @@ static int rb_open_source(struct cb_turns *t, const struct cb_entry *e, int from
 	cb_hex(e->xxh3, CB_XXH128_LEN, hex);
 	if (from_base) {
 		snprintf(what, len, "base file %s", e->path);
-		fd = openat(t->base_fd, e->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-		if (fd < 0)
-			return cb_error_set(errno, "%s: %s", what, strerror(errno));
-		return fd;
+		fd = cb_beneath_open(t->base_fd, e->path, O_RDONLY, 0);
+		return fd < 0 ? cb_error_wrap(fd, "base") : fd;
 	}
 	snprintf(what, len, "blob %s", hex);
 	return cb_ws_blob_open(t->blob_fd, e->xxh3);
@@ -215,19 +178,20 @@ static int rb_file(struct cb_turns *t, const struct cb_entry *e, int from_base, 
 	char tmp[64], what[128];
 	int src = -1, dst = -1, pfd, ret = 0;
 
-	pfd = ws_parent_beneath(t->root_fd, e->path, &name);
+	pfd = cb_beneath_parent(t->root_fd, e->path, &name);
 	if (pfd < 0)
-		return cb_error_set(-pfd, "restore %s: its directory: %s", e->path, strerror(-pfd));
+		return cb_error_wrap(pfd, "restore %s: its directory", e->path);
 	src = rb_open_source(t, e, from_base, what, sizeof(what));
 	if (src < 0) {
 		ret = src;
 		goto out;
 	}
 	rb_tmpname(tmp, sizeof(tmp));
-	/* Created with its mode (a read-only mode does not stop this open for writing); a chmod
-	 * (one more FUSE round trip and journal mark) only when the umask took bits away. */
-	dst =
-	    openat(pfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, e->mode & 0777);
+	/* Created with its mode (a read-only mode does not stop this open for writing) in the
+	 * pinned directory, as a new name (O_EXCL: nothing planted is opened); a chmod (one
+	 * more FUSE round trip and journal mark) only when the umask took bits away. */
+	dst = openat(pfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+		     e->mode & 0777);
 	if (dst < 0) {
 		ret = cb_error_set(errno, "restore %s: create: %s", e->path, strerror(errno));
 		goto out;
@@ -235,8 +199,8 @@ static int rb_file(struct cb_turns *t, const struct cb_entry *e, int from_base, 
 	/* Checked again while copying: what lands in the tree is what the turn recorded, and
 	 * the hash the next snapshot is given for it was computed from these very bytes. */
 	ret = cb_ws_copy_checked(src, dst, e, what);
-	if (!ret && (e->mode & (um | 07000)) && fchmod(dst, e->mode) < 0)
-		ret = cb_error_set(errno, "restore %s: chmod: %s", e->path, strerror(errno));
+	if (!ret && (e->mode & (um | 07000)))
+		ret = cb_beneath_fchmod(dst, e->path, e->mode, &t->setid);
 	if (close(dst) < 0 && !ret)
 		ret = cb_error_set(errno, "restore %s: close: %s", e->path, strerror(errno));
 	if (!ret && renameat(pfd, tmp, pfd, name) < 0)
@@ -256,10 +220,10 @@ static int rb_symlink(struct cb_turns *t, const struct cb_entry *e)
 {
 	const char *name;
 	char tmp[64];
-	int pfd = ws_parent_beneath(t->root_fd, e->path, &name), ret = 0;
+	int pfd = cb_beneath_parent(t->root_fd, e->path, &name), ret = 0;
 
 	if (pfd < 0)
-		return cb_error_set(-pfd, "restore symlink %s: %s", e->path, strerror(-pfd));
+		return cb_error_wrap(pfd, "restore symlink");
 	rb_tmpname(tmp, sizeof(tmp));
 	if (symlinkat(e->target, pfd, tmp) < 0)
 		ret = cb_error_set(errno, "restore symlink %s: %s", e->path, strerror(errno));
@@ -273,22 +237,16 @@ static int rb_symlink(struct cb_turns *t, const struct cb_entry *e)
 
 static int rb_mkdir(struct cb_turns *t, const char *path)
 {
-	const char *name;
-	int pfd = ws_parent_beneath(t->root_fd, path, &name), ret = 0;
+	int ret = cb_beneath_mkdir(t->root_fd, path, 0700);
 
-	if (pfd < 0)
-		return cb_error_set(-pfd, "restore dir %s: %s", path, strerror(-pfd));
-	if (mkdirat(pfd, name, 0700) < 0 && errno != EEXIST)
-		ret = cb_error_set(errno, "restore dir %s: %s", path, strerror(errno));
-	close(pfd);
-	return ret;
+	return ret && ret != -EEXIST ? cb_error_wrap(ret, "restore dir") : 0;
 }
 
 static int rb_chmod(struct cb_turns *t, const char *path, unsigned mode)
 {
-	int ret = ws_chmod_beneath(t->root_fd, path, mode);
+	int ret = cb_beneath_chmod(t->root_fd, path, mode, &t->setid);
 
-	return ret ? cb_error_set(-ret, "restore mode of %s: %s", path, strerror(-ret)) : 0;
+	return ret ? cb_error_wrap(ret, "restore mode") : 0;
 }
 
 /* A file whose content must be written, and where it comes from. */

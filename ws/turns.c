@@ -14,6 +14,7 @@
 #include "cowbox/error.h"
 #include "cowbox/grow.h"
 #include "turns_int.h"
+#include "util/beneath.h"
 
 int cb_turns_open(const struct cb_turns_config *cfg, struct cb_turns **out)
 {
@@ -62,6 +63,11 @@ out:
 	else
 		*out = t;
 	return ret;
+}
+
+void cb_turns_set_setid_range(struct cb_turns *t, unsigned first, unsigned count)
+{
+	t->setid = (struct cb_beneath_setid){first, count};
 }
 
 void cb_turns_close(struct cb_turns *t)
@@ -156,13 +162,13 @@ static int entry_read(int dirfd, const char *path, struct stat *st, struct cb_en
 	cb_entry_clear(out);
 	if (fdp)
 		*fdp = -1;
-	pfd = ws_parent_beneath(dirfd, path, &name);
+	pfd = cb_beneath_parent(dirfd, path, &name);
 	if (pfd < 0)
-		return ws_gone(pfd) ? 0 : cb_error_set(-pfd, "stat %s: %s", path, strerror(-pfd));
+		return cb_beneath_gone(pfd) ? 0 : cb_error_set(-pfd, "stat %s: %s", path, strerror(-pfd));
 	fd = openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0 || fstat(fd, st) < 0) {
 		ret =
-		    ws_gone(-errno) ? 0 : cb_error_set(errno, "stat %s: %s", path, strerror(errno));
+		    cb_beneath_gone(-errno) ? 0 : cb_error_set(errno, "stat %s: %s", path, strerror(errno));
 		goto out;
 	}
 	out->path = strdup(path);
@@ -465,7 +471,7 @@ int ws_live_entry(struct cb_turns *t, const char *path, int keep_blob, struct cb
 		ret = live_file(t, path, fd, keep_blob, out);
 		close(fd);
 		/* Deleted (and gone for good) between the lookup and the open: look again. */
-		if (!ws_gone(ret))
+		if (!cb_beneath_gone(ret))
 			return ret;
 		cb_entry_clear(out);
 	}
@@ -527,13 +533,13 @@ static int walk_add(int dirfd, const char *path, struct ws_pathset *set, pid_t p
 static int walk_dir(int dirfd, const char *path, struct ws_pathset *set, pid_t pid,
 		    const char *comm)
 {
-	int fd = ws_open_beneath(dirfd, path[0] ? path : ".", O_RDONLY | O_DIRECTORY, 0);
+	int fd = cb_beneath_open(dirfd, path[0] ? path : ".", O_RDONLY | O_DIRECTORY, 0);
 	struct dirent *de;
 	DIR *dir;
 	int ret = 0;
 
 	if (fd < 0)
-		return ws_gone(fd) ? 0 : cb_error_set(-fd, "walk %s: %s", path, strerror(-fd));
+		return cb_beneath_gone(fd) ? 0 : cb_error_wrap(fd, "walk");
 	dir = fdopendir(fd);
 	if (!dir) {
 		close(fd);
@@ -563,7 +569,7 @@ static int walk_add(int dirfd, const char *path, struct ws_pathset *set, pid_t p
 {
 	struct stat st;
 
-	if (ws_lstat_beneath(dirfd, path, &st) < 0 || !S_ISDIR(st.st_mode))
+	if (cb_beneath_stat(dirfd, path, &st) < 0 || !S_ISDIR(st.st_mode))
 		return 0;
 	return walk_dir(dirfd, path, set, pid, comm);
 }
@@ -603,7 +609,7 @@ int ws_dirty_expand(struct cb_turns *t, const struct cb_dirty *dirty, size_t n,
 			break;
 		old_dir = ret == 1 && old.type == CB_ENTRY_DIR;
 		cb_entry_clear(&old);
-		live_dir = ws_lstat_beneath(t->root_fd, d->path, &st) == 0 && S_ISDIR(st.st_mode);
+		live_dir = cb_beneath_stat(t->root_fd, d->path, &st) == 0 && S_ISDIR(st.st_mode);
 		ret = 0;
 		/* What the map had below it is gone or moved unless it is still the same dir. */
 		if (old_dir && (d->subtree || !live_dir))

@@ -4,6 +4,7 @@
 #define COWBOX_WS_TURNS_INT_H
 
 #include "cowbox/turns.h"
+#include "util/beneath.h"
 
 /* A file a rollback just wrote, with the stat it had right after: while the file still has
  * that stat (inode, size, mtime, ctime), the next snapshot takes its entry without reading
@@ -22,6 +23,8 @@ struct cb_turns {
 	void (*progress)(void *, long long, long long, long long, long long);
 	void *progress_arg;
 	struct ws_known *known; /* sorted by path; emptied by the next snapshot */
+	/* Whose files rollback and fork may leave setuid/setgid (cb_turns_set_setid_range). */
+	struct cb_beneath_setid setid;
 	size_t nknown;
 	long long read_max;  /* snapshot bound (< 0: none) */
 	long long read_left; /* what the running snapshot may still read; < 0: unbounded */
@@ -35,19 +38,6 @@ void ws_known_clear(struct cb_turns *t);
 /* 1 if SEEK_DATA/SEEK_HOLE on fd tell the truth: not on a FUSE mount, whose server does not
  * see what the kernel's writeback cache still holds (a hole there may be data). */
 int ws_holes_trusted(int fd);
-
-/* ws/beneath.c: resolution beneath dirfd through no symlink at all (RESOLVE_BENEATH |
- * RESOLVE_NO_SYMLINKS); -errno on failure, no message set. A symlink on the way gives
- * -ELOOP (or -EXDEV to leave dirfd): for a turn, that path does not exist. */
-int ws_open_beneath(int dirfd, const char *path, int flags, mode_t mode);
-/* The directory holding path, as an O_PATH fd; *name is path's last component. */
-int ws_parent_beneath(int dirfd, const char *path, const char **name);
-/* lstat and chmod of path itself, never through a symlink (a symlink put in its place
- * meanwhile is not followed); -errno, no message, like ws_open_beneath. */
-int ws_lstat_beneath(int dirfd, const char *path, struct stat *st);
-int ws_chmod_beneath(int dirfd, const char *path, mode_t mode);
-/* 1 for the errors that mean "no such path in the tree" (ENOENT, ENOTDIR, ELOOP, EXDEV). */
-int ws_gone(int err);
 
 /* 1 if path's last component is a rollback's temporary name (never part of a turn). */
 int ws_is_tmp_name(const char *path);

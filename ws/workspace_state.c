@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <pthread.h>
 #include <signal.h>
@@ -18,6 +19,7 @@
 #include "cowbox/grow.h"
 #include "cowbox/journal.h"
 #include "cowbox/workspace.h"
+#include "util/beneath.h"
 #include "ws.h"
 
 const char *cb_ws_state_name(enum cb_ws_state state)
@@ -285,23 +287,24 @@ out:
 	return rc;
 }
 
-static int rm_visit(const char *path, const struct stat *st, int type, struct FTW *ftw)
-{
-	(void)st;
-	(void)ftw;
-	if (type == FTW_DP ? rmdir(path) : unlink(path))
-		return errno == ENOENT ? 0 : -errno;
-	return 0;
-}
-
 int ws_delete_tree(const char *dir)
 {
-	int rc = nftw(dir, rm_visit, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+	const char *slash = strrchr(dir, '/');
+	char *parent = slash ? strndup(dir, (size_t)(slash - dir)) : strdup(".");
+	int pfd, rc;
 
-	if (rc == 0 || (rc < 0 && errno == ENOENT))
-		return 0;
-	return cb_error_set(rc < 0 ? -rc : errno, "delete %s: %s", dir,
-			    strerror(rc < 0 ? -rc : errno));
+	if (!parent)
+		return cb_error_set(ENOMEM, "delete %s: out of memory", dir);
+	/* The workspace's directory is ours; what is below it (upper/ above all) the sandbox
+	 * wrote: removed beneath the parent's fd, no symlink in it ever followed. */
+	pfd = open(*parent ? parent : "/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	free(parent);
+	if (pfd < 0)
+		return errno == ENOENT ? 0
+				       : cb_error_set(errno, "delete %s: %s", dir, strerror(errno));
+	rc = cb_beneath_remove_tree(pfd, slash ? slash + 1 : dir);
+	close(pfd);
+	return rc ? cb_error_wrap(rc, "delete %s", dir) : 0;
 }
 
 static void sleep_ms(long ms)

@@ -152,9 +152,10 @@ int cb_backend_ensure(struct cb_backend *b);
  * entries replace same-named earlier ones). Free with cb_exec_env_free. */
 int cb_backend_env(const struct cb_backend *b, char *const *extra, char ***out);
 
-/* Read up to len bytes at off of path (relative to the workspace root). Paths that leave the
- * root (.., absolute, symlinks pointing outside) are refused with -EXDEV naming the path.
- * *data is malloc'd; *size is the file's size. */
+/* Read up to len bytes at off of path (relative to the workspace root). Refused, with a
+ * message naming the path: ".." components and absolute paths (-EXDEV), a symlink at any
+ * component, even one pointing inside (-ELOOP), and a FIFO, socket or device (-EINVAL, at
+ * once: nothing waits on it). *data is malloc'd; *size is the file's size. */
 int cb_backend_read(struct cb_backend *b, const char *path, off_t off, size_t len, void **data,
 		    size_t *n, off_t *size);
 

@@ -99,6 +99,10 @@ struct cb_turns_config {
 int cb_turns_open(const struct cb_turns_config *cfg, struct cb_turns **out);
 /* Close everything; NULL is accepted. */
 void cb_turns_close(struct cb_turns *t);
+/* Whose files rollback and fork may leave setuid/setgid: owner uid (and group gid, for
+ * setgid) in first .. first + count - 1, the sandbox's own ids. Until this is called (or
+ * with count 0): nobody's, so a turn's setuid-root file comes back without the bits. */
+void cb_turns_set_setid_range(struct cb_turns *t, unsigned first, unsigned count);
 /* The turn store underneath, for listing turns. */
 struct cb_db_turns *cb_turns_db(struct cb_turns *t);
 

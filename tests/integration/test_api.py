@@ -152,8 +152,9 @@ class ApiTest(cbtest.CowboxTestCase):
             self.assertIn(path, msg)
             self.err("write", "invalid_path", path=path, data=b64(b"x"))
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "x")))
-        # A symlink that stays inside is followed.
-        self.assertEqual(unb64(self.ok("read", path="inner-link")["data"]), b"beta\n")
+        # A symlink that stays inside is not followed either: no symlink is, anywhere.
+        self.assertIn("inner-link", self.err("read", "invalid_path", path="inner-link"))
+        self.err("write", "invalid_path", path="inner-link", data=b64(b"x"))
         self.assertIn("nope", self.err("read", "not_found", path="nope"))
 
     def test_which_and_configure(self):

@@ -1,6 +1,8 @@
 """The escape suite: every test tries to get out of the namespace sandbox and must fail (with
 a positive control where one proves the probe works), plus the limits: memory, pids, cpus."""
 
+import base64
+import json
 import os
 import pty
 import signal
@@ -558,6 +560,213 @@ class TestLimits(EscapeTestCase):
         if os.getloadavg()[0] < 1.0:  # on a busy machine nothing gets a whole cpu anyway
             p = self.sandbox("python3", "-c", code, check_status=0)
             self.assertGreater(float(p.stdout), 0.8)
+
+
+# The daemon's own operations against what the sandbox plants: every workspace path the daemon
+# resolves as root goes through util/beneath (docs/security.md, "Paths the daemon touches").
+RACE_LOOP = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+os.chdir("/workspace")
+os.makedirs("d", exist_ok=True)
+with open("d/f", "w") as f:
+    f.write("INSIDE")
+if not os.path.lexists("x"):
+    os.symlink(sys.argv[1], "x")
+print("ready", flush=True)
+end, swaps = time.monotonic() + float(sys.argv[2]), 0
+while time.monotonic() < end:
+    if libc.renameat2(-100, b"d", -100, b"x", 2) == 0:
+        swaps += 1
+print("swaps", swaps, flush=True)
+"""
+
+
+class TestDaemonPathsEscape(CowboxTestCase):
+    """read, write, snapshot, diff --patch, rollback, fork and rm as root while the sandbox
+    swaps a directory for a symlink out, plants FIFOs, or a turn says d is a symlink and d/x a
+    file: nothing outside the workspace is ever read, made or changed, and nothing hangs."""
+
+    def setUp(self):
+        if os.geteuid() != 0:
+            self.skipTest("the daemon's paths are a root daemon's problem")
+        super().setUp()
+        # Where a followed symlink would lead on the host: a directory with a canary.
+        self.outside = tempfile.mkdtemp(prefix="cowbox-outside-", dir="/tmp")
+        self.addCleanup(subprocess.run, ["rm", "-rf", self.outside])
+        with open(os.path.join(self.outside, "f"), "w") as f:
+            f.write("SECRET")
+        os.chmod(os.path.join(self.outside, "f"), 0o600)
+        self.ref = self.create(self.make_base({"keep.txt": "keep\n"}), name="paths")
+        self.mount(self.ref)
+        self.mnt = self.mountpoint(self.ref)
+
+    def outside_state(self):
+        out = []
+        for dirpath, dirs, files in os.walk(self.outside):
+            for name in sorted(dirs + files) + ["."]:
+                p = os.path.join(dirpath, name)
+                st = os.lstat(p)
+                with open(p, "rb") if os.path.isfile(p) else open(os.devnull, "rb") as f:
+                    data = f.read()
+                out.append((p, st.st_mode, st.st_uid, st.st_mtime_ns, data))
+        return sorted(out)
+
+    def test_fifo_is_refused_at_once_and_the_daemon_still_answers(self):
+        from cowbox import directio, errors
+        os.mkfifo(os.path.join(self.mnt, "p"))
+        os.mkdir(os.path.join(self.mnt, "dir"))
+        os.mkfifo(os.path.join(self.mnt, "dir", "q"))
+        c = self.client(self.ref)
+        for path in ("p", "dir/q"):
+            for op, args in (("read", {}), ("write", {"data": "eA=="})):
+                t0 = time.monotonic()
+                r = c.request(op, path=path, **args)
+                self.assertLess(time.monotonic() - t0, 5, (op, path))
+                self.assertEqual(r.get("error", {}).get("code"), "invalid_request", r)
+                self.assertIn(path, r["error"]["message"])
+                self.assertIn("FIFO", r["error"]["message"])
+        self.assertTrue(c.request("ping").get("ok"))
+        # The Python client's direct I/O through the mount: the same refusal, at once (in a
+        # thread, so a regression fails instead of hanging the suite).
+        got = []
+
+        def direct():
+            for fn in (lambda: directio.read(self.mnt, "p"),
+                       lambda: directio.write(self.mnt, "dir/q", b"x")):
+                try:
+                    fn()
+                    got.append("done")
+                except errors.WorkspaceError as e:
+                    got.append((type(e).__name__, str(e)))
+        th = threading.Thread(target=direct, daemon=True)
+        th.start()
+        th.join(10)
+        self.assertFalse(th.is_alive(), "direct I/O blocked on a FIFO")
+        self.assertEqual([g[0] for g in got], ["InvalidRequestError"] * 2, got)
+        self.assertIn("p", got[0][1])
+        self.assertIn("dir/q", got[1][1])
+        # cowbox snapshot and the daemon's other requests still go on.
+        self.cowbox("snapshot", self.ref)
+        self.assertTrue(self.client(self.ref).request("ping").get("ok"))
+
+    def plant_symlink_turn(self, target):
+        """A recorded turn in which d is a symlink to target and d/x a setuid file: what a
+        snapshot racing a swap could record before snapshots recorded only trees."""
+        import sqlite3
+        os.mkdir(os.path.join(self.mnt, "d"))
+        with open(os.path.join(self.mnt, "d", "x"), "w") as f:
+            f.write("PWNED\n")
+        os.chmod(os.path.join(self.mnt, "d", "x"), 0o4755)
+        turn = json.loads(self.cowbox("snapshot", self.ref, "--json").stdout)["turn"]
+        db = sqlite3.connect(os.path.join(self.ws_dir(self.ref), "meta.db"), timeout=30)
+        with db:
+            for table, where in (("turn_delta", " AND turn=%d" % turn), ("turn_map", "")):
+                n = db.execute("UPDATE %s SET type=3, mode=511, size=?, target=?, sha256=NULL, "
+                               "xxh3=NULL WHERE path='d'%s" % (table, where),
+                               (len(target), target)).rowcount
+                self.assertEqual(n, 1, table)
+        db.close()
+        return turn
+
+    def test_fork_and_rollback_of_a_planted_symlink_turn_stay_inside(self):
+        turn = self.plant_symlink_turn(self.outside)
+        before = self.outside_state()
+        fork = self.cowbox("fork", self.ref, str(turn), "--name", "forked", check=False)
+        self.assertEqual(self.outside_state(), before, "fork wrote outside: " + fork.stderr)
+        self.assertFalse(os.path.lexists(os.path.join(self.outside, "x")))
+        if fork.returncode == 0:
+            self.mount("forked")
+            m2 = self.mountpoint(self.ws_dir_ref("forked"))
+            self.assertEqual(os.readlink(os.path.join(m2, "d")), self.outside)
+            self.assertEqual(self.outside_state(), before)
+        # Rollback of the same turn: it may refuse the entry below the symlink (naming it),
+        # never write through it.
+        os.unlink(os.path.join(self.mnt, "d", "x"))
+        rb = self.cowbox("rollback", self.ref, str(turn), check=False)
+        if rb.returncode:
+            self.assertIn("d/x", rb.stderr)
+        self.assertEqual(self.outside_state(), before)
+        self.assertFalse(os.path.lexists(os.path.join(self.outside, "x")))
+
+    def ws_dir_ref(self, name):
+        return json.loads(self.cowbox("info", name, "--json").stdout)["ref"]
+
+    def test_setuid_is_not_restored_by_rollback_or_fork(self):
+        path = os.path.join(self.mnt, "suid")
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\n")
+        os.chmod(path, 0o4755)
+        turn = json.loads(self.cowbox("snapshot", self.ref, "--json").stdout)["turn"]
+        os.chmod(path, 0o755)
+        with open(path, "a") as f:
+            f.write("changed\n")
+        self.cowbox("rollback", self.ref, str(turn))
+        self.assertEqual(os.stat(path).st_mode & 0o7777, 0o755)
+        self.cowbox("fork", self.ref, str(turn), "--name", "f2")
+        upper = os.path.join(self.ws_dir(self.ws_dir_ref("f2")), "upper", "suid")
+        self.assertEqual(os.lstat(upper).st_mode & 0o7777, 0o755)
+
+    def test_daemon_ops_race_a_directory_swapped_for_a_symlink(self):
+        # The sandbox swaps /workspace/d and /workspace/x (a symlink to a host directory
+        # holding the same names) in a loop while the daemon reads, writes, snapshots, diffs
+        # with --patch, rolls back and forks as root.
+        from cowbox import directio, errors
+        before = self.outside_state()
+        c = self.client(self.ref)
+        loop = subprocess.Popen([COWBOX, "exec", self.ref, "--", "python3", "-c", RACE_LOOP,
+                                 self.outside, "12"], env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: (loop.kill(), loop.communicate()))
+        self.assertEqual(loop.stdout.readline().strip(), "ready", loop.stderr)
+        seen, turns, end = set(), [], time.monotonic() + 8
+        while time.monotonic() < end:
+            r = c.request("read", path="d/f")
+            if r.get("ok"):
+                seen.add(base64.b64decode(r["data"]))
+            else:
+                # a symlink on the way, or d gone for a moment (a rollback)
+                self.assertIn(r["error"]["code"], ("invalid_path", "not_found"), r)
+            c.request("write", path="d/w", data=base64.b64encode(b"INSIDE").decode())
+            try:
+                seen.add(directio.read(self.mnt, "d/f"))
+                directio.write(self.mnt, "d/w2", b"INSIDE")
+            except errors.WorkspaceError as e:
+                self.assertIsInstance(e, (errors.InvalidPathError,
+                                          errors.WorkspaceNotFoundError), e)
+            s = self.cowbox("snapshot", self.ref, "--json", check=False)
+            if s.returncode == 0:
+                turns.append(json.loads(s.stdout)["turn"])
+            if len(turns) >= 2:
+                p = self.cowbox("diff", self.ref, str(turns[-2]), "--patch", check=False)
+                self.assertNotIn("SECRET", p.stdout + p.stderr)
+                self.cowbox("rollback", self.ref, str(turns[-2]), check=False)
+                self.cowbox("fork", self.ref, str(turns[-1]), "--name", "race%d" % len(turns),
+                            check=False)
+        out, err = loop.communicate(timeout=60)
+        self.assertIn("swaps", out, err)
+        self.assertGreater(int(out.split()[-1]), 100, out)
+        self.assertTrue(turns, "no snapshot succeeded")
+        self.assertIn(b"INSIDE", seen)
+        self.assertNotIn(b"SECRET", seen)
+        self.assertEqual(self.outside_state(), before)
+        self.assertTrue(c.request("ping").get("ok"))
+        # rm of a workspace whose upper holds symlinks out: they are unlinked, not walked.
+        os.symlink(self.outside, os.path.join(self.mnt, "out-link"))
+        self.cowbox("rm", self.ref)
+        self.assertEqual(self.outside_state(), before)
+
+    def test_names_with_dots_are_names(self):
+        c = self.client(self.ref)
+        for path in ("build..old/x", "a..b", "...", "..hidden"):
+            self.assertTrue(c.request("write", path=path, data="eA==").get("ok"), path)
+            self.assertEqual(c.request("read", path=path).get("data"), "eA==", path)
+        r = c.request("run", cmd=["pwd"], cwd="build..old")
+        self.assertEqual(base64.b64decode(r["stdout"]).strip(), b"/workspace/build..old", r)
+        for path in ("../x", "a/../keep.txt", "/etc/passwd"):
+            r = c.request("read", path=path)
+            self.assertEqual(r.get("error", {}).get("code"), "invalid_path", (path, r))
+            self.assertIn(path, r["error"]["message"])
 
 
 if __name__ == "__main__":

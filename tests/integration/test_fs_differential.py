@@ -239,10 +239,14 @@ OPENS_FILE = {"create_excl", "overwrite", "append", "pwrite", "read", "truncate"
 
 
 def is_device(root, path):
-    try:
-        return stat.S_ISCHR(os.lstat(os.path.join(root, path)).st_mode)
-    except OSError:
-        return False
+    """Whether opening path reaches a device node: the path itself, or a symlink to one."""
+    for look in (os.lstat, os.stat):
+        try:
+            if stat.S_ISCHR(look(os.path.join(root, path)).st_mode):
+                return True
+        except OSError:
+            pass
+    return False
 
 
 def run(fn, root, args):

@@ -164,11 +164,14 @@ static int entry_read(int dirfd, const char *path, struct stat *st, struct cb_en
 		*fdp = -1;
 	pfd = cb_beneath_parent(dirfd, path, &name);
 	if (pfd < 0)
-		return cb_beneath_gone(pfd) ? 0 : cb_error_set(-pfd, "stat %s: %s", path, strerror(-pfd));
+		return cb_beneath_gone(pfd)
+			   ? 0
+			   : cb_error_set(-pfd, "stat %s: %s", path, strerror(-pfd));
 	fd = openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0 || fstat(fd, st) < 0) {
-		ret =
-		    cb_beneath_gone(-errno) ? 0 : cb_error_set(errno, "stat %s: %s", path, strerror(errno));
+		ret = cb_beneath_gone(-errno)
+			  ? 0
+			  : cb_error_set(errno, "stat %s: %s", path, strerror(errno));
 		goto out;
 	}
 	out->path = strdup(path);

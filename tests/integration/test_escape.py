@@ -515,7 +515,7 @@ class TestUserNamespace(EscapeTestCase):
             self.assertTrue(fb <= uid < fb + 65536, (path, uid))
         p = subprocess.run([COWBOX, "exec", fref, "--", "stat", "-c", "%u %a", "/workspace/t"],
                            env=self.env, capture_output=True, text=True, timeout=60)
-        self.assertEqual(p.stdout.split(), ["0", "4755"], p.stderr)
+        self.assertEqual(p.stdout.split(), ["0", "755"], p.stderr)
 
     def test_unprivileged_caller_gets_a_user_namespace(self):
         os.chown(self.ws, 65534, 65534)

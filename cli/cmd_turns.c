@@ -33,8 +33,16 @@ static void draw_progress(json_t *f)
 	fflush(stderr);
 }
 
-/* Wait for the reply to request id, drawing the progress frames that come first. */
-static int wait_reply(const char *cmd, struct cb_client *c, long long id, json_t **reply)
+/* What the frames of a request other than progress go to (the rows of a streamed map). */
+struct frame_sink {
+	void (*fn)(json_t *frame, void *arg);
+	void *arg;
+};
+
+/* Wait for the reply to request id, drawing the progress frames that come first and handing
+ * other frames to sink. */
+static int wait_reply(const char *cmd, struct cb_client *c, long long id,
+		      const struct frame_sink *sink, json_t **reply)
 {
 	int drawn = 0, rc;
 	json_t *msg, *err;
@@ -47,8 +55,16 @@ static int wait_reply(const char *cmd, struct cb_client *c, long long id, json_t
 			continue;
 		}
 		if (json_object_get(msg, "stream")) {
-			draw_progress(msg);
-			drawn = 1;
+			if (!strcmp(json_string_value(json_object_get(msg, "stream")) ?: "",
+				    "progress")) {
+				draw_progress(msg);
+				drawn = 1;
+			} else if (sink) {
+				if (drawn)
+					fputc('\n', stderr);
+				drawn = 0;
+				sink->fn(msg, sink->arg);
+			}
 			json_decref(msg);
 			continue;
 		}
@@ -70,9 +86,10 @@ static int wait_reply(const char *cmd, struct cb_client *c, long long id, json_t
 }
 
 /* Send req (consumed) to the daemon of ref_arg and wait for its reply. With progress (and
- * stderr a terminal), the daemon streams progress frames drawn as a bar on stderr. */
+ * stderr a terminal), the daemon streams progress frames drawn as a bar on stderr; sink (may
+ * be NULL) gets the request's other frames. */
 static int turns_request_ex(const char *cmd, const char *ref_arg, json_t *req, int progress,
-			    json_t **reply)
+			    const struct frame_sink *sink, json_t **reply)
 {
 	char ref[CB_WS_REF_LEN + 1];
 	struct cb_client *c = NULL;
@@ -86,11 +103,12 @@ static int turns_request_ex(const char *cmd, const char *ref_arg, json_t *req, i
 		cb_client_close(c);
 		return cli_fail(cmd, NULL);
 	}
-	if (progress && isatty(STDERR_FILENO)) {
-		json_object_set_new(req, "progress", json_true());
+	if ((progress && isatty(STDERR_FILENO)) || sink) {
+		if (progress && isatty(STDERR_FILENO))
+			json_object_set_new(req, "progress", json_true());
 		rc = cb_client_send(c, req, &id);
 		if (!rc)
-			rc = wait_reply(cmd, c, id, reply);
+			rc = wait_reply(cmd, c, id, sink, reply);
 	} else {
 		rc = cb_client_request(c, req, -1, reply);
 	}
@@ -100,7 +118,7 @@ static int turns_request_ex(const char *cmd, const char *ref_arg, json_t *req, i
 
 static int turns_request(const char *cmd, const char *ref_arg, json_t *req, json_t **reply)
 {
-	return turns_request_ex(cmd, ref_arg, req, 0, reply);
+	return turns_request_ex(cmd, ref_arg, req, 0, NULL, reply);
 }
 
 static int parse_turn(const char *s, long long *out)
@@ -137,7 +155,48 @@ static void print_sha256sum(const char *hash, const char *name)
 	putchar('\n');
 }
 
-static void print_files(json_t *files, int sha256sum)
+/* Writes a map as its frames come: each frame's rows sorted (the frames themselves come in
+ * path order), so the whole output is sorted without holding the map. */
+struct files_printer {
+	int json, sha256sum, started;
+	long long rows;
+};
+
+static void print_json_string(const char *text)
+{
+	json_t *j;
+	char *out;
+
+	/* Most names need no escape (jansson writes UTF-8 as it is): print them as they are
+	 * instead of an allocation and an encoder run per row. */
+	if (!text[strcspn(text, "\"\\\x01\x02\x03\x04\x05\x06\x07\x08\t\n\x0b\x0c\r\x0e\x0f"
+				"\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e"
+				"\x1f\x7f")]) {
+		putchar('"');
+		fputs(text, stdout);
+		putchar('"');
+		return;
+	}
+	j = json_string(text);
+	out = j ? json_dumps(j, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+
+	fputs(out ? out : "\"\"", stdout);
+	free(out);
+	json_decref(j);
+}
+
+static void files_begin(struct files_printer *p, long long turn)
+{
+	if (p->started)
+		return;
+	p->started = 1;
+	if (p->json)
+		printf("{\"turn\":%lld,\"files\":{", turn);
+	else if (!p->sha256sum)
+		printf("turn %lld\n", turn);
+}
+
+static void files_rows(struct files_printer *p, json_t *files)
 {
 	size_t n = json_object_size(files), i = 0;
 	const char **keys = calloc(n ? n : 1, sizeof(*keys));
@@ -151,12 +210,29 @@ static void print_files(json_t *files, int sha256sum)
 	for (i = 0; i < n; i++) {
 		const char *h = json_string_value(json_object_get(files, keys[i]));
 
-		if (sha256sum)
+		if (p->json) {
+			if (p->rows++)
+				putchar(',');
+			print_json_string(keys[i]);
+			putchar(':');
+			print_json_string(h);
+		} else if (p->sha256sum) {
 			print_sha256sum(h, keys[i]);
-		else
+		} else {
 			printf("%s  %s\n", keys[i], h);
+		}
 	}
 	free(keys);
+}
+
+static void files_frame(json_t *frame, void *arg)
+{
+	struct files_printer *p = arg;
+
+	if (strcmp(json_string_value(json_object_get(frame, "stream")) ?: "", "files"))
+		return;
+	files_begin(p, json_integer_value(json_object_get(frame, "turn")));
+	files_rows(p, json_object_get(frame, "files"));
 }
 
 static const char *short_hash(json_t *e)
@@ -197,7 +273,8 @@ static const char snapshot_usage[] =
     "usage: cowbox snapshot REF [--label TEXT] [--json | --format sha256sum] [--changes]\n"
     "Record a new turn and print every regular file's path and SHA-256 (only what changed\n"
     "since the previous turn with --changes). --format sha256sum prints exactly what\n"
-    "sha256sum prints at the mount root, so `sha256sum -c` verifies it there.\n";
+    "sha256sum prints at the mount root, so `sha256sum -c` verifies it there. The map is\n"
+    "written as it streams from the daemon, sorted by path.\n";
 
 int cmd_snapshot(int argc, char **argv)
 {
@@ -210,7 +287,8 @@ int cmd_snapshot(int argc, char **argv)
 	struct cli_common common = {0};
 	const char *label = NULL;
 	int c, status, changes = 0, sha256sum = 0;
-	json_t *reply;
+	json_t *reply, *ev;
+	size_t i;
 
 	while ((c = cli_getopt(argc, argv, "l:f:c", opts, &common, snapshot_usage, &status)) > 0) {
 		if (c == 'l')
@@ -227,31 +305,43 @@ int cmd_snapshot(int argc, char **argv)
 	if (sha256sum && (common.json || changes))
 		return cli_usage_error(snapshot_usage,
 				       "--format sha256sum goes with neither --json nor --changes");
-	status = turns_request_ex("snapshot", argv[optind],
-				  json_pack("{s:s, s:s?, s:b, s:b}", "op", "snapshot", "label",
-					    label, "changes", changes, "files", !changes),
-				  1, &reply);
+	if (!changes) {
+		/* The map is written as it streams in: the CLI never holds it whole. */
+		struct files_printer p = {.json = common.json, .sha256sum = sha256sum};
+		struct frame_sink sink = {files_frame, &p};
+		static char outbuf[1 << 16];
+
+		setvbuf(stdout, outbuf, _IOFBF, sizeof(outbuf));
+
+		status = turns_request_ex("snapshot", argv[optind],
+					  json_pack("{s:s, s:s?, s:b, s:b}", "op", "snapshot",
+						    "label", label, "files", 1, "stream", 1),
+					  1, &sink, &reply);
+		if (status)
+			return status;
+		files_begin(&p, json_integer_value(json_object_get(reply, "turn")));
+		/* An older daemon that does not stream sends the map in the reply. */
+		files_rows(&p, json_object_get(reply, "files"));
+		if (p.json)
+			puts("}}");
+		json_decref(reply);
+		return fflush(stdout) ? cli_fail("snapshot", "write: %s", strerror(errno)) : CLI_OK;
+	}
+	status = turns_request_ex(
+	    "snapshot", argv[optind],
+	    json_pack("{s:s, s:s?, s:b}", "op", "snapshot", "label", label, "changes", 1), 1, NULL,
+	    &reply);
 	if (status)
 		return status;
 	if (common.json) {
-		json_t *out = json_pack("{s:O}", "turn", json_object_get(reply, "turn"));
+		json_t *out = json_pack("{s:O, s:O}", "turn", json_object_get(reply, "turn"),
+					"changes", json_object_get(reply, "changes"));
 
-		json_object_set(out, changes ? "changes" : "files",
-				json_object_get(reply, changes ? "changes" : "files"));
 		json_decref(reply);
 		return cli_print_json(out);
 	}
-	if (!sha256sum)
-		printf("turn %lld\n",
-		       (long long)json_integer_value(json_object_get(reply, "turn")));
-	if (changes) {
-		size_t i;
-		json_t *ev;
-
-		json_array_foreach(json_object_get(reply, "changes"), i, ev) print_event(ev);
-	} else {
-		print_files(json_object_get(reply, "files"), sha256sum);
-	}
+	printf("turn %lld\n", (long long)json_integer_value(json_object_get(reply, "turn")));
+	json_array_foreach(json_object_get(reply, "changes"), i, ev) print_event(ev);
 	json_decref(reply);
 	return CLI_OK;
 }

@@ -376,6 +376,7 @@ void cb_box_detach(struct cb_box *box)
 	free(box->mountpoint);
 	free(box->workdir);
 	free(box->backend);
+	json_decref(box->map);
 	free(box);
 }
 

@@ -161,27 +161,136 @@ int cb_box_host_url(struct cb_box *box, int port, char **url)
 	return cb_box_finish(rc);
 }
 
-int cb_box_snapshot(struct cb_box *box, const char *label, json_t **files)
+/* Apply a delta reply (changed, deleted) to map in place. */
+static int box_map_apply(json_t *map, json_t *reply)
 {
-	json_t *req = json_pack("{s:s,s:b}", "op", "snapshot", "files", files != NULL);
-	json_t *reply = NULL;
+	json_t *changed = json_object_get(reply, "changed"), *v;
+	size_t i;
+
+	json_array_foreach(json_object_get(reply, "deleted"), i, v)
+	    json_object_del(map, json_string_value(v) ?: "");
+	return json_object_update(map, changed) ? cb_error_set(ENOMEM, "out of memory") : 0;
+}
+
+/* Record a turn and bring box->map to it: only the changes since box->map_turn travel when
+ * the box holds a map of this database. *reply (if not NULL) keeps the reply, for callers that
+ * want the delta itself; *full says whether the whole map came instead. */
+static int box_snapshot_map(struct cb_box *box, const char *label, json_t **reply_out, int *full)
+{
+	json_t *req = json_pack("{s:s,s:b}", "op", "snapshot", "files", 1);
+	json_t *reply = NULL, *files;
+	const char *id;
 	int rc;
 
-	cb_box_set_code("");
-	if (files)
-		*files = NULL;
+	*full = 1;
 	if (req && label)
 		json_object_set_new(req, "label", json_string(label));
-	rc = cb_box_request(box, "snapshot", req, &reply, NULL);
-	if (!rc) {
-		rc = (int)json_integer_value(json_object_get(reply, "turn"));
-		if (files) {
-			*files = json_incref(json_object_get(reply, "files"));
-			if (!*files)
-				*files = json_object();
-		}
+	if (req && box->map) {
+		json_object_set_new(req, "since", json_integer(box->map_turn));
+		json_object_set_new(req, "map_id", json_string(box->map_id));
 	}
+	rc = cb_box_request(box, "snapshot", req, &reply, NULL);
+	if (rc)
+		goto out;
+	rc = (int)json_integer_value(json_object_get(reply, "turn"));
+	id = json_string_value(json_object_get(reply, "map_id")) ?: "";
+	if (box->map && json_is_false(json_object_get(reply, "full"))) {
+		*full = 0;
+		/* Unusable if the update fails half-way: the next call starts over. */
+		if (box_map_apply(box->map, reply) < 0) {
+			json_decref(box->map);
+			box->map = NULL;
+			rc = -ENOMEM;
+			goto out;
+		}
+	} else {
+		files = json_object_get(reply, "files");
+		json_decref(box->map);
+		box->map = files ? json_incref(files) : json_object();
+	}
+	box->map_turn = rc;
+	snprintf(box->map_id, sizeof(box->map_id), "%s", id);
+	if (!*id) { /* a daemon that names no id gives no changes either */
+		json_decref(box->map);
+		box->map = NULL;
+	}
+out:
+	if (reply_out && rc >= 0)
+		*reply_out = reply;
+	else
+		json_decref(reply);
+	return rc;
+}
+
+int cb_box_snapshot(struct cb_box *box, const char *label, json_t **files)
+{
+	json_t *req, *reply = NULL;
+	int rc, full;
+
+	cb_box_set_code("");
+	if (!files) {
+		req = json_pack("{s:s,s:b}", "op", "snapshot", "files", 0);
+		if (req && label)
+			json_object_set_new(req, "label", json_string(label));
+		rc = cb_box_request(box, "snapshot", req, &reply, NULL);
+		if (!rc)
+			rc = (int)json_integer_value(json_object_get(reply, "turn"));
+		json_decref(reply);
+		return cb_box_finish(rc);
+	}
+	*files = NULL;
+	rc = box_snapshot_map(box, label, NULL, &full);
+	/* A copy: the caller may change it; the box keeps its own for the next delta. */
+	if (rc >= 0 && !(*files = json_deep_copy(box->map ? box->map : json_object())))
+		rc = cb_error_set(ENOMEM, "out of memory");
+	return cb_box_finish(rc);
+}
+
+int cb_box_snapshot_changes(struct cb_box *box, const char *label, json_t **changed,
+			    json_t **deleted)
+{
+	json_t *before = box->map ? json_incref(box->map) : NULL, *reply = NULL;
+	json_t *v;
+	const char *k;
+	int rc, full;
+
+	cb_box_set_code("");
+	*changed = json_object();
+	*deleted = json_array();
+	if (!*changed || !*deleted) {
+		rc = cb_error_set(ENOMEM, "out of memory");
+		goto out;
+	}
+	/* A delta changes box->map in place and is the answer itself; the whole map replaces
+	 * box->map (this reference keeps the old one) and is compared with it. */
+	rc = box_snapshot_map(box, label, &reply, &full);
+	if (rc < 0)
+		goto out;
+	if (!full) {
+		json_object_update(*changed, json_object_get(reply, "changed"));
+		json_array_extend(*deleted, json_object_get(reply, "deleted"));
+		goto out;
+	}
+	json_object_foreach(box->map, k, v)
+	{
+		json_t *old = before ? json_object_get(before, k) : NULL;
+
+		if (!old || !json_equal(old, v))
+			json_object_set(*changed, k, v);
+	}
+	json_object_foreach(before, k, v)
+	{
+		if (!box->map || !json_object_get(box->map, k))
+			json_array_append_new(*deleted, json_string(k));
+	}
+out:
+	json_decref(before);
 	json_decref(reply);
+	if (rc < 0) {
+		json_decref(*changed);
+		json_decref(*deleted);
+		*changed = *deleted = NULL;
+	}
 	return cb_box_finish(rc);
 }
 

@@ -17,6 +17,11 @@ struct cb_box {
 	char *mountpoint, *workdir, *backend;
 	struct cb_client *client; /* NULL until the first request, or after the daemon left */
 	pid_t daemon_pid;	  /* the daemon last seen serving it (maybe our child) */
+	/* The map of the last snapshot (NULL: none yet), its turn and its database's id:
+	 * the next snapshot asks only for what changed since. */
+	json_t *map;
+	long long map_turn;
+	char map_id[17];
 };
 
 /* Record code as the thread's last error code ("" or NULL: none). */

@@ -219,12 +219,124 @@ static int turns_snapshot(struct cb_daemon *d, json_t *req, struct cb_daemon_con
 	return ret;
 }
 
+/* Where the rows of a whole map go: one object, or frames of FILES_FRAME rows each when the
+ * client streams (it writes them out as they come instead of holding one document). */
+struct files_out {
+	json_t *files;
+	struct cb_daemon_conn *conn; /* streaming: frames go here */
+	json_t *id;
+	long long turn;
+	size_t rows;
+};
+
+#define FILES_FRAME 2048
+
+static int files_flush(struct files_out *o)
+{
+	json_t *frame;
+
+	if (!o->conn || !json_object_size(o->files))
+		return 0;
+	frame = json_pack("{s:s, s:I, s:O}", "stream", "files", "turn", (json_int_t)o->turn,
+			  "files", o->files);
+	if (!frame)
+		return cb_error_set(ENOMEM, "snapshot: out of memory");
+	cb_daemon_send_frame(o->conn, o->id, frame);
+	json_object_clear(o->files);
+	return 0;
+}
+
+static int files_add(const struct cb_entry *e, void *arg)
+{
+	struct files_out *o = arg;
+	char hex[2 * CB_SHA256_LEN + 1];
+
+	if (e->type != CB_ENTRY_FILE)
+		return 0;
+	cb_hex(e->sha256, CB_SHA256_LEN, hex);
+	if (json_object_set_new(o->files, e->path, json_string(hex)))
+		return cb_error_set(ENOMEM, "snapshot: out of memory");
+	return ++o->rows % FILES_FRAME ? 0 : files_flush(o);
+}
+
+/* The changes since a client's turn, as two members of the reply. */
+static int changes_add(const char *path, const struct cb_entry *now, void *arg)
+{
+	json_t *r = arg;
+	char hex[2 * CB_SHA256_LEN + 1];
+
+	if (!now)
+		return json_array_append_new(json_object_get(r, "deleted"), json_string(path))
+			   ? cb_error_set(ENOMEM, "snapshot: out of memory")
+			   : 0;
+	cb_hex(now->sha256, CB_SHA256_LEN, hex);
+	return json_object_set_new(json_object_get(r, "changed"), path, json_string(hex))
+		   ? cb_error_set(ENOMEM, "snapshot: out of memory")
+		   : 0;
+}
+
+/* The map of the turn just recorded, into reply r: only the changes when the client holds
+ * the map of turn since of this database (map_id), else the whole map ("full"). It reads
+ * committed rows of the database only, never the mount, so it runs here and not in the
+ * worker (whose reply would carry a whole map through one more JSON line). */
+static int snapshot_files(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req,
+			  long long turn, json_t *r)
+{
+	json_t *jsince = json_object_get(req, "since");
+	const char *client_id = json_string_value(json_object_get(req, "map_id"));
+	struct files_out o = {0};
+	struct cb_turns *t = NULL;
+	char id_hex[17];
+	long long id;
+	int ret = turns_open(d, &t);
+
+	if (!ret)
+		ret = cb_db_turns_map_id(cb_turns_db(t), &id);
+	if (ret)
+		goto out;
+	snprintf(id_hex, sizeof(id_hex), "%016llx", (unsigned long long)id);
+	json_object_set_new(r, "map_id", json_string(id_hex));
+	if (json_is_integer(jsince) && client_id && !strcmp(client_id, id_hex)) {
+		json_object_set_new(r, "changed", json_object());
+		json_object_set_new(r, "deleted", json_array());
+		ret = cb_ws_map_changes(t, json_integer_value(jsince), changes_add, r);
+		if (ret != -ESTALE) {
+			json_object_set_new(r, "full", json_false());
+			goto out;
+		}
+		/* Pruned or never recorded: the client starts over from the whole map. */
+		cb_error_clear();
+		json_object_del(r, "changed");
+		json_object_del(r, "deleted");
+	}
+	json_object_set_new(r, "full", json_true());
+	o.files = json_object();
+	if (!o.files) {
+		ret = cb_error_set(ENOMEM, "snapshot: out of memory");
+		goto out;
+	}
+	if (json_is_true(json_object_get(req, "stream"))) {
+		o.conn = conn;
+		o.id = json_object_get(req, "id");
+		o.turn = turn;
+	}
+	ret = cb_ws_map_list(t, files_add, &o);
+	if (!ret)
+		ret = files_flush(&o);
+	if (o.conn)
+		json_decref(o.files);
+	else
+		json_object_set_new(r, "files", o.files);
+out:
+	cb_turns_close(t);
+	return ret;
+}
+
 static int op_snapshot(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
 	json_t *wreq = json_pack("{s:O*, s:b, s:b, s:b}", "label", json_object_get(req, "label"),
 				 "changes", json_is_true(json_object_get(req, "changes")), "files",
-				 json_is_true(json_object_get(req, "files")), "progress",
-				 json_is_true(json_object_get(req, "progress")));
+				 0, "progress", json_is_true(json_object_get(req, "progress")));
 	struct timespec t0, t1;
 	long long turn = 0;
 	json_t *r = NULL;
@@ -233,6 +345,9 @@ static int op_snapshot(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	pthread_mutex_lock(&d->turn_lock);
 	ret = turns_snapshot(d, wreq, conn, json_object_get(req, "id"), &r, &turn);
+	/* Still under the lock: the map is the turn's, no later snapshot moved it on. */
+	if (!ret && json_is_true(json_object_get(req, "files")))
+		ret = snapshot_files(d, conn, req, turn, r);
 	pthread_mutex_unlock(&d->turn_lock);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	if (ret) {

@@ -567,3 +567,56 @@ Test(box, two_boxes_run_concurrently)
 	cb_box_detach(b.box);
 	cr_assert_eq(cb_box_close(a.box), 0, "%s", cb_error_message());
 }
+
+/* The delta form: only what changed since the box's previous snapshot; the whole-map form
+ * built from the same deltas, a copy the caller may change. */
+Test(box, snapshot_changes)
+{
+	struct cb_box *box = create_empty();
+	json_t *changed = NULL, *deleted = NULL, *files = NULL;
+	struct cb_box_result r = {0};
+	int t1, t2, t3;
+
+	cr_assert_eq(cb_box_write(box, "a.txt", "one\n", 4), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_box_write(box, "d/b.txt", "b\n", 2), 0, "%s", cb_error_message());
+	t1 = cb_box_snapshot_changes(box, NULL, &changed, &deleted);
+	cr_assert_geq(t1, 1, "%s", cb_error_message());
+	cr_assert_eq(json_object_size(changed), 2);
+	cr_assert_eq(json_array_size(deleted), 0);
+	json_decref(changed);
+	json_decref(deleted);
+
+	cr_assert_eq(cb_box_write(box, "a.txt", "two\n", 4), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_box_run(box, NULL, "rm -r d", NULL, &r), 0, "%s", cb_error_message());
+	cr_assert_eq(r.exit_code, 0);
+	cb_box_result_free(&r);
+	t2 = cb_box_snapshot_changes(box, "second", &changed, &deleted);
+	cr_assert_eq(t2, t1 + 1, "%s", cb_error_message());
+	cr_assert_eq(json_object_size(changed), 1);
+	cr_assert_str_eq(json_string_value(json_object_get(changed, "a.txt")),
+			 "27dd8ed44a83ff94d557f9fd0412ed5a8cbca69ea04922d88c01184a07300a5a");
+	cr_assert_eq(json_array_size(deleted), 1);
+	cr_assert_str_eq(json_string_value(json_array_get(deleted, 0)), "d/b.txt");
+	json_decref(changed);
+	json_decref(deleted);
+
+	/* Nothing changed: nothing reported. */
+	t3 = cb_box_snapshot_changes(box, NULL, &changed, &deleted);
+	cr_assert_eq(t3, t2 + 1, "%s", cb_error_message());
+	cr_assert_eq(json_object_size(changed), 0);
+	cr_assert_eq(json_array_size(deleted), 0);
+	json_decref(changed);
+	json_decref(deleted);
+
+	cr_assert_eq(cb_box_write(box, "c.txt", "c\n", 2), 0, "%s", cb_error_message());
+	cr_assert_geq(cb_box_snapshot(box, NULL, &files), t3 + 1, "%s", cb_error_message());
+	cr_assert_eq(json_object_size(files), 2);
+	cr_assert(json_object_get(files, "c.txt"));
+	json_object_del(files, "a.txt"); /* the caller's copy */
+	json_decref(files);
+	cr_assert_geq(cb_box_snapshot(box, NULL, &files), t3 + 2, "%s", cb_error_message());
+	cr_assert_eq(json_object_size(files), 2);
+	cr_assert(json_object_get(files, "a.txt"));
+	json_decref(files);
+	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
+}

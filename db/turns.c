@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "cowbox/error.h"
@@ -774,5 +775,42 @@ int cb_db_meta_peek(const char *path, const char *key, char **value)
 	}
 	sqlite3_finalize(s);
 	sqlite3_close(db);
+	return ret;
+}
+
+/* Random, so that a map id never names two databases: not the workspace's ref (a fork or a
+ * workspace made again under one name starts over at turn 1) nor anything a client could
+ * have seen from another database. Kept once made: the turns it names stay what they were. */
+int cb_db_turns_map_id(struct cb_db_turns *t, long long *out)
+{
+	sqlite3_stmt *s = NULL;
+	unsigned long long r = 0;
+	int ret = 0;
+
+	*out = 0;
+	if (sqlite3_prepare_v2(t->db, "SELECT value FROM turn_meta WHERE key='map_id'", -1, &s,
+			       NULL) != SQLITE_OK)
+		return tdb_fail(t, "map id");
+	if (sqlite3_step(s) == SQLITE_ROW)
+		*out = sqlite3_column_int64(s, 0);
+	sqlite3_finalize(s);
+	if (*out > 0)
+		return 0;
+	if (getrandom(&r, sizeof(r), 0) != (ssize_t)sizeof(r))
+		return cb_error_set(errno ? errno : EIO, "map id: getrandom: %s", strerror(errno));
+	r = (r >> 2) | 1; /* positive and never 0 as a signed 64-bit integer */
+	if (sqlite3_prepare_v2(t->db, "INSERT OR IGNORE INTO turn_meta VALUES('map_id', ?1)", -1,
+			       &s, NULL) != SQLITE_OK)
+		return tdb_fail(t, "map id");
+	sqlite3_bind_int64(s, 1, (long long)r);
+	if (sqlite3_step(s) != SQLITE_DONE)
+		ret = tdb_fail(t, "map id");
+	sqlite3_finalize(s);
+	if (!ret && sqlite3_prepare_v2(t->db, "SELECT value FROM turn_meta WHERE key='map_id'", -1,
+				       &s, NULL) == SQLITE_OK) {
+		if (sqlite3_step(s) == SQLITE_ROW)
+			*out = sqlite3_column_int64(s, 0);
+		sqlite3_finalize(s);
+	}
 	return ret;
 }

@@ -163,6 +163,16 @@ int cb_box_host_url(struct cb_box *box, int port, char **url);
  * the caller json_decref()s it. */
 int cb_box_snapshot(struct cb_box *box, const char *label, json_t **files);
 
+/* Record a turn like cb_box_snapshot and return its number, with only what changed since
+ * this box's previous snapshot: *changed {path: SHA-256} of the regular files added or
+ * changed, *deleted [path] of those gone (the caller json_decref()s both); the first call
+ * reports every file as changed. Both forms ask the daemon only for the changes once the box
+ * holds a map (docs/protocol.md, snapshot `since`), so a call costs what changed, not the size
+ * of the tree; when the daemon sends the whole map instead (that turn pruned, another
+ * database under the ref) the changes are found by comparing the two maps. */
+int cb_box_snapshot_changes(struct cb_box *box, const char *label, json_t **changed,
+			    json_t **deleted);
+
 /* The changes from turn `from` to turn `to` (< 0: the live tree) as a JSON array of events
  * ({"event":"created"|"modified"|"deleted"|..., "path", "old", "new"}: docs/protocol.md),
  * which the caller json_decref()s. Returns the number of events. */

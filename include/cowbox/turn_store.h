@@ -141,6 +141,11 @@ int cb_db_turns_map_clear(struct cb_db_turns *t);
 int cb_db_turns_map_list(struct cb_db_turns *t, const char *prefix,
 			 int (*fn)(const struct cb_entry *, void *), void *arg);
 
+/* The identity of this database's turns (> 0), made on first use and kept: a client that
+ * holds a map of turn N of this id can ask for the changes since N; turn N of another id is
+ * another workspace's (a fork, a workspace made again under the same name). */
+int cb_db_turns_map_id(struct cb_db_turns *t, long long *out);
+
 /* Fold every turn before keep_from into keep_from and forget them. */
 int cb_db_turns_prune(struct cb_db_turns *t, long long keep_from);
 /* 1 if some remaining turn or the map needs the blob with this xxh3, else 0. */

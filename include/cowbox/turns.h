@@ -149,6 +149,13 @@ int cb_ws_snapshot(struct cb_turns *t, long long turn, const struct cb_dirty *di
 /* Call fn for every entry of the latest turn's map, sorted (building the map if needed). */
 int cb_ws_map_list(struct cb_turns *t, int (*fn)(const struct cb_entry *, void *), void *arg);
 
+/* What changed in the latest turn's map since turn since (at or after the oldest kept):
+ * fn(path, entry) for each regular file added or changed, fn(path, NULL) for each path that
+ * was a regular file at since and is none now; sorted by path, and costing what changed.
+ * -ESTALE if since cannot be read (pruned, never recorded): the caller needs the whole map. */
+int cb_ws_map_changes(struct cb_turns *t, long long since,
+		      int (*fn)(const char *path, const struct cb_entry *now, void *), void *arg);
+
 /* 0 if turn can be read (recorded, or 0 = the base), else -ENOENT saying why (pruned...). */
 int cb_ws_turn_check(struct cb_turns *t, long long turn);
 

@@ -87,6 +87,50 @@ class TurnsTest(CowboxTestCase):
                          [("modified", "src/a.c")])
         self.assertEqual(ch["changes"][0]["old"]["sha256"], snap["files"]["src/a.c"])
 
+    def test_snapshot_streams_the_map(self):
+        # More files than one frame holds: the daemon sends the map as frames in path order
+        # (never one document), and the CLI's streamed --json and sha256sum output are the
+        # whole map, sorted, equal to sha256sum over the tree.
+        for i in range(5000):
+            d = self.path("many/d%02d" % (i % 37))
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, "f%04d é\\x" % i if i % 1000 == 7 else
+                                   "f%04d" % i), "w") as f:
+                f.write("%d\n" % i)
+        c = self.client(self.ref)
+        c.next_id += 1
+        c.send({"id": c.next_id, "op": "snapshot", "files": True, "stream": True})
+        frames = []
+        while True:
+            msg = c.recv()
+            if msg.get("stream") == "files":
+                self.assertEqual(msg["turn"], 1)
+                self.assertLessEqual(len(msg["files"]), 2048)
+                frames.append(list(msg["files"].items()))
+            elif "stream" not in msg:
+                break
+        self.assertTrue(msg["ok"] and msg["full"], msg)
+        self.assertNotIn("files", msg)
+        self.assertGreaterEqual(len(frames), 3)
+        rows = [r for f in frames for r in f]
+        self.assertEqual([k for k, _ in rows], sorted((k for k, _ in rows),
+                                                      key=lambda s: s.encode()))
+        want = files_of(tree_state(self.mnt))
+        self.assertEqual(dict(rows), want)
+        out = self.cowbox("snapshot", "w", "--json").stdout
+        self.assertEqual(out.count("\n"), 1)
+        snap = json.loads(out)
+        self.assertEqual((snap["turn"], snap["files"]), (2, want))
+        self.assertEqual(list(snap["files"]), sorted(want, key=lambda s: s.encode()))
+        out = self.cowbox("snapshot", "w", "--format", "sha256sum").stdout
+        names = sorted(want, key=lambda s: s.encode())
+        self.assertEqual(out, "".join(sha256sum_line(want[n], n) for n in names))
+        subprocess.run(["sha256sum", "--quiet", "-c", "-"], cwd=self.mnt, input=out, text=True,
+                       check=True)
+        text = self.cowbox("snapshot", "w").stdout.splitlines()
+        self.assertEqual(text[0], "turn 4")
+        self.assertEqual(text[1:], ["%s  %s" % (n, want[n]) for n in names])
+
     def test_diff_events_attribution_and_patch(self):
         self.snapshot()
         before = tree_state(self.mnt)

@@ -1,6 +1,8 @@
 """Property test of turns on a real mount: random writes, renames of files and directories,
 deletes, chmods, symlinks, hard links and truncates with snapshots at random points. Every
-snapshot equals sha256sum over the tree, every diff equals the difference of two states,
+snapshot equals sha256sum over the tree (the CLI's whole map, and the map a client keeps up to
+date from the changes since its last turn: the protocol's snapshot `since`, also after a
+prune, a remount and in a fork), every diff equals the difference of two states,
 every rollback restores its turn exactly (content, modes, symlinks, directories), also after
 a remount. Prints its seed; COWBOX_SEED=N replays a run."""
 
@@ -10,6 +12,7 @@ import shutil
 import sys
 import unittest
 
+import cbtest
 from cbtest import CowboxTestCase
 from turnutil import expected_events, files_of, tree_state
 
@@ -130,9 +133,40 @@ class TurnsPropertyTest(CowboxTestCase):
         mnt = self.mountpoint(ref)
         mut = Mutator(rng, mnt)
         states = {}  # turn -> tree state
+        held = {}  # the delta client's map: turn, map_id, files
+        oldest = [0]  # the oldest turn kept (after a prune)
 
-        def snapshot():
-            snap = self.cowbox_json("snapshot", "prop")
+        def delta_snapshot(ref, expect_full=None):
+            """A client that keeps its map and asks only for the changes since its turn."""
+            args = {"label": "prop", "files": True}
+            if held:
+                args.update(since=held["turn"], map_id=held["map_id"])
+            c = cbtest.Client(os.path.join(self.ws_dir(ref), "control.sock"))
+            try:
+                snap = c.request("snapshot", **args)
+            finally:
+                c.close()
+            self.assertNotIn("error", snap)
+            if expect_full is None:
+                expect_full = not held or held["turn"] < oldest[0]
+            self.assertIs(snap["full"], expect_full, "seed %d: turn %d from %s" % (
+                seed, snap["turn"], held.get("turn")))
+            if snap["full"]:
+                files = snap["files"]
+            else:
+                files = dict(held["files"])
+                for path in snap["deleted"]:
+                    self.assertIn(path, files, "seed %d: deleted %s" % (seed, path))
+                    del files[path]
+                files.update(snap["changed"])
+            held.update(turn=snap["turn"], map_id=snap["map_id"], files=files)
+            return dict(snap, files=files)
+
+        def snapshot(delta=None):
+            if not (delta if delta is not None else rng.random() < 0.5):
+                snap = self.cowbox_json("snapshot", "prop")
+            else:
+                snap = delta_snapshot(ref)
             state = tree_state(mnt)
             self.assertEqual(snap["files"], files_of(state),
                              "seed %d: snapshot %d != sha256sum of the tree" % (seed,
@@ -155,7 +189,7 @@ class TurnsPropertyTest(CowboxTestCase):
             states[r["turn"]] = states[turn]
             return turn
 
-        snapshot()
+        snapshot(delta=True)
         for i in range(STEPS):
             mut.step()
             r = rng.random()
@@ -187,7 +221,7 @@ class TurnsPropertyTest(CowboxTestCase):
         self.cowbox("umount", "prop")
         self.mount(ref)
         self.assertEqual(tree_state(mnt), live, "seed %d: remount" % seed)
-        snapshot()
+        snapshot(delta=True)
         for _ in range(3):
             check_diff()
             check_rollback()
@@ -199,10 +233,12 @@ class TurnsPropertyTest(CowboxTestCase):
         for turn in [t for t in states if 0 < t <= latest - 3]:
             del states[turn]
         self.assertEqual(len(states), 3)
+        oldest[0] = latest - 2
         for _ in range(2):
             mut.step()
             check_rollback()
             check_diff()
+        snapshot(delta=True)  # the whole map if the client's turn was pruned
         self.assertEqual(self.cowbox("diff", "prop", "1", check=False).returncode, 1)
         # fork a random kept turn: the new workspace's tree is that turn exactly (files,
         # modes, symlinks, directories, deletions of base entries as whiteouts)
@@ -211,6 +247,14 @@ class TurnsPropertyTest(CowboxTestCase):
         self.mount(fork["ref"])
         self.assertEqual(tree_state(self.mountpoint(fork["ref"])), states[turn],
                          "seed %d: fork of turn %d" % (seed, turn))
+        # The fork is another database: a map of this workspace's turns gets the whole map,
+        # then changes again.
+        for expect_full in (True, False):
+            snap = delta_snapshot(fork["ref"], expect_full)
+            self.assertEqual(snap["files"], files_of(tree_state(self.mountpoint(fork["ref"]))),
+                             "seed %d: delta map of the fork" % seed)
+            with open(os.path.join(self.mountpoint(fork["ref"]), "after-fork.txt"), "w") as f:
+                f.write("x\n")
 
 
 if __name__ == "__main__":

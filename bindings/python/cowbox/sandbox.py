@@ -185,6 +185,10 @@ class Sandbox:
         self.backend = "ns"
         self.workdir = "/workspace"
         self.last_turn = None
+        # (turn, map_id, {path: sha256}) of the last snapshot(): what the next one asks
+        # the changes against.
+        self._map = None
+        self._snapshot_lock = None
         # read/write go straight through the mount when this process sees it (same path
         # rules, no base64/JSON); COWBOX_DIRECT_IO=0 or direct_io = False forces the protocol.
         self.direct_io = os.environ.get("COWBOX_DIRECT_IO", "1") != "0"
@@ -438,10 +442,33 @@ class Sandbox:
             return None
 
     async def snapshot(self):
-        """Record a turn; every regular file's relative path -> SHA-256 (lowercase hex)."""
-        msg = await self._request("snapshot", files=True)
-        self.last_turn = msg.get("turn")
-        return dict(msg.get("files", {}))
+        """Record a turn; every regular file's relative path -> SHA-256 (lowercase hex), a
+        new dict each call that the caller may keep or change. After the first call only
+        what changed since the previous one travels: the daemon sends the changed and
+        deleted paths since the turn this object last saw, and the client applies them to
+        its own copy of that map (the whole map comes again when that turn was pruned or
+        belongs to another database)."""
+        if self._snapshot_lock is None:
+            self._snapshot_lock = asyncio.Lock()
+        # One at a time: each reply is applied to the map of the turn it was asked against.
+        async with self._snapshot_lock:
+            args = {"files": True}
+            held = self._map
+            if held is not None:
+                args.update(since=held[0], map_id=held[1])
+            msg = await self._request("snapshot", **args)
+            self.last_turn = msg.get("turn")
+            if held is not None and msg.get("full") is False:
+                files = held[2]
+                self._map = None  # being changed: unusable if this raises half-way
+                for path in msg.get("deleted", ()):
+                    files.pop(path, None)
+                files.update(msg.get("changed", {}))
+            else:
+                files = msg.get("files", {})
+            if msg.get("map_id"):
+                self._map = (msg["turn"], msg["map_id"], files)
+            return dict(files)
 
     # --- turns ---
 

@@ -228,6 +228,71 @@ class ClientTest(cbtest.CowboxTestCase):
                              r.stderr)
         self.arun(go())
 
+    def test_snapshot_deltas_equal_sha256sum(self):
+        # After the first snapshot() only the changes travel (the reply says full: false)
+        # and the map the client builds from them is sha256sum over the tree, also after a
+        # rollback, a prune of the turn the client holds, a reattach and in a fork.
+        from turnutil import files_of, tree_state
+        replies = []
+
+        def spy(box):
+            real = box._request
+
+            async def request(op, **args):
+                msg = await real(op, **args)
+                if op == "snapshot":
+                    replies.append(msg)
+                return msg
+            box._request = request
+            return box
+
+        async def check(box, full):
+            got = await box.snapshot()
+            self.assertEqual(got, files_of(tree_state(self.mountpoint(box.ref))))
+            self.assertIs(replies[-1]["full"], full)
+            if not full:
+                self.assertNotIn("files", replies[-1])
+            return got
+
+        async def go():
+            box = spy(await self.new_box())
+            first = await check(box, True)
+            first["src/a.py"] = "mutated by the caller"  # the client's own copy stays
+            del first["README"]
+            await box.run(["sh", "-c", "echo 2 > src/a.py && rm README && mkdir -p n/m && "
+                           "echo new > n/m/f && ln -s keep.txt link"])
+            await check(box, False)
+            self.assertEqual(set(replies[-1]["changed"]), {"src/a.py", "n/m/f"})
+            self.assertEqual(replies[-1]["deleted"], ["README"])
+            await box.run(["sh", "-c", "rm -r n && echo 3 > keep.txt"])
+            await check(box, False)
+            self.assertEqual(replies[-1]["deleted"], ["n/m/f"])
+            await box.rollback(1)
+            await check(box, False)
+            # A prune that drops the turn this client holds: the whole map, once.
+            self.cowbox("snapshot", box.ref)
+            self.cowbox("snapshot", box.ref)
+            self.cowbox("prune", box.ref, "--keep", "1")
+            await box.run(["sh", "-c", "echo after > pruned.txt"])
+            await check(box, True)
+            await box.run(["sh", "-c", "rm pruned.txt"])
+            await check(box, False)
+            # Reattach: the daemon starts again over the same database; deltas go on.
+            await box.close()
+            cbtest.wait_for(lambda: not self.daemon_pid(box.ref), 10, what="the daemon to stop")
+            await box.write("back.txt", b"back\n")
+            await check(box, False)
+            # A fork is another database: a map of this one is never patched into it.
+            fork = spy(await box.fork(box.last_turn))
+            self.boxes.append(fork)
+            fork._map = (box._map[0], box._map[1], dict(box._map[2]))
+            await fork.write("forked.txt", b"f\n")
+            await check(fork, True)
+            await fork.run(["sh", "-c", "rm back.txt"])
+            await check(fork, False)
+            await check(box, False)
+        self.arun(go())
+
     def test_close_attach_destroy(self):
         async def go():
             box = await cowbox.Sandbox.create(self.base, name="agent-box", cowbox=cbtest.COWBOX,

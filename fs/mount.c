@@ -90,6 +90,7 @@ static int ov_env_off(const char *name)
 	return v && (!strcmp(v, "0") || !strcmp(v, "off") || !strcmp(v, "no"));
 }
 
+#ifdef HAVE_FUSE_URING
 /* Whether the kernel lets FUSE servers use io_uring (root turns it on: scripts/setup). */
 static int ov_uring_allowed(void)
 {
@@ -103,6 +104,7 @@ static int ov_uring_allowed(void)
 	close(fd);
 	return c == 'Y' || c == '1';
 }
+#endif
 
 /* Whether fd is on overlayfs (its files as backing files add a stacking level). */
 static int ov_on_overlayfs(int fd)

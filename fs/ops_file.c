@@ -18,6 +18,7 @@ int ov_file_writable(const struct ov_file *f)
 	return (f->flags & O_ACCMODE) != O_RDONLY;
 }
 
+#ifdef HAVE_FUSE_PASSTHROUGH
 /* Passthrough is for upper files only: a base file's backing would stay the inode's until
  * its last open closes, and the kernel refuses an open with another backing file (the upper
  * one, after a copy-up for writing) meanwhile. Set-id files stay cached, so every write goes
@@ -30,6 +31,7 @@ static int ov_file_backing_ok(struct ov_file *f)
 		return 0;
 	return !(st.st_mode & (S_ISUID | S_ISGID));
 }
+#endif
 
 /* See ov.h. The kernel fails an open whose mode differs from the inode's other opens, so the
  * counts decide: join the passthrough opens (same backing id), else join the cached ones,

@@ -140,8 +140,21 @@ static int fork_one(const char *path, void *arg)
 	/* Below a directory gone at the turn: its whiteout already hides all of it. Below a
 	 * symlink or file (a turn recorded while the tree changed type under it): no such path
 	 * in a tree, so none in the fork either. */
-	if ((ret = fork_parent_exists(f, path, &parent)) || !parent)
+	if ((ret = fork_parent_exists(f, path, &parent)))
 		goto out;
+	if (!parent) {
+		/* Nothing to write (the parent's whiteout or non-directory hides it), but the
+		 * fork's turn 1 must still say the base's entry is gone, or its map keeps it. */
+		if (base.type == CB_ENTRY_ABSENT)
+			goto out;
+		cb_entry_clear(&e);
+		if (!(e.path = strdup(path))) {
+			ret = cb_error_set(ENOMEM, "fork: out of memory");
+			goto out;
+		}
+		ret = cb_db_turns_delta_put(f->db, 1, &e);
+		goto out;
+	}
 	ret = cb_db_turns_delta_put(f->db, 1, &e);
 	if (ret)
 		goto out;

@@ -740,7 +740,9 @@ class TestDaemonPathsEscape(CowboxTestCase):
             s = self.cowbox("snapshot", self.ref, "--json", check=False)
             if s.returncode == 0:
                 turns.append(json.loads(s.stdout)["turn"])
-            if len(turns) >= 2:
+            # A rollback may restore a turn that caught d and x both as symlinks, after which
+            # no read can succeed: roll back only once a read inside has been seen.
+            if len(turns) >= 2 and b"INSIDE" in seen:
                 p = self.cowbox("diff", self.ref, str(turns[-2]), "--patch", check=False)
                 self.assertNotIn("SECRET", p.stdout + p.stderr)
                 self.cowbox("rollback", self.ref, str(turns[-2]), check=False)

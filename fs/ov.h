@@ -89,10 +89,10 @@ struct cb_overlay {
 	pthread_rwlock_t ns_lock; /* names and parents: read to build paths, write to change */
 	mode_t umask;		  /* the process umask, so created files get their exact mode */
 	_Atomic unsigned long id_base; /* see cb_overlay_config; 0: no translation */
-	_Atomic uint64_t gen;	  /* turn generation; starts at 1 */
-	pthread_rwlock_t fence;	  /* shared: a change in flight; exclusive: a turn advance */
-	long stall_us;		  /* tests: hold each change this long after its mark */
-	_Atomic int advancing;	  /* a turn advance waits for the fence */
+	_Atomic uint64_t gen;	       /* turn generation; starts at 1 */
+	pthread_rwlock_t fence;	       /* shared: a change in flight; exclusive: a turn advance */
+	long stall_us;		       /* tests: hold each change this long after its mark */
+	_Atomic int advancing;	       /* a turn advance waits for the fence */
 	pthread_mutex_t carry_lock;
 	struct cb_change *carry; /* marks of changes in flight at the advance */
 	size_t ncarry, capcarry;

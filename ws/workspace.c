@@ -250,22 +250,31 @@ out:
 	return rc;
 }
 
+/* The first steps of every creation: a usable name not taken yet, and $COWBOX_HOME (*home,
+ * the caller frees it, also on failure). 0 or -errno with a message. */
+static int ws_create_begin(const char *name, char **home)
+{
+	char other[CB_WS_REF_LEN + 1];
+	int rc;
+
+	if (name && (rc = cb_ws_name_check(name)))
+		return rc;
+	if ((rc = cb_ws_home(home)))
+		return rc;
+	if (name && ws_name_lookup(*home, name, other) == 0)
+		return cb_error_set(EEXIST, "the name '%s' is already used by %s", name, other);
+	return 0;
+}
+
 int cb_ws_create(const char *base, const char *name, FILE *log, char ref[CB_WS_REF_LEN + 1])
 {
 	char *home = NULL, *dir = NULL, *link = NULL, *base_abs = NULL;
-	char other[CB_WS_REF_LEN + 1];
 	struct stat st;
 	int rc;
 
 	ref[0] = '\0';
-	if (name && (rc = cb_ws_name_check(name)))
-		return rc;
-	if ((rc = cb_ws_home(&home)))
-		return rc;
-	if (name && ws_name_lookup(home, name, other) == 0) {
-		rc = cb_error_set(EEXIST, "the name '%s' is already used by %s", name, other);
+	if ((rc = ws_create_begin(name, &home)))
 		goto out;
-	}
 	if (base) {
 		base_abs = realpath(base, NULL);
 		if (!base_abs) {
@@ -320,19 +329,12 @@ int cb_ws_create_unpublished(const char *base, const char *name, char ref[CB_WS_
 			     char **dir)
 {
 	char *home = NULL, *base_abs = NULL;
-	char other[CB_WS_REF_LEN + 1];
 	int rc;
 
 	ref[0] = '\0';
 	*dir = NULL;
-	if (name && (rc = cb_ws_name_check(name)))
-		return rc;
-	if ((rc = cb_ws_home(&home)))
-		return rc;
-	if (name && ws_name_lookup(home, name, other) == 0) {
-		rc = cb_error_set(EEXIST, "the name '%s' is already used by %s", name, other);
+	if ((rc = ws_create_begin(name, &home)))
 		goto out;
-	}
 	if (base && !(base_abs = realpath(base, NULL))) {
 		rc = cb_error_set(errno, "base %s: %s", base, strerror(errno));
 		goto out;

@@ -160,6 +160,12 @@ static int ov_copy_special(struct cb_overlay *ov, const char *path, const struct
 		target[n] = '\0';
 		if (symlinkat(target, ov->upper_fd, path) < 0)
 			return -errno;
+	} else if (ov_node_is_whiteout(st->st_mode, st->st_rdev)) {
+		/* a base 0/0 device copied to upper would become a whiteout and hide itself */
+		return cb_error_set(EPERM,
+				    "copy-up %s: a 0/0 character device is a whiteout in "
+				    "the upper layer",
+				    path);
 	} else if (mknodat(ov->upper_fd, path, st->st_mode, st->st_rdev) < 0) {
 		return -errno;
 	}

@@ -14,10 +14,16 @@
 
 #include "ov.h"
 
+/* Whether a node of this mode and device number would be a whiteout. */
+int ov_node_is_whiteout(mode_t mode, dev_t rdev)
+{
+	return S_ISCHR(mode) && rdev == makedev(0, 0);
+}
+
 /* Whether st describes a whiteout. */
 int ov_is_whiteout(const struct stat *st)
 {
-	return S_ISCHR(st->st_mode) && st->st_rdev == makedev(0, 0);
+	return ov_node_is_whiteout(st->st_mode, st->st_rdev);
 }
 
 /* lstat of path relative to a layer root; 0 or -errno. */

@@ -83,6 +83,13 @@ static void ov_make_node(fuse_req_t req, fuse_ino_t parent_ino, const char *name
 	char path[PATH_MAX];
 	int r, had_whiteout;
 
+	/* A 0/0 character device is what a whiteout is on disk: made in upper it would hide its
+	 * own name (and what base has there) for good. Kernel overlayfs refuses it the same way,
+	 * before anything is copied up, journaled or created. */
+	if (!link_target && ov_node_is_whiteout(mode, rdev)) {
+		fuse_reply_err(req, EPERM);
+		return;
+	}
 	pthread_rwlock_rdlock(&ov->ns_lock);
 	r = ov_prepare_new(ov, parent, name, path, sizeof(path), &had_whiteout);
 	if (r == 0)

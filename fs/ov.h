@@ -162,6 +162,10 @@ void ov_table_track(struct ov_table *t, struct ov_inode *in);
 
 /* layer.c: whiteouts, opaque directories, existence in a layer. */
 int ov_is_whiteout(const struct stat *st);
+
+/* Whether a node of this mode and device number would be a whiteout (a 0/0 character
+ * device): the upper layer cannot hold one as a real entry. */
+int ov_node_is_whiteout(mode_t mode, dev_t rdev);
 int ov_lstat(int rootfd, const char *path, struct stat *st);
 int ov_is_opaque(const char *proc_root, const char *path);
 int ov_set_opaque(const char *proc_root, const char *path);

@@ -261,8 +261,15 @@ class TreeRaceTest(CowboxTestCase):
         reply = c.request("snapshot")
         self.assertTrue(reply.get("ok"), reply)
         print("%d snapshots during %s exchanges" % (ok, out.strip()), file=sys.stderr)
-        self.assertEqual(failed, [])
+        # A file the racer rewrites without pause may never hold still for the ten reads a
+        # hash gets: that snapshot says so (in_use, "still being written") and the next one
+        # goes on; any other failure (a type change while read: "readlink: Invalid
+        # argument") is a bug.
+        other = [r for r in failed if r.get("error", {}).get("code") != "in_use" or
+                 "still being written" not in r["error"].get("message", "")]
+        self.assertEqual(other, [])
         self.assertGreater(ok, 3)
+        self.assertLess(len(failed), ok, failed[:3])
         db = sqlite3.connect("file:%s?mode=ro" % os.path.join(self.ws_dir(ref), "meta.db"),
                              uri=True)
         self.addCleanup(db.close)

@@ -255,6 +255,8 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 			goto fail_child;
 		if (h->cg && (rc = cb_cgroup_attach(h->cg, pid)) < 0)
 			goto fail_child;
+		if (h->ns)
+			cb_ns_write_oom(h->ns, pid);
 		send(h->ctl, &go, 1, MSG_NOSIGNAL);
 	}
 	if (plan.sandbox_tty) {

@@ -257,7 +257,7 @@ static const char *limit_text(json_t *l, const char *key, const char *unit, char
 
 	if (!json_is_number(v) || json_number_value(v) <= 0)
 		return "none";
-	snprintf(buf, n, "%g%s", json_number_value(v), unit);
+	snprintf(buf, n, "%.15g%s", json_number_value(v), unit);
 	return buf;
 }
 

@@ -343,16 +343,21 @@ int ov_keep_fd_for(struct cb_overlay *ov, struct ov_inode *in, const char *path)
 		      O_PATH | O_NOFOLLOW | O_CLOEXEC);
 }
 
-/* An upper entry (ust) lost a name: its inode leaves the quota now, or when the kernel lets
- * go of it if it is still referenced (keep_fd). */
+/* An upper entry (ust) lost a name: its inode leaves the quota now, or at the last close if
+ * it is still open (its bytes stay on disk, and can still grow, until then). */
 void ov_upper_name_gone(struct cb_overlay *ov, struct ov_inode *in, const struct stat *ust,
 			int keep_fd)
 {
+	int open = 0;
+
 	if (S_ISREG(ust->st_mode) && ust->st_nlink <= 1 && keep_fd >= 0 && in) {
-		in->quota_deferred = 1;
-		return;
+		pthread_mutex_lock(&in->lock);
+		open = in->backing_opens + in->cached_opens > 0;
+		in->quota_deferred = open;
+		pthread_mutex_unlock(&in->lock);
 	}
-	ov_quota_gone(ov, ust);
+	if (!open)
+		ov_quota_gone(ov, ust);
 }
 
 static void ov_remove(fuse_req_t req, fuse_ino_t parent_ino, const char *name, int dir)

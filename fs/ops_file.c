@@ -77,7 +77,8 @@ void ov_file_choose_mode(fuse_req_t req, struct ov_file *f, struct fuse_file_inf
 void ov_file_drop_mode(fuse_req_t req, struct ov_file *f)
 {
 	struct ov_inode *in = f->inode;
-	int id = 0;
+	int id = 0, freed = 0;
+	struct stat st;
 
 	pthread_mutex_lock(&in->lock);
 	if (f->mode == OV_OPEN_BACKING && in->backing_opens > 0 && --in->backing_opens == 0) {
@@ -87,7 +88,16 @@ void ov_file_drop_mode(fuse_req_t req, struct ov_file *f)
 		in->cached_opens--;
 	}
 	f->mode = 0;
+	/* the last close of an unlinked file: its bytes leave the quota */
+	if (in->quota_deferred && !in->backing_opens && !in->cached_opens) {
+		in->quota_deferred = 0;
+		freed = fstat(f->fd, &st) == 0;
+	}
 	pthread_mutex_unlock(&in->lock);
+	if (freed) {
+		st.st_nlink = 1;
+		ov_quota_gone(f->overlay, &st);
+	}
 #ifdef HAVE_FUSE_PASSTHROUGH
 	if (id > 0 && req)
 		fuse_passthrough_close(req, id);

@@ -49,7 +49,8 @@ void ov_file_choose_mode(fuse_req_t req, struct ov_file *f, struct fuse_file_inf
 		f->mode = OV_OPEN_BACKING;
 		fi->backing_id = in->backing_id;
 	} else if (in->cached_opens == 0 && atomic_load(&ov->passthrough) &&
-		   ov_file_backing_ok(f)) {
+		   !atomic_load(&ov->quota_bytes) && ov_file_backing_ok(f)) {
+		/* (a byte quota set after the mount: new opens go through us) */
 		int id = fuse_passthrough_open(req, f->fd);
 
 		if (id > 0) {

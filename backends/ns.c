@@ -93,6 +93,7 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	sb.memory_mb = lim.memory_mb;
 	sb.pids = lim.pids;
 	sb.oom_score_adj = lim.oom_score_adj;
+	sb.limits_optional = !b->opt.memory_mb && !b->opt.pids;
 	sb.privileged = b->opt.privileged;
 	/* the range the daemon's mount shows the workspace's files in (none: not root, or a
 	 * plain directory, which the sandbox binds through an idmapped mount) */

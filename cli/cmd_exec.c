@@ -516,6 +516,7 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 		sb.memory_mb = lim.memory_mb;
 		sb.pids = lim.pids;
 		sb.oom_score_adj = lim.oom_score_adj;
+		sb.limits_optional = !(o.set & (SET_MEMORY | SET_PIDS));
 		if (sb.privileged && geteuid() == 0)
 			fprintf(stderr, "cowbox: warning: privileged: the command runs as host "
 					"uid 0 (no capabilities), not in a user namespace\n");

@@ -79,6 +79,48 @@ static int opt_number(json_t *v, const char *key, double *out)
 	return 0;
 }
 
+/* A limit: a missing key keeps the default (0), an explicit 0 means none. */
+static int opt_limit(json_t *v, const char *key, unsigned long *out)
+{
+	double num = 0;
+	int rc = opt_number(v, key, &num);
+
+	if (rc == 0)
+		*out = num >= 1 ? (unsigned long)num : CB_BACKEND_NO_LIMIT;
+	return rc;
+}
+
+static unsigned long limit_or(unsigned long v, unsigned long def)
+{
+	return v == CB_BACKEND_NO_LIMIT ? 0 : v ? v : def;
+}
+
+void cb_backend_limits_of(const struct cb_backend_options *o, struct cb_backend_limits *out)
+{
+	int local = o->kind && !strcmp(o->kind, "local");
+
+	memset(out, 0, sizeof(*out));
+	out->timeout = o->timeout < 0	? 0
+		       : o->timeout > 0 ? o->timeout
+					: CB_BACKEND_DEFAULT_TIMEOUT;
+	out->disk_bytes = (unsigned long long)limit_or(o->disk_mb, CB_BACKEND_DEFAULT_DISK_MB)
+			  << 20;
+	out->disk_inodes = limit_or(o->disk_inodes, CB_BACKEND_DEFAULT_DISK_INODES);
+	if (local)
+		return;
+	out->pids = limit_or(o->pids, CB_BACKEND_DEFAULT_PIDS);
+	out->memory_mb = limit_or(o->memory_mb, CB_BACKEND_DEFAULT_MEMORY_MB);
+	out->oom_score_adj = CB_BACKEND_OOM_SCORE_ADJ;
+}
+
+json_t *cb_backend_limits_json(const struct cb_backend_limits *l)
+{
+	return json_pack("{s:f, s:I, s:I, s:i, s:I, s:I}", "timeout", l->timeout, "memory_mb",
+			 (json_int_t)l->memory_mb, "pids", (json_int_t)l->pids, "oom_score_adj",
+			 l->oom_score_adj, "disk_bytes", (json_int_t)l->disk_bytes, "disk_inodes",
+			 (json_int_t)l->disk_inodes);
+}
+
 static int opt_hooks(json_t *v, const char *key, char **out)
 {
 	size_t i;
@@ -128,7 +170,6 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 {
 	const char *key;
 	json_t *v;
-	double num = 0;
 	int rc = 0;
 
 	memset(out, 0, sizeof(*out));
@@ -146,16 +187,23 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 			rc = opt_string(v, key, &out->image);
 		else if (!strcmp(key, "setup_script"))
 			rc = opt_string(v, key, &out->setup_script);
-		else if (!strcmp(key, "timeout"))
+		else if (!strcmp(key, "timeout")) {
 			rc = opt_number(v, key, &out->timeout);
+			if (!rc && out->timeout == 0)
+				out->timeout = -1; /* explicitly none */
+		} else if (!strcmp(key, "pids"))
+			rc = opt_limit(v, key, &out->pids);
+		else if (!strcmp(key, "disk_mb"))
+			rc = opt_limit(v, key, &out->disk_mb);
+		else if (!strcmp(key, "disk_inodes"))
+			rc = opt_limit(v, key, &out->disk_inodes);
 		else if (!strcmp(key, "setup_timeout"))
 			rc = opt_number(v, key, &out->setup_timeout);
 		else if (!strcmp(key, "cpus"))
 			rc = opt_number(v, key, &out->cpus);
-		else if (!strcmp(key, "memory_mb")) {
-			rc = opt_number(v, key, &num);
-			out->memory_mb = (unsigned long)num;
-		} else if (!strcmp(key, "network")) {
+		else if (!strcmp(key, "memory_mb"))
+			rc = opt_limit(v, key, &out->memory_mb);
+		else if (!strcmp(key, "network")) {
 			rc = cb_backend_net_parse(json_string_value(v), &out->net);
 		} else if (!strcmp(key, "on_create"))
 			rc = opt_hooks(v, key, out->on_create);
@@ -180,10 +228,11 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 	if (!rc && !strcmp(out->kind, "local")) {
 		json_t *net = json_object_get(j, "network");
 
-		if (out->cpus > 0 || out->memory_mb || out->image)
-			rc =
-			    cb_error_set(EINVAL, "the local backend cannot enforce cpus, memory_mb "
-						 "or image; use ns or docker");
+		if (out->cpus > 0 || (out->memory_mb && out->memory_mb != CB_BACKEND_NO_LIMIT) ||
+		    (out->pids && out->pids != CB_BACKEND_NO_LIMIT) || out->image)
+			rc = cb_error_set(EINVAL,
+					  "the local backend cannot enforce cpus, memory_mb, "
+					  "pids or image; use ns or docker");
 		else if (net && out->net != CB_BACKEND_NET_HOST)
 			rc = cb_error_set(EINVAL, "the local backend runs on the host's network "
 						  "(network host); network none or all needs ns "
@@ -205,6 +254,7 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 json_t *cb_backend_options_to_json(const struct cb_backend_options *o)
 {
 	json_t *j = json_object(), *env = json_object(), *c = json_array(), *d = json_array();
+	struct cb_backend_limits lim;
 
 	for (size_t i = 0; o->env && o->env[i]; i++) {
 		char *k = strdup(o->env[i]), *eq = k ? strchr(k, '=') : NULL;
@@ -224,9 +274,16 @@ json_t *cb_backend_options_to_json(const struct cb_backend_options *o)
 	json_object_set_new(j, "backend", json_string(o->kind ? o->kind : "ns"));
 	json_object_set_new(j, "env", env);
 	json_object_set_new(j, "network", json_string(cb_backend_net_name(o->net)));
-	json_object_set_new(j, "timeout", json_real(o->timeout));
+	/* the limits in effect, 0 for none: loading this again gives the same ones */
+	cb_backend_limits_of(o, &lim);
+	json_object_set_new(j, "timeout", json_real(lim.timeout));
 	json_object_set_new(j, "cpus", json_real(o->cpus));
-	json_object_set_new(j, "memory_mb", json_integer((json_int_t)o->memory_mb));
+	if (!o->kind || strcmp(o->kind, "local")) {
+		json_object_set_new(j, "memory_mb", json_integer((json_int_t)lim.memory_mb));
+		json_object_set_new(j, "pids", json_integer((json_int_t)lim.pids));
+	}
+	json_object_set_new(j, "disk_mb", json_integer((json_int_t)(lim.disk_bytes >> 20)));
+	json_object_set_new(j, "disk_inodes", json_integer((json_int_t)lim.disk_inodes));
 	json_object_set_new(j, "on_create", c);
 	json_object_set_new(j, "on_destroy", d);
 	json_object_set_new(j, "setup_timeout", json_real(o->setup_timeout));
@@ -334,14 +391,16 @@ void cb_backend_free(struct cb_backend *b)
 /* The hooks run once per workspace: a marker in its directory says they did. */
 static int backend_first_create(struct cb_backend *b)
 {
+	struct cb_backend_limits lim;
 	char marker[4096];
 	int rc = 0, fd;
 
 	snprintf(marker, sizeof(marker), "%s/backend.created", b->dir);
 	if (access(marker, F_OK) == 0)
 		return 0;
+	cb_backend_limits_of(&b->opt, &lim);
 	for (int i = 0; !rc && i < CB_BACKEND_MAX_HOOKS && b->opt.on_create[i]; i++)
-		rc = cb_backend_hook(b, "on_create hook", b->opt.on_create[i], b->opt.timeout);
+		rc = cb_backend_hook(b, "on_create hook", b->opt.on_create[i], lim.timeout);
 	if (!rc && b->opt.setup_script)
 		rc = cb_backend_hook(b, "setup script", b->opt.setup_script,
 				     b->opt.setup_timeout > 0 ? b->opt.setup_timeout : 600);

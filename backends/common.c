@@ -39,9 +39,14 @@ int cb_backend_cwd(const struct cb_backend *b, const char *cwd, int allow_abs, c
 
 double cb_backend_timeout(const struct cb_backend *b, const struct cb_backend_cmd *cmd)
 {
+	struct cb_backend_limits lim;
+
 	if (cmd->timeout < 0)
 		return 0;
-	return cmd->timeout > 0 ? cmd->timeout : b->opt.timeout;
+	if (cmd->timeout > 0)
+		return cmd->timeout;
+	cb_backend_limits_of(&b->opt, &lim);
+	return lim.timeout;
 }
 
 int cb_backend_wait_plain(struct cb_backend *b, struct cb_exec *h, struct cb_exec_result *res)

@@ -98,8 +98,9 @@ static int docker_create(struct cb_backend *b)
 {
 	struct docker_state *s = calloc(1, sizeof(*s));
 	const char *image = b->opt.image ? b->opt.image : getenv("COWBOX_DOCKER_IMAGE");
-	char vol[4200], cpus[32], mem[32], nspath[64], *pid = NULL;
-	char *argv[32];
+	char vol[4200], cpus[32], mem[32], pids[32], oom[16], nspath[64], *pid = NULL;
+	struct cb_backend_limits lim;
+	char *argv[40];
 	int n = 0, rc;
 
 	if (!s)
@@ -135,11 +136,20 @@ static int docker_create(struct cb_backend *b)
 		argv[n++] = "--cpus";
 		argv[n++] = cpus;
 	}
-	if (b->opt.memory_mb) {
-		snprintf(mem, sizeof(mem), "%lum", b->opt.memory_mb);
+	cb_backend_limits_of(&b->opt, &lim);
+	if (lim.memory_mb) {
+		snprintf(mem, sizeof(mem), "%lum", lim.memory_mb);
 		argv[n++] = "--memory";
 		argv[n++] = mem;
 	}
+	if (lim.pids) {
+		snprintf(pids, sizeof(pids), "%lu", lim.pids);
+		argv[n++] = "--pids-limit";
+		argv[n++] = pids;
+	}
+	snprintf(oom, sizeof(oom), "%d", lim.oom_score_adj);
+	argv[n++] = "--oom-score-adj";
+	argv[n++] = oom;
 	argv[n++] = "-v";
 	argv[n++] = vol;
 	argv[n++] = "-w";

@@ -72,6 +72,7 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	struct ns_state *s = b->priv;
 	struct cb_sandbox sb = {0};
 	struct cb_exec_spec spec = {0};
+	struct cb_backend_limits lim;
 	char **env = NULL, *cwd = NULL;
 	int rc;
 
@@ -88,7 +89,11 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 						   : CB_NET_NONE;
 	sb.netns_fd = s->netns_fd;
 	sb.cpus = b->opt.cpus;
-	sb.memory_mb = b->opt.memory_mb;
+	cb_backend_limits_of(&b->opt, &lim);
+	sb.memory_mb = lim.memory_mb;
+	sb.pids = lim.pids;
+	sb.oom_score_adj = lim.oom_score_adj;
+	sb.limits_optional = !b->opt.memory_mb && !b->opt.pids;
 	sb.privileged = b->opt.privileged;
 	/* the range the daemon's mount shows the workspace's files in (none: not root, or a
 	 * plain directory, which the sandbox binds through an idmapped mount) */

@@ -24,10 +24,13 @@
 
 #define MAX_ENV 256
 
+enum { SET_TIMEOUT = 1, SET_MEMORY = 2, SET_PIDS = 4 };
+
 struct exec_opts {
 	const char *ref, *dir, *cwd, *image, *shell;
 	double timeout, cpus;
 	unsigned long memory, pids;
+	int set;	 /* SET_*: the limits given on the command line (0 there means none) */
 	const char *net; /* --network: NULL (none), "none", "all" or "host" */
 	int local, privileged;
 	const char *env[MAX_ENV];
@@ -44,15 +47,19 @@ static void exec_usage(FILE *out, const char *name)
 	    "  --dir DIR            use a plain directory as the workspace\n"
 	    "  --timeout S          SIGTERM the whole tree after S seconds (SIGKILL 5 s later, "
 	    "or\n"
-	    "                       as soon as the command has ended), exit 124\n"
+	    "                       as soon as the command has ended), exit 124; default 600\n"
+	    "                       (the workspace's option; a shell: none), 0: none\n"
 	    "  --env K=V            add to the environment (repeatable)\n"
 	    "  --cwd DIR            working directory, relative to /workspace\n"
 	    "  --network MODE       none (default): loopback only; all: outbound TCP/UDP/DNS\n"
 	    "                       through pasta, not the host's loopback or its abstract\n"
 	    "                       sockets; host: the host's own network namespace (warned)\n"
 	    "  --cpus N             CPU quota (e.g. 0.5)\n"
-	    "  --memory MB          memory cap; exceeding it kills the command (exit 137)\n"
-	    "  --pids N             cap on processes and threads\n"
+	    "  --memory MB          memory cap; exceeding it kills the command (exit 137);\n"
+	    "                       default 4096 (or the workspace's option), 0: none. The\n"
+	    "                       command's oom_score_adj is 500: the host OOM killer's\n"
+	    "                       first pick\n"
+	    "  --pids N             cap on processes and threads; default 1024, 0: none\n"
 	    "  --image DIR          root image directory instead of the host's /usr, /etc, ...\n"
 	    "  --privileged         as root, no user namespace: the command runs as host uid 0\n"
 	    "                       (no capabilities); by default its root is a host id range\n"
@@ -160,13 +167,13 @@ static int parse_exec_args(int argc, char **argv, int want_cmd, struct exec_opts
 			if (parse_number(a, v, &d) < 0)
 				return 2;
 			if (a[2] == 't')
-				o->timeout = d;
+				o->timeout = d, o->set |= SET_TIMEOUT;
 			else if (a[2] == 'c')
 				o->cpus = d;
 			else if (a[2] == 'm')
-				o->memory = (unsigned long)d;
+				o->memory = (unsigned long)d, o->set |= SET_MEMORY;
 			else
-				o->pids = (unsigned long)d;
+				o->pids = (unsigned long)d, o->set |= SET_PIDS;
 		} else {
 			fprintf(stderr, "cowbox %s: unknown option %s (see cowbox %s --help)\n",
 				argv[0], a, argv[0]);
@@ -237,22 +244,37 @@ static int workspace_dir(const struct exec_opts *o, char **dir, char **name,
 
 /* How the sandbox's ids meet the workspace's: --dir binds the directory through an idmapped
  * mount (unless --privileged); a workspace's daemon shows its files in the workspace's own
- * range, or as they are when its options made it privileged, and the sandbox follows. */
-static int sandbox_ids(const struct exec_opts *o, const char *ref, struct cb_sandbox *sb)
+ * range, or as they are when its options made it privileged, and the sandbox follows. The
+ * limits are the workspace's options (REF) or the defaults (--dir), then the flags given;
+ * an interactive shell has no default timeout. */
+static int sandbox_setup(const struct exec_opts *o, const char *ref, int shell_mode,
+			 struct cb_sandbox *sb, struct cb_backend_limits *lim)
 {
-	struct cb_backend_options bo;
-	char *wsdir = NULL;
-	int rc;
+	struct cb_backend_options bo = {0};
+	char *wsdir = NULL, *kind;
+	int rc = 0;
 
 	sb->privileged = o->privileged;
+	if (!o->dir && ((rc = cb_ws_path(ref, NULL, &wsdir)) < 0 ||
+			(rc = cb_backend_options_load(wsdir, &bo)) < 0))
+		goto out;
+	kind = bo.kind; /* this CLI runs ns or local, whatever the workspace's API uses */
+	bo.kind = NULL;
+	cb_backend_limits_of(&bo, lim);
+	bo.kind = kind;
+	if (o->local)
+		lim->pids = lim->memory_mb = 0, lim->oom_score_adj = 0;
+	if (o->set & SET_TIMEOUT)
+		lim->timeout = o->timeout;
+	else if (shell_mode)
+		lim->timeout = 0;
+	if (o->set & SET_MEMORY)
+		lim->memory_mb = o->memory;
+	if (o->set & SET_PIDS)
+		lim->pids = o->pids;
 	if (o->dir || geteuid() != 0)
-		return 0;
-	if ((rc = cb_ws_path(ref, NULL, &wsdir)) < 0)
-		return rc;
-	if ((rc = cb_backend_options_load(wsdir, &bo)) < 0)
 		goto out;
 	sb->privileged = bo.privileged;
-	cb_backend_options_free(&bo);
 	if (o->privileged && !sb->privileged) {
 		rc = cb_error_set(EINVAL,
 				  "%s was not configured privileged (backend option "
@@ -270,6 +292,7 @@ static int sandbox_ids(const struct exec_opts *o, const char *ref, struct cb_san
 	}
 	rc = 0;
 out:
+	cb_backend_options_free(&bo);
 	free(wsdir);
 	return rc;
 }
@@ -417,6 +440,7 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 {
 	struct exec_opts o = {0};
 	struct cb_sandbox sb = {0};
+	struct cb_backend_limits lim = {0};
 	struct cb_exec_spec spec = {0};
 	struct cb_exec_callbacks cb = {forward_output, NULL};
 	struct cb_exec_result res = {0};
@@ -454,7 +478,11 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 		goto out;
 	}
 	spec.env = env;
-	spec.timeout = o.timeout;
+	if ((rc = sandbox_setup(&o, ref, shell_mode, &sb, &lim)) < 0) {
+		fprintf(stderr, "cowbox %s: %s\n", argv[0], cb_error_message());
+		goto out;
+	}
+	spec.timeout = lim.timeout;
 	if (o.local) {
 		fprintf(stderr,
 			"cowbox: warning: the local backend runs on the host in %s, NOT "
@@ -485,12 +513,10 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 			sb.net = CB_NET_NONE;
 		}
 		sb.cpus = o.cpus;
-		sb.memory_mb = o.memory;
-		sb.pids = o.pids;
-		if ((rc = sandbox_ids(&o, ref, &sb)) < 0) {
-			fprintf(stderr, "cowbox %s: %s\n", argv[0], cb_error_message());
-			goto out;
-		}
+		sb.memory_mb = lim.memory_mb;
+		sb.pids = lim.pids;
+		sb.oom_score_adj = lim.oom_score_adj;
+		sb.limits_optional = !(o.set & (SET_MEMORY | SET_PIDS));
 		if (sb.privileged && geteuid() == 0)
 			fprintf(stderr, "cowbox: warning: privileged: the command runs as host "
 					"uid 0 (no capabilities), not in a user namespace\n");
@@ -551,13 +577,13 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 		fprintf(stderr,
 			"cowbox: timed out after %g s; the command and its children were "
 			"killed\n",
-			o.timeout);
+			lim.timeout);
 	if (res.output_limited)
 		fprintf(stderr, "cowbox: output passed %u bytes; the command was stopped\n",
 			CB_EXEC_DEFAULT_OUTPUT_LIMIT);
 	if (res.oom_killed)
 		fprintf(stderr, "cowbox: the memory cap of %lu MB was exceeded; killed\n",
-			o.memory);
+			lim.memory_mb);
 out:
 	if (thread) {
 		pthread_kill(st.thread, SIGUSR1);

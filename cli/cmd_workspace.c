@@ -2,6 +2,7 @@
  * human form or, with --json, one JSON value on stdout. */
 #include "config.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,26 +16,69 @@
 #include "cowbox/workspace.h"
 
 static const char create_usage[] =
-    "usage: cowbox create [--base DIR] [--name NAME] [--json]\n"
+    "usage: cowbox create [--base DIR] [--name NAME] [--disk-mb N] [--disk-inodes N] [--json]\n"
     "Create a workspace over the read-only directory DIR (none: an empty workspace) and\n"
-    "print its ref (cb- and 32 hex digits). NAME is an optional unique alias.\n";
+    "print its ref (cb- and 32 hex digits). NAME is an optional unique alias.\n"
+    "--disk-mb and --disk-inodes set the quota of the workspace's changes (its upper layer;\n"
+    "default 10240 MiB and 1000000 inodes, 0: none): past it, writes fail with ENOSPC.\n";
+
+/* --disk-mb / --disk-inodes: kept in the workspace's backend options (0 there: none). */
+static int create_quota(const char *ref, long long mb, long long inodes)
+{
+	struct cb_backend_options bo;
+	char *dir = NULL;
+	int rc;
+
+	if (mb < 0 && inodes < 0)
+		return 0;
+	if ((rc = cb_ws_path(ref, NULL, &dir)) < 0 || (rc = cb_backend_options_load(dir, &bo)) < 0)
+		goto out;
+	if (mb >= 0)
+		bo.disk_mb = mb ? (unsigned long)mb : CB_BACKEND_NO_LIMIT;
+	if (inodes >= 0)
+		bo.disk_inodes = inodes ? (unsigned long)inodes : CB_BACKEND_NO_LIMIT;
+	rc = cb_backend_options_save(dir, &bo);
+	cb_backend_options_free(&bo);
+out:
+	free(dir);
+	return rc;
+}
+
+static int parse_count(const char *opt, const char *s, long long *out)
+{
+	char *end;
+
+	errno = 0;
+	*out = strtoll(s, &end, 10);
+	if (!*s || *end || errno || *out < 0)
+		return cli_usage_error(create_usage, "%s needs a whole number >= 0, not '%s'", opt,
+				       s);
+	return 0;
+}
 
 int cmd_create(int argc, char **argv)
 {
 	static const struct option opts[] = {
 	    {"base", required_argument, NULL, 'b'},
 	    {"name", required_argument, NULL, 'n'},
+	    {"disk-mb", required_argument, NULL, 'D'},
+	    {"disk-inodes", required_argument, NULL, 'I'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct cli_common common = {0};
 	const char *base = NULL, *name = NULL;
 	char ref[CB_WS_REF_LEN + 1];
+	long long disk_mb = -1, disk_inodes = -1;
 	int c, status;
 
 	while ((c = cli_getopt(argc, argv, "b:n:", opts, &common, create_usage, &status)) > 0) {
 		if (c == 'b')
 			base = optarg;
-		else
+		else if (c == 'D' && parse_count("--disk-mb", optarg, &disk_mb))
+			return CLI_USAGE;
+		else if (c == 'I' && parse_count("--disk-inodes", optarg, &disk_inodes))
+			return CLI_USAGE;
+		else if (c == 'n')
 			name = optarg;
 	}
 	if (c < 0)
@@ -44,6 +88,12 @@ int cmd_create(int argc, char **argv)
 				       argv[optind]);
 	if (cb_ws_create(base, name, stderr, ref))
 		return cli_fail("create", NULL);
+	if (create_quota(ref, disk_mb, disk_inodes) < 0) {
+		int st = cli_fail("create", NULL);
+
+		cb_ws_remove(ref);
+		return st;
+	}
 	if (common.json) {
 		struct cb_ws_info info;
 
@@ -200,6 +250,36 @@ static void info_fs_print(json_t *d)
 	}
 }
 
+/* One limit: its value, or "none". */
+static const char *limit_text(json_t *l, const char *key, const char *unit, char *buf, size_t n)
+{
+	json_t *v = json_object_get(l, key);
+
+	if (!json_is_number(v) || json_number_value(v) <= 0)
+		return "none";
+	snprintf(buf, n, "%.15g%s", json_number_value(v), unit);
+	return buf;
+}
+
+static void info_limits_print(json_t *l)
+{
+	char a[48], b[48], c[48], d[48], e[48], s1[32];
+	json_t *used = json_object_get(l, "disk_used_bytes");
+	json_int_t quota = json_integer_value(json_object_get(l, "disk_bytes"));
+
+	printf("limits:      timeout %s, memory %s (oom_score_adj %d), pids %s\n",
+	       limit_text(l, "timeout", " s", a, sizeof(a)),
+	       limit_text(l, "memory_mb", " MiB", b, sizeof(b)),
+	       (int)json_integer_value(json_object_get(l, "oom_score_adj")),
+	       limit_text(l, "pids", "", c, sizeof(c)));
+	printf("disk quota:  %s, %s inodes", quota > 0 ? cli_size(quota, d, sizeof(d)) : "none",
+	       limit_text(l, "disk_inodes", "", e, sizeof(e)));
+	if (json_is_integer(used))
+		printf("; used %s, %lld inodes", cli_size(json_integer_value(used), s1, sizeof(s1)),
+		       (long long)json_integer_value(json_object_get(l, "disk_used_inodes")));
+	printf("\n");
+}
+
 int cmd_info(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -229,9 +309,16 @@ int cmd_info(int argc, char **argv)
 	cb_ws_blob_usage_dir(blobs, &nblobs, &blob_bytes);
 	/* The backend's network: `host` opens the host's own namespace, so info says so. */
 	struct cb_backend_options bo;
+	struct cb_backend_limits lim;
 	const char *net = NULL, *kind = NULL;
+	json_t *limits = NULL;
 
 	if (cb_backend_options_load(i.dir, &bo) == 0) {
+		/* the daemon's answer also says what the upper layer holds against its quota */
+		cb_backend_limits_of(&bo, &lim);
+		limits = fs && json_object_get(fs, "limits")
+			     ? json_incref(json_object_get(fs, "limits"))
+			     : cb_backend_limits_json(&lim);
 		net = cb_backend_net_name(bo.net);
 		kind = cb_backend_find(bo.kind)->name;
 		if (bo.net == CB_BACKEND_NET_HOST)
@@ -262,6 +349,8 @@ int cmd_info(int argc, char **argv)
 			json_object_set_new(j, "backend", json_string(kind));
 			json_object_set_new(j, "network", json_string(net));
 		}
+		if (limits)
+			json_object_set_new(j, "limits", limits);
 		cb_ws_info_free(&i);
 		return cli_print_json(j);
 	}
@@ -276,6 +365,10 @@ int cmd_info(int argc, char **argv)
 	printf("blob store:  %lld blobs, %s\n", nblobs, cli_size(blob_bytes, size, sizeof(size)));
 	if (net)
 		printf("backend:     %s, network %s\n", kind, net);
+	if (limits) {
+		info_limits_print(limits);
+		json_decref(limits);
+	}
 	printf("directory:   %s\n", i.dir);
 	if (id_base)
 		printf("sandbox ids: host %lu-%lu are its uids/gids 0-65535\n", id_base,

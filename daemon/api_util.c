@@ -97,14 +97,19 @@ void cb_api_backend_put(struct cb_backend *b)
 }
 
 /* A new workspace's options decide how its files are owned: the mount follows (the range is
- * kept once allocated, for a later change of mind). */
+ * kept once allocated, for a later change of mind); so does the upper layer's quota. */
 static int configure_ids(struct cb_daemon *d, const struct cb_backend_options *opt)
 {
+	struct cb_backend_limits lim;
 	unsigned long base;
 	int rc = cb_daemon_ids(d->dir, opt->privileged, &base);
 
 	if (!rc && d->ov)
 		cb_overlay_set_id_base(d->ov, base);
+	/* and its quota (passthrough, chosen at mount, changes at the next one) */
+	cb_backend_limits_of(opt, &lim);
+	if (!rc && d->ov)
+		rc = cb_overlay_set_quota(d->ov, lim.disk_bytes, lim.disk_inodes);
 	return rc;
 }
 

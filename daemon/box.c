@@ -282,6 +282,13 @@ static json_t *strings_json(const char *const *list)
 }
 
 /* The daemon's backend options for opts; the daemon checks the values themselves. */
+/* A limit: 0 keeps the default (no key), CB_BOX_NO_LIMIT is the protocol's 0 (none). */
+static void limit_json(json_t *j, const char *key, unsigned long v)
+{
+	if (v)
+		json_object_set_new(j, key, json_integer(v == CB_BOX_NO_LIMIT ? 0 : (json_int_t)v));
+}
+
 static int options_json(const struct cb_box_options *o, json_t **out)
 {
 	json_t *j = json_object(), *env = NULL;
@@ -302,12 +309,14 @@ static int options_json(const struct cb_box_options *o, json_t **out)
 		json_object_set_new(j, "network", json_string(o->network));
 	if (o->cpus > 0)
 		json_object_set_new(j, "cpus", json_real(o->cpus));
-	if (o->memory_mb)
-		json_object_set_new(j, "memory_mb", json_integer((json_int_t)o->memory_mb));
+	limit_json(j, "memory_mb", o->memory_mb);
+	limit_json(j, "pids", o->pids);
+	limit_json(j, "disk_mb", o->disk_mb);
+	limit_json(j, "disk_inodes", o->disk_inodes);
 	if (o->image)
 		json_object_set_new(j, "image", json_string(o->image));
-	if (o->timeout > 0)
-		json_object_set_new(j, "timeout", json_real(o->timeout));
+	if (o->timeout != 0)
+		json_object_set_new(j, "timeout", json_real(o->timeout > 0 ? o->timeout : 0));
 	if (o->on_create)
 		json_object_set_new(j, "on_create", strings_json(o->on_create));
 	if (o->on_destroy)

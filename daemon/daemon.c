@@ -444,6 +444,13 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	unsigned long id_base;
 	if ((rc = cb_daemon_ids(d.dir, -1, &id_base)))
 		goto out;
+	/* the upper layer's quota, from the workspace's options */
+	struct cb_backend_limits lim = {0};
+	struct cb_backend_options bo;
+	if ((rc = cb_backend_options_load(d.dir, &bo)))
+		goto out;
+	cb_backend_limits_of(&bo, &lim);
+	cb_backend_options_free(&bo);
 	char fsname[64];
 	struct cb_overlay_config cfg = {
 	    .base_dir = d.base,
@@ -453,6 +460,8 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	    .db = d.db,
 	    .debug = opt->debug,
 	    .id_base = id_base,
+	    .quota_bytes = lim.disk_bytes,
+	    .quota_inodes = lim.disk_inodes,
 	};
 
 	snprintf(fsname, sizeof(fsname), "cowbox:%s", d.ref);

@@ -24,15 +24,26 @@ static int op_ping(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 	return cb_daemon_reply(conn, json_object_get(req, "id"), NULL);
 }
 
-/* The backend's network, and a warning when it is the host's own. */
+/* The backend's network, and a warning when it is the host's own; the limits in effect,
+ * with what the upper layer holds against its quota. */
 static void info_network(struct cb_daemon *d, json_t *r)
 {
 	struct cb_backend_options o;
+	struct cb_backend_limits lim;
+	struct cb_overlay_quota q;
+	json_t *l;
 
 	if (cb_backend_options_load(d->dir, &o) < 0) {
 		cb_error_clear();
 		return;
 	}
+	cb_backend_limits_of(&o, &lim);
+	if ((l = cb_backend_limits_json(&lim)) && d->ov) {
+		cb_overlay_quota_info(d->ov, &q);
+		json_object_set_new(l, "disk_used_bytes", json_integer((json_int_t)q.used_bytes));
+		json_object_set_new(l, "disk_used_inodes", json_integer((json_int_t)q.used_inodes));
+	}
+	json_object_set_new(r, "limits", l);
 	json_object_set_new(r, "network", json_string(cb_backend_net_name(o.net)));
 	if (o.net == CB_BACKEND_NET_HOST)
 		json_object_set_new(

@@ -57,6 +57,8 @@ struct cb_ns_plan {
 	char *tmp_opts; /* tmpfs options of the private /tmp */
 	unsigned long nofile;
 	int memory_limited; /* protect the in-sandbox init from the OOM killer */
+	char oom_adj[12];   /* the command's oom_score_adj, ready to write (init's is
+			       -1000 under a memory cap); "" with none: it keeps 0 */
 	unsigned long clone_flags;
 	void *seccomp_prog; /* struct sock_fprog, shared and never freed (built once) */
 	void *setid_prog;   /* deny_setid: the set-id mode filter, likewise; else NULL */
@@ -103,6 +105,10 @@ void cb_exec_child_error(int fd, const char *what, const char *detail, int err);
 /* Build a plan for sb (parent side): every path checked and every string made now, so the
  * child only makes syscalls. Bad input fails here, naming the path and why. */
 int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out);
+/* Give the sandbox's first process (pid, not yet running) the plan's oom_score_adj, from
+ * outside: inside a user namespace /proc/self/oom_score_adj is not its own to write. Every
+ * process of the sandbox inherits it. Best effort. */
+void cb_ns_write_oom(const struct cb_ns_plan *p, pid_t pid);
 
 /* Free a plan and close the trees it holds; NULL is fine. */
 void cb_ns_plan_free(struct cb_ns_plan *plan);

@@ -240,6 +240,11 @@ int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out)
 	}
 	p->nofile = sb->nofile ? sb->nofile : 1024;
 	p->memory_limited = sb->memory_mb > 0;
+	if (sb->oom_score_adj > 0 || p->memory_limited)
+		snprintf(p->oom_adj, sizeof p->oom_adj, "%d",
+			 sb->oom_score_adj < 0	    ? 0
+			 : sb->oom_score_adj > 1000 ? 1000
+						    : sb->oom_score_adj);
 	/* the kernel takes at most 64 bytes (HOST_NAME_MAX) */
 	p->hostname = strndup(sb->hostname && *sb->hostname ? sb->hostname : "cowbox", 64);
 	snprintf(buf, sizeof buf, "mode=1777,size=%lum", sb->tmp_mb ? sb->tmp_mb : 512);
@@ -689,4 +694,19 @@ out:
 	if (rootfd >= 0)
 		close(rootfd);
 	return rc;
+}
+
+void cb_ns_write_oom(const struct cb_ns_plan *p, pid_t pid)
+{
+	char path[64];
+	int fd;
+
+	if (!p->oom_adj[0])
+		return;
+	snprintf(path, sizeof path, "/proc/%d/oom_score_adj", (int)pid);
+	fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		(void)!write(fd, p->oom_adj, strlen(p->oom_adj));
+		close(fd);
+	}
 }

@@ -174,8 +174,12 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 		flags = h->ns->clone_flags;
 		if (h->ns->privileged_parent && (rc = cb_ns_plan_open_trees(h->ns)) < 0)
 			goto fail;
-		if ((rc = cb_cgroup_create(spec->sandbox, &h->cg)) < 0)
+		if ((rc = cb_cgroup_create(spec->sandbox, &h->cg)) < 0 &&
+		    !(spec->sandbox->limits_optional &&
+		      (rc == -EACCES || rc == -EPERM || rc == -EROFS || rc == -ENOENT)))
 			goto fail;
+		if (rc < 0)
+			cb_error_clear(); /* default caps we may not set: none */
 		plan.wait_go = h->ns->userns || h->cg;
 		static char workspace_root[] = "/workspace";
 		plan.cwd = workspace_root;
@@ -255,6 +259,8 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 			goto fail_child;
 		if (h->cg && (rc = cb_cgroup_attach(h->cg, pid)) < 0)
 			goto fail_child;
+		if (h->ns)
+			cb_ns_write_oom(h->ns, pid);
 		send(h->ctl, &go, 1, MSG_NOSIGNAL);
 	}
 	if (plan.sandbox_tty) {

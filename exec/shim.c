@@ -209,10 +209,11 @@ static _Noreturn void command_child(const struct cb_exec_plan *p)
 	}
 	sigemptyset(&all);
 	sigprocmask(SIG_SETMASK, &all, NULL);
-	if (p->ns && p->ns->memory_limited) {
+	if (p->ns && p->ns->oom_adj[0]) {
+		/* init's -1000 is not the command's; raising needs no privilege */
 		int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
 		if (fd >= 0) {
-			write_str(fd, "0");
+			write_str(fd, p->ns->oom_adj);
 			close(fd);
 		}
 	}

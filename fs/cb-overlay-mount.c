@@ -17,7 +17,7 @@
 static void usage(void)
 {
 	fprintf(stderr, "usage: cb-overlay-mount BASE|- UPPER MOUNTPOINT [--db PATH] [--debug] "
-			"[--threads N]\n");
+			"[--threads N] [--quota-mb N] [--quota-inodes N]\n");
 }
 
 /* "stats OPCODE COUNT NS" per opcode seen so far, then "stats end", on stdout. */
@@ -82,6 +82,10 @@ int main(int argc, char **argv)
 			cfg.debug = 1;
 		else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
 			cfg.max_threads = (unsigned)atoi(argv[++i]);
+		else if (strcmp(argv[i], "--quota-mb") == 0 && i + 1 < argc)
+			cfg.quota_bytes = strtoull(argv[++i], NULL, 10) << 20;
+		else if (strcmp(argv[i], "--quota-inodes") == 0 && i + 1 < argc)
+			cfg.quota_inodes = strtoull(argv[++i], NULL, 10);
 		else {
 			usage();
 			return 2;

@@ -176,14 +176,35 @@ static int ov_copy_special(struct cb_overlay *ov, const char *path, const struct
 static int ov_copy_entry(struct cb_overlay *ov, const char *path, const struct stat *st,
 			 int with_data)
 {
-	if (S_ISREG(st->st_mode))
-		return ov_copy_file(ov, path, st, with_data);
-	if (S_ISDIR(st->st_mode)) {
-		if (mkdirat(ov->upper_fd, path, 0700) < 0 && errno != EEXIST)
-			return -errno;
-		return ov_copy_meta(ov, path, st);
+	long long cost = S_ISREG(st->st_mode) && !with_data
+			     ? 0
+			     : (long long)ov_quota_cost(st->st_mode, st->st_size);
+	int r = ov_quota_take(ov, cost, 1);
+
+	if (r < 0)
+		return cb_error_set(ENOSPC,
+				    "copy-up %s: the workspace's disk quota has no room for its "
+				    "%lld bytes",
+				    path, cost);
+	if (S_ISREG(st->st_mode)) {
+		r = ov_copy_file(ov, path, st, with_data);
+	} else if (S_ISDIR(st->st_mode)) {
+		if (mkdirat(ov->upper_fd, path, 0700) < 0)
+			r = -errno;
+		if (r == -EEXIST) { /* already there, and counted */
+			ov_quota_give(ov, cost, 1);
+			cost = -1;
+			r = 0;
+		}
+		if (r == 0)
+			r = ov_copy_meta(ov, path, st);
+	} else {
+		r = ov_copy_special(ov, path, st);
 	}
-	return ov_copy_special(ov, path, st);
+	struct stat now;
+	if (r < 0 && cost >= 0 && ov_lstat(ov->upper_fd, path, &now) < 0)
+		ov_quota_give(ov, cost, 1); /* nothing was made */
+	return r;
 }
 
 /* Switches in's identity to the upper file at path. Caller holds in->lock. */

@@ -7,6 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <stddef.h>
+
 #include "ov.h"
 
 static size_t ov_hash(dev_t dev, ino_t rino, size_t n)
@@ -41,8 +43,19 @@ static void ov_inode_free(struct ov_table *t, struct ov_inode *in)
 		free(n->name);
 		free(n);
 	}
-	if (in->keep_fd >= 0)
+	if (in->keep_fd >= 0) {
+		struct stat st;
+
+		/* the last reference to an unlinked file: its bytes are freed now */
+		if (in->quota_deferred && fstat(in->keep_fd, &st) == 0) {
+			struct cb_overlay *ov =
+			    (struct cb_overlay *)((char *)t - offsetof(struct cb_overlay, tab));
+
+			st.st_nlink = 1;
+			ov_quota_gone(ov, &st);
+		}
 		close(in->keep_fd);
+	}
 	pthread_mutex_destroy(&in->lock);
 	free(in);
 }

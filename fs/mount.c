@@ -273,11 +273,16 @@ int cb_overlay_mount(const struct cb_overlay_config *cfg, struct cb_overlay **ou
 	pthread_rwlock_init(&ov->ns_lock, NULL);
 	pthread_mutex_init(&ov->handles_lock, NULL);
 	pthread_mutex_init(&ov->carry_lock, NULL);
+	pthread_mutex_init(&ov->quota_lock, NULL);
 	ov_fence_setup(ov);
 	r = ov_setup(cfg, ov);
 	if (r < 0)
 		goto fail;
-	ov->want_passthrough = !ov_env_off("COWBOX_FUSE_PASSTHROUGH");
+	/* passthrough writes never reach us, so a byte quota could not hold them back */
+	ov->want_passthrough = !ov_env_off("COWBOX_FUSE_PASSTHROUGH") && !cfg->quota_bytes;
+	r = cb_overlay_set_quota(ov, cfg->quota_bytes, cfg->quota_inodes);
+	if (r < 0)
+		goto fail;
 	ov->layers_stacked = ov_on_overlayfs(ov->upper_fd) || ov_on_overlayfs(ov->base_fd);
 #ifdef HAVE_FUSE_URING
 	ov->want_uring = !ov_env_off("COWBOX_FUSE_URING") && ov_uring_allowed();
@@ -388,6 +393,7 @@ void cb_overlay_destroy(struct cb_overlay *ov)
 	free(ov->carry);
 	pthread_mutex_destroy(&ov->tab_lock);
 	pthread_mutex_destroy(&ov->handles_lock);
+	pthread_mutex_destroy(&ov->quota_lock);
 	free(ov->stats);
 	free(ov->mountpoint);
 	free(ov);
@@ -417,6 +423,8 @@ int ov_space_low(struct cb_overlay *ov)
 	struct statfs sfs;
 	long long ms;
 
+	if (ov_quota_low(ov))
+		return 1;
 	clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
 	ms = (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
 	if (ms - atomic_load(&ov->space_checked_ms) < 100)

@@ -93,7 +93,9 @@ static void ov_make_node(fuse_req_t req, fuse_ino_t parent_ino, const char *name
 	pthread_rwlock_rdlock(&ov->ns_lock);
 	r = ov_prepare_new(ov, parent, name, path, sizeof(path), &had_whiteout);
 	if (r == 0)
-		r = ov_mark_child(ov, req, parent, name, CB_CHANGE_CREATE, 0);
+		r = ov_quota_take(ov, (long long)ov_quota_cost(mode, 0), 1);
+	if (r == 0 && (r = ov_mark_child(ov, req, parent, name, CB_CHANGE_CREATE, 0)) < 0)
+		ov_quota_give(ov, (long long)ov_quota_cost(mode, 0), 1);
 	if (r < 0)
 		goto out;
 	if (link_target)
@@ -104,6 +106,7 @@ static void ov_make_node(fuse_req_t req, fuse_ino_t parent_ino, const char *name
 		r = mknodat(ov->upper_fd, path, mode, rdev);
 	if (r < 0) {
 		r = -errno;
+		ov_quota_give(ov, (long long)ov_quota_cost(mode, 0), 1);
 		goto out;
 	}
 	/* a directory made where a base entry was deleted must not show the base's contents */
@@ -163,12 +166,15 @@ static void ov_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 	pthread_rwlock_rdlock(&ov->ns_lock);
 	r = ov_prepare_new(ov, parent, name, path, sizeof(path), &had_whiteout);
 	if (r == 0)
-		r = ov_mark_child(ov, req, parent, name, CB_CHANGE_CREATE, 0);
+		r = ov_quota_take(ov, 0, 1);
+	if (r == 0 && (r = ov_mark_child(ov, req, parent, name, CB_CHANGE_CREATE, 0)) < 0)
+		ov_quota_give(ov, 0, 1);
 	if (r < 0)
 		goto out;
 	fd = openat(ov->upper_fd, path, ov_open_flags(fi->flags) | O_CREAT, mode & 07777);
 	if (fd < 0) {
 		r = -errno;
+		ov_quota_give(ov, 0, 1);
 		goto out;
 	}
 	r = ov_finish_new(ov, req, path, mode, fd);
@@ -337,6 +343,23 @@ int ov_keep_fd_for(struct cb_overlay *ov, struct ov_inode *in, const char *path)
 		      O_PATH | O_NOFOLLOW | O_CLOEXEC);
 }
 
+/* An upper entry (ust) lost a name: its inode leaves the quota now, or at the last close if
+ * it is still open (its bytes stay on disk, and can still grow, until then). */
+void ov_upper_name_gone(struct cb_overlay *ov, struct ov_inode *in, const struct stat *ust,
+			int keep_fd)
+{
+	int open = 0;
+
+	if (S_ISREG(ust->st_mode) && ust->st_nlink <= 1 && keep_fd >= 0 && in) {
+		pthread_mutex_lock(&in->lock);
+		open = in->backing_opens + in->cached_opens > 0;
+		in->quota_deferred = open;
+		pthread_mutex_unlock(&in->lock);
+	}
+	if (!open)
+		ov_quota_gone(ov, ust);
+}
+
 static void ov_remove(fuse_req_t req, fuse_ino_t parent_ino, const char *name, int dir)
 {
 	struct cb_overlay *ov = ov_of(req);
@@ -375,12 +398,16 @@ static void ov_remove(fuse_req_t req, fuse_ino_t parent_ino, const char *name, i
 		r = ov_clear_whiteouts(ov->upper_fd, path);
 		if (r == 0 && unlinkat(ov->upper_fd, path, AT_REMOVEDIR) < 0)
 			r = -errno;
+		if (r == 0)
+			ov_quota_gone(ov, &ust);
 		if (r == 0 && in_base)
 			r = ov_make_whiteout(ov->upper_fd, path);
-	} else if (in_upper && in_base) {
-		r = ov_whiteout_replace(ov->upper_fd, path);
 	} else if (in_upper) {
-		r = unlinkat(ov->upper_fd, path, 0) < 0 ? -errno : 0;
+		r = in_base				  ? ov_whiteout_replace(ov->upper_fd, path)
+		    : unlinkat(ov->upper_fd, path, 0) < 0 ? -errno
+							  : 0;
+		if (r == 0)
+			ov_upper_name_gone(ov, in, &ust, keep);
 	} else {
 		r = ov_ensure_upper_dir(ov, parent);
 		if (r == 0)

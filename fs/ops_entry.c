@@ -222,21 +222,22 @@ static int ov_apply_setattr(struct cb_overlay *ov, struct ov_inode *in, struct s
 			return -errno;
 	}
 	if (to_set & FUSE_SET_ATTR_SIZE) {
-		if (f && atomic_load(&f->layer) == OV_UPPER && (f->flags & O_ACCMODE) != O_RDONLY)
-			r = ftruncate(f->fd, attr->st_size);
-		else if (dirfd == AT_FDCWD)
-			r = truncate(path, attr->st_size);
-		else {
-			int fd = openat(dirfd, path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
-			r = fd < 0 ? -1 : ftruncate(fd, attr->st_size);
-			if (fd >= 0) {
-				int e = errno;
-				close(fd);
-				errno = e;
-			}
-		}
-		if (r < 0)
+		int fd = -1;
+		struct ov_quota_resize q;
+
+		if (!(f && atomic_load(&f->layer) == OV_UPPER && ov_file_writable(f)) &&
+		    (fd = openat(dirfd, path, O_WRONLY | (nofollow ? O_NOFOLLOW : 0) | O_CLOEXEC)) <
+			0)
 			return -errno;
+		/* a sparse file costs its length: growing it is checked like a write */
+		r = ov_quota_resize_begin(ov, in, fd >= 0 ? fd : f->fd, attr->st_size, &q);
+		if (r == 0 && ftruncate(fd >= 0 ? fd : f->fd, attr->st_size) < 0)
+			r = -errno;
+		ov_quota_resize_end(ov, &q);
+		if (fd >= 0)
+			close(fd);
+		if (r < 0)
+			return r;
 	}
 	if (to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_CTIME)) {
 		struct timespec ts[2] = {{.tv_nsec = UTIME_OMIT}, {.tv_nsec = UTIME_OMIT}};

@@ -49,7 +49,8 @@ void ov_file_choose_mode(fuse_req_t req, struct ov_file *f, struct fuse_file_inf
 		f->mode = OV_OPEN_BACKING;
 		fi->backing_id = in->backing_id;
 	} else if (in->cached_opens == 0 && atomic_load(&ov->passthrough) &&
-		   ov_file_backing_ok(f)) {
+		   !atomic_load(&ov->quota_bytes) && ov_file_backing_ok(f)) {
+		/* (a byte quota set after the mount: new opens go through us) */
 		int id = fuse_passthrough_open(req, f->fd);
 
 		if (id > 0) {
@@ -77,7 +78,8 @@ void ov_file_choose_mode(fuse_req_t req, struct ov_file *f, struct fuse_file_inf
 void ov_file_drop_mode(fuse_req_t req, struct ov_file *f)
 {
 	struct ov_inode *in = f->inode;
-	int id = 0;
+	int id = 0, freed = 0;
+	struct stat st;
 
 	pthread_mutex_lock(&in->lock);
 	if (f->mode == OV_OPEN_BACKING && in->backing_opens > 0 && --in->backing_opens == 0) {
@@ -87,7 +89,16 @@ void ov_file_drop_mode(fuse_req_t req, struct ov_file *f)
 		in->cached_opens--;
 	}
 	f->mode = 0;
+	/* the last close of an unlinked file: its bytes leave the quota */
+	if (in->quota_deferred && !in->backing_opens && !in->cached_opens) {
+		in->quota_deferred = 0;
+		freed = fstat(f->fd, &st) == 0;
+	}
 	pthread_mutex_unlock(&in->lock);
+	if (freed) {
+		st.st_nlink = 1;
+		ov_quota_gone(f->overlay, &st);
+	}
 #ifdef HAVE_FUSE_PASSTHROUGH
 	if (id > 0 && req)
 		fuse_passthrough_close(req, id);
@@ -179,8 +190,10 @@ static void ov_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	struct ov_inode *in = ov_inode_get(ov, ino);
 	int writing = (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC);
 	int flags = ov_open_flags(fi->flags), fd = -1, r = 0, layer;
+	long long freed = 0;
 	char path[PATH_MAX];
 	struct ov_file *f;
+	struct stat st;
 
 	pthread_rwlock_rdlock(&ov->ns_lock);
 	if (writing) {
@@ -196,10 +209,16 @@ static void ov_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		fd = open(path, flags & ~O_NOFOLLOW);
 	} else if ((r = ov_path(in, NULL, path, sizeof(path))) >= 0) {
 		r = 0;
+		/* a truncating open frees what the file held */
+		if ((flags & O_TRUNC) && layer == OV_UPPER && atomic_load(&ov->quota_on) &&
+		    ov_lstat(ov->upper_fd, path, &st) == 0 && S_ISREG(st.st_mode))
+			freed = (long long)ov_quota_cost(S_IFREG, st.st_size);
 		fd = openat(ov_layer_fd(ov, layer), path, flags);
 	}
 	if (r == 0 && fd < 0)
 		r = -errno;
+	else if (r == 0)
+		ov_quota_give(ov, freed, 0);
 out:
 	pthread_rwlock_unlock(&ov->ns_lock);
 	if (r < 0) {
@@ -266,6 +285,7 @@ static void ov_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_
 {
 	struct ov_file *f = (struct ov_file *)(uintptr_t)fi->fh;
 	struct fuse_bufvec out = FUSE_BUFVEC_INIT(fuse_buf_size(in_buf));
+	struct ov_quota_resize q;
 	ssize_t n;
 	int r;
 
@@ -277,10 +297,17 @@ static void ov_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_
 	}
 	if (OV_KILL_SUIDGID(fi))
 		ov_kill_suidgid(f->fd);
+	r = ov_quota_resize_begin(ov_of(req), f->inode, f->fd, off + (off_t)fuse_buf_size(in_buf),
+				  &q);
+	if (r < 0) {
+		fuse_reply_err(req, -r);
+		return;
+	}
 	out.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
 	out.buf[0].fd = f->fd;
 	out.buf[0].pos = off;
 	n = fuse_buf_copy(&out, in_buf, 0);
+	ov_quota_resize_end(ov_of(req), &q);
 	if (n < 0)
 		fuse_reply_err(req, (int)-n);
 	else
@@ -313,11 +340,22 @@ static void ov_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, of
 			 struct fuse_file_info *fi)
 {
 	struct ov_file *f = (struct ov_file *)(uintptr_t)fi->fh;
-	int r = ov_file_dirty(req, f);
+	struct ov_quota_resize q;
+	int r = ov_file_dirty(req, f), keep = (mode & FALLOC_FL_KEEP_SIZE) != 0;
 
 	(void)ino;
-	if (r == 0 && fallocate(f->fd, mode, off, len) < 0)
+	if (r == 0)
+		r = ov_quota_resize_begin(ov_of(req), f->inode, f->fd, keep ? 0 : off + len, &q);
+	if (r < 0)
+		goto out;
+	/* blocks past the end that the size does not show would escape the quota's count */
+	if (q.in && keep && !(mode & FALLOC_FL_PUNCH_HOLE) &&
+	    ov_quota_cost(S_IFREG, off + len) > q.before)
+		r = -EOPNOTSUPP;
+	else if (fallocate(f->fd, mode, off, len) < 0)
 		r = -errno;
+	ov_quota_resize_end(ov_of(req), &q);
+out:
 	fuse_reply_err(req, -r);
 }
 
@@ -327,11 +365,15 @@ static void ov_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
 {
 	struct ov_file *fin = (struct ov_file *)(uintptr_t)fi_in->fh;
 	struct ov_file *fout = (struct ov_file *)(uintptr_t)fi_out->fh;
+	struct ov_quota_resize q;
 	ssize_t n;
 	int r = ov_file_dirty(req, fout);
 
 	(void)ino_in;
 	(void)ino_out;
+	if (r == 0)
+		r = ov_quota_resize_begin(ov_of(req), fout->inode, fout->fd, off_out + (off_t)len,
+					  &q);
 	if (r < 0) {
 		fuse_reply_err(req, -r);
 		return;
@@ -339,7 +381,10 @@ static void ov_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
 	n = copy_file_range(ov_file_fd(ov_of(req), fin), &off_in, fout->fd, &off_out, len,
 			    (unsigned)flags);
 	if (n < 0)
-		fuse_reply_err(req, errno);
+		n = -errno;
+	ov_quota_resize_end(ov_of(req), &q);
+	if (n < 0)
+		fuse_reply_err(req, (int)-n);
 	else
 		fuse_reply_write(req, (size_t)n);
 }

@@ -60,6 +60,8 @@ struct ov_inode {
 	int backing_id;		/* kernel backing file id while passthrough opens exist, else 0 */
 	unsigned backing_opens; /* opens in passthrough mode */
 	unsigned cached_opens;	/* opens in cached (page cache) mode */
+	int quota_deferred;	/* unlinked while open: its bytes leave the quota when the
+				   last reference (keep_fd) goes */
 };
 
 struct ov_table {
@@ -113,6 +115,11 @@ struct cb_overlay {
 	_Atomic int killpriv_v2; /* the kernel granted FUSE_HANDLE_KILLPRIV_V2 */
 	_Atomic int writeback;	 /* the writeback cache is on (not with passthrough) */
 	struct ov_stats *stats;	 /* request counters (stats.c); NULL counts nothing */
+	/* the upper layer's quota (quota.c): limits (0: none) and what upper/ holds */
+	_Atomic unsigned long long quota_bytes, quota_inodes;
+	_Atomic int quota_on; /* counting (some limit is set) */
+	pthread_mutex_t quota_lock;
+	unsigned long long used_bytes, used_inodes; /* under quota_lock */
 };
 
 /* An open file: the fd and the layer it was opened in (a read-only base fd is reopened in
@@ -185,11 +192,36 @@ int ov_copy_up(struct cb_overlay *ov, struct ov_inode *in, int with_data);
 int ov_copy_up_tree(struct cb_overlay *ov, struct ov_inode *dir);
 int ov_ensure_upper_dir(struct cb_overlay *ov, struct ov_inode *dir);
 
+/* quota.c: the upper layer's quota. What an entry costs: 4 KiB per non-regular entry, the
+ * apparent size rounded up to 4 KiB for a regular file. */
+unsigned long long ov_quota_cost(mode_t mode, off_t size);
+/* Reserve bytes and inodes before a change: -ENOSPC past a limit (nothing taken). */
+int ov_quota_take(struct cb_overlay *ov, long long bytes, long long inodes);
+/* Give them back (a change that failed, or a removal). Never fails. */
+void ov_quota_give(struct cb_overlay *ov, long long bytes, long long inodes);
+/* An entry with this stat left upper/ (its last name: hard links count once). */
+void ov_quota_gone(struct cb_overlay *ov, const struct stat *st);
+/* A change of size of the open file fd of in up to new_end (write, truncate, fallocate,
+ * copy_file_range): begin takes in->lock and reserves the growth (-ENOSPC), end counts what
+ * the file became and unlocks. No-op without a byte quota. */
+struct ov_quota_resize {
+	struct ov_inode *in; /* NULL: nothing to end */
+	int fd;
+	unsigned long long before;
+	long long taken;
+};
+int ov_quota_resize_begin(struct cb_overlay *ov, struct ov_inode *in, int fd, off_t new_end,
+			  struct ov_quota_resize *q);
+void ov_quota_resize_end(struct cb_overlay *ov, struct ov_quota_resize *q);
+/* 1 when less than max(64 MiB, 2% of the byte quota) is left. */
+int ov_quota_low(struct cb_overlay *ov);
+
 /* ops_dir.c and rename.c */
 int ov_open_flags(int flags);
-/* 1 when the upper layer's filesystem is nearly full (less than 256 MiB or 1/16 of it free):
- * a file opened for writing then bypasses the writeback cache (direct_io), so that write(2)
- * itself reports ENOSPC instead of a later fsync. Looked up at most every 100 ms. */
+/* 1 when the upper layer's filesystem is nearly full (less than 256 MiB or 1/16 of it free)
+ * or its quota nearly used (ov_quota_low): a file opened for writing then bypasses the
+ * writeback cache (direct_io), so that write(2) itself reports ENOSPC instead of a later
+ * fsync or close. The disk is looked at at most every 100 ms. */
 int ov_space_low(struct cb_overlay *ov);
 void ov_locate(struct cb_overlay *ov, struct ov_inode *parent, const char *path, int *in_upper,
 	       struct stat *ust, int *in_base, struct stat *bst);
@@ -199,6 +231,8 @@ struct ov_inode *ov_known(struct cb_overlay *ov, int in_upper, const struct stat
 void ov_name_gone(struct cb_overlay *ov, struct ov_inode *in, struct ov_inode *parent,
 		  const char *name, int keep_fd);
 int ov_keep_fd_for(struct cb_overlay *ov, struct ov_inode *in, const char *path);
+void ov_upper_name_gone(struct cb_overlay *ov, struct ov_inode *in, const struct stat *ust,
+			int keep_fd);
 int ov_rename_locked(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *parent,
 		     const char *name, struct ov_inode *newparent, const char *newname,
 		     unsigned flags);

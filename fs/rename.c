@@ -152,6 +152,10 @@ int ov_rename_locked(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *sp,
 				goto out;
 		}
 	}
+	if (!exchange && d_up && ddir)
+		ov_quota_gone(ov, &dust);
+	else if (!exchange && d_up)
+		ov_upper_name_gone(ov, din, &dust, keep);
 	if (!exchange && din) {
 		ov_name_gone(ov, din, dp, dname, keep);
 		keep = -1;

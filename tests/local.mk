@@ -21,3 +21,5 @@ EXTRA_DIST += tests/integration/fsharness.py
 TESTS += tests/integration/test_libcowbox.py
 # faults in the data cowbox keeps: blobs, base, meta.db, a full disk, sparse files.
 TESTS += tests/integration/test_faults_data.py
+# limits by default: pids, memory and oom_score_adj, timeout, the upper-layer quota.
+TESTS += tests/integration/test_limits.py

@@ -52,7 +52,7 @@ static int rb_open_source(struct cb_turns *t, const struct cb_entry *e, int from
 		fd = cb_beneath_open(t->base_fd, e->path, O_RDONLY, 0);
 		return fd < 0 ? cb_error_wrap(fd, "base") : fd;
 	}
-	snprintf(what, len, "blob %s", hex);
+	snprintf(what, len, "%s (blob %s)", e->path, hex);
 	return cb_ws_blob_open(t->blob_fd, e->xxh3);
 }
 

@@ -21,21 +21,39 @@ enum cb_backend_net {
 	CB_BACKEND_NET_HOST,	 /* the host's own namespace (ns, docker; what local always is) */
 };
 
+/* Limits every workspace gets unless its options say otherwise (docs/security.md#limits). */
+#define CB_BACKEND_DEFAULT_TIMEOUT   600.0 /* seconds per command */
+#define CB_BACKEND_DEFAULT_PIDS	     1024  /* processes and threads */
+#define CB_BACKEND_DEFAULT_MEMORY_MB 4096
+#define CB_BACKEND_OOM_SCORE_ADJ                                                                   \
+	500 /* the sandbox's processes: the host OOM killer's first                                \
+	       pick (ns, docker) */
+#define CB_BACKEND_DEFAULT_DISK_MB     10240 /* upper-layer bytes (fs quota) */
+#define CB_BACKEND_DEFAULT_DISK_INODES 1000000
+/* An unsigned limit field set to this means "none" (0 means "the default"); in JSON a limit
+ * of 0 means none and a missing key the default. */
+#define CB_BACKEND_NO_LIMIT (~0UL)
+
 /* The options every backend takes. They shape a new workspace's backend and are kept in
  * <workspace dir>/backend.json, so that a daemon started later (after a crash, or a close)
- * reattaches with the same ones. Zero fields take the documented defaults. */
+ * reattaches with the same ones. Zero fields take the documented defaults; the limits
+ * (timeout, pids, memory_mb, disk_mb, disk_inodes) are turned off by CB_BACKEND_NO_LIMIT (a
+ * negative timeout). */
 struct cb_backend_options {
-	char *kind;		 /* "ns" (default), "local" or "docker" */
-	char **env;		 /* "K=V", NULL-terminated: every command gets these, on top of a
-				    minimal PATH/HOME/LANG (ns, docker) or the host's environment
-				    without credentials (local); nothing else */
-	char *working_dir;	 /* where commands start, relative to the workspace root (made if
-				    missing when the backend is created); NULL: the root */
-	double timeout;		 /* default per-command timeout in seconds; <= 0: none */
-	enum cb_backend_net net; /* none (default), all or host; docs/security.md */
-	double cpus;		 /* CPU quota; 0: none */
-	unsigned long memory_mb; /* memory cap; 0: none */
-	char *image;		 /* ns: a root image directory; docker: an image name */
+	char *kind;		   /* "ns" (default), "local" or "docker" */
+	char **env;		   /* "K=V", NULL-terminated: every command gets these, on top of a
+				      minimal PATH/HOME/LANG (ns, docker) or the host's environment
+				      without credentials (local); nothing else */
+	char *working_dir;	   /* where commands start, relative to the workspace root (made if
+				      missing when the backend is created); NULL: the root */
+	double timeout;		   /* default per-command timeout in seconds; 0: 600; < 0: none */
+	enum cb_backend_net net;   /* none (default), all or host; docs/security.md */
+	double cpus;		   /* CPU quota; 0: none */
+	unsigned long memory_mb;   /* memory cap (ns, docker); 0: 4096 */
+	unsigned long pids;	   /* cap on processes and threads (ns, docker); 0: 1024 */
+	unsigned long disk_mb;	   /* upper-layer quota in MiB (the filesystem); 0: 10240 */
+	unsigned long disk_inodes; /* upper-layer inode quota; 0: 1000000 */
+	char *image;		   /* ns: a root image directory; docker: an image name */
 	char *on_create[CB_BACKEND_MAX_HOOKS];	/* shell commands run once, on creation */
 	char *on_destroy[CB_BACKEND_MAX_HOOKS]; /* shell commands run by destroy */
 	char *setup_script;			/* a shell script run once after on_create */
@@ -103,8 +121,22 @@ struct cb_backend {
 	struct cb_forwarder *fwd; /* host_url forwarders, one per port */
 };
 
+/* The limits options resolve to: defaults filled in, 0 for none (timeout 0: none). The local
+ * backend gets the timeout only: it isolates nothing, so it caps nothing either. */
+struct cb_backend_limits {
+	double timeout;
+	unsigned long pids, memory_mb;
+	int oom_score_adj;
+	unsigned long long disk_bytes, disk_inodes;
+};
+void cb_backend_limits_of(const struct cb_backend_options *o, struct cb_backend_limits *out);
+/* Their JSON form (info): {"timeout","memory_mb","pids","oom_score_adj","disk_bytes",
+ * "disk_inodes"}, 0 for none; a new reference. */
+json_t *cb_backend_limits_json(const struct cb_backend_limits *l);
+
 /* Parse options from JSON ({"backend":"ns","env":{"K":"V"},"working_dir":...,"timeout":...,
- * "network":"none"|"all"|"host","cpus":...,"memory_mb":...,"image":...,"on_create":[...],
+ * "network":"none"|"all"|"host","cpus":...,"memory_mb":...,"pids":...,"disk_mb":...,
+ * "disk_inodes":...,"image":...,"on_create":[...],
  * "on_destroy":[...],"setup_script":...,"setup_timeout":...,"privileged":false}). Unknown
  * keys and wrong types are refused with a message naming them (-EINVAL). Free with
  * cb_backend_options_free. */

@@ -39,7 +39,12 @@ extern "C" {
 struct cb_box;
 struct cb_box_proc;
 
-/* How cb_box_create shapes a new workspace; zeroed fields take the defaults. */
+/* A limit field of cb_box_options set to this turns the limit off (0 takes the default). */
+#define CB_BOX_NO_LIMIT (~0UL)
+
+/* How cb_box_create shapes a new workspace; zeroed fields take the defaults, which include
+ * limits (docs/security.md#limits): 600 s per command, 4096 MiB, 1024 pids, a 10240 MiB and
+ * 1,000,000-inode upper-layer quota. */
 struct cb_box_options {
 	const char *base;	       /* directory the workspace starts from; NULL: empty */
 	const char *name;	       /* optional unique name (see cb_ws_name_check) */
@@ -49,9 +54,12 @@ struct cb_box_options {
 	const char *working_dir;       /* relative to the workspace root */
 	const char *network;	       /* "none" (default for ns/docker), "all" or "host" */
 	double cpus;		       /* > 0: CPU limit */
-	unsigned long memory_mb;       /* > 0: memory limit */
+	unsigned long memory_mb;       /* memory cap; 0: 4096; CB_BOX_NO_LIMIT: none */
+	unsigned long pids;	       /* process+thread cap; 0: 1024; CB_BOX_NO_LIMIT: none */
+	unsigned long disk_mb;	       /* upper-layer quota; 0: 10240; CB_BOX_NO_LIMIT: none */
+	unsigned long disk_inodes;     /* its inodes; 0: 1000000; CB_BOX_NO_LIMIT: none */
 	const char *image;	       /* ns: a root directory; docker: an image name */
-	double timeout;		       /* > 0: default seconds per command */
+	double timeout;		       /* default seconds per command; 0: 600; < 0: none */
 	const char *const *on_create;  /* shell commands run when the backend boots */
 	const char *const *on_destroy; /* shell commands run by cb_box_destroy */
 	const char *setup_script;      /* shell, once after on_create */

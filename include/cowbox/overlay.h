@@ -21,6 +21,10 @@ struct cb_overlay_config {
 				   shown as id_base + x and stored so (creations, chown, copy-up),
 				   and no setuid/setgid bit is kept on a file whose owner (group)
 				   is outside [id_base, id_base + 65536). */
+	unsigned long long quota_bytes;	 /* upper-layer quota (fs/quota.c); 0: none. A byte
+					    quota turns FUSE passthrough off for the mount
+					    (the writeback cache instead): docs/security.md */
+	unsigned long long quota_inodes; /* upper-layer inode quota; 0: none */
 };
 
 /* Mount the overlay: when this returns 0 the kernel mount exists and requests queue up
@@ -50,6 +54,18 @@ void cb_overlay_set_id_base(struct cb_overlay *ov, unsigned long id_base);
  * journaled anew in the new turn, also for paths already marked in the old one. A snapshot
  * that reads the old turn's rows and hashes the tree after this call misses nothing. */
 void cb_overlay_turn_advance(struct cb_overlay *ov, long long turn);
+
+/* Set the upper layer's quota (0: none) of a mounted overlay; the first limit set counts
+ * what upper/ holds (a walk). Past a limit, a change that would grow upper/ fails with
+ * ENOSPC; deletes always work. Passthrough, chosen at mount, stays as it was. */
+int cb_overlay_set_quota(struct cb_overlay *ov, unsigned long long bytes,
+			 unsigned long long inodes);
+
+/* The quota's limits (0: none) and what upper/ holds (0 while no limit is set). */
+struct cb_overlay_quota {
+	unsigned long long limit_bytes, limit_inodes, used_bytes, used_inodes;
+};
+void cb_overlay_quota_info(struct cb_overlay *ov, struct cb_overlay_quota *out);
 
 /* What the kernel and libfuse gave a mount. */
 struct cb_overlay_fs_info {

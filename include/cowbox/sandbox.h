@@ -48,6 +48,11 @@ struct cb_sandbox {
 	double cpus;  /* CPU quota in cpus (cgroup cpu quota per 100 ms period), 0: none */
 	unsigned long memory_mb; /* memory cap, 0: none; exceeding it kills (137, oom_killed) */
 	unsigned long pids;	 /* cap on processes+threads, 0: none */
+	int oom_score_adj;	 /* the command's /proc/PID/oom_score_adj (0-1000; a positive
+				    one makes the host OOM killer pick its processes first) */
+	int limits_optional;	 /* memory_mb and pids are defaults, not asked for: where no
+				    cgroup may be made (not root, nothing delegated) the command
+				    runs without them rather than not at all */
 	unsigned long nofile;	 /* RLIMIT_NOFILE, 0: 1024 */
 	unsigned long tmp_mb;	 /* size of the private /tmp, 0: 512 */
 	const struct cb_sandbox_bind *binds; /* extra binds (at most 16), in this order */

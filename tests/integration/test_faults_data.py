@@ -297,7 +297,9 @@ class SparseFilesTest(CowboxTestCase):
     def setUp(self):
         super().setUp()
         self.base = self.make_base({"a.txt": "base a\n"})
-        self.ref = self.create(self.base, "w")
+        # sparse files past the upper-layer quota are refused (test_limits): none here
+        self.ref = self.cowbox("create", "--base", self.base, "--name", "w",
+                               "--disk-mb", "0").stdout.strip()
 
     def start(self, bound=None):
         if bound is not None:
@@ -454,7 +456,9 @@ class DiskFullTest(CowboxTestCase):
 class SmallLimitsTest(CowboxTestCase):
     def setUp(self):
         super().setUp()
-        self.ref = self.create(self.make_base({"a.txt": "a\n"}), "w")
+        # the upper filesystem's own limits, without the upper-layer quota (test_limits)
+        self.ref = self.cowbox("create", "--base", self.make_base({"a.txt": "a\n"}),
+                               "--name", "w", "--disk-mb", "0").stdout.strip()
         self.mount(self.ref)
         self.mnt = self.mountpoint(self.ref)
 

@@ -197,7 +197,8 @@ class Sandbox:
 
     @classmethod
     async def create(cls, base=None, *, name=None, backend="ns", env=None, working_dir=None,
-                     timeout=None, network=None, cpus=None, memory_mb=None, image=None,
+                     timeout=None, network=None, cpus=None, memory_mb=None, pids=None,
+                     disk_mb=None, disk_inodes=None, image=None,
                      on_create=(), on_destroy=(), setup_script=None, setup_timeout=None,
                      privileged=False, cowbox=None, home=None):
         """A new workspace over base (a directory, or None for an empty one) with these
@@ -206,12 +207,15 @@ class Sandbox:
         host's loopback) or "host" (the host's own namespace; what local always is).
         privileged=True (ns only) runs commands as the host's uid 0 (no capabilities)
         instead of in a user namespace with the workspace's own id range: warned, see
-        docs/security.md."""
+        docs/security.md. Limits (docs/security.md#limits) default to timeout=600 s per
+        command, memory_mb=4096, pids=1024 (ns and docker) and an upper-layer quota of
+        disk_mb=10240 and disk_inodes=1000000; None keeps the default, 0 turns one off."""
         options = {"backend": backend, "env": dict(env or {}),
                    "on_create": list(on_create), "on_destroy": list(on_destroy)}
         for key, value in (("network", network), ("working_dir", working_dir),
                            ("timeout", timeout),
-                           ("cpus", cpus), ("memory_mb", memory_mb), ("image", image),
+                           ("cpus", cpus), ("memory_mb", memory_mb), ("pids", pids),
+                           ("disk_mb", disk_mb), ("disk_inodes", disk_inodes), ("image", image),
                            ("setup_script", setup_script), ("setup_timeout", setup_timeout)):
             if value is not None:
                 options[key] = value

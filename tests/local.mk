@@ -8,7 +8,7 @@ TESTS += tests/integration/test_turns.py tests/integration/test_turns_property.p
 # faults: kill -9 of the daemon in the middle of turn operations (docs/reliability.md).
 TESTS += tests/integration/test_faults_kill.py
 EXTRA_DIST += tests/integration/turnutil.py
-TESTS += tests/integration/test_exec.py tests/integration/test_escape.py
+TESTS += tests/integration/test_exec.py tests/integration/test_escape.py tests/integration/test_acl.py
 # api (issue 5): the API ops, the shared backend conformance suite, the Python client.
 TESTS += tests/integration/test_api.py tests/integration/test_backend_conformance.py \
 	bindings/python/tests/test_client.py bindings/python/tests/test_directio.py

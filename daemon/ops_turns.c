@@ -97,10 +97,12 @@ static int turns_snapshot(struct cb_daemon *d, json_t *req, struct cb_daemon_con
 	return ret;
 }
 
-/* Where the rows of a whole map go: one object, or frames of FILES_FRAME rows each when the
- * client streams (it writes them out as they come instead of holding one document). */
+/* Where the rows of a whole map (or of the changes since a client's turn) go: one object, or
+ * frames of FILES_FRAME rows each when the client streams (it applies or writes them out as
+ * they come, and the daemon never holds them all). */
 struct files_out {
 	json_t *files;
+	json_t *deleted;	     /* a delta: the paths that are no regular file any more */
 	struct cb_daemon_conn *conn; /* streaming: frames go here */
 	json_t *id;
 	long long turn;
@@ -113,14 +115,20 @@ static int files_flush(struct files_out *o)
 {
 	json_t *frame;
 
-	if (!o->conn || !json_object_size(o->files))
+	if (!o->conn || !(json_object_size(o->files) || json_array_size(o->deleted)))
 		return 0;
-	frame = json_pack("{s:s, s:I, s:O}", "stream", "files", "turn", (json_int_t)o->turn,
-			  "files", o->files);
+	if (o->deleted)
+		frame = json_pack("{s:s, s:I, s:O, s:O}", "stream", "changes", "turn",
+				  (json_int_t)o->turn, "changed", o->files, "deleted", o->deleted);
+	else
+		frame = json_pack("{s:s, s:I, s:O}", "stream", "files", "turn", (json_int_t)o->turn,
+				  "files", o->files);
 	if (!frame)
 		return cb_error_set(ENOMEM, "snapshot: out of memory");
 	cb_daemon_send_frame(o->conn, o->id, frame);
 	json_object_clear(o->files);
+	if (o->deleted)
+		json_array_clear(o->deleted);
 	return 0;
 }
 
@@ -137,20 +145,23 @@ static int files_add(const struct cb_entry *e, void *arg)
 	return ++o->rows % FILES_FRAME ? 0 : files_flush(o);
 }
 
-/* The changes since a client's turn, as two members of the reply. */
+/* The changes since a client's turn: changed (path: sha256) and deleted (paths), in frames of
+ * FILES_FRAME rows when the client streams. */
 static int changes_add(const char *path, const struct cb_entry *now, void *arg)
 {
-	json_t *r = arg;
+	struct files_out *o = arg;
 	char hex[2 * CB_SHA256_LEN + 1];
+	int rc;
 
-	if (!now)
-		return json_array_append_new(json_object_get(r, "deleted"), json_string(path))
-			   ? cb_error_set(ENOMEM, "snapshot: out of memory")
-			   : 0;
-	cb_hex(now->sha256, CB_SHA256_LEN, hex);
-	return json_object_set_new(json_object_get(r, "changed"), path, json_string(hex))
-		   ? cb_error_set(ENOMEM, "snapshot: out of memory")
-		   : 0;
+	if (!now) {
+		rc = json_array_append_new(o->deleted, json_string(path));
+	} else {
+		cb_hex(now->sha256, CB_SHA256_LEN, hex);
+		rc = json_object_set_new(o->files, path, json_string(hex));
+	}
+	if (rc)
+		return cb_error_set(ENOMEM, "snapshot: out of memory");
+	return ++o->rows % FILES_FRAME ? 0 : files_flush(o);
 }
 
 /* The map of the turn just recorded, into reply r: only the changes when the client holds
@@ -174,18 +185,36 @@ static int snapshot_files(struct cb_daemon *d, struct cb_daemon_conn *conn, json
 		goto out;
 	snprintf(id_hex, sizeof(id_hex), "%016llx", (unsigned long long)id);
 	json_object_set_new(r, "map_id", json_string(id_hex));
+	if (json_is_true(json_object_get(req, "stream"))) {
+		o.conn = conn;
+		o.id = json_object_get(req, "id");
+		o.turn = turn;
+	}
 	if (json_is_integer(jsince) && client_id && !strcmp(client_id, id_hex)) {
-		json_object_set_new(r, "changed", json_object());
-		json_object_set_new(r, "deleted", json_array());
-		ret = cb_ws_map_changes(t, json_integer_value(jsince), changes_add, r);
-		if (ret != -ESTALE) {
-			json_object_set_new(r, "full", json_false());
+		o.files = json_object();
+		o.deleted = json_array();
+		if (!o.files || !o.deleted) {
+			ret = cb_error_set(ENOMEM, "snapshot: out of memory");
 			goto out;
 		}
-		/* Pruned or never recorded: the client starts over from the whole map. */
+		ret = cb_ws_map_changes(t, json_integer_value(jsince), changes_add, &o);
+		if (ret != -ESTALE) {
+			if (!ret)
+				ret = files_flush(&o);
+			json_object_set_new(r, "full", json_false());
+			if (!o.conn) {
+				json_object_set(r, "changed", o.files);
+				json_object_set(r, "deleted", o.deleted);
+			}
+			goto out;
+		}
+		/* Pruned or never recorded: the client starts over from the whole map. (Nothing
+		 * was sent: -ESTALE comes before the first change.) */
 		cb_error_clear();
-		json_object_del(r, "changed");
-		json_object_del(r, "deleted");
+		json_decref(o.files);
+		json_decref(o.deleted);
+		o.deleted = NULL;
+		o.rows = 0;
 	}
 	json_object_set_new(r, "full", json_true());
 	o.files = json_object();
@@ -193,19 +222,14 @@ static int snapshot_files(struct cb_daemon *d, struct cb_daemon_conn *conn, json
 		ret = cb_error_set(ENOMEM, "snapshot: out of memory");
 		goto out;
 	}
-	if (json_is_true(json_object_get(req, "stream"))) {
-		o.conn = conn;
-		o.id = json_object_get(req, "id");
-		o.turn = turn;
-	}
 	ret = cb_ws_map_list(t, files_add, &o);
 	if (!ret)
 		ret = files_flush(&o);
-	if (o.conn)
-		json_decref(o.files);
-	else
-		json_object_set_new(r, "files", o.files);
+	if (!o.conn)
+		json_object_set(r, "files", o.files);
 out:
+	json_decref(o.files);
+	json_decref(o.deleted);
 	cb_turns_close(t);
 	return ret;
 }

@@ -40,15 +40,16 @@ mode_t ov_mode_allowed(const struct cb_overlay *ov, mode_t mode, uid_t uid, gid_
 /* 1 for the xattrs that hold a POSIX ACL (they name users and groups by id). */
 int ov_acl_xattr(const char *name)
 {
-	return !strcmp(name, "system.posix_acl_access") || !strcmp(name, "system.posix_acl_default");
+	return !strcmp(name, "system.posix_acl_access") ||
+	       !strcmp(name, "system.posix_acl_default");
 }
 
 /* The xattr form of an ACL (the kernel's posix_acl_xattr_header and _entry): a le32 version
  * (2), then 8-byte entries of le16 tag, le16 perm and le32 id; only ACL_USER and ACL_GROUP
  * entries carry an id. */
 #define OV_ACL_VERSION 2
-#define OV_ACL_USER 0x02
-#define OV_ACL_GROUP 0x08
+#define OV_ACL_USER    0x02
+#define OV_ACL_GROUP   0x08
 
 static unsigned long le_get(const unsigned char *p, int bytes)
 {

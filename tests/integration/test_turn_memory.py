@@ -9,11 +9,12 @@ import unittest
 
 from cbtest import CowboxTestCase
 
-SMALL = int(os.environ.get("COWBOX_TEST_TURN_SMALL", "3000"))
-LARGE = int(os.environ.get("COWBOX_TEST_TURN_LARGE", "40000"))
+SMALL = int(os.environ.get("COWBOX_TEST_TURN_SMALL", "2000"))
+LARGE = int(os.environ.get("COWBOX_TEST_TURN_LARGE", "20000"))
 # What a fixed bound must absorb: SQLite's page caches (2 MiB each for meta.db and the
-# temporary tables) filling, allocator slack. The code before streaming grew by ~0.5 KiB per
-# changed path in the daemon and ~0.9 KiB in the worker (more under ASan): 20+ MiB here.
+# temporary tables) filling, libfuse's request buffers, allocator slack. The code before
+# streaming grew by ~0.55 KiB per changed path in the daemon and ~0.85 KiB in the worker
+# (release build; more under ASan): +12.8 and +19 MiB more for 25,000 paths than for 2,000.
 BOUND_KIB = 8 * 1024
 
 
@@ -23,6 +24,11 @@ def vm_kib(pid, key):
             if line.startswith(key + ":"):
                 return int(line.split()[1])
     raise AssertionError("no %s in /proc/%d/status" % (key, pid))
+
+
+def read(path):
+    with open(path) as f:
+        return f.read().strip()
 
 
 class TurnMemoryTest(CowboxTestCase):
@@ -35,9 +41,8 @@ class TurnMemoryTest(CowboxTestCase):
         self.ref = self.create()
         self.daemon = self.mount(self.ref)
         self.mnt = self.mountpoint(self.ref)
-        children = open("/proc/%d/task/%d/children" % (self.daemon, self.daemon)).read()
-        self.worker = next(int(p) for p in children.split()
-                           if open("/proc/%s/comm" % p).read().strip() == "cowbox-worker")
+        self.worker = next(int(p) for p in read("/proc/%d/task/%d/children" % (
+            self.daemon, self.daemon)).split() if read("/proc/%s/comm" % p) == "cowbox-worker")
 
     def make(self, top, n):
         """n changed paths in one turn: directories (one FUSE request and one journal row

@@ -18,125 +18,11 @@
 #include "cowbox/workspace.h"
 #include "daemon.h"
 
-/* The journal rows of some turns, merged per path. */
-struct dirty_list {
-	struct cb_dirty *d;
-	size_t n, cap;
-};
-
-static void dirty_free(struct dirty_list *l)
+/* The journal rows the worker is to read (it reads them from the database itself, so the
+ * daemon never holds a turn's rows): [names_turn, from, to], see cb_journal_span. */
+static json_t *rows_json(long long names_turn, long long from, long long to)
 {
-	for (size_t i = 0; i < l->n; i++) {
-		free((char *)l->d[i].path);
-		free((char *)l->d[i].comm);
-	}
-	free(l->d);
-	memset(l, 0, sizeof(*l));
-}
-
-/* The rows of the previous turn that are not content writes (see turns_snapshot). */
-static int dirty_row_names(const struct cb_journal_row *row, void *arg);
-
-static int dirty_row(const struct cb_journal_row *row, void *arg)
-{
-	struct dirty_list *l = arg;
-	struct cb_dirty *d;
-	int rc = cb_grow(&l->d, &l->cap, l->n, sizeof(*l->d), 64, "journal rows");
-
-	if (rc)
-		return rc;
-	d = &l->d[l->n];
-	d->path = strdup(row->path);
-	d->comm = row->comm ? strdup(row->comm) : NULL;
-	d->subtree = row->subtree;
-	d->pid = row->pid;
-	if (!d->path)
-		return cb_error_set(ENOMEM, "journal rows: out of memory");
-	l->n++;
-	return 0;
-}
-
-static int dirty_row_names(const struct cb_journal_row *row, void *arg)
-{
-	return row->kind == CB_CHANGE_WRITE ? 0 : dirty_row(row, arg);
-}
-
-/* The rows being sorted, for dirty_cmp (qsort has no argument; ops run one at a time
- * under the turn lock). */
-static const struct cb_dirty *dirty_sorting;
-
-/* By path, then by journal order (the index), so the merge below sees rows in order. */
-static int dirty_cmp(const void *a, const void *b)
-{
-	size_t x = *(const size_t *)a, y = *(const size_t *)b;
-	int c = strcmp(dirty_sorting[x].path, dirty_sorting[y].path);
-
-	return c ? c : (x > y) - (x < y);
-}
-
-/* One entry per path: subtree if any row said so, attributed to its latest change. */
-static int dirty_merge(struct dirty_list *l)
-{
-	size_t *ord, w = 0;
-	struct cb_dirty *out;
-
-	if (l->n < 2)
-		return 0;
-	ord = malloc(l->n * sizeof(*ord));
-	out = malloc(l->n * sizeof(*out));
-	if (!ord || !out) {
-		free(ord);
-		free(out);
-		return cb_error_set(ENOMEM, "journal rows: out of memory");
-	}
-	for (size_t i = 0; i < l->n; i++)
-		ord[i] = i;
-	dirty_sorting = l->d;
-	qsort(ord, l->n, sizeof(*ord), dirty_cmp);
-	for (size_t i = 0; i < l->n; i++) {
-		struct cb_dirty *row = &l->d[ord[i]];
-
-		if (w == 0 || strcmp(out[w - 1].path, row->path)) {
-			out[w++] = *row;
-			continue;
-		}
-		out[w - 1].subtree |= row->subtree;
-		if (row->pid) {
-			free((char *)out[w - 1].comm);
-			out[w - 1].pid = row->pid;
-			out[w - 1].comm = row->comm;
-			row->comm = NULL;
-		}
-		free((char *)row->path);
-		free((char *)row->comm);
-	}
-	free(ord);
-	free(l->d);
-	l->d = out;
-	l->n = l->cap = w;
-	return 0;
-}
-
-/* Rows of turns from..to (the open turn and, after an advance, the one after it), merged to
- * one entry per path so that a path written many times is examined once. */
-static int dirty_load(struct cb_daemon *d, long long from, long long to, struct dirty_list *l)
-{
-	int ret = 0;
-
-	for (long long turn = from; turn <= to && !ret; turn++)
-		ret = cb_journal_list(d->db, turn, dirty_row, l);
-	return ret ? ret : dirty_merge(l);
-}
-
-/* The dirty list as the worker takes it: [[path, subtree, pid, comm], ...]. */
-static json_t *dirty_json(const struct dirty_list *l)
-{
-	json_t *arr = json_array();
-
-	for (size_t i = 0; arr && i < l->n; i++)
-		json_array_append_new(arr, json_pack("[s, i, I, s?]", l->d[i].path, l->d[i].subtree,
-						     (json_int_t)l->d[i].pid, l->d[i].comm));
-	return arr;
+	return json_pack("[I, I, I]", (json_int_t)names_turn, (json_int_t)from, (json_int_t)to);
 }
 
 /* Flush dirty pages so that their FUSE writes are journaled before the rows are read (in
@@ -172,7 +58,6 @@ static double elapsed(const struct timespec *a, const struct timespec *b)
 static int turns_snapshot(struct cb_daemon *d, json_t *req, struct cb_daemon_conn *conn, json_t *id,
 			  json_t **result, long long *turn_out)
 {
-	struct dirty_list dl = {0};
 	long long open = cb_journal_turn(d->db), latest = cb_journal_turn(d->db) - 1;
 	struct cb_turns *t = NULL;
 	long long turn;
@@ -200,29 +85,24 @@ static int turns_snapshot(struct cb_daemon *d, json_t *req, struct cb_daemon_con
 	 * moment after we answered it, so the previous snapshot may have seen the old state
 	 * through the mount: those paths of the previous turn are looked at once more (first,
 	 * so that this turn's rows have the last word on attribution). */
-	ret = turn > 1 ? cb_journal_list(d->db, turn - 1, dirty_row_names, &dl) : 0;
-	if (!ret)
-		ret = dirty_load(d, open < turn ? open : turn, turn + 1, &dl);
-	if (!ret) {
-		json_object_set_new(req, "op", json_string("snapshot"));
-		json_object_set_new(req, "turn", json_integer(turn));
-		json_object_set_new(req, "dirty", dirty_json(&dl));
-		ret = cb_daemon_worker_call(d, req, conn, id, result, NULL);
-	} else {
-		json_decref(req);
-	}
+	json_object_set_new(req, "op", json_string("snapshot"));
+	json_object_set_new(req, "turn", json_integer(turn));
+	json_object_set_new(
+	    req, "rows", rows_json(turn > 1 ? turn - 1 : 0, open < turn ? open : turn, turn + 1));
+	ret = cb_daemon_worker_call(d, req, conn, id, result, NULL);
 	if (ret)
 		cb_overlay_turn_advance(d->ov, turn);
 	else
 		*turn_out = turn;
-	dirty_free(&dl);
 	return ret;
 }
 
-/* Where the rows of a whole map go: one object, or frames of FILES_FRAME rows each when the
- * client streams (it writes them out as they come instead of holding one document). */
+/* Where the rows of a whole map (or of the changes since a client's turn) go: one object, or
+ * frames of FILES_FRAME rows each when the client streams (it applies or writes them out as
+ * they come, and the daemon never holds them all). */
 struct files_out {
 	json_t *files;
+	json_t *deleted;	     /* a delta: the paths that are no regular file any more */
 	struct cb_daemon_conn *conn; /* streaming: frames go here */
 	json_t *id;
 	long long turn;
@@ -235,14 +115,20 @@ static int files_flush(struct files_out *o)
 {
 	json_t *frame;
 
-	if (!o->conn || !json_object_size(o->files))
+	if (!o->conn || !(json_object_size(o->files) || json_array_size(o->deleted)))
 		return 0;
-	frame = json_pack("{s:s, s:I, s:O}", "stream", "files", "turn", (json_int_t)o->turn,
-			  "files", o->files);
+	if (o->deleted)
+		frame = json_pack("{s:s, s:I, s:O, s:O}", "stream", "changes", "turn",
+				  (json_int_t)o->turn, "changed", o->files, "deleted", o->deleted);
+	else
+		frame = json_pack("{s:s, s:I, s:O}", "stream", "files", "turn", (json_int_t)o->turn,
+				  "files", o->files);
 	if (!frame)
 		return cb_error_set(ENOMEM, "snapshot: out of memory");
 	cb_daemon_send_frame(o->conn, o->id, frame);
 	json_object_clear(o->files);
+	if (o->deleted)
+		json_array_clear(o->deleted);
 	return 0;
 }
 
@@ -259,20 +145,23 @@ static int files_add(const struct cb_entry *e, void *arg)
 	return ++o->rows % FILES_FRAME ? 0 : files_flush(o);
 }
 
-/* The changes since a client's turn, as two members of the reply. */
+/* The changes since a client's turn: changed (path: sha256) and deleted (paths), in frames of
+ * FILES_FRAME rows when the client streams. */
 static int changes_add(const char *path, const struct cb_entry *now, void *arg)
 {
-	json_t *r = arg;
+	struct files_out *o = arg;
 	char hex[2 * CB_SHA256_LEN + 1];
+	int rc;
 
-	if (!now)
-		return json_array_append_new(json_object_get(r, "deleted"), json_string(path))
-			   ? cb_error_set(ENOMEM, "snapshot: out of memory")
-			   : 0;
-	cb_hex(now->sha256, CB_SHA256_LEN, hex);
-	return json_object_set_new(json_object_get(r, "changed"), path, json_string(hex))
-		   ? cb_error_set(ENOMEM, "snapshot: out of memory")
-		   : 0;
+	if (!now) {
+		rc = json_array_append_new(o->deleted, json_string(path));
+	} else {
+		cb_hex(now->sha256, CB_SHA256_LEN, hex);
+		rc = json_object_set_new(o->files, path, json_string(hex));
+	}
+	if (rc)
+		return cb_error_set(ENOMEM, "snapshot: out of memory");
+	return ++o->rows % FILES_FRAME ? 0 : files_flush(o);
 }
 
 /* The map of the turn just recorded, into reply r: only the changes when the client holds
@@ -296,18 +185,36 @@ static int snapshot_files(struct cb_daemon *d, struct cb_daemon_conn *conn, json
 		goto out;
 	snprintf(id_hex, sizeof(id_hex), "%016llx", (unsigned long long)id);
 	json_object_set_new(r, "map_id", json_string(id_hex));
+	if (json_is_true(json_object_get(req, "stream"))) {
+		o.conn = conn;
+		o.id = json_object_get(req, "id");
+		o.turn = turn;
+	}
 	if (json_is_integer(jsince) && client_id && !strcmp(client_id, id_hex)) {
-		json_object_set_new(r, "changed", json_object());
-		json_object_set_new(r, "deleted", json_array());
-		ret = cb_ws_map_changes(t, json_integer_value(jsince), changes_add, r);
-		if (ret != -ESTALE) {
-			json_object_set_new(r, "full", json_false());
+		o.files = json_object();
+		o.deleted = json_array();
+		if (!o.files || !o.deleted) {
+			ret = cb_error_set(ENOMEM, "snapshot: out of memory");
 			goto out;
 		}
-		/* Pruned or never recorded: the client starts over from the whole map. */
+		ret = cb_ws_map_changes(t, json_integer_value(jsince), changes_add, &o);
+		if (ret != -ESTALE) {
+			if (!ret)
+				ret = files_flush(&o);
+			json_object_set_new(r, "full", json_false());
+			if (!o.conn) {
+				json_object_set(r, "changed", o.files);
+				json_object_set(r, "deleted", o.deleted);
+			}
+			goto out;
+		}
+		/* Pruned or never recorded: the client starts over from the whole map. (Nothing
+		 * was sent: -ESTALE comes before the first change.) */
 		cb_error_clear();
-		json_object_del(r, "changed");
-		json_object_del(r, "deleted");
+		json_decref(o.files);
+		json_decref(o.deleted);
+		o.deleted = NULL;
+		o.rows = 0;
 	}
 	json_object_set_new(r, "full", json_true());
 	o.files = json_object();
@@ -315,19 +222,14 @@ static int snapshot_files(struct cb_daemon *d, struct cb_daemon_conn *conn, json
 		ret = cb_error_set(ENOMEM, "snapshot: out of memory");
 		goto out;
 	}
-	if (json_is_true(json_object_get(req, "stream"))) {
-		o.conn = conn;
-		o.id = json_object_get(req, "id");
-		o.turn = turn;
-	}
 	ret = cb_ws_map_list(t, files_add, &o);
 	if (!ret)
 		ret = files_flush(&o);
-	if (o.conn)
-		json_decref(o.files);
-	else
-		json_object_set_new(r, "files", o.files);
+	if (!o.conn)
+		json_object_set(r, "files", o.files);
 out:
+	json_decref(o.files);
+	json_decref(o.deleted);
 	cb_turns_close(t);
 	return ret;
 }
@@ -364,7 +266,6 @@ static int op_diff(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 	json_t *ja = json_object_get(req, "a"), *jb = json_object_get(req, "b");
 	long long a = json_integer_value(ja), b = json_is_integer(jb) ? json_integer_value(jb) : -1;
 	int sources = json_is_true(json_object_get(req, "sources"));
-	struct dirty_list dl = {0};
 	struct cb_diff diff = {0};
 	struct cb_turns *t = NULL;
 	json_t *r = NULL;
@@ -391,14 +292,13 @@ static int op_diff(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 	pthread_mutex_lock(&d->turn_lock);
 	ret = turns_sync(d);
 	if (!ret)
-		ret = dirty_load(d, cb_journal_turn(d->db), cb_journal_turn(d->db), &dl);
-	if (!ret)
-		ret = cb_daemon_worker_call(d,
-					    json_pack("{s:s, s:I, s:I, s:o, s:b}", "op", "diff",
-						      "a", (json_int_t)a, "b", (json_int_t)b,
-						      "dirty", dirty_json(&dl), "sources", sources),
-					    NULL, NULL, &r, NULL);
-	dirty_free(&dl);
+		ret = cb_daemon_worker_call(
+		    d,
+		    json_pack("{s:s, s:I, s:I, s:o, s:b}", "op", "diff", "a", (json_int_t)a, "b",
+			      (json_int_t)b, "rows",
+			      rows_json(0, cb_journal_turn(d->db), cb_journal_turn(d->db)),
+			      "sources", sources),
+		    NULL, NULL, &r, NULL);
 	pthread_mutex_unlock(&d->turn_lock);
 reply:
 	if (ret)
@@ -412,7 +312,6 @@ static int op_rollback(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 {
 	json_t *jt = json_object_get(req, "turn");
 	long long to = json_integer_value(jt), touched = 0, turn = 0;
-	struct dirty_list dl = {0};
 	struct timespec t0, t1, t2;
 	json_t *snap = NULL;
 	char label[64];
@@ -423,14 +322,13 @@ static int op_rollback(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	snprintf(label, sizeof(label), "rollback to %lld", to);
 	pthread_mutex_lock(&d->turn_lock);
 	ret = turns_sync(d);
-	if (!ret)
-		ret = dirty_load(d, cb_journal_turn(d->db), cb_journal_turn(d->db), &dl);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	if (!ret)
-		ret = cb_daemon_worker_call(d,
-					    json_pack("{s:s, s:I, s:o}", "op", "rollback", "turn",
-						      (json_int_t)to, "dirty", dirty_json(&dl)),
-					    NULL, NULL, NULL, &touched);
+		ret = cb_daemon_worker_call(
+		    d,
+		    json_pack("{s:s, s:I, s:o}", "op", "rollback", "turn", (json_int_t)to, "rows",
+			      rows_json(0, cb_journal_turn(d->db), cb_journal_turn(d->db))),
+		    NULL, NULL, NULL, &touched);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	/* Even a rollback that failed part-way changed the tree: record what it is now. */
 	if (!ret || touched) {
@@ -447,7 +345,6 @@ static int op_rollback(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	}
 	json_decref(snap);
 	clock_gettime(CLOCK_MONOTONIC, &t2);
-	dirty_free(&dl);
 	pthread_mutex_unlock(&d->turn_lock);
 	if (ret)
 		return ret;

@@ -284,30 +284,17 @@ static int files_add(const struct cb_entry *e, void *arg)
 	return json_object_set_new(arg, e->path, json_string(hex)) ? -ENOMEM : 0;
 }
 
-/* The dirty list of a request: [[path, subtree, pid, comm], ...]; the strings stay owned by
- * req. */
-static int dirty_from_json(json_t *req, struct cb_dirty **out, size_t *n)
+/* The journal rows a request names: "rows": [names_turn, from, to]. The worker reads them
+ * itself, from the database: neither process holds them all, nor a line that lists them. */
+static void span_from_json(json_t *req, struct cb_journal_span *span)
 {
-	json_t *arr = json_object_get(req, "dirty"), *row;
-	size_t i;
+	json_t *rows = json_object_get(req, "rows");
 
-	*out = NULL;
-	*n = json_array_size(arr);
-	if (!*n)
-		return 0;
-	*out = calloc(*n, sizeof(**out));
-	if (!*out)
-		return cb_error_set(ENOMEM, "turn worker: out of memory");
-	json_array_foreach(arr, i, row)
-	{
-		(*out)[i].path = json_string_value(json_array_get(row, 0));
-		(*out)[i].subtree = (int)json_integer_value(json_array_get(row, 1));
-		(*out)[i].pid = (pid_t)json_integer_value(json_array_get(row, 2));
-		(*out)[i].comm = json_string_value(json_array_get(row, 3));
-		if (!(*out)[i].path)
-			(*out)[i].path = "";
-	}
-	return 0;
+	span->names_turn = json_integer_value(json_array_get(rows, 0));
+	span->from = json_integer_value(json_array_get(rows, 1));
+	span->to = json_integer_value(json_array_get(rows, 2));
+	if (!json_is_array(rows))
+		span->from = 1, span->to = 0; /* none */
 }
 
 static int worker_snapshot(struct worker_state *w, json_t *req, json_t **res)
@@ -316,8 +303,7 @@ static int worker_snapshot(struct worker_state *w, json_t *req, json_t **res)
 	int want_changes = json_is_true(json_object_get(req, "changes"));
 	struct cb_turns *t = NULL;
 	struct cb_diff changes = {0};
-	struct cb_dirty *dirty = NULL;
-	size_t n = 0;
+	struct cb_journal_span span;
 	int ret = worker_open(w, json_is_true(json_object_get(req, "progress")), &t);
 
 	if (!ret)
@@ -325,12 +311,11 @@ static int worker_snapshot(struct worker_state *w, json_t *req, json_t **res)
 	else
 		cb_ws_known_free(w->known);
 	w->known = NULL;
+	span_from_json(req, &span);
 	if (!ret)
-		ret = dirty_from_json(req, &dirty, &n);
-	if (!ret)
-		ret = cb_ws_snapshot(t, turn, dirty, n,
-				     json_string_value(json_object_get(req, "label")),
-				     want_changes ? &changes : NULL);
+		ret = cb_ws_snapshot_journal(t, turn, &span,
+					     json_string_value(json_object_get(req, "label")),
+					     want_changes ? &changes : NULL);
 	if (!ret) {
 		*res = json_object();
 		if (want_changes)
@@ -345,7 +330,6 @@ static int worker_snapshot(struct worker_state *w, json_t *req, json_t **res)
 		}
 	}
 	cb_ws_diff_free(&changes);
-	free(dirty);
 	cb_turns_close(t);
 	return ret;
 }
@@ -356,12 +340,14 @@ static int worker_diff(struct worker_state *w, json_t *req, json_t **res)
 	long long b = json_integer_value(json_object_get(req, "b"));
 	struct cb_turns *t = NULL;
 	struct cb_diff diff = {0};
+	struct cb_journal_span span;
 	struct cb_dirty *dirty = NULL;
 	size_t n = 0;
 	int ret = worker_open(w, 0, &t);
 
+	span_from_json(req, &span);
 	if (!ret)
-		ret = dirty_from_json(req, &dirty, &n);
+		ret = cb_ws_journal_dirty(t, &span, &dirty, &n);
 	if (!ret)
 		ret = cb_ws_diff(t, a, b, dirty, n, &diff);
 	if (!ret)
@@ -370,7 +356,7 @@ static int worker_diff(struct worker_state *w, json_t *req, json_t **res)
 			      cb_daemon_events_json(w->mountpoint, w->base, w->dir, t, &diff, a, b,
 						    json_is_true(json_object_get(req, "sources"))));
 	cb_ws_diff_free(&diff);
-	free(dirty);
+	cb_ws_dirty_free(dirty, n);
 	cb_turns_close(t);
 	return ret;
 }
@@ -378,6 +364,7 @@ static int worker_diff(struct worker_state *w, json_t *req, json_t **res)
 static int worker_rollback(struct worker_state *w, json_t *req, json_t **res)
 {
 	struct cb_turns *t = NULL;
+	struct cb_journal_span span;
 	struct cb_dirty *dirty = NULL;
 	long long touched = 0;
 	char pending[4200];
@@ -391,8 +378,9 @@ static int worker_rollback(struct worker_state *w, json_t *req, json_t **res)
 	if (fd >= 0)
 		close(fd);
 
+	span_from_json(req, &span);
 	if (!ret)
-		ret = dirty_from_json(req, &dirty, &n);
+		ret = cb_ws_journal_dirty(t, &span, &dirty, &n);
 	if (!ret)
 		ret = cb_ws_rollback(t, json_integer_value(json_object_get(req, "turn")), dirty, n,
 				     &touched);
@@ -403,7 +391,7 @@ static int worker_rollback(struct worker_state *w, json_t *req, json_t **res)
 	if (!ret || touched)
 		w->known = cb_ws_known_take(t); /* the daemon snapshots next */
 	cb_turns_close(t);
-	free(dirty);
+	cb_ws_dirty_free(dirty, n);
 	return ret;
 }
 

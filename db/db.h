@@ -76,6 +76,18 @@ void cb_journal_set_turn(struct cb_db *db, long long turn);
  * database whose schema version says they were created (db/turns.c). */
 int cb_db_turns_schema_check(sqlite3 *db, const char *path);
 
+/* The turn store's connection, for db/turn_scratch.c's temporary tables on it. */
+struct cb_db_turns;
+struct cb_entry;
+sqlite3 *cb_db_turns_sqlite(struct cb_db_turns *t);
+
+/* Bind an entry's columns from position first (path at pathpos, then type, mode, size,
+ * sha256, xxh3, target, pid, comm); strings are borrowed. */
+void cb_db_turns_bind_entry(sqlite3_stmt *s, int pathpos, int first, const struct cb_entry *e);
+
+/* Read columns path, type, mode, size, sha256, xxh3, target, pid, comm; strings borrowed. */
+void cb_db_turns_column_entry(sqlite3_stmt *s, struct cb_entry *e);
+
 /* Set an error message from SQLite's last error on db, naming the file and the step. */
 int cb_db_error(struct cb_db *db, int rc, const char *what);
 

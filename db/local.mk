@@ -11,7 +11,7 @@ db_test_journal_CFLAGS = $(CRITERION_TEST_CFLAGS)
 db_test_journal_LDADD = db/libcb_db.la util/libcb_util.la $(SQLITE3_LIBS) $(CRITERION_TEST_LIBS)
 
 # turns: the turn store (turns, deltas, the map, the base hash cache) (issue 3)
-db_libcb_db_la_SOURCES += db/turns.c db/turn_entry.c
+db_libcb_db_la_SOURCES += db/turns.c db/turn_entry.c db/turn_scratch.c
 pkginclude_HEADERS += include/cowbox/turn_store.h
 
 # scripts/bench/journal builds this on request (make db/bench_journal); not a test.

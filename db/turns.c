@@ -217,6 +217,11 @@ out:
 	return ret;
 }
 
+sqlite3 *cb_db_turns_sqlite(struct cb_db_turns *t)
+{
+	return t->db;
+}
+
 void cb_db_turns_close(struct cb_db_turns *t)
 {
 	if (!t)
@@ -385,8 +390,7 @@ out:
 	return ret;
 }
 
-/* Bind an entry's columns from position first (path first, then the rest). */
-static void tdb_bind_entry(sqlite3_stmt *s, int pathpos, int first, const struct cb_entry *e)
+void cb_db_turns_bind_entry(sqlite3_stmt *s, int pathpos, int first, const struct cb_entry *e)
 {
 	sqlite3_bind_text(s, pathpos, e->path, -1, SQLITE_STATIC);
 	sqlite3_bind_int(s, first, e->type);
@@ -404,8 +408,7 @@ static void tdb_bind_entry(sqlite3_stmt *s, int pathpos, int first, const struct
 		sqlite3_bind_text(s, first + 7, e->comm, -1, SQLITE_STATIC);
 }
 
-/* Read columns path, type, mode, size, sha256, xxh3, target, pid, comm; strings borrowed. */
-static void tdb_column_entry(sqlite3_stmt *s, struct cb_entry *e)
+void cb_db_turns_column_entry(sqlite3_stmt *s, struct cb_entry *e)
 {
 	memset(e, 0, sizeof(*e));
 	e->path = (char *)sqlite3_column_text(s, 0);
@@ -425,7 +428,7 @@ int cb_db_turns_delta_put(struct cb_db_turns *t, long long turn, const struct cb
 {
 	sqlite3_stmt *s = tdb_q(t, Q_DELTA_PUT);
 
-	tdb_bind_entry(s, 1, 3, e);
+	cb_db_turns_bind_entry(s, 1, 3, e);
 	sqlite3_bind_int64(s, 2, turn);
 	return tdb_done(t, s, "record delta");
 }
@@ -438,7 +441,7 @@ static int tdb_lookup(struct cb_db_turns *t, sqlite3_stmt *s, struct cb_entry *o
 	int rc = sqlite3_step(s), ret = 0;
 
 	if (rc == SQLITE_ROW) {
-		tdb_column_entry(s, &row);
+		cb_db_turns_column_entry(s, &row);
 		ret = cb_entry_copy(out, &row);
 		if (ret == 0)
 			ret = 1;
@@ -504,7 +507,7 @@ int cb_db_turns_map_put(struct cb_db_turns *t, const struct cb_entry *e)
 {
 	sqlite3_stmt *s = tdb_q(t, Q_MAP_PUT);
 
-	tdb_bind_entry(s, 1, 2, e);
+	cb_db_turns_bind_entry(s, 1, 2, e);
 	return tdb_done(t, s, "map store");
 }
 
@@ -531,7 +534,7 @@ int cb_db_turns_map_list(struct cb_db_turns *t, const char *prefix,
 	if (prefix)
 		sqlite3_bind_text(s, 1, prefix, -1, SQLITE_STATIC);
 	while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-		tdb_column_entry(s, &e);
+		cb_db_turns_column_entry(s, &e);
 		ret = fn(&e, arg);
 		if (ret)
 			goto out;
@@ -643,7 +646,7 @@ int cb_db_turns_base_map_put(struct cb_db_turns *t, const struct cb_entry *e)
 {
 	sqlite3_stmt *s = tdb_q(t, Q_BASE_PUT);
 
-	tdb_bind_entry(s, 1, 2, e);
+	cb_db_turns_bind_entry(s, 1, 2, e);
 	return tdb_done(t, s, "base map store");
 }
 
@@ -684,7 +687,7 @@ static int tdb_file_row(sqlite3_stmt *s, void *fn, void *arg)
 	    (int (*)(const struct cb_entry *, long long, long long, void *))fn;
 	struct cb_entry e;
 
-	tdb_column_entry(s, &e);
+	cb_db_turns_column_entry(s, &e);
 	return cb(&e, sqlite3_column_int64(s, 9),
 		  sqlite3_column_type(s, 10) == SQLITE_NULL ? -1 : sqlite3_column_int64(s, 10),
 		  arg);

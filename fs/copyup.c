@@ -46,8 +46,8 @@ static int ov_copy_data(int in, int out)
 }
 
 /* Copies the xattrs of src (a path) to dstfd, or to the path dst when dstfd is -1, skipping
- * the overlay's own. */
-static int ov_copy_xattrs(const char *src, int dstfd, const char *dst)
+ * the overlay's own; ACLs get their ids shifted like the owner. */
+static int ov_copy_xattrs(struct cb_overlay *ov, const char *src, int dstfd, const char *dst)
 {
 	char list[8192], val[65536];
 	ssize_t n = llistxattr(src, list, sizeof(list)), v;
@@ -61,6 +61,8 @@ static int ov_copy_xattrs(const char *src, int dstfd, const char *dst)
 		v = lgetxattr(src, name, val, sizeof(val));
 		if (v < 0)
 			continue;
+		if (ov_acl_xattr(name))
+			ov_acl_shift(ov, val, (size_t)v, 0);
 		if ((dstfd >= 0 ? fsetxattr(dstfd, name, val, (size_t)v, 0)
 				: lsetxattr(dst, name, val, (size_t)v, 0)) < 0 &&
 		    errno != ENOTSUP)
@@ -85,7 +87,7 @@ static int ov_copy_meta(struct cb_overlay *ov, const char *path, const struct st
 		return -errno;
 	snprintf(src, sizeof(src), "%s/%s", ov->base_proc, path);
 	snprintf(dst, sizeof(dst), "%s/%s", ov->upper_proc, path);
-	r = ov_copy_xattrs(src, -1, dst);
+	r = ov_copy_xattrs(ov, src, -1, dst);
 	if (r < 0)
 		return r;
 	if (utimensat(ov->upper_fd, path, ts, AT_SYMLINK_NOFOLLOW) < 0)
@@ -132,7 +134,7 @@ static int ov_copy_file(struct cb_overlay *ov, const char *path, const struct st
 		char src[PATH_MAX + 64];
 		snprintf(src, sizeof(src), "%s/%s", ov->base_proc, path);
 		snprintf(proc, sizeof(proc), "/proc/self/fd/%d", out);
-		r = ov_copy_xattrs(src, out, NULL);
+		r = ov_copy_xattrs(ov, src, out, NULL);
 		if (r < 0)
 			goto out;
 	}

@@ -2,7 +2,9 @@
  * host range [id_base, id_base + 65536), and no setuid/setgid bit names an owner outside it. */
 #include "config.h"
 
+#include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ov.h"
 
@@ -33,6 +35,58 @@ mode_t ov_mode_allowed(const struct cb_overlay *ov, mode_t mode, uid_t uid, gid_
 	if (!S_ISDIR(mode) && !(gid >= base && gid - base < OV_IDS))
 		mode &= ~(mode_t)S_ISGID;
 	return mode;
+}
+
+/* 1 for the xattrs that hold a POSIX ACL (they name users and groups by id). */
+int ov_acl_xattr(const char *name)
+{
+	return !strcmp(name, "system.posix_acl_access") ||
+	       !strcmp(name, "system.posix_acl_default");
+}
+
+/* The xattr form of an ACL (the kernel's posix_acl_xattr_header and _entry): a le32 version
+ * (2), then 8-byte entries of le16 tag, le16 perm and le32 id; only ACL_USER and ACL_GROUP
+ * entries carry an id. */
+#define OV_ACL_VERSION 2
+#define OV_ACL_USER    0x02
+#define OV_ACL_GROUP   0x08
+
+static unsigned long le_get(const unsigned char *p, int bytes)
+{
+	unsigned long v = 0;
+
+	for (int i = bytes - 1; i >= 0; i--)
+		v = v << 8 | p[i];
+	return v;
+}
+
+/* The ids of an ACL get the same shift as owners (ov_id_store): the kernel hands us the
+ * sandbox's ids already in the host's view (B + id), but a host caller's or a base file's
+ * ids below 65536 would otherwise grant host users access in upper/ and show as nobody
+ * inside. refuse: an id that lands outside [B, B + 65536) is -EINVAL (what the sandbox's
+ * own kernel says for an id it has no mapping for), for a value being set. */
+int ov_acl_shift(const struct cb_overlay *ov, void *value, size_t size, int refuse)
+{
+	unsigned long base = atomic_load_explicit(&ov->id_base, memory_order_relaxed);
+	unsigned char *p = value;
+
+	if (!base)
+		return 0;
+	/* Not an ACL the kernel would take: it refuses it itself, we change nothing. */
+	if (size < 4 || (size - 4) % 8 || le_get(p, 4) != OV_ACL_VERSION)
+		return 0;
+	for (size_t off = 4; off < size; off += 8) {
+		unsigned long tag = le_get(p + off, 2), id = le_get(p + off + 4, 4), shifted;
+
+		if (tag != OV_ACL_USER && tag != OV_ACL_GROUP)
+			continue;
+		shifted = ov_id_store(ov, (uid_t)id);
+		if (refuse && !(shifted >= base && shifted - base < OV_IDS))
+			return -EINVAL;
+		for (int i = 0; i < 4; i++)
+			p[off + 4 + i] = (unsigned char)(shifted >> (8 * i));
+	}
+	return 0;
 }
 
 void cb_overlay_set_id_base(struct cb_overlay *ov, unsigned long id_base)

@@ -59,6 +59,8 @@ static void ov_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
 	 * there are none, so the question costs no syscall next time */
 	if (r == -ENODATA && strcmp(name, OV_CAPS_XATTR) == 0)
 		atomic_store(&ov_inode_get(ov, ino)->no_caps, 1);
+	if (r == 0 && size && ov_acl_xattr(name))
+		ov_acl_shift(ov, buf, (size_t)n, 0); /* a base file's ACL names host ids */
 	if (r < 0)
 		fuse_reply_err(req, -r);
 	else if (size == 0)
@@ -115,12 +117,27 @@ static void ov_change_xattr(fuse_req_t req, fuse_ino_t ino, const char *name, co
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *in = ov_inode_get(ov, ino);
-	char path[PATH_MAX + 64];
+	char path[PATH_MAX + 64], *acl = NULL;
 	int follow, r;
 
 	if (ov_name_is_private(name)) {
 		fuse_reply_err(req, remove ? ENODATA : EPERM);
 		return;
+	}
+	/* An ACL's ids are stored shifted like owners; one outside the range is refused. */
+	if (!remove && ov_acl_xattr(name)) {
+		if (!(acl = malloc(size ? size : 1))) {
+			fuse_reply_err(req, ENOMEM);
+			return;
+		}
+		memcpy(acl, value, size);
+		r = ov_acl_shift(ov, acl, size, 1);
+		if (r < 0) {
+			free(acl);
+			fuse_reply_err(req, -r);
+			return;
+		}
+		value = acl;
 	}
 	if (strcmp(name, OV_CAPS_XATTR) == 0)
 		atomic_store(&in->no_caps, 0);
@@ -138,6 +155,7 @@ static void ov_change_xattr(fuse_req_t req, fuse_ino_t ino, const char *name, co
 			? -errno
 			: 0;
 	pthread_rwlock_unlock(&ov->ns_lock);
+	free(acl);
 	fuse_reply_err(req, -r);
 }
 

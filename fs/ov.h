@@ -186,6 +186,8 @@ const char *ov_base_name(const char *path);
 uid_t ov_id_store(const struct cb_overlay *ov, uid_t id);
 void ov_ids_present(const struct cb_overlay *ov, struct stat *st);
 mode_t ov_mode_allowed(const struct cb_overlay *ov, mode_t mode, uid_t uid, gid_t gid);
+int ov_acl_xattr(const char *name);
+int ov_acl_shift(const struct cb_overlay *ov, void *value, size_t size, int refuse);
 
 /* copyup.c */
 int ov_copy_up(struct cb_overlay *ov, struct ov_inode *in, int with_data);

@@ -4,11 +4,11 @@ TESTS += tests/integration/test_cli.py tests/integration/test_journal.py \
 	tests/integration/test_daemon.py
 EXTRA_DIST += tests/integration/cbtest.py
 TESTS += tests/integration/test_turns.py tests/integration/test_turns_property.py \
-	tests/integration/test_turn_races.py
+	tests/integration/test_turn_races.py tests/integration/test_turn_memory.py
 # faults: kill -9 of the daemon in the middle of turn operations (docs/reliability.md).
 TESTS += tests/integration/test_faults_kill.py
 EXTRA_DIST += tests/integration/turnutil.py
-TESTS += tests/integration/test_exec.py tests/integration/test_escape.py
+TESTS += tests/integration/test_exec.py tests/integration/test_escape.py tests/integration/test_acl.py
 # api (issue 5): the API ops, the shared backend conformance suite, the Python client.
 TESTS += tests/integration/test_api.py tests/integration/test_backend_conformance.py \
 	bindings/python/tests/test_client.py bindings/python/tests/test_directio.py

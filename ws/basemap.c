@@ -361,9 +361,32 @@ int cb_ws_base_check(struct cb_turns *t, void (*changed)(void *, const char *, c
 	return ret ? cb_error_wrap(ret, "check the base") : 0;
 }
 
-static int changes_collect(const char *path, void *arg)
+struct changes_arg {
+	struct cb_turns *t;
+	long long since;
+	int (*fn)(const char *path, const struct cb_entry *now, void *);
+	void *arg;
+};
+
+/* One path a delta after since names, as the statement that lists them steps (it reads only
+ * other statements' rows): nothing is collected, however many paths changed. */
+static int changes_one(const char *path, void *arg)
 {
-	return ws_pathset_add(arg, path, 0, NULL);
+	struct changes_arg *a = arg;
+	struct cb_entry now = {0}, then = {0};
+	int ret = cb_db_turns_map_get(a->t->db, path, &now);
+
+	if (ret == 1 && now.type == CB_ENTRY_FILE) {
+		ret = a->fn(path, &now, a->arg);
+	} else if (ret >= 0) {
+		/* Not a file now: deleted for the client only if it was one at since. */
+		ret = ws_entry_at(a->t, path, a->since, &then);
+		if (!ret && then.type == CB_ENTRY_FILE)
+			ret = a->fn(path, NULL, a->arg);
+	}
+	cb_entry_clear(&now);
+	cb_entry_clear(&then);
+	return ret;
 }
 
 /* Only the paths the deltas after since name are looked at: a snapshot after ten changes
@@ -372,8 +395,7 @@ int cb_ws_map_changes(struct cb_turns *t, long long since,
 		      int (*fn)(const char *path, const struct cb_entry *now, void *), void *arg)
 {
 	long long latest = cb_db_turns_latest(t->db);
-	struct ws_pathset set = {0};
-	struct cb_entry now = {0}, then = {0};
+	struct changes_arg a = {t, since, fn, arg};
 	int ret = ws_map_ensure(t);
 
 	if (!ret && since > latest)
@@ -386,26 +408,6 @@ int cb_ws_map_changes(struct cb_turns *t, long long since,
 		ret = cb_error_set(ESTALE, "%s", why);
 	}
 	if (!ret)
-		ret = cb_db_turns_delta_paths(t->db, since, latest, changes_collect, &set);
-	for (size_t i = 0; i < set.n && !ret; i++) {
-		const char *path = set.p[i].path;
-
-		ret = cb_db_turns_map_get(t->db, path, &now);
-		if (ret < 0)
-			break;
-		if (ret == 1 && now.type == CB_ENTRY_FILE) {
-			ret = fn(path, &now, arg);
-		} else {
-			/* Not a file now: deleted for the client only if it was one at since. */
-			ret = ws_entry_at(t, path, since, &then);
-			if (!ret && then.type == CB_ENTRY_FILE)
-				ret = fn(path, NULL, arg);
-		}
-		cb_entry_clear(&now);
-		cb_entry_clear(&then);
-	}
-	cb_entry_clear(&now);
-	cb_entry_clear(&then);
-	ws_pathset_free(&set);
+		ret = cb_db_turns_delta_paths(t->db, since, latest, changes_one, &a);
 	return ret;
 }

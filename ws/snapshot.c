@@ -9,11 +9,8 @@
 
 #include "cowbox/error.h"
 #include "cowbox/grow.h"
+#include "cowbox/journal.h"
 #include "turns_int.h"
-
-struct snap_item {
-	struct cb_entry old, new;
-};
 
 static double wall_now(void)
 {
@@ -87,15 +84,50 @@ const char *cb_ws_diff_kind_name(enum cb_diff_kind kind)
 	return "unknown";
 }
 
+/* Paths are examined a page at a time (in path order): the journal may name millions, and
+ * only a page of them, with their entries, is ever held in memory; the rest wait in the
+ * scratch tables (cb_db_scratch_*, SQLite's temporary file). */
+#define SNAP_PAGE 1024
+
+struct snap_item {
+	struct cb_entry old, new;
+};
+
+static int item_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct snap_item *)a)->old.path,
+		      ((const struct snap_item *)b)->old.path);
+}
+
+/* One page of paths being examined, sorted by path. */
+struct snap_page {
+	struct snap_item *it;
+	size_t n;
+	struct cb_db_scratch *s;
+	pid_t pid; /* attribution of the entries snap_gone records */
+	const char *comm;
+};
+
+static void page_clear(struct snap_page *pg)
+{
+	for (size_t i = 0; i < pg->n; i++) {
+		cb_entry_clear(&pg->it[i].old);
+		cb_entry_clear(&pg->it[i].new);
+	}
+	pg->n = 0;
+}
+
 /* Hash phase, outside any transaction: the writers of the journal never wait for it. */
-static int snap_collect(struct cb_turns *t, const struct ws_pathset *set, struct snap_item *items)
+static int snap_collect(struct cb_turns *t, const struct cb_scratch_row *rows, size_t n,
+			struct snap_page *pg)
 {
 	int ret = 0;
 
-	for (size_t i = 0; i < set->n && !ret; i++) {
-		const struct ws_path *p = &set->p[i];
-		struct snap_item *it = &items[i];
+	for (size_t i = 0; i < n && !ret; i++) {
+		const struct cb_scratch_row *p = &rows[i];
+		struct snap_item *it = &pg->it[i];
 
+		pg->n = i + 1;
 		ret = cb_db_turns_map_get(t->db, p->path, &it->old);
 		if (ret < 0)
 			break;
@@ -117,55 +149,24 @@ static int snap_collect(struct cb_turns *t, const struct ws_pathset *set, struct
 	return ret;
 }
 
-static int item_cmp(const void *a, const void *b)
+/* A map entry below a path that stops being a directory, not examined itself: deleted. */
+static int snap_gone(const struct cb_entry *e, void *arg)
 {
-	return strcmp(((const struct snap_item *)a)->old.path,
-		      ((const struct snap_item *)b)->old.path);
+	struct snap_page *pg = arg;
+	struct cb_entry now = {.path = e->path, .pid = pg->pid, .comm = (char *)pg->comm};
+	int ret = cb_db_scratch_path_has(pg->s, e->path);
+
+	if (ret)
+		return ret < 0 ? ret : 0;
+	return cb_db_scratch_res_put(pg->s, e, &now, 1);
 }
 
-/* The items of this snapshot, sorted by path up to n_sorted, and more appended after. */
-struct snap_items {
-	struct snap_item *it;
-	size_t n, cap, n_sorted;
-	pid_t pid;
-	const char *comm;
-};
-
-static struct snap_item *items_find(struct snap_items *s, const char *path)
+/* The type path has in this turn: its entry's if it was examined (in this page or an earlier
+ * one), else the map's. */
+static int snap_type_of(struct cb_turns *t, struct snap_page *pg, const char *path, int *type)
 {
 	struct snap_item key = {.old.path = (char *)path};
-
-	return bsearch(&key, s->it, s->n_sorted, sizeof(*s->it), item_cmp);
-}
-
-/* A map entry below a path that stops being a directory, not examined itself: deleted. */
-static int items_add_gone(const struct cb_entry *e, void *arg)
-{
-	struct snap_items *s = arg;
-	struct snap_item *it;
-	int ret;
-
-	if (items_find(s, e->path))
-		return 0;
-	ret = cb_grow(&s->it, &s->cap, s->n, sizeof(*s->it), 64, "snapshot");
-	if (ret)
-		return ret;
-	it = &s->it[s->n];
-	memset(it, 0, sizeof(*it));
-	ret = cb_entry_copy(&it->old, e);
-	if (!ret && !(it->new.path = strdup(e->path)))
-		ret = cb_error_set(ENOMEM, "snapshot: out of memory");
-	it->new.pid = s->pid;
-	if (!ret && s->comm && !(it->new.comm = strdup(s->comm)))
-		ret = cb_error_set(ENOMEM, "snapshot: out of memory");
-	s->n++;
-	return ret;
-}
-
-/* The type path has in this turn: its item's if it was examined, else the map's. */
-static int snap_type_of(struct cb_turns *t, struct snap_items *s, const char *path, int *type)
-{
-	struct snap_item *it = items_find(s, path);
+	struct snap_item *it = bsearch(&key, pg->it, pg->n, sizeof(*pg->it), item_cmp);
 	struct cb_entry e = {0};
 	int ret;
 
@@ -173,6 +174,9 @@ static int snap_type_of(struct cb_turns *t, struct snap_items *s, const char *pa
 		*type = it->new.type;
 		return 0;
 	}
+	ret = cb_db_scratch_res_type(pg->s, path, type);
+	if (ret)
+		return ret < 0 ? ret : 0;
 	ret = cb_db_turns_map_get(t->db, path, &e);
 	*type = ret == 1 ? (int)e.type : CB_ENTRY_ABSENT;
 	cb_entry_clear(&e);
@@ -185,14 +189,14 @@ static int snap_type_of(struct cb_turns *t, struct snap_items *s, const char *pa
  * its parent read as a symlink a moment later. Such a child is recorded absent (the swap
  * happened after the turn advance, so it is journaled in the next turn, whose snapshot
  * walks the directory again), and map entries below a path that stops being a directory go
- * with it. Parents sort before their children, so a dropped directory drops its subtree. */
-static int snap_tree(struct cb_turns *t, struct snap_items *s)
+ * with it. Parents sort before their children (in an earlier page or earlier in this one),
+ * so a dropped directory drops its subtree. */
+static int snap_tree(struct cb_turns *t, struct snap_page *pg)
 {
 	int ret = 0;
 
-	s->n_sorted = s->n;
-	for (size_t i = 0; i < s->n_sorted && !ret; i++) {
-		struct snap_item *it = &s->it[i];
+	for (size_t i = 0; i < pg->n && !ret; i++) {
+		struct snap_item *it = &pg->it[i];
 		const char *path = it->old.path, *slash = strrchr(path, '/');
 		int parent = CB_ENTRY_DIR;
 
@@ -201,7 +205,7 @@ static int snap_tree(struct cb_turns *t, struct snap_items *s)
 
 			if (!dir)
 				return cb_error_set(ENOMEM, "snapshot: out of memory");
-			ret = snap_type_of(t, s, dir, &parent);
+			ret = snap_type_of(t, pg, dir, &parent);
 			free(dir);
 			if (ret)
 				break;
@@ -221,18 +225,106 @@ static int snap_tree(struct cb_turns *t, struct snap_items *s)
 		 * or the parent's own listing covered it. */
 		if (parent == CB_ENTRY_DIR && it->old.type == CB_ENTRY_DIR &&
 		    it->new.type != CB_ENTRY_DIR) {
-			s->pid = it->new.pid;
-			s->comm = it->new.comm;
-			ret = cb_db_turns_map_list(t->db, path, items_add_gone, s);
+			pg->pid = it->new.pid;
+			pg->comm = it->new.comm;
+			ret = cb_db_scratch_begin(pg->s);
+			if (!ret)
+				ret = cb_db_turns_map_list(t->db, path, snap_gone, pg);
+			if (!ret)
+				ret = cb_db_scratch_commit(pg->s);
 		}
 	}
-	if (!ret && s->n > s->n_sorted)
-		qsort(s->it, s->n, sizeof(*s->it), item_cmp);
 	return ret;
 }
 
-static int snap_record(struct cb_turns *t, long long turn, const char *label,
-		       struct snap_item *items, size_t n, struct cb_diff *changes)
+/* Keep the page's entries in the scratch tables, in one transaction (they lock nothing). */
+static int snap_keep(struct snap_page *pg)
+{
+	int ret = cb_db_scratch_begin(pg->s);
+
+	for (size_t i = 0; i < pg->n && !ret; i++)
+		ret = cb_db_scratch_res_put(pg->s, &pg->it[i].old, &pg->it[i].new,
+					    !cb_entry_same(&pg->it[i].old, &pg->it[i].new));
+	if (!ret)
+		ret = cb_db_scratch_commit(pg->s);
+	return ret;
+}
+
+static int sink_scratch(void *arg, const char *path, pid_t pid, const char *comm)
+{
+	return cb_db_scratch_path_add(arg, path, pid, comm);
+}
+
+/* Turn the dirty set into the paths to examine (walking what moved), a page at a time. */
+static int snap_expand(struct cb_turns *t, struct cb_db_scratch *s, struct cb_scratch_row *rows)
+{
+	struct ws_sink sink = {sink_scratch, s};
+	char *after = NULL;
+	int n, ret = 0;
+
+	while (!ret && (n = cb_db_scratch_dirty_page(s, after, rows, SNAP_PAGE)) > 0) {
+		ret = cb_db_scratch_begin(s);
+		for (int i = 0; i < n && !ret; i++) {
+			struct cb_dirty d = {rows[i].path, rows[i].subtree, rows[i].pid,
+					     rows[i].comm};
+
+			ret = ws_dirty_expand_one(t, &d, &sink);
+		}
+		if (!ret)
+			ret = cb_db_scratch_commit(s);
+		free(after);
+		after = ret ? NULL : strdup(rows[n - 1].path);
+		if (!ret && !after)
+			ret = cb_error_set(ENOMEM, "snapshot: out of memory");
+		cb_db_scratch_rows_free(rows, (size_t)n);
+	}
+	if (n < 0)
+		ret = n;
+	cb_db_turns_rollback(t->db);
+	free(after);
+	return ret;
+}
+
+/* Examine every path to examine, a page at a time, keeping each entry in the scratch. */
+static int snap_examine(struct cb_turns *t, struct cb_db_scratch *s, struct cb_scratch_row *rows)
+{
+	struct snap_page pg = {.s = s};
+	char *after = NULL;
+	int n = 0, ret = 0;
+
+	pg.it = calloc(SNAP_PAGE, sizeof(*pg.it));
+	if (!pg.it)
+		return cb_error_set(ENOMEM, "snapshot: out of memory");
+	while (!ret && (n = cb_db_scratch_path_page(s, after, rows, SNAP_PAGE)) > 0) {
+		ret = snap_collect(t, rows, (size_t)n, &pg);
+		if (!ret)
+			ret = snap_tree(t, &pg);
+		if (!ret)
+			ret = snap_keep(&pg);
+		free(after);
+		after = ret ? NULL : strdup(rows[n - 1].path);
+		if (!ret && !after)
+			ret = cb_error_set(ENOMEM, "snapshot: out of memory");
+		page_clear(&pg);
+		cb_db_scratch_rows_free(rows, (size_t)n);
+	}
+	if (n < 0)
+		ret = n;
+	cb_db_turns_rollback(t->db);
+	free(pg.it);
+	free(after);
+	return ret;
+}
+
+static int changes_add(const struct cb_entry *old, const struct cb_entry *now, void *arg)
+{
+	return ws_diff_add(arg, old, now);
+}
+
+/* One write transaction records the turn: its delta rows and map rows come straight from the
+ * scratch table, so a crash at any point leaves the previous turn as it was. */
+static int snap_record(struct cb_turns *t, struct cb_db_scratch *s, long long turn,
+		       const char *label, struct cb_diff *changes)
 {
 	long long nchanged = 0;
 	int ret;
@@ -240,20 +332,7 @@ static int snap_record(struct cb_turns *t, long long turn, const char *label,
 	ret = cb_db_turns_begin(t->db);
 	if (ret)
 		return ret;
-	for (size_t i = 0; i < n && !ret; i++) {
-		struct snap_item *it = &items[i];
-
-		if (cb_entry_same(&it->old, &it->new))
-			continue;
-		nchanged++;
-		ret = cb_db_turns_delta_put(t->db, turn, &it->new);
-		if (!ret)
-			ret = it->new.type == CB_ENTRY_ABSENT
-				  ? cb_db_turns_map_del(t->db, it->new.path)
-				  : cb_db_turns_map_put(t->db, &it->new);
-		if (!ret && changes)
-			ret = ws_diff_add(changes, &it->old, &it->new);
-	}
+	ret = cb_db_scratch_record(s, turn, &nchanged);
 	if (!ret)
 		ret = cb_db_turns_add(t->db, turn, wall_now(), label, nchanged);
 	if (!ret)
@@ -262,15 +341,18 @@ static int snap_record(struct cb_turns *t, long long turn, const char *label,
 		ret = cb_db_turns_commit(t->db);
 	if (ret)
 		cb_db_turns_rollback(t->db);
+	if (!ret && changes)
+		ret = cb_db_scratch_changes(s, changes_add, changes);
 	return ret;
 }
 
-int cb_ws_snapshot(struct cb_turns *t, long long turn, const struct cb_dirty *dirty, size_t n,
-		   const char *label, struct cb_diff *changes)
+/* Record turn from the dirty set that fill (given arg) puts in the scratch tables. */
+static int snap_run(struct cb_turns *t, long long turn, const char *label, struct cb_diff *changes,
+		    int (*fill)(struct cb_db_scratch *, const void *), const void *arg)
 {
 	long long latest = cb_db_turns_latest(t->db);
-	struct ws_pathset set = {0};
-	struct snap_items items = {0};
+	struct cb_scratch_row *rows = NULL;
+	struct cb_db_scratch *s = NULL;
 	int ret;
 
 	if (turn <= latest) {
@@ -279,34 +361,130 @@ int cb_ws_snapshot(struct cb_turns *t, long long turn, const struct cb_dirty *di
 		goto out;
 	}
 	ret = ws_map_ensure(t);
+	if (!ret)
+		ret = cb_db_scratch_open(t->db, &s);
+	if (!ret)
+		ret = fill(s, arg);
 	if (ret)
 		goto out;
-	ret = ws_dirty_expand(t, dirty, n, &set);
-	if (ret)
-		goto out;
-	ws_pathset_sort(&set);
-	items.cap = set.n ? set.n : 1;
-	items.it = calloc(items.cap, sizeof(*items.it));
-	if (!items.it) {
+	rows = calloc(SNAP_PAGE, sizeof(*rows));
+	if (!rows) {
 		ret = cb_error_set(ENOMEM, "snapshot: out of memory");
 		goto out;
 	}
-	items.n = set.n;
+	ret = snap_expand(t, s, rows);
 	t->read_left = t->read_max;
 	t->read_done = 0;
-	ret = snap_collect(t, &set, items.it);
+	if (!ret)
+		ret = snap_examine(t, s, rows);
 	t->read_left = -1;
 	if (!ret)
-		ret = snap_tree(t, &items);
-	if (!ret)
-		ret = snap_record(t, turn, label, items.it, items.n, changes);
+		ret = snap_record(t, s, turn, label, changes);
 out:
-	for (size_t i = 0; i < items.n; i++) {
-		cb_entry_clear(&items.it[i].old);
-		cb_entry_clear(&items.it[i].new);
-	}
-	free(items.it);
-	ws_pathset_free(&set);
+	free(rows);
+	cb_db_scratch_close(s);
 	ws_known_clear(t);
 	return ret ? cb_error_wrap(ret, "snapshot turn %lld", turn) : 0;
+}
+
+struct dirty_array {
+	const struct cb_dirty *d;
+	size_t n;
+};
+
+static int fill_array(struct cb_db_scratch *s, const void *arg)
+{
+	const struct dirty_array *a = arg;
+	int ret = cb_db_scratch_begin(s);
+
+	for (size_t i = 0; i < a->n && !ret; i++) {
+		struct cb_scratch_row r = {(char *)a->d[i].path, a->d[i].subtree, a->d[i].pid,
+					   (char *)a->d[i].comm};
+
+		ret = cb_db_scratch_dirty_add(s, &r);
+	}
+	return ret ? ret : cb_db_scratch_commit(s);
+}
+
+int cb_ws_snapshot(struct cb_turns *t, long long turn, const struct cb_dirty *dirty, size_t n,
+		   const char *label, struct cb_diff *changes)
+{
+	struct dirty_array a = {dirty, n};
+	int ret = snap_run(t, turn, label, changes, fill_array, &a);
+
+	cb_db_turns_rollback(t->db);
+	return ret;
+}
+
+static int fill_journal(struct cb_db_scratch *s, const void *arg)
+{
+	const struct cb_journal_span *span = arg;
+	int ret = 0;
+
+	/* Names first: the rows of the turns proper have the last word on attribution. */
+	if (span->names_turn > 0)
+		ret = cb_db_scratch_dirty_journal(s, span->names_turn, span->names_turn,
+						  CB_CHANGE_WRITE);
+	if (!ret && span->from <= span->to)
+		ret = cb_db_scratch_dirty_journal(s, span->from, span->to, -1);
+	return ret;
+}
+
+int cb_ws_snapshot_journal(struct cb_turns *t, long long turn, const struct cb_journal_span *span,
+			   const char *label, struct cb_diff *changes)
+{
+	return snap_run(t, turn, label, changes, fill_journal, span);
+}
+
+int cb_ws_journal_dirty(struct cb_turns *t, const struct cb_journal_span *span,
+			struct cb_dirty **out, size_t *n)
+{
+	struct cb_scratch_row *rows = NULL;
+	struct cb_db_scratch *s = NULL;
+	size_t cap = 0;
+	char *after = NULL;
+	int got = 0, ret;
+
+	*out = NULL;
+	*n = 0;
+	ret = cb_db_scratch_open(t->db, &s);
+	if (!ret)
+		ret = fill_journal(s, span);
+	if (!ret && !(rows = calloc(SNAP_PAGE, sizeof(*rows))))
+		ret = cb_error_set(ENOMEM, "journal rows: out of memory");
+	while (!ret && (got = cb_db_scratch_dirty_page(s, after, rows, SNAP_PAGE)) > 0) {
+		for (int i = 0; !ret && i < got; i++) {
+			ret = cb_grow(out, &cap, *n, sizeof(**out), 64, "journal rows");
+			if (ret)
+				break;
+			(*out)[(*n)++] = (struct cb_dirty){rows[i].path, rows[i].subtree,
+							   rows[i].pid, rows[i].comm};
+			rows[i].path = rows[i].comm = NULL;
+		}
+		free(after);
+		after = ret ? NULL : strdup((*out)[*n - 1].path);
+		if (!ret && !after)
+			ret = cb_error_set(ENOMEM, "journal rows: out of memory");
+		cb_db_scratch_rows_free(rows, (size_t)got);
+	}
+	if (got < 0)
+		ret = got;
+	free(after);
+	free(rows);
+	cb_db_scratch_close(s);
+	if (ret) {
+		cb_ws_dirty_free(*out, *n);
+		*out = NULL;
+		*n = 0;
+	}
+	return ret;
+}
+
+void cb_ws_dirty_free(struct cb_dirty *d, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		free((char *)d[i].path);
+		free((char *)d[i].comm);
+	}
+	free(d);
 }

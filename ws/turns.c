@@ -529,11 +529,11 @@ int cb_ws_entry_at(struct cb_turns *t, const char *path, long long turn, struct 
 	return ret ? ret : ws_entry_at(t, path, turn, out);
 }
 
-/* Walk dirfd/path (a directory) adding everything below it to set. */
-static int walk_add(int dirfd, const char *path, struct ws_pathset *set, pid_t pid,
+/* Walk dirfd/path (a directory) adding everything below it to sink. */
+static int walk_add(int dirfd, const char *path, const struct ws_sink *sink, pid_t pid,
 		    const char *comm);
 
-static int walk_dir(int dirfd, const char *path, struct ws_pathset *set, pid_t pid,
+static int walk_dir(int dirfd, const char *path, const struct ws_sink *sink, pid_t pid,
 		    const char *comm)
 {
 	int fd = cb_beneath_open(dirfd, path[0] ? path : ".", O_RDONLY | O_DIRECTORY, 0);
@@ -558,27 +558,27 @@ static int walk_dir(int dirfd, const char *path, struct ws_pathset *set, pid_t p
 			ret = cb_error_set(ENOMEM, "walk %s: out of memory", path);
 			break;
 		}
-		ret = ws_pathset_add(set, child, pid, comm);
+		ret = sink->add(sink->arg, child, pid, comm);
 		if (!ret && (de->d_type == DT_DIR || de->d_type == DT_UNKNOWN))
-			ret = walk_add(dirfd, child, set, pid, comm);
+			ret = walk_add(dirfd, child, sink, pid, comm);
 		free(child);
 	}
 	closedir(dir);
 	return ret;
 }
 
-static int walk_add(int dirfd, const char *path, struct ws_pathset *set, pid_t pid,
+static int walk_add(int dirfd, const char *path, const struct ws_sink *sink, pid_t pid,
 		    const char *comm)
 {
 	struct stat st;
 
 	if (cb_beneath_stat(dirfd, path, &st) < 0 || !S_ISDIR(st.st_mode))
 		return 0;
-	return walk_dir(dirfd, path, set, pid, comm);
+	return walk_dir(dirfd, path, sink, pid, comm);
 }
 
 struct expand_arg {
-	struct ws_pathset *set;
+	const struct ws_sink *sink;
 	pid_t pid;
 	const char *comm;
 };
@@ -587,39 +587,49 @@ static int expand_old(const struct cb_entry *e, void *arg)
 {
 	struct expand_arg *a = arg;
 
-	return ws_pathset_add(a->set, e->path, a->pid, a->comm);
+	return a->sink->add(a->sink->arg, e->path, a->pid, a->comm);
+}
+
+int ws_dirty_expand_one(struct cb_turns *t, const struct cb_dirty *d, const struct ws_sink *sink)
+{
+	struct expand_arg a = {sink, d->pid, d->comm};
+	struct cb_entry old = {0};
+	struct stat st;
+	int live_dir, old_dir, ret;
+
+	if (!d->path[0] || !strcmp(d->path, ".") || ws_is_tmp_name(d->path))
+		return 0;
+	ret = sink->add(sink->arg, d->path, d->pid, d->comm);
+	if (ret)
+		return ret;
+	ret = cb_db_turns_map_get(t->db, d->path, &old);
+	if (ret < 0)
+		return ret;
+	old_dir = ret == 1 && old.type == CB_ENTRY_DIR;
+	cb_entry_clear(&old);
+	live_dir = cb_beneath_stat(t->root_fd, d->path, &st) == 0 && S_ISDIR(st.st_mode);
+	ret = 0;
+	/* What the map had below it is gone or moved unless it is still the same dir. */
+	if (old_dir && (d->subtree || !live_dir))
+		ret = cb_db_turns_map_list(t->db, d->path, expand_old, &a);
+	/* A new or moved-in directory: everything in it is new to the map. */
+	if (!ret && live_dir && (d->subtree || !old_dir))
+		ret = walk_dir(t->root_fd, d->path, sink, d->pid, d->comm);
+	return ret;
+}
+
+static int pathset_sink(void *arg, const char *path, pid_t pid, const char *comm)
+{
+	return ws_pathset_add(arg, path, pid, comm);
 }
 
 int ws_dirty_expand(struct cb_turns *t, const struct cb_dirty *dirty, size_t n,
 		    struct ws_pathset *set)
 {
-	struct cb_entry old = {0};
+	struct ws_sink sink = {pathset_sink, set};
 	int ret = 0;
 
-	for (size_t i = 0; i < n && !ret; i++) {
-		const struct cb_dirty *d = &dirty[i];
-		struct expand_arg a = {set, d->pid, d->comm};
-		struct stat st;
-		int live_dir, old_dir;
-
-		if (!d->path[0] || !strcmp(d->path, ".") || ws_is_tmp_name(d->path))
-			continue;
-		ret = ws_pathset_add(set, d->path, d->pid, d->comm);
-		if (ret)
-			break;
-		ret = cb_db_turns_map_get(t->db, d->path, &old);
-		if (ret < 0)
-			break;
-		old_dir = ret == 1 && old.type == CB_ENTRY_DIR;
-		cb_entry_clear(&old);
-		live_dir = cb_beneath_stat(t->root_fd, d->path, &st) == 0 && S_ISDIR(st.st_mode);
-		ret = 0;
-		/* What the map had below it is gone or moved unless it is still the same dir. */
-		if (old_dir && (d->subtree || !live_dir))
-			ret = cb_db_turns_map_list(t->db, d->path, expand_old, &a);
-		/* A new or moved-in directory: everything in it is new to the map. */
-		if (!ret && live_dir && (d->subtree || !old_dir))
-			ret = walk_dir(t->root_fd, d->path, set, d->pid, d->comm);
-	}
+	for (size_t i = 0; i < n && !ret; i++)
+		ret = ws_dirty_expand_one(t, &dirty[i], &sink);
 	return ret;
 }

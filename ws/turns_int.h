@@ -82,6 +82,16 @@ int ws_entry_at(struct cb_turns *t, const char *path, long long turn, struct cb_
 /* Build the materialized map for the latest turn if it is not current. */
 int ws_map_ensure(struct cb_turns *t);
 
+/* Where expanded paths go: add(arg, path, pid, comm) copies what it keeps (0 or -errno). */
+struct ws_sink {
+	int (*add)(void *arg, const char *path, pid_t pid, const char *comm);
+	void *arg;
+};
+
+/* Give sink the paths whose entries one dirty row may have changed: the path, and all below
+ * it when it is (or was) a directory that moved, was replaced or is new. */
+int ws_dirty_expand_one(struct cb_turns *t, const struct cb_dirty *d, const struct ws_sink *sink);
+
 /* Add to set the paths whose entries the dirty list may have changed: each dirty path, all
  * below it when it is (or was) a directory that moved, was replaced or is new. */
 int ws_dirty_expand(struct cb_turns *t, const struct cb_dirty *dirty, size_t n,

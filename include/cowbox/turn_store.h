@@ -183,4 +183,63 @@ int cb_db_turns_base_cache_del(struct cb_db_turns *t, const char *path);
  * created): for a damaged file. 0 and *value (malloc'd), or -ENOENT; no message set. */
 int cb_db_meta_peek(const char *path, const char *key, char **value);
 
+/* ---- a turn operation's scratch space (db/turn_scratch.c) ----
+ * Temporary tables on the turn store's connection, in SQLite's temporary file: the journal's
+ * rows merged per path, the paths to examine and their entries. They let a snapshot of any
+ * number of paths hold only a page of them in memory at a time. One at a time per handle. */
+struct cb_db_scratch;
+
+/* A journal row merged per path (subtree if any row said so, attributed to its latest row
+ * with a pid), or a path to examine (subtree 0); strings owned by whoever filled it. */
+struct cb_scratch_row {
+	char *path;
+	int subtree;
+	pid_t pid;
+	char *comm;
+};
+
+/* Create (empty) the scratch tables on t's connection; close drops them. */
+int cb_db_scratch_open(struct cb_db_turns *t, struct cb_db_scratch **out);
+void cb_db_scratch_close(struct cb_db_scratch *s);
+
+/* A deferred transaction for a page of scratch writes (they take no lock on meta.db). */
+int cb_db_scratch_begin(struct cb_db_scratch *s);
+/* Commit it; on failure it is rolled back. */
+int cb_db_scratch_commit(struct cb_db_scratch *s);
+
+/* Merge one dirty row (strings borrowed) into the dirty set. */
+int cb_db_scratch_dirty_add(struct cb_db_scratch *s, const struct cb_scratch_row *d);
+/* Merge the journal's rows of turns from..to (in journal order), except those of kind
+ * skip_kind (-1: none), into the dirty set; -ENOENT without a journal. */
+int cb_db_scratch_dirty_journal(struct cb_db_scratch *s, long long from, long long to,
+				int skip_kind);
+
+/* The next (at most max) rows of the dirty set, or of the paths to examine, after path after
+ * (NULL: from the first) in byte order, copied into rows: their count, 0 at the end, or
+ * -errno. Free the copies with cb_db_scratch_rows_free. */
+int cb_db_scratch_dirty_page(struct cb_db_scratch *s, const char *after,
+			     struct cb_scratch_row *rows, size_t max);
+int cb_db_scratch_path_page(struct cb_db_scratch *s, const char *after, struct cb_scratch_row *rows,
+			    size_t max);
+void cb_db_scratch_rows_free(struct cb_scratch_row *rows, size_t n);
+
+/* Add a path to examine (once; a later attribution fills one that had no pid). */
+int cb_db_scratch_path_add(struct cb_db_scratch *s, const char *path, pid_t pid, const char *comm);
+/* 1 if path is to be examined, 0 if not, -errno. */
+int cb_db_scratch_path_has(struct cb_db_scratch *s, const char *path);
+
+/* Keep path's entry before (old) and now (the path is now's), and whether it changed. */
+int cb_db_scratch_res_put(struct cb_db_scratch *s, const struct cb_entry *old,
+			  const struct cb_entry *now, int changed);
+/* 1 and *type if path's entry was kept, 0 if not, -errno. */
+int cb_db_scratch_res_type(struct cb_db_scratch *s, const char *path, int *type);
+
+/* Write every changed entry as a delta row of turn and into the map (the caller holds the
+ * write transaction); *nchanged gets their count. */
+int cb_db_scratch_record(struct cb_db_scratch *s, long long turn, long long *nchanged);
+/* fn(old, now) for each changed entry in path order (strings borrowed for the call). */
+int cb_db_scratch_changes(struct cb_db_scratch *s,
+			  int (*fn)(const struct cb_entry *old, const struct cb_entry *now, void *),
+			  void *arg);
+
 #endif

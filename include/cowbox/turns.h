@@ -146,6 +146,26 @@ const char *cb_ws_diff_kind_name(enum cb_diff_kind kind);
 int cb_ws_snapshot(struct cb_turns *t, long long turn, const struct cb_dirty *dirty, size_t n,
 		   const char *label, struct cb_diff *changes);
 
+/* The journal rows a turn operation looks at: names_turn's rows that are not content writes
+ * (0: none), then every row of turns from..to; merged per path (subtree if any row says so,
+ * attributed to the latest row with a pid). */
+struct cb_journal_span {
+	long long names_turn;
+	long long from, to;
+};
+
+/* cb_ws_snapshot with the paths the journal's span names, read from the workspace database
+ * by this handle (it needs the journal's tables): however many paths changed, a snapshot
+ * holds a bounded number of them (a page) in memory at a time. */
+int cb_ws_snapshot_journal(struct cb_turns *t, long long turn, const struct cb_journal_span *span,
+			   const char *label, struct cb_diff *changes);
+
+/* The journal span's rows merged per path, sorted by path, as a dirty list for cb_ws_diff or
+ * cb_ws_rollback (strings owned: free with cb_ws_dirty_free). */
+int cb_ws_journal_dirty(struct cb_turns *t, const struct cb_journal_span *span,
+			struct cb_dirty **out, size_t *n);
+void cb_ws_dirty_free(struct cb_dirty *d, size_t n);
+
 /* Call fn for every entry of the latest turn's map, sorted (building the map if needed). */
 int cb_ws_map_list(struct cb_turns *t, int (*fn)(const struct cb_entry *, void *), void *arg);
 

@@ -123,14 +123,19 @@ class Connection:
             raise
         return rid
 
-    async def request(self, op, kill_on_cancel=False, **args):
+    async def request(self, op, kill_on_cancel=False, on_frame=None, **args):
         """Send a request and return its final reply; an error reply raises its exception.
         With kill_on_cancel, a cancelled caller (asyncio timeout, task cancel) kills the
-        command the request runs before the cancellation goes on."""
+        command the request runs before the cancellation goes on. on_frame(msg), if given,
+        gets each stream frame before the reply."""
         fut = asyncio.get_running_loop().create_future()
 
         def done(msg):
-            if "stream" in msg or fut.done():
+            if fut.done():
+                return
+            if "stream" in msg:
+                if on_frame:
+                    on_frame(msg)
                 return
             fut.set_result(msg)
 

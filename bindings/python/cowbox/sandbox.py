@@ -456,20 +456,34 @@ class Sandbox:
             self._snapshot_lock = asyncio.Lock()
         # One at a time: each reply is applied to the map of the turn it was asked against.
         async with self._snapshot_lock:
-            args = {"files": True}
+            # Streamed: the daemon sends the changes (or the whole map) in frames of a few
+            # thousand rows, applied as they come, and never builds one reply of them all.
+            args = {"files": True, "stream": True}
             held = self._map
+            self._map = None  # being changed: unusable if this raises half-way
+            whole = {}
             if held is not None:
                 args.update(since=held[0], map_id=held[1])
-            msg = await self._request("snapshot", **args)
-            self.last_turn = msg.get("turn")
-            if held is not None and msg.get("full") is False:
-                files = held[2]
-                self._map = None  # being changed: unusable if this raises half-way
+
+            def apply(files, msg):
                 for path in msg.get("deleted", ()):
                     files.pop(path, None)
                 files.update(msg.get("changed", {}))
+
+            def frame(msg):
+                if msg.get("stream") == "changes" and held is not None:
+                    apply(held[2], msg)
+                elif msg.get("stream") == "files":
+                    whole.update(msg.get("files", {}))
+
+            msg = await self._request("snapshot", on_frame=frame, **args)
+            self.last_turn = msg.get("turn")
+            if held is not None and msg.get("full") is False:
+                files = held[2]
+                apply(files, msg)  # a daemon that does not stream puts them in the reply
             else:
-                files = msg.get("files", {})
+                files = whole
+                files.update(msg.get("files", {}))
             if msg.get("map_id"):
                 self._map = (msg["turn"], msg["map_id"], files)
             return dict(files)

@@ -239,9 +239,21 @@ class ClientTest(cbtest.CowboxTestCase):
             real = box._request
 
             async def request(op, **args):
-                msg = await real(op, **args)
-                if op == "snapshot":
-                    replies.append(msg)
+                if op != "snapshot":
+                    return await real(op, **args)
+                # the changes come in frames (never one reply of them all): gather them
+                streamed = {"changed": {}, "deleted": []}
+                inner = args.get("on_frame")
+
+                def on_frame(msg):
+                    if msg.get("stream") == "changes":
+                        streamed["changed"].update(msg["changed"])
+                        streamed["deleted"] += msg["deleted"]
+                    if inner:
+                        inner(msg)
+                msg = await real(op, **dict(args, on_frame=on_frame))
+                self.assertNotIn("changed", msg)
+                replies.append(dict(msg, **streamed))
                 return msg
             box._request = request
             return box

@@ -9,7 +9,7 @@ COWBOX_SEED replays a run (the seed is printed); COWBOX_FAULT_TRIALS sets trials
 (default 10; scripts/fault-soak runs 100)."""
 
 import base64
-import hashlib
+import ctypes
 import json
 import os
 import random
@@ -476,6 +476,98 @@ class KillMidTurn(CowboxTestCase):
             self.trials_run += 1
             self.pid = self.mount(self.ref)
             self.check_after(what)
+
+
+def proc_state(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+class StuckPredecessorTest(CowboxTestCase):
+    """A predecessor that genuinely cannot exit: its file worker waits, in D state, on a FUSE
+    request that was taken from /dev/fuse and will never be answered (the test takes a copy
+    of the daemon's /dev/fuse with pidfd_getfd, stops the daemon, takes the worker's requests
+    off the queue, then kills the daemon: the copy keeps the connection from being aborted).
+    Only aborting the connection through fusectl frees it; `cowbox mount` must do so, say so,
+    and mount."""
+
+    def test_mount_aborts_a_stuck_predecessor(self):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        # Requests must come through read(2) of /dev/fuse, not through io_uring queues.
+        self.env["COWBOX_FUSE_URING"] = "0"
+        ref = self.create(base=self.make_base({"a.txt": "a\n"}))
+        pid = self.mount(ref)
+        mnt = self.mountpoint(ref)
+        fds = [int(fd) for fd in os.listdir("/proc/%d/fd" % pid)
+               if os.readlink("/proc/%d/fd/%s" % (pid, fd)) == "/dev/fuse"]
+        self.assertTrue(fds, "the daemon holds no /dev/fuse")
+        pidfd = libc.syscall(434, pid, 0)  # pidfd_open
+        self.assertGreaterEqual(pidfd, 0, os.strerror(ctypes.get_errno()))
+        fuse = libc.syscall(438, pidfd, fds[0], 0)  # pidfd_getfd
+        self.assertGreaterEqual(fuse, 0, os.strerror(ctypes.get_errno()))
+        os.close(pidfd)
+        fuse_open = [True]
+
+        def close_fuse():
+            if fuse_open[0]:
+                os.close(fuse)
+                fuse_open[0] = False
+        self.addCleanup(close_fuse)
+
+        # API writes of new files, pipelined, keep the file workers asking the mount.
+        c = cbtest.Client(os.path.join(self.ws_dir(ref), "control.sock"), timeout=5)
+        answered = []
+
+        def traffic():
+            try:
+                for i in range(1, 1 << 20):
+                    c.send({"id": i, "op": "write", "path": "s/%d" % i, "data": "eA=="})
+                    if i > 8:
+                        answered.append(c.recv())
+            except (ConnectionError, OSError, ValueError):
+                pass
+        t = threading.Thread(target=traffic, daemon=True)
+        t.start()
+        wait_for(lambda: len(answered) > 20, 30, what="the API writes to run")
+        workers = [p for p in descendants_of(pid) if comm_of(p) == "cowbox-worker"]
+        os.kill(pid, signal.SIGSTOP)
+        os.set_blocking(fuse, False)
+        taken = 0
+
+        def take(seconds):
+            nonlocal taken
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                try:
+                    os.read(fuse, 1 << 21)
+                    taken += 1
+                except BlockingIOError:
+                    time.sleep(0.01)
+        take(1.0)
+        os.kill(pid, signal.SIGKILL)
+        take(0.5)
+        wait_for(lambda: not proc_exists(pid), 10, what="the daemon to go")
+        stuck = [w for w in workers if proc_state(w) == "D"]
+        self.assertTrue(stuck, "no worker is stuck (%d requests taken; states %s)"
+                        % (taken, [proc_state(w) for w in workers]))
+        t0 = time.monotonic()
+        out = self.cowbox("mount", ref, "--json", check=False, timeout=60)
+        took = time.monotonic() - t0
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("(pid %d) was killed but cannot finish exiting; aborting its FUSE "
+                      "connection and detaching %s" % (pid, mnt), out.stderr)
+        self.assertLess(took, 15, "mount took %.1fs" % took)
+        self.assertTrue(cbtest.is_fuse_mount(mnt))
+        for w in stuck:
+            self.assertFalse(proc_exists(w), "worker %d is still there" % w)
+        close_fuse()
+        c.close()
+        with open(os.path.join(mnt, "a.txt")) as f:
+            self.assertEqual(f.read(), "a\n")
 
 
 if __name__ == "__main__":

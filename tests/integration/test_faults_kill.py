@@ -486,6 +486,16 @@ def proc_state(pid):
         return None
 
 
+def in_mount_call(pid):
+    """True if pid sleeps in a system call other than its socket's read and send."""
+    try:
+        with open("/proc/%d/syscall" % pid) as f:
+            nr = f.read().split()[0]
+    except (OSError, IndexError):
+        return False
+    return nr not in ("running", "0", "44", "45", "-1")
+
+
 class StuckPredecessorTest(CowboxTestCase):
     """A predecessor that genuinely cannot exit: its file worker waits, in D state, on a FUSE
     request that was taken from /dev/fuse and will never be answered (the test takes a copy
@@ -534,7 +544,17 @@ class StuckPredecessorTest(CowboxTestCase):
         t.start()
         wait_for(lambda: len(answered) > 20, 30, what="the API writes to run")
         workers = [p for p in descendants_of(pid) if comm_of(p) == "cowbox-worker"]
-        os.kill(pid, signal.SIGSTOP)
+        # Stop the daemon at a moment a worker is inside a call on the mount (not waiting
+        # on its socket for the daemon's next request, nor sending its answer).
+        for _ in range(500):
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.05)
+            if any(in_mount_call(w) for w in workers):
+                break
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(random.uniform(0.0, 0.02))
+        else:
+            self.fail("no worker was ever caught inside a call on the mount")
         os.set_blocking(fuse, False)
         taken = 0
 

@@ -467,7 +467,7 @@ static int files_call(struct cb_daemon *d, json_t *req, const void *out, size_t 
 	ret = wproc_call(d, wp, "file worker", req, out, out_len, NULL, NULL, result, in, in_len);
 	pthread_mutex_lock(&d->files_lock);
 	wp->busy = 0;
-	pthread_cond_signal(&d->files_cond);
+	pthread_cond_broadcast(&d->files_cond); /* a caller, or cb_daemon_worker_reap */
 	pthread_mutex_unlock(&d->files_lock);
 	return ret;
 }

@@ -334,6 +334,25 @@ static int worker_rollback(struct worker_state *w, json_t *req, json_t **res)
 	return ret;
 }
 
+static void worker_rollback_recover(struct worker_state *w)
+{
+	char pending[4200];
+	long long removed = 0;
+
+	snprintf(pending, sizeof(pending), "%s/" CB_DAEMON_ROLLBACK_PENDING, w->dir);
+	if (access(pending, F_OK) < 0)
+		return;
+	if (cb_ws_rollback_clean(w->mountpoint, &removed) == 0)
+		unlink(pending);
+	else
+		fprintf(stderr, "cowbox: %s\n", cb_error_message());
+	if (removed)
+		fprintf(stderr,
+			"cowbox: removed %lld temporary file(s) of a rollback whose worker died\n",
+			removed);
+	cb_error_clear();
+}
+
 static int worker_init(struct worker_state *w, json_t *req)
 {
 	const char *base = json_string_value(json_object_get(req, "base"));
@@ -348,6 +367,10 @@ static int worker_init(struct worker_state *w, json_t *req)
 	w->base = base ? strdup(base) : NULL;
 	if (!w->mountpoint || !w->dir || !w->db_path || (base && !w->base))
 		return cb_error_set(ENOMEM, "turn worker: out of memory");
+	/* A turn worker that replaces one killed during a rollback: its temporary names are in
+	 * the live tree (the start-up's clean-up, cb_daemon_rollback_recover, is long past). */
+	if (json_is_true(json_object_get(req, "turn")))
+		worker_rollback_recover(w);
 	return 0;
 }
 

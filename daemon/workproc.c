@@ -316,11 +316,12 @@ static int wproc_spawn(struct cb_daemon *d, struct cb_daemon_wproc *wp)
 	}
 	wp->pid = m.pid;
 	wp->fd = wp->r->fd = sv[0];
-	ret = cb_daemon_line_write(wp->fd,
-				   json_pack("{s:s, s:s, s:s?, s:s, s:s}", "op", "init",
-					     "mountpoint", d->mountpoint, "base", d->base, "dir",
-					     d->dir, "db_path", d->db_path),
-				   NULL, 0);
+	ret =
+	    cb_daemon_line_write(wp->fd,
+				 json_pack("{s:s, s:s, s:s?, s:s, s:s, s:b}", "op", "init",
+					   "mountpoint", d->mountpoint, "base", d->base, "dir",
+					   d->dir, "db_path", d->db_path, "turn", wp == &d->worker),
+				 NULL, 0);
 	json_t *line = ret ? NULL : cb_daemon_line_read(wp->r);
 
 	if (!line)
@@ -363,14 +364,25 @@ static int wproc_call(struct cb_daemon *d, struct cb_daemon_wproc *wp, const cha
 	json_t *line = NULL, *v;
 	int ret = 0;
 
-	if (!wp->pid && (!d->workers_ready || (ret = wproc_spawn(d, wp)))) {
-		json_decref(req);
-		return ret ? ret : cb_error_set(EAGAIN, "the %s is not started yet", what);
-	}
 	if (out_len)
 		json_object_set_new(req, "n", json_integer((json_int_t)out_len));
-	if (cb_daemon_line_write(wp->fd, req, out, out_len))
-		return wproc_died(d, wp, what);
+	/* A worker that died while idle (found when the request cannot be sent: it never read
+	 * it) is replaced and the request sent again, once; one that dies after taking the
+	 * request fails it. */
+	for (int tries = 0;; tries++) {
+		if (!wp->pid && (!d->workers_ready || (ret = wproc_spawn(d, wp)))) {
+			json_decref(req);
+			return ret ? ret : cb_error_set(EAGAIN, "the %s is not started yet", what);
+		}
+		if (!cb_daemon_line_write(wp->fd, json_incref(req), out, out_len))
+			break;
+		ret = wproc_died(d, wp, what);
+		if (tries || ret == -ESHUTDOWN) {
+			json_decref(req);
+			return ret;
+		}
+	}
+	json_decref(req);
 	for (;;) {
 		line = cb_daemon_line_read(wp->r);
 		if (!line)

@@ -379,19 +379,24 @@ class KillMidTurn(CowboxTestCase):
             self.check_after(what)
 
     def test_turn_worker_killed_during_snapshot_is_replaced(self):
-        """kill -9 of the turn worker alone during a snapshot: the snapshot fails saying so
-        (or had finished), the daemon lives on, and the next snapshot gets a new worker and
-        records exactly what sha256sum reads in the tree."""
+        """kill -9 of the turn worker alone during a snapshot (even trials) or a rollback
+        (odd ones): the op fails saying so (or had finished), the daemon lives on, and the
+        next snapshot gets a new worker (which removes a killed rollback's temporary names)
+        and records exactly what sha256sum reads in the tree."""
         self.change_tree()
-        est = self.timed("snapshot")
+        est = {"snapshot": self.timed("snapshot"),
+               "rollback": self.timed("rollback", turn=min(self.recorded))}
         for i in range(TRIALS):
             what = "worker kill trial %d" % i
             self.change_tree()
+            op, args = "snapshot", {}
+            if i % 2:
+                op, args = "rollback", {"turn": self.rng.choice(sorted(self.recorded))}
             before = [p for p in descendants_of(self.pid) if comm_of(p) == "cowbox-worker"]
             self.assertEqual(len(before), 1, "%s: one turn worker expected: %s" % (what, before))
             c = self.connect()
-            c.send({"id": 1, "op": "snapshot"})
-            time.sleep(self.rng.uniform(0.0, est))
+            c.send(dict(args, id=1, op=op))
+            time.sleep(self.rng.uniform(0.0, est[op]))
             os.kill(before[0], signal.SIGKILL)
             t0 = time.monotonic()
             c.sock.settimeout(30)

@@ -334,21 +334,23 @@ static int worker_rollback(struct worker_state *w, json_t *req, json_t **res)
 	return ret;
 }
 
-static void worker_rollback_recover(struct worker_state *w)
+/* If dir holds the mark of an interrupted rollback, remove its temporary names from the tree
+ * at root (upper/ before mounting, the mount for a worker replacing a killed one). */
+static void rollback_recover(const char *dir, const char *root)
 {
 	char pending[4200];
 	long long removed = 0;
 
-	snprintf(pending, sizeof(pending), "%s/" CB_DAEMON_ROLLBACK_PENDING, w->dir);
+	snprintf(pending, sizeof(pending), "%s/" CB_DAEMON_ROLLBACK_PENDING, dir);
 	if (access(pending, F_OK) < 0)
 		return;
-	if (cb_ws_rollback_clean(w->mountpoint, &removed) == 0)
+	if (cb_ws_rollback_clean(root, &removed) == 0)
 		unlink(pending);
 	else
 		fprintf(stderr, "cowbox: %s\n", cb_error_message());
 	if (removed)
 		fprintf(stderr,
-			"cowbox: removed %lld temporary file(s) of a rollback whose worker died\n",
+			"cowbox: removed %lld temporary file(s) of an interrupted rollback\n",
 			removed);
 	cb_error_clear();
 }
@@ -370,7 +372,7 @@ static int worker_init(struct worker_state *w, json_t *req)
 	/* A turn worker that replaces one killed during a rollback: its temporary names are in
 	 * the live tree (the start-up's clean-up, cb_daemon_rollback_recover, is long past). */
 	if (json_is_true(json_object_get(req, "turn")))
-		worker_rollback_recover(w);
+		rollback_recover(w->dir, w->mountpoint);
 	return 0;
 }
 
@@ -432,19 +434,5 @@ void cb_daemon_worker_loop(int fd)
 
 void cb_daemon_rollback_recover(struct cb_daemon *d)
 {
-	char pending[4200];
-	long long removed = 0;
-
-	snprintf(pending, sizeof(pending), "%s/" CB_DAEMON_ROLLBACK_PENDING, d->dir);
-	if (access(pending, F_OK) < 0)
-		return;
-	if (cb_ws_rollback_clean(d->upper, &removed) == 0)
-		unlink(pending);
-	else
-		fprintf(stderr, "cowbox: %s\n", cb_error_message());
-	if (removed)
-		fprintf(stderr,
-			"cowbox: removed %lld temporary file(s) of an interrupted rollback\n",
-			removed);
-	cb_error_clear();
+	rollback_recover(d->dir, d->upper);
 }

@@ -390,6 +390,12 @@ void cb_daemon_worker_loop(int fd)
 		int ret;
 
 		cb_error_clear();
+		/* Before acting on it: the daemon resends a request its worker died before taking.
+		 */
+		if (cb_daemon_line_write(fd, json_pack("{s:b}", "took", 1), NULL, 0)) {
+			json_decref(req);
+			break;
+		}
 		/* What the rollback wrote is for the snapshot right after it and nothing else. */
 		if (w.known && op && strcmp(op, "sync") && strcmp(op, "snapshot")) {
 			cb_ws_known_free(w.known);

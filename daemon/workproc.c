@@ -324,6 +324,10 @@ static int wproc_spawn(struct cb_daemon *d, struct cb_daemon_wproc *wp)
 				 NULL, 0);
 	json_t *line = ret ? NULL : cb_daemon_line_read(wp->r);
 
+	while (line && json_object_get(line, "took")) {
+		json_decref(line);
+		line = cb_daemon_line_read(wp->r);
+	}
 	if (!line)
 		return wproc_died(d, wp, "new worker");
 	if (json_object_get(line, "error"))
@@ -366,38 +370,41 @@ static int wproc_call(struct cb_daemon *d, struct cb_daemon_wproc *wp, const cha
 
 	if (out_len)
 		json_object_set_new(req, "n", json_integer((json_int_t)out_len));
-	/* A worker that died while idle (found when the request cannot be sent: it never read
-	 * it) is replaced and the request sent again, once; one that dies after taking the
-	 * request fails it. */
-	for (int tries = 0;; tries++) {
+	/* A worker that died before it took the request (it says "took" first thing, before
+	 * acting on it) is replaced and the request sent again, once: it died while idle, or
+	 * is still exiting from a kill that came before. One that dies after taking it fails
+	 * the request, naming how it died. */
+	for (int tries = 0, took = 0;; tries++) {
 		if (!wp->pid && (!d->workers_ready || (ret = wproc_spawn(d, wp)))) {
 			json_decref(req);
 			return ret ? ret : cb_error_set(EAGAIN, "the %s is not started yet", what);
 		}
 		if (!cb_daemon_line_write(wp->fd, json_incref(req), out, out_len))
+			while ((line = cb_daemon_line_read(wp->r))) {
+				if (json_object_get(line, "took"))
+					took = 1;
+				else if (!(v = json_object_get(line, "progress")))
+					break;
+				else if (conn)
+					cb_daemon_send_frame(
+					    conn, id,
+					    json_pack("{s:s, s:O, s:O, s:O, s:O}", "stream",
+						      "progress", "files_done",
+						      json_array_get(v, 0), "files_total",
+						      json_array_get(v, 1), "bytes_done",
+						      json_array_get(v, 2), "bytes_total",
+						      json_array_get(v, 3)));
+				json_decref(line);
+			}
+		if (line)
 			break;
 		ret = wproc_died(d, wp, what);
-		if (tries || ret == -ESHUTDOWN) {
+		if (took || tries || ret == -ESHUTDOWN) {
 			json_decref(req);
 			return ret;
 		}
 	}
 	json_decref(req);
-	for (;;) {
-		line = cb_daemon_line_read(wp->r);
-		if (!line)
-			return wproc_died(d, wp, what);
-		if (!(v = json_object_get(line, "progress")))
-			break;
-		if (conn)
-			cb_daemon_send_frame(
-			    conn, id,
-			    json_pack("{s:s, s:O, s:O, s:O, s:O}", "stream", "progress",
-				      "files_done", json_array_get(v, 0), "files_total",
-				      json_array_get(v, 1), "bytes_done", json_array_get(v, 2),
-				      "bytes_total", json_array_get(v, 3)));
-		json_decref(line);
-	}
 	v = json_object_get(line, json_object_get(line, "ok") ? "ok" : "result");
 	if (json_object_get(line, "error")) {
 		int err = (int)json_integer_value(json_object_get(line, "error"));

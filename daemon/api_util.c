@@ -66,6 +66,9 @@ int cb_api_backend(struct cb_daemon *d, int create, struct cb_backend **out)
 			api_backend = NULL;
 			rc = cb_error_set(ENOMEM, "backend: out of memory");
 		} else if (r) {
+			/* None of the daemon's threads does I/O through its own mount. */
+			api_backend->io = &cb_daemon_backend_io;
+			api_backend->io_arg = d;
 			r->b = api_backend;
 			r->refs = 1; /* the daemon's own */
 			r->next = api_refs;

@@ -320,6 +320,9 @@ static void daemon_free(struct cb_daemon *d)
 	free(d->db_path);
 	pthread_mutex_destroy(&d->turn_lock);
 	pthread_mutex_destroy(&d->worker_lock);
+	pthread_mutex_destroy(&d->spawner_lock);
+	pthread_mutex_destroy(&d->files_lock);
+	pthread_cond_destroy(&d->files_cond);
 	pthread_mutex_destroy(&d->conns_lock);
 	pthread_cond_destroy(&d->conns_cond);
 }
@@ -393,7 +396,7 @@ int cb_daemon_ids(const char *dir, int privileged, unsigned long *base)
 
 int cb_daemon_serve(const struct cb_daemon_options *opt)
 {
-	struct cb_daemon d = {.lock_fd = -1, .listen_fd = -1, .worker_fd = -1};
+	struct cb_daemon d = {.lock_fd = -1, .listen_fd = -1, .spawner_fd = -1};
 	pthread_t accept_thread, sig_thread, base_thread;
 	int have_accept = 0, have_sig = 0, have_base = 0, rc;
 	char *old_mnt = NULL;
@@ -401,6 +404,9 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 
 	pthread_mutex_init(&d.turn_lock, NULL);
 	pthread_mutex_init(&d.worker_lock, NULL);
+	pthread_mutex_init(&d.spawner_lock, NULL);
+	pthread_mutex_init(&d.files_lock, NULL);
+	pthread_cond_init(&d.files_cond, NULL);
 	pthread_mutex_init(&d.conns_lock, NULL);
 	pthread_cond_init(&d.conns_cond, NULL);
 	d.started = now_seconds();
@@ -420,7 +426,7 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	daemon_log("serving %s at %s", d.ref, d.mountpoint);
 	/* Forks this daemon's predecessor was building when it died are of no use to anyone. */
 	cb_ws_clean_unpublished();
-	/* Before any thread, database or /dev/fuse fd exists: the worker inherits none. */
+	/* Before any thread, database or /dev/fuse fd exists: the spawner inherits none. */
 	if ((rc = cb_daemon_worker_start(&d)))
 		goto out;
 	sigemptyset(&daemon_signals);

@@ -19,9 +19,22 @@
  * socket buffers (backpressure), never cut off. */
 #define CB_PROTOCOL_MAX_IN_FLIGHT 64
 
+/* File workers (daemon/workproc.c): at most this many API reads and writes run at once. */
+#define CB_DAEMON_FILE_WORKERS 4
+
 struct cb_db;
 struct cb_overlay;
 struct cb_daemon_conn;
+struct cb_daemon_lines;
+
+/* A worker process as the daemon sees it: pid 0 when there is none (never started, or dead
+ * and reaped); fd and r are valid while pid is set. */
+struct cb_daemon_wproc {
+	pid_t pid;
+	int fd;
+	struct cb_daemon_lines *r;
+	int busy; /* file workers: taken by a call (under files_lock) */
+};
 
 /* One daemon serves one workspace. Paths are absolute; fields are set before the first op
  * runs and stay fixed, except where a lock is named. */
@@ -40,12 +53,20 @@ struct cb_daemon {
 	 * FUSE keeps serving on its own threads meanwhile. */
 	pthread_mutex_t turn_lock;
 	double started; /* seconds since the epoch */
-	/* The turn worker (daemon/worker.c): its end of the socket, pid and line buffer;
-	 * worker_lock makes one call at a time. */
-	int worker_fd;
-	pid_t worker_pid;
-	void *worker_reader;
+	/* The worker processes (daemon/workproc.c), all forked by the spawner, a child forked
+	 * before any thread, database or /dev/fuse fd exists. The turn worker serves the turn
+	 * ops, one call at a time (worker_lock); the file workers serve the API's read and
+	 * write (files_lock, files_cond: a call takes an idle one). A dead one is replaced at
+	 * the next call. */
+	struct cb_daemon_wproc worker;
 	pthread_mutex_t worker_lock;
+	pid_t spawner_pid;
+	int spawner_fd;
+	pthread_mutex_t spawner_lock;
+	int workers_ready; /* the paths are known: a new worker can be told them */
+	struct cb_daemon_wproc files[CB_DAEMON_FILE_WORKERS];
+	pthread_mutex_t files_lock;
+	pthread_cond_t files_cond;
 
 	/* Internal to daemon/: the lock, the listener and the connections. */
 	int lock_fd;
@@ -143,14 +164,14 @@ void cb_daemon_child_release(pid_t pid);
 int cb_daemon_reaper_start(void);
 void cb_daemon_reaper_stop(void);
 
-/* ---- the turn worker (daemon/worker.c) ----
- * A process forked before the mount and before any thread or database, holding no /dev/fuse
- * fd: every I/O of a turn op through the daemon's own mount runs there, so a daemon killed at
+/* ---- the worker processes (daemon/workproc.c, daemon/worker.c) ----
+ * Every I/O the daemon does through its own mount (turn ops, the API's read and write, the
+ * working_dir) runs in a worker process that holds no /dev/fuse fd, so a daemon killed at
  * any point can finish dying (see docs/reliability.md). */
 
-/* Fork the worker (call it single-threaded, before the mount and before SQLite is used). */
+/* Fork the spawner (call it single-threaded, before the mount and before SQLite is used). */
 int cb_daemon_worker_start(struct cb_daemon *d);
-/* Tell the worker the paths it works on (once the daemon read the base from meta.db). */
+/* The paths are known (the base read from meta.db): start the turn worker. */
 int cb_daemon_worker_init(struct cb_daemon *d);
 /* Send req (consumed) and wait for its answer: progress lines are forwarded to conn as
  * progress frames of id (conn may be NULL); *result (may be NULL) gets the reply's result
@@ -170,11 +191,34 @@ json_t *cb_daemon_events_json(const char *mountpoint, const char *base, const ch
 /* Before mounting: if a rollback was interrupted (its mark is there), remove its temporary
  * names from the upper layer and say so in the log. */
 void cb_daemon_rollback_recover(struct cb_daemon *d);
-/* Shut the worker's socket down: an idle worker exits at once, a busy one when its request
+/* Shut the workers' sockets down: an idle worker exits at once, a busy one when its request
  * is done or fails (its mount requests fail once the FUSE session is destroyed). */
 void cb_daemon_worker_stop(struct cb_daemon *d);
-/* After the FUSE session is destroyed and no op runs: wait for the worker and free its end. */
+/* After the FUSE session is destroyed and no op runs: wait for the spawner (which waits for
+ * every worker) and free the daemon's ends. */
 void cb_daemon_worker_reap(struct cb_daemon *d);
+/* What a backend's read, write and mkdirs go through in the daemon: the file workers. */
+extern const struct cb_backend_io cb_daemon_backend_io;
+
+/* Lines of JSON between the daemon and a worker, each optionally followed by "n" raw bytes
+ * (the "n" member of the line, or of its "ok" member). */
+struct cb_daemon_lines {
+	int fd;
+	char *buf;
+	size_t len, cap;
+};
+/* The next line as JSON; NULL at EOF or on an error (message set). */
+json_t *cb_daemon_line_read(struct cb_daemon_lines *r);
+/* Exactly n bytes more into a malloc'd *data (NUL-terminated one past n). */
+int cb_daemon_line_read_data(struct cb_daemon_lines *r, size_t n, void **data);
+/* Write j (consumed), a newline, then len bytes of data (may be NULL), all of it. */
+int cb_daemon_line_write(int fd, json_t *j, const void *data, size_t len);
+/* In a worker: serve requests on fd until EOF (daemon/worker.c). */
+void cb_daemon_worker_loop(int fd);
+/* In a worker: a file op (read, write, mkdirs) on the tree at root; *data (malloc'd) and *n
+ * are what follows the reply. */
+int cb_daemon_worker_file_op(const char *root, const char *op, json_t *req,
+			     struct cb_daemon_lines *r, json_t **res, void **data, size_t *n);
 
 /* ---- connections (daemon/conn.c) ---- */
 

@@ -1,5 +1,5 @@
-/* The turn worker: a child process that does every read and write the turn ops make through
- * the daemon's own mount, so that no daemon thread ever waits for an answer from itself. */
+/* A worker process's side: every read and write the turn ops and the API's file ops make
+ * through the daemon's own mount, so that no daemon thread ever waits for an answer from itself. */
 #include "config.h"
 
 #include <errno.h>
@@ -26,81 +26,6 @@
  * dying. The worker holds no /dev/fuse fd (it is forked before the mount), so when the daemon
  * dies its connection is aborted, the worker's requests fail with ENOTCONN and it exits. */
 
-/* ---- lines over the socket (both ends) ---- */
-
-struct line_reader {
-	int fd;
-	char *buf;
-	size_t len, cap;
-};
-
-/* The next line (without its newline) as JSON; NULL at EOF or on an error (message set). */
-static json_t *line_read(struct line_reader *r)
-{
-	for (;;) {
-		char *nl = r->buf ? memchr(r->buf, '\n', r->len) : NULL;
-		ssize_t n;
-
-		if (nl) {
-			json_error_t jerr;
-			size_t used = (size_t)(nl - r->buf) + 1;
-			json_t *j = json_loadb(r->buf, used - 1, 0, &jerr);
-
-			memmove(r->buf, r->buf + used, r->len - used);
-			r->len -= used;
-			if (!j)
-				cb_error_set(EPROTO, "turn worker: bad line: %s", jerr.text);
-			return j;
-		}
-		if (r->cap - r->len < 65536) {
-			char *nb = realloc(r->buf, r->cap + 65536 + r->cap / 2);
-
-			if (!nb) {
-				cb_error_set(ENOMEM, "turn worker: out of memory");
-				return NULL;
-			}
-			r->buf = nb;
-			r->cap += 65536 + r->cap / 2;
-		}
-		do
-			n = read(r->fd, r->buf + r->len, r->cap - r->len);
-		while (n < 0 && errno == EINTR);
-		if (n <= 0) {
-			cb_error_set(n < 0 ? errno : EPIPE, "turn worker: %s",
-				     n < 0 ? strerror(errno) : "connection closed");
-			return NULL;
-		}
-		r->len += (size_t)n;
-	}
-}
-
-/* Write j (consumed) and a newline, all of it. */
-static int line_write(int fd, json_t *j)
-{
-	char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-	size_t len, off = 0;
-	int ret = 0;
-
-	json_decref(j);
-	if (!s)
-		return cb_error_set(ENOMEM, "turn worker: out of memory");
-	len = strlen(s);
-	s[len++] = '\n'; /* replaces the terminating NUL: the buffer holds len bytes */
-	while (off < len) {
-		ssize_t n = send(fd, s + off, len - off, MSG_NOSIGNAL);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0) {
-			ret = cb_error_set(errno, "turn worker: %s", strerror(errno));
-			break;
-		}
-		off += (size_t)n;
-	}
-	free(s);
-	return ret;
-}
-
 /* ---- the worker's side ---- */
 
 struct worker_state {
@@ -116,9 +41,11 @@ static void worker_progress(void *arg, long long files_done, long long files_tot
 {
 	struct worker_state *w = arg;
 
-	line_write(w->fd, json_pack("{s:[I,I,I,I]}", "progress", (json_int_t)files_done,
-				    (json_int_t)files_total, (json_int_t)bytes_done,
-				    (json_int_t)bytes_total));
+	cb_daemon_line_write(w->fd,
+			     json_pack("{s:[I,I,I,I]}", "progress", (json_int_t)files_done,
+				       (json_int_t)files_total, (json_int_t)bytes_done,
+				       (json_int_t)bytes_total),
+			     NULL, 0);
 }
 
 /* COWBOX_SNAPSHOT_MAX_BYTES from the daemon's environment: bytes, with an optional K, M,
@@ -395,6 +322,27 @@ static int worker_rollback(struct worker_state *w, json_t *req, json_t **res)
 	return ret;
 }
 
+/* If dir holds the mark of an interrupted rollback, remove its temporary names from the tree
+ * at root (upper/ before mounting, the mount for a worker replacing a killed one). */
+static void rollback_recover(const char *dir, const char *root)
+{
+	char pending[4200];
+	long long removed = 0;
+
+	snprintf(pending, sizeof(pending), "%s/" CB_DAEMON_ROLLBACK_PENDING, dir);
+	if (access(pending, F_OK) < 0)
+		return;
+	if (cb_ws_rollback_clean(root, &removed) == 0)
+		unlink(pending);
+	else
+		fprintf(stderr, "cowbox: %s\n", cb_error_message());
+	if (removed)
+		fprintf(stderr,
+			"cowbox: removed %lld temporary file(s) of an interrupted rollback\n",
+			removed);
+	cb_error_clear();
+}
+
 static int worker_init(struct worker_state *w, json_t *req)
 {
 	const char *base = json_string_value(json_object_get(req, "base"));
@@ -409,22 +357,33 @@ static int worker_init(struct worker_state *w, json_t *req)
 	w->base = base ? strdup(base) : NULL;
 	if (!w->mountpoint || !w->dir || !w->db_path || (base && !w->base))
 		return cb_error_set(ENOMEM, "turn worker: out of memory");
+	/* A turn worker that replaces one killed during a rollback: its temporary names are in
+	 * the live tree (the start-up's clean-up, cb_daemon_rollback_recover, is long past). */
+	if (json_is_true(json_object_get(req, "turn")))
+		rollback_recover(w->dir, w->mountpoint);
 	return 0;
 }
 
-/* Serve requests until the daemon closes its end (or dies). */
-static void worker_loop(int fd)
+void cb_daemon_worker_loop(int fd)
 {
 	struct worker_state w = {.fd = fd};
-	struct line_reader r = {.fd = fd};
+	struct cb_daemon_lines r = {.fd = fd};
 	json_t *req;
 
-	while ((req = line_read(&r))) {
+	while ((req = cb_daemon_line_read(&r))) {
 		const char *op = json_string_value(json_object_get(req, "op"));
 		json_t *res = NULL, *reply;
+		void *data = NULL;
+		size_t n = 0;
 		int ret;
 
 		cb_error_clear();
+		/* Before acting on it: the daemon resends a request its worker died before taking.
+		 */
+		if (cb_daemon_line_write(fd, json_pack("{s:b}", "took", 1), NULL, 0)) {
+			json_decref(req);
+			break;
+		}
 		/* What the rollback wrote is for the snapshot right after it and nothing else. */
 		if (w.known && op && strcmp(op, "sync") && strcmp(op, "snapshot")) {
 			cb_ws_known_free(w.known);
@@ -442,6 +401,8 @@ static void worker_loop(int fd)
 			ret = worker_diff(&w, req, &res);
 		else if (!strcmp(op, "rollback"))
 			ret = worker_rollback(&w, req, &res);
+		else if (!strcmp(op, "read") || !strcmp(op, "write") || !strcmp(op, "mkdirs"))
+			ret = cb_daemon_worker_file_op(w.mountpoint, op, req, &r, &res, &data, &n);
 		else
 			ret = cb_error_set(EINVAL, "turn worker: unknown op %s", op);
 		if (ret)
@@ -450,7 +411,9 @@ static void worker_loop(int fd)
 		else
 			reply = json_pack("{s:o}", "ok", res ? res : json_object());
 		json_decref(req);
-		if (line_write(fd, reply))
+		ret = cb_daemon_line_write(fd, reply, ret ? NULL : data, ret ? 0 : n);
+		free(data);
+		if (ret)
 			break;
 	}
 	cb_ws_known_free(w.known);
@@ -465,185 +428,5 @@ static void worker_loop(int fd)
 
 void cb_daemon_rollback_recover(struct cb_daemon *d)
 {
-	char pending[4200];
-	long long removed = 0;
-
-	snprintf(pending, sizeof(pending), "%s/" CB_DAEMON_ROLLBACK_PENDING, d->dir);
-	if (access(pending, F_OK) < 0)
-		return;
-	if (cb_ws_rollback_clean(d->upper, &removed) == 0)
-		unlink(pending);
-	else
-		fprintf(stderr, "cowbox: %s\n", cb_error_message());
-	if (removed)
-		fprintf(stderr,
-			"cowbox: removed %lld temporary file(s) of an interrupted rollback\n",
-			removed);
-	cb_error_clear();
-}
-
-int cb_daemon_worker_start(struct cb_daemon *d)
-{
-	int sv[2];
-	pid_t pid, parent = getpid();
-
-	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
-		return cb_error_set(errno, "turn worker: socketpair: %s", strerror(errno));
-	cb_daemon_spawn_lock();
-	pid = fork();
-	if (pid > 0 && cb_daemon_child_claim(pid) < 0) {
-		kill(pid, SIGKILL);
-		waitpid(pid, NULL, 0);
-		pid = -1;
-		errno = EAGAIN;
-	}
-	cb_daemon_spawn_unlock();
-	if (pid < 0) {
-		int err = errno;
-
-		close(sv[0]);
-		close(sv[1]);
-		return cb_error_set(err, "turn worker: fork: %s", strerror(err));
-	}
-	if (pid == 0) {
-		/* Die with the daemon; if it is gone already, now. The lock fd stays open, so
-		 * the workspace stays locked until the worker is gone too. */
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent)
-			_exit(1);
-		prctl(PR_SET_NAME, "cowbox-worker");
-		close(sv[0]);
-		for (int fd = 3; fd < 1024; fd++)
-			if (fd != sv[1] && fd != d->lock_fd)
-				close(fd);
-		worker_loop(sv[1]);
-		_exit(0);
-	}
-	close(sv[1]);
-	d->worker_fd = sv[0];
-	d->worker_pid = pid;
-	d->worker_reader = calloc(1, sizeof(struct line_reader));
-	if (!d->worker_reader)
-		return cb_error_set(ENOMEM, "turn worker: out of memory");
-	((struct line_reader *)d->worker_reader)->fd = sv[0];
-	return 0;
-}
-
-int cb_daemon_worker_init(struct cb_daemon *d)
-{
-	json_t *req =
-	    json_pack("{s:s, s:s, s:s?, s:s, s:s}", "op", "init", "mountpoint", d->mountpoint,
-		      "base", d->base, "dir", d->dir, "db_path", d->db_path);
-
-	return cb_daemon_worker_call(d, req, NULL, NULL, NULL, NULL);
-}
-
-/* The worker is gone: say how, for the error of the op that found out. */
-static int worker_died(struct cb_daemon *d)
-{
-	int status = 0;
-	pid_t pid = d->worker_pid;
-
-	/* Stopping: the worker is being shut down (and reaped by cb_daemon_worker_reap). */
-	if (__atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE))
-		return cb_error_set(ESHUTDOWN, "the workspace daemon is stopping");
-
-	if (pid > 0 && waitpid(pid, &status, 0) == pid) {
-		cb_daemon_child_release(pid);
-		d->worker_pid = 0;
-	}
-	if (d->worker_fd >= 0)
-		close(d->worker_fd);
-	d->worker_fd = -1;
-	if (WIFSIGNALED(status))
-		return cb_error_set(EIO,
-				    "the turn worker (pid %d) was killed by signal %d (%s); "
-				    "remount the workspace (cowbox umount, cowbox mount)",
-				    (int)pid, WTERMSIG(status), strsignal(WTERMSIG(status)));
-	return cb_error_set(EIO,
-			    "the turn worker (pid %d) exited (status %d); remount the workspace "
-			    "(cowbox umount, cowbox mount)",
-			    (int)pid, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-}
-
-int cb_daemon_worker_call(struct cb_daemon *d, json_t *req, struct cb_daemon_conn *conn, json_t *id,
-			  json_t **result, long long *touched)
-{
-	json_t *line = NULL, *v;
-	int ret;
-
-	if (result)
-		*result = NULL;
-	pthread_mutex_lock(&d->worker_lock);
-	if (d->worker_fd < 0) {
-		json_decref(req);
-		ret = cb_error_set(EIO, "the turn worker is gone; remount the workspace");
-		goto out;
-	}
-	ret = line_write(d->worker_fd, req);
-	if (ret) {
-		ret = worker_died(d);
-		goto out;
-	}
-	for (;;) {
-		line = line_read(d->worker_reader);
-		if (!line) {
-			ret = worker_died(d);
-			goto out;
-		}
-		if (!(v = json_object_get(line, "progress")))
-			break;
-		if (conn)
-			cb_daemon_send_frame(
-			    conn, id,
-			    json_pack("{s:s, s:O, s:O, s:O, s:O}", "stream", "progress",
-				      "files_done", json_array_get(v, 0), "files_total",
-				      json_array_get(v, 1), "bytes_done", json_array_get(v, 2),
-				      "bytes_total", json_array_get(v, 3)));
-		json_decref(line);
-	}
-	v = json_object_get(line, json_object_get(line, "ok") ? "ok" : "result");
-	if (touched)
-		*touched = json_integer_value(json_object_get(v, "touched"));
-	if (json_object_get(line, "error")) {
-		int err = (int)json_integer_value(json_object_get(line, "error"));
-
-		ret = cb_error_set(err > 0 ? err : EIO, "%s",
-				   json_string_value(json_object_get(line, "message")) ?: "?");
-	} else if (result) {
-		*result = json_incref(v);
-	}
-out:
-	json_decref(line);
-	pthread_mutex_unlock(&d->worker_lock);
-	return ret;
-}
-
-void cb_daemon_worker_stop(struct cb_daemon *d)
-{
-	/* EOF for the worker (its loop ends) and for a thread waiting on its answer; no close
-	 * yet: such a thread may still be using the descriptor. */
-	if (d->worker_fd >= 0)
-		shutdown(d->worker_fd, SHUT_RDWR);
-}
-
-void cb_daemon_worker_reap(struct cb_daemon *d)
-{
-	struct line_reader *r;
-
-	cb_daemon_worker_stop(d);
-	/* A connection that outlived the shutdown may still be in a call: it ends at the EOF. */
-	pthread_mutex_lock(&d->worker_lock);
-	r = d->worker_reader;
-	if (d->worker_fd >= 0)
-		close(d->worker_fd);
-	d->worker_fd = -1;
-	if (d->worker_pid > 0 && waitpid(d->worker_pid, NULL, 0) == d->worker_pid)
-		cb_daemon_child_release(d->worker_pid);
-	d->worker_pid = 0;
-	if (r)
-		free(r->buf);
-	free(r);
-	d->worker_reader = NULL;
-	pthread_mutex_unlock(&d->worker_lock);
+	rollback_recover(d->dir, d->upper);
 }

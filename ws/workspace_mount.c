@@ -125,8 +125,10 @@ int cb_ws_pid_dying(pid_t pid)
 
 	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
 	f = fopen(path, "re");
+	/* Gone while its lock is held: what holds it is what it left, its workers, and they
+	 * only stay when they cannot exit (waiting on its dead mount). */
 	if (!f)
-		return 0;
+		return errno == ENOENT;
 	while (fgets(line, sizeof(line), f)) {
 		unsigned long long v;
 

@@ -107,6 +107,18 @@ struct cb_backend_ops {
 };
 
 /* A workspace's backend, as a daemon holds it. */
+/* Where a backend's file I/O (cb_backend_read, _write, _mkdirs) is done when not in this
+ * process: the daemon hands it to its worker processes, so that none of its own threads is
+ * ever a client of its own mount (docs/reliability.md). The path is checked already; each
+ * call promises what the cb_backend_*_at call of the same name does. */
+struct cb_backend_io {
+	int (*read)(void *arg, const char *path, off_t off, size_t len, void **data, size_t *n,
+		    off_t *size);
+	int (*write)(void *arg, const char *path, off_t off, const void *data, size_t len,
+		     int truncate, mode_t mode);
+	int (*mkdirs)(void *arg, const char *path);
+};
+
 struct cb_backend {
 	const struct cb_backend_ops *ops;
 	struct cb_backend_options opt;
@@ -117,8 +129,10 @@ struct cb_backend {
 	int root_fd;	      /* O_PATH of root, for read and write */
 	pthread_mutex_t lock; /* guards created, priv and the forwarders */
 	int created;
-	void *priv;		  /* the backend's own state */
-	struct cb_forwarder *fwd; /* host_url forwarders, one per port */
+	void *priv;			/* the backend's own state */
+	struct cb_forwarder *fwd;	/* host_url forwarders, one per port */
+	const struct cb_backend_io *io; /* NULL: file I/O in this process */
+	void *io_arg;
 };
 
 /* The limits options resolve to: defaults filled in, 0 for none (timeout 0: none). The local
@@ -198,6 +212,14 @@ int cb_backend_write(struct cb_backend *b, const char *path, off_t off, const vo
 
 /* mkdir -p of path beneath the workspace root (the same path rules). */
 int cb_backend_mkdirs(struct cb_backend *b, const char *path);
+
+/* The same three in this process, on the tree at root (a host path, opened per call), for
+ * whoever does a backend's I/O (b->io): path is checked here too. */
+int cb_backend_read_at(const char *root, const char *path, off_t off, size_t len, void **data,
+		       size_t *n, off_t *size);
+int cb_backend_write_at(const char *root, const char *path, off_t off, const void *data, size_t len,
+			int truncate, mode_t mode);
+int cb_backend_mkdirs_at(const char *root, const char *path);
 
 /* Run a shell command to completion for a hook or the setup script, failing with a message
  * (naming what) when it exits non-zero or times out. */

@@ -121,7 +121,9 @@ int cb_ws_fuse_mount_source(const char *path, char *source, size_t size);
 int cb_ws_unmount(const char *path);
 
 /* 1 if pid was killed but cannot finish exiting (its leader is a zombie while threads remain,
- * or a SIGKILL is pending): what a daemon whose threads wait on its own mount looks like. */
+ * or a SIGKILL is pending): what a daemon whose threads wait on its own mount looks like; also
+ * 1 if pid is gone (asked of the pid in a lock that is still held: its workers hold it, and
+ * stay only while they wait on its dead mount). */
 int cb_ws_pid_dying(pid_t pid);
 
 /* Abort the FUSE connection of the mount at path (fusectl's abort file, mounting fusectl on

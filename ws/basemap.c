@@ -316,49 +316,153 @@ int cb_ws_map_list(struct cb_turns *t, int (*fn)(const struct cb_entry *, void *
 	return ret ? ret : cb_db_turns_map_list(t->db, NULL, fn, arg);
 }
 
-int cb_ws_base_check(struct cb_turns *t, void (*changed)(void *, const char *, const char *),
-		     void *arg, long long *nchanged)
+static int base_item_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct base_item *)a)->path, ((const struct base_item *)b)->path);
+}
+
+/* The base's entry for a walked item now: a file's hashes from the cache under the stat the
+ * walk took (no read), else rehashed and cached; a file gone since the walk is absent. */
+static int base_item_entry(struct cb_turns *t, struct base_item *it, struct cb_entry *now,
+			   long long *hashed)
+{
+	const struct stat *st = &it->st;
+	struct stat hst;
+	struct cb_hash h;
+	int ret;
+
+	if (!S_ISREG(st->st_mode))
+		return ws_base_now(t, it->path, now);
+	cb_entry_clear(now);
+	if (!(now->path = strdup(it->path)))
+		return cb_error_set(ENOMEM, "base %s: out of memory", it->path);
+	now->type = CB_ENTRY_FILE;
+	now->mode = st->st_mode & 07777;
+	now->size = st->st_size;
+	ret = cb_db_turns_base_cache_get(
+	    t->db, it->path, st->st_size,
+	    (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec,
+	    (long long)st->st_ctim.tv_sec * 1000000000LL + st->st_ctim.tv_nsec,
+	    (long long)st->st_ino, now->sha256, now->xxh3);
+	if (ret)
+		return ret < 0 ? ret : 0;
+	/* Its stat moved since it was hashed (or it is new): never trusted, read again. */
+	(*hashed)++;
+	ret = cb_ws_hash_file_at(t->base_fd, it->path, -1, &h, &hst);
+	if (ret == -ENOENT) {
+		cb_entry_clear(now);
+		return 0;
+	}
+	if (ret)
+		return cb_error_wrap(ret, "base");
+	memcpy(now->sha256, h.sha256, CB_SHA256_LEN);
+	memcpy(now->xxh3, h.xxh3, CB_XXH128_LEN);
+	now->size = hst.st_size;
+	now->mode = hst.st_mode & 07777;
+	return cb_db_turns_base_cache_put(
+	    t->db, it->path, hst.st_size,
+	    (long long)hst.st_mtim.tv_sec * 1000000000LL + hst.st_mtim.tv_nsec,
+	    (long long)hst.st_ctim.tv_sec * 1000000000LL + hst.st_ctim.tv_nsec,
+	    (long long)hst.st_ino, h.sha256, h.xxh3);
+}
+
+struct base_changes {
+	struct cb_turns *t;
+	struct base_walk *w; /* sorted by path */
+	int vs_map;
+	struct ws_pathset *set;
+};
+
+/* 1 if the mount shows the base's entry at path: the upper layer holds nothing there (a file,
+ * directory or whiteout of its own at path, or a non-directory above it, hides the base). */
+static int base_visible(struct cb_turns *t, const char *path)
+{
+	struct stat st;
+
+	return cb_beneath_stat(t->root_fd, path, &st) == -ENOENT;
+}
+
+/* A recorded entry the base walk did not find: deleted from the base behind our back. */
+static int base_gone(const struct cb_entry *ref, void *arg)
+{
+	struct base_changes *c = arg;
+	struct base_item key = {.path = ref->path};
+
+	if (ref->type == CB_ENTRY_ABSENT ||
+	    bsearch(&key, c->w->it, c->w->n, sizeof(key), base_item_cmp))
+		return 0;
+	if (c->vs_map && !base_visible(c->t, ref->path))
+		return 0;
+	return ws_pathset_add(c->set, ref->path, 0, NULL);
+}
+
+static int base_gone_row(const struct cb_entry *e, long long from, long long until, void *arg)
+{
+	(void)from;
+	(void)until;
+	return base_gone(e, arg);
+}
+
+int ws_base_changes(struct cb_turns *t, int vs_map, struct ws_pathset *set,
+		    struct cb_ws_base_stats *stats)
 {
 	struct base_walk w = {0};
-	struct cb_entry turn0 = {0}, now = {0};
+	struct base_changes c = {t, &w, vs_map, set};
+	struct cb_entry ref = {0}, now = {0};
+	size_t n0 = set->n;
 	int ret = 0;
 
-	*nchanged = 0;
-	/* Before the first snapshot there is no recorded base to differ from. */
+	memset(stats, 0, sizeof(*stats));
+	/* Before the first snapshot froze the base there is no record it could differ from. */
 	if (t->base_fd < 0 || !cb_db_turns_base_map_built(t->db))
 		return 0;
+	if (vs_map && (ret = ws_map_ensure(t)))
+		goto out;
 	ret = base_walk_dir(&w, t->base_fd, "");
+	if (ret)
+		goto out;
+	qsort(w.it, w.n, sizeof(*w.it), base_item_cmp);
+	stats->entries = (long long)w.n;
 	for (size_t i = 0; i < w.n && !ret; i++) {
-		const char *path = w.it[i].path;
+		struct base_item *it = &w.it[i];
 
-		if (!S_ISREG(w.it[i].st.st_mode))
-			continue;
-		/* ws_base_now trusts a cache row only while inode, size, mtime and ctime all
-		 * agree, and rehashes (and re-caches) the file otherwise. */
-		ret = ws_base_now(t, path, &now);
+		ret = base_item_entry(t, it, &now, &stats->hashed);
 		if (!ret)
-			ret = cb_db_turns_base_map_get(t->db, path, &turn0);
+			ret = vs_map ? cb_db_turns_map_get(t->db, it->path, &ref)
+				     : cb_db_turns_base_map_get(t->db, it->path, &ref);
 		if (ret < 0)
 			break;
 		ret = 0;
-		if (turn0.type == CB_ENTRY_FILE && now.type == CB_ENTRY_FILE &&
-		    (turn0.size != now.size || memcmp(turn0.xxh3, now.xxh3, CB_XXH128_LEN))) {
-			(*nchanged)++;
-			if (changed)
-				changed(arg, path,
-					"its content changed behind cowbox's back since turn 0 was "
-					"recorded; turns that need the old content cannot be "
-					"restored from the base");
-		}
-		cb_entry_clear(&turn0);
+		if (!cb_entry_same(&now, &ref) && (!vs_map || base_visible(t, it->path)))
+			ret = ws_pathset_add(set, it->path, 0, NULL);
+		cb_entry_clear(&ref);
 		cb_entry_clear(&now);
 	}
-	cb_entry_clear(&turn0);
+	if (!ret)
+		ret = vs_map ? cb_db_turns_map_list(t->db, NULL, base_gone, &c)
+			     : cb_db_turns_base_entries(t->db, base_gone_row, &c);
+	if (!ret)
+		stats->changed = (long long)(set->n - n0);
+out:
+	cb_entry_clear(&ref);
 	cb_entry_clear(&now);
 	for (size_t i = 0; i < w.n; i++)
 		free(w.it[i].path);
 	free(w.it);
 	return ret ? cb_error_wrap(ret, "check the base") : 0;
+}
+
+int cb_ws_base_check(struct cb_turns *t, int (*changed)(void *, const char *), void *arg,
+		     struct cb_ws_base_stats *stats)
+{
+	struct ws_pathset set = {0};
+	int ret = ws_base_changes(t, 1, &set, stats);
+
+	ws_pathset_sort(&set);
+	for (size_t i = 0; i < set.n && !ret; i++)
+		ret = changed(arg, set.p[i].path);
+	ws_pathset_free(&set);
+	return ret;
 }
 
 static int changes_collect(const char *path, void *arg)

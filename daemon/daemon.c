@@ -358,7 +358,7 @@ int cb_daemon_base_watch(struct cb_daemon *d, const char *when)
 	clock_gettime(CLOCK_MONOTONIC, &b);
 	if (ret)
 		daemon_log("base check (%s): %s", when, cb_error_message());
-	else if (st.hashed || st.changed)
+	else if (st.hashed || st.changed || !strcmp(when, "start"))
 		daemon_log("base check (%s): %lld entries, %lld files rehashed, %lld paths changed "
 			   "behind cowbox's back, %.3f s",
 			   when, st.entries, st.hashed, st.changed,
@@ -525,6 +525,7 @@ out:
 		pthread_join(accept_thread, NULL);
 	cb_daemon_worker_stop(&d);
 	cb_daemon_conns_shutdown(&d, 30000);
+	cb_daemon_fsck_stop();
 	if (have_base)
 		pthread_join(base_thread, NULL);
 	if (have_sig) {

@@ -382,6 +382,56 @@ class FsckTest(BlobCase):
         self.assertEqual({p["kind"] for p in rep["problems"]}, {"base"})
 
 
+    def test_fsck_op_through_the_protocol_and_python(self):
+        import asyncio
+        import cbtest
+        import cowbox
+        contents = {}
+        for i in range(1, 4):
+            data = ("op content %d " % i).encode() * (1 + self.rng.randrange(1000))
+            self.put("g.txt", data)
+            contents[i] = data
+            self.cowbox_json("snapshot", "w")
+        c = self.client(self.ref)
+        rep = c.request("fsck")
+        self.assertTrue(rep["ok"] and rep["clean"], rep)
+        self.assertEqual(rep["problems"], [])
+        self.assertEqual(rep["blobs_checked"], 3)
+        turn = self.rng.choice([1, 2])
+        blob = blob_holding(self.blobs, contents[turn])
+        damage(os.path.join(self.blobs, blob),
+               self.rng.choice(["truncated", "bit_flipped", "emptied", "missing"]), self.rng)
+        c.send({"id": "f", "op": "fsck"})
+        # the connection goes on answering while the check runs on its own thread
+        c.send({"id": "p", "op": "ping"})
+        replies = {}
+        while len(replies) < 2:
+            r = c.recv()
+            replies[r["id"]] = r
+        rep = replies["f"]
+        self.assertTrue(rep["ok"] and not rep["clean"], rep)
+        found = [(p["kind"], p["object"], p["path"], p["first_turn"], p["last_turn"])
+                 for p in rep["problems"]]
+        # g.txt is written again at the next turn: the bad blob breaks exactly its turn
+        self.assertEqual(found, [("blob", blob, "g.txt", turn, turn)], rep)
+        self.assertTrue(replies["p"]["ok"])
+        # a rollback to a good turn still works with fsck's findings standing
+        self.cowbox("rollback", "w", "3")
+
+        async def main():
+            box = await cowbox.Sandbox.attach("w", cowbox=cbtest.COWBOX, home=self.home)
+            try:
+                return await box.fsck(), await box.fsck(repair=True)
+            finally:
+                await box.close()
+        rep, rep2 = asyncio.run(main())
+        for r in (rep, rep2):
+            self.assertFalse(r["clean"], r)
+            self.assertEqual([(p["kind"], p["object"], p["path"], p["first_turn"],
+                               p["last_turn"], p["repaired"]) for p in r["problems"]],
+                             [("blob", blob, "g.txt", turn, turn, False)], r)
+
+
 class MetaDbFaultsTest(CowboxTestCase):
     def setUp(self):
         super().setUp()

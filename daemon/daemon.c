@@ -20,6 +20,7 @@
 
 #include "cowbox/backend.h"
 #include "cowbox/error.h"
+#include "cowbox/grow.h"
 #include "cowbox/journal.h"
 #include "cowbox/overlay.h"
 #include "cowbox/turns.h"
@@ -325,16 +326,28 @@ static void daemon_free(struct cb_daemon *d)
 	pthread_cond_destroy(&d->conns_cond);
 }
 
+struct base_seen {
+	struct cb_daemon *d;
+	char **paths;
+	size_t n, cap;
+};
+
 /* A path the base changed under: journaled in the open turn, so the next snapshot hashes it
- * through the mount and records what is there now. */
+ * through the mount and records what is there now; kept for the kernel to forget. */
 static int daemon_base_changed(void *arg, const char *path)
 {
-	struct cb_daemon *d = arg;
+	struct base_seen *s = arg;
 	struct cb_change c = {.path = path, .kind = CB_CHANGE_WRITE, .comm = "(base)"};
+	int rc = cb_grow(&s->paths, &s->cap, s->n, sizeof(*s->paths), 16, "base check");
 
-	daemon_log("base %s/%s changed behind cowbox's back; the next snapshot records it", d->base,
-		   path);
-	return cb_journal_mark(d->db, &c, 1);
+	if (rc)
+		return rc;
+	if (!(s->paths[s->n] = strdup(path)))
+		return cb_error_set(ENOMEM, "base check: out of memory");
+	s->n++;
+	daemon_log("base %s/%s changed behind cowbox's back; the next snapshot records it",
+		   s->d->base, path);
+	return cb_journal_mark(s->d->db, &c, 1);
 }
 
 int cb_daemon_base_watch(struct cb_daemon *d, const char *when)
@@ -343,6 +356,7 @@ int cb_daemon_base_watch(struct cb_daemon *d, const char *when)
 	struct cb_turns_config cfg = {
 	    .db_path = d->db_path, .blob_dir = blobs, .base_dir = d->base, .root = d->upper};
 	struct cb_ws_base_stats st = {0};
+	struct base_seen seen = {.d = d};
 	struct cb_turns *t = NULL;
 	struct timespec a, b;
 	int ret;
@@ -353,8 +367,14 @@ int cb_daemon_base_watch(struct cb_daemon *d, const char *when)
 	clock_gettime(CLOCK_MONOTONIC, &a);
 	ret = cb_turns_open(&cfg, &t);
 	if (!ret)
-		ret = cb_ws_base_check(t, daemon_base_changed, d, &st);
+		ret = cb_ws_base_check(t, daemon_base_changed, &seen, &st);
 	cb_turns_close(t);
+	/* Marked or not, what the kernel cached of those paths is stale (sorted: the check
+	 * reports in path order). */
+	cb_overlay_base_changed(d->ov, (const char *const *)seen.paths, seen.n);
+	for (size_t i = 0; i < seen.n; i++)
+		free(seen.paths[i]);
+	free(seen.paths);
 	clock_gettime(CLOCK_MONOTONIC, &b);
 	if (ret)
 		daemon_log("base check (%s): %s", when, cb_error_message());

@@ -63,6 +63,12 @@ static void *fsck_main(void *arg)
 		rc = cb_ws_fsck(d->ref, job->repair, NULL, &r);
 		pthread_mutex_unlock(&d->turn_lock);
 	}
+	/* Finished before the reply goes out: a client may send the next fsck the moment it
+	 * reads it, and must not be told one is still running (the join waits only for the
+	 * few lines below). */
+	pthread_mutex_lock(&fsck_lock);
+	fsck_done = 1;
+	pthread_mutex_unlock(&fsck_lock);
 	if (rc) {
 		cb_daemon_reply_error(job->conn, job->id, cb_daemon_error_code(-rc), "fsck: %s",
 				      cb_error_message());
@@ -75,9 +81,6 @@ static void *fsck_main(void *arg)
 	cb_daemon_conn_unref(job->conn);
 	json_decref(job->id);
 	free(job);
-	pthread_mutex_lock(&fsck_lock);
-	fsck_done = 1;
-	pthread_mutex_unlock(&fsck_lock);
 	return NULL;
 }
 

@@ -198,6 +198,19 @@ class BaseWatchTest(CowboxTestCase):
     def snap(self):
         return self.cowbox_json("snapshot", "w")
 
+    def rewrite_in_place(self, rng):
+        """Rewrite a base file in place with its size and mtime put back (only ctime moves);
+        its path."""
+        name = "d/f%02d.txt" % rng.randrange(12)
+        p = os.path.join(self.base, name)
+        st = os.stat(p)
+        with open(p) as f:
+            data = f.read()
+        with open(p, "r+") as f:
+            f.write(data.upper())
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+        return name
+
     def change_base(self, rng):
         """Change the base in every way at once; returns {path: event} that the next
         snapshot must record and the bytes now at each changed file."""
@@ -209,15 +222,7 @@ class BaseWatchTest(CowboxTestCase):
         with open(p, "w") as f:
             f.write("y" * 32)
         os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
-        # rewritten in place, size and mtime put back: only ctime moved
-        name = "d/f%02d.txt" % rng.randrange(12)
-        p = os.path.join(b, name)
-        st = os.stat(p)
-        with open(p) as f:
-            data = f.read()
-        with open(p, "r+") as f:
-            f.write(data.upper())
-        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+        name = self.rewrite_in_place(rng)
         os.unlink(os.path.join(b, "gone.txt"))
         shutil.rmtree(os.path.join(b, "old"))
         os.makedirs(os.path.join(b, "new"))
@@ -306,14 +311,7 @@ class BaseWatchTest(CowboxTestCase):
         with open(os.path.join(self.mnt, "hidden.txt"), "w") as f:
             f.write("agent\n")
         self.snap()
-        name = "d/f%02d.txt" % self.rng.randrange(12)
-        p = os.path.join(self.base, name)
-        st = os.stat(p)
-        with open(p) as f:
-            data = f.read()
-        with open(p, "r+") as f:
-            f.write(data.upper())
-        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+        name = self.rewrite_in_place(self.rng)
         # turn 1 says name has the old bytes: never restored under that hash
         proc = self.cowbox("rollback", "w", str(t1), check=False)
         self.assertNotEqual(proc.returncode, 0, proc.stdout)

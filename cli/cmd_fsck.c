@@ -8,6 +8,7 @@
 
 #include "cmd_common.h"
 #include "commands.h"
+#include "cowbox/box.h"
 #include "cowbox/error.h"
 #include "cowbox/fsck.h"
 
@@ -59,23 +60,10 @@ int cmd_fsck(int argc, char **argv)
 	for (size_t i = 0; i < r.n; i++)
 		left += !r.p[i].repaired;
 	if (common.json) {
-		json_t *arr = json_array();
+		long long unrepaired;
+		json_t *j = cb_fsck_report_json(&r, &unrepaired);
 
-		for (size_t i = 0; i < r.n; i++) {
-			const struct cb_fsck_problem *p = &r.p[i];
-
-			json_array_append_new(
-			    arr, json_pack("{s:s, s:s?, s:s?, s:I, s:I, s:b, s:s}", "kind", p->kind,
-					   "path", p->path, "object", p->object, "first_turn",
-					   (json_int_t)p->first_turn, "last_turn",
-					   (json_int_t)p->last_turn, "repaired", p->repaired,
-					   "detail", p->detail));
-		}
-		json_t *j = json_pack("{s:s, s:b, s:o, s:I, s:I, s:I}", "ref", r.ref, "ok", !left,
-				      "problems", arr, "blobs_checked", (json_int_t)r.blobs_checked,
-				      "base_files_checked", (json_int_t)r.base_checked,
-				      "base_cache_rows", (json_int_t)r.cache_rows);
-
+		json_object_set_new(j, "ok", json_boolean(!left));
 		cb_ws_fsck_free(&r);
 		cli_print_json(j);
 		return left ? CLI_FAIL : CLI_OK;

@@ -350,3 +350,29 @@ int cb_box_fork(struct cb_box *box, int turn, const char *name, struct cb_box **
 	json_decref(reply);
 	return cb_box_finish(rc);
 }
+
+int cb_box_fsck(struct cb_box *box, bool repair, json_t **report)
+{
+	json_t *reply = NULL;
+	long long left = 0;
+	int rc;
+
+	cb_box_set_code("");
+	*report = NULL;
+	rc = cb_box_request(box, "fsck", json_pack("{s:s,s:b}", "op", "fsck", "repair", repair),
+			    &reply, NULL);
+	if (!rc) {
+		json_t *p;
+		size_t i;
+
+		json_array_foreach(json_object_get(reply, "problems"), i, p) left +=
+		    !json_is_true(json_object_get(p, "repaired"));
+		json_object_del(reply, "id");
+		json_object_del(reply, "ok");
+		*report = reply;
+		reply = NULL;
+		rc = (int)left;
+	}
+	json_decref(reply);
+	return cb_box_finish(rc);
+}

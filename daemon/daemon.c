@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <semaphore.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 
 #include "cowbox/backend.h"
 #include "cowbox/error.h"
+#include "cowbox/grow.h"
 #include "cowbox/journal.h"
 #include "cowbox/overlay.h"
 #include "cowbox/turns.h"
@@ -327,33 +329,82 @@ static void daemon_free(struct cb_daemon *d)
 	pthread_cond_destroy(&d->conns_cond);
 }
 
-static void daemon_base_changed(void *arg, const char *path, const char *why)
-{
-	struct cb_daemon *d = arg;
+struct base_seen {
+	struct cb_daemon *d;
+	char **paths;
+	size_t n, cap;
+};
 
-	daemon_log("base file %s/%s: %s", d->base, path, why);
+/* A path the base changed under: journaled in the open turn, so the next snapshot hashes it
+ * through the mount and records what is there now; kept for the kernel to forget. */
+static int daemon_base_changed(void *arg, const char *path)
+{
+	struct base_seen *s = arg;
+	struct cb_change c = {.path = path, .kind = CB_CHANGE_WRITE, .comm = "(base)"};
+	int rc = cb_grow(&s->paths, &s->cap, s->n, sizeof(*s->paths), 16, "base check");
+
+	if (rc)
+		return rc;
+	if (!(s->paths[s->n] = strdup(path)))
+		return cb_error_set(ENOMEM, "base check: out of memory");
+	s->n++;
+	daemon_log("base %s/%s changed behind cowbox's back; the next snapshot records it",
+		   s->d->base, path);
+	return cb_journal_mark(s->d->db, &c, 1);
 }
 
-/* The base is watched: every base file whose stat moved since it was hashed is rehashed and
- * each one whose content is no longer turn 0's is logged. On its own thread (a base changed
- * wholesale takes a while to rehash) and its own handle, under the turn lock; the live tree
- * is the upper layer, so it never waits on our own mount. */
-static void *daemon_base_check(void *arg)
+int cb_daemon_base_watch(struct cb_daemon *d, const char *when)
 {
-	struct cb_daemon *d = arg;
 	char blobs[4096];
 	struct cb_turns_config cfg = {
 	    .db_path = d->db_path, .blob_dir = blobs, .base_dir = d->base, .root = d->upper};
+	struct cb_ws_base_stats st = {0};
+	struct base_seen seen = {.d = d};
 	struct cb_turns *t = NULL;
-	long long changed = 0;
+	struct timespec a, b;
+	int ret;
 
+	if (!d->base)
+		return 0;
 	snprintf(blobs, sizeof(blobs), "%s/blobs", d->dir);
-	pthread_mutex_lock(&d->turn_lock);
-	if (cb_turns_open(&cfg, &t) || cb_ws_base_check(t, daemon_base_changed, d, &changed))
-		daemon_log("base check: %s", cb_error_message());
-	else if (changed)
-		daemon_log("base check: %lld base files changed behind cowbox's back", changed);
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	ret = cb_turns_open(&cfg, &t);
+	if (!ret)
+		ret = cb_ws_base_check(t, daemon_base_changed, &seen, &st);
 	cb_turns_close(t);
+	/* Marked or not, what the kernel cached of those paths is stale (sorted: the check
+	 * reports in path order). */
+	cb_overlay_base_changed(d->ov, (const char *const *)seen.paths, seen.n);
+	for (size_t i = 0; i < seen.n; i++)
+		free(seen.paths[i]);
+	free(seen.paths);
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	if (ret)
+		daemon_log("base check (%s): %s", when, cb_error_message());
+	else if (st.hashed || st.changed || !strcmp(when, "start"))
+		daemon_log("base check (%s): %lld entries, %lld files rehashed, %lld paths changed "
+			   "behind cowbox's back, %.3f s",
+			   when, st.entries, st.hashed, st.changed,
+			   (double)(b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9);
+	return ret;
+}
+
+struct base_start {
+	struct cb_daemon *d;
+	sem_t locked;
+};
+
+/* The check at start, on its own thread (a base changed wholesale takes a while to rehash)
+ * while the mount already serves, but holding the turn lock from before the first request
+ * can arrive: no turn operation runs on a base not yet looked at. */
+static void *daemon_base_check(void *arg)
+{
+	struct base_start *bs = arg;
+	struct cb_daemon *d = bs->d;
+
+	pthread_mutex_lock(&d->turn_lock);
+	sem_post(&bs->locked);
+	cb_daemon_base_watch(d, "start");
 	pthread_mutex_unlock(&d->turn_lock);
 	return NULL;
 }
@@ -398,6 +449,7 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 {
 	struct cb_daemon d = {.lock_fd = -1, .listen_fd = -1, .spawner_fd = -1};
 	pthread_t accept_thread, sig_thread, base_thread;
+	struct base_start base_start = {.d = &d};
 	int have_accept = 0, have_sig = 0, have_base = 0, rc;
 	char *old_mnt = NULL;
 	sigset_t old_mask;
@@ -473,6 +525,13 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	snprintf(fsname, sizeof(fsname), "cowbox:%s", d.ref);
 	if ((rc = cb_overlay_mount(&cfg, &d.ov)))
 		goto out;
+	if (d.base) {
+		sem_init(&base_start.locked, 0, 0);
+		have_base = pthread_create(&base_thread, NULL, daemon_base_check, &base_start) == 0;
+		if (have_base)
+			sem_wait(&base_start.locked);
+		sem_destroy(&base_start.locked);
+	}
 	if ((rc = daemon_listen(&d)))
 		goto out;
 	if ((rc = pthread_create(&accept_thread, NULL, daemon_accept, &d))) {
@@ -486,8 +545,6 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	}
 	have_sig = 1;
 	daemon_log("ready: %s mounted at %s, control socket %s", d.ref, d.mountpoint, d.sock_path);
-	if (d.base)
-		have_base = pthread_create(&base_thread, NULL, daemon_base_check, &d) == 0;
 	rc = cb_overlay_run(d.ov);
 	if (rc)
 		daemon_log("filesystem loop ended: %s", cb_error_message());
@@ -503,6 +560,7 @@ out:
 		pthread_join(accept_thread, NULL);
 	cb_daemon_worker_stop(&d);
 	cb_daemon_conns_shutdown(&d, 30000);
+	cb_daemon_fsck_stop();
 	if (have_base)
 		pthread_join(base_thread, NULL);
 	if (have_sig) {

@@ -83,6 +83,16 @@ struct cb_daemon {
  * allocated the first time (cb_ws_ids_ensure). */
 int cb_daemon_ids(const char *dir, int privileged, unsigned long *base);
 
+/* Look at the whole base now (stat only; a file whose stat moved is rehashed) and journal
+ * every path where the mount shows something the latest turn did not record because the base
+ * changed behind cowbox's back; logs what it found. Reads the base and upper/ directly, never
+ * the mount. Called under the turn lock: at start and before a rollback. when: for the log. */
+int cb_daemon_base_watch(struct cb_daemon *d, const char *when);
+
+/* fsck (daemon/ops_fsck.c): wait for a running check to end. Called once while stopping,
+ * after the connections are shut down. */
+void cb_daemon_fsck_stop(void);
+
 /* An op: handle runs on the connection's reader thread with the parsed request (which holds
  * "id" and "op"). It either replies (now, or later from a thread of its own after taking a
  * reference with cb_daemon_conn_ref) and returns 0, or returns -errno with a message set

@@ -322,6 +322,9 @@ static int op_rollback(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	snprintf(label, sizeof(label), "rollback to %lld", to);
 	pthread_mutex_lock(&d->turn_lock);
 	ret = turns_sync(d);
+	/* A base file changed behind our back since the start is in the live tree too. */
+	if (!ret)
+		ret = cb_daemon_base_watch(d, "rollback");
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	if (!ret)
 		ret = cb_daemon_worker_call(

@@ -717,6 +717,17 @@ int cb_db_turns_base_files(struct cb_db_turns *t,
 			tdb_file_row, (void *)fn, arg, "list base files");
 }
 
+int cb_db_turns_base_entries(struct cb_db_turns *t,
+			     int (*fn)(const struct cb_entry *e, long long from, long long until,
+				       void *arg),
+			     void *arg)
+{
+	return tdb_each(t,
+			"SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, 0, NULL "
+			"FROM base_map ORDER BY path",
+			tdb_file_row, (void *)fn, arg, "list the base map");
+}
+
 static int tdb_cache_row(sqlite3_stmt *s, void *fn, void *arg)
 {
 	int (*cb)(const struct cb_db_cache_row *, void *) =

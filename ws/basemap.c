@@ -316,49 +316,204 @@ int cb_ws_map_list(struct cb_turns *t, int (*fn)(const struct cb_entry *, void *
 	return ret ? ret : cb_db_turns_map_list(t->db, NULL, fn, arg);
 }
 
-int cb_ws_base_check(struct cb_turns *t, void (*changed)(void *, const char *, const char *),
-		     void *arg, long long *nchanged)
+static int base_item_cmp(const void *a, const void *b)
 {
-	struct base_walk w = {0};
-	struct cb_entry turn0 = {0}, now = {0};
+	return strcmp(((const struct base_item *)a)->path, ((const struct base_item *)b)->path);
+}
+
+static long long ns_of(const struct timespec *ts)
+{
+	return (long long)ts->tv_sec * 1000000000LL + ts->tv_nsec;
+}
+
+struct base_changes {
+	struct cb_turns *t;
+	struct base_walk *w; /* sorted by path */
+	size_t at;	     /* merge position in w */
+	int vs_map;
+	struct ws_pathset *set;
+	struct cb_entry now;
+	long long *hashed;
+};
+
+/* One pass over the base cache (in path order, like the sorted walk): a file whose stat is
+ * still its row's key takes the row's hashes, no read. */
+static int base_cache_merge(const struct cb_db_cache_row *row, void *arg)
+{
+	struct base_changes *c = arg;
+	struct base_walk *w = c->w;
+
+	while (c->at < w->n && strcmp(w->it[c->at].path, row->path) < 0)
+		c->at++;
+	if (c->at < w->n && !strcmp(w->it[c->at].path, row->path)) {
+		struct base_item *it = &w->it[c->at];
+		const struct stat *st = &it->st;
+
+		if (S_ISREG(st->st_mode) && row->size == st->st_size &&
+		    row->mtime_ns == ns_of(&st->st_mtim) && row->ctime_ns == ns_of(&st->st_ctim) &&
+		    row->ino == (long long)st->st_ino) {
+			it->cached = 1;
+			memcpy(it->h.sha256, row->sha256, CB_SHA256_LEN);
+			memcpy(it->h.xxh3, row->xxh3, CB_XXH128_LEN);
+		}
+	}
+	return 0;
+}
+
+/* Rehash (and re-cache) every walked file the cache did not vouch for: its stat moved since
+ * it was hashed, or it is new. Never trusted. A file gone since the walk stays a miss. */
+static int base_rehash_misses(struct base_changes *c)
+{
+	struct cb_turns *t = c->t;
 	int ret = 0;
 
-	*nchanged = 0;
-	/* Before the first snapshot there is no recorded base to differ from. */
+	for (size_t i = 0; i < c->w->n && !ret; i++) {
+		struct base_item *it = &c->w->it[i];
+		struct stat hst;
+
+		if (it->cached || !S_ISREG(it->st.st_mode))
+			continue;
+		(*c->hashed)++;
+		ret = cb_ws_hash_file_at(t->base_fd, it->path, -1, &it->h, &hst);
+		if (ret == -ENOENT) {
+			it->err = ENOENT;
+			ret = 0;
+			continue;
+		}
+		if (ret)
+			return cb_error_wrap(ret, "base");
+		it->st = hst;
+		it->cached = 1;
+		ret = cb_db_turns_base_cache_put(t->db, it->path, hst.st_size, ns_of(&hst.st_mtim),
+						 ns_of(&hst.st_ctim), (long long)hst.st_ino,
+						 it->h.sha256, it->h.xxh3);
+	}
+	return ret;
+}
+
+/* 1 if the mount shows the base's entry at path: the upper layer holds nothing there (a file,
+ * directory or whiteout of its own at path, or a non-directory above it, hides the base). */
+static int base_visible(struct cb_turns *t, const char *path)
+{
+	struct stat st;
+
+	return cb_beneath_stat(t->root_fd, path, &st) == -ENOENT;
+}
+
+/* The base's entry for a walked item now (absent if it went away meanwhile). */
+static int base_item_entry(struct cb_turns *t, const struct base_item *it, struct cb_entry *now)
+{
+	cb_entry_clear(now);
+	if (!S_ISREG(it->st.st_mode))
+		return ws_base_now(t, it->path, now);
+	if (it->err)
+		return 0;
+	if (!(now->path = strdup(it->path)))
+		return cb_error_set(ENOMEM, "base %s: out of memory", it->path);
+	now->type = CB_ENTRY_FILE;
+	now->mode = it->st.st_mode & 07777;
+	now->size = it->st.st_size;
+	memcpy(now->sha256, it->h.sha256, CB_SHA256_LEN);
+	memcpy(now->xxh3, it->h.xxh3, CB_XXH128_LEN);
+	return 0;
+}
+
+/* Compare what the base holds at path now (it, or NULL: nothing) with the recorded entry
+ * (ref, or NULL: none) and add the path when they differ where the mount would show it. */
+static int base_compare(struct base_changes *c, const char *path, const struct base_item *it,
+			const struct cb_entry *ref)
+{
+	static const struct cb_entry absent = {0};
+	int ret = 0;
+
+	cb_entry_clear(&c->now);
+	if (it && (ret = base_item_entry(c->t, it, &c->now)))
+		return ret;
+	if (cb_entry_same(&c->now, ref ? ref : &absent))
+		return 0;
+	if (c->vs_map && !base_visible(c->t, path))
+		return 0;
+	return ws_pathset_add(c->set, path, 0, NULL);
+}
+
+/* One pass over the recorded entries (in path order) merged with the sorted walk: a base
+ * entry before the next recorded one was added, a recorded one the walk lacks was deleted. */
+static int base_ref_merge(const struct cb_entry *ref, void *arg)
+{
+	struct base_changes *c = arg;
+	struct base_walk *w = c->w;
+	int ret = 0;
+
+	while (!ret && c->at < w->n && strcmp(w->it[c->at].path, ref->path) < 0) {
+		ret = base_compare(c, w->it[c->at].path, &w->it[c->at], NULL);
+		c->at++;
+	}
+	if (ret)
+		return ret;
+	if (c->at < w->n && !strcmp(w->it[c->at].path, ref->path))
+		return base_compare(c, ref->path, &w->it[c->at++], ref);
+	return ref->type == CB_ENTRY_ABSENT ? 0 : base_compare(c, ref->path, NULL, ref);
+}
+
+static int base_ref_row(const struct cb_entry *e, long long from, long long until, void *arg)
+{
+	(void)from;
+	(void)until;
+	return base_ref_merge(e, arg);
+}
+
+int ws_base_changes(struct cb_turns *t, int vs_map, struct ws_pathset *set,
+		    struct cb_ws_base_stats *stats)
+{
+	struct base_walk w = {0};
+	struct base_changes c = {.t = t, .w = &w, .vs_map = vs_map, .set = set};
+	size_t n0 = set->n;
+	int ret = 0;
+
+	memset(stats, 0, sizeof(*stats));
+	c.hashed = &stats->hashed;
+	/* Before the first snapshot froze the base there is no record it could differ from. */
 	if (t->base_fd < 0 || !cb_db_turns_base_map_built(t->db))
 		return 0;
+	if (vs_map && (ret = ws_map_ensure(t)))
+		goto out;
 	ret = base_walk_dir(&w, t->base_fd, "");
-	for (size_t i = 0; i < w.n && !ret; i++) {
-		const char *path = w.it[i].path;
-
-		if (!S_ISREG(w.it[i].st.st_mode))
-			continue;
-		/* ws_base_now trusts a cache row only while inode, size, mtime and ctime all
-		 * agree, and rehashes (and re-caches) the file otherwise. */
-		ret = ws_base_now(t, path, &now);
-		if (!ret)
-			ret = cb_db_turns_base_map_get(t->db, path, &turn0);
-		if (ret < 0)
-			break;
-		ret = 0;
-		if (turn0.type == CB_ENTRY_FILE && now.type == CB_ENTRY_FILE &&
-		    (turn0.size != now.size || memcmp(turn0.xxh3, now.xxh3, CB_XXH128_LEN))) {
-			(*nchanged)++;
-			if (changed)
-				changed(arg, path,
-					"its content changed behind cowbox's back since turn 0 was "
-					"recorded; turns that need the old content cannot be "
-					"restored from the base");
-		}
-		cb_entry_clear(&turn0);
-		cb_entry_clear(&now);
-	}
-	cb_entry_clear(&turn0);
-	cb_entry_clear(&now);
+	if (ret)
+		goto out;
+	/* Sorted like SQLite's ORDER BY path (bytes), so that the cache and the record are each
+	 * read in one pass instead of a look-up per file. */
+	qsort(w.it, w.n, sizeof(*w.it), base_item_cmp);
+	stats->entries = (long long)w.n;
+	ret = cb_db_turns_base_cache_list(t->db, base_cache_merge, &c);
+	if (!ret)
+		ret = base_rehash_misses(&c);
+	c.at = 0;
+	if (!ret)
+		ret = vs_map ? cb_db_turns_map_list(t->db, NULL, base_ref_merge, &c)
+			     : cb_db_turns_base_entries(t->db, base_ref_row, &c);
+	for (; !ret && c.at < w.n; c.at++)
+		ret = base_compare(&c, w.it[c.at].path, &w.it[c.at], NULL);
+	if (!ret)
+		stats->changed = (long long)(set->n - n0);
+out:
+	cb_entry_clear(&c.now);
 	for (size_t i = 0; i < w.n; i++)
 		free(w.it[i].path);
 	free(w.it);
 	return ret ? cb_error_wrap(ret, "check the base") : 0;
+}
+
+int cb_ws_base_check(struct cb_turns *t, int (*changed)(void *, const char *), void *arg,
+		     struct cb_ws_base_stats *stats)
+{
+	struct ws_pathset set = {0};
+	int ret = ws_base_changes(t, 1, &set, stats);
+
+	ws_pathset_sort(&set);
+	for (size_t i = 0; i < set.n && !ret; i++)
+		ret = changed(arg, set.p[i].path);
+	ws_pathset_free(&set);
+	return ret;
 }
 
 struct changes_arg {

@@ -125,9 +125,8 @@ static int fork_parent_exists(struct fork_ctx *f, const char *path, int *exists)
 }
 
 /* Put path as it is at the turn into the fork's upper layer and its turn 1. */
-static int fork_one(const char *path, void *arg)
+static int fork_one(const char *path, struct fork_ctx *f)
 {
-	struct fork_ctx *f = arg;
 	struct cb_entry e = {0}, base = {0};
 	int ret, parent = 1;
 
@@ -187,10 +186,17 @@ out:
 	return ret;
 }
 
+static int fork_collect(const char *path, void *arg)
+{
+	return ws_pathset_add(arg, path, 0, NULL);
+}
+
 int cb_ws_fork(struct cb_turns *t, long long turn, const char *new_upper, const char *new_db,
 	       const char *new_blob_dir)
 {
 	struct fork_ctx f = {.t = t, .turn = turn, .upper_fd = -1, .blob_fd = -1};
+	struct ws_pathset paths = {0};
+	struct cb_ws_base_stats stats;
 	char label[64];
 	struct timespec ts;
 	int ret, intx = 0;
@@ -214,8 +220,18 @@ int cb_ws_fork(struct cb_turns *t, long long turn, const char *new_upper, const 
 	if (ret)
 		goto out;
 	intx = 1;
-	/* Sorted: a whited-out directory comes before everything that was below it. */
-	ret = cb_db_turns_delta_paths(t->db, 0, turn, fork_one, &f);
+	/* The paths the turns changed, and those whose base entry is no longer turn 0's: the
+	 * fork's tree is the base as it is now plus its upper layer, so a base changed behind
+	 * our back must not show through where the turn had the old entry (its content comes
+	 * from a blob, or the fork fails naming the path). Sorted: a whited-out directory comes
+	 * before everything that was below it. */
+	ret = cb_db_turns_delta_paths(t->db, 0, turn, fork_collect, &paths);
+	if (!ret)
+		ret = ws_base_changes(t, 0, &paths, &stats);
+	if (!ret)
+		ws_pathset_sort(&paths);
+	for (size_t i = 0; i < paths.n && !ret; i++)
+		ret = fork_one(paths.p[i].path, &f);
 	clock_gettime(CLOCK_REALTIME, &ts);
 	snprintf(label, sizeof(label), "fork of turn %lld", turn);
 	if (!ret)
@@ -230,6 +246,7 @@ out:
 	if (intx)
 		cb_db_turns_rollback(f.db);
 	cb_db_turns_close(f.db);
+	ws_pathset_free(&paths);
 	if (f.upper_fd >= 0)
 		close(f.upper_fd);
 	if (f.blob_fd >= 0)

@@ -79,6 +79,13 @@ int ws_live_entry(struct cb_turns *t, const char *path, int keep_blob, struct cb
 /* The entry of path at a recorded turn (0 = base). */
 int ws_entry_at(struct cb_turns *t, const char *path, long long turn, struct cb_entry *out);
 
+/* Add to set (unsorted) every path whose base entry now differs from the record: from turn 0's
+ * (vs_map 0: what a fork must write itself) or, where the upper layer (t's root) does not
+ * hide it, from the latest turn's map (vs_map 1: what the mount shows that no turn recorded).
+ * Base files are stat'ed, and rehashed only when their stat moved from the cache. */
+int ws_base_changes(struct cb_turns *t, int vs_map, struct ws_pathset *set,
+		    struct cb_ws_base_stats *stats);
+
 /* Build the materialized map for the latest turn if it is not current. */
 int ws_map_ensure(struct cb_turns *t);
 

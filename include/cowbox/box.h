@@ -93,6 +93,12 @@ struct cb_box_result {
  * succeeded or the failure was not the daemon's and not a refusal). */
 const char *cb_box_last_code(void);
 
+struct cb_fsck_report;
+/* The JSON form of an fsck report (cowbox/fsck.h): {"ref", "problems", "blobs_checked",
+ * "base_files_checked", "base_cache_rows"} as cb_box_fsck describes; *left gets the number
+ * of problems not repaired. What the fsck op and `cowbox fsck --json` print. */
+json_t *cb_fsck_report_json(const struct cb_fsck_report *r, long long *left);
+
 /* Create a workspace with these options, start its daemon and attach to it. The workspace's
  * ref is made (and printed on nothing) before any work, and a workspace whose options the
  * daemon refuses is removed again, so a failure leaves nothing behind. */
@@ -191,6 +197,16 @@ int cb_box_rollback(struct cb_box *box, int turn);
 
 /* A new workspace starting at turn (named name, may be NULL), attached as *out. */
 int cb_box_fork(struct cb_box *box, int turn, const char *name, struct cb_box **out);
+
+/* Check the workspace's stored state through its daemon (docs/reliability.md, `cowbox
+ * fsck`): every blob and base file a recorded turn needs is read and hashed, every base-cache
+ * row and meta.db checked; nothing is read through the mount and turn operations go on
+ * meanwhile. repair: drop unusable base-cache rows (a damaged meta.db is rebuilt only by
+ * `cowbox fsck --repair` on the unmounted workspace). *report (owned; json_decref it) is
+ * {"ref", "clean", "problems": [{"kind", "path", "object", "first_turn", "last_turn" (-1:
+ * and every later turn), "repaired", "detail"}], "blobs_checked", "base_files_checked",
+ * "base_cache_rows"}. Returns the number of problems left unrepaired (0: clean), or -errno. */
+int cb_box_fsck(struct cb_box *box, bool repair, json_t **report);
 
 /* Stop the workspace's daemon (its commands killed, its container removed) and free box;
  * the disk stays for cb_box_open. NULL is accepted. */

@@ -49,6 +49,13 @@ void cb_overlay_destroy(struct cb_overlay *ov);
 /* Change cb_overlay_config.id_base of a mounted overlay (a new workspace's options chose
  * it); the kernel is told to forget the ownership it cached. */
 void cb_overlay_set_id_base(struct cb_overlay *ov, unsigned long id_base);
+/* The base changed behind the overlay's back at these paths (sorted by strcmp): the kernel is
+ * told to forget their entries, attributes and cached pages and their directories' listings,
+ * so every later lookup and read (a program's, the turn worker's) sees the base as it is now,
+ * instead of a day-long cached view of what it was (the overlay otherwise trusts the base
+ * to be read-only). Not from a FUSE request of this overlay. */
+void cb_overlay_base_changed(struct cb_overlay *ov, const char *const *paths, size_t n);
+
 /* Move the journal's open turn to turn, fenced: returns once every change in flight has
  * been made and its mark committed (in the old turn), and every change that starts later is
  * journaled anew in the new turn, also for paths already marked in the old one. A snapshot

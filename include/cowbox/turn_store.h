@@ -166,6 +166,12 @@ int cb_db_turns_base_files(struct cb_db_turns *t,
 				     void *arg),
 			   void *arg);
 
+/* Every entry of turn 0 (files, directories, symlinks), by path; from 0, until -1. */
+int cb_db_turns_base_entries(struct cb_db_turns *t,
+			     int (*fn)(const struct cb_entry *e, long long from, long long until,
+				       void *arg),
+			     void *arg);
+
 /* A row of the base cache (ctime_ns -1: a row from before ctime was part of the key). */
 struct cb_db_cache_row {
 	const char *path;

@@ -182,12 +182,22 @@ int cb_ws_turn_check(struct cb_turns *t, long long turn);
 /* 1 if the base directory's file at path holds the content xxh3 right now, else 0. */
 int cb_ws_base_holds(struct cb_turns *t, const char *path, const unsigned char *xxh3);
 
-/* Look at every base file now: one whose inode, size, mtime or ctime differs from the base
- * cache is rehashed (never trusted), and changed() is called for each whose content is no
- * longer what turn 0 recorded (with a sentence saying what that means). *nchanged counts
- * them. Nothing to do before the first snapshot froze the base. */
-int cb_ws_base_check(struct cb_turns *t, void (*changed)(void *, const char *, const char *),
-		     void *arg, long long *nchanged);
+/* What a look at the whole base found: entries stat'ed, files rehashed (their stat had
+ * moved from the base cache, or they are new), paths whose state changed. */
+struct cb_ws_base_stats {
+	long long entries, hashed, changed;
+};
+
+/* The base is watched. Look at every base entry now (t's root must be the upper layer, never
+ * the mount): each file whose inode, size, mtime or ctime differs from the base cache is
+ * rehashed and re-cached (never trusted; the others are only stat'ed), and changed(arg, path)
+ * is called, in path order, for every path where the mount now shows something other than the
+ * latest turn's map because the base changed behind cowbox's back (a base file modified, added
+ * or deleted that the upper layer does not hide). The caller journals those paths, so that
+ * the next snapshot records what is there now. A non-zero return of changed() stops and is
+ * returned. Nothing to do before the first snapshot froze the base. */
+int cb_ws_base_check(struct cb_turns *t, int (*changed)(void *arg, const char *path), void *arg,
+		     struct cb_ws_base_stats *stats);
 
 /* The entry of path at turn (0 = the base). */
 int cb_ws_entry_at(struct cb_turns *t, const char *path, long long turn, struct cb_entry *out);

@@ -219,6 +219,12 @@ class KillMidTurn(CowboxTestCase):
         turn = self.rng.choice(sorted(self.recorded))
         self.restore_and_compare(turn, what)
 
+    def check_every_turn(self, what):
+        """After all the kills: every turn still listed restores exactly what it held."""
+        listed = self.turns_listed()
+        for turn in sorted(t for t in self.recorded if t in listed):
+            self.restore_and_compare(turn, "%s, every turn" % what)
+
     def restore_and_compare(self, turn, what):
         self.cowbox("rollback", self.ref, turn)
         self.assertEqual(files_of(tree_state(self.mnt)), self.recorded[turn],
@@ -263,6 +269,7 @@ class KillMidTurn(CowboxTestCase):
             self.change_tree()
             self.kill_during("snapshot", {}, "snapshot trial %d" % i, est)
             self.check_after("snapshot trial %d" % i)
+        self.check_every_turn("snapshot")
 
     def test_kill_during_rollback(self):
         self.change_tree()
@@ -272,6 +279,7 @@ class KillMidTurn(CowboxTestCase):
             turn = self.rng.choice(sorted(self.recorded))
             self.kill_during("rollback", {"turn": turn}, "rollback trial %d" % i, est)
             self.check_after("rollback trial %d" % i)
+        self.check_every_turn("rollback")
 
     def test_kill_during_fork(self):
         self.recorded_at_fork = {}
@@ -285,6 +293,7 @@ class KillMidTurn(CowboxTestCase):
             self.recorded_at_fork[name] = self.recorded[turn]
             self.kill_during("fork", {"turn": turn, "name": name}, "fork trial %d" % i, est)
             self.check_after("fork trial %d" % i)
+        self.check_every_turn("fork")
 
     def test_kill_during_prune(self):
         est = 0.1
@@ -299,6 +308,7 @@ class KillMidTurn(CowboxTestCase):
             listed = sorted(self.turns_listed())
             self.assertEqual(listed, list(range(listed[0], listed[-1] + 1)))
             self.check_after("prune trial %d" % i)
+        self.check_every_turn("prune")
 
     def file_traffic(self, big, rounds):
         """Four connections at once, each sending `rounds` pipelined requests of 4 MiB: two

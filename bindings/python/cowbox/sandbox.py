@@ -509,6 +509,16 @@ class Sandbox:
         """Make the live workspace what it was at turn."""
         return await self._request("rollback", turn=turn)
 
+    async def fsck(self, repair=False):
+        """Check the workspace's stored state (every blob and base file its turns need, the
+        base cache, meta.db; nothing through the mount). Returns {"ref", "clean",
+        "problems": [{"kind", "path", "object", "first_turn", "last_turn", "repaired",
+        "detail"}], "blobs_checked", "base_files_checked", "base_cache_rows"};
+        last_turn -1 means every turn from first_turn on. repair drops unusable base-cache
+        rows."""
+        msg = await self._request("fsck", repair=bool(repair))
+        return {k: v for k, v in msg.items() if k not in ("id", "ok")}
+
     async def fork(self, turn, name=None):
         """A new workspace starting at turn, attached."""
         args = {"turn": turn}

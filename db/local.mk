@@ -12,6 +12,10 @@ db_test_journal_LDADD = db/libcb_db.la util/libcb_util.la $(SQLITE3_LIBS) $(CRIT
 
 # turns: the turn store (turns, deltas, the map, the base hash cache) (issue 3)
 db_libcb_db_la_SOURCES += db/turns.c db/turn_entry.c
+
+# the base hash cache shared by the workspaces over one base directory
+db_libcb_db_la_SOURCES += db/basecache.c
+pkginclude_HEADERS += include/cowbox/basecache.h
 pkginclude_HEADERS += include/cowbox/turn_store.h
 
 # scripts/bench/journal builds this on request (make db/bench_journal); not a test.

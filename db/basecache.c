@@ -185,6 +185,11 @@ int cb_db_basecache_get(struct cb_db_basecache *c, const char *path,
 	struct cb_basecache_key k;
 	int ret = 0, rc;
 
+	/* Lookups share one read transaction (no lock taken and dropped per row), until the
+	 * next write or the close. */
+	if (sqlite3_get_autocommit(c->db) &&
+	    sqlite3_exec(c->db, "BEGIN DEFERRED", NULL, NULL, NULL) != SQLITE_OK)
+		return bc_fail(c, "begin a read");
 	sqlite3_reset(s);
 	sqlite3_bind_text(s, 1, path, -1, SQLITE_STATIC);
 	rc = sqlite3_step(s);
@@ -233,6 +238,8 @@ int cb_db_basecache_put(struct cb_db_basecache *c, const char *path,
 
 int cb_db_basecache_begin(struct cb_db_basecache *c)
 {
+	if (!sqlite3_get_autocommit(c->db))
+		sqlite3_exec(c->db, "COMMIT", NULL, NULL, NULL); /* the lookups' read */
 	return sqlite3_exec(c->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) == SQLITE_OK
 		   ? 0
 		   : bc_fail(c, "begin");

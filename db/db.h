@@ -76,6 +76,10 @@ void cb_journal_set_turn(struct cb_db *db, long long turn);
  * database whose schema version says they were created (db/turns.c). */
 int cb_db_turns_schema_check(sqlite3 *db, const char *path);
 
+/* The turn store's connection, for db/turn_scratch.c's temporary tables on it. */
+struct cb_db_turns;
+sqlite3 *cb_db_turns_sqlite(struct cb_db_turns *t);
+
 /* Set an error message from SQLite's last error on db, naming the file and the step. */
 int cb_db_error(struct cb_db *db, int rc, const char *what);
 

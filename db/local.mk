@@ -14,7 +14,7 @@ db_test_journal_LDADD = db/libcb_db.la util/libcb_util.la $(SQLITE3_LIBS) $(CRIT
 db_libcb_db_la_SOURCES += db/turns.c db/turn_entry.c
 
 # the base hash cache shared by the workspaces over one base directory
-db_libcb_db_la_SOURCES += db/basecache.c
+db_libcb_db_la_SOURCES += db/basecache.c db/turns_read.c
 pkginclude_HEADERS += include/cowbox/basecache.h
 pkginclude_HEADERS += include/cowbox/turn_store.h
 

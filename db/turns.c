@@ -220,6 +220,11 @@ out:
 	return ret;
 }
 
+sqlite3 *cb_db_turns_sqlite(struct cb_db_turns *t)
+{
+	return t->db;
+}
+
 void cb_db_turns_close(struct cb_db_turns *t)
 {
 	if (!t)

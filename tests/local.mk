@@ -21,3 +21,5 @@ EXTRA_DIST += tests/integration/fsharness.py
 TESTS += tests/integration/test_libcowbox.py
 # faults in the data cowbox keeps: blobs, base, meta.db, a full disk, sparse files.
 TESTS += tests/integration/test_faults_data.py
+# the shared base cache and the background hash of the base
+TESTS += tests/integration/test_basecache.py

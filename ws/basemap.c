@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cowbox/basecache.h"
 #include "cowbox/error.h"
 #include "cowbox/grow.h"
 #include "turns_int.h"
@@ -238,6 +239,8 @@ int ws_map_ensure(struct cb_turns *t)
 	w.progress_arg = t->progress_arg;
 	if (w.base_fd >= 0) {
 		ret = base_walk_dir(&w, t->base_fd, "");
+		if (!ret)
+			ret = cb_db_turns_read_begin(t->db);
 		if (ret)
 			goto out;
 		for (size_t i = 0; i < w.n && !ret; i++) {
@@ -255,6 +258,7 @@ int ws_map_ensure(struct cb_turns *t)
 				}
 			}
 		}
+		cb_db_turns_read_end(t->db);
 		if (!ret)
 			ret = base_hash_misses(&w);
 		if (ret)

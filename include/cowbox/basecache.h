@@ -31,7 +31,7 @@ void cb_db_basecache_close(struct cb_db_basecache *c);
 
 /* 1 and the hashes when a row for path matches key exactly and its checksum holds; 0 when
  * there is none, it is stale or it is damaged (never a wrong hash); -errno when the database
- * cannot be read. */
+ * cannot be read. Lookups run in one read transaction, ended by the next begin or the close. */
 int cb_db_basecache_get(struct cb_db_basecache *c, const char *path,
 			const struct cb_basecache_key *key, unsigned char *sha256,
 			unsigned char *xxh3);
@@ -42,6 +42,15 @@ int cb_db_basecache_put(struct cb_db_basecache *c, const char *path,
 			const unsigned char *xxh3);
 int cb_db_basecache_begin(struct cb_db_basecache *c);
 int cb_db_basecache_commit(struct cb_db_basecache *c);
+
+/* ---- db/turns_read.c: read transactions of the turn store ---- */
+
+struct cb_db_turns;
+
+/* Many lookups (the base cache of a whole base) as one read of meta.db: begin, and end (a
+ * no-op outside a transaction). Nothing may be written in between. */
+int cb_db_turns_read_begin(struct cb_db_turns *t);
+void cb_db_turns_read_end(struct cb_db_turns *t);
 
 /* ---- ws/basecache.c: the workspace side ---- */
 

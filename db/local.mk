@@ -23,3 +23,10 @@ EXTRA_PROGRAMS = db/bench_journal
 db_bench_journal_SOURCES = db/bench_journal.c
 db_bench_journal_LDADD = db/libcb_db.la util/libcb_util.la $(SQLITE3_LIBS)
 CLEANFILES += db/bench_journal
+
+check_PROGRAMS += db/test_basecache
+TESTS += db/test_basecache
+db_test_basecache_SOURCES = db/test_basecache.c
+db_test_basecache_CFLAGS = $(CRITERION_TEST_CFLAGS)
+db_test_basecache_LDADD = db/libcb_db.la util/libcb_util.la $(SQLITE3_LIBS) $(XXHASH_LIBS) \
+	$(CRITERION_TEST_LIBS)

@@ -334,6 +334,11 @@ int cb_ws_base_prehash(struct cb_turns *t, struct cb_ws_prehash *p)
 	ret = pre_walk_dir(&w, t->base_fd, "");
 	if (ret)
 		goto out;
+	/* A snapshot may have come and gone during the walk: nothing left to do for it. */
+	if (cb_db_turns_base_map_built(t->db)) {
+		state = CB_PREHASH_TAKEN;
+		goto out;
+	}
 	__atomic_store_n(&p->state, CB_PREHASH_HASHING, __ATOMIC_RELEASE);
 	for (i = 0; i < w.n && !ret; i++) {
 		if (p->stopping && p->stopping(p->arg)) {

@@ -187,7 +187,7 @@ class BaseCacheTest(CowboxTestCase):
         self.assertIn("base hash:", self.cowbox("info", a).stdout)
 
     def test_snapshot_during_the_background_pass_is_exact(self):
-        n = 12000
+        n = 6000
         base = self.make_tree(n, size_max=16384)
         real = base_map(base)
         a = self.new_ws(base)
@@ -210,7 +210,7 @@ class BaseCacheTest(CowboxTestCase):
         self.assertEqual(self.wait_hashed(b)["hashed"], 0)
 
     def test_kill_during_the_background_pass_leaves_only_complete_rows(self):
-        n = 12000
+        n = 6000
         base = self.make_tree(n, size_max=16384)
         real = base_map(base)
         a = self.new_ws(base)

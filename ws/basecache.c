@@ -141,17 +141,15 @@ int ws_base_cache_get(struct cb_turns *t, const char *path, const struct stat *s
 		      struct cb_hash *h)
 {
 	struct cb_basecache_key k;
-	int ret = cb_db_turns_base_cache_get(
-	    t->db, path, st->st_size,
-	    (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec,
-	    (long long)st->st_ctim.tv_sec * 1000000000LL + st->st_ctim.tv_nsec,
-	    (long long)st->st_ino, h->sha256, h->xxh3);
+	int ret;
 
+	cb_basecache_key_of(st, &k);
+	ret = cb_db_turns_base_cache_get(t->db, path, k.size, k.mtime_ns, k.ctime_ns, k.ino,
+					 h->sha256, h->xxh3);
 	if (ret == 1 && t->bc)
 		t->bc->stats.from_own++;
 	if (ret || !t->bc || !t->bc->db)
 		return ret;
-	cb_basecache_key_of(st, &k);
 	ret = cb_db_basecache_get(t->bc->db, path, &k, h->sha256, h->xxh3);
 	if (ret < 0) {
 		bc_drop(t->bc, cb_error_message());
@@ -167,18 +165,16 @@ int ws_base_cache_put(struct cb_turns *t, const char *path, const struct stat *s
 {
 	struct ws_basecache *bc = t->bc;
 	struct cb_basecache_key k;
-	int ret = cb_db_turns_base_cache_put(
-	    t->db, path, st->st_size,
-	    (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec,
-	    (long long)st->st_ctim.tv_sec * 1000000000LL + st->st_ctim.tv_nsec,
-	    (long long)st->st_ino, h->sha256, h->xxh3);
+	int ret;
 
+	cb_basecache_key_of(st, &k);
+	ret = cb_db_turns_base_cache_put(t->db, path, k.size, k.mtime_ns, k.ctime_ns, k.ino,
+					 h->sha256, h->xxh3);
 	if (ret || !hashed || !bc)
 		return ret;
 	bc->stats.hashed++;
 	if (!bc->db)
 		return 0;
-	cb_basecache_key_of(st, &k);
 	ret = cb_grow(&bc->pending, &bc->cap, bc->npending, sizeof(*bc->pending), 256,
 		      "shared base cache");
 	if (!ret && !(bc->pending[bc->npending].path = strdup(path)))

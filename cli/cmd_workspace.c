@@ -203,7 +203,8 @@ int cmd_ls(int argc, char **argv)
 static const char info_usage[] =
     "usage: cowbox info REF [--stats] [--json]\n"
     "Show a workspace: name, base, state, daemon pid, mount point, upper size; while it is\n"
-    "mounted also its libfuse, FUSE transport (io_uring or /dev/fuse) and fast paths.\n"
+    "mounted also its libfuse, FUSE transport (io_uring or /dev/fuse) and fast paths, and how\n"
+    "far the background hash of the base got (files and bytes hashed of the total).\n"
     "--stats adds the FUSE requests served since the mount, per opcode, with the mean time\n"
     "the daemon spent on one.\n";
 
@@ -231,6 +232,18 @@ static void info_fs_print(json_t *d)
 {
 	json_t *fs = json_object_get(d, "fs"), *st = json_object_get(d, "fs_stats"), *v;
 	const char *op;
+	json_t *bh = json_object_get(d, "base_hash");
+
+	if (bh)
+		printf("base hash:   %s, %lld of %lld files, %lld of %lld bytes (%lld from the "
+		       "shared cache, %lld hashed)\n",
+		       json_string_value(json_object_get(bh, "state")),
+		       (long long)json_integer_value(json_object_get(bh, "files_done")),
+		       (long long)json_integer_value(json_object_get(bh, "files_total")),
+		       (long long)json_integer_value(json_object_get(bh, "bytes_done")),
+		       (long long)json_integer_value(json_object_get(bh, "bytes_total")),
+		       (long long)json_integer_value(json_object_get(bh, "from_shared")),
+		       (long long)json_integer_value(json_object_get(bh, "hashed")));
 
 	printf("libfuse:     %s\n", json_string_value(json_object_get(fs, "libfuse")));
 	printf("transport:   %s\n", json_string_value(json_object_get(fs, "transport")));
@@ -343,6 +356,8 @@ int cmd_info(int argc, char **argv)
 			json_object_set(j, "fs", json_object_get(fs, "fs"));
 			if (json_object_get(fs, "fs_stats"))
 				json_object_set(j, "fs_stats", json_object_get(fs, "fs_stats"));
+			if (json_object_get(fs, "base_hash"))
+				json_object_set(j, "base_hash", json_object_get(fs, "base_hash"));
 			json_decref(fs);
 		}
 		if (net) {

@@ -27,20 +27,35 @@
 #include "daemon.h"
 
 /* A single-line, timestamped message in daemon.log (or on stderr in the foreground). */
-static void daemon_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void daemon_log(const char *fmt, ...)
+static void daemon_vlog(const char *fmt, va_list ap)
 {
 	char stamp[32], msg[2048];
 	time_t now = time(NULL);
 	struct tm tm;
-	va_list ap;
 
-	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
 	strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tm));
 	fprintf(stderr, "%s cowbox[%d]: %s\n", stamp, (int)getpid(), msg);
 	fflush(stderr);
+}
+
+static void daemon_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void daemon_log(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	daemon_vlog(fmt, ap);
+	va_end(ap);
+}
+
+void cb_daemon_log(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	daemon_vlog(fmt, ap);
+	va_end(ap);
 }
 
 static double now_seconds(void)
@@ -545,6 +560,10 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	}
 	have_sig = 1;
 	daemon_log("ready: %s mounted at %s, control socket %s", d.ref, d.mountpoint, d.sock_path);
+	if (cb_daemon_basehash_start(&d)) {
+		daemon_log("base hash: %s", cb_error_message());
+		cb_error_clear();
+	}
 	rc = cb_overlay_run(d.ov);
 	if (rc)
 		daemon_log("filesystem loop ended: %s", cb_error_message());
@@ -563,6 +582,7 @@ out:
 	cb_daemon_fsck_stop();
 	if (have_base)
 		pthread_join(base_thread, NULL);
+	cb_daemon_basehash_stop(&d);
 	if (have_sig) {
 		pthread_kill(sig_thread, SIGTERM);
 		pthread_join(sig_thread, NULL);

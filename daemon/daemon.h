@@ -67,6 +67,7 @@ struct cb_daemon {
 	struct cb_daemon_wproc files[CB_DAEMON_FILE_WORKERS];
 	pthread_mutex_t files_lock;
 	pthread_cond_t files_cond;
+	struct cb_daemon_basehash *basehash; /* the background hash of the base (basehash.c) */
 
 	/* Internal to daemon/: the lock, the listener and the connections. */
 	int lock_fd;
@@ -161,6 +162,25 @@ void cb_daemon_api_stop(struct cb_daemon *d);
 
 /* Ask the daemon to unmount and exit once the current replies are out (the `close` op). */
 void cb_daemon_request_stop(struct cb_daemon *d);
+
+/* A timestamped line in daemon.log (stderr in the foreground); any thread, and the worker. */
+void cb_daemon_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- daemon/basehash.c: the base hashed in the background ---- */
+struct cb_turns;
+/* Start hashing the base on a thread of idle priority (nothing for an empty base). It
+ * pauses while a turn op holds the turn lock and ends once the first snapshot recorded the
+ * base or the daemon stops. */
+int cb_daemon_basehash_start(struct cb_daemon *d);
+/* Wait for it to end (after d->stopping is set: it ends between two files). */
+void cb_daemon_basehash_stop(struct cb_daemon *d);
+/* Its progress as "base_hash" in an info reply. */
+void cb_daemon_basehash_info(struct cb_daemon *d, json_t *r);
+/* Let t use the shared base cache of the home the workspace directory ws_dir is in; a cache
+ * that cannot be used is logged (the base is then hashed without it). */
+int cb_daemon_basecache_attach(const char *ws_dir, struct cb_turns *t, const char *base);
+/* Log what t's base hashing did (cache hits, files hashed, damage of the shared cache). */
+void cb_daemon_base_stats_log(struct cb_turns *t, const char *what);
 
 /* ---- children (daemon/reaper.c) ----
  * The daemon is a child subreaper: orphans of the commands it runs are re-parented to it and

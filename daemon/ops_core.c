@@ -92,6 +92,7 @@ static int op_info(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 		json_object_set_new(r, "base", d->base ? json_string(d->base) : json_null());
 		info_network(d, r);
 		info_fs(d, req, r);
+		cb_daemon_basehash_info(d, r);
 	}
 	return cb_daemon_reply(conn, json_object_get(req, "id"), r);
 }

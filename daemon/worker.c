@@ -111,7 +111,18 @@ static int worker_open(struct worker_state *w, int progress, struct cb_turns **t
 	};
 
 	snprintf(blobs, sizeof(blobs), "%s/blobs", w->dir);
-	return cb_turns_open(&cfg, t);
+	ret = cb_turns_open(&cfg, t);
+	if (!ret)
+		cb_daemon_basecache_attach(w->dir, *t, w->base);
+	return ret;
+}
+
+/* Close t, logging what the base hashing of a first map did. */
+static void worker_close(struct cb_turns *t, const char *what)
+{
+	if (t)
+		cb_daemon_base_stats_log(t, what);
+	cb_turns_close(t);
 }
 
 /* Flush dirty pages so that their FUSE writes are journaled before the rows are read. */
@@ -257,7 +268,7 @@ static int worker_snapshot(struct worker_state *w, json_t *req, json_t **res)
 		}
 	}
 	cb_ws_diff_free(&changes);
-	cb_turns_close(t);
+	worker_close(t, "snapshot");
 	return ret;
 }
 
@@ -284,7 +295,7 @@ static int worker_diff(struct worker_state *w, json_t *req, json_t **res)
 						    json_is_true(json_object_get(req, "sources"))));
 	cb_ws_diff_free(&diff);
 	cb_ws_dirty_free(dirty, n);
-	cb_turns_close(t);
+	worker_close(t, "diff");
 	return ret;
 }
 
@@ -317,7 +328,7 @@ static int worker_rollback(struct worker_state *w, json_t *req, json_t **res)
 	*res = json_pack("{s:I}", "touched", (json_int_t)touched);
 	if (!ret || touched)
 		w->known = cb_ws_known_take(t); /* the daemon snapshots next */
-	cb_turns_close(t);
+	worker_close(t, "rollback");
 	cb_ws_dirty_free(dirty, n);
 	return ret;
 }

@@ -12,6 +12,9 @@ db_test_journal_LDADD = db/libcb_db.la util/libcb_util.la $(SQLITE3_LIBS) $(CRIT
 
 # turns: the turn store (turns, deltas, the map, the base hash cache) (issue 3)
 db_libcb_db_la_SOURCES += db/turns.c db/turn_entry.c db/turn_scratch.c
+# the base hash cache shared by the workspaces over one base directory
+db_libcb_db_la_SOURCES += db/basecache.c db/turns_read.c
+pkginclude_HEADERS += include/cowbox/basecache.h
 pkginclude_HEADERS += include/cowbox/turn_store.h
 
 # scripts/bench/journal builds this on request (make db/bench_journal); not a test.
@@ -19,3 +22,10 @@ EXTRA_PROGRAMS = db/bench_journal
 db_bench_journal_SOURCES = db/bench_journal.c
 db_bench_journal_LDADD = db/libcb_db.la util/libcb_util.la $(SQLITE3_LIBS)
 CLEANFILES += db/bench_journal
+
+check_PROGRAMS += db/test_basecache
+TESTS += db/test_basecache
+db_test_basecache_SOURCES = db/test_basecache.c
+db_test_basecache_CFLAGS = $(CRITERION_TEST_CFLAGS)
+db_test_basecache_LDADD = db/libcb_db.la util/libcb_util.la $(SQLITE3_LIBS) $(XXHASH_LIBS) \
+	$(CRITERION_TEST_LIBS)

@@ -193,7 +193,10 @@ int cb_db_turns_open(const char *path, struct cb_db_turns **out)
 	if (sqlite3_exec(t->db, "SELECT ctime_ns FROM base_cache LIMIT 0", NULL, NULL, NULL) !=
 		SQLITE_OK &&
 	    sqlite3_exec(t->db, "ALTER TABLE base_cache ADD COLUMN ctime_ns INTEGER", NULL, NULL,
-			 &msg) != SQLITE_OK) {
+			 &msg) != SQLITE_OK &&
+	    /* another connection (the daemon's base hash) added it first */
+	    sqlite3_exec(t->db, "SELECT ctime_ns FROM base_cache LIMIT 0", NULL, NULL, NULL) !=
+		SQLITE_OK) {
 		ret =
 		    cb_error_set(EIO, "turn tables in %s: add ctime_ns: %s", path, msg ? msg : "?");
 		goto out;

@@ -23,3 +23,5 @@ TESTS += tests/integration/test_libcowbox.py
 TESTS += tests/integration/test_faults_data.py
 # limits by default: pids, memory and oom_score_adj, timeout, the upper-layer quota.
 TESTS += tests/integration/test_limits.py
+# the shared base cache and the background hash of the base
+TESTS += tests/integration/test_basecache.py

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cowbox/basecache.h"
 #include "cowbox/error.h"
 #include "cowbox/grow.h"
 #include "turns_int.h"
@@ -23,7 +24,7 @@
 struct base_item {
 	char *path;
 	struct stat st;
-	int cached;
+	int cached; /* 1: in meta.db's cache, 2: in the shared one */
 	struct cb_hash h;
 	int err;
 };
@@ -174,16 +175,10 @@ static int base_fill(struct cb_turns *t, struct base_walk *w)
 
 	for (size_t i = 0; i < w->n && !ret; i++) {
 		struct base_item *it = &w->it[i];
-		long long mtime_ns =
-		    (long long)it->st.st_mtim.tv_sec * 1000000000LL + it->st.st_mtim.tv_nsec;
-		long long ctime_ns =
-		    (long long)it->st.st_ctim.tv_sec * 1000000000LL + it->st.st_ctim.tv_nsec;
 
 		if (S_ISREG(it->st.st_mode)) {
-			if (!it->cached)
-				ret = cb_db_turns_base_cache_put(
-				    t->db, it->path, it->st.st_size, mtime_ns, ctime_ns,
-				    (long long)it->st.st_ino, it->h.sha256, it->h.xxh3);
+			if (it->cached != 1) /* hashed now, or from the shared cache */
+				ret = ws_base_cache_put(t, it->path, &it->st, &it->h, !it->cached);
 			memset(&e, 0, sizeof(e));
 			e.path = it->path;
 			e.type = CB_ENTRY_FILE;
@@ -244,6 +239,8 @@ int ws_map_ensure(struct cb_turns *t)
 	w.progress_arg = t->progress_arg;
 	if (w.base_fd >= 0) {
 		ret = base_walk_dir(&w, t->base_fd, "");
+		if (!ret)
+			ret = cb_db_turns_read_begin(t->db);
 		if (ret)
 			goto out;
 		for (size_t i = 0; i < w.n && !ret; i++) {
@@ -251,14 +248,8 @@ int ws_map_ensure(struct cb_turns *t)
 
 			if (!S_ISREG(it->st.st_mode))
 				continue;
-			ret = cb_db_turns_base_cache_get(
-			    t->db, it->path, it->st.st_size,
-			    (long long)it->st.st_mtim.tv_sec * 1000000000LL +
-				it->st.st_mtim.tv_nsec,
-			    (long long)it->st.st_ctim.tv_sec * 1000000000LL +
-				it->st.st_ctim.tv_nsec,
-			    (long long)it->st.st_ino, it->h.sha256, it->h.xxh3);
-			it->cached = ret == 1;
+			ret = ws_base_cache_get(t, it->path, &it->st, &it->h);
+			it->cached = ret > 0 ? ret : 0;
 			if (ret >= 0) {
 				ret = 0;
 				if (!it->cached) {
@@ -267,6 +258,7 @@ int ws_map_ensure(struct cb_turns *t)
 				}
 			}
 		}
+		cb_db_turns_read_end(t->db);
 		if (!ret)
 			ret = base_hash_misses(&w);
 		if (ret)

@@ -33,3 +33,6 @@ ws_test_resolve_fast_SOURCES = ws/test_resolve_fast.c ws/test_home.h
 ws_test_resolve_fast_CFLAGS = $(CRITERION_TEST_CFLAGS)
 ws_test_resolve_fast_LDADD = ws/libcb_ws.la db/libcb_db.la util/libcb_util.la $(DEPS_LIBS) \
 	$(CRITERION_TEST_LIBS)
+
+# the shared base hash cache and the background hash of the base
+ws_libcb_ws_la_SOURCES += ws/basecache.c

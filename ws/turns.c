@@ -74,6 +74,7 @@ void cb_turns_close(struct cb_turns *t)
 {
 	if (!t)
 		return;
+	ws_basecache_detach(t);
 	cb_db_turns_close(t->db);
 	ws_known_clear(t);
 	free(t->db_path);

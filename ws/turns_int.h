@@ -29,6 +29,7 @@ struct cb_turns {
 	long long read_max;  /* snapshot bound (< 0: none) */
 	long long read_left; /* what the running snapshot may still read; < 0: unbounded */
 	long long read_done;
+	struct ws_basecache *bc; /* the shared base cache (ws/basecache.c), NULL if none */
 };
 
 /* Remember files just written (takes ownership of the array), forget them. */
@@ -85,6 +86,15 @@ int ws_entry_at(struct cb_turns *t, const char *path, long long turn, struct cb_
  * Base files are stat'ed, and rehashed only when their stat moved from the cache. */
 int ws_base_changes(struct cb_turns *t, int vs_map, struct ws_pathset *set,
 		    struct cb_ws_base_stats *stats);
+/* Base hashes by stat: 1 from meta.db's cache, 2 from the shared cache, 0 a miss. */
+int ws_base_cache_get(struct cb_turns *t, const char *path, const struct stat *st,
+		      struct cb_hash *h);
+/* Store a base file's hashes in meta.db's cache (in the caller's transaction, if any) and,
+ * when hashed (read now, not found in a cache), in the shared cache later. */
+int ws_base_cache_put(struct cb_turns *t, const char *path, const struct stat *st,
+		      const struct cb_hash *h, int hashed);
+/* Write what is pending to the shared cache and close it. */
+void ws_basecache_detach(struct cb_turns *t);
 
 /* Build the materialized map for the latest turn if it is not current. */
 int ws_map_ensure(struct cb_turns *t);

@@ -1,0 +1,257 @@
+/* The shared base hash cache: one SQLite file per base directory under $COWBOX_HOME/basecache,
+ * used by every daemon serving a workspace over that base. The only SQL of that file. */
+#include "config.h"
+
+#include <errno.h>
+#include <libgen.h>
+#include <sqlite3.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <xxhash.h>
+
+#include "cowbox/basecache.h"
+#include "cowbox/error.h"
+
+/* 'cbbc': a file with another application id is not ours, whatever its tables say. */
+#define BC_APP_ID  0x63626263
+#define BC_VERSION 1
+
+static const char bc_schema_sql[] =
+    "CREATE TABLE base_hash(path TEXT PRIMARY KEY, dev INTEGER, ino INTEGER, size INTEGER, "
+    "  mtime_ns INTEGER, ctime_ns INTEGER, sha256 BLOB, xxh3 BLOB, row_sum INTEGER) "
+    "  WITHOUT ROWID;"
+    "PRAGMA application_id = 1667392099;" /* BC_APP_ID */
+    "PRAGMA user_version = 1;";
+
+enum { BQ_GET, BQ_PUT, BQ_COUNT };
+
+static const char *const bc_sql[BQ_COUNT] = {
+    [BQ_GET] = "SELECT dev, ino, size, mtime_ns, ctime_ns, sha256, xxh3, row_sum FROM "
+	       "base_hash WHERE path=?1",
+    [BQ_PUT] = "INSERT OR REPLACE INTO base_hash VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
+};
+
+struct cb_db_basecache {
+	sqlite3 *db;
+	sqlite3_stmt *q[BQ_COUNT];
+	char *path;
+};
+
+void cb_basecache_key_of(const struct stat *st, struct cb_basecache_key *k)
+{
+	k->dev = (long long)st->st_dev;
+	k->ino = (long long)st->st_ino;
+	k->size = (long long)st->st_size;
+	k->mtime_ns = (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
+	k->ctime_ns = (long long)st->st_ctim.tv_sec * 1000000000LL + st->st_ctim.tv_nsec;
+}
+
+static int bc_fail(struct cb_db_basecache *c, const char *what)
+{
+	int code = sqlite3_errcode(c->db) & 0xff;
+	int err = code == SQLITE_BUSY || code == SQLITE_LOCKED	    ? EBUSY
+		  : code == SQLITE_NOMEM			    ? ENOMEM
+		  : code == SQLITE_FULL				    ? ENOSPC
+		  : code == SQLITE_READONLY			    ? EROFS
+		  : code == SQLITE_CORRUPT || code == SQLITE_NOTADB ? EUCLEAN
+								    : EIO;
+
+	return cb_error_set(err, "shared base cache %s: %s: %s", c->path, what,
+			    sqlite3_errmsg(c->db));
+}
+
+/* The row's checksum: a row whose bytes changed on disk (a flipped bit in a hash) no longer
+ * matches it and is a miss, not a wrong hash. */
+static long long bc_row_sum(const char *path, const struct cb_basecache_key *k,
+			    const unsigned char *sha256, const unsigned char *xxh3)
+{
+	long long v[5] = {k->dev, k->ino, k->size, k->mtime_ns, k->ctime_ns};
+	XXH64_hash_t h = XXH3_64bits(path, strlen(path) + 1);
+
+	/* chained through the seed: no streaming state, which libxxhash keeps opaque */
+	h = XXH3_64bits_withSeed(v, sizeof(v), h);
+	h = XXH3_64bits_withSeed(sha256, CB_SHA256_LEN, h);
+	h = XXH3_64bits_withSeed(xxh3, CB_XXH128_LEN, h);
+	return (long long)h;
+}
+
+static long long bc_pragma(sqlite3 *db, const char *sql)
+{
+	sqlite3_stmt *s = NULL;
+	long long v = -1;
+
+	if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) == SQLITE_OK && sqlite3_step(s) == SQLITE_ROW)
+		v = sqlite3_column_int64(s, 0);
+	sqlite3_finalize(s);
+	return v;
+}
+
+/* An empty file gets the schema; anything else must be exactly ours. Under the write lock,
+ * so two daemons opening a new cache at once create it once. */
+static int bc_schema(struct cb_db_basecache *c)
+{
+	long long app, version, tables;
+	int ret = 0;
+
+	if (sqlite3_exec(c->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
+		return bc_fail(c, "lock");
+	app = bc_pragma(c->db, "PRAGMA application_id");
+	version = bc_pragma(c->db, "PRAGMA user_version");
+	tables = bc_pragma(c->db, "SELECT count(*) FROM sqlite_master");
+	if (app < 0 || version < 0 || tables < 0)
+		ret = bc_fail(c, "read its schema");
+	else if (app == 0 && version == 0 && tables == 0) {
+		if (sqlite3_exec(c->db, bc_schema_sql, NULL, NULL, NULL) != SQLITE_OK)
+			ret = bc_fail(c, "create");
+	} else if (app != BC_APP_ID || version != BC_VERSION ||
+		   bc_pragma(c->db, "SELECT count(*) FROM sqlite_master WHERE type='table' AND "
+				    "name='base_hash'") != 1)
+		ret = cb_error_set(EPROTO,
+				   "shared base cache %s: not a cache of this version (application "
+				   "id %llx, version %lld); it is not used, and may be deleted",
+				   c->path, (unsigned long long)app, version);
+	if (!ret && sqlite3_exec(c->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+		ret = bc_fail(c, "create");
+	if (ret)
+		sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+	return ret;
+}
+
+int cb_db_basecache_open(const char *path, struct cb_db_basecache **out)
+{
+	struct cb_db_basecache *c = calloc(1, sizeof(*c));
+	char *dir = NULL;
+	int ret = 0;
+
+	*out = NULL;
+	if (!c || !(c->path = strdup(path)) || !(dir = strdup(path))) {
+		ret = cb_error_set(ENOMEM, "shared base cache %s: out of memory", path);
+		goto out;
+	}
+	if (mkdir(dirname(dir), 0700) < 0 && errno != EEXIST) {
+		ret = cb_error_set(errno, "shared base cache %s: %s", path, strerror(errno));
+		goto out;
+	}
+	if (sqlite3_open_v2(path, &c->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
+	    SQLITE_OK) {
+		ret = c->db ? bc_fail(c, "open")
+			    : cb_error_set(ENOMEM, "shared base cache %s: out of memory", path);
+		goto out;
+	}
+	sqlite3_busy_timeout(c->db, 10000);
+	/* Losing the last commits to a power cut costs a rehash, never a wrong row: NORMAL. */
+	if (sqlite3_exec(c->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL,
+			 NULL) != SQLITE_OK) {
+		ret = bc_fail(c, "open");
+		goto out;
+	}
+	if ((ret = bc_schema(c)))
+		goto out;
+	for (int i = 0; i < BQ_COUNT; i++)
+		if (sqlite3_prepare_v3(c->db, bc_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &c->q[i],
+				       NULL) != SQLITE_OK) {
+			ret = bc_fail(c, "prepare");
+			goto out;
+		}
+	*out = c;
+out:
+	free(dir);
+	if (ret)
+		cb_db_basecache_close(c);
+	return ret;
+}
+
+void cb_db_basecache_close(struct cb_db_basecache *c)
+{
+	if (!c)
+		return;
+	if (c->db && !sqlite3_get_autocommit(c->db))
+		sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+	for (int i = 0; i < BQ_COUNT; i++)
+		sqlite3_finalize(c->q[i]);
+	sqlite3_close(c->db);
+	free(c->path);
+	free(c);
+}
+
+int cb_db_basecache_get(struct cb_db_basecache *c, const char *path,
+			const struct cb_basecache_key *key, unsigned char *sha256,
+			unsigned char *xxh3)
+{
+	sqlite3_stmt *s = c->q[BQ_GET];
+	struct cb_basecache_key k;
+	int ret = 0, rc;
+
+	/* Lookups share one read transaction (no lock taken and dropped per row), until the
+	 * next write or the close. */
+	if (sqlite3_get_autocommit(c->db) &&
+	    sqlite3_exec(c->db, "BEGIN DEFERRED", NULL, NULL, NULL) != SQLITE_OK)
+		return bc_fail(c, "begin a read");
+	sqlite3_reset(s);
+	sqlite3_bind_text(s, 1, path, -1, SQLITE_STATIC);
+	rc = sqlite3_step(s);
+	if (rc == SQLITE_ROW) {
+		k.dev = sqlite3_column_int64(s, 0);
+		k.ino = sqlite3_column_int64(s, 1);
+		k.size = sqlite3_column_int64(s, 2);
+		k.mtime_ns = sqlite3_column_int64(s, 3);
+		k.ctime_ns = sqlite3_column_int64(s, 4);
+		if (!memcmp(&k, key, sizeof(k)) && sqlite3_column_bytes(s, 5) == CB_SHA256_LEN &&
+		    sqlite3_column_bytes(s, 6) == CB_XXH128_LEN &&
+		    sqlite3_column_type(s, 7) == SQLITE_INTEGER) {
+			memcpy(sha256, sqlite3_column_blob(s, 5), CB_SHA256_LEN);
+			memcpy(xxh3, sqlite3_column_blob(s, 6), CB_XXH128_LEN);
+			ret = sqlite3_column_int64(s, 7) == bc_row_sum(path, key, sha256, xxh3);
+		}
+	} else if (rc != SQLITE_DONE) {
+		ret = bc_fail(c, "lookup");
+	}
+	sqlite3_reset(s);
+	return ret;
+}
+
+int cb_db_basecache_put(struct cb_db_basecache *c, const char *path,
+			const struct cb_basecache_key *key, const unsigned char *sha256,
+			const unsigned char *xxh3)
+{
+	sqlite3_stmt *s = c->q[BQ_PUT];
+	int ret = 0;
+
+	sqlite3_reset(s);
+	sqlite3_bind_text(s, 1, path, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(s, 2, key->dev);
+	sqlite3_bind_int64(s, 3, key->ino);
+	sqlite3_bind_int64(s, 4, key->size);
+	sqlite3_bind_int64(s, 5, key->mtime_ns);
+	sqlite3_bind_int64(s, 6, key->ctime_ns);
+	sqlite3_bind_blob(s, 7, sha256, CB_SHA256_LEN, SQLITE_STATIC);
+	sqlite3_bind_blob(s, 8, xxh3, CB_XXH128_LEN, SQLITE_STATIC);
+	sqlite3_bind_int64(s, 9, bc_row_sum(path, key, sha256, xxh3));
+	if (sqlite3_step(s) != SQLITE_DONE)
+		ret = bc_fail(c, "store");
+	sqlite3_reset(s);
+	return ret;
+}
+
+int cb_db_basecache_begin(struct cb_db_basecache *c)
+{
+	if (!sqlite3_get_autocommit(c->db))
+		sqlite3_exec(c->db, "COMMIT", NULL, NULL, NULL); /* the lookups' read */
+	return sqlite3_exec(c->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) == SQLITE_OK
+		   ? 0
+		   : bc_fail(c, "begin");
+}
+
+int cb_db_basecache_commit(struct cb_db_basecache *c)
+{
+	int ret = 0;
+
+	if (sqlite3_exec(c->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
+		ret = bc_fail(c, "commit");
+		sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+	}
+	return ret;
+}

@@ -1,0 +1,117 @@
+/* Unit tests of db/basecache.c: a row is a hit only for its exact key, a row changed on disk
+ * is a miss, a file that is not a cache of this version is refused, two handles share rows. */
+#include "config.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cowbox/basecache.h"
+#include "cowbox/error.h"
+
+static char dir[64];
+static char path[128];
+
+static void setup(void)
+{
+	snprintf(dir, sizeof(dir), "/tmp/cb-bctest-XXXXXX");
+	cr_assert_not_null(mkdtemp(dir));
+	/* a directory the open must make */
+	snprintf(path, sizeof(path), "%s/basecache/k.db", dir);
+}
+
+static void teardown(void)
+{
+	char cmd[160];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(basecache, .init = setup, .fini = teardown);
+
+static const struct cb_basecache_key key = {1, 2, 3, 4, 5};
+static unsigned char sha[CB_SHA256_LEN], xxh[CB_XXH128_LEN];
+
+static struct cb_db_basecache *open_with_row(void)
+{
+	struct cb_db_basecache *c;
+
+	memset(sha, 0xab, sizeof(sha));
+	memset(xxh, 0xcd, sizeof(xxh));
+	cr_assert_eq(cb_db_basecache_open(path, &c), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_db_basecache_begin(c), 0);
+	cr_assert_eq(cb_db_basecache_put(c, "a/b", &key, sha, xxh), 0);
+	cr_assert_eq(cb_db_basecache_commit(c), 0);
+	return c;
+}
+
+Test(basecache, hit_only_for_the_exact_key)
+{
+	struct cb_db_basecache *c = open_with_row(), *c2;
+	unsigned char s[CB_SHA256_LEN], x[CB_XXH128_LEN];
+
+	cr_assert_eq(cb_db_basecache_get(c, "a/b", &key, s, x), 1);
+	cr_assert_eq(memcmp(s, sha, sizeof(s)), 0);
+	cr_assert_eq(memcmp(x, xxh, sizeof(x)), 0);
+	cr_assert_eq(cb_db_basecache_get(c, "a/c", &key, s, x), 0);
+	for (int f = 0; f < 5; f++) {
+		struct cb_basecache_key k = key;
+		long long *v = &k.dev;
+
+		v[f]++;
+		cr_assert_eq(cb_db_basecache_get(c, "a/b", &k, s, x), 0, "field %d", f);
+	}
+	/* another handle (another daemon) sees the committed row */
+	cr_assert_eq(cb_db_basecache_open(path, &c2), 0);
+	cr_assert_eq(cb_db_basecache_get(c2, "a/b", &key, s, x), 1);
+	cb_db_basecache_close(c2);
+	cb_db_basecache_close(c);
+}
+
+Test(basecache, a_row_changed_on_disk_is_a_miss)
+{
+	struct cb_db_basecache *c = open_with_row();
+	unsigned char s[CB_SHA256_LEN], x[CB_XXH128_LEN];
+	sqlite3 *db;
+
+	cb_db_basecache_close(c);
+	cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
+	cr_assert_eq(
+	    sqlite3_exec(db, "UPDATE base_hash SET sha256 = zeroblob(32)", NULL, NULL, NULL),
+	    SQLITE_OK);
+	sqlite3_close(db);
+	cr_assert_eq(cb_db_basecache_open(path, &c), 0);
+	cr_assert_eq(cb_db_basecache_get(c, "a/b", &key, s, x), 0);
+	cb_db_basecache_close(c);
+}
+
+Test(basecache, a_foreign_file_is_refused_and_left_alone)
+{
+	struct cb_db_basecache *c = open_with_row();
+	sqlite3 *db;
+	FILE *f;
+
+	cb_db_basecache_close(c);
+	cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
+	cr_assert_eq(sqlite3_exec(db, "PRAGMA user_version = 7", NULL, NULL, NULL), SQLITE_OK);
+	sqlite3_close(db);
+	cr_assert_eq(cb_db_basecache_open(path, &c), -EPROTO);
+	cr_assert_not_null(strstr(cb_error_message(), "not a cache of this version"));
+	cr_assert_null(c);
+	cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
+	cr_assert_eq(sqlite3_exec(db, "SELECT 1 FROM base_hash", NULL, NULL, NULL), SQLITE_OK);
+	sqlite3_close(db);
+	/* garbage */
+	unlink(path);
+	cr_assert_not_null(f = fopen(path, "w"));
+	for (int i = 0; i < 4096; i++)
+		fputc(i * 7 + 3, f);
+	fclose(f);
+	cr_assert_lt(cb_db_basecache_open(path, &c), 0);
+	cr_assert_null(c);
+}

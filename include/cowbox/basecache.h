@@ -1,0 +1,114 @@
+/* The base hash cache shared by every workspace over one base directory: the SQL store
+ * (db/basecache.c, cb_db_basecache_) and the workspace side that uses it (ws/basecache.c). */
+#ifndef COWBOX_BASECACHE_H
+#define COWBOX_BASECACHE_H
+
+#include <sys/stat.h>
+
+#include "cowbox/turn_store.h"
+
+/* ---- db/basecache.c: $COWBOX_HOME/basecache/<key>.db ---- */
+
+struct cb_db_basecache;
+
+/* What a row is valid for: the file's stat when it was hashed. A row is trusted only while
+ * all of these (and the path) still match the file: a file rewritten behind our back with
+ * its size and mtime put back still has a new ctime or inode. */
+struct cb_basecache_key {
+	long long dev, ino, size, mtime_ns, ctime_ns;
+};
+
+/* The key of a stat. */
+void cb_basecache_key_of(const struct stat *st, struct cb_basecache_key *k);
+
+/* Open (creating it, and its directory, if missing) the shared cache at path, in WAL mode
+ * with a busy timeout, so several daemons may use it at once. A file that is not a cache of
+ * this version (another program's database, a newer schema, garbage) is refused with
+ * -EPROTO or -EUCLEAN and left untouched; the caller hashes without it. */
+int cb_db_basecache_open(const char *path, struct cb_db_basecache **out);
+/* Roll back what was not committed, finalize and close; NULL is accepted. */
+void cb_db_basecache_close(struct cb_db_basecache *c);
+
+/* 1 and the hashes when a row for path matches key exactly and its checksum holds; 0 when
+ * there is none, it is stale or it is damaged (never a wrong hash); -errno when the database
+ * cannot be read. Lookups run in one read transaction, ended by the next begin or the close. */
+int cb_db_basecache_get(struct cb_db_basecache *c, const char *path,
+			const struct cb_basecache_key *key, unsigned char *sha256,
+			unsigned char *xxh3);
+/* Remember path's hashes under key (replacing an older row), with the row's checksum. Puts
+ * between begin and commit land together or not at all (a kill -9 leaves no half row). */
+int cb_db_basecache_put(struct cb_db_basecache *c, const char *path,
+			const struct cb_basecache_key *key, const unsigned char *sha256,
+			const unsigned char *xxh3);
+int cb_db_basecache_begin(struct cb_db_basecache *c);
+int cb_db_basecache_commit(struct cb_db_basecache *c);
+
+/* ---- db/turns_read.c: read transactions of the turn store ---- */
+
+struct cb_db_turns;
+
+/* Many lookups (the base cache of a whole base) as one read of meta.db: begin, and end (a
+ * no-op outside a transaction). Nothing may be written in between. */
+int cb_db_turns_read_begin(struct cb_db_turns *t);
+void cb_db_turns_read_end(struct cb_db_turns *t);
+
+/* ---- ws/basecache.c: the workspace side ---- */
+
+struct cb_turns;
+
+/* The shared cache file of the base directory base_dir, under cache_dir: its name comes from
+ * the base's device, inode and real path (*out is malloc'ed). */
+int cb_ws_basecache_path(const char *cache_dir, const char *base_dir, char **out);
+
+/* Use the shared cache under cache_dir for t's base (base_dir, as given to cb_turns_open):
+ * lookups that miss meta.db's own cache try it, and newly hashed base files are added to it
+ * when the handle is closed. A cache that cannot be opened (damaged, other schema) is not
+ * used: -errno with a message to log, and t goes on without it. */
+int cb_ws_basecache_attach(struct cb_turns *t, const char *cache_dir, const char *base_dir);
+
+/* What the base hashing of one handle did, for the daemon's log and info. */
+struct cb_ws_base_stats {
+	long long from_own;    /* base files whose hashes meta.db's cache held */
+	long long from_shared; /* ... the shared cache held */
+	long long hashed;      /* base files read and hashed */
+	long long shared_added;
+	char damage[256]; /* non-empty: the shared cache failed (why) and is no longer used */
+};
+/* What t did so far, after writing its pending rows to the shared cache. */
+void cb_ws_basecache_stats(struct cb_turns *t, struct cb_ws_base_stats *out);
+
+/* Progress of a background base hash: read by other threads while it runs (atomics). */
+struct cb_ws_prehash {
+	/* set by the caller; called between files */
+	int (*busy)(void *arg);	    /* 1: a turn op wants the base now */
+	int (*wait)(void *arg);	    /* after the pass committed its rows: wait until it may go on;
+				     * 1 to stop for good */
+	int (*stopping)(void *arg); /* 1: end now (the daemon stops) */
+	void *arg;
+	/* written by the pass */
+	int state; /* enum cb_ws_prehash_state */
+	long long files_total, files_done, bytes_total, bytes_done;
+	long long from_shared, hashed;
+};
+
+enum cb_ws_prehash_state {
+	CB_PREHASH_IDLE = 0,
+	CB_PREHASH_WALKING,
+	CB_PREHASH_HASHING,
+	CB_PREHASH_DONE,    /* every base file's hash is in meta.db's cache */
+	CB_PREHASH_TAKEN,   /* the first snapshot recorded the base meanwhile */
+	CB_PREHASH_STOPPED, /* the daemon stopped first */
+	CB_PREHASH_FAILED,
+};
+
+/* "walking", "hashing", ... */
+const char *cb_ws_prehash_state_name(int state);
+
+/* Hash the base ahead of the first snapshot, at the caller's priority: every regular file of
+ * the base gets its row in meta.db's cache (from the shared cache when it holds a row that
+ * still matches, else hashed and added to both), committed in small batches of complete
+ * rows. Does nothing once the first snapshot recorded the base. Returns 0 (also when stopped
+ * or overtaken) or -errno. */
+int cb_ws_base_prehash(struct cb_turns *t, struct cb_ws_prehash *p);
+
+#endif

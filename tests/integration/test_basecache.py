@@ -1,0 +1,231 @@
+"""The base hash cache shared by the workspaces over one base directory, and the base hashed in
+the background from the mount on: reuse (a second workspace hashes no base file), a base file
+changed between two workspaces (rehashed), a damaged shared cache (hashing without it, the
+right map), progress in info, a snapshot while the background pass runs, a kill -9 in it."""
+
+import glob
+import hashlib
+import json
+import os
+import random
+import re
+import signal
+import sqlite3
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cbtest import CowboxTestCase, pid_alive, wait_for  # noqa: E402
+
+
+def base_map(base):
+    """{relative path: sha256 hex} of every regular file under base, as sha256sum sees it."""
+    out = {}
+    for dirpath, _, files in os.walk(base):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, base)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+class BaseCacheTest(CowboxTestCase):
+    def make_tree(self, n, size_max=4096, seed=None):
+        seed = seed if seed is not None else int(os.environ.get("COWBOX_SEED", "0")) or \
+            random.randrange(1 << 30)
+        print("seed", seed, file=sys.stderr)
+        rng = random.Random(seed)
+        base = self.make_base()
+        for i in range(n):
+            d = os.path.join(base, "d%03d" % (i % 37))
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, "f%05d" % i), "wb") as f:
+                f.write(rng.randbytes(rng.randrange(0, size_max)))
+        return base
+
+    def info(self, ref):
+        return self.cowbox_json("info", ref).get("base_hash")
+
+    def wait_hashed(self, ref, timeout=120):
+        """The background pass's final info once it ended."""
+        wait_for(lambda: (self.info(ref) or {}).get("state") in ("done", "taken", "failed"),
+                 timeout, interval=0.1, what="the background base hash of %s" % ref)
+        return self.info(ref)
+
+    def snapshot_map(self, ref):
+        return self.cowbox_json("snapshot", ref)["files"]
+
+    def daemon_log(self, ref):
+        with open(os.path.join(self.ws_dir(ref), "daemon.log")) as f:
+            return f.read()
+
+    def snapshot_stats(self, ref):
+        """(from meta.db's cache, from the shared cache, hashed) of the first snapshot."""
+        m = re.search(r"snapshot: base files: (\d+) from meta.db's cache, (\d+) from the "
+                      r"shared cache, (\d+) hashed", self.daemon_log(ref))
+        self.assertTrue(m, self.daemon_log(ref))
+        return tuple(int(x) for x in m.groups())
+
+    def new_ws(self, base):
+        ref = self.create(base)
+        self.mount(ref)
+        return ref
+
+    def cache_files(self):
+        return glob.glob(os.path.join(self.home, "basecache", "*.db"))
+
+    def test_second_workspace_reuses_the_shared_rows(self):
+        base = self.make_tree(300)
+        real = base_map(base)
+        a = self.new_ws(base)
+        ia = self.wait_hashed(a)
+        self.assertEqual((ia["state"], ia["hashed"], ia["from_shared"]), ("done", 300, 0))
+        self.assertEqual(self.snapshot_map(a), real)
+        self.assertEqual(len(self.cache_files()), 1)
+        b = self.new_ws(base)
+        ib = self.wait_hashed(b)
+        self.assertEqual((ib["state"], ib["hashed"], ib["from_shared"]), ("done", 0, 300))
+        self.assertEqual(self.snapshot_map(b), real)
+        # its first snapshot read no base file: every hash came from a cache
+        own, shared, hashed = self.snapshot_stats(b)
+        self.assertEqual((own + shared, hashed), (300, 0))
+        # removing one workspace leaves the cache the other ones share
+        self.cowbox("rm", a)
+        self.assertEqual(len(self.cache_files()), 1)
+        c = self.new_ws(base)
+        self.assertEqual(self.wait_hashed(c)["hashed"], 0)
+
+    def test_snapshot_uses_the_shared_rows_without_the_background_pass(self):
+        # the second workspace snapshots at once: its map build reads the shared cache itself
+        base = self.make_tree(2000)
+        real = base_map(base)
+        a = self.new_ws(base)
+        self.wait_hashed(a)
+        b = self.new_ws(base)
+        self.assertEqual(self.snapshot_map(b), real)
+        own, shared, hashed = self.snapshot_stats(b)
+        self.assertEqual(own + shared + hashed, 2000)
+        self.assertEqual(hashed, 0, self.daemon_log(b))
+
+    def test_base_file_changed_between_workspaces_is_rehashed(self):
+        base = self.make_tree(200)
+        a = self.new_ws(base)
+        self.wait_hashed(a)
+        self.cowbox("umount", a)
+        # same size, mtime put back: only the ctime (and the bytes) tell
+        victim = os.path.join(base, "d001", "f00001")
+        st = os.stat(victim)
+        with open(victim, "r+b") as f:
+            data = bytearray(f.read())
+            data[0:1] = bytes([data[0] ^ 0xff]) if data else b""
+            f.seek(0)
+            f.write(data or b"x")
+        os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+        real = base_map(base)
+        b = self.new_ws(base)
+        ib = self.wait_hashed(b)
+        self.assertEqual((ib["hashed"], ib["from_shared"]), (1, 199))
+        self.assertEqual(self.snapshot_map(b), real)
+
+    def test_damaged_shared_cache_falls_back_to_hashing(self):
+        base = self.make_tree(150)
+        real = base_map(base)
+        a = self.new_ws(base)
+        self.wait_hashed(a)
+        self.cowbox("umount", a)
+        (path,) = self.cache_files()
+        # rows whose hashes were changed on disk: their checksums no longer hold
+        db = sqlite3.connect(path)
+        db.execute("UPDATE base_hash SET sha256 = zeroblob(32), xxh3 = zeroblob(16)")
+        db.commit()
+        db.close()
+        b = self.new_ws(base)
+        ib = self.wait_hashed(b)
+        self.assertEqual((ib["hashed"], ib["from_shared"]), (150, 0))
+        self.assertEqual(self.snapshot_map(b), real)
+        self.cowbox("umount", b)
+        # garbage instead of a database
+        for p in glob.glob(path + "*"):
+            os.unlink(p)
+        with open(path, "wb") as f:
+            f.write(os.urandom(8192))
+        c = self.new_ws(base)
+        ic = self.wait_hashed(c)
+        self.assertEqual((ic["state"], ic["hashed"]), ("done", 150))
+        self.assertEqual(self.snapshot_map(c), real)
+        self.assertIn("shared base cache", self.daemon_log(c))
+        self.assertIn("hashing the base without", self.daemon_log(c))
+        self.cowbox("umount", c)
+        # another program's database under that name
+        os.unlink(path)
+        db = sqlite3.connect(path)
+        db.execute("CREATE TABLE base_hash(path TEXT PRIMARY KEY, sha256 BLOB)")
+        db.execute("INSERT INTO base_hash VALUES('d001/f00001', zeroblob(32))")
+        db.commit()
+        db.close()
+        d = self.new_ws(base)
+        self.assertEqual(self.wait_hashed(d)["hashed"], 150)
+        self.assertEqual(self.snapshot_map(d), real)
+        self.assertIn("not a cache of this version", self.daemon_log(d))
+
+    def test_background_progress_reaches_the_total(self):
+        base = self.make_tree(1500, size_max=20000)
+        total = sum(os.path.getsize(os.path.join(dp, f))
+                    for dp, _, fs in os.walk(base) for f in fs)
+        a = self.new_ws(base)
+        seen = []
+        wait_for(lambda: seen.append(self.info(a)) or seen[-1]["state"] in ("done", "failed"),
+                 120, interval=0.05, what="the background base hash")
+        last = seen[-1]
+        self.assertEqual(last["state"], "done", last)
+        self.assertEqual((last["files_done"], last["files_total"]), (1500, 1500))
+        self.assertEqual((last["bytes_done"], last["bytes_total"]), (total, total))
+        for s in seen:
+            self.assertLessEqual(s["files_done"], s["files_total"])
+            self.assertLessEqual(s["bytes_done"], s["bytes_total"])
+        self.assertIn("base hash:", self.cowbox("info", a).stdout)
+
+    def test_snapshot_during_the_background_pass_is_exact(self):
+        n = 6000
+        base = self.make_tree(n, size_max=16384)
+        real = base_map(base)
+        a = self.new_ws(base)
+        # at once: the pass is still walking or hashing
+        before = self.info(a)
+        self.assertEqual(self.snapshot_map(a), real)
+        after = self.info(a)
+        self.assertIn(after["state"], ("taken", "done"), after)
+        own, shared, hashed = self.snapshot_stats(a)
+        self.assertEqual(own + shared + hashed, n)
+        if before["state"] in ("walking", "hashing") and after["state"] == "taken":
+            # the snapshot hashed only what the pass had not: no file twice but the few
+            # in flight when it asked
+            self.assertLessEqual(after["hashed"] + hashed, n + 64, (after, hashed))
+        else:
+            print("the background pass ended before the snapshot: overlap not seen",
+                  file=sys.stderr)
+        # the next workspace finds every row shared, whoever hashed it
+        b = self.new_ws(base)
+        self.assertEqual(self.wait_hashed(b)["hashed"], 0)
+
+    def test_kill_during_the_background_pass_leaves_only_complete_rows(self):
+        n = 6000
+        base = self.make_tree(n, size_max=16384)
+        real = base_map(base)
+        a = self.new_ws(base)
+        pid = self.daemon_pid(a)
+        wait_for(lambda: (self.info(a) or {}).get("files_done", 0) > 0, 60, interval=0.01,
+                 what="the background pass to start")
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(pid), 10, what="the daemon to die")
+        self.mount(a)
+        ia = self.wait_hashed(a)
+        self.assertEqual(ia["state"], "done", ia)
+        self.assertEqual(self.snapshot_map(a), real)
+        b = self.new_ws(base)
+        self.assertEqual(self.snapshot_map(b), real)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,383 @@
+/* The workspace side of the shared base hash cache: lookups that fall through from meta.db's
+ * own cache to the shared one, and the background pass that fills both before the first map. */
+#include "config.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cowbox/basecache.h"
+#include "cowbox/error.h"
+#include "cowbox/grow.h"
+#include "turns_int.h"
+#include "util/beneath.h"
+
+struct bc_row {
+	char *path;
+	struct cb_basecache_key key;
+	struct cb_hash h;
+};
+
+struct ws_basecache {
+	struct cb_db_basecache *db; /* NULL once dropped after a failure */
+	struct cb_ws_base_stats stats;
+	/* Rows hashed by this handle, for the shared cache: written after meta.db's transaction
+	 * (never while holding its write lock, which the journal needs too). */
+	struct bc_row *pending;
+	size_t npending, cap;
+};
+
+/* Stop using the shared cache after a failure: what it said goes to stats.damage for the
+ * daemon's log; every later lookup is a miss, so the base is hashed instead. */
+static void bc_drop(struct ws_basecache *bc, const char *why)
+{
+	if (!bc->stats.damage[0])
+		snprintf(bc->stats.damage, sizeof(bc->stats.damage), "%s", why);
+	cb_db_basecache_close(bc->db);
+	bc->db = NULL;
+	cb_error_clear();
+}
+
+int cb_ws_basecache_path(const char *cache_dir, const char *base_dir, char **out)
+{
+	char *real = realpath(base_dir, NULL), *key = NULL;
+	char hex[2 * CB_SHA256_LEN + 1];
+	struct cb_hash h;
+	struct stat st;
+	int ret = 0;
+
+	*out = NULL;
+	if (!real || stat(real, &st) < 0) {
+		ret = cb_error_set(errno, "base %s: %s", base_dir, strerror(errno));
+		goto out;
+	}
+	/* The same path over another directory (the repo cloned anew) gets a cache of its own. */
+	if (asprintf(&key, "%llu:%llu:%s", (unsigned long long)st.st_dev,
+		     (unsigned long long)st.st_ino, real) < 0) {
+		key = NULL;
+		ret = cb_error_set(ENOMEM, "base %s: out of memory", base_dir);
+		goto out;
+	}
+	cb_ws_hash_bytes(key, strlen(key), &h);
+	cb_hex(h.sha256, 16, hex);
+	if (asprintf(out, "%s/%s.db", cache_dir, hex) < 0) {
+		*out = NULL;
+		ret = cb_error_set(ENOMEM, "base %s: out of memory", base_dir);
+	}
+out:
+	free(real);
+	free(key);
+	return ret;
+}
+
+int cb_ws_basecache_attach(struct cb_turns *t, const char *cache_dir, const char *base_dir)
+{
+	char *path = NULL;
+	int ret;
+
+	if (t->bc || t->base_fd < 0)
+		return 0;
+	if (!(t->bc = calloc(1, sizeof(*t->bc))))
+		return cb_error_set(ENOMEM, "shared base cache: out of memory");
+	ret = cb_ws_basecache_path(cache_dir, base_dir, &path);
+	if (!ret)
+		ret = cb_db_basecache_open(path, &t->bc->db);
+	free(path);
+	return ret ? cb_error_wrap(ret, "hashing the base without the shared cache") : 0;
+}
+
+/* Write the pending rows to the shared cache in one transaction. A failure drops the cache
+ * (the rows are lost: other workspaces hash those files themselves). */
+static void bc_share_flush(struct ws_basecache *bc)
+{
+	int ret = 0;
+
+	if (bc->db && bc->npending) {
+		ret = cb_db_basecache_begin(bc->db);
+		for (size_t i = 0; i < bc->npending && !ret; i++)
+			ret = cb_db_basecache_put(bc->db, bc->pending[i].path, &bc->pending[i].key,
+						  bc->pending[i].h.sha256, bc->pending[i].h.xxh3);
+		if (!ret)
+			ret = cb_db_basecache_commit(bc->db);
+		if (ret)
+			bc_drop(bc, cb_error_message());
+		else
+			bc->stats.shared_added += (long long)bc->npending;
+	}
+	for (size_t i = 0; i < bc->npending; i++)
+		free(bc->pending[i].path);
+	bc->npending = 0;
+}
+
+void ws_basecache_detach(struct cb_turns *t)
+{
+	struct ws_basecache *bc = t->bc;
+
+	if (!bc)
+		return;
+	bc_share_flush(bc);
+	cb_db_basecache_close(bc->db);
+	free(bc->pending);
+	free(bc);
+	t->bc = NULL;
+}
+
+void cb_ws_basecache_stats(struct cb_turns *t, struct cb_ws_base_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (!t->bc)
+		return;
+	bc_share_flush(t->bc);
+	*out = t->bc->stats;
+}
+
+int ws_base_cache_get(struct cb_turns *t, const char *path, const struct stat *st,
+		      struct cb_hash *h)
+{
+	struct cb_basecache_key k;
+	int ret;
+
+	cb_basecache_key_of(st, &k);
+	ret = cb_db_turns_base_cache_get(t->db, path, k.size, k.mtime_ns, k.ctime_ns, k.ino,
+					 h->sha256, h->xxh3);
+	if (ret == 1 && t->bc)
+		t->bc->stats.from_own++;
+	if (ret || !t->bc || !t->bc->db)
+		return ret;
+	ret = cb_db_basecache_get(t->bc->db, path, &k, h->sha256, h->xxh3);
+	if (ret < 0) {
+		bc_drop(t->bc, cb_error_message());
+		return 0;
+	}
+	if (ret)
+		t->bc->stats.from_shared++;
+	return ret ? 2 : 0;
+}
+
+int ws_base_cache_put(struct cb_turns *t, const char *path, const struct stat *st,
+		      const struct cb_hash *h, int hashed)
+{
+	struct ws_basecache *bc = t->bc;
+	struct cb_basecache_key k;
+	int ret;
+
+	cb_basecache_key_of(st, &k);
+	ret = cb_db_turns_base_cache_put(t->db, path, k.size, k.mtime_ns, k.ctime_ns, k.ino,
+					 h->sha256, h->xxh3);
+	if (ret || !hashed || !bc)
+		return ret;
+	bc->stats.hashed++;
+	if (!bc->db)
+		return 0;
+	ret = cb_grow(&bc->pending, &bc->cap, bc->npending, sizeof(*bc->pending), 256,
+		      "shared base cache");
+	if (!ret && !(bc->pending[bc->npending].path = strdup(path)))
+		ret = cb_error_set(ENOMEM, "shared base cache: out of memory");
+	if (ret) {
+		bc_drop(bc, cb_error_message());
+		return 0;
+	}
+	bc->pending[bc->npending].key = k;
+	bc->pending[bc->npending++].h = *h;
+	return 0;
+}
+
+/* ---- the background pass ---- */
+
+struct pre_file {
+	char *path;
+	struct stat st;
+	struct cb_hash h;
+	int hashed; /* read here (else copied from the shared cache) */
+};
+
+struct pre_walk {
+	struct pre_file *f;
+	size_t n, cap;
+	struct cb_ws_prehash *p;
+};
+
+static int pre_add(struct pre_walk *w, const char *path, const struct stat *st)
+{
+	int ret = cb_grow(&w->f, &w->cap, w->n, sizeof(*w->f), 1024, "base walk");
+
+	if (ret)
+		return ret;
+	memset(&w->f[w->n], 0, sizeof(w->f[w->n]));
+	if (!(w->f[w->n].path = strdup(path)))
+		return cb_error_set(ENOMEM, "base walk: out of memory");
+	w->f[w->n++].st = *st;
+	__atomic_store_n(&w->p->files_total, (long long)w->n, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&w->p->bytes_total, (long long)st->st_size, __ATOMIC_RELAXED);
+	return 0;
+}
+
+/* The regular files below path, read beside each directory's fd (beneath the base, no link
+ * followed); a name gone meanwhile is skipped (the snapshot's own walk sees the truth). */
+static int pre_walk_dir(struct pre_walk *w, int base_fd, const char *path)
+{
+	int fd = cb_beneath_open(base_fd, path[0] ? path : ".", O_RDONLY | O_DIRECTORY, 0);
+	struct dirent *de;
+	DIR *dir;
+	int ret = 0;
+
+	if (fd < 0)
+		return cb_beneath_gone(fd) ? 0 : cb_error_wrap(fd, "base");
+	if (!(dir = fdopendir(fd))) {
+		close(fd);
+		return cb_error_set(errno, "base %s: %s", path, strerror(errno));
+	}
+	while (!ret && (de = readdir(dir))) {
+		struct stat st;
+		char *child;
+
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		if (w->p->stopping && w->p->stopping(w->p->arg))
+			break;
+		if (asprintf(&child, "%s%s%s", path, path[0] ? "/" : "", de->d_name) < 0) {
+			ret = cb_error_set(ENOMEM, "base walk: out of memory");
+			break;
+		}
+		if (fstatat(dirfd(dir), de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+			if (S_ISREG(st.st_mode))
+				ret = pre_add(w, child, &st);
+			else if (S_ISDIR(st.st_mode))
+				ret = pre_walk_dir(w, base_fd, child);
+		}
+		free(child);
+	}
+	closedir(dir);
+	return ret;
+}
+
+/* Commit the rows of files [from, to): complete rows only, in one transaction each. */
+static int pre_flush(struct cb_turns *t, struct pre_walk *w, size_t from, size_t to)
+{
+	int ret = from < to ? cb_db_turns_begin(t->db) : 0;
+
+	if (from >= to)
+		return 0;
+	for (size_t i = from; i < to && !ret; i++)
+		if (w->f[i].path[0])
+			ret = ws_base_cache_put(t, w->f[i].path, &w->f[i].st, &w->f[i].h,
+						w->f[i].hashed);
+	if (!ret)
+		ret = cb_db_turns_commit(t->db);
+	if (ret)
+		cb_db_turns_rollback(t->db);
+	/* The shared rows go out with each batch too, so another daemon sees them soon. */
+	if (!ret && t->bc)
+		bc_share_flush(t->bc);
+	return ret;
+}
+
+static double mono_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* One file: from meta.db's cache (nothing to store), the shared cache or a fresh hash. Its
+ * path is emptied when there is no row to store. */
+static int pre_one(struct cb_turns *t, struct pre_file *f, struct cb_ws_prehash *p)
+{
+	struct stat hst;
+	int ret = ws_base_cache_get(t, f->path, &f->st, &f->h);
+
+	if (ret < 0)
+		return ret;
+	if (ret == 2)
+		__atomic_add_fetch(&p->from_shared, 1, __ATOMIC_RELAXED);
+	if (ret != 0) {
+		if (ret == 1)
+			f->path[0] = '\0';
+		return 0;
+	}
+	ret = cb_ws_hash_file_at(t->base_fd, f->path, -1, &f->h, &hst);
+	if (ret) {
+		/* Gone or unreadable now: the snapshot meets it and says so; not ours to fail. */
+		cb_error_clear();
+		f->path[0] = '\0';
+		return 0;
+	}
+	f->st = hst; /* the stat the hash is valid for */
+	f->hashed = 1;
+	__atomic_add_fetch(&p->hashed, 1, __ATOMIC_RELAXED);
+	return 0;
+}
+
+int cb_ws_base_prehash(struct cb_turns *t, struct cb_ws_prehash *p)
+{
+	struct pre_walk w = {.p = p};
+	size_t i, flushed = 0;
+	double last = mono_now();
+	int ret = 0, state = CB_PREHASH_DONE;
+
+	if (t->base_fd < 0 || cb_db_turns_base_map_built(t->db)) {
+		__atomic_store_n(&p->state, CB_PREHASH_TAKEN, __ATOMIC_RELEASE);
+		return 0;
+	}
+	__atomic_store_n(&p->state, CB_PREHASH_WALKING, __ATOMIC_RELEASE);
+	ret = pre_walk_dir(&w, t->base_fd, "");
+	if (ret)
+		goto out;
+	/* A snapshot may have come and gone during the walk: nothing left to do for it. */
+	if (cb_db_turns_base_map_built(t->db)) {
+		state = CB_PREHASH_TAKEN;
+		goto out;
+	}
+	__atomic_store_n(&p->state, CB_PREHASH_HASHING, __ATOMIC_RELEASE);
+	for (i = 0; i < w.n && !ret; i++) {
+		if (p->stopping && p->stopping(p->arg)) {
+			state = CB_PREHASH_STOPPED;
+			break;
+		}
+		if (p->busy && p->busy(p->arg)) {
+			/* A turn op runs: what is done is committed for it to use, and we wait. */
+			ret = pre_flush(t, &w, flushed, i);
+			flushed = i;
+			if (!ret && p->wait && p->wait(p->arg)) {
+				state = CB_PREHASH_STOPPED;
+				break;
+			}
+			if (!ret && cb_db_turns_base_map_built(t->db)) {
+				state = CB_PREHASH_TAKEN;
+				break;
+			}
+		}
+		if (!ret)
+			ret = pre_one(t, &w.f[i], p);
+		__atomic_add_fetch(&p->files_done, 1, __ATOMIC_RELAXED);
+		__atomic_add_fetch(&p->bytes_done, (long long)w.f[i].st.st_size, __ATOMIC_RELAXED);
+		if (!ret && (i + 1 - flushed >= 512 || mono_now() - last > 0.25)) {
+			ret = pre_flush(t, &w, flushed, i + 1);
+			flushed = i + 1;
+			last = mono_now();
+		}
+	}
+	if (!ret)
+		ret = pre_flush(t, &w, flushed, i);
+out:
+	__atomic_store_n(&p->state, ret ? CB_PREHASH_FAILED : state, __ATOMIC_RELEASE);
+	for (i = 0; i < w.n; i++)
+		free(w.f[i].path);
+	free(w.f);
+	return ret ? cb_error_wrap(ret, "hash the base in the background") : 0;
+}
+
+const char *cb_ws_prehash_state_name(int state)
+{
+	static const char *const names[] = {"idle",  "walking", "hashing", "done",
+					    "taken", "stopped", "failed"};
+
+	return state >= 0 && state <= CB_PREHASH_FAILED ? names[state] : "?";
+}

@@ -91,7 +91,7 @@ int cb_daemon_basecache_attach(const char *ws_dir, struct cb_turns *t, const cha
 
 void cb_daemon_base_stats_log(struct cb_turns *t, const char *what)
 {
-	struct cb_ws_base_stats s;
+	struct cb_ws_basecache_counts s;
 
 	cb_ws_basecache_stats(t, &s);
 	if (s.damage[0])
@@ -133,7 +133,7 @@ static void *bh_thread(void *arg)
 			      cb_ws_prehash_state_name(bh->p.state), bh->seconds, bh->p.files_done,
 			      bh->p.files_total, bh->p.bytes_done, bh->p.from_shared, bh->p.hashed);
 	if (t) {
-		struct cb_ws_base_stats s;
+		struct cb_ws_basecache_counts s;
 
 		cb_ws_basecache_stats(t, &s);
 		if (s.damage[0])

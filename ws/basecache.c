@@ -26,7 +26,7 @@ struct bc_row {
 
 struct ws_basecache {
 	struct cb_db_basecache *db; /* NULL once dropped after a failure */
-	struct cb_ws_base_stats stats;
+	struct cb_ws_basecache_counts stats;
 	/* Rows hashed by this handle, for the shared cache: written after meta.db's transaction
 	 * (never while holding its write lock, which the journal needs too). */
 	struct bc_row *pending;
@@ -128,7 +128,7 @@ void ws_basecache_detach(struct cb_turns *t)
 	t->bc = NULL;
 }
 
-void cb_ws_basecache_stats(struct cb_turns *t, struct cb_ws_base_stats *out)
+void cb_ws_basecache_stats(struct cb_turns *t, struct cb_ws_basecache_counts *out)
 {
 	memset(out, 0, sizeof(*out));
 	if (!t->bc)

@@ -67,7 +67,7 @@ int cb_ws_basecache_path(const char *cache_dir, const char *base_dir, char **out
 int cb_ws_basecache_attach(struct cb_turns *t, const char *cache_dir, const char *base_dir);
 
 /* What the base hashing of one handle did, for the daemon's log and info. */
-struct cb_ws_base_stats {
+struct cb_ws_basecache_counts {
 	long long from_own;    /* base files whose hashes meta.db's cache held */
 	long long from_shared; /* ... the shared cache held */
 	long long hashed;      /* base files read and hashed */
@@ -75,7 +75,7 @@ struct cb_ws_base_stats {
 	char damage[256]; /* non-empty: the shared cache failed (why) and is no longer used */
 };
 /* What t did so far, after writing its pending rows to the shared cache. */
-void cb_ws_basecache_stats(struct cb_turns *t, struct cb_ws_base_stats *out);
+void cb_ws_basecache_stats(struct cb_turns *t, struct cb_ws_basecache_counts *out);
 
 /* Progress of a background base hash: read by other threads while it runs (atomics). */
 struct cb_ws_prehash {

@@ -98,6 +98,7 @@ class TurnsTest(CowboxTestCase):
                                    "f%04d" % i), "w") as f:
                 f.write("%d\n" % i)
         c = self.client(self.ref)
+        c.sock.settimeout(120)  # the first snapshot hashes 5,000 files: slow under load
         c.next_id += 1
         c.send({"id": c.next_id, "op": "snapshot", "files": True, "stream": True})
         frames = []

@@ -129,7 +129,8 @@ int cb_daemon_line_write(int fd, json_t *j, const void *data, size_t len)
 enum { SPAWN_START = 1, SPAWN_WAIT = 2 };
 
 /* One request or answer (a SOCK_SEQPACKET message): START comes with the new worker's socket
- * and is answered with its pid (or -errno); WAIT pid is answered with its wait status. */
+ * (status: 1 for the turn worker) and is answered with its pid (or -errno); WAIT pid is
+ * answered with its wait status. */
 struct spawn_msg {
 	int op;
 	pid_t pid;
@@ -170,7 +171,9 @@ static void spawner_loop(int fd, int lock_fd)
 				prctl(PR_SET_PDEATHSIG, SIGKILL);
 				if (getppid() != self)
 					_exit(1);
-				prctl(PR_SET_NAME, "cowbox-worker");
+				/* A file worker's changes are journaled under the name of the
+				 * daemon, whose API made them, as when the daemon made them. */
+				prctl(PR_SET_NAME, m.status ? "cowbox-worker" : "cowbox");
 				for (int i = 3; i < 1024; i++)
 					if (i != wfd && i != lock_fd)
 						close(i);
@@ -296,7 +299,7 @@ static int wproc_died(struct cb_daemon *d, struct cb_daemon_wproc *wp, const cha
 /* A new worker in wp, told the workspace's paths. */
 static int wproc_spawn(struct cb_daemon *d, struct cb_daemon_wproc *wp)
 {
-	struct spawn_msg m = {.op = SPAWN_START};
+	struct spawn_msg m = {.op = SPAWN_START, .status = wp == &d->worker};
 	int sv[2], ret;
 
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)

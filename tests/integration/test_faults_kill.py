@@ -184,7 +184,7 @@ class KillMidTurn(CowboxTestCase):
     def kill_and_wait(self, what):
         """kill -9 the daemon; it and every process below it (spawner, workers) must be gone
         entirely within GONE_WITHIN seconds."""
-        workers = [p for p in descendants_of(self.pid) if comm_of(p).startswith("cowbox-")]
+        workers = [p for p in descendants_of(self.pid) if comm_of(p).startswith("cowbox")]
         os.kill(self.pid, signal.SIGKILL)
         self.t_kill = t0 = time.monotonic()
         for pid in [self.pid] + workers:
@@ -558,7 +558,8 @@ class StuckPredecessorTest(CowboxTestCase):
         t = threading.Thread(target=traffic, daemon=True)
         t.start()
         wait_for(lambda: len(answered) > 20, 30, what="the API writes to run")
-        workers = [p for p in descendants_of(pid) if comm_of(p) == "cowbox-worker"]
+        # File workers are named "cowbox", as the daemon (their writes are the daemon's).
+        workers = [p for p in descendants_of(pid) if comm_of(p) == "cowbox"]
         # Stop the daemon at a moment a worker is inside a call on the mount (not waiting
         # on its socket for the daemon's next request, nor sending its answer).
         for _ in range(500):

@@ -279,9 +279,9 @@ class CowboxTestCase(unittest.TestCase):
             return 0
         return pid if pid and pid_alive(pid) else 0
 
-    def client(self, ref):
+    def client(self, ref, timeout=10.0):
         """A protocol connection to ref's daemon, closed at the end of the test."""
-        c = Client(os.path.join(self.ws_dir(ref), "control.sock"))
+        c = Client(os.path.join(self.ws_dir(ref), "control.sock"), timeout)
         self.addCleanup(c.close)
         return c
 

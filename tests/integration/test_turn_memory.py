@@ -41,8 +41,17 @@ class TurnMemoryTest(CowboxTestCase):
         self.ref = self.create()
         self.daemon = self.mount(self.ref)
         self.mnt = self.mountpoint(self.ref)
-        self.worker = next(int(p) for p in read("/proc/%d/task/%d/children" % (
-            self.daemon, self.daemon)).split() if read("/proc/%s/comm" % p) == "cowbox-worker")
+
+    def turn_worker(self):
+        """The turn worker: a child of the daemon's spawner, started at the first turn op."""
+        todo, seen = [self.daemon], []
+        while todo:
+            pid = todo.pop()
+            for c in read("/proc/%d/task/%d/children" % (pid, pid)).split():
+                if read("/proc/%s/comm" % c) == "cowbox-worker":
+                    return int(c)
+                todo.append(int(c))
+        raise AssertionError("no turn worker below the daemon %d" % self.daemon)
 
     def make(self, top, n):
         """n changed paths in one turn: directories (one FUSE request and one journal row
@@ -58,6 +67,7 @@ class TurnMemoryTest(CowboxTestCase):
     def snapshot_growth(self):
         """Peak RSS growth (KiB) of the daemon and the worker over one `cowbox snapshot`."""
         before = []
+        self.worker = self.turn_worker()
         for pid in (self.daemon, self.worker):
             with open("/proc/%d/clear_refs" % pid, "w") as f:
                 f.write("5")  # VmHWM := VmRSS

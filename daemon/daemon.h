@@ -67,7 +67,8 @@ struct cb_daemon {
 	struct cb_daemon_wproc files[CB_DAEMON_FILE_WORKERS];
 	pthread_mutex_t files_lock;
 	pthread_cond_t files_cond;
-	struct cb_daemon_basehash *basehash; /* the background hash of the base (basehash.c) */
+	struct cb_daemon_basehash *basehash;   /* the background hash of the base (basehash.c) */
+	struct cb_daemon_basewatch *basewatch; /* inotify on the base (basewatch.c) */
 
 	/* Internal to daemon/: the lock, the listener and the connections. */
 	int lock_fd;
@@ -87,7 +88,9 @@ int cb_daemon_ids(const char *dir, int privileged, unsigned long *base);
 /* Look at the whole base now (stat only; a file whose stat moved is rehashed) and journal
  * every path where the mount shows something the latest turn did not record because the base
  * changed behind cowbox's back; logs what it found. Reads the base and upper/ directly, never
- * the mount. Called under the turn lock: at start and before a rollback. when: for the log. */
+ * the mount. Called under the turn lock: at start, and before a snapshot or a rollback, where
+ * it looks only when the inotify watch (basewatch.c) saw something move in the base since
+ * the previous look. when: for the log. */
 int cb_daemon_base_watch(struct cb_daemon *d, const char *when);
 
 /* fsck (daemon/ops_fsck.c): wait for a running check to end. Called once while stopping,
@@ -165,6 +168,15 @@ void cb_daemon_request_stop(struct cb_daemon *d);
 
 /* A timestamped line in daemon.log (stderr in the foreground); any thread, and the worker. */
 void cb_daemon_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- daemon/basewatch.c: whether the base may have changed since the last look ---- */
+struct cb_daemon_basewatch;
+/* Watch every directory of the base (inotify); 0 or -errno with a message. */
+int cb_daemon_basewatch_start(struct cb_daemon *d);
+/* 1 if the base may have changed since the previous call (or cannot be watched, or no watch
+ * was started), and forget it; 0 when no event came: nothing in the base moved. */
+int cb_daemon_basewatch_take(struct cb_daemon *d);
+void cb_daemon_basewatch_stop(struct cb_daemon *d);
 
 /* ---- daemon/basehash.c: the base hashed in the background ---- */
 struct cb_turns;

@@ -70,6 +70,9 @@ static int turns_snapshot(struct cb_daemon *d, json_t *req, struct cb_daemon_con
 	turn = open > latest ? open : latest + 1;
 	if (!ret)
 		ret = turns_sync(d);
+	/* A base file changed behind our back (the watch saw it) is journaled in this turn. */
+	if (!ret)
+		ret = cb_daemon_base_watch(d, "snapshot");
 	if (!ret)
 		ret = cb_overlay_upper_check(d->ov, d->upper);
 	if (ret) {

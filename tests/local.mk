@@ -2,7 +2,7 @@
 # the integration tests below drive the built ./cowbox binary over real mounts.
 TESTS += tests/integration/test_cli.py tests/integration/test_journal.py \
 	tests/integration/test_daemon.py
-EXTRA_DIST += tests/integration/cbtest.py
+EXTRA_DIST += tests/integration/cbtest.py tests/lsan.supp
 TESTS += tests/integration/test_turns.py tests/integration/test_turns_property.py \
 	tests/integration/test_turn_races.py tests/integration/test_turn_memory.py
 # faults: kill -9 of the daemon in the middle of turn operations (docs/reliability.md).

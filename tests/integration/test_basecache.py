@@ -199,9 +199,10 @@ class BaseCacheTest(CowboxTestCase):
         own, shared, hashed = self.snapshot_stats(a)
         self.assertEqual(own + shared + hashed, n)
         if before["state"] in ("walking", "hashing") and after["state"] == "taken":
-            # the snapshot hashed only what the pass had not: no file twice but the few
-            # in flight when it asked
-            self.assertLessEqual(after["hashed"] + hashed, n + 64, (after, hashed))
+            # the snapshot hashed only what the pass had not: no file twice but those the
+            # pass had hashed and not yet committed when the snapshot read the cache, at
+            # most one batch (512 files, ws/basecache.c; 196 were seen on a loaded machine)
+            self.assertLessEqual(after["hashed"] + hashed, n + 512, (after, hashed))
         else:
             print("the background pass ended before the snapshot: overlap not seen",
                   file=sys.stderr)

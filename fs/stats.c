@@ -2,6 +2,7 @@
  * long it spent on them, and how many came over io_uring. Wraps the operation table. */
 #include "config.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -95,12 +96,21 @@ static inline void ov_clock_stop(const struct ov_clock *c, enum ov_op op)
 	    memory_order_relaxed);
 }
 
+/* libfuse ends its io_uring threads with pthread_cancel (3.17, 3.18), and unlike its classic
+ * workers it does not block cancellation while a request is served: a handler cancelled in
+ * close() or write() would lose its open file, keep a lock or leave a journal write half
+ * done. So every handler runs with cancellation off; the thread ends at its next wait. */
 #define OV_WRAP(op, params, args)                                                                  \
 	static void ov_count_##op params                                                           \
 	{                                                                                          \
-		struct ov_clock c = ov_clock_start(req);                                           \
+		struct ov_clock c;                                                                 \
+		int cancel;                                                                        \
+                                                                                                   \
+		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel);                           \
+		c = ov_clock_start(req);                                                           \
 		ov_real.op args;                                                                   \
 		ov_clock_stop(&c, OV_OP_##op);                                                     \
+		pthread_setcancelstate(cancel, NULL);                                              \
 	}
 
 OV_WRAP(lookup, (fuse_req_t req, fuse_ino_t p, const char *n), (req, p, n))

@@ -2,7 +2,7 @@
 # the integration tests below drive the built ./cowbox binary over real mounts.
 TESTS += tests/integration/test_cli.py tests/integration/test_journal.py \
 	tests/integration/test_daemon.py
-EXTRA_DIST += tests/integration/cbtest.py tests/lsan.supp
+EXTRA_DIST += tests/integration/cbtest.py
 TESTS += tests/integration/test_turns.py tests/integration/test_turns_property.py \
 	tests/integration/test_turn_races.py tests/integration/test_turn_memory.py
 # faults: kill -9 of the daemon in the middle of turn operations (docs/reliability.md).
@@ -15,7 +15,7 @@ TESTS += tests/integration/test_api.py tests/integration/test_backend_conformanc
 # fs (issue 2): the workspace filesystem against a native directory, crash safety, scale.
 TESTS += tests/integration/test_fs_differential.py tests/integration/test_fs_crash.py \
 	tests/integration/test_fs_scale.py tests/integration/test_fs_fast.py \
-	tests/integration/test_fs_whiteout_node.py
+	tests/integration/test_fs_whiteout_node.py tests/integration/test_fs_teardown.py
 EXTRA_DIST += tests/integration/fsharness.py
 # libcowbox for embedders: examples/embed.c against the build tree; make install + pkg-config.
 TESTS += tests/integration/test_libcowbox.py

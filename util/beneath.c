@@ -92,8 +92,6 @@ int cb_beneath_check(const char *path)
 				    "%s: absolute paths are refused; give a path relative to the "
 				    "workspace root",
 				    path);
-	if (strlen(path) >= PATH_MAX)
-		return cb_error_set(ENAMETOOLONG, "%.64s...: path too long", path);
 	for (s = path; *s;) {
 		size_t n = strcspn(s, "/");
 
@@ -113,7 +111,7 @@ int cb_beneath_check(const char *path)
 }
 
 /* openat2 beneath dirfd through no symlink; the fd or -errno (no message). */
-static int open_resolved(int dirfd, const char *path, int flags, mode_t mode)
+static int open_resolved_short(int dirfd, const char *path, int flags, mode_t mode)
 {
 	struct open_how how = {
 	    .flags = (unsigned long long)(flags | O_CLOEXEC),
@@ -127,6 +125,51 @@ static int open_resolved(int dirfd, const char *path, int flags, mode_t mode)
 		fd = syscall(SYS_openat2, dirfd, path, &how, sizeof(how));
 	while (fd < 0 && errno == EAGAIN && ++tries < BENEATH_EAGAIN_TRIES);
 	return fd < 0 ? -errno : (int)fd;
+}
+
+/* open_resolved_short for a path of any length: the kernel takes at most PATH_MAX bytes
+ * per call, but a tree can be deeper than that (made from a deep working directory), so a
+ * longer path is walked in pieces, each opened O_PATH beneath the last under the same
+ * resolve rules (no "..": every piece stays beneath dirfd). */
+static int open_resolved(int dirfd, const char *path, int flags, mode_t mode)
+{
+	size_t len = strlen(path);
+	int fd = -1, next;
+	char *piece;
+
+	if (len < PATH_MAX)
+		return open_resolved_short(dirfd, path, flags, mode);
+	piece = malloc(PATH_MAX);
+	if (!piece)
+		return -ENOMEM;
+	while (len >= PATH_MAX) {
+		size_t cut = PATH_MAX - 1;
+
+		while (cut > 0 && path[cut] != '/')
+			cut--;
+		if (cut == 0) {
+			next = -ENAMETOOLONG;
+			goto out;
+		}
+		memcpy(piece, path, cut);
+		piece[cut] = '\0';
+		next = open_resolved_short(fd < 0 ? dirfd : fd, piece, O_PATH | O_DIRECTORY, 0);
+		if (next < 0)
+			goto out;
+		if (fd >= 0)
+			close(fd);
+		fd = next;
+		while (path[cut] == '/')
+			cut++;
+		path += cut;
+		len -= cut;
+	}
+	next = open_resolved_short(fd, *path ? path : ".", flags, mode);
+out:
+	if (fd >= 0)
+		close(fd);
+	free(piece);
+	return next;
 }
 
 int cb_beneath_parent(int root, const char *path, const char **name)

@@ -6,7 +6,8 @@
  * its policy arguments are expected to grow with the sandbox's user namespace.
  *
  * The rule, for every function here: path is relative to root (refused: empty, absolute,
- * any ".." component, longer than PATH_MAX or a component longer than NAME_MAX); every
+ * any ".." component or a component longer than NAME_MAX; a path longer than PATH_MAX is
+ * resolved in pieces, as a tree can be deeper than one syscall's path); every
  * directory on the way is reached with openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
  * RESOLVE_NO_MAGICLINKS), and the last component is acted on through an O_PATH fd of its
  * directory with the *at() call's no-follow form, so a symlink anywhere (planted or swapped

@@ -585,6 +585,93 @@ static int remove_at(int parent, const char *name, dev_t dev, const char *path)
 	return ret;
 }
 
+struct walk {
+	int (*visit)(int dirfd, const char *name, const char *path, const struct stat *st,
+		     void *arg);
+	void *arg;
+	dev_t dev;
+	char *path; /* the path of the directory being read, grown as the walk goes down */
+	size_t cap;
+};
+
+static int walk_dir(struct walk *w, int fd, size_t len)
+{
+	DIR *dir = fdopendir(fd);
+	struct dirent *de;
+	int ret = 0;
+
+	if (!dir) {
+		ret = beneath_fail("walk", len ? w->path : ".", errno);
+		close(fd);
+		return ret;
+	}
+	while (!ret && (errno = 0, de = readdir(dir))) {
+		size_t l = strlen(de->d_name), at = len ? len + 1 : 0;
+		struct stat st;
+		int sub;
+
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		if (at + l + 1 > w->cap) {
+			size_t cap = (at + l + 1) * 2;
+			char *grown = realloc(w->path, cap);
+
+			if (!grown) {
+				ret = cb_error_set(ENOMEM, "walk: out of memory");
+				break;
+			}
+			w->path = grown;
+			w->cap = cap;
+		}
+		if (len)
+			w->path[len] = '/';
+		memcpy(w->path + at, de->d_name, l + 1);
+		if (fstatat(dirfd(dir), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			if (errno != ENOENT) /* gone meanwhile: nothing to visit */
+				ret = beneath_fail("walk", w->path, errno);
+			continue;
+		}
+		ret = w->visit(dirfd(dir), de->d_name, w->path, &st, w->arg);
+		if (ret || !S_ISDIR(st.st_mode) || st.st_dev != w->dev)
+			continue;
+		sub = openat(dirfd(dir), de->d_name,
+			     O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+		if (sub < 0) {
+			if (errno != ENOENT)
+				ret = beneath_fail("walk", w->path, errno);
+			continue;
+		}
+		ret = walk_dir(w, sub, at + l);
+		w->path[len] = '\0';
+	}
+	if (!ret && errno)
+		ret = beneath_fail("walk", len ? w->path : ".", errno);
+	closedir(dir);
+	return ret;
+}
+
+int cb_beneath_walk(int root,
+		    int (*visit)(int dirfd, const char *name, const char *path,
+				 const struct stat *st, void *arg),
+		    void *arg)
+{
+	struct walk w = {.visit = visit, .arg = arg};
+	struct stat st;
+	int fd = openat(root, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC), ret;
+
+	if (fd < 0)
+		return beneath_fail("walk", ".", errno);
+	if (fstat(fd, &st) < 0) {
+		ret = beneath_fail("walk", ".", errno);
+		close(fd);
+		return ret;
+	}
+	w.dev = st.st_dev;
+	ret = walk_dir(&w, fd, 0);
+	free(w.path);
+	return ret;
+}
+
 int cb_beneath_remove_tree(int root, const char *path)
 {
 	const char *name;

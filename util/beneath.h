@@ -90,6 +90,17 @@ int cb_beneath_unlink(int root, const char *path, int flags);
  * other mounts below it are not entered (their mount point cannot be removed: -EBUSY). */
 int cb_beneath_remove_tree(int root, const char *path);
 
+/* Calls visit for every entry below the directory fd root (not root itself), a directory
+ * before what it holds, at any depth: no symlink is followed and no other mount entered
+ * (nftw cannot: it works on whole paths, which a deep tree makes longer than PATH_MAX).
+ * dirfd is the entry's directory (for *at() calls with AT_SYMLINK_NOFOLLOW on name), path
+ * its path from root, st its lstat. visit returns 0 to go on, or a negative errno to stop;
+ * that (or the walk's own -errno with a message) is the result. */
+int cb_beneath_walk(int root,
+		    int (*visit)(int dirfd, const char *name, const char *path,
+				 const struct stat *st, void *arg),
+		    void *arg);
+
 /* Read regular file path from offset off: up to max bytes (until end of file), into a
  * malloc'd buffer NUL-terminated one past *n (free() it); *size is the file's size when it was
  * opened. A FIFO, device, socket or directory is refused at once, never waited on. */

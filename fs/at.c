@@ -10,64 +10,38 @@
 #include <unistd.h>
 
 #include "ov.h"
+#include "util/beneath.h"
 
 /* Room left below PATH_MAX for what is put around a path: "/proc/self/fd/N/" before it, a
  * temporary name's suffix after it. */
 #define OV_NEAR_MAX (PATH_MAX - 256)
 
+static int ov_open_dir(int dirfd, const char *piece)
+{
+	/* fs/ is upper/'s only writer and walks its own names, as a short path's *at() call
+	 * does in one step (see docs/hacking.md on util/beneath.c) */
+	int fd = openat(dirfd, piece, O_PATH | O_DIRECTORY | O_CLOEXEC);
+
+	return fd < 0 ? -errno : fd;
+}
+
 int ov_near(int rootfd, const char *path, const char **rest)
 {
-	size_t len = strlen(path);
-	int fd = -1, next, err;
-	char *piece;
+	int fd;
 
 	*rest = path; /* AT_FDCWD (a /proc path) passes through: it is short */
 	if (rootfd < 0 && rootfd != AT_FDCWD) {
 		errno = EBADF; /* no such layer: what the call itself would say */
 		return -1;
 	}
-	if (len < OV_NEAR_MAX)
+	if (strlen(path) < OV_NEAR_MAX)
 		return rootfd;
-	piece = malloc(OV_NEAR_MAX);
-	if (!piece) {
-		errno = ENOMEM;
+	fd = cb_beneath_near(rootfd, path, OV_NEAR_MAX, ov_open_dir, rest);
+	if (fd < 0) {
+		errno = -fd;
 		return -1;
 	}
-	while (len >= OV_NEAR_MAX) {
-		size_t cut = OV_NEAR_MAX - 1;
-
-		while (cut > 0 && path[cut] != '/')
-			cut--;
-		if (cut == 0) {
-			err = ENAMETOOLONG;
-			goto fail;
-		}
-		memcpy(piece, path, cut);
-		piece[cut] = '\0';
-		/* fs/ is upper/'s only writer and walks its own names, as a short path's
-		 * *at() call does in one step (see docs/hacking.md on util/beneath.c) */
-		next = openat(fd < 0 ? rootfd : fd, piece, O_PATH | O_DIRECTORY | O_CLOEXEC);
-		if (next < 0) {
-			err = errno;
-			goto fail;
-		}
-		if (fd >= 0)
-			close(fd);
-		fd = next;
-		while (path[cut] == '/')
-			cut++;
-		path += cut;
-		len -= cut;
-	}
-	free(piece);
-	*rest = *path ? path : ".";
 	return fd;
-fail:
-	if (fd >= 0)
-		close(fd);
-	free(piece);
-	errno = err;
-	return -1;
 }
 
 void ov_near_put(int rootfd, int fd)

@@ -127,35 +127,28 @@ static int open_resolved_short(int dirfd, const char *path, int flags, mode_t mo
 	return fd < 0 ? -errno : (int)fd;
 }
 
-/* open_resolved_short for a path of any length: the kernel takes at most PATH_MAX bytes
- * per call, but a tree can be deeper than that (made from a deep working directory), so a
- * longer path is walked in pieces, each opened O_PATH beneath the last under the same
- * resolve rules (no "..": every piece stays beneath dirfd). */
-static int open_resolved(int dirfd, const char *path, int flags, mode_t mode)
+int cb_beneath_near(int root, const char *path, size_t max,
+		    int (*open_dir)(int dirfd, const char *piece), const char **rest)
 {
 	size_t len = strlen(path);
-	int fd = -1, next;
-	char *piece;
+	int fd = -1, next = 0;
+	char *piece = malloc(max);
 
-	if (len < PATH_MAX)
-		return open_resolved_short(dirfd, path, flags, mode);
-	piece = malloc(PATH_MAX);
 	if (!piece)
 		return -ENOMEM;
-	while (len >= PATH_MAX) {
-		size_t cut = PATH_MAX - 1;
+	while (len >= max) {
+		size_t cut = max - 1;
 
 		while (cut > 0 && path[cut] != '/')
 			cut--;
 		if (cut == 0) {
 			next = -ENAMETOOLONG;
-			goto out;
+			break;
 		}
 		memcpy(piece, path, cut);
 		piece[cut] = '\0';
-		next = open_resolved_short(fd < 0 ? dirfd : fd, piece, O_PATH | O_DIRECTORY, 0);
-		if (next < 0)
-			goto out;
+		if ((next = open_dir(fd < 0 ? root : fd, piece)) < 0)
+			break;
 		if (fd >= 0)
 			close(fd);
 		fd = next;
@@ -164,12 +157,36 @@ static int open_resolved(int dirfd, const char *path, int flags, mode_t mode)
 		path += cut;
 		len -= cut;
 	}
-	next = open_resolved_short(fd, *path ? path : ".", flags, mode);
-out:
-	if (fd >= 0)
-		close(fd);
 	free(piece);
-	return next;
+	if (next < 0) {
+		if (fd >= 0)
+			close(fd);
+		return next;
+	}
+	*rest = *path ? path : ".";
+	return fd;
+}
+
+static int open_resolved_dir(int dirfd, const char *piece)
+{
+	return open_resolved_short(dirfd, piece, O_PATH | O_DIRECTORY, 0);
+}
+
+/* open_resolved_short for a path of any length: a longer path than one syscall takes is
+ * walked in pieces, each opened beneath the last under the same resolve rules (no "..":
+ * every piece stays beneath dirfd). */
+static int open_resolved(int dirfd, const char *path, int flags, mode_t mode)
+{
+	const char *rest;
+	int fd, ret;
+
+	if (strlen(path) < PATH_MAX)
+		return open_resolved_short(dirfd, path, flags, mode);
+	if ((fd = cb_beneath_near(dirfd, path, PATH_MAX, open_resolved_dir, &rest)) < 0)
+		return fd;
+	ret = open_resolved_short(fd, rest, flags, mode);
+	close(fd);
+	return ret;
 }
 
 int cb_beneath_parent(int root, const char *path, const char **name)

@@ -90,6 +90,14 @@ int cb_beneath_unlink(int root, const char *path, int flags);
  * other mounts below it are not entered (their mount point cannot be removed: -EBUSY). */
 int cb_beneath_remove_tree(int root, const char *path);
 
+/* For a path of max bytes or more (longer than one syscall takes: a tree can be deeper than
+ * PATH_MAX): walks it in pieces of under max bytes, each a directory opened by open_dir
+ * (an fd or -errno) beneath the last, and returns the last one's fd (the caller closes it)
+ * with what is left of path, under max bytes, in *rest. -errno (-ENAMETOOLONG for a name
+ * of max bytes) on failure. The resolve rules are open_dir's. */
+int cb_beneath_near(int root, const char *path, size_t max,
+		 int (*open_dir)(int dirfd, const char *piece), const char **rest);
+
 /* Calls visit for every entry below the directory fd root (not root itself), a directory
  * before what it holds, at any depth: no symlink is followed and no other mount entered
  * (nftw cannot: it works on whole paths, which a deep tree makes longer than PATH_MAX).

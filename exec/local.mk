@@ -18,3 +18,8 @@ TESTS += exec/test_sandbox
 exec_test_sandbox_SOURCES = exec/test_sandbox.c
 exec_test_sandbox_CFLAGS = $(CRITERION_TEST_CFLAGS)
 exec_test_sandbox_LDADD = exec/libcb_exec.la util/libcb_util.la $(SECCOMP_LIBS) $(CRITERION_TEST_LIBS)
+
+# The runner's exec/kill/stdin/close race stress under ThreadSanitizer, in its own build
+# (exec/tsan/ under the build tree, made by the script).
+TESTS += exec/test_run_tsan.sh
+EXTRA_DIST += exec/test_run_tsan.sh exec/stress_run.c

@@ -77,7 +77,7 @@ void cb_overlay_base_changed(struct cb_overlay *ov, const char *const *paths, si
 {
 	struct inval *v = NULL;
 	size_t nv = 0, cap = 0;
-	char buf[PATH_MAX];
+	char *buf;
 
 	if (!ov || !ov->se || !n)
 		return;
@@ -97,10 +97,11 @@ void cb_overlay_base_changed(struct cb_overlay *ov, const char *const *paths, si
 		for (const struct ov_name *nm = in->names; nm; nm = nm->next) {
 			int changed, listing;
 
-			if (ov_path_of_name(nm, buf, sizeof(buf)) < 0)
+			if (ov_path_of_name(nm, &buf) < 0)
 				continue;
 			changed = path_in(buf, paths, n);
 			listing = S_ISDIR(in->type) && dir_of_one(buf, paths, n);
+			free(buf);
 			if ((changed || listing) &&
 			    inval_add(&v, &nv, &cap, ino_of(in), changed ? ino_of(nm->parent) : 0,
 				      changed ? nm->name : NULL))

@@ -73,48 +73,52 @@ static int ov_copy_xattrs(struct cb_overlay *ov, const char *src, int dstfd, con
 
 static int ov_copy_meta(struct cb_overlay *ov, const char *path, const struct stat *st)
 {
-	char src[PATH_MAX + 64], dst[PATH_MAX + 64];
+	char *src = NULL, *dst = NULL;
 	struct timespec ts[2] = {st->st_atim, st->st_mtim};
-	int r;
+	int r, sheld = -1, dheld = -1;
 
 	uid_t uid = ov_id_store(ov, st->st_uid);
 	gid_t gid = (gid_t)ov_id_store(ov, st->st_gid);
 
-	if (fchownat(ov->upper_fd, path, uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
+	if (ov_fchownat(ov->upper_fd, path, uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
 		return -errno;
 	if (!S_ISLNK(st->st_mode) &&
-	    fchmodat(ov->upper_fd, path, ov_mode_allowed(ov, st->st_mode, uid, gid) & 07777, 0) < 0)
+	    ov_fchmodat(ov->upper_fd, path, ov_mode_allowed(ov, st->st_mode, uid, gid) & 07777, 0) <
+		0)
 		return -errno;
-	snprintf(src, sizeof(src), "%s/%s", ov->base_proc, path);
-	snprintf(dst, sizeof(dst), "%s/%s", ov->upper_proc, path);
+	if ((r = ov_proc_path(ov->base_fd, path, &src, &sheld)) < 0 ||
+	    (r = ov_proc_path(ov->upper_fd, path, &dst, &dheld)) < 0)
+		goto out;
 	r = ov_copy_xattrs(ov, src, -1, dst);
 	if (r < 0)
-		return r;
-	if (utimensat(ov->upper_fd, path, ts, AT_SYMLINK_NOFOLLOW) < 0)
-		return -errno;
-	return 0;
+		goto out;
+	if (ov_utimensat(ov->upper_fd, path, ts, AT_SYMLINK_NOFOLLOW) < 0)
+		r = -errno;
+out:
+	ov_proc_path_free(src, sheld);
+	ov_proc_path_free(dst, dheld);
+	return r;
 }
 
 /* Copies the regular file at path (whose parent exists in upper) into upper atomically. */
 static int ov_copy_file(struct cb_overlay *ov, const char *path, const struct stat *st,
 			int with_data)
 {
-	char dir[PATH_MAX], proc[64];
+	char *dir, proc[64], *src = NULL;
 	const char *slash = strrchr(path, '/');
-	int in = -1, out = -1, r = 0;
+	int in = -1, out = -1, r = 0, held = -1;
 	struct timespec ts[2] = {st->st_atim, st->st_mtim};
 
-	if (slash)
-		snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
-	else
-		strcpy(dir, ".");
-	out = openat(ov->upper_fd, dir, O_TMPFILE | O_RDWR | O_CLOEXEC, st->st_mode & 07777);
+	dir = slash ? strndup(path, (size_t)(slash - path)) : strdup(".");
+	if (!dir)
+		return -ENOMEM;
+	out = ov_openat(ov->upper_fd, dir, O_TMPFILE | O_RDWR | O_CLOEXEC, st->st_mode & 07777);
 	if (out < 0) {
 		r = -errno;
 		goto out;
 	}
 	if (with_data && st->st_size > 0) {
-		in = openat(ov->base_fd, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+		in = ov_openat(ov->base_fd, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
 		if (in < 0) {
 			r = -errno;
 			goto out;
@@ -130,18 +134,19 @@ static int ov_copy_file(struct cb_overlay *ov, const char *path, const struct st
 		r = -errno;
 		goto out;
 	}
-	{
-		char src[PATH_MAX + 64];
-		snprintf(src, sizeof(src), "%s/%s", ov->base_proc, path);
-		snprintf(proc, sizeof(proc), "/proc/self/fd/%d", out);
-		r = ov_copy_xattrs(ov, src, out, NULL);
-		if (r < 0)
-			goto out;
-	}
+	r = ov_proc_path(ov->base_fd, path, &src, &held);
+	if (r < 0)
+		goto out;
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", out);
+	r = ov_copy_xattrs(ov, src, out, NULL);
+	if (r < 0)
+		goto out;
 	if (futimens(out, ts) < 0 ||
-	    linkat(AT_FDCWD, proc, ov->upper_fd, path, AT_SYMLINK_FOLLOW) < 0)
+	    ov_linkat(AT_FDCWD, proc, ov->upper_fd, path, AT_SYMLINK_FOLLOW) < 0)
 		r = -errno;
 out:
+	ov_proc_path_free(src, held);
+	free(dir);
 	if (in >= 0)
 		close(in);
 	if (out >= 0)
@@ -156,11 +161,11 @@ static int ov_copy_special(struct cb_overlay *ov, const char *path, const struct
 	ssize_t n;
 
 	if (S_ISLNK(st->st_mode)) {
-		n = readlinkat(ov->base_fd, path, target, sizeof(target) - 1);
+		n = ov_readlinkat(ov->base_fd, path, target, sizeof(target) - 1);
 		if (n < 0)
 			return -errno;
 		target[n] = '\0';
-		if (symlinkat(target, ov->upper_fd, path) < 0)
+		if (ov_symlinkat(target, ov->upper_fd, path) < 0)
 			return -errno;
 	} else if (ov_node_is_whiteout(st->st_mode, st->st_rdev)) {
 		/* a base 0/0 device copied to upper would become a whiteout and hide itself */
@@ -168,7 +173,7 @@ static int ov_copy_special(struct cb_overlay *ov, const char *path, const struct
 				    "copy-up %s: a 0/0 character device is a whiteout in "
 				    "the upper layer",
 				    path);
-	} else if (mknodat(ov->upper_fd, path, st->st_mode, st->st_rdev) < 0) {
+	} else if (ov_mknodat(ov->upper_fd, path, st->st_mode, st->st_rdev) < 0) {
 		return -errno;
 	}
 	return ov_copy_meta(ov, path, st);
@@ -191,7 +196,7 @@ static int ov_copy_entry(struct cb_overlay *ov, const char *path, const struct s
 	if (S_ISREG(st->st_mode)) {
 		r = ov_copy_file(ov, path, st, with_data);
 	} else if (S_ISDIR(st->st_mode)) {
-		if (mkdirat(ov->upper_fd, path, 0700) < 0)
+		if (ov_mkdirat(ov->upper_fd, path, 0700) < 0)
 			r = -errno;
 		if (r == -EEXIST) { /* already there, and counted */
 			ov_quota_give(ov, cost, 1);
@@ -241,7 +246,7 @@ int ov_ensure_upper_dir(struct cb_overlay *ov, struct ov_inode *dir)
  * directories; no-op if already in upper. Caller holds ns (read or write). 0 or -errno. */
 int ov_copy_up(struct cb_overlay *ov, struct ov_inode *in, int with_data)
 {
-	char path[PATH_MAX];
+	char *path = NULL;
 	struct stat st;
 	int r;
 
@@ -255,7 +260,7 @@ int ov_copy_up(struct cb_overlay *ov, struct ov_inode *in, int with_data)
 	pthread_mutex_lock(&in->lock);
 	if (atomic_load(&in->layer) == OV_UPPER)
 		goto out;
-	r = ov_path(in, NULL, path, sizeof(path));
+	r = ov_path(in, NULL, &path);
 	if (r < 0)
 		goto out;
 	r = ov_lstat(ov->base_fd, path, &st);
@@ -271,6 +276,7 @@ int ov_copy_up(struct cb_overlay *ov, struct ov_inode *in, int with_data)
 	r = ov_rehome(ov, in, path);
 out:
 	pthread_mutex_unlock(&in->lock);
+	free(path);
 	return r;
 }
 
@@ -278,12 +284,12 @@ out:
  * upper, moving known inodes to their upper identity. Caller holds ns write. */
 static int ov_copy_tree_path(struct cb_overlay *ov, const char *path)
 {
-	char child[PATH_MAX];
+	char *child = NULL;
 	int fd, r = 0;
 	DIR *d;
 	struct dirent *de;
 
-	fd = openat(ov->base_fd, path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	fd = ov_openat(ov->base_fd, path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
 	if (fd < 0)
 		return errno == ENOENT || errno == ENOTDIR ? 0 : -errno;
 	d = fdopendir(fd);
@@ -294,13 +300,13 @@ static int ov_copy_tree_path(struct cb_overlay *ov, const char *path)
 	while ((de = readdir(d))) {
 		struct stat bst, ust;
 		struct ov_inode *in;
-		int n;
 
 		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
 			continue;
-		n = snprintf(child, sizeof(child), "%s/%s", path, de->d_name);
-		if (n < 0 || (size_t)n >= sizeof(child)) {
-			r = -ENAMETOOLONG;
+		free(child);
+		if (asprintf(&child, "%s/%s", path, de->d_name) < 0) {
+			child = NULL;
+			r = -ENOMEM;
 			break;
 		}
 		if (fstatat(fd, de->d_name, &bst, AT_SYMLINK_NOFOLLOW) < 0) {
@@ -311,7 +317,7 @@ static int ov_copy_tree_path(struct cb_overlay *ov, const char *path)
 			/* present in upper: a whiteout, a file that hides it, or a directory
 			 * that merges with it unless opaque */
 			if (S_ISDIR(ust.st_mode) && S_ISDIR(bst.st_mode) &&
-			    !ov_is_opaque(ov->upper_proc, child))
+			    !ov_is_opaque(ov->upper_fd, child))
 				r = ov_copy_tree_path(ov, child);
 		} else {
 			r = ov_copy_entry(ov, child, &bst, 1);
@@ -341,6 +347,7 @@ static int ov_copy_tree_path(struct cb_overlay *ov, const char *path)
 		}
 	}
 	closedir(d);
+	free(child);
 	return r;
 }
 
@@ -348,22 +355,28 @@ static int ov_copy_tree_path(struct cb_overlay *ov, const char *path)
  * no longer depends on the base at its path and can be renamed. Caller holds ns write. */
 int ov_copy_up_tree(struct cb_overlay *ov, struct ov_inode *dir)
 {
-	char path[PATH_MAX];
+	char *path = NULL;
 	int r = ov_copy_up(ov, dir, 0);
 
 	if (r < 0)
 		return r;
-	r = ov_path(dir, NULL, path, sizeof(path));
+	r = ov_path(dir, NULL, &path);
 	if (r < 0)
 		return r;
 	if (dir->merged) {
 		r = ov_copy_tree_path(ov, path);
-		if (r < 0)
-			return cb_error_set(-r, "copy-up of directory %s: %s", path, strerror(-r));
+		if (r < 0) {
+			r = cb_error_set(-r, "copy-up of directory %s: %s", path, strerror(-r));
+			goto out;
+		}
 	}
-	r = ov_set_opaque(ov->upper_proc, path);
-	if (r < 0)
-		return cb_error_set(-r, "mark %s opaque: %s", path, strerror(-r));
+	r = ov_set_opaque(ov->upper_fd, path);
+	if (r < 0) {
+		r = cb_error_set(-r, "mark %s opaque: %s", path, strerror(-r));
+		goto out;
+	}
 	dir->merged = 0;
-	return 0;
+out:
+	free(path);
+	return r;
 }

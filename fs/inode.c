@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -228,68 +229,61 @@ int ov_inode_rename_name(struct ov_inode *in, struct ov_inode *oldparent, const 
 	return 0;
 }
 
-/* Writes the layer-relative path of name n into buf. Returns its length, -ENAMETOOLONG, or
- * -ENOENT if a directory on the way has lost its name (removed while referenced). */
-int ov_path_of_name(const struct ov_name *n, char *buf, size_t size)
+/* The layer-relative path of name n, then "/" and child when child is not NULL: a malloc'd
+ * string in *out (of any length: a tree can be deeper than PATH_MAX). Returns its length,
+ * -ENOMEM, or -ENOENT if a directory on the way has lost its name (removed while referenced). */
+static int ov_path_build(const struct ov_name *n, const char *child, char **out)
 {
-	const struct ov_name *chain[PATH_MAX / 2];
-	size_t depth = 0, len = 0, l;
-	const struct ov_name *c = n;
+	const struct ov_name *c;
+	size_t len = child ? strlen(child) : 0, at;
+	char *buf;
 
-	for (;;) {
-		if (depth == sizeof(chain) / sizeof(chain[0]))
-			return -ENAMETOOLONG;
-		chain[depth++] = c;
-		if (c->parent->is_root)
-			break;
-		c = c->parent->names;
-		if (!c)
+	*out = NULL;
+	/* first the length, walking up; then the names, written from the end */
+	for (c = n; c; c = c->parent->is_root ? NULL : c->parent->names) {
+		len += strlen(c->name) + (len ? 1 : 0);
+		if (!c->parent->is_root && !c->parent->names)
 			return -ENOENT;
 	}
-	while (depth--) {
-		l = strlen(chain[depth]->name);
-		if (len + l + 1 > size)
-			return -ENAMETOOLONG;
-		memcpy(buf + len, chain[depth]->name, l);
-		len += l;
-		buf[len++] = depth ? '/' : '\0';
+	if (len > INT_MAX - 1 || !(buf = malloc(len + 1)))
+		return -ENOMEM;
+	at = len;
+	buf[at] = '\0';
+	if (child) {
+		at -= strlen(child);
+		memcpy(buf + at, child, strlen(child));
 	}
-	return (int)len - 1;
+	for (c = n; c; c = c->parent->is_root ? NULL : c->parent->names) {
+		size_t l = strlen(c->name);
+
+		if (at < len)
+			buf[--at] = '/';
+		at -= l;
+		memcpy(buf + at, c->name, l);
+	}
+	*out = buf;
+	return (int)len;
 }
 
-/* Writes the path of in, or of in's child called child when child is not NULL, into buf.
- * Returns the length or a negative errno (see ov_path_of_name). Caller holds ns read. */
-int ov_path(const struct ov_inode *in, const char *child, char *buf, size_t size)
+/* The layer-relative path of name n in *out (malloc'd; see ov_path_build). */
+int ov_path_of_name(const struct ov_name *n, char **out)
 {
-	int len;
-	size_t l;
+	return ov_path_build(n, NULL, out);
+}
 
+/* The path of in, or of in's child called child when child is not NULL, malloc'd in *out
+ * ("." for the root itself). Returns the length or a negative errno (see ov_path_build).
+ * Caller holds ns read. */
+int ov_path(const struct ov_inode *in, const char *child, char **out)
+{
+	*out = NULL;
 	if (in->is_root) {
-		if (size < 2)
-			return -ENAMETOOLONG;
-		len = 1;
-		memcpy(buf, ".", 2);
-	} else if (!in->names) {
+		*out = strdup(child ? child : ".");
+		return *out ? (int)strlen(*out) : -ENOMEM;
+	}
+	if (!in->names)
 		return -ENOENT;
-	} else {
-		len = ov_path_of_name(in->names, buf, size);
-		if (len < 0)
-			return len;
-	}
-	if (!child)
-		return len;
-	l = strlen(child);
-	if (len == 1 && buf[0] == '.') {
-		if (l + 1 > size)
-			return -ENAMETOOLONG;
-		memcpy(buf, child, l + 1);
-		return (int)l;
-	}
-	if ((size_t)len + l + 2 > size)
-		return -ENAMETOOLONG;
-	buf[len] = '/';
-	memcpy(buf + len + 1, child, l + 1);
-	return len + 1 + (int)l;
+	return ov_path_build(in->names, child, out);
 }
 
 /* Frees in if nothing refers to it any more (no kernel lookups, no child names), then goes

@@ -164,15 +164,17 @@ int ov_mark_path(struct cb_overlay *ov, fuse_req_t req, const char *path, enum c
 int ov_mark_child(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *parent, const char *name,
 		  enum cb_change_kind kind, int subtree)
 {
-	char path[PATH_MAX];
+	char *path;
 	int r;
 
 	if (!ov->db)
 		return 0;
-	r = ov_path(parent, name, path, sizeof(path));
+	r = ov_path(parent, name, &path);
 	if (r < 0)
 		return r;
-	return ov_mark_path(ov, req, path, kind, subtree);
+	r = ov_mark_path(ov, req, path, kind, subtree);
+	free(path);
+	return r;
 }
 
 /* Records a content (CB_CHANGE_WRITE) or metadata (CB_CHANGE_META) change of in under every
@@ -183,9 +185,9 @@ int ov_mark_inode(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *in,
 	_Atomic uint64_t *gen = kind == CB_CHANGE_META ? &in->meta_gen : &in->write_gen;
 	uint64_t g = atomic_load(&ov->gen);
 	struct cb_change c[16];
-	char paths[16][PATH_MAX];
+	char *paths[16];
 	struct ov_name *nm;
-	size_t n = 0;
+	size_t n = 0, i;
 	int r;
 
 	if (atomic_load(gen) == g)
@@ -193,13 +195,15 @@ int ov_mark_inode(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *in,
 	if (ov->db) {
 		pthread_mutex_lock(&ov->tab_lock);
 		for (nm = in->names; nm && n < 16; nm = nm->next) {
-			if (ov_path_of_name(nm, paths[n], sizeof(paths[n])) < 0)
+			if (ov_path_of_name(nm, &paths[n]) < 0)
 				continue;
 			c[n] = (struct cb_change){.path = paths[n], .kind = kind};
 			n++;
 		}
 		pthread_mutex_unlock(&ov->tab_lock);
 		r = ov_mark(ov, req, c, n);
+		for (i = 0; i < n; i++)
+			free(paths[i]);
 		if (r < 0)
 			return r;
 	}

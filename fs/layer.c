@@ -29,44 +29,42 @@ int ov_is_whiteout(const struct stat *st)
 /* lstat of path relative to a layer root; 0 or -errno. */
 int ov_lstat(int rootfd, const char *path, struct stat *st)
 {
-	if (fstatat(rootfd, path, st, AT_SYMLINK_NOFOLLOW) < 0)
+	if (ov_fstatat(rootfd, path, st, AT_SYMLINK_NOFOLLOW) < 0)
 		return -errno;
 	return 0;
 }
 
-static int ov_proc_path(const char *proc_root, const char *path, char *buf, size_t size)
+/* 1 if the directory at path (relative to the layer root rootfd) is opaque, 0 if not; errors
+ * count as not opaque. */
+int ov_is_opaque(int rootfd, const char *path)
 {
-	int n = snprintf(buf, size, "%s/%s", proc_root, path);
+	char *full, v[2];
+	int held, r;
 
-	return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
-}
-
-/* 1 if the directory at path (relative to the root named by proc_root, "/proc/self/fd/N")
- * is opaque, 0 if not; errors count as not opaque. */
-int ov_is_opaque(const char *proc_root, const char *path)
-{
-	char full[PATH_MAX + 64], v[2];
-
-	if (ov_proc_path(proc_root, path, full, sizeof(full)) < 0)
+	if (ov_proc_path(rootfd, path, &full, &held) < 0)
 		return 0;
-	return lgetxattr(full, OV_OPAQUE_XATTR, v, sizeof(v)) == 1 && v[0] == 'y';
+	r = lgetxattr(full, OV_OPAQUE_XATTR, v, sizeof(v)) == 1 && v[0] == 'y';
+	ov_proc_path_free(full, held);
+	return r;
 }
 
 /* Marks the directory at path opaque; 0 or -errno. */
-int ov_set_opaque(const char *proc_root, const char *path)
+int ov_set_opaque(int rootfd, const char *path)
 {
-	char full[PATH_MAX + 64];
-	int r = ov_proc_path(proc_root, path, full, sizeof(full));
+	char *full;
+	int held, r = ov_proc_path(rootfd, path, &full, &held);
 
 	if (r < 0)
 		return r;
-	return lsetxattr(full, OV_OPAQUE_XATTR, "y", 1, 0) < 0 ? -errno : 0;
+	r = lsetxattr(full, OV_OPAQUE_XATTR, "y", 1, 0) < 0 ? -errno : 0;
+	ov_proc_path_free(full, held);
+	return r;
 }
 
 /* Creates a whiteout at path, where nothing may exist; 0 or -errno. */
 int ov_make_whiteout(int rootfd, const char *path)
 {
-	return mknodat(rootfd, path, S_IFCHR | 0, makedev(0, 0)) < 0 ? -errno : 0;
+	return ov_mknodat(rootfd, path, S_IFCHR | 0, makedev(0, 0)) < 0 ? -errno : 0;
 }
 
 /* Atomically replaces the non-directory at path with a whiteout (a crash leaves either the
@@ -74,21 +72,19 @@ int ov_make_whiteout(int rootfd, const char *path)
 int ov_whiteout_replace(int rootfd, const char *path)
 {
 	static _Atomic unsigned long counter;
-	char tmp[PATH_MAX + 64];
+	char *tmp;
 	const char *slash = strrchr(path, '/');
 	int dirlen = slash ? (int)(slash - path) + 1 : 0, r;
 
-	r = snprintf(tmp, sizeof(tmp), "%.*s.cbwh.%d.%lu", dirlen, path, (int)getpid(),
-		     (unsigned long)atomic_fetch_add(&counter, 1));
-	if (r < 0 || (size_t)r >= sizeof(tmp))
-		return -ENAMETOOLONG;
+	if (asprintf(&tmp, "%.*s.cbwh.%d.%lu", dirlen, path, (int)getpid(),
+		     (unsigned long)atomic_fetch_add(&counter, 1)) < 0)
+		return -ENOMEM;
 	r = ov_make_whiteout(rootfd, tmp);
-	if (r < 0)
-		return r;
-	if (renameat(rootfd, tmp, rootfd, path) < 0) {
+	if (r == 0 && ov_renameat(rootfd, tmp, path, 0) < 0) {
 		r = -errno;
-		unlinkat(rootfd, tmp, 0);
+		ov_unlinkat(rootfd, tmp, 0);
 	}
+	free(tmp);
 	return r;
 }
 
@@ -96,7 +92,7 @@ int ov_whiteout_replace(int rootfd, const char *path)
  * can be removed or replaced. Returns 0, -ENOTEMPTY if something else is in it, or -errno. */
 int ov_clear_whiteouts(int rootfd, const char *path)
 {
-	int fd = openat(rootfd, path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), r = 0;
+	int fd = ov_openat(rootfd, path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0), r = 0;
 	DIR *d;
 	struct dirent *de;
 

@@ -231,8 +231,6 @@ static int ov_setup(const struct cb_overlay_config *cfg, struct cb_overlay *ov)
 	r = ov_check_mountpoint(cfg->mountpoint);
 	if (r < 0)
 		return r;
-	snprintf(ov->upper_proc, sizeof(ov->upper_proc), "/proc/self/fd/%d", ov->upper_fd);
-	snprintf(ov->base_proc, sizeof(ov->base_proc), "/proc/self/fd/%d", ov->base_fd);
 	if (ov_table_init(&ov->tab) < 0)
 		return cb_error_set(ENOMEM, "overlay: out of memory");
 	ov->root = ov_inode_new(OV_UPPER, &ust);

@@ -14,9 +14,10 @@
 #include "ov.h"
 
 /* Gets parent/name ready for a new upper entry: the parent is copied up and a whiteout
- * in the way is removed (*had_whiteout says so). Caller holds ns. */
+ * in the way is removed (*had_whiteout says so); *path is its path (malloc'd, also on an
+ * error after it was made: the caller frees it). Caller holds ns. */
 static int ov_prepare_new(struct cb_overlay *ov, struct ov_inode *parent, const char *name,
-			  char *path, size_t size, int *had_whiteout)
+			  char **path, int *had_whiteout)
 {
 	struct stat st;
 	int r = ov_ensure_upper_dir(ov, parent);
@@ -24,11 +25,11 @@ static int ov_prepare_new(struct cb_overlay *ov, struct ov_inode *parent, const 
 	*had_whiteout = 0;
 	if (r < 0)
 		return r;
-	r = ov_path(parent, name, path, size);
+	r = ov_path(parent, name, path);
 	if (r < 0)
 		return r;
-	if (ov_lstat(ov->upper_fd, path, &st) == 0 && ov_is_whiteout(&st)) {
-		if (unlinkat(ov->upper_fd, path, 0) < 0)
+	if (ov_lstat(ov->upper_fd, *path, &st) == 0 && ov_is_whiteout(&st)) {
+		if (ov_unlinkat(ov->upper_fd, *path, 0) < 0)
 			return -errno;
 		*had_whiteout = 1;
 	}
@@ -52,13 +53,13 @@ static int ov_finish_new(struct cb_overlay *ov, fuse_req_t req, const char *path
 		set_gid = (gid_t)-1;
 	}
 	if ((uid != st.st_uid || (set_gid != (gid_t)-1 && set_gid != st.st_gid)) &&
-	    fchownat(ov->upper_fd, path, uid, set_gid, AT_SYMLINK_NOFOLLOW) < 0)
+	    ov_fchownat(ov->upper_fd, path, uid, set_gid, AT_SYMLINK_NOFOLLOW) < 0)
 		return -errno;
 	mode_t want = ov_mode_allowed(ov, mode, uid, gid);
 	/* chown dropped any set-id bits the creation kept; the umask may have cut others */
 	if (!S_ISLNK(mode) && ((mode & ov->umask & 07777) || (want & 06000) || want != mode)) {
 		if (fd >= 0 ? fchmod(fd, want & 07777)
-			    : fchmodat(ov->upper_fd, path, want & 07777, 0))
+			    : ov_fchmodat(ov->upper_fd, path, want & 07777, 0))
 			return -errno;
 	}
 	return 0;
@@ -80,7 +81,7 @@ static void ov_make_node(fuse_req_t req, fuse_ino_t parent_ino, const char *name
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *parent = ov_inode_get(ov, parent_ino);
 	struct fuse_entry_param e;
-	char path[PATH_MAX];
+	char *path = NULL;
 	int r, had_whiteout;
 
 	/* A 0/0 character device is what a whiteout is on disk: made in upper it would hide its
@@ -91,7 +92,7 @@ static void ov_make_node(fuse_req_t req, fuse_ino_t parent_ino, const char *name
 		return;
 	}
 	pthread_rwlock_rdlock(&ov->ns_lock);
-	r = ov_prepare_new(ov, parent, name, path, sizeof(path), &had_whiteout);
+	r = ov_prepare_new(ov, parent, name, &path, &had_whiteout);
 	if (r == 0)
 		r = ov_quota_take(ov, (long long)ov_quota_cost(mode, 0), 1);
 	if (r == 0 && (r = ov_mark_child(ov, req, parent, name, CB_CHANGE_CREATE, 0)) < 0)
@@ -99,11 +100,11 @@ static void ov_make_node(fuse_req_t req, fuse_ino_t parent_ino, const char *name
 	if (r < 0)
 		goto out;
 	if (link_target)
-		r = symlinkat(link_target, ov->upper_fd, path);
+		r = ov_symlinkat(link_target, ov->upper_fd, path);
 	else if (S_ISDIR(mode))
-		r = mkdirat(ov->upper_fd, path, mode & 07777);
+		r = ov_mkdirat(ov->upper_fd, path, mode & 07777);
 	else
-		r = mknodat(ov->upper_fd, path, mode, rdev);
+		r = ov_mknodat(ov->upper_fd, path, mode, rdev);
 	if (r < 0) {
 		r = -errno;
 		ov_quota_give(ov, (long long)ov_quota_cost(mode, 0), 1);
@@ -111,7 +112,7 @@ static void ov_make_node(fuse_req_t req, fuse_ino_t parent_ino, const char *name
 	}
 	/* a directory made where a base entry was deleted must not show the base's contents */
 	if (S_ISDIR(mode) && had_whiteout)
-		r = ov_set_opaque(ov->upper_proc, path);
+		r = ov_set_opaque(ov->upper_fd, path);
 	if (r == 0)
 		r = ov_finish_new(ov, req, path, link_target ? S_IFLNK : mode, -1);
 	if (r == 0)
@@ -122,6 +123,7 @@ static void ov_make_node(fuse_req_t req, fuse_ino_t parent_ino, const char *name
 	}
 out:
 	pthread_rwlock_unlock(&ov->ns_lock);
+	free(path);
 	if (r < 0)
 		fuse_reply_err(req, -r);
 	else
@@ -160,18 +162,18 @@ static void ov_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 	struct ov_inode *parent = ov_inode_get(ov, parent_ino);
 	struct fuse_entry_param e;
 	struct ov_file *f = NULL;
-	char path[PATH_MAX];
+	char *path = NULL;
 	int r, had_whiteout, fd = -1;
 
 	pthread_rwlock_rdlock(&ov->ns_lock);
-	r = ov_prepare_new(ov, parent, name, path, sizeof(path), &had_whiteout);
+	r = ov_prepare_new(ov, parent, name, &path, &had_whiteout);
 	if (r == 0)
 		r = ov_quota_take(ov, 0, 1);
 	if (r == 0 && (r = ov_mark_child(ov, req, parent, name, CB_CHANGE_CREATE, 0)) < 0)
 		ov_quota_give(ov, 0, 1);
 	if (r < 0)
 		goto out;
-	fd = openat(ov->upper_fd, path, ov_open_flags(fi->flags) | O_CREAT, mode & 07777);
+	fd = ov_openat(ov->upper_fd, path, ov_open_flags(fi->flags) | O_CREAT, mode & 07777);
 	if (fd < 0) {
 		r = -errno;
 		ov_quota_give(ov, 0, 1);
@@ -202,6 +204,7 @@ static void ov_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 		fi->direct_io = 1; /* see ov_open: ENOSPC at write(2) on a nearly full disk */
 out:
 	pthread_rwlock_unlock(&ov->ns_lock);
+	free(path);
 	if (fd >= 0)
 		close(fd);
 	if (r < 0)
@@ -218,26 +221,28 @@ static void ov_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent_ino, co
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *in = ov_inode_get(ov, ino), *parent = ov_inode_get(ov, newparent_ino);
 	struct fuse_entry_param e;
-	char path[PATH_MAX], oldpath[PATH_MAX];
+	char *path = NULL, *oldpath = NULL;
 	int r, had_whiteout;
 
 	pthread_rwlock_rdlock(&ov->ns_lock);
 	r = ov_copy_up(ov, in, 1);
 	if (r == 0)
-		r = ov_prepare_new(ov, parent, newname, path, sizeof(path), &had_whiteout);
+		r = ov_prepare_new(ov, parent, newname, &path, &had_whiteout);
 	if (r == 0)
-		r = ov_path(in, NULL, oldpath, sizeof(oldpath));
+		r = ov_path(in, NULL, &oldpath);
 	if (r >= 0)
 		r = ov_mark_child(ov, req, parent, newname, CB_CHANGE_CREATE, 0);
 	if (r < 0)
 		goto out;
-	if (linkat(ov->upper_fd, oldpath, ov->upper_fd, path, 0) < 0) {
+	if (ov_linkat(ov->upper_fd, oldpath, ov->upper_fd, path, 0) < 0) {
 		r = -errno;
 		goto out;
 	}
 	r = ov_lookup_child(ov, parent, newname, &e);
 out:
 	pthread_rwlock_unlock(&ov->ns_lock);
+	free(path);
+	free(oldpath);
 	if (r < 0)
 		fuse_reply_err(req, -r);
 	else
@@ -260,14 +265,14 @@ void ov_locate(struct cb_overlay *ov, struct ov_inode *parent, const char *path,
 /* 0 if the directory at path shows no entries in the mount, -ENOTEMPTY if it does. */
 int ov_dir_empty(struct cb_overlay *ov, const char *path, int in_upper, int merged)
 {
-	char child[PATH_MAX];
+	char *child = NULL;
 	int r = 0;
 	DIR *d;
 	struct dirent *de;
 	int fd;
 
 	if (in_upper) {
-		fd = openat(ov->upper_fd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		fd = ov_openat(ov->upper_fd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
 		if (fd < 0 || !(d = fdopendir(fd))) {
 			if (fd >= 0)
 				close(fd);
@@ -285,7 +290,7 @@ int ov_dir_empty(struct cb_overlay *ov, const char *path, int in_upper, int merg
 	}
 	if (r < 0 || !merged)
 		return r;
-	fd = openat(ov->base_fd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	fd = ov_openat(ov->base_fd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
 	if (fd < 0 || !(d = fdopendir(fd))) {
 		if (fd >= 0)
 			close(fd);
@@ -295,11 +300,17 @@ int ov_dir_empty(struct cb_overlay *ov, const char *path, int in_upper, int merg
 		struct stat st;
 		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
 			continue;
-		snprintf(child, sizeof(child), "%s/%s", path, de->d_name);
-		if (!in_upper || ov_lstat(ov->upper_fd, child, &st) < 0 || !ov_is_whiteout(&st))
+		free(child);
+		if (asprintf(&child, "%s/%s", path, de->d_name) < 0) {
+			child = NULL;
+			r = -ENOMEM;
+		} else if (!in_upper || ov_lstat(ov->upper_fd, child, &st) < 0 ||
+			   !ov_is_whiteout(&st)) {
 			r = -ENOTEMPTY;
+		}
 	}
 	closedir(d);
+	free(child);
 	return r;
 }
 
@@ -339,8 +350,8 @@ int ov_keep_fd_for(struct cb_overlay *ov, struct ov_inode *in, const char *path)
 {
 	if (!in || !in->names || in->names->next || in->nlookup == 0)
 		return -1;
-	return openat(ov_layer_fd(ov, atomic_load(&in->layer)), path,
-		      O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	return ov_openat(ov_layer_fd(ov, atomic_load(&in->layer)), path,
+			 O_PATH | O_NOFOLLOW | O_CLOEXEC, 0);
 }
 
 /* An upper entry (ust) lost a name: its inode leaves the quota now, or at the last close if
@@ -364,12 +375,12 @@ static void ov_remove(fuse_req_t req, fuse_ino_t parent_ino, const char *name, i
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *parent = ov_inode_get(ov, parent_ino), *in;
-	char path[PATH_MAX];
+	char *path = NULL;
 	struct stat ust, bst;
 	int r, in_upper, in_base, keep = -1;
 
 	pthread_rwlock_wrlock(&ov->ns_lock);
-	r = ov_path(parent, name, path, sizeof(path));
+	r = ov_path(parent, name, &path);
 	if (r < 0)
 		goto out;
 	ov_locate(ov, parent, path, &in_upper, &ust, &in_base, &bst);
@@ -379,7 +390,7 @@ static void ov_remove(fuse_req_t req, fuse_ino_t parent_ino, const char *name, i
 	}
 	if (dir) {
 		int merged = in_base && S_ISDIR(bst.st_mode) &&
-			     (!in_upper || !ov_is_opaque(ov->upper_proc, path));
+			     (!in_upper || !ov_is_opaque(ov->upper_fd, path));
 		if (!S_ISDIR((in_upper ? ust : bst).st_mode)) {
 			r = -ENOTDIR;
 			goto out;
@@ -396,16 +407,16 @@ static void ov_remove(fuse_req_t req, fuse_ino_t parent_ino, const char *name, i
 		keep = ov_keep_fd_for(ov, in, path);
 	if (in_upper && dir) {
 		r = ov_clear_whiteouts(ov->upper_fd, path);
-		if (r == 0 && unlinkat(ov->upper_fd, path, AT_REMOVEDIR) < 0)
+		if (r == 0 && ov_unlinkat(ov->upper_fd, path, AT_REMOVEDIR) < 0)
 			r = -errno;
 		if (r == 0)
 			ov_quota_gone(ov, &ust);
 		if (r == 0 && in_base)
 			r = ov_make_whiteout(ov->upper_fd, path);
 	} else if (in_upper) {
-		r = in_base				  ? ov_whiteout_replace(ov->upper_fd, path)
-		    : unlinkat(ov->upper_fd, path, 0) < 0 ? -errno
-							  : 0;
+		r = in_base ? ov_whiteout_replace(ov->upper_fd, path)
+		    : ov_unlinkat(ov->upper_fd, path, 0) < 0 ? -errno
+							     : 0;
 		if (r == 0)
 			ov_upper_name_gone(ov, in, &ust, keep);
 	} else {
@@ -417,6 +428,7 @@ static void ov_remove(fuse_req_t req, fuse_ino_t parent_ino, const char *name, i
 		ov_name_gone(ov, in, parent, name, keep), keep = -1;
 out:
 	pthread_rwlock_unlock(&ov->ns_lock);
+	free(path);
 	if (keep >= 0)
 		close(keep);
 	fuse_reply_err(req, -r);

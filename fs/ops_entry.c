@@ -25,30 +25,23 @@ int ov_layer_fd(struct cb_overlay *ov, int layer)
 	return layer == OV_UPPER ? ov->upper_fd : ov->base_fd;
 }
 
-/* Finds parent/name in upper then base, and returns its inode with one more kernel
- * reference in e (e->ino 0 and -ENOENT when it does not exist). Caller holds ns read. */
-int ov_lookup_child(struct cb_overlay *ov, struct ov_inode *parent, const char *name,
-		    struct fuse_entry_param *e)
+/* Where parent's child at path is: its stat, the layer that shows it and whether it is a
+ * directory merging with the base's; -ENOENT when the mount shows nothing there. */
+static int ov_lookup_at(struct cb_overlay *ov, struct ov_inode *parent, const char *path,
+			struct stat *st, int *layerp, int *mergedp)
 {
-	char path[PATH_MAX];
-	struct stat st, bst;
-	struct ov_inode *in;
+	struct stat bst;
 	int r, layer = -1, merged = 0;
 
-	memset(e, 0, sizeof(*e));
-	e->attr_timeout = e->entry_timeout = OV_TIMEOUT;
-	r = ov_path(parent, name, path, sizeof(path));
-	if (r < 0)
-		return r;
 	if (atomic_load(&parent->layer) == OV_UPPER) {
-		r = ov_lstat(ov->upper_fd, path, &st);
+		r = ov_lstat(ov->upper_fd, path, st);
 		if (r == 0) {
-			if (ov_is_whiteout(&st))
+			if (ov_is_whiteout(st))
 				return -ENOENT;
 			layer = OV_UPPER;
-			if (S_ISDIR(st.st_mode) && parent->merged &&
+			if (S_ISDIR(st->st_mode) && parent->merged &&
 			    ov_lstat(ov->base_fd, path, &bst) == 0 && S_ISDIR(bst.st_mode) &&
-			    !ov_is_opaque(ov->upper_proc, path))
+			    !ov_is_opaque(ov->upper_fd, path))
 				merged = 1;
 		} else if (r != -ENOENT && r != -ENOTDIR) {
 			return r;
@@ -57,12 +50,36 @@ int ov_lookup_child(struct cb_overlay *ov, struct ov_inode *parent, const char *
 	if (layer < 0) {
 		if (!parent->merged)
 			return -ENOENT;
-		r = ov_lstat(ov->base_fd, path, &st);
+		r = ov_lstat(ov->base_fd, path, st);
 		if (r < 0)
 			return r == -ENOTDIR ? -ENOENT : r;
 		layer = OV_BASE;
-		merged = S_ISDIR(st.st_mode);
+		merged = S_ISDIR(st->st_mode);
 	}
+	*layerp = layer;
+	*mergedp = merged;
+	return 0;
+}
+
+/* Finds parent/name in upper then base, and returns its inode with one more kernel
+ * reference in e (e->ino 0 and -ENOENT when it does not exist). Caller holds ns read. */
+int ov_lookup_child(struct cb_overlay *ov, struct ov_inode *parent, const char *name,
+		    struct fuse_entry_param *e)
+{
+	char *path;
+	struct stat st;
+	struct ov_inode *in;
+	int r, layer = -1, merged = 0;
+
+	memset(e, 0, sizeof(*e));
+	e->attr_timeout = e->entry_timeout = OV_TIMEOUT;
+	r = ov_path(parent, name, &path);
+	if (r < 0)
+		return r;
+	r = ov_lookup_at(ov, parent, path, &st, &layer, &merged);
+	free(path);
+	if (r < 0)
+		return r;
 	pthread_mutex_lock(&ov->tab_lock);
 	in = ov_table_find(&ov->tab, st.st_dev, st.st_ino);
 	if (!in) {
@@ -102,17 +119,18 @@ void ov_forget_one(struct cb_overlay *ov, struct ov_inode *in, uint64_t n)
 /* The stat of in as the mount shows it. Caller holds ns read. */
 int ov_stat_inode(struct cb_overlay *ov, struct ov_inode *in, struct stat *st)
 {
-	char path[PATH_MAX];
+	char *path;
 	int r;
 
 	if (in->keep_fd >= 0) {
 		if (fstatat(in->keep_fd, "", st, AT_EMPTY_PATH) < 0)
 			return -errno;
 	} else {
-		r = ov_path(in, NULL, path, sizeof(path));
+		r = ov_path(in, NULL, &path);
 		if (r < 0)
 			return r;
 		r = ov_lstat(ov_layer_fd(ov, atomic_load(&in->layer)), path, st);
+		free(path);
 		if (r < 0)
 			return r;
 	}
@@ -177,48 +195,48 @@ static void ov_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 }
 
 /* Where to apply a path-based change to in: (dirfd, path, flags). */
-static int ov_target(struct cb_overlay *ov, struct ov_inode *in, char *path, size_t size,
-		     int *dirfd, int *nofollow)
+static int ov_target(struct cb_overlay *ov, struct ov_inode *in, char **path, int *dirfd,
+		     int *nofollow)
 {
 	if (in->keep_fd >= 0) {
-		snprintf(path, size, "/proc/self/fd/%d", in->keep_fd);
 		*dirfd = AT_FDCWD;
 		*nofollow = 0;
+		if (asprintf(path, "/proc/self/fd/%d", in->keep_fd) < 0) {
+			*path = NULL;
+			return -ENOMEM;
+		}
 		return 0;
 	}
 	*dirfd = ov->upper_fd;
 	*nofollow = AT_SYMLINK_NOFOLLOW;
-	return ov_path(in, NULL, path, size);
+	return ov_path(in, NULL, path);
 }
 
-static int ov_apply_setattr(struct cb_overlay *ov, struct ov_inode *in, struct stat *attr,
-			    int to_set, struct fuse_file_info *fi)
+static int ov_apply_setattr_at(struct cb_overlay *ov, struct ov_inode *in, struct stat *attr,
+			       int to_set, struct fuse_file_info *fi, int dirfd, const char *path,
+			       int nofollow)
 {
-	char path[PATH_MAX];
-	int dirfd, nofollow, r;
 	struct ov_file *f = fi ? (struct ov_file *)(uintptr_t)fi->fh : NULL;
+	int r;
 
-	r = ov_target(ov, in, path, sizeof(path), &dirfd, &nofollow);
-	if (r < 0)
-		return r;
 	if (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
 		uid_t uid = (to_set & FUSE_SET_ATTR_UID) ? attr->st_uid : (uid_t)-1;
 		gid_t gid = (to_set & FUSE_SET_ATTR_GID) ? attr->st_gid : (gid_t)-1;
-		if (fchownat(dirfd, path, ov_id_store(ov, uid), (gid_t)ov_id_store(ov, gid),
-			     nofollow) < 0)
+		if (ov_fchownat(dirfd, path, ov_id_store(ov, uid), (gid_t)ov_id_store(ov, gid),
+				nofollow) < 0)
 			return -errno;
 	}
 	if (to_set & FUSE_SET_ATTR_MODE) {
 		mode_t mode = attr->st_mode & 07777;
 		struct stat cur;
 		if (ov->id_base && (mode & 06000)) {
-			if (fstatat(dirfd, path, &cur, nofollow) < 0)
+			if (ov_fstatat(dirfd, path, &cur, nofollow) < 0)
 				return -errno;
 			mode = ov_mode_allowed(ov, (cur.st_mode & S_IFMT) | mode, cur.st_uid,
 					       cur.st_gid) &
 			       07777;
 		}
-		if (fchmodat(dirfd, path, mode, 0) < 0)
+		if (ov_fchmodat(dirfd, path, mode, 0) < 0)
 			return -errno;
 	}
 	if (to_set & FUSE_SET_ATTR_SIZE) {
@@ -226,8 +244,8 @@ static int ov_apply_setattr(struct cb_overlay *ov, struct ov_inode *in, struct s
 		struct ov_quota_resize q;
 
 		if (!(f && atomic_load(&f->layer) == OV_UPPER && ov_file_writable(f)) &&
-		    (fd = openat(dirfd, path, O_WRONLY | (nofollow ? O_NOFOLLOW : 0) | O_CLOEXEC)) <
-			0)
+		    (fd = ov_openat(dirfd, path, O_WRONLY | (nofollow ? O_NOFOLLOW : 0) | O_CLOEXEC,
+				    0)) < 0)
 			return -errno;
 		/* a sparse file costs its length: growing it is checked like a write */
 		r = ov_quota_resize_begin(ov, in, fd >= 0 ? fd : f->fd, attr->st_size, &q);
@@ -250,10 +268,24 @@ static int ov_apply_setattr(struct cb_overlay *ov, struct ov_inode *in, struct s
 		else if (to_set & FUSE_SET_ATTR_MTIME)
 			ts[1] = attr->st_mtim;
 		if ((to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME)) &&
-		    utimensat(dirfd, path, ts, nofollow) < 0)
+		    ov_utimensat(dirfd, path, ts, nofollow) < 0)
 			return -errno;
 	}
 	return 0;
+}
+
+static int ov_apply_setattr(struct cb_overlay *ov, struct ov_inode *in, struct stat *attr,
+			    int to_set, struct fuse_file_info *fi)
+{
+	char *path;
+	int dirfd, nofollow, r;
+
+	r = ov_target(ov, in, &path, &dirfd, &nofollow);
+	if (r < 0)
+		return r;
+	r = ov_apply_setattr_at(ov, in, attr, to_set, fi, dirfd, path, nofollow);
+	free(path);
+	return r;
 }
 
 static void ov_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
@@ -286,19 +318,20 @@ static void ov_readlink(fuse_req_t req, fuse_ino_t ino)
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *in = ov_inode_get(ov, ino);
-	char path[PATH_MAX], target[PATH_MAX];
+	char *path = NULL, target[PATH_MAX];
 	ssize_t n;
 	int r;
 
 	pthread_rwlock_rdlock(&ov->ns_lock);
 	if (in->keep_fd >= 0)
 		n = readlinkat(in->keep_fd, "", target, sizeof(target) - 1);
-	else if ((r = ov_path(in, NULL, path, sizeof(path))) < 0)
+	else if ((r = ov_path(in, NULL, &path)) < 0)
 		n = r, errno = -r;
 	else
-		n = readlinkat(ov_layer_fd(ov, atomic_load(&in->layer)), path, target,
-			       sizeof(target) - 1);
+		n = ov_readlinkat(ov_layer_fd(ov, atomic_load(&in->layer)), path, target,
+				  sizeof(target) - 1);
 	pthread_rwlock_unlock(&ov->ns_lock);
+	free(path);
 	if (n < 0) {
 		fuse_reply_err(req, errno);
 		return;

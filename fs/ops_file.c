@@ -153,7 +153,7 @@ static void ov_kill_suidgid(int fd)
 static int ov_file_fd(struct cb_overlay *ov, struct ov_file *f)
 {
 	struct ov_inode *in = f->inode;
-	char path[PATH_MAX];
+	char *path = NULL;
 	int fd;
 
 	if (atomic_load(&f->layer) == atomic_load(&in->layer))
@@ -161,8 +161,8 @@ static int ov_file_fd(struct cb_overlay *ov, struct ov_file *f)
 	pthread_rwlock_rdlock(&ov->ns_lock);
 	pthread_mutex_lock(&in->lock);
 	if (atomic_load(&f->layer) != atomic_load(&in->layer) && in->keep_fd < 0 &&
-	    ov_path(in, NULL, path, sizeof(path)) >= 0) {
-		fd = openat(ov->upper_fd, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	    ov_path(in, NULL, &path) >= 0) {
+		fd = ov_openat(ov->upper_fd, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
 		if (fd >= 0) {
 			dup3(fd, f->fd, O_CLOEXEC); /* swap in place: no window for reuse */
 			close(fd);
@@ -171,6 +171,7 @@ static int ov_file_fd(struct cb_overlay *ov, struct ov_file *f)
 	}
 	pthread_mutex_unlock(&in->lock);
 	pthread_rwlock_unlock(&ov->ns_lock);
+	free(path);
 	return f->fd;
 }
 
@@ -191,7 +192,7 @@ static void ov_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	int writing = (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC);
 	int flags = ov_open_flags(fi->flags), fd = -1, r = 0, layer;
 	long long freed = 0;
-	char path[PATH_MAX];
+	char *path = NULL;
 	struct ov_file *f;
 	struct stat st;
 
@@ -205,15 +206,17 @@ static void ov_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	if (r < 0)
 		goto out;
 	if (in->keep_fd >= 0) {
-		snprintf(path, sizeof(path), "/proc/self/fd/%d", in->keep_fd);
-		fd = open(path, flags & ~O_NOFOLLOW);
-	} else if ((r = ov_path(in, NULL, path, sizeof(path))) >= 0) {
+		char proc[64];
+
+		snprintf(proc, sizeof(proc), "/proc/self/fd/%d", in->keep_fd);
+		fd = open(proc, flags & ~O_NOFOLLOW);
+	} else if ((r = ov_path(in, NULL, &path)) >= 0) {
 		r = 0;
 		/* a truncating open frees what the file held */
 		if ((flags & O_TRUNC) && layer == OV_UPPER && atomic_load(&ov->quota_on) &&
 		    ov_lstat(ov->upper_fd, path, &st) == 0 && S_ISREG(st.st_mode))
 			freed = (long long)ov_quota_cost(S_IFREG, st.st_size);
-		fd = openat(ov_layer_fd(ov, layer), path, flags);
+		fd = ov_openat(ov_layer_fd(ov, layer), path, flags, 0);
 	}
 	if (r == 0 && fd < 0)
 		r = -errno;
@@ -221,6 +224,7 @@ static void ov_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		ov_quota_give(ov, freed, 0);
 out:
 	pthread_rwlock_unlock(&ov->ns_lock);
+	free(path);
 	if (r < 0) {
 		fuse_reply_err(req, -r);
 		return;

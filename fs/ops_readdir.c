@@ -116,7 +116,8 @@ static int ov_dir_add(struct ov_dir *d, const char *name, ino_t ino, unsigned ch
 static int ov_dir_read_layer(struct cb_overlay *ov, struct ov_dir *d, int layer, const char *path,
 			     int merged)
 {
-	int fd = openat(ov_layer_fd(ov, layer), path, O_RDONLY | O_DIRECTORY | O_CLOEXEC), r = 0;
+	int fd = ov_openat(ov_layer_fd(ov, layer), path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+	int r = 0;
 	DIR *dir;
 	struct dirent *de;
 
@@ -165,22 +166,24 @@ static int ov_dir_read_layer(struct cb_overlay *ov, struct ov_dir *d, int layer,
 /* (Re)reads the merged listing of in. Caller holds ns read and d->lock. */
 static int ov_dir_load(struct cb_overlay *ov, struct ov_inode *in, struct ov_dir *d)
 {
-	char path[PATH_MAX];
+	char *path;
 	int r;
 
 	ov_dir_clear(d);
-	r = ov_path(in, NULL, path, sizeof(path));
+	r = ov_path(in, NULL, &path);
 	if (r < 0)
 		return r;
 	/* glibc hides entries whose inode number is 0 */
 	if ((r = ov_dir_add(d, ".", in->st_ino, DT_DIR)) < 0 ||
 	    (r = ov_dir_add(d, "..", in->names ? in->names->parent->st_ino : in->st_ino, DT_DIR)) <
 		0)
-		return r;
+		goto out;
 	if (atomic_load(&in->layer) == OV_UPPER)
 		r = ov_dir_read_layer(ov, d, OV_UPPER, path, in->merged);
 	if (r == 0 && in->merged)
 		r = ov_dir_read_layer(ov, d, OV_BASE, path, 0);
+out:
+	free(path);
 	return r;
 }
 
@@ -296,14 +299,15 @@ static void ov_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fus
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *in = ov_inode_get(ov, ino);
-	char path[PATH_MAX];
+	char *path = NULL;
 	int fd = -1, r = 0;
 
 	(void)fi;
 	pthread_rwlock_rdlock(&ov->ns_lock);
-	if (atomic_load(&in->layer) == OV_UPPER && ov_path(in, NULL, path, sizeof(path)) >= 0)
-		fd = openat(ov->upper_fd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (atomic_load(&in->layer) == OV_UPPER && ov_path(in, NULL, &path) >= 0)
+		fd = ov_openat(ov->upper_fd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
 	pthread_rwlock_unlock(&ov->ns_lock);
+	free(path);
 	if (fd >= 0) {
 		if ((datasync ? fdatasync(fd) : fsync(fd)) < 0)
 			r = errno;

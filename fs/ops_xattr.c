@@ -11,33 +11,39 @@
 #include "ov.h"
 
 /* A path for the *xattr calls on in: "/proc/self/fd/ROOT/rel" (no following: l*xattr) or
- * "/proc/self/fd/KEEP" for an unlinked inode (following: *xattr). Caller holds ns read. */
-static int ov_xattr_path(struct cb_overlay *ov, struct ov_inode *in, char *buf, size_t size,
+ * "/proc/self/fd/KEEP" for an unlinked inode (following: *xattr), malloc'd in *out, with an
+ * fd in *held to close with it (ov_proc_path_free). Caller holds ns read. */
+static int ov_xattr_path(struct cb_overlay *ov, struct ov_inode *in, char **out, int *held,
 			 int *follow)
 {
-	char rel[PATH_MAX];
-	int r, n;
+	char *rel;
+	int r;
 
 	*follow = 0;
+	*held = -1;
+	*out = NULL;
 	if (in->keep_fd >= 0) {
 		*follow = 1;
-		n = snprintf(buf, size, "/proc/self/fd/%d", in->keep_fd);
-		return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
+		if (asprintf(out, "/proc/self/fd/%d", in->keep_fd) < 0) {
+			*out = NULL;
+			return -ENOMEM;
+		}
+		return 0;
 	}
-	r = ov_path(in, NULL, rel, sizeof(rel));
+	r = ov_path(in, NULL, &rel);
 	if (r < 0)
 		return r;
-	n = snprintf(buf, size, "%s/%s",
-		     atomic_load(&in->layer) == OV_UPPER ? ov->upper_proc : ov->base_proc, rel);
-	return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
+	r = ov_proc_path(ov_layer_fd(ov, atomic_load(&in->layer)), rel, out, held);
+	free(rel);
+	return r;
 }
 
 static void ov_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 {
 	struct cb_overlay *ov = ov_of(req);
-	char path[PATH_MAX + 64], *buf = NULL;
+	char *path = NULL, *buf = NULL;
 	ssize_t n = 0;
-	int follow, r;
+	int follow, held = -1, r;
 
 	if (ov_name_is_private(name) ||
 	    (strcmp(name, OV_CAPS_XATTR) == 0 && atomic_load(&ov_inode_get(ov, ino)->no_caps))) {
@@ -49,12 +55,13 @@ static void ov_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
 		return;
 	}
 	pthread_rwlock_rdlock(&ov->ns_lock);
-	r = ov_xattr_path(ov, ov_inode_get(ov, ino), path, sizeof(path), &follow);
+	r = ov_xattr_path(ov, ov_inode_get(ov, ino), &path, &held, &follow);
 	if (r == 0) {
 		n = follow ? getxattr(path, name, buf, size) : lgetxattr(path, name, buf, size);
 		r = n < 0 ? -errno : 0;
 	}
 	pthread_rwlock_unlock(&ov->ns_lock);
+	ov_proc_path_free(path, held);
 	/* the kernel asks for this before every write(2) to drop capabilities: remember that
 	 * there are none, so the question costs no syscall next time */
 	if (r == -ENODATA && strcmp(name, OV_CAPS_XATTR) == 0)
@@ -73,12 +80,12 @@ static void ov_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
 static void ov_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 {
 	struct cb_overlay *ov = ov_of(req);
-	char path[PATH_MAX + 64], *buf = NULL, *p, *out;
+	char *path = NULL, *buf = NULL, *p, *out;
 	ssize_t n = 0, len = 0;
-	int follow, r;
+	int follow, held = -1, r;
 
 	pthread_rwlock_rdlock(&ov->ns_lock);
-	r = ov_xattr_path(ov, ov_inode_get(ov, ino), path, sizeof(path), &follow);
+	r = ov_xattr_path(ov, ov_inode_get(ov, ino), &path, &held, &follow);
 	if (r == 0) {
 		n = follow ? listxattr(path, NULL, 0) : llistxattr(path, NULL, 0);
 		if (n > 0 && (buf = malloc((size_t)n)))
@@ -89,6 +96,7 @@ static void ov_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 		r = n < 0 ? -errno : 0;
 	}
 	pthread_rwlock_unlock(&ov->ns_lock);
+	ov_proc_path_free(path, held);
 	if (r < 0) {
 		fuse_reply_err(req, -r);
 		goto out;
@@ -117,8 +125,8 @@ static void ov_change_xattr(fuse_req_t req, fuse_ino_t ino, const char *name, co
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *in = ov_inode_get(ov, ino);
-	char path[PATH_MAX + 64], *acl = NULL;
-	int follow, r;
+	char *path = NULL, *acl = NULL;
+	int follow, held = -1, r;
 
 	if (ov_name_is_private(name)) {
 		fuse_reply_err(req, remove ? ENODATA : EPERM);
@@ -146,7 +154,7 @@ static void ov_change_xattr(fuse_req_t req, fuse_ino_t ino, const char *name, co
 	if (r == 0)
 		r = ov_mark_inode(ov, req, in, CB_CHANGE_META);
 	if (r == 0)
-		r = ov_xattr_path(ov, in, path, sizeof(path), &follow);
+		r = ov_xattr_path(ov, in, &path, &held, &follow);
 	if (r == 0 && remove)
 		r = (follow ? removexattr(path, name) : lremovexattr(path, name)) < 0 ? -errno : 0;
 	else if (r == 0)
@@ -155,6 +163,7 @@ static void ov_change_xattr(fuse_req_t req, fuse_ino_t ino, const char *name, co
 			? -errno
 			: 0;
 	pthread_rwlock_unlock(&ov->ns_lock);
+	ov_proc_path_free(path, held);
 	free(acl);
 	fuse_reply_err(req, -r);
 }

@@ -83,8 +83,6 @@ struct cb_overlay {
 	_Atomic int space_low;
 	int upper_fd; /* O_PATH|O_DIRECTORY roots of the layers; base_fd -1 if none */
 	int base_fd;
-	char upper_proc[64]; /* "/proc/self/fd/N" of the roots, for path-only calls (xattrs) */
-	char base_proc[64];
 	struct ov_inode *root;
 	struct ov_table tab;
 	pthread_mutex_t tab_lock; /* the identity hash, nlookup, refs */
@@ -161,11 +159,35 @@ int ov_inode_has_name(const struct ov_inode *in, const struct ov_inode *parent, 
 int ov_inode_drop_name(struct ov_inode *in, const struct ov_inode *parent, const char *name);
 int ov_inode_rename_name(struct ov_inode *in, struct ov_inode *oldparent, const char *oldname,
 			 struct ov_inode *newparent, const char *newname);
-int ov_path(const struct ov_inode *in, const char *child, char *buf, size_t size);
-int ov_path_of_name(const struct ov_name *n, char *buf, size_t size);
+int ov_path(const struct ov_inode *in, const char *child, char **out);
+int ov_path_of_name(const struct ov_name *n, char **out);
 void ov_inode_release(struct ov_table *t, struct ov_inode *in);
 void ov_table_free_all(struct ov_table *t);
 void ov_table_track(struct ov_table *t, struct ov_inode *in);
+
+/* at.c: layer-relative paths of any length (paths are heap strings: a tree can be deeper
+ * than PATH_MAX). ov_near gives a directory fd to use with *rest in place of rootfd with
+ * path: rootfd itself when path is short, else an O_PATH fd of a directory near its end;
+ * -1 with errno. ov_near_put gives it back (errno kept). */
+int ov_near(int rootfd, const char *path, const char **rest);
+void ov_near_put(int rootfd, int fd);
+/* The *at() calls of fs/ for any path length: results and errno as libc's. */
+int ov_fstatat(int rootfd, const char *path, struct stat *st, int flags);
+int ov_openat(int rootfd, const char *path, int flags, mode_t mode);
+int ov_unlinkat(int rootfd, const char *path, int flags);
+int ov_mkdirat(int rootfd, const char *path, mode_t mode);
+int ov_mknodat(int rootfd, const char *path, mode_t mode, dev_t dev);
+int ov_symlinkat(const char *target, int rootfd, const char *path);
+ssize_t ov_readlinkat(int rootfd, const char *path, char *buf, size_t size);
+int ov_fchownat(int rootfd, const char *path, uid_t uid, gid_t gid, int flags);
+int ov_fchmodat(int rootfd, const char *path, mode_t mode, int flags);
+int ov_utimensat(int rootfd, const char *path, const struct timespec ts[2], int flags);
+int ov_linkat(int oldroot, const char *oldpath, int newroot, const char *newpath, int flags);
+int ov_renameat(int rootfd, const char *oldpath, const char *newpath, unsigned flags);
+/* A "/proc/self/fd/N/rest" name of path beneath rootfd for the path-only calls (xattrs):
+ * *out malloc'd, *held an fd to close with it (-1: none); 0 or -errno. */
+int ov_proc_path(int rootfd, const char *path, char **out, int *held);
+void ov_proc_path_free(char *path, int held);
 
 /* layer.c: whiteouts, opaque directories, existence in a layer. */
 int ov_is_whiteout(const struct stat *st);
@@ -174,8 +196,8 @@ int ov_is_whiteout(const struct stat *st);
  * device): the upper layer cannot hold one as a real entry. */
 int ov_node_is_whiteout(mode_t mode, dev_t rdev);
 int ov_lstat(int rootfd, const char *path, struct stat *st);
-int ov_is_opaque(const char *proc_root, const char *path);
-int ov_set_opaque(const char *proc_root, const char *path);
+int ov_is_opaque(int rootfd, const char *path);
+int ov_set_opaque(int rootfd, const char *path);
 int ov_make_whiteout(int rootfd, const char *path);
 int ov_whiteout_replace(int rootfd, const char *path);
 int ov_clear_whiteouts(int rootfd, const char *path);

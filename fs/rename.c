@@ -62,28 +62,22 @@ static int ov_rename_clear_target(struct cb_overlay *ov, const char *dpath)
 	if (ov_lstat(ov->upper_fd, dpath, &st) < 0)
 		return 0;
 	if (ov_is_whiteout(&st))
-		return unlinkat(ov->upper_fd, dpath, 0) < 0 ? -errno : 0;
+		return ov_unlinkat(ov->upper_fd, dpath, 0) < 0 ? -errno : 0;
 	if (S_ISDIR(st.st_mode))
 		return ov_clear_whiteouts(ov->upper_fd, dpath);
 	return 0;
 }
 
-/* Renames sp/sname to dp/dname with renameat2 flags (only NOREPLACE and EXCHANGE); errors as
- * rename(2) gives them. Caller holds ns write. */
-int ov_rename_locked(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *sp, const char *sname,
-		     struct ov_inode *dp, const char *dname, unsigned flags)
+/* ov_rename_locked once the layer paths of both names are known. */
+static int ov_rename_at(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *sp,
+			const char *sname, struct ov_inode *dp, const char *dname, unsigned flags,
+			const char *spath, const char *dpath)
 {
-	char spath[PATH_MAX], dpath[PATH_MAX];
 	struct stat sust, sbst, dust, dbst;
 	struct ov_inode *sin = NULL, *din = NULL;
-	int s_up, s_base, d_up, d_base, r, stemp = 0, dtemp = 0, keep = -1, sdir, ddir = 0;
+	int s_up, s_base, d_up, d_base, r = 0, stemp = 0, dtemp = 0, keep = -1, sdir, ddir = 0;
 	int exchange = (flags & RENAME_EXCHANGE) != 0;
 
-	if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE))
-		return -EINVAL;
-	if ((r = ov_path(sp, sname, spath, sizeof(spath))) < 0 ||
-	    (r = ov_path(dp, dname, dpath, sizeof(dpath))) < 0)
-		return r;
 	ov_locate(ov, sp, spath, &s_up, &sust, &s_base, &sbst);
 	if (!s_up && !s_base)
 		return -ENOENT;
@@ -114,7 +108,7 @@ int ov_rename_locked(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *sp,
 		}
 		if (ddir) {
 			int merged = d_base && S_ISDIR(dbst.st_mode) &&
-				     (!d_up || !ov_is_opaque(ov->upper_proc, dpath));
+				     (!d_up || !ov_is_opaque(ov->upper_fd, dpath));
 			r = ov_dir_empty(ov, dpath, d_up, merged);
 			if (r < 0)
 				goto out;
@@ -130,7 +124,7 @@ int ov_rename_locked(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *sp,
 	if (r < 0)
 		goto out;
 	if (exchange) {
-		if (renameat2(ov->upper_fd, spath, ov->upper_fd, dpath, RENAME_EXCHANGE) < 0) {
+		if (ov_renameat(ov->upper_fd, spath, dpath, RENAME_EXCHANGE) < 0) {
 			r = -errno;
 			goto out;
 		}
@@ -140,10 +134,9 @@ int ov_rename_locked(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *sp,
 		r = ov_rename_clear_target(ov, dpath);
 		if (r < 0)
 			goto out;
-		if (renameat2(ov->upper_fd, spath, ov->upper_fd, dpath,
-			      s_base ? RENAME_WHITEOUT : 0) < 0) {
+		if (ov_renameat(ov->upper_fd, spath, dpath, s_base ? RENAME_WHITEOUT : 0) < 0) {
 			if (!s_base || errno != EINVAL ||
-			    renameat(ov->upper_fd, spath, ov->upper_fd, dpath) < 0) {
+			    ov_renameat(ov->upper_fd, spath, dpath, 0) < 0) {
 				r = -errno;
 				goto out;
 			}
@@ -180,5 +173,22 @@ out:
 		ov_forget_one(ov, sin, 1);
 	if (dtemp)
 		ov_forget_one(ov, din, 1);
+	return r;
+}
+
+/* Renames sp/sname to dp/dname with renameat2 flags (only NOREPLACE and EXCHANGE); errors as
+ * rename(2) gives them. Caller holds ns write. */
+int ov_rename_locked(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *sp, const char *sname,
+		     struct ov_inode *dp, const char *dname, unsigned flags)
+{
+	char *spath = NULL, *dpath = NULL;
+	int r;
+
+	if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE))
+		return -EINVAL;
+	if ((r = ov_path(sp, sname, &spath)) >= 0 && (r = ov_path(dp, dname, &dpath)) >= 0)
+		r = ov_rename_at(ov, req, sp, sname, dp, dname, flags, spath, dpath);
+	free(spath);
+	free(dpath);
 	return r;
 }

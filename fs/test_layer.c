@@ -15,7 +15,6 @@
 
 static char dir[64];
 static int rootfd = -1;
-static char proc[64];
 
 static void setup(void)
 {
@@ -23,7 +22,6 @@ static void setup(void)
 	cr_assert_not_null(mkdtemp(dir));
 	rootfd = open(dir, O_PATH | O_DIRECTORY);
 	cr_assert_geq(rootfd, 0);
-	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", rootfd);
 }
 
 static void teardown(void)
@@ -91,10 +89,58 @@ Test(layer, clear_whiteouts_refuses_real_entries)
 Test(layer, opaque_directories)
 {
 	cr_assert_eq(mkdirat(rootfd, "d", 0755), 0);
-	cr_assert_eq(ov_is_opaque(proc, "d"), 0);
-	cr_assert_eq(ov_set_opaque(proc, "d"), 0);
-	cr_assert_eq(ov_is_opaque(proc, "d"), 1);
-	cr_assert_eq(ov_is_opaque(proc, "missing"), 0);
+	cr_assert_eq(ov_is_opaque(rootfd, "d"), 0);
+	cr_assert_eq(ov_set_opaque(rootfd, "d"), 0);
+	cr_assert_eq(ov_is_opaque(rootfd, "d"), 1);
+	cr_assert_eq(ov_is_opaque(rootfd, "missing"), 0);
+}
+
+/* A tree deeper than PATH_MAX: every helper reaches it through a directory fd near the end. */
+Test(layer, paths_longer_than_path_max)
+{
+	char name[201], *path = NULL, *leaf, *sub;
+	int fd = dup(rootfd), next, i;
+	struct stat st;
+
+	memset(name, 'd', 200);
+	name[200] = '\0';
+	for (i = 0; i < 30; i++) {
+		cr_assert_eq(mkdirat(fd, name, 0755), 0);
+		next = openat(fd, name, O_PATH | O_DIRECTORY);
+		cr_assert_geq(next, 0);
+		close(fd);
+		fd = next;
+		if (path) {
+			char *longer;
+			cr_assert_geq(asprintf(&longer, "%s/%s", path, name), 0);
+			free(path);
+			path = longer;
+		} else {
+			path = strdup(name);
+		}
+	}
+	close(fd);
+	cr_assert_gt(strlen(path), PATH_MAX);
+	cr_assert_geq(asprintf(&leaf, "%s/f", path), 0);
+	cr_assert_geq(asprintf(&sub, "%s/sub", path), 0);
+	fd = ov_openat(rootfd, leaf, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+	cr_assert_geq(fd, 0, "open: %s", strerror(errno));
+	close(fd);
+	cr_assert_eq(ov_lstat(rootfd, leaf, &st), 0);
+	cr_assert(S_ISREG(st.st_mode));
+	cr_assert_eq(ov_whiteout_replace(rootfd, leaf), 0);
+	cr_assert_eq(ov_lstat(rootfd, leaf, &st), 0);
+	cr_assert(ov_is_whiteout(&st));
+	cr_assert_eq(ov_mkdirat(rootfd, sub, 0755), 0);
+	cr_assert_eq(ov_set_opaque(rootfd, sub), 0);
+	cr_assert_eq(ov_is_opaque(rootfd, sub), 1);
+	cr_assert_eq(ov_clear_whiteouts(rootfd, path), -ENOTEMPTY); /* sub is real */
+	cr_assert_eq(ov_unlinkat(rootfd, sub, AT_REMOVEDIR), 0);
+	cr_assert_eq(ov_clear_whiteouts(rootfd, path), 0);
+	cr_assert_eq(ov_lstat(rootfd, leaf, &st), -ENOENT);
+	free(leaf);
+	free(sub);
+	free(path);
 }
 
 Test(layer, private_names_and_basenames)

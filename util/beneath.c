@@ -92,8 +92,6 @@ int cb_beneath_check(const char *path)
 				    "%s: absolute paths are refused; give a path relative to the "
 				    "workspace root",
 				    path);
-	if (strlen(path) >= PATH_MAX)
-		return cb_error_set(ENAMETOOLONG, "%.64s...: path too long", path);
 	for (s = path; *s;) {
 		size_t n = strcspn(s, "/");
 
@@ -113,7 +111,7 @@ int cb_beneath_check(const char *path)
 }
 
 /* openat2 beneath dirfd through no symlink; the fd or -errno (no message). */
-static int open_resolved(int dirfd, const char *path, int flags, mode_t mode)
+static int open_resolved_short(int dirfd, const char *path, int flags, mode_t mode)
 {
 	struct open_how how = {
 	    .flags = (unsigned long long)(flags | O_CLOEXEC),
@@ -127,6 +125,68 @@ static int open_resolved(int dirfd, const char *path, int flags, mode_t mode)
 		fd = syscall(SYS_openat2, dirfd, path, &how, sizeof(how));
 	while (fd < 0 && errno == EAGAIN && ++tries < BENEATH_EAGAIN_TRIES);
 	return fd < 0 ? -errno : (int)fd;
+}
+
+int cb_beneath_near(int root, const char *path, size_t max,
+		    int (*open_dir)(int dirfd, const char *piece), const char **rest)
+{
+	size_t len = strlen(path);
+	int fd = -1, next = 0;
+	char *piece = malloc(max);
+
+	if (!piece)
+		return -ENOMEM;
+	while (len >= max) {
+		size_t cut = max - 1;
+
+		while (cut > 0 && path[cut] != '/')
+			cut--;
+		if (cut == 0) {
+			next = -ENAMETOOLONG;
+			break;
+		}
+		memcpy(piece, path, cut);
+		piece[cut] = '\0';
+		if ((next = open_dir(fd < 0 ? root : fd, piece)) < 0)
+			break;
+		if (fd >= 0)
+			close(fd);
+		fd = next;
+		while (path[cut] == '/')
+			cut++;
+		path += cut;
+		len -= cut;
+	}
+	free(piece);
+	if (next < 0) {
+		if (fd >= 0)
+			close(fd);
+		return next;
+	}
+	*rest = *path ? path : ".";
+	return fd;
+}
+
+static int open_resolved_dir(int dirfd, const char *piece)
+{
+	return open_resolved_short(dirfd, piece, O_PATH | O_DIRECTORY, 0);
+}
+
+/* open_resolved_short for a path of any length: a longer path than one syscall takes is
+ * walked in pieces, each opened beneath the last under the same resolve rules (no "..":
+ * every piece stays beneath dirfd). */
+static int open_resolved(int dirfd, const char *path, int flags, mode_t mode)
+{
+	const char *rest;
+	int fd, ret;
+
+	if (strlen(path) < PATH_MAX)
+		return open_resolved_short(dirfd, path, flags, mode);
+	if ((fd = cb_beneath_near(dirfd, path, PATH_MAX, open_resolved_dir, &rest)) < 0)
+		return fd;
+	ret = open_resolved_short(fd, rest, flags, mode);
+	close(fd);
+	return ret;
 }
 
 int cb_beneath_parent(int root, const char *path, const char **name)
@@ -539,6 +599,93 @@ static int remove_at(int parent, const char *name, dev_t dev, const char *path)
 	closedir(dir);
 	if (!ret && unlinkat(parent, name, AT_REMOVEDIR) < 0 && errno != ENOENT)
 		ret = beneath_fail("remove", path, errno);
+	return ret;
+}
+
+struct walk {
+	int (*visit)(int dirfd, const char *name, const char *path, const struct stat *st,
+		     void *arg);
+	void *arg;
+	dev_t dev;
+	char *path; /* the path of the directory being read, grown as the walk goes down */
+	size_t cap;
+};
+
+static int walk_dir(struct walk *w, int fd, size_t len)
+{
+	DIR *dir = fdopendir(fd);
+	struct dirent *de;
+	int ret = 0;
+
+	if (!dir) {
+		ret = beneath_fail("walk", len ? w->path : ".", errno);
+		close(fd);
+		return ret;
+	}
+	while (!ret && (errno = 0, de = readdir(dir))) {
+		size_t l = strlen(de->d_name), at = len ? len + 1 : 0;
+		struct stat st;
+		int sub;
+
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		if (at + l + 1 > w->cap) {
+			size_t cap = (at + l + 1) * 2;
+			char *grown = realloc(w->path, cap);
+
+			if (!grown) {
+				ret = cb_error_set(ENOMEM, "walk: out of memory");
+				break;
+			}
+			w->path = grown;
+			w->cap = cap;
+		}
+		if (len)
+			w->path[len] = '/';
+		memcpy(w->path + at, de->d_name, l + 1);
+		if (fstatat(dirfd(dir), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			if (errno != ENOENT) /* gone meanwhile: nothing to visit */
+				ret = beneath_fail("walk", w->path, errno);
+			continue;
+		}
+		ret = w->visit(dirfd(dir), de->d_name, w->path, &st, w->arg);
+		if (ret || !S_ISDIR(st.st_mode) || st.st_dev != w->dev)
+			continue;
+		sub = openat(dirfd(dir), de->d_name,
+			     O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+		if (sub < 0) {
+			if (errno != ENOENT)
+				ret = beneath_fail("walk", w->path, errno);
+			continue;
+		}
+		ret = walk_dir(w, sub, at + l);
+		w->path[len] = '\0';
+	}
+	if (!ret && errno)
+		ret = beneath_fail("walk", len ? w->path : ".", errno);
+	closedir(dir);
+	return ret;
+}
+
+int cb_beneath_walk(int root,
+		    int (*visit)(int dirfd, const char *name, const char *path,
+				 const struct stat *st, void *arg),
+		    void *arg)
+{
+	struct walk w = {.visit = visit, .arg = arg};
+	struct stat st;
+	int fd = openat(root, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC), ret;
+
+	if (fd < 0)
+		return beneath_fail("walk", ".", errno);
+	if (fstat(fd, &st) < 0) {
+		ret = beneath_fail("walk", ".", errno);
+		close(fd);
+		return ret;
+	}
+	w.dev = st.st_dev;
+	ret = walk_dir(&w, fd, 0);
+	free(w.path);
 	return ret;
 }
 

@@ -6,7 +6,8 @@
  * its policy arguments are expected to grow with the sandbox's user namespace.
  *
  * The rule, for every function here: path is relative to root (refused: empty, absolute,
- * any ".." component, longer than PATH_MAX or a component longer than NAME_MAX); every
+ * any ".." component or a component longer than NAME_MAX; a path longer than PATH_MAX is
+ * resolved in pieces, as a tree can be deeper than one syscall's path); every
  * directory on the way is reached with openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
  * RESOLVE_NO_MAGICLINKS), and the last component is acted on through an O_PATH fd of its
  * directory with the *at() call's no-follow form, so a symlink anywhere (planted or swapped
@@ -88,6 +89,25 @@ int cb_beneath_unlink(int root, const char *path, int flags);
 /* rm -rf of path: gone already is fine; a symlink is removed, never followed, at any depth;
  * other mounts below it are not entered (their mount point cannot be removed: -EBUSY). */
 int cb_beneath_remove_tree(int root, const char *path);
+
+/* For a path of max bytes or more (longer than one syscall takes: a tree can be deeper than
+ * PATH_MAX): walks it in pieces of under max bytes, each a directory opened by open_dir
+ * (an fd or -errno) beneath the last, and returns the last one's fd (the caller closes it)
+ * with what is left of path, under max bytes, in *rest. -errno (-ENAMETOOLONG for a name
+ * of max bytes) on failure. The resolve rules are open_dir's. */
+int cb_beneath_near(int root, const char *path, size_t max,
+		 int (*open_dir)(int dirfd, const char *piece), const char **rest);
+
+/* Calls visit for every entry below the directory fd root (not root itself), a directory
+ * before what it holds, at any depth: no symlink is followed and no other mount entered
+ * (nftw cannot: it works on whole paths, which a deep tree makes longer than PATH_MAX).
+ * dirfd is the entry's directory (for *at() calls with AT_SYMLINK_NOFOLLOW on name), path
+ * its path from root, st its lstat. visit returns 0 to go on, or a negative errno to stop;
+ * that (or the walk's own -errno with a message) is the result. */
+int cb_beneath_walk(int root,
+		    int (*visit)(int dirfd, const char *name, const char *path,
+				 const struct stat *st, void *arg),
+		    void *arg);
 
 /* Read regular file path from offset off: up to max bytes (until end of file), into a
  * malloc'd buffer NUL-terminated one past *n (free() it); *size is the file's size when it was

@@ -28,11 +28,12 @@ struct fork_ctx {
  * a directory of a later path should be), nothing is ever made outside the new upper. */
 static int fork_parents(struct fork_ctx *f, const char *path)
 {
-	char buf[4096];
+	char *buf = strdup(path); /* any length: a tree can be deeper than PATH_MAX */
 	struct cb_entry e = {0};
 	int ret = 0;
 
-	snprintf(buf, sizeof(buf), "%s", path);
+	if (!buf)
+		return cb_error_set(ENOMEM, "fork %s: out of memory", path);
 	for (char *s = strchr(buf, '/'); s && !ret; s = strchr(s + 1, '/')) {
 		struct stat st;
 
@@ -53,6 +54,7 @@ static int fork_parents(struct fork_ctx *f, const char *path)
 		*s = '/';
 	}
 	cb_entry_clear(&e);
+	free(buf);
 	return ret;
 }
 

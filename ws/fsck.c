@@ -5,7 +5,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +21,7 @@
 #include "cowbox/turns.h"
 #include "cowbox/workspace.h"
 #include "turns_int.h"
+#include "util/beneath.h"
 #include "ws.h"
 
 static int fsck_add(struct cb_fsck_report *r, const char *kind, const char *path,
@@ -234,32 +234,27 @@ out:
 
 /* ---- rebuilding a meta.db that cannot be used ---- */
 
-static struct cb_db *rebuild_db;
-static const char *rebuild_upper;
-static int rebuild_rc;
-static long long rebuild_marked;
+struct rebuild {
+	struct cb_db *db;
+	long long marked;
+};
 
 /* Mark every path of upper/ changed in the new database's open turn, so that the first
  * snapshot hashes all of them (a whiteout marks a base path deleted, subtree included). */
-static int rebuild_visit(const char *path, const struct stat *st, int type, struct FTW *ftw)
+static int rebuild_visit(int dirfd, const char *name, const char *path, const struct stat *st,
+			 void *arg)
 {
-	const char *rel = path + strlen(rebuild_upper);
-	struct cb_change ch = {.kind = CB_CHANGE_CREATE};
+	struct rebuild *rb = arg;
+	struct cb_change ch = {.kind = CB_CHANGE_CREATE, .path = path};
 
-	(void)type;
-	(void)ftw;
-	while (*rel == '/')
-		rel++;
-	if (!*rel)
-		return 0;
-	ch.path = rel;
+	(void)dirfd;
+	(void)name;
 	if (S_ISCHR(st->st_mode) && st->st_rdev == makedev(0, 0))
 		ch.kind = CB_CHANGE_DELETE, ch.subtree = 1;
 	else if (S_ISDIR(st->st_mode))
 		ch.subtree = 1;
-	rebuild_rc = cb_journal_mark(rebuild_db, &ch, 1);
-	rebuild_marked++;
-	return rebuild_rc ? 1 : 0;
+	rb->marked++;
+	return cb_journal_mark(rb->db, &ch, 1);
 }
 
 /* Who holds ref's name: the name whose link under names/ points at it, or NULL. */
@@ -326,8 +321,9 @@ static int fsck_rebuild(const char *ref, const char *dir, const char *db_path, c
 	char *base = NULL, *name = NULL, *upper = NULL, *kept = NULL, *base_file = NULL;
 	char *mnt = NULL;
 	struct cb_db *db = NULL;
+	struct rebuild rb = {0};
 	pid_t pid = 0;
-	int ret;
+	int ret, upper_fd;
 
 	ret = cb_ws_daemon(ref, &pid, &mnt);
 	free(mnt);
@@ -367,21 +363,21 @@ static int fsck_rebuild(const char *ref, const char *dir, const char *db_path, c
 		goto out;
 	if ((ret = ws_pathf(&upper, "%s/upper", dir)))
 		goto out;
-	rebuild_db = db;
-	rebuild_upper = upper;
-	rebuild_rc = 0;
-	rebuild_marked = 0;
-	if (nftw(upper, rebuild_visit, 32, FTW_PHYS) < 0 && !rebuild_rc)
+	rb.db = db;
+	upper_fd = open(upper, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (upper_fd < 0)
 		ret = cb_error_set(errno, "walk %s: %s", upper, strerror(errno));
 	else
-		ret = rebuild_rc;
+		ret = cb_beneath_walk(upper_fd, rebuild_visit, &rb);
+	if (upper_fd >= 0)
+		close(upper_fd);
 	if (!ret)
 		ret = cb_db_meta_set(db, "created", "1");
 	if (!ret)
 		ret = fsck_add(r, "meta.db", db_path, kept, 0, -1, 1,
 			       "%s; rebuilt as a workspace with no turns over the %lld paths of "
 			       "upper/ (base %s)%s%s",
-			       why, rebuild_marked, base ? base : "none (empty)",
+			       why, rb.marked, base ? base : "none (empty)",
 			       kept ? "; the old file is kept as " : "", kept ? kept : "");
 out:
 	cb_db_close(db);

@@ -5,7 +5,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +15,7 @@
 
 #include "cowbox/error.h"
 #include "cowbox/workspace.h"
+#include "util/beneath.h"
 
 /* Read a base from path: 0 with *base set, -ENOENT when there is none yet. */
 static int ids_read(const char *path, unsigned long *base)
@@ -135,41 +135,41 @@ out:
 	return rc;
 }
 
-/* nftw has no argument for its callback: one walk at a time (a fork holds the turn lock). */
-static pthread_mutex_t shift_lock = PTHREAD_MUTEX_INITIALIZER;
-static unsigned long shift_base;
-static int shift_err;
-
-static int shift_one(const char *path, const struct stat *st, int type, struct FTW *ftw)
+/* Moves the owner of name in dirfd (stat st) into the range at *base. */
+static int shift_one(int dirfd, const char *name, const char *path, const struct stat *st,
+		     void *arg)
 {
-	(void)type;
-	(void)ftw;
-	uid_t uid = st->st_uid < CB_WS_IDS_SIZE ? (uid_t)(shift_base + st->st_uid) : st->st_uid;
-	gid_t gid = st->st_gid < CB_WS_IDS_SIZE ? (gid_t)(shift_base + st->st_gid) : st->st_gid;
+	unsigned long base = *(const unsigned long *)arg;
+	uid_t uid = st->st_uid < CB_WS_IDS_SIZE ? (uid_t)(base + st->st_uid) : st->st_uid;
+	gid_t gid = st->st_gid < CB_WS_IDS_SIZE ? (gid_t)(base + st->st_gid) : st->st_gid;
+
 	if (uid == st->st_uid && gid == st->st_gid)
 		return 0;
 	/* chown clears set-id bits: the mode goes back on afterwards, now that the owner is one
 	 * of the range's */
-	if (lchown(path, uid, gid) < 0 || (!S_ISLNK(st->st_mode) && (st->st_mode & 06000) &&
-					   chmod(path, st->st_mode & 07777) < 0)) {
-		shift_err = cb_error_set(errno, "%s: %s", path, strerror(errno));
-		return 1;
-	}
+	if (fchownat(dirfd, name, uid, gid, AT_SYMLINK_NOFOLLOW) < 0 ||
+	    (!S_ISLNK(st->st_mode) && (st->st_mode & 06000) &&
+	     fchmodat(dirfd, name, st->st_mode & 07777, 0) < 0))
+		return cb_error_set(errno, "%s: %s", path, strerror(errno));
 	return 0;
 }
 
 int cb_ws_ids_shift_tree(const char *top, unsigned long base)
 {
-	int rc;
+	int fd = open(top, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc;
+	struct stat st;
 
-	pthread_mutex_lock(&shift_lock);
-	shift_base = base;
-	shift_err = 0;
-	rc = nftw(top, shift_one, 64, FTW_PHYS | FTW_MOUNT);
-	if (rc < 0)
+	if (fd < 0 || fstat(fd, &st) < 0) {
 		rc = cb_error_set(errno, "%s: %s", top, strerror(errno));
-	else if (rc > 0)
-		rc = shift_err;
-	pthread_mutex_unlock(&shift_lock);
+		goto out;
+	}
+	rc = shift_one(fd, ".", top, &st, &base);
+	if (!rc)
+		rc = cb_beneath_walk(fd, shift_one, &base);
+	if (rc)
+		rc = cb_error_wrap(rc, "%s", top);
+out:
+	if (fd >= 0)
+		close(fd);
 	return rc;
 }

@@ -5,7 +5,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -129,33 +128,32 @@ int ws_check_complete(const char *db_path)
 	return rc;
 }
 
-static long long du_total;
-
-static int du_visit(const char *path, const struct stat *st, int type, struct FTW *ftw)
+static int du_visit(int dirfd, const char *name, const char *path, const struct stat *st, void *arg)
 {
+	(void)dirfd;
+	(void)name;
 	(void)path;
-	(void)type;
-	(void)ftw;
-	du_total += (long long)st->st_blocks * 512;
+	*(long long *)arg += (long long)st->st_blocks * 512;
 	return 0;
 }
 
 static long long upper_size(const char *dir)
 {
 	char *upper = NULL;
-	long long total;
+	long long total = 0;
+	struct stat st;
+	int fd;
 
 	if (ws_pathf(&upper, "%s/upper", dir))
 		return 0;
-	/* nftw has no user argument; one workspace is measured at a time in a process. */
-	static pthread_mutex_t du_lock = PTHREAD_MUTEX_INITIALIZER;
-
-	pthread_mutex_lock(&du_lock);
-	du_total = 0;
-	nftw(upper, du_visit, 32, FTW_PHYS | FTW_MOUNT);
-	total = du_total;
-	pthread_mutex_unlock(&du_lock);
+	fd = open(upper, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	free(upper);
+	if (fd < 0)
+		return 0;
+	if (fstat(fd, &st) == 0)
+		total = (long long)st.st_blocks * 512;
+	cb_beneath_walk(fd, du_visit, &total); /* a size as far as it could be measured */
+	close(fd);
 	return total;
 }
 

@@ -2,10 +2,10 @@
 it: the Python mirror of util/beneath.c, the rule the daemon applies to every workspace path,
 without base64 and JSON in the way. Both run the same cases (util/beneath_cases.json).
 
-The rule: a path is relative to the root (refused: empty, absolute, any ".." component, longer
-than PATH_MAX, a name longer than NAME_MAX; "build..old" is a name like any other); every
-directory on the way is reached with openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
-RESOLVE_NO_MAGICLINKS) and the last name is opened O_NOFOLLOW in its directory, so no symlink
+The rule: a path is relative to the root (refused: empty, absolute, any ".." component, a
+name longer than NAME_MAX; a path longer than PATH_MAX is opened in pieces; "build..old" is a
+name like any other); every directory on the way is reached with openat2(RESOLVE_BENEATH |
+RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS) and the last name is opened O_NOFOLLOW in its directory, so no symlink
 is ever followed, inside or out; a FIFO, socket or device is refused at once (looked at through
 an O_PATH fd first, then opened O_NONBLOCK and looked at again), never waited on."""
 
@@ -50,8 +50,6 @@ def check(path):
     if raw.startswith(b"/"):
         raise OSError(errno.EXDEV, "%s: absolute paths are refused; give a path relative to "
                                    "the workspace root" % path)
-    if len(raw) >= _PATH_MAX:
-        raise OSError(errno.ENAMETOOLONG, "%s...: path too long" % path[:64])
     for name in raw.split(b"/"):
         if name == b"..":
             raise OSError(errno.EXDEV, "%s: '..' is refused; give a path inside the "
@@ -62,7 +60,29 @@ def check(path):
 
 
 def _openat2(dirfd, path, flags, mode=0):
-    """openat2 beneath dirfd through no symlink: the fd, or OSError with the bare errno."""
+    """openat2 beneath dirfd through no symlink: the fd, or OSError with the bare errno. A
+    path longer than PATH_MAX (a tree can be deeper than one syscall's path) is opened in
+    pieces, each beneath the last."""
+    raw = os.fsencode(path)
+    held = None
+    try:
+        while len(raw) >= _PATH_MAX:
+            cut = raw.rfind(b"/", 0, _PATH_MAX)
+            if cut <= 0:
+                raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
+            nxt = _openat2_short(dirfd if held is None else held, raw[:cut],
+                                 os.O_PATH | os.O_DIRECTORY)
+            if held is not None:
+                os.close(held)
+            held = nxt
+            raw = raw[cut:].lstrip(b"/") or b"."
+        return _openat2_short(dirfd if held is None else held, raw, flags, mode)
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def _openat2_short(dirfd, path, flags, mode=0):
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)

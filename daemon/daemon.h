@@ -126,6 +126,10 @@ int cb_daemon_reply_error(struct cb_daemon_conn *conn, json_t *id, const char *c
  * {"stream":"stdout","data":"<base64>"}. */
 int cb_daemon_send_frame(struct cb_daemon_conn *conn, json_t *id, json_t *frame);
 
+/* Send text as it is: one or more whole protocol lines (each a JSON object ending in a
+ * newline) that the caller wrote itself, in one locked stretch. */
+int cb_daemon_send_text(struct cb_daemon_conn *conn, const char *text, size_t len);
+
 /* The protocol error code for an errno (ENOENT -> not_found, EBUSY -> in_use, ...). */
 const char *cb_daemon_error_code(int err);
 

@@ -42,16 +42,22 @@ struct base_walk {
 	double last_draw;
 };
 
-static int base_add(struct base_walk *w, const char *path, const struct stat *st)
+static int base_item_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct base_item *)a)->path, ((const struct base_item *)b)->path);
+}
+
+/* Takes path (malloc'ed) over, also on failure. */
+static int base_add(struct base_walk *w, char *path, const struct stat *st)
 {
 	int rc = cb_grow(&w->it, &w->cap, w->n, sizeof(*w->it), 1024, "base walk");
 
-	if (rc)
+	if (rc) {
+		free(path);
 		return rc;
+	}
 	memset(&w->it[w->n], 0, sizeof(w->it[w->n]));
-	w->it[w->n].path = strdup(path);
-	if (!w->it[w->n].path)
-		return cb_error_set(ENOMEM, "base walk: out of memory");
+	w->it[w->n].path = path;
 	w->it[w->n].st = *st;
 	w->n++;
 	return 0;
@@ -86,6 +92,7 @@ static int base_walk_dir(struct base_walk *w, int base_fd, const char *path)
 			ret = base_add(w, child, &st);
 			if (!ret && S_ISDIR(st.st_mode))
 				ret = base_walk_dir(w, base_fd, child);
+			continue; /* child is the item's now */
 		}
 		free(child);
 	}
@@ -166,8 +173,9 @@ static int base_hash_misses(struct base_walk *w)
 	return 0;
 }
 
-/* Put every base entry in the map and, frozen, in the base map (and new hashes in the
- * cache). Called in a transaction. */
+/* Put every base entry, frozen, in the base map (and new hashes in the cache), in path
+ * order: each insert lands beside the last instead of at a random page of the b-tree. The
+ * map is then copied from it in one statement. Called in a transaction. */
 static int base_fill(struct cb_turns *t, struct base_walk *w)
 {
 	struct cb_entry e = {0};
@@ -187,16 +195,12 @@ static int base_fill(struct cb_turns *t, struct base_walk *w)
 			memcpy(e.sha256, it->h.sha256, CB_SHA256_LEN);
 			memcpy(e.xxh3, it->h.xxh3, CB_XXH128_LEN);
 			if (!ret)
-				ret = cb_db_turns_map_put(t->db, &e);
-			if (!ret)
 				ret = cb_db_turns_base_map_put(t->db, &e);
 		} else {
 			/* dirs and symlinks: ws_base_now reads the target */
 			struct cb_entry be = {0};
 
 			ret = ws_base_now(t, it->path, &be);
-			if (!ret && be.type != CB_ENTRY_ABSENT)
-				ret = cb_db_turns_map_put(t->db, &be);
 			if (!ret && be.type != CB_ENTRY_ABSENT)
 				ret = cb_db_turns_base_map_put(t->db, &be);
 			cb_entry_clear(&be);
@@ -243,6 +247,9 @@ int ws_map_ensure(struct cb_turns *t)
 			ret = cb_db_turns_read_begin(t->db);
 		if (ret)
 			goto out;
+		/* In path order: the cache look-ups below and the inserts of base_fill then walk
+		 * each b-tree from left to right. */
+		qsort(w.it, w.n, sizeof(*w.it), base_item_cmp);
 		for (size_t i = 0; i < w.n && !ret; i++) {
 			struct base_item *it = &w.it[i];
 
@@ -272,10 +279,10 @@ int ws_map_ensure(struct cb_turns *t)
 		goto out;
 	intx = 1;
 	ret = cb_db_turns_map_clear(t->db);
-	if (!ret && frozen)
-		ret = cb_db_turns_map_from_base(t->db);
-	else if (!ret)
+	if (!ret && !frozen)
 		ret = base_fill(t, &w);
+	if (!ret)
+		ret = cb_db_turns_map_from_base(t->db);
 	if (!ret && !frozen)
 		ret = cb_db_turns_base_map_set_built(t->db);
 	for (size_t i = 0; i < a.paths.n && !ret; i++) {
@@ -306,11 +313,6 @@ int cb_ws_map_list(struct cb_turns *t, int (*fn)(const struct cb_entry *, void *
 	int ret = ws_map_ensure(t);
 
 	return ret ? ret : cb_db_turns_map_list(t->db, NULL, fn, arg);
-}
-
-static int base_item_cmp(const void *a, const void *b)
-{
-	return strcmp(((const struct base_item *)a)->path, ((const struct base_item *)b)->path);
 }
 
 static long long ns_of(const struct timespec *ts)

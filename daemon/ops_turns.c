@@ -90,6 +90,8 @@ static int turns_snapshot(struct cb_daemon *d, json_t *req, struct cb_daemon_con
 	 * so that this turn's rows have the last word on attribution). */
 	json_object_set_new(req, "op", json_string("snapshot"));
 	json_object_set_new(req, "turn", json_integer(turn));
+	if (cb_daemon_basehash_prepared(d))
+		json_object_set_new(req, "base_prepared", json_true());
 	json_object_set_new(
 	    req, "rows", rows_json(turn > 1 ? turn - 1 : 0, open < turn ? open : turn, turn + 1));
 	ret = cb_daemon_worker_call(d, req, conn, id, result, NULL);

@@ -653,6 +653,30 @@ int cb_db_turns_base_map_put(struct cb_db_turns *t, const struct cb_entry *e)
 	return tdb_done(t, s, "base map store");
 }
 
+int cb_db_turns_base_map_clear(struct cb_db_turns *t)
+{
+	return tdb_exec(t, "DELETE FROM base_map");
+}
+
+int cb_db_turns_base_prepared(struct cb_db_turns *t)
+{
+	sqlite3_stmt *s = NULL;
+	int ret;
+
+	if (sqlite3_prepare_v2(t->db, "SELECT value FROM turn_meta WHERE key='base_prepared'", -1,
+			       &s, NULL) != SQLITE_OK)
+		return tdb_fail(t, "prepared base map");
+	ret = (int)tdb_int(s, 0) == 1;
+	sqlite3_finalize(s);
+	return ret;
+}
+
+int cb_db_turns_base_prepared_set(struct cb_db_turns *t, int on)
+{
+	return tdb_exec(t, on ? "INSERT OR REPLACE INTO turn_meta VALUES('base_prepared', 1)"
+			      : "DELETE FROM turn_meta WHERE key='base_prepared'");
+}
+
 int cb_db_turns_map_from_base(struct cb_db_turns *t)
 {
 	return tdb_exec(t, "INSERT OR REPLACE INTO turn_map SELECT * FROM base_map");

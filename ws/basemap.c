@@ -173,38 +173,44 @@ static int base_hash_misses(struct base_walk *w)
 	return 0;
 }
 
+int ws_base_map_row(struct cb_turns *t, const char *path, const struct stat *st,
+		    const struct cb_hash *h)
+{
+	struct cb_entry e = {0};
+	int ret;
+
+	if (S_ISREG(st->st_mode)) {
+		e.path = (char *)path;
+		e.type = CB_ENTRY_FILE;
+		e.mode = st->st_mode & 07777;
+		e.size = st->st_size;
+		memcpy(e.sha256, h->sha256, CB_SHA256_LEN);
+		memcpy(e.xxh3, h->xxh3, CB_XXH128_LEN);
+		return cb_db_turns_base_map_put(t->db, &e);
+	}
+	/* dirs and symlinks: ws_base_now reads the target */
+	ret = ws_base_now(t, path, &e);
+	if (!ret && e.type != CB_ENTRY_ABSENT)
+		ret = cb_db_turns_base_map_put(t->db, &e);
+	cb_entry_clear(&e);
+	return ret;
+}
+
 /* Put every base entry, frozen, in the base map (and new hashes in the cache), in path
  * order: each insert lands beside the last instead of at a random page of the b-tree. The
  * map is then copied from it in one statement. Called in a transaction. */
 static int base_fill(struct cb_turns *t, struct base_walk *w)
 {
-	struct cb_entry e = {0};
-	int ret = 0;
+	int ret = cb_db_turns_base_map_clear(t->db);
 
 	for (size_t i = 0; i < w->n && !ret; i++) {
 		struct base_item *it = &w->it[i];
 
-		if (S_ISREG(it->st.st_mode)) {
-			if (it->cached != 1) /* hashed now, or from the shared cache */
-				ret = ws_base_cache_put(t, it->path, &it->st, &it->h, !it->cached);
-			memset(&e, 0, sizeof(e));
-			e.path = it->path;
-			e.type = CB_ENTRY_FILE;
-			e.mode = it->st.st_mode & 07777;
-			e.size = it->st.st_size;
-			memcpy(e.sha256, it->h.sha256, CB_SHA256_LEN);
-			memcpy(e.xxh3, it->h.xxh3, CB_XXH128_LEN);
-			if (!ret)
-				ret = cb_db_turns_base_map_put(t->db, &e);
-		} else {
-			/* dirs and symlinks: ws_base_now reads the target */
-			struct cb_entry be = {0};
-
-			ret = ws_base_now(t, it->path, &be);
-			if (!ret && be.type != CB_ENTRY_ABSENT)
-				ret = cb_db_turns_base_map_put(t->db, &be);
-			cb_entry_clear(&be);
-		}
+		/* hashed now, or from the shared cache */
+		if (S_ISREG(it->st.st_mode) && it->cached != 1)
+			ret = ws_base_cache_put(t, it->path, &it->st, &it->h, !it->cached);
+		if (!ret)
+			ret = ws_base_map_row(t, it->path, &it->st, &it->h);
 	}
 	return ret;
 }
@@ -228,17 +234,21 @@ int ws_map_ensure(struct cb_turns *t)
 	struct base_walk w = {0};
 	struct apply_arg a = {t, latest, {0}};
 	struct cb_entry e = {0};
-	int ret = 0, intx = 0, frozen;
+	int ret = 0, intx = 0, frozen, prepared = 0;
 
 	if (cb_db_turns_map_turn(t->db) == latest)
 		return 0;
 	/* Once recorded, the base map is the base: no walk, and a base changed since does not
 	 * rewrite history. */
 	frozen = cb_db_turns_base_map_built(t->db);
-	ret = frozen ? 0 : cb_db_turns_base_cache_import(t->db);
+	/* The background pass wrote the base map and nothing moved in the base since its walk
+	 * began: it is frozen as it is (no walk, no stat). */
+	if (!frozen && t->base_prepared_ok && t->base_fd >= 0)
+		prepared = cb_db_turns_base_prepared(t->db) == 1;
+	ret = frozen || prepared ? 0 : cb_db_turns_base_cache_import(t->db);
 	if (ret)
 		goto out;
-	w.base_fd = frozen ? -1 : t->base_fd;
+	w.base_fd = frozen || prepared ? -1 : t->base_fd;
 	w.progress = t->progress;
 	w.progress_arg = t->progress_arg;
 	if (w.base_fd >= 0) {
@@ -279,12 +289,14 @@ int ws_map_ensure(struct cb_turns *t)
 		goto out;
 	intx = 1;
 	ret = cb_db_turns_map_clear(t->db);
-	if (!ret && !frozen)
+	if (!ret && !frozen && !prepared)
 		ret = base_fill(t, &w);
 	if (!ret)
 		ret = cb_db_turns_map_from_base(t->db);
 	if (!ret && !frozen)
 		ret = cb_db_turns_base_map_set_built(t->db);
+	if (!ret && !frozen)
+		ret = cb_db_turns_base_prepared_set(t->db, 0);
 	for (size_t i = 0; i < a.paths.n && !ret; i++) {
 		ret = cb_db_turns_delta_at(t->db, a.paths.p[i].path, latest, &e);
 		if (ret == 1)

@@ -169,8 +169,12 @@ int cb_db_turns_open(const char *path, struct cb_db_turns **out)
 	*out = NULL;
 	if (!t)
 		return cb_error_set(ENOMEM, "turn store %s: out of memory", path);
-	if (sqlite3_open_v2(path, &t->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
-	    SQLITE_OK) {
+	/* NOMUTEX: a handle is used by one thread at a time (each op, the worker and the
+	 * background pass open their own), and a whole map's 100k rows would otherwise take
+	 * and drop the connection's mutex at every column read. */
+	if (sqlite3_open_v2(path, &t->db,
+			    SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+			    NULL) != SQLITE_OK) {
 		ret = cb_error_set(EIO, "open %s: %s", path,
 				   t->db ? sqlite3_errmsg(t->db) : "out of memory");
 		goto out;

@@ -744,7 +744,8 @@ int cb_db_turns_base_files(struct cb_db_turns *t,
 	return tdb_each(t,
 			"SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, 0, "
 			"(SELECT min(n.turn) FROM turn_delta n WHERE n.path = b.path) "
-			"FROM base_map b WHERE type = 1 ORDER BY path",
+			"FROM base_map b WHERE type = 1 AND (SELECT value FROM turn_meta WHERE "
+			"key = 'base_map') = 1 ORDER BY path",
 			tdb_file_row, (void *)fn, arg, "list base files");
 }
 

@@ -352,6 +352,12 @@ static int pre_prepare_map(struct cb_turns *t, struct pre_walk *w)
 		ret = cb_db_turns_base_map_clear(t->db);
 	for (size_t i = 0; i < w->n && !ret; i++)
 		ret = ws_base_map_row(t, w->f[i].path, &w->f[i].st, &w->f[i].h);
+	/* The map of turn 0 too (every later turn's starts from it): the first snapshot then
+	 * writes only its own changes, not a copy of the whole base. */
+	if (!ret)
+		ret = cb_db_turns_map_clear(t->db);
+	if (!ret)
+		ret = cb_db_turns_map_from_base(t->db);
 	if (!ret)
 		ret = cb_db_turns_base_prepared_set(t->db, 1);
 out:

@@ -288,10 +288,12 @@ int ws_map_ensure(struct cb_turns *t)
 	if (ret)
 		goto out;
 	intx = 1;
-	ret = cb_db_turns_map_clear(t->db);
+	/* Prepared: the pass wrote turn_map as a copy of base_map in the same transaction, and
+	 * nothing writes either before they are frozen (this function clears both first). */
+	ret = prepared ? 0 : cb_db_turns_map_clear(t->db);
 	if (!ret && !frozen && !prepared)
 		ret = base_fill(t, &w);
-	if (!ret)
+	if (!ret && !prepared)
 		ret = cb_db_turns_map_from_base(t->db);
 	if (!ret && !frozen)
 		ret = cb_db_turns_base_map_set_built(t->db);

@@ -141,7 +141,14 @@ static void print_sha256sum(const char *hash, const char *name)
 {
 	int esc = strpbrk(name, "\\\n\r") != NULL;
 
-	printf("%s%s  ", esc ? "\\" : "", hash);
+	if (!esc) {
+		fputs_unlocked(hash, stdout);
+		fputs_unlocked("  ", stdout);
+		fputs_unlocked(name, stdout);
+		putchar_unlocked('\n');
+		return;
+	}
+	printf("\\%s  ", hash);
 	for (const char *p = name; *p; p++) {
 		if (esc && *p == '\\')
 			fputs("\\\\", stdout);
@@ -172,9 +179,9 @@ static void print_json_string(const char *text)
 	if (!text[strcspn(text, "\"\\\x01\x02\x03\x04\x05\x06\x07\x08\t\n\x0b\x0c\r\x0e\x0f"
 				"\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e"
 				"\x1f\x7f")]) {
-		putchar('"');
-		fputs(text, stdout);
-		putchar('"');
+		putchar_unlocked('"');
+		fputs_unlocked(text, stdout);
+		putchar_unlocked('"');
 		return;
 	}
 	j = json_string(text);
@@ -196,33 +203,53 @@ static void files_begin(struct files_printer *p, long long turn)
 		printf("turn %lld\n", turn);
 }
 
+/* A frame's rows in path order: the daemon sends them so (and jansson keeps the order it
+ * read), so they are only sorted when they are not. */
 static void files_rows(struct files_printer *p, json_t *files)
 {
 	size_t n = json_object_size(files), i = 0;
 	const char **keys = calloc(n ? n : 1, sizeof(*keys));
+	const char **hashes = calloc(n ? n : 1, sizeof(*hashes));
+	int sorted = 1;
 	const char *k;
 	json_t *v;
 
-	if (!keys)
-		return;
-	json_object_foreach(files, k, v) keys[i++] = k;
-	qsort(keys, n, sizeof(*keys), key_cmp);
+	if (!keys || !hashes)
+		goto out;
+	json_object_foreach(files, k, v)
+	{
+		keys[i] = k;
+		hashes[i] = json_string_value(v);
+		if (i && strcmp(keys[i - 1], k) > 0)
+			sorted = 0;
+		i++;
+	}
+	if (!sorted) {
+		qsort(keys, n, sizeof(*keys), key_cmp);
+		for (i = 0; i < n; i++)
+			hashes[i] = json_string_value(json_object_get(files, keys[i]));
+	}
 	for (i = 0; i < n; i++) {
-		const char *h = json_string_value(json_object_get(files, keys[i]));
+		const char *h = hashes[i] ? hashes[i] : "";
 
 		if (p->json) {
 			if (p->rows++)
-				putchar(',');
+				putchar_unlocked(',');
 			print_json_string(keys[i]);
-			putchar(':');
+			putchar_unlocked(':');
 			print_json_string(h);
 		} else if (p->sha256sum) {
 			print_sha256sum(h, keys[i]);
 		} else {
-			printf("%s  %s\n", keys[i], h);
+			fputs_unlocked(keys[i], stdout);
+			fputs_unlocked("  ", stdout);
+			fputs_unlocked(h, stdout);
+			putchar_unlocked('\n');
 		}
 	}
+out:
 	free(keys);
+	free(hashes);
 }
 
 static void files_frame(json_t *frame, void *arg)

@@ -23,6 +23,7 @@ struct cb_daemon_basehash {
 	struct cb_daemon *d;
 	struct cb_ws_prehash p;
 	double started, seconds; /* seconds: set when the pass ended */
+	long long events;	 /* the base watch's count before the walk (-1: blind) */
 };
 
 #define IOPRIO_WHO_PROCESS 1
@@ -118,6 +119,11 @@ static void *bh_thread(void *arg)
 	    syscall(SYS_ioprio_set, IOPRIO_WHO_PROCESS, tid,
 		    IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT) < 0)
 		cb_daemon_log("base hash: lower priority: %s", strerror(errno));
+	/* The watch is set up under the turn lock by the start's look at the base: the count
+	 * before the walk, so that any change during or after it is an event after this count. */
+	pthread_mutex_lock(&d->turn_lock);
+	bh->events = cb_daemon_basewatch_events(d);
+	pthread_mutex_unlock(&d->turn_lock);
 	snprintf(blobs, sizeof(blobs), "%s/blobs", d->dir);
 	ret = cb_turns_open(&cfg, &t);
 	if (!ret) {
@@ -176,6 +182,14 @@ void cb_daemon_basehash_stop(struct cb_daemon *d)
 	pthread_join(d->basehash->thread, NULL);
 	free(d->basehash);
 	d->basehash = NULL;
+}
+
+int cb_daemon_basehash_prepared(struct cb_daemon *d)
+{
+	struct cb_daemon_basehash *bh = d->basehash;
+
+	return bh && __atomic_load_n(&bh->p.state, __ATOMIC_ACQUIRE) == CB_PREHASH_DONE &&
+	       bh->events >= 0 && cb_daemon_basewatch_events(d) == bh->events;
 }
 
 void cb_daemon_basehash_info(struct cb_daemon *d, json_t *r)

@@ -33,6 +33,7 @@ struct cb_daemon_basewatch {
 	 * snapshot and rollback walks the base, as they would without this module). */
 	_Atomic int changed;
 	_Atomic int blind;
+	_Atomic long long events; /* counts what sets changed, never reset */
 };
 
 /* Add a watch on dirfd's directory and on every directory below it. The base is the user's
@@ -120,8 +121,10 @@ static void *watch_thread(void *arg)
 			 * (adding a watch twice is harmless). */
 			if ((ev->mask & IN_ISDIR) && (ev->mask & (IN_CREATE | IN_MOVED_TO)))
 				rewatch = 1;
-			if (!(ev->mask & IN_IGNORED))
+			if (!(ev->mask & IN_IGNORED)) {
 				atomic_store(&w->changed, 1);
+				atomic_fetch_add(&w->events, 1);
+			}
 			q += sizeof(*ev) + ev->len;
 		}
 		if (rewatch) {
@@ -129,6 +132,7 @@ static void *watch_thread(void *arg)
 			/* what landed in a new directory before its watch is seen by the next look
 			 */
 			atomic_store(&w->changed, 1);
+			atomic_fetch_add(&w->events, 1);
 		}
 	}
 	free(a);
@@ -184,6 +188,22 @@ int cb_daemon_basewatch_take(struct cb_daemon *d)
 	if (!w || atomic_load(&w->blind))
 		return 1;
 	return atomic_exchange(&w->changed, 0);
+}
+
+long long cb_daemon_basewatch_events(struct cb_daemon *d)
+{
+	struct cb_daemon_basewatch *w = d->basewatch;
+	struct pollfd p;
+
+	if (!w || atomic_load(&w->blind))
+		return -1;
+	/* Events the kernel queued that the thread has not read yet count too. */
+	p.fd = w->fd;
+	p.events = POLLIN;
+	p.revents = 0;
+	if (poll(&p, 1, 0) != 0)
+		return -1;
+	return atomic_load(&w->events);
 }
 
 void cb_daemon_basewatch_stop(struct cb_daemon *d)

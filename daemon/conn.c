@@ -185,21 +185,14 @@ int cb_daemon_conn_closed(struct cb_daemon_conn *conn)
 	return closed;
 }
 
-/* Serializes the object, appends the newline and writes it in one locked stretch. */
-static int conn_send(struct cb_daemon_conn *conn, json_t *msg)
+int cb_daemon_send_text(struct cb_daemon_conn *conn, const char *text, size_t len)
 {
-	char *text = json_dumps(msg, JSON_COMPACT | JSON_ENSURE_ASCII);
-	size_t len, off = 0;
+	size_t off = 0;
 	int rc = 0;
 
-	json_decref(msg);
-	if (!text)
-		return cb_error_set(ENOMEM, "encode reply: out of memory");
-	len = strlen(text);
-	text[len] = '\n'; /* replaces the terminator; the length is known */
 	pthread_mutex_lock(&conn->write_lock);
-	while (off < len + 1) {
-		ssize_t n = send(conn->fd, text + off, len + 1 - off, MSG_NOSIGNAL);
+	while (off < len) {
+		ssize_t n = send(conn->fd, text + off, len - off, MSG_NOSIGNAL);
 
 		if (n < 0 && errno == EINTR)
 			continue;
@@ -210,6 +203,22 @@ static int conn_send(struct cb_daemon_conn *conn, json_t *msg)
 		off += (size_t)n;
 	}
 	pthread_mutex_unlock(&conn->write_lock);
+	return rc;
+}
+
+/* Serializes the object, appends the newline and writes it in one locked stretch. */
+static int conn_send(struct cb_daemon_conn *conn, json_t *msg)
+{
+	char *text = json_dumps(msg, JSON_COMPACT | JSON_ENSURE_ASCII);
+	size_t len;
+	int rc;
+
+	json_decref(msg);
+	if (!text)
+		return cb_error_set(ENOMEM, "encode reply: out of memory");
+	len = strlen(text);
+	text[len] = '\n'; /* replaces the terminator; the length is known */
+	rc = cb_daemon_send_text(conn, text, len + 1);
 	free(text);
 	return rc;
 }

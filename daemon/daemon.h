@@ -126,6 +126,10 @@ int cb_daemon_reply_error(struct cb_daemon_conn *conn, json_t *id, const char *c
  * {"stream":"stdout","data":"<base64>"}. */
 int cb_daemon_send_frame(struct cb_daemon_conn *conn, json_t *id, json_t *frame);
 
+/* Send text as it is: one or more whole protocol lines (each a JSON object ending in a
+ * newline) that the caller wrote itself, in one locked stretch. */
+int cb_daemon_send_text(struct cb_daemon_conn *conn, const char *text, size_t len);
+
 /* The protocol error code for an errno (ENOENT -> not_found, EBUSY -> in_use, ...). */
 const char *cb_daemon_error_code(int err);
 
@@ -177,6 +181,9 @@ int cb_daemon_basewatch_start(struct cb_daemon *d);
  * was started), and forget it; 0 when no event came: nothing in the base moved. */
 int cb_daemon_basewatch_take(struct cb_daemon *d);
 void cb_daemon_basewatch_stop(struct cb_daemon *d);
+/* How many times the base was seen to move since the watch began (equal counts: nothing
+ * moved in between); -1 when the watch cannot tell (none, blind, events not read yet). */
+long long cb_daemon_basewatch_events(struct cb_daemon *d);
 
 /* ---- daemon/basehash.c: the base hashed in the background ---- */
 struct cb_turns;
@@ -186,6 +193,10 @@ struct cb_turns;
 int cb_daemon_basehash_start(struct cb_daemon *d);
 /* Wait for it to end (after d->stopping is set: it ends between two files). */
 void cb_daemon_basehash_stop(struct cb_daemon *d);
+/* 1 when the background pass finished and prepared the base map, and the base watch saw
+ * nothing move in the base since the pass began walking it: the first snapshot may take
+ * that map as it is. */
+int cb_daemon_basehash_prepared(struct cb_daemon *d);
 /* Its progress as "base_hash" in an info reply. */
 void cb_daemon_basehash_info(struct cb_daemon *d, json_t *r);
 /* Let t use the shared base cache of the home the workspace directory ws_dir is in; a cache

@@ -90,6 +90,8 @@ static int turns_snapshot(struct cb_daemon *d, json_t *req, struct cb_daemon_con
 	 * so that this turn's rows have the last word on attribution). */
 	json_object_set_new(req, "op", json_string("snapshot"));
 	json_object_set_new(req, "turn", json_integer(turn));
+	if (cb_daemon_basehash_prepared(d))
+		json_object_set_new(req, "base_prepared", json_true());
 	json_object_set_new(
 	    req, "rows", rows_json(turn > 1 ? turn - 1 : 0, open < turn ? open : turn, turn + 1));
 	ret = cb_daemon_worker_call(d, req, conn, id, result, NULL);
@@ -102,7 +104,9 @@ static int turns_snapshot(struct cb_daemon *d, json_t *req, struct cb_daemon_con
 
 /* Where the rows of a whole map (or of the changes since a client's turn) go: one object, or
  * frames of FILES_FRAME rows each when the client streams (it applies or writes them out as
- * they come, and the daemon never holds them all). */
+ * they come, and the daemon never holds them all). A streamed whole map is written as JSON
+ * text straight into one buffer per frame (no object per row: 100k rows of jansson cost
+ * more than the rest of the snapshot). */
 struct files_out {
 	json_t *files;
 	json_t *deleted;	     /* a delta: the paths that are no regular file any more */
@@ -110,14 +114,99 @@ struct files_out {
 	json_t *id;
 	long long turn;
 	size_t rows;
+	char *text; /* the streamed whole map's frame being written */
+	size_t len, cap;
+	char *head; /* its opening: {"id":...,"stream":"files","turn":N,"files":{ */
 };
 
 #define FILES_FRAME 2048
 
+static int text_grow(struct files_out *o, size_t more)
+{
+	return o->len + more <= o->cap
+		   ? 0
+		   : cb_grow(&o->text, &o->cap, o->len + more, 1, 256 * 1024, "snapshot");
+}
+
+/* Bytes from 0x80 on must be whole UTF-8 sequences (what a JSON reader accepts): the length
+ * of the one at p, 0 if it is not one. */
+static size_t utf8_seq(const unsigned char *p)
+{
+	unsigned c = p[0];
+	size_t n = c >= 0xc2 && c <= 0xdf   ? 2
+		   : c >= 0xe0 && c <= 0xef ? 3
+		   : c >= 0xf0 && c <= 0xf4 ? 4
+					    : 0;
+
+	if (!n || (c == 0xe0 && p[1] < 0xa0) || (c == 0xed && p[1] > 0x9f) ||
+	    (c == 0xf0 && p[1] < 0x90) || (c == 0xf4 && p[1] > 0x8f))
+		return 0;
+	for (size_t i = 1; i < n; i++)
+		if ((p[i] & 0xc0) != 0x80)
+			return 0;
+	return n;
+}
+
+/* s as a JSON string: runs of plain bytes copied at once, '"', '\\' and controls escaped. A
+ * name that is not UTF-8 cannot be sent (and is named, not dropped). */
+static int text_string(struct files_out *o, const char *s)
+{
+	static const char hexd[] = "0123456789abcdef";
+	const unsigned char *p = (const unsigned char *)s;
+	size_t n = strlen(s);
+	int ret = text_grow(o, 6 * n + 2);
+
+	if (ret)
+		return ret;
+	o->text[o->len++] = '"';
+	while (*p) {
+		const unsigned char *run = p;
+
+		while (*p >= 0x20 && *p < 0x80 && *p != '"' && *p != '\\')
+			p++;
+		memcpy(o->text + o->len, run, (size_t)(p - run));
+		o->len += (size_t)(p - run);
+		if (!*p)
+			break;
+		if (*p >= 0x80) {
+			size_t k = utf8_seq(p);
+
+			if (!k)
+				return cb_error_set(EILSEQ, "snapshot: %s: the name is not UTF-8",
+						    s);
+			memcpy(o->text + o->len, p, k);
+			o->len += k;
+			p += k;
+		} else if (*p == '"' || *p == '\\') {
+			o->text[o->len++] = '\\';
+			o->text[o->len++] = (char)*p++;
+		} else {
+			memcpy(o->text + o->len, "\\u00", 4);
+			o->text[o->len + 4] = hexd[*p >> 4];
+			o->text[o->len + 5] = hexd[*p & 15];
+			o->len += 6;
+			p++;
+		}
+	}
+	o->text[o->len++] = '"';
+	return 0;
+}
+
 static int files_flush(struct files_out *o)
 {
 	json_t *frame;
+	int ret;
 
+	if (o->head) {
+		if (!o->len)
+			return 0;
+		if ((ret = text_grow(o, 3)))
+			return ret;
+		memcpy(o->text + o->len, "}}\n", 3);
+		ret = cb_daemon_send_text(o->conn, o->text, o->len + 3);
+		o->len = 0;
+		return ret;
+	}
 	if (!o->conn || !(json_object_size(o->files) || json_array_size(o->deleted)))
 		return 0;
 	if (o->deleted)
@@ -135,6 +224,29 @@ static int files_flush(struct files_out *o)
 	return 0;
 }
 
+/* A row of a streamed whole map: "path":"sha256", into the frame's text. */
+static int files_text_add(struct files_out *o, const struct cb_entry *e)
+{
+	size_t head = strlen(o->head);
+	int ret = text_grow(o, head + 2 * CB_SHA256_LEN + 4);
+
+	if (ret)
+		return ret;
+	if (!o->len) {
+		memcpy(o->text, o->head, head);
+		o->len = head;
+	} else {
+		o->text[o->len++] = ',';
+	}
+	if ((ret = text_string(o, e->path)) || (ret = text_grow(o, 2 * CB_SHA256_LEN + 4)))
+		return ret;
+	memcpy(o->text + o->len, ":\"", 2);
+	cb_hex(e->sha256, CB_SHA256_LEN, o->text + o->len + 2);
+	o->len += 2 + 2 * CB_SHA256_LEN;
+	o->text[o->len++] = '"';
+	return ++o->rows % FILES_FRAME ? 0 : files_flush(o);
+}
+
 static int files_add(const struct cb_entry *e, void *arg)
 {
 	struct files_out *o = arg;
@@ -142,6 +254,8 @@ static int files_add(const struct cb_entry *e, void *arg)
 
 	if (e->type != CB_ENTRY_FILE)
 		return 0;
+	if (o->head)
+		return files_text_add(o, e);
 	cb_hex(e->sha256, CB_SHA256_LEN, hex);
 	if (json_object_set_new(o->files, e->path, json_string(hex)))
 		return cb_error_set(ENOMEM, "snapshot: out of memory");
@@ -216,12 +330,24 @@ static int snapshot_files(struct cb_daemon *d, struct cb_daemon_conn *conn, json
 		cb_error_clear();
 		json_decref(o.files);
 		json_decref(o.deleted);
+		o.files = NULL;
 		o.deleted = NULL;
 		o.rows = 0;
 	}
 	json_object_set_new(r, "full", json_true());
-	o.files = json_object();
-	if (!o.files) {
+	if (o.conn) {
+		char *id = json_dumps(o.id, JSON_ENCODE_ANY | JSON_COMPACT | JSON_ENSURE_ASCII);
+
+		if (!id || asprintf(&o.head,
+				    "{\"id\":%s,\"stream\":\"files\",\"turn\":%lld,"
+				    "\"files\":{",
+				    id, turn) < 0)
+			o.head = NULL;
+		free(id);
+	} else {
+		o.files = json_object();
+	}
+	if (!o.head && !o.files) {
 		ret = cb_error_set(ENOMEM, "snapshot: out of memory");
 		goto out;
 	}
@@ -233,6 +359,8 @@ static int snapshot_files(struct cb_daemon *d, struct cb_daemon_conn *conn, json
 out:
 	json_decref(o.files);
 	json_decref(o.deleted);
+	free(o.text);
+	free(o.head);
 	cb_turns_close(t);
 	return ret;
 }

@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cowbox/basecache.h"
 #include "cowbox/error.h"
 #include "cowbox/turns.h"
 #include "daemon.h"
@@ -248,6 +249,8 @@ static int worker_snapshot(struct worker_state *w, json_t *req, json_t **res)
 		cb_ws_known_put(t, w->known);
 	else
 		cb_ws_known_free(w->known);
+	if (!ret && json_is_true(json_object_get(req, "base_prepared")))
+		cb_ws_base_trust_prepared(t);
 	w->known = NULL;
 	span_from_json(req, &span);
 	if (!ret)

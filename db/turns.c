@@ -169,8 +169,12 @@ int cb_db_turns_open(const char *path, struct cb_db_turns **out)
 	*out = NULL;
 	if (!t)
 		return cb_error_set(ENOMEM, "turn store %s: out of memory", path);
-	if (sqlite3_open_v2(path, &t->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
-	    SQLITE_OK) {
+	/* NOMUTEX: a handle is used by one thread at a time (each op, the worker and the
+	 * background pass open their own), and a whole map's 100k rows would otherwise take
+	 * and drop the connection's mutex at every column read. */
+	if (sqlite3_open_v2(path, &t->db,
+			    SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+			    NULL) != SQLITE_OK) {
 		ret = cb_error_set(EIO, "open %s: %s", path,
 				   t->db ? sqlite3_errmsg(t->db) : "out of memory");
 		goto out;
@@ -653,6 +657,30 @@ int cb_db_turns_base_map_put(struct cb_db_turns *t, const struct cb_entry *e)
 	return tdb_done(t, s, "base map store");
 }
 
+int cb_db_turns_base_map_clear(struct cb_db_turns *t)
+{
+	return tdb_exec(t, "DELETE FROM base_map");
+}
+
+int cb_db_turns_base_prepared(struct cb_db_turns *t)
+{
+	sqlite3_stmt *s = NULL;
+	int ret;
+
+	if (sqlite3_prepare_v2(t->db, "SELECT value FROM turn_meta WHERE key='base_prepared'", -1,
+			       &s, NULL) != SQLITE_OK)
+		return tdb_fail(t, "prepared base map");
+	ret = (int)tdb_int(s, 0) == 1;
+	sqlite3_finalize(s);
+	return ret;
+}
+
+int cb_db_turns_base_prepared_set(struct cb_db_turns *t, int on)
+{
+	return tdb_exec(t, on ? "INSERT OR REPLACE INTO turn_meta VALUES('base_prepared', 1)"
+			      : "DELETE FROM turn_meta WHERE key='base_prepared'");
+}
+
 int cb_db_turns_map_from_base(struct cb_db_turns *t)
 {
 	return tdb_exec(t, "INSERT OR REPLACE INTO turn_map SELECT * FROM base_map");
@@ -716,7 +744,8 @@ int cb_db_turns_base_files(struct cb_db_turns *t,
 	return tdb_each(t,
 			"SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, 0, "
 			"(SELECT min(n.turn) FROM turn_delta n WHERE n.path = b.path) "
-			"FROM base_map b WHERE type = 1 ORDER BY path",
+			"FROM base_map b WHERE type = 1 AND (SELECT value FROM turn_meta WHERE "
+			"key = 'base_map') = 1 ORDER BY path",
 			tdb_file_row, (void *)fn, arg, "list base files");
 }
 

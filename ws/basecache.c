@@ -195,12 +195,15 @@ struct pre_file {
 	struct stat st;
 	struct cb_hash h;
 	int hashed; /* read here (else copied from the shared cache) */
+	int store;  /* a row for meta.db's cache */
+	int failed; /* gone or unreadable: no base map can be prepared */
 };
 
 struct pre_walk {
 	struct pre_file *f;
 	size_t n, cap;
 	struct cb_ws_prehash *p;
+	int failed; /* an entry could not be read: the walk is not the whole base */
 };
 
 static int pre_add(struct pre_walk *w, const char *path, const struct stat *st)
@@ -213,13 +216,16 @@ static int pre_add(struct pre_walk *w, const char *path, const struct stat *st)
 	if (!(w->f[w->n].path = strdup(path)))
 		return cb_error_set(ENOMEM, "base walk: out of memory");
 	w->f[w->n++].st = *st;
-	__atomic_store_n(&w->p->files_total, (long long)w->n, __ATOMIC_RELAXED);
-	__atomic_add_fetch(&w->p->bytes_total, (long long)st->st_size, __ATOMIC_RELAXED);
+	if (S_ISREG(st->st_mode)) {
+		__atomic_add_fetch(&w->p->files_total, 1, __ATOMIC_RELAXED);
+		__atomic_add_fetch(&w->p->bytes_total, (long long)st->st_size, __ATOMIC_RELAXED);
+	}
 	return 0;
 }
 
-/* The regular files below path, read beside each directory's fd (beneath the base, no link
- * followed); a name gone meanwhile is skipped (the snapshot's own walk sees the truth). */
+/* The entries below path (regular files, directories and symlinks, as the first map takes
+ * them), read beside each directory's fd (beneath the base, no link followed); a name gone
+ * meanwhile is skipped (the snapshot's own walk sees the truth). */
 static int pre_walk_dir(struct pre_walk *w, int base_fd, const char *path)
 {
 	int fd = cb_beneath_open(base_fd, path[0] ? path : ".", O_RDONLY | O_DIRECTORY, 0);
@@ -227,8 +233,10 @@ static int pre_walk_dir(struct pre_walk *w, int base_fd, const char *path)
 	DIR *dir;
 	int ret = 0;
 
-	if (fd < 0)
+	if (fd < 0) {
+		w->failed = 1;
 		return cb_beneath_gone(fd) ? 0 : cb_error_wrap(fd, "base");
+	}
 	if (!(dir = fdopendir(fd))) {
 		close(fd);
 		return cb_error_set(errno, "base %s: %s", path, strerror(errno));
@@ -245,10 +253,11 @@ static int pre_walk_dir(struct pre_walk *w, int base_fd, const char *path)
 			ret = cb_error_set(ENOMEM, "base walk: out of memory");
 			break;
 		}
-		if (fstatat(dirfd(dir), de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
-			if (S_ISREG(st.st_mode))
-				ret = pre_add(w, child, &st);
-			else if (S_ISDIR(st.st_mode))
+		if (fstatat(dirfd(dir), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			w->failed = 1;
+		} else if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode) || S_ISLNK(st.st_mode)) {
+			ret = pre_add(w, child, &st);
+			if (!ret && S_ISDIR(st.st_mode))
 				ret = pre_walk_dir(w, base_fd, child);
 		}
 		free(child);
@@ -265,7 +274,7 @@ static int pre_flush(struct cb_turns *t, struct pre_walk *w, size_t from, size_t
 	if (from >= to)
 		return 0;
 	for (size_t i = from; i < to && !ret; i++)
-		if (w->f[i].path[0])
+		if (w->f[i].store)
 			ret = ws_base_cache_put(t, w->f[i].path, &w->f[i].st, &w->f[i].h,
 						w->f[i].hashed);
 	if (!ret)
@@ -286,33 +295,82 @@ static double mono_now(void)
 	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* One file: from meta.db's cache (nothing to store), the shared cache or a fresh hash. Its
- * path is emptied when there is no row to store. */
+/* One file: from meta.db's cache (nothing to store), the shared cache or a fresh hash. */
 static int pre_one(struct cb_turns *t, struct pre_file *f, struct cb_ws_prehash *p)
 {
 	struct stat hst;
-	int ret = ws_base_cache_get(t, f->path, &f->st, &f->h);
+	int ret = S_ISREG(f->st.st_mode) ? ws_base_cache_get(t, f->path, &f->st, &f->h) : 1;
 
 	if (ret < 0)
 		return ret;
 	if (ret == 2)
 		__atomic_add_fetch(&p->from_shared, 1, __ATOMIC_RELAXED);
 	if (ret != 0) {
-		if (ret == 1)
-			f->path[0] = '\0';
+		f->store = ret == 2;
 		return 0;
 	}
 	ret = cb_ws_hash_file_at(t->base_fd, f->path, -1, &f->h, &hst);
 	if (ret) {
 		/* Gone or unreadable now: the snapshot meets it and says so; not ours to fail. */
 		cb_error_clear();
-		f->path[0] = '\0';
+		f->failed = 1;
 		return 0;
 	}
 	f->st = hst; /* the stat the hash is valid for */
 	f->hashed = 1;
+	f->store = 1;
 	__atomic_add_fetch(&p->hashed, 1, __ATOMIC_RELAXED);
 	return 0;
+}
+
+static int pre_file_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct pre_file *)a)->path, ((const struct pre_file *)b)->path);
+}
+
+/* The whole walk is hashed: write the base map the first snapshot would build from it (in
+ * path order), marked prepared, so that the first snapshot only freezes it when the base
+ * did not move since (cb_ws_base_trust_prepared). Nothing is prepared when an entry could
+ * not be read. */
+static int pre_prepare_map(struct cb_turns *t, struct pre_walk *w)
+{
+	int ret;
+
+	for (size_t i = 0; i < w->n; i++)
+		if (w->f[i].failed)
+			w->failed = 1;
+	if (w->failed)
+		return 0;
+	qsort(w->f, w->n, sizeof(*w->f), pre_file_cmp);
+	if ((ret = cb_db_turns_begin(t->db)))
+		return ret;
+	/* The first snapshot may have frozen the base meanwhile: its map is the one. */
+	if (cb_db_turns_base_map_built(t->db))
+		goto out;
+	ret = cb_db_turns_base_prepared_set(t->db, 0);
+	if (!ret)
+		ret = cb_db_turns_base_map_clear(t->db);
+	for (size_t i = 0; i < w->n && !ret; i++)
+		ret = ws_base_map_row(t, w->f[i].path, &w->f[i].st, &w->f[i].h);
+	/* The map of turn 0 too (every later turn's starts from it): the first snapshot then
+	 * writes only its own changes, not a copy of the whole base. */
+	if (!ret)
+		ret = cb_db_turns_map_clear(t->db);
+	if (!ret)
+		ret = cb_db_turns_map_from_base(t->db);
+	if (!ret)
+		ret = cb_db_turns_base_prepared_set(t->db, 1);
+out:
+	if (!ret)
+		ret = cb_db_turns_commit(t->db);
+	if (ret)
+		cb_db_turns_rollback(t->db);
+	return ret;
+}
+
+void cb_ws_base_trust_prepared(struct cb_turns *t)
+{
+	t->base_prepared_ok = 1;
 }
 
 int cb_ws_base_prehash(struct cb_turns *t, struct cb_ws_prehash *p)
@@ -356,8 +414,11 @@ int cb_ws_base_prehash(struct cb_turns *t, struct cb_ws_prehash *p)
 		}
 		if (!ret)
 			ret = pre_one(t, &w.f[i], p);
-		__atomic_add_fetch(&p->files_done, 1, __ATOMIC_RELAXED);
-		__atomic_add_fetch(&p->bytes_done, (long long)w.f[i].st.st_size, __ATOMIC_RELAXED);
+		if (S_ISREG(w.f[i].st.st_mode)) {
+			__atomic_add_fetch(&p->files_done, 1, __ATOMIC_RELAXED);
+			__atomic_add_fetch(&p->bytes_done, (long long)w.f[i].st.st_size,
+					   __ATOMIC_RELAXED);
+		}
 		if (!ret && (i + 1 - flushed >= 512 || mono_now() - last > 0.25)) {
 			ret = pre_flush(t, &w, flushed, i + 1);
 			flushed = i + 1;
@@ -366,6 +427,8 @@ int cb_ws_base_prehash(struct cb_turns *t, struct cb_ws_prehash *p)
 	}
 	if (!ret)
 		ret = pre_flush(t, &w, flushed, i);
+	if (!ret && state == CB_PREHASH_DONE)
+		ret = pre_prepare_map(t, &w);
 out:
 	__atomic_store_n(&p->state, ret ? CB_PREHASH_FAILED : state, __ATOMIC_RELEASE);
 	for (i = 0; i < w.n; i++)

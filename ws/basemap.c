@@ -42,16 +42,22 @@ struct base_walk {
 	double last_draw;
 };
 
-static int base_add(struct base_walk *w, const char *path, const struct stat *st)
+static int base_item_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct base_item *)a)->path, ((const struct base_item *)b)->path);
+}
+
+/* Takes path (malloc'ed) over, also on failure. */
+static int base_add(struct base_walk *w, char *path, const struct stat *st)
 {
 	int rc = cb_grow(&w->it, &w->cap, w->n, sizeof(*w->it), 1024, "base walk");
 
-	if (rc)
+	if (rc) {
+		free(path);
 		return rc;
+	}
 	memset(&w->it[w->n], 0, sizeof(w->it[w->n]));
-	w->it[w->n].path = strdup(path);
-	if (!w->it[w->n].path)
-		return cb_error_set(ENOMEM, "base walk: out of memory");
+	w->it[w->n].path = path;
 	w->it[w->n].st = *st;
 	w->n++;
 	return 0;
@@ -86,6 +92,7 @@ static int base_walk_dir(struct base_walk *w, int base_fd, const char *path)
 			ret = base_add(w, child, &st);
 			if (!ret && S_ISDIR(st.st_mode))
 				ret = base_walk_dir(w, base_fd, child);
+			continue; /* child is the item's now */
 		}
 		free(child);
 	}
@@ -166,41 +173,44 @@ static int base_hash_misses(struct base_walk *w)
 	return 0;
 }
 
-/* Put every base entry in the map and, frozen, in the base map (and new hashes in the
- * cache). Called in a transaction. */
-static int base_fill(struct cb_turns *t, struct base_walk *w)
+int ws_base_map_row(struct cb_turns *t, const char *path, const struct stat *st,
+		    const struct cb_hash *h)
 {
 	struct cb_entry e = {0};
-	int ret = 0;
+	int ret;
+
+	if (S_ISREG(st->st_mode)) {
+		e.path = (char *)path;
+		e.type = CB_ENTRY_FILE;
+		e.mode = st->st_mode & 07777;
+		e.size = st->st_size;
+		memcpy(e.sha256, h->sha256, CB_SHA256_LEN);
+		memcpy(e.xxh3, h->xxh3, CB_XXH128_LEN);
+		return cb_db_turns_base_map_put(t->db, &e);
+	}
+	/* dirs and symlinks: ws_base_now reads the target */
+	ret = ws_base_now(t, path, &e);
+	if (!ret && e.type != CB_ENTRY_ABSENT)
+		ret = cb_db_turns_base_map_put(t->db, &e);
+	cb_entry_clear(&e);
+	return ret;
+}
+
+/* Put every base entry, frozen, in the base map (and new hashes in the cache), in path
+ * order: each insert lands beside the last instead of at a random page of the b-tree. The
+ * map is then copied from it in one statement. Called in a transaction. */
+static int base_fill(struct cb_turns *t, struct base_walk *w)
+{
+	int ret = cb_db_turns_base_map_clear(t->db);
 
 	for (size_t i = 0; i < w->n && !ret; i++) {
 		struct base_item *it = &w->it[i];
 
-		if (S_ISREG(it->st.st_mode)) {
-			if (it->cached != 1) /* hashed now, or from the shared cache */
-				ret = ws_base_cache_put(t, it->path, &it->st, &it->h, !it->cached);
-			memset(&e, 0, sizeof(e));
-			e.path = it->path;
-			e.type = CB_ENTRY_FILE;
-			e.mode = it->st.st_mode & 07777;
-			e.size = it->st.st_size;
-			memcpy(e.sha256, it->h.sha256, CB_SHA256_LEN);
-			memcpy(e.xxh3, it->h.xxh3, CB_XXH128_LEN);
-			if (!ret)
-				ret = cb_db_turns_map_put(t->db, &e);
-			if (!ret)
-				ret = cb_db_turns_base_map_put(t->db, &e);
-		} else {
-			/* dirs and symlinks: ws_base_now reads the target */
-			struct cb_entry be = {0};
-
-			ret = ws_base_now(t, it->path, &be);
-			if (!ret && be.type != CB_ENTRY_ABSENT)
-				ret = cb_db_turns_map_put(t->db, &be);
-			if (!ret && be.type != CB_ENTRY_ABSENT)
-				ret = cb_db_turns_base_map_put(t->db, &be);
-			cb_entry_clear(&be);
-		}
+		/* hashed now, or from the shared cache */
+		if (S_ISREG(it->st.st_mode) && it->cached != 1)
+			ret = ws_base_cache_put(t, it->path, &it->st, &it->h, !it->cached);
+		if (!ret)
+			ret = ws_base_map_row(t, it->path, &it->st, &it->h);
 	}
 	return ret;
 }
@@ -224,17 +234,21 @@ int ws_map_ensure(struct cb_turns *t)
 	struct base_walk w = {0};
 	struct apply_arg a = {t, latest, {0}};
 	struct cb_entry e = {0};
-	int ret = 0, intx = 0, frozen;
+	int ret = 0, intx = 0, frozen, prepared = 0;
 
 	if (cb_db_turns_map_turn(t->db) == latest)
 		return 0;
 	/* Once recorded, the base map is the base: no walk, and a base changed since does not
 	 * rewrite history. */
 	frozen = cb_db_turns_base_map_built(t->db);
-	ret = frozen ? 0 : cb_db_turns_base_cache_import(t->db);
+	/* The background pass wrote the base map and nothing moved in the base since its walk
+	 * began: it is frozen as it is (no walk, no stat). */
+	if (!frozen && t->base_prepared_ok && t->base_fd >= 0)
+		prepared = cb_db_turns_base_prepared(t->db) == 1;
+	ret = frozen || prepared ? 0 : cb_db_turns_base_cache_import(t->db);
 	if (ret)
 		goto out;
-	w.base_fd = frozen ? -1 : t->base_fd;
+	w.base_fd = frozen || prepared ? -1 : t->base_fd;
 	w.progress = t->progress;
 	w.progress_arg = t->progress_arg;
 	if (w.base_fd >= 0) {
@@ -243,6 +257,9 @@ int ws_map_ensure(struct cb_turns *t)
 			ret = cb_db_turns_read_begin(t->db);
 		if (ret)
 			goto out;
+		/* In path order: the cache look-ups below and the inserts of base_fill then walk
+		 * each b-tree from left to right. */
+		qsort(w.it, w.n, sizeof(*w.it), base_item_cmp);
 		for (size_t i = 0; i < w.n && !ret; i++) {
 			struct base_item *it = &w.it[i];
 
@@ -271,13 +288,17 @@ int ws_map_ensure(struct cb_turns *t)
 	if (ret)
 		goto out;
 	intx = 1;
-	ret = cb_db_turns_map_clear(t->db);
-	if (!ret && frozen)
-		ret = cb_db_turns_map_from_base(t->db);
-	else if (!ret)
+	/* Prepared: the pass wrote turn_map as a copy of base_map in the same transaction, and
+	 * nothing writes either before they are frozen (this function clears both first). */
+	ret = prepared ? 0 : cb_db_turns_map_clear(t->db);
+	if (!ret && !frozen && !prepared)
 		ret = base_fill(t, &w);
+	if (!ret && !prepared)
+		ret = cb_db_turns_map_from_base(t->db);
 	if (!ret && !frozen)
 		ret = cb_db_turns_base_map_set_built(t->db);
+	if (!ret && !frozen)
+		ret = cb_db_turns_base_prepared_set(t->db, 0);
 	for (size_t i = 0; i < a.paths.n && !ret; i++) {
 		ret = cb_db_turns_delta_at(t->db, a.paths.p[i].path, latest, &e);
 		if (ret == 1)
@@ -306,11 +327,6 @@ int cb_ws_map_list(struct cb_turns *t, int (*fn)(const struct cb_entry *, void *
 	int ret = ws_map_ensure(t);
 
 	return ret ? ret : cb_db_turns_map_list(t->db, NULL, fn, arg);
-}
-
-static int base_item_cmp(const void *a, const void *b)
-{
-	return strcmp(((const struct base_item *)a)->path, ((const struct base_item *)b)->path);
 }
 
 static long long ns_of(const struct timespec *ts)

@@ -30,6 +30,7 @@ struct cb_turns {
 	long long read_left; /* what the running snapshot may still read; < 0: unbounded */
 	long long read_done;
 	struct ws_basecache *bc; /* the shared base cache (ws/basecache.c), NULL if none */
+	int base_prepared_ok;	 /* cb_ws_base_trust_prepared was called */
 };
 
 /* Remember files just written (takes ownership of the array), forget them. */
@@ -98,6 +99,11 @@ void ws_basecache_detach(struct cb_turns *t);
 
 /* Build the materialized map for the latest turn if it is not current. */
 int ws_map_ensure(struct cb_turns *t);
+
+/* Put the base map's row of the base entry at path (st: its stat; h: its hashes when it is
+ * a regular file). Called in a transaction. */
+int ws_base_map_row(struct cb_turns *t, const char *path, const struct stat *st,
+		    const struct cb_hash *h);
 
 /* Where expanded paths go: add(arg, path, pid, comm) copies what it keeps (0 or -errno). */
 struct ws_sink {

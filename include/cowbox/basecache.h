@@ -52,6 +52,15 @@ struct cb_db_turns;
 int cb_db_turns_read_begin(struct cb_db_turns *t);
 void cb_db_turns_read_end(struct cb_db_turns *t);
 
+/* ---- db/turns.c: the base map the background pass prepared ---- */
+
+/* Empty base_map (before the first map fills it: it may hold prepared rows). */
+int cb_db_turns_base_map_clear(struct cb_db_turns *t);
+/* 1 when base_map holds the rows a finished background pass wrote (not yet frozen), 0 if
+ * not, -errno. */
+int cb_db_turns_base_prepared(struct cb_db_turns *t);
+int cb_db_turns_base_prepared_set(struct cb_db_turns *t, int on);
+
 /* ---- ws/basecache.c: the workspace side ---- */
 
 struct cb_turns;
@@ -100,6 +109,11 @@ enum cb_ws_prehash_state {
 	CB_PREHASH_STOPPED, /* the daemon stopped first */
 	CB_PREHASH_FAILED,
 };
+
+/* The base has not changed since the background pass that prepared its map began walking
+ * it (the daemon's base watch saw nothing move since): the first map takes the prepared rows
+ * as they are, without walking the base again. Without this call it never does. */
+void cb_ws_base_trust_prepared(struct cb_turns *t);
 
 /* "walking", "hashing", ... */
 const char *cb_ws_prehash_state_name(int state);

@@ -87,9 +87,8 @@ class BaseCacheTest(CowboxTestCase):
         ib = self.wait_hashed(b)
         self.assertEqual((ib["state"], ib["hashed"], ib["from_shared"]), ("done", 0, 300))
         self.assertEqual(self.snapshot_map(b), real)
-        # its first snapshot read no base file: every hash came from a cache
-        own, shared, hashed = self.snapshot_stats(b)
-        self.assertEqual((own + shared, hashed), (300, 0))
+        # its first snapshot looked at no base file: it froze the map the pass prepared
+        self.assertNotIn("snapshot: base files:", self.daemon_log(b))
         # removing one workspace leaves the cache the other ones share
         self.cowbox("rm", a)
         self.assertEqual(len(self.cache_files()), 1)
@@ -102,11 +101,44 @@ class BaseCacheTest(CowboxTestCase):
         real = base_map(base)
         a = self.new_ws(base)
         self.wait_hashed(a)
+        # without a pass of its own (which could finish first and prepare the map)
+        self.env["COWBOX_BACKGROUND_HASH"] = "0"
         b = self.new_ws(base)
+        del self.env["COWBOX_BACKGROUND_HASH"]
         self.assertEqual(self.snapshot_map(b), real)
         own, shared, hashed = self.snapshot_stats(b)
         self.assertEqual(own + shared + hashed, 2000)
         self.assertEqual(hashed, 0, self.daemon_log(b))
+
+    def test_prepared_map_is_taken_only_while_the_base_did_not_move(self):
+        # The background pass prepares the first map; the first snapshot takes it as it is
+        # (no walk, no per-file look-up: its cost does not grow with the base) only when the
+        # base watch saw nothing move in the base since the pass began walking it.
+        base = self.make_tree(500)
+        a = self.new_ws(base)
+        self.assertEqual(self.wait_hashed(a)["state"], "done")
+        # changed after the pass: same size, mtime put back; the watch sees it
+        victim = os.path.join(base, "d002", "f00002")
+        st = os.stat(victim)
+        with open(victim, "r+b") as f:
+            f.write(b"changed after the background pass")
+        os.truncate(victim, st.st_size)
+        os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+        real = base_map(base)
+        self.assertEqual(self.snapshot_map(a), real)
+        own, shared, hashed = self.snapshot_stats(a)
+        self.assertEqual((own + shared + hashed, hashed), (500, 1), self.daemon_log(a))
+        # a workspace whose pass saw the base as it is now takes the prepared map
+        b = self.new_ws(base)
+        self.assertEqual(self.wait_hashed(b)["state"], "done")
+        self.assertEqual(self.snapshot_map(b), real)
+        self.assertNotIn("snapshot: base files:", self.daemon_log(b))
+        # and records later changes of the base as before
+        with open(victim, "ab") as f:
+            f.write(b"more")
+        real = base_map(base)
+        wait_for(lambda: self.snapshot_map(b) == real, 10, interval=0.2,
+                 what="the base change in b's map")
 
     def test_base_file_changed_between_workspaces_is_rehashed(self):
         base = self.make_tree(200)

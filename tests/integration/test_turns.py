@@ -67,6 +67,8 @@ class TurnsTest(CowboxTestCase):
         self.write("new\nline", "n\n")
         self.write("carriage\rreturn", "r\n")
         self.write("sp ace", "s\n")
+        # names the daemon's JSON writer escapes: a quote, a tab, a control byte; and UTF-8
+        self.write('quo"te\ttab\x01ctl \u00e9\u6f22\U0001f600', "q\n")
         snap = self.snapshot()
         self.assertEqual(snap["turn"], 1)
         self.assertEqual(snap["files"], files_of(tree_state(self.mnt)))

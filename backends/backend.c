@@ -42,6 +42,8 @@ void cb_backend_options_free(struct cb_backend_options *o)
 		free(o->on_destroy[i]);
 	}
 	free(o->setup_script);
+	free(o->shell);
+	free(o->user);
 	memset(o, 0, sizeof(*o));
 }
 
@@ -69,6 +71,49 @@ static int opt_string(json_t *v, const char *key, char **out)
 		return cb_error_set(EINVAL, "backend option %s: needs a string", key);
 	*out = strdup(json_string_value(v));
 	return *out ? 0 : cb_error_set(ENOMEM, "backend option %s: out of memory", key);
+}
+
+int cb_backend_bg_parse(const char *what, const char *s, enum cb_backend_bg *out)
+{
+	if (s && !strcmp(s, "keep"))
+		*out = CB_BACKEND_BG_KEEP;
+	else if (s && !strcmp(s, "kill"))
+		*out = CB_BACKEND_BG_KILL;
+	else
+		return cb_error_set(EINVAL, "%s: keep or kill, not '%s'", what,
+				    s ? s : "(not a string)");
+	return 0;
+}
+
+int cb_backend_user_check(const char *what, const char *s)
+{
+	const char *colon = strchr(s, ':');
+	size_t n = strlen(s);
+
+	if (!n || n > 64 || s[0] == '-' ||
+	    (colon && (colon == s || !colon[1] || colon[1] == '-' || strchr(colon + 1, ':'))) ||
+	    strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-:") != n)
+		return cb_error_set(EINVAL, "%s: NAME|UID[:GROUP|GID], not '%s'", what, s);
+	return 0;
+}
+
+/* user: a string (NAME|UID[:GROUP]) or a uid as a number. */
+static int opt_user(json_t *v, char **out)
+{
+	int rc;
+
+	if (json_is_integer(v) && json_integer_value(v) >= 0) {
+		if (asprintf(out, "%lld", (long long)json_integer_value(v)) < 0) {
+			*out = NULL;
+			return cb_error_set(ENOMEM, "backend option user: out of memory");
+		}
+		return 0;
+	}
+	if (!json_is_string(v))
+		return cb_error_set(EINVAL, "backend option user: a name or a uid");
+	if ((rc = cb_backend_user_check("backend option user", json_string_value(v))) < 0)
+		return rc;
+	return opt_string(v, "user", out);
 }
 
 static int opt_number(json_t *v, const char *key, double *out)
@@ -209,6 +254,17 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 			rc = opt_hooks(v, key, out->on_create);
 		else if (!strcmp(key, "on_destroy"))
 			rc = opt_hooks(v, key, out->on_destroy);
+		else if (!strcmp(key, "shell")) {
+			rc = opt_string(v, key, &out->shell);
+			if (!rc && strcmp(out->shell, "sh") && strcmp(out->shell, "bash"))
+				rc = cb_error_set(EINVAL,
+						  "backend option shell: sh or bash, not '%s'",
+						  out->shell);
+		} else if (!strcmp(key, "user"))
+			rc = opt_user(v, &out->user);
+		else if (!strcmp(key, "background"))
+			rc = cb_backend_bg_parse("backend option background", json_string_value(v),
+						 &out->background);
 		else if (!strcmp(key, "privileged")) {
 			if (!json_is_boolean(v))
 				rc = cb_error_set(EINVAL,
@@ -239,6 +295,12 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 						  "or docker");
 		out->net = CB_BACKEND_NET_HOST;
 	}
+	if (!rc && out->user && !strcmp(out->kind, "local"))
+		rc = cb_error_set(EINVAL, "backend option user: the local backend runs commands as "
+					  "the daemon's own user; use ns or docker");
+	if (!rc && out->user && out->privileged)
+		rc = cb_error_set(EINVAL, "backend option user: a privileged sandbox keeps no "
+					  "capability to switch users with");
 	if (!rc && out->privileged && strcmp(out->kind, "ns"))
 		rc = cb_error_set(EINVAL, "backend option privileged: only the ns backend has a "
 					  "user namespace to leave out");
@@ -289,6 +351,11 @@ json_t *cb_backend_options_to_json(const struct cb_backend_options *o)
 	json_object_set_new(j, "setup_timeout", json_real(o->setup_timeout));
 	if (o->privileged)
 		json_object_set_new(j, "privileged", json_true());
+	json_object_set_new(j, "shell", json_string(o->shell ? o->shell : "sh"));
+	json_object_set_new(j, "background",
+			    json_string(o->background == CB_BACKEND_BG_KILL ? "kill" : "keep"));
+	if (o->user)
+		json_object_set_new(j, "user", json_string(o->user));
 	if (o->working_dir)
 		json_object_set_new(j, "working_dir", json_string(o->working_dir));
 	if (o->image)
@@ -355,6 +422,8 @@ int cb_backend_open(const char *ref, const char *dir, const char *root, const ch
 	pthread_mutex_init(&b->lock, NULL);
 	if ((rc = cb_backend_options_load(dir, &b->opt)) < 0)
 		goto out;
+	if ((rc = cb_exec_keep_new(&b->keep)) < 0)
+		goto out;
 	b->ops = cb_backend_find(b->opt.kind);
 	b->ref = strdup(ref);
 	b->dir = strdup(dir);
@@ -375,7 +444,9 @@ void cb_backend_free(struct cb_backend *b)
 {
 	if (!b)
 		return;
-	/* Forwarders first: they listen in the namespace that close lets go of. */
+	/* Kept background jobs first: they may use the namespace, the mount, the forwarders. */
+	cb_exec_keep_free(b->keep);
+	/* Forwarders next: they listen in the namespace that close lets go of. */
 	cb_forwarder_stop_all(b);
 	if (b->created && b->ops)
 		b->ops->close(b);

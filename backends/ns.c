@@ -95,6 +95,7 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	sb.oom_score_adj = lim.oom_score_adj;
 	sb.limits_optional = !b->opt.memory_mb && !b->opt.pids;
 	sb.privileged = b->opt.privileged;
+	sb.user = cb_backend_user(b, cmd);
 	/* the range the daemon's mount shows the workspace's files in (none: not root, or a
 	 * plain directory, which the sandbox binds through an idmapped mount) */
 	if (!sb.privileged && geteuid() == 0 && (rc = cb_ws_ids_get(b->dir, &sb.id_base)) < 0 &&
@@ -103,6 +104,8 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	cb_error_clear();
 	spec.argv = cmd->argv;
 	spec.shell = cmd->shell;
+	spec.shell_program = cb_backend_shell_program(b);
+	spec.keep = cb_backend_keep(b, cmd);
 	spec.env = env;
 	spec.cwd = *cwd ? cwd : NULL;
 	spec.timeout = cb_backend_timeout(b, cmd);

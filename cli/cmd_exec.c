@@ -27,7 +27,8 @@
 enum { SET_TIMEOUT = 1, SET_MEMORY = 2, SET_PIDS = 4 };
 
 struct exec_opts {
-	const char *ref, *dir, *cwd, *image, *shell;
+	const char *ref, *dir, *cwd, *image, *shell, *user;
+	char *ws_user, *ws_shell; /* the workspace's options user and shell (owned) */
 	double timeout, cpus;
 	unsigned long memory, pids;
 	int set;	 /* SET_*: the limits given on the command line (0 there means none) */
@@ -51,6 +52,8 @@ static void exec_usage(FILE *out, const char *name)
 	    "                       (the workspace's option; a shell: none), 0: none\n"
 	    "  --env K=V            add to the environment (repeatable)\n"
 	    "  --cwd DIR            working directory, relative to /workspace\n"
+	    "  --user NAME|UID[:G]  run as this user inside the sandbox (default: the\n"
+	    "                       workspace's user option, else the sandbox's root)\n"
 	    "  --network MODE       none (default): loopback only; all: outbound TCP/UDP/DNS\n"
 	    "                       through pasta, not the host's loopback or its abstract\n"
 	    "                       sockets; host: the host's own network namespace (warned)\n"
@@ -127,7 +130,13 @@ static int parse_exec_args(int argc, char **argv, int want_cmd, struct exec_opts
 			o->dir = v;
 		else if (!strcmp(a, "--cwd"))
 			o->cwd = v;
-		else if (!strcmp(a, "--image"))
+		else if (!strcmp(a, "--user")) {
+			if (cb_backend_user_check("--user", v) < 0) {
+				fprintf(stderr, "cowbox %s: %s\n", argv[0], cb_error_message());
+				return 2;
+			}
+			o->user = v;
+		} else if (!strcmp(a, "--image"))
 			o->image = v;
 		else if (!strcmp(a, "--shell") && want_cmd)
 			o->shell = v;
@@ -247,7 +256,7 @@ static int workspace_dir(const struct exec_opts *o, char **dir, char **name,
  * range, or as they are when its options made it privileged, and the sandbox follows. The
  * limits are the workspace's options (REF) or the defaults (--dir), then the flags given;
  * an interactive shell has no default timeout. */
-static int sandbox_setup(const struct exec_opts *o, const char *ref, int shell_mode,
+static int sandbox_setup(struct exec_opts *o, const char *ref, int shell_mode,
 			 struct cb_sandbox *sb, struct cb_backend_limits *lim)
 {
 	struct cb_backend_options bo = {0};
@@ -258,6 +267,10 @@ static int sandbox_setup(const struct exec_opts *o, const char *ref, int shell_m
 	if (!o->dir && ((rc = cb_ws_path(ref, NULL, &wsdir)) < 0 ||
 			(rc = cb_backend_options_load(wsdir, &bo)) < 0))
 		goto out;
+	/* the workspace's user and shell apply to its commands from here too */
+	o->ws_user = bo.user;
+	o->ws_shell = bo.shell;
+	bo.user = bo.shell = NULL;
 	kind = bo.kind; /* this CLI runs ns or local, whatever the workspace's API uses */
 	bo.kind = NULL;
 	cb_backend_limits_of(&bo, lim);
@@ -454,6 +467,10 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 	rc = parse_exec_args(argc, argv, !shell_mode, &o);
 	if (rc)
 		return rc < 0 ? 0 : rc;
+	if (o.local && o.user) {
+		fprintf(stderr, "cowbox %s: --user needs the ns backend\n", argv[0]);
+		return 2;
+	}
 	if (o.local && (o.image || o.cpus > 0 || o.memory || o.pids || o.privileged ||
 			(o.net && strcmp(o.net, "host")))) {
 		fprintf(stderr,
@@ -517,6 +534,7 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 		sb.pids = lim.pids;
 		sb.oom_score_adj = lim.oom_score_adj;
 		sb.limits_optional = !(o.set & (SET_MEMORY | SET_PIDS));
+		sb.user = o.user ? o.user : o.ws_user;
 		if (sb.privileged && geteuid() == 0)
 			fprintf(stderr, "cowbox: warning: privileged: the command runs as host "
 					"uid 0 (no capabilities), not in a user namespace\n");
@@ -542,6 +560,8 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 	} else {
 		spec.argv = o.cmd;
 	}
+	if (o.ws_shell && !strcmp(o.ws_shell, "bash"))
+		spec.shell_program = "bash";
 	spec.stdin_kind = CB_EXEC_STDIN_FD;
 	spec.stdin_fd = 0;
 
@@ -596,6 +616,8 @@ out:
 	free(cwd);
 	free(dir);
 	free(name);
+	free(o.ws_user);
+	free(o.ws_shell);
 	return status;
 }
 

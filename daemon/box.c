@@ -325,6 +325,12 @@ static int options_json(const struct cb_box_options *o, json_t **out)
 		json_object_set_new(j, "setup_script", json_string(o->setup_script));
 	if (o->setup_timeout > 0)
 		json_object_set_new(j, "setup_timeout", json_real(o->setup_timeout));
+	if (o->shell)
+		json_object_set_new(j, "shell", json_string(o->shell));
+	if (o->user)
+		json_object_set_new(j, "user", json_string(o->user));
+	if (o->background)
+		json_object_set_new(j, "background", json_string(o->background));
 	*out = j;
 	return 0;
 }

@@ -21,6 +21,13 @@ enum cb_backend_net {
 	CB_BACKEND_NET_HOST,	 /* the host's own namespace (ns, docker; what local always is) */
 };
 
+/* What becomes of background jobs (&, nohup, setsid) a command leaves when it exits. */
+enum cb_backend_bg {
+	CB_BACKEND_BG_DEFAULT = 0, /* a command: the options'; the options: keep */
+	CB_BACKEND_BG_KEEP,	   /* they run on until the workspace closes */
+	CB_BACKEND_BG_KILL,	   /* they end with the command's call */
+};
+
 /* Limits every workspace gets unless its options say otherwise (docs/security.md#limits). */
 #define CB_BACKEND_DEFAULT_TIMEOUT   600.0 /* seconds per command */
 #define CB_BACKEND_DEFAULT_PIDS	     1024  /* processes and threads */
@@ -58,6 +65,11 @@ struct cb_backend_options {
 	char *on_destroy[CB_BACKEND_MAX_HOOKS]; /* shell commands run by destroy */
 	char *setup_script;			/* a shell script run once after on_create */
 	double setup_timeout;			/* seconds for the setup script; <= 0: 600 */
+	char *shell; /* the shell of command strings and hooks: "sh" (NULL: /bin/sh) or
+			"bash" (found on the command's PATH) */
+	char *user;  /* ns, docker: commands run as NAME|UID[:GROUP|GID] inside; NULL: the
+			sandbox's root (the image's user for docker) */
+	enum cb_backend_bg background; /* DEFAULT is keep */
 	int privileged; /* ns as root: no user namespace, the sandbox's uid 0 is the host's
 			   (with no capabilities); the workspace's files keep their host ids */
 };
@@ -66,6 +78,8 @@ struct cb_backend_options {
 struct cb_backend_cmd {
 	char *const *argv;
 	const char *shell;	       /* instead of argv: /bin/sh -c shell */
+	const char *user;	       /* NULL: the options' user */
+	enum cb_backend_bg background; /* DEFAULT: the options' */
 	char *const *env;	       /* "K=V" over the options' env; NULL: none */
 	const char *cwd;	       /* relative to the workspace root (or to working_dir when not
 					  absolute); NULL: working_dir */
@@ -132,6 +146,7 @@ struct cb_backend {
 	void *priv;			/* the backend's own state */
 	struct cb_forwarder *fwd;	/* host_url forwarders, one per port */
 	const struct cb_backend_io *io; /* NULL: file I/O in this process */
+	struct cb_exec_keep *keep;	/* background jobs kept past their commands (ns, local) */
 	void *io_arg;
 };
 
@@ -151,7 +166,8 @@ json_t *cb_backend_limits_json(const struct cb_backend_limits *l);
 /* Parse options from JSON ({"backend":"ns","env":{"K":"V"},"working_dir":...,"timeout":...,
  * "network":"none"|"all"|"host","cpus":...,"memory_mb":...,"pids":...,"disk_mb":...,
  * "disk_inodes":...,"image":...,"on_create":[...],
- * "on_destroy":[...],"setup_script":...,"setup_timeout":...,"privileged":false}). Unknown
+ * "on_destroy":[...],"setup_script":...,"setup_timeout":...,"privileged":false,
+ * "shell":"sh"|"bash","user":NAME|UID[:GROUP],"background":"keep"|"kill"}). Unknown
  * keys and wrong types are refused with a message naming them (-EINVAL). Free with
  * cb_backend_options_free. */
 int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out);
@@ -168,6 +184,13 @@ void cb_backend_options_free(struct cb_backend_options *o);
  * cb_exec_env_free, also after an error); -EINVAL naming what ("env", "backend option env")
  * and the key when a value is not a string or a name is empty or holds '='. */
 int cb_backend_env_from_json(json_t *obj, const char *what, char ***out);
+
+/* The background mode of a name ("keep", "kill"): -EINVAL naming what for anything else. */
+int cb_backend_bg_parse(const char *what, const char *s, enum cb_backend_bg *out);
+
+/* 0 if s is a user as the user option takes it (NAME|UID[:GROUP|GID], names of letters,
+ * digits, '_', '.', '-', not starting with '-'), else -EINVAL naming what. */
+int cb_backend_user_check(const char *what, const char *s);
 
 /* Save options as dir/backend.json (atomically), or load them; a missing file loads the
  * defaults (ns, network none). */

@@ -21,7 +21,9 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 @dataclass
 class CompletedRun:
-    """What run() returns: exit_code (124 timed out, 127 not found, 128+n signal n)."""
+    """What run() returns: exit_code (124 timed out, 127 not found, 128+n signal n), and
+    what ended it: signal (the signal that ended it, 0 if it exited), killed (a kill, or a
+    cancelled caller, ended it), oom_killed (the memory cap did, exit code 137)."""
 
     exit_code: int
     stdout: str
@@ -31,6 +33,9 @@ class CompletedRun:
     duration: float = 0.0
     stdout_bytes: bytes = field(default=b"", repr=False)
     stderr_bytes: bytes = field(default=b"", repr=False)
+    killed: bool = False
+    oom_killed: bool = False
+    signal: int = 0
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,9 @@ def _result(msg):
     err = base64.b64decode(msg.get("stderr", ""))
     return CompletedRun(msg["exit_code"], out.decode("utf-8", "replace"),
                         err.decode("utf-8", "replace"), bool(msg.get("timed_out")),
-                        bool(msg.get("output_limited")), msg.get("duration", 0.0), out, err)
+                        bool(msg.get("output_limited")), msg.get("duration", 0.0), out, err,
+                        bool(msg.get("killed")), bool(msg.get("oom_killed")),
+                        int(msg.get("signal") or 0))
 
 
 class _Stdin:
@@ -106,6 +113,9 @@ class Process:
         self.returncode = None
         self.timed_out = False
         self.output_limited = False
+        self.killed = False
+        self.oom_killed = False
+        self.signal = 0
 
     def _send(self, **msg):
         self._conn.send(dict(msg, id=self._id))
@@ -125,6 +135,9 @@ class Process:
             self.returncode = msg["exit_code"]
             self.timed_out = bool(msg.get("timed_out"))
             self.output_limited = bool(msg.get("output_limited"))
+            self.killed = bool(msg.get("killed"))
+            self.oom_killed = bool(msg.get("oom_killed"))
+            self.signal = int(msg.get("signal") or 0)
             self._done.set_result(self.returncode)
 
     @property
@@ -200,11 +213,17 @@ class Sandbox:
                      timeout=None, network=None, cpus=None, memory_mb=None, pids=None,
                      disk_mb=None, disk_inodes=None, image=None,
                      on_create=(), on_destroy=(), setup_script=None, setup_timeout=None,
-                     privileged=False, cowbox=None, home=None):
+                     privileged=False, shell=None, user=None, background=None, cowbox=None,
+                     home=None):
         """A new workspace over base (a directory, or None for an empty one) with these
         backend options; the backend itself boots on first use. network is "none" (the
         default of ns and docker), "all" (outbound through user-mode networking, not the
         host's loopback) or "host" (the host's own namespace; what local always is).
+        shell is "sh" (the default) or "bash": what runs command strings and hooks. user
+        (ns, docker) runs commands as that user inside: a name, a uid, or "NAME:GROUP".
+        background "keep" (the default) lets jobs a command starts with &, nohup or setsid
+        run on until the workspace closes (the call still returns at most 2 s after the
+        command exits); "kill" ends them with the command.
         privileged=True (ns only) runs commands as the host's uid 0 (no capabilities)
         instead of in a user namespace with the workspace's own id range: warned, see
         docs/security.md. Limits (docs/security.md#limits) default to timeout=600 s per
@@ -216,7 +235,8 @@ class Sandbox:
                            ("timeout", timeout),
                            ("cpus", cpus), ("memory_mb", memory_mb), ("pids", pids),
                            ("disk_mb", disk_mb), ("disk_inodes", disk_inodes), ("image", image),
-                           ("setup_script", setup_script), ("setup_timeout", setup_timeout)):
+                           ("setup_script", setup_script), ("setup_timeout", setup_timeout),
+                           ("shell", shell), ("user", user), ("background", background)):
             if value is not None:
                 options[key] = value
         if privileged:
@@ -338,7 +358,7 @@ class Sandbox:
     # --- the harness protocol ---
 
     @staticmethod
-    def _cmd_args(cmd, env, cwd, timeout):
+    def _cmd_args(cmd, env, cwd, timeout, user=None, background=None):
         if isinstance(cmd, str):
             args = {"shell": cmd}
         else:
@@ -349,15 +369,23 @@ class Sandbox:
             args["cwd"] = str(cwd)
         if timeout is not None:
             args["timeout"] = float(timeout)
+        if user is not None:
+            args["user"] = user if isinstance(user, int) else str(user)
+        if background is not None:
+            args["background"] = str(background)
         return args
 
-    async def exec(self, cmd, *, env=None, cwd=None, timeout=None):
-        """Start cmd (a list, or a string for /bin/sh -c); returns a Process at once."""
+    async def exec(self, cmd, *, env=None, cwd=None, timeout=None, user=None,
+                   background=None):
+        """Start cmd (a list, or a string for the workspace's shell -c); returns a Process
+        at once. user: this command's user (default: the workspace's). A Process ended by
+        a close or destroy from elsewhere raises WorkspaceUnavailableError from wait()."""
         for attempt in (0, 1):
             conn = await self._connect()
             proc = Process(conn)
             proc._id = conn.start("exec", proc._on_message, stdin=True,
-                                  **self._cmd_args(cmd, env, cwd, timeout))
+                                  **self._cmd_args(cmd, env, cwd, timeout, user,
+                                                   background))
             try:
                 await conn.drain(proc._id)
                 return proc
@@ -365,12 +393,16 @@ class Sandbox:
                 if attempt:
                     raise
 
-    async def run(self, cmd, *, env=None, cwd=None, timeout=None, input=None, strict=False):
+    async def run(self, cmd, *, env=None, cwd=None, timeout=None, input=None, strict=False,
+                  user=None, background=None):
         """Run cmd to completion. A timeout or the output cap shows in timed_out and
         output_limited; with strict=True they raise WorkspaceTimeoutError and
         WorkspaceOutputLimitError instead, the partial CompletedRun in .result. Cancelling
-        the caller (e.g. asyncio.wait_for) kills the command and everything it started."""
-        args = self._cmd_args(cmd, env, cwd, timeout)
+        the caller (e.g. asyncio.wait_for) kills the command and everything it started.
+        A command ended by a close or destroy from elsewhere (or a daemon that went away)
+        raises WorkspaceUnavailableError, its partial CompletedRun in .result when the
+        daemon sent one, rather than returning a plain exit 137."""
+        args = self._cmd_args(cmd, env, cwd, timeout, user, background)
         if input:
             args["stdin"] = base64.b64encode(input).decode()
         try:
@@ -378,6 +410,11 @@ class Sandbox:
         except WorkspaceError as e:
             if isinstance(e.result, dict):
                 e.result = _result(e.result)
+            if isinstance(e, WorkspaceUnavailableError) and self._conn:
+                # The daemon is stopping (or gone): its hang-up may not have reached us yet;
+                # the next call must boot the workspace again, not talk to a closing socket.
+                conn, self._conn = self._conn, None
+                await conn.close()
             raise
         return _result(msg)
 

@@ -139,6 +139,35 @@ class ClientTest(cbtest.CowboxTestCase):
                     await box.write(bad, b"x")
         self.arun(go())
 
+    def test_what_ended_a_command(self):
+        # The result keeps what the protocol says ended the command: its signal, a kill, the
+        # memory cap; a destroy from elsewhere raises WorkspaceUnavailableError (BoxLite).
+        async def go():
+            box = await self.new_box(memory_mb=64)
+            r = await box.run(["sh", "-c", "kill -TERM $$"])
+            self.assertEqual((r.exit_code, r.signal, r.killed, r.oom_killed),
+                             (143, 15, False, False))
+            r = await box.run(["true"])
+            self.assertEqual((r.exit_code, r.signal, r.killed, r.oom_killed), (0, 0, False, False))
+            p = await box.exec(["sh", "-c", "echo up; sleep 30"])
+            self.assertEqual(await p.stdout.readline(), b"up\n")
+            p.kill()
+            self.assertEqual(await p.wait(), 137)
+            self.assertEqual((p.killed, p.signal, p.oom_killed), (True, 9, False))
+            r = await box.run(["sh", "-c", "x=$(head -c 300000000 /dev/zero | tr '\\0' a); "
+                               "echo ${#x}"], timeout=60)
+            self.assertEqual((r.exit_code, r.oom_killed), (137, True), r)
+            run = asyncio.ensure_future(box.run(["sh", "-c", "echo up > up.txt; sleep 60"]))
+            for _ in range(400):
+                if os.path.exists(os.path.join(box.mountpoint, "up.txt")):
+                    break
+                await asyncio.sleep(0.05)
+            await cowbox.Sandbox.destroy(box.ref, cowbox=cbtest.COWBOX, home=self.home)
+            with self.assertRaises(cowbox.WorkspaceUnavailableError):
+                await run
+            self.boxes.remove(box)
+        self.arun(go())
+
     def test_daemon_crash_then_next_use_boots_it_again(self):
         async def go():
             box = await self.new_box()

@@ -4,6 +4,7 @@ create/attach/destroy and the turn operations (diff, rollback, fork)."""
 import asyncio
 import base64
 import json
+import logging
 import os
 import re
 import signal as _signal
@@ -17,6 +18,7 @@ from .errors import (InvalidRequestError, WorkspaceError, WorkspaceNotFoundError
 CHUNK = 1 << 20  # bytes per read/write request; large files take several
 _REF = re.compile(r"^cb-[0-9a-f]{32}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+log = logging.getLogger("cowbox")
 
 
 @dataclass
@@ -252,6 +254,9 @@ class Sandbox:
         if rc != 0:
             raise WorkspaceError("cowbox create: " + err, code="invalid_request")
         box = cls(out.strip().splitlines()[-1], cowbox=cowbox, home=home)
+        # On record before its daemon boots (BoxLite logs the id before it starts), so a
+        # workspace left by a caller that died half-way can be found and destroyed.
+        log.info("Creating cowbox workspace %s", box.ref)
         try:
             box._apply_options((await box._request("configure", options=options))["options"])
         except BaseException:
@@ -270,9 +275,37 @@ class Sandbox:
         return box
 
     @classmethod
+    async def list(cls, *, cowbox=None, home=None):
+        """Every workspace of this COWBOX_HOME (BoxLite's list_info): a list of dicts with
+        ref, name, base, dir, mountpoint, state (mounted, unmounted, stale), pid (its
+        daemon's, 0 if none) and upper_bytes. A workspace left without a stored ref is
+        found here."""
+        tmp = cls.__new__(cls)
+        Sandbox.__init__(tmp, "cb-" + "0" * 32, cowbox=cowbox, home=home)
+        rc, out, err = await _cowbox(tmp.cowbox, tmp._env, "ls", "--json")
+        if rc != 0:
+            raise WorkspaceUnavailableError("cowbox ls: " + err)
+        return json.loads(out)
+
+    @classmethod
     async def destroy(cls, ref, *, cowbox=None, home=None):
         """Run the on_destroy hooks, remove the backend's resources and delete the
-        workspace; a workspace that is already gone returns quietly."""
+        workspace; a workspace that is already gone returns quietly. Once started, the
+        deletion finishes even if the caller is cancelled (the cancel comes after it)."""
+        _check_ref(ref)
+        task = asyncio.ensure_future(cls._destroy(ref, cowbox, home))
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                try:
+                    await task
+                except Exception:
+                    pass
+            raise
+
+    @classmethod
+    async def _destroy(cls, ref, cowbox, home):
         box = cls(ref, cowbox=cowbox, home=home)
         rc, _, err = await _cowbox(box.cowbox, box._env, "info", ref, "--json")
         if rc != 0:

@@ -168,6 +168,44 @@ class ClientTest(cbtest.CowboxTestCase):
             self.boxes.remove(box)
         self.arun(go())
 
+    def test_list_logged_ref_and_a_destroy_that_finishes(self):
+        # BoxLite: the id is logged as the box starts being created, list_info() finds boxes
+        # left behind, and a deletion once started finishes even if its caller is cancelled.
+        async def go():
+            with self.assertLogs("cowbox", "INFO") as logs:
+                box = await self.new_box(name="listed")
+            self.assertIn(box.ref, "\n".join(logs.output))
+            rows = await cowbox.Sandbox.list(cowbox=cbtest.COWBOX, home=self.home)
+            row = [r for r in rows if r["ref"] == box.ref]
+            self.assertEqual(len(row), 1, rows)
+            self.assertEqual((row[0]["name"], row[0]["state"]), ("listed", "mounted"))
+            await box.run(["true"])
+            with self.assertRaises(asyncio.TimeoutError):
+                await asyncio.wait_for(cowbox.Sandbox.destroy(box.ref, cowbox=cbtest.COWBOX,
+                                                              home=self.home), 0.05)
+            self.boxes.remove(box)
+            await box.close()  # its connection: the daemon is gone with the workspace
+            rows = await cowbox.Sandbox.list(cowbox=cbtest.COWBOX, home=self.home)
+            self.assertNotIn(box.ref, [r["ref"] for r in rows])
+            self.assertFalse(os.path.exists(self.ws_dir(box.ref)))
+        self.arun(go())
+
+    def test_directories_are_invalid_requests(self):
+        # read of a directory raises InvalidRequestError, write to one is invalid_request, on
+        # the direct path through the mount and on the protocol's alike.
+        async def go():
+            box = await self.new_box()
+            for direct in (True, False):
+                box.direct_io = direct
+                with self.assertRaises(cowbox.InvalidRequestError) as cm:
+                    await box.read("src")
+                self.assertIn("src", str(cm.exception))
+                with self.assertRaises(cowbox.InvalidRequestError) as cm:
+                    await box.write("src", b"x")
+                self.assertEqual(cm.exception.code, "invalid_request")
+            self.assertEqual(await box.read("src/a.py"), b"x = 1\n")
+        self.arun(go())
+
     def test_daemon_crash_then_next_use_boots_it_again(self):
         async def go():
             box = await self.new_box()

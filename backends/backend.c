@@ -304,10 +304,20 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 	if (!rc && out->privileged && strcmp(out->kind, "ns"))
 		rc = cb_error_set(EINVAL, "backend option privileged: only the ns backend has a "
 					  "user namespace to leave out");
+	/* An absolute working_dir is taken as the sandbox sees it: under /workspace. */
+	if (!rc && out->working_dir && !strncmp(out->working_dir, "/workspace", 10) &&
+	    (!out->working_dir[10] || out->working_dir[10] == '/')) {
+		char *wd = out->working_dir, *rel = wd + 10 + strspn(wd + 10, "/");
+
+		out->working_dir = *rel ? strdup(rel) : NULL;
+		if (*rel && !out->working_dir)
+			rc = cb_error_set(ENOMEM, "backend options: out of memory");
+		free(wd);
+	}
 	if (!rc && out->working_dir && cb_beneath_check(out->working_dir) < 0)
-		rc = cb_error_wrap(EINVAL,
-				   "backend option working_dir: must be relative to the workspace "
-				   "root, without ..");
+		rc =
+		    cb_error_wrap(EINVAL, "backend option working_dir: must be under /workspace or "
+					  "relative to the workspace root, without ..");
 	if (rc)
 		cb_backend_options_free(out);
 	return rc;

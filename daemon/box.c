@@ -173,6 +173,8 @@ static int box_apply_options(struct cb_box *box, json_t *opts)
 	free(box->backend);
 	free(box->workdir);
 	box->workdir = NULL;
+	free(box->working_dir);
+	box->working_dir = wd && *wd ? strdup(wd) : NULL;
 	box->mountpoint = strdup(json_string_value(json_object_get(info, "mountpoint")) ?: "");
 	box->backend = strdup(backend ? backend : "ns");
 	json_decref(info);
@@ -390,6 +392,7 @@ void cb_box_detach(struct cb_box *box)
 	cb_client_close(box->client);
 	free(box->mountpoint);
 	free(box->workdir);
+	free(box->working_dir);
 	free(box->backend);
 	json_decref(box->map);
 	free(box);

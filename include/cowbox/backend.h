@@ -233,6 +233,11 @@ int cb_backend_read(struct cb_backend *b, const char *path, off_t off, size_t le
 int cb_backend_write(struct cb_backend *b, const char *path, off_t off, const void *data,
 		     size_t len, int truncate, mode_t mode);
 
+/* The root-relative path a client's read or write path names: one under /workspace taken
+ * as the sandbox sees it, a relative one under working_dir (NULL: the root), anything else
+ * as given (the path rules then refuse it). malloc'd in *out. */
+int cb_backend_api_path(const char *working_dir, const char *path, char **out);
+
 /* mkdir -p of path beneath the workspace root (the same path rules). */
 int cb_backend_mkdirs(struct cb_backend *b, const char *path);
 

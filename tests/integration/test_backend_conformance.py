@@ -380,6 +380,29 @@ class Conformance:
         with self.assertRaises(cowbox.InvalidRequestError):
             self.run_with(body, background="detach")
 
+    def test_working_dir(self):
+        # BoxLite's working_dir: an absolute directory under the workspace, made if missing;
+        # commands start there and relative read/write paths resolve against it, while
+        # /workspace/... paths name the same files commands see there.
+        async def body(box):
+            self.assertTrue(box.workdir.endswith("/sub/dir"), box.workdir)
+            self.assertEqual((await box.run("pwd")).stdout.strip(), box.workdir)
+            for direct in (True, False):
+                box.direct_io = direct
+                await box.write("rel.txt", b"r%d" % direct)
+                self.assertEqual((await box.run(["cat", "rel.txt"])).stdout, "r%d" % direct)
+                self.assertEqual(await box.read("rel.txt"), b"r%d" % direct)
+                self.assertEqual(await box.read("/workspace/sub/dir/rel.txt"), b"r%d" % direct)
+                self.assertEqual(await box.read("/workspace/src/main.c"),
+                                 b"int main(void) { return 0; }\n")
+                await box.write("/workspace/abs.txt", b"a%d" % direct)
+                r = await box.run(["cat", "../../abs.txt"])
+                self.assertEqual(r.stdout, "a%d" % direct)
+                for bad in ("/etc/passwd", "/workspace/../etc/passwd", "../../../x"):
+                    with self.assertRaises(cowbox.InvalidPathError, msg=bad):
+                        await box.read(bad)
+        self.run_with(body, working_dir="/workspace/sub/dir")
+
 
 class NsConformance(Conformance, cbtest.CowboxTestCase):
     OPTIONS = {"backend": "ns"}

@@ -207,6 +207,7 @@ class Sandbox:
         # read/write go straight through the mount when this process sees it (same path
         # rules, no base64/JSON); COWBOX_DIRECT_IO=0 or direct_io = False forces the protocol.
         self.direct_io = os.environ.get("COWBOX_DIRECT_IO", "1") != "0"
+        self._working_dir = ""  # the option: where relative read/write paths start
 
     # --- lifecycle ---
 
@@ -349,6 +350,7 @@ class Sandbox:
     def _apply_options(self, opts):
         self.backend = opts["backend"]
         wd = opts.get("working_dir") or ""
+        self._working_dir = wd
         root = self.mountpoint if self.backend == "local" else "/workspace"
         self.workdir = root + ("/" + wd if wd else "")
 
@@ -460,10 +462,22 @@ class Sandbox:
         except (directio.Unsupported, PermissionError):
             return False, None
 
+    def _root_path(self, path):
+        """The root-relative path the daemon resolves path to (cb_backend_api_path): one
+        under /workspace as the sandbox sees it, a relative one under working_dir."""
+        path = str(path)
+        if path.startswith("/workspace/") and path[len("/workspace/"):].lstrip("/"):
+            return path[len("/workspace/"):].lstrip("/")
+        wd = getattr(self, "_working_dir", "")
+        if not path.startswith("/") and wd:
+            return wd + "/" + path
+        return path
+
     async def read(self, path):
-        """The bytes of path (relative to the workspace root), read in chunks."""
+        """The bytes of path, read in chunks: relative to working_dir (the root without
+        one), or absolute under /workspace as commands see it."""
         conn = await self._connect()
-        done, data = await self._direct(directio.read, path)
+        done, data = await self._direct(directio.read, self._root_path(path))
         if done:
             return data
         parts, offset = [], 0
@@ -476,11 +490,12 @@ class Sandbox:
                 return b"".join(parts)
 
     async def write(self, path, data):
-        """Replace path's content with data (parents made), sent in pipelined chunks."""
+        """Replace path's content with data (parents made), sent in pipelined chunks; path
+        as read() takes it."""
         if isinstance(data, str):
             data = data.encode()
         await self._connect()
-        if (await self._direct(directio.write, path, bytes(data)))[0]:
+        if (await self._direct(directio.write, self._root_path(path), bytes(data)))[0]:
             return
         # The first chunk truncates, so the rest must come after it; those are pipelined.
         await self._request("write", path=path, offset=0, data=base64.b64encode(

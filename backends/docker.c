@@ -99,9 +99,11 @@ static int docker_create(struct cb_backend *b)
 {
 	struct docker_state *s = calloc(1, sizeof(*s));
 	const char *image = b->opt.image ? b->opt.image : getenv("COWBOX_DOCKER_IMAGE");
-	char vol[4200], cpus[32], mem[32], pids[32], oom[16], nspath[64], *pid = NULL;
+	char vol[4200], homevol[4200], cpus[32], mem[32], pids[32], oom[16], nspath[64];
+	char *pid = NULL;
 	struct cb_backend_limits lim;
-	char *argv[40];
+	char vols[CB_BACKEND_MAX_VOLUMES][2200];
+	char *argv[40 + 2 * CB_BACKEND_MAX_VOLUMES];
 	int n = 0, rc;
 
 	if (!s)
@@ -153,6 +155,15 @@ static int docker_create(struct cb_backend *b)
 	argv[n++] = oom;
 	argv[n++] = "-v";
 	argv[n++] = vol;
+	snprintf(homevol, sizeof(homevol), "%s/home:" CB_BACKEND_HOME, b->dir);
+	argv[n++] = "-v";
+	argv[n++] = homevol;
+	for (size_t i = 0; i < b->opt.n_volumes; i++) {
+		snprintf(vols[i], sizeof(vols[i]), "%s:%s:%s", b->opt.volumes[i].src,
+			 b->opt.volumes[i].dst, b->opt.volumes[i].writable ? "rw" : "ro");
+		argv[n++] = "-v";
+		argv[n++] = vols[i];
+	}
 	argv[n++] = "-w";
 	argv[n++] = "/workspace";
 	argv[n++] = (char *)image;

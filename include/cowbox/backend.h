@@ -28,6 +28,9 @@ enum cb_backend_bg {
 	CB_BACKEND_BG_KILL,	   /* they end with the command's call */
 };
 
+/* Where ns and docker show the workspace's persistent home (<workspace dir>/home), and HOME. */
+#define CB_BACKEND_HOME "/home/cowbox"
+
 /* Limits every workspace gets unless its options say otherwise (docs/security.md#limits). */
 #define CB_BACKEND_DEFAULT_TIMEOUT   600.0 /* seconds per command */
 #define CB_BACKEND_DEFAULT_PIDS	     1024  /* processes and threads */
@@ -40,6 +43,15 @@ enum cb_backend_bg {
 /* An unsigned limit field set to this means "none" (0 means "the default"); in JSON a limit
  * of 0 means none and a missing key the default. */
 #define CB_BACKEND_NO_LIMIT (~0UL)
+
+#define CB_BACKEND_MAX_VOLUMES 8
+
+/* A host directory bound into the sandbox (ns, docker). */
+struct cb_backend_volume {
+	char *src; /* host directory, absolute (resolved when the options are read) */
+	char *dst; /* absolute path inside */
+	int writable;
+};
 
 /* The options every backend takes. They shape a new workspace's backend and are kept in
  * <workspace dir>/backend.json, so that a daemon started later (after a crash, or a close)
@@ -69,7 +81,9 @@ struct cb_backend_options {
 			"bash" (found on the command's PATH) */
 	char *user;  /* ns, docker: commands run as NAME|UID[:GROUP|GID] inside; NULL: the
 			sandbox's root (the image's user for docker) */
-	enum cb_backend_bg background; /* DEFAULT is keep */
+	enum cb_backend_bg background;				  /* DEFAULT is keep */
+	struct cb_backend_volume volumes[CB_BACKEND_MAX_VOLUMES]; /* ns, docker */
+	size_t n_volumes;
 	int privileged; /* ns as root: no user namespace, the sandbox's uid 0 is the host's
 			   (with no capabilities); the workspace's files keep their host ids */
 };
@@ -167,7 +181,8 @@ json_t *cb_backend_limits_json(const struct cb_backend_limits *l);
  * "network":"none"|"all"|"host","cpus":...,"memory_mb":...,"pids":...,"disk_mb":...,
  * "disk_inodes":...,"image":...,"on_create":[...],
  * "on_destroy":[...],"setup_script":...,"setup_timeout":...,"privileged":false,
- * "shell":"sh"|"bash","user":NAME|UID[:GROUP],"background":"keep"|"kill"}). Unknown
+ * "shell":"sh"|"bash","user":NAME|UID[:GROUP],"background":"keep"|"kill",
+ * "volumes":[[HOST_DIR,PATH,"ro"|"rw"],...]}). Unknown
  * keys and wrong types are refused with a message naming them (-EINVAL). Free with
  * cb_backend_options_free. */
 int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out);

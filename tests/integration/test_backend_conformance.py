@@ -15,6 +15,13 @@ import cowbox
 DOCKER_IMAGE = os.environ.get("COWBOX_DOCKER_IMAGE", "cowbox-debian:bookworm")
 
 
+def git_set(key, value):
+    """git config --global user.KEY VALUE, or its ~/.gitconfig lines where the image has
+    no git."""
+    return ("if command -v git >/dev/null; then git config --global user.%s '%s'; else "
+            "printf '[user]\\n\\t%s = %s\\n' >> ~/.gitconfig; fi" % (key, value, key, value))
+
+
 class Conformance:
     """Mixed into one TestCase per backend; OPTIONS are that backend's create options."""
 
@@ -402,6 +409,71 @@ class Conformance:
                     with self.assertRaises(cowbox.InvalidPathError, msg=bad):
                         await box.read(bad)
         self.run_with(body, working_dir="/workspace/sub/dir")
+
+    def test_persistent_home(self):
+        # A home per workspace outside /workspace: git config --global and caches set by a
+        # hook or a command are there for the next (Mistral's GitIdentity hook), across a
+        # close, not in snapshots, and gone with the workspace.
+        if self.OPTIONS.get("backend") == "local":
+            self.skipTest("the local backend runs on the host with the host's HOME")
+        ref = []
+
+        async def body(box):
+            ref.append(box.ref)
+            self.assertEqual((await box.run("echo $HOME")).stdout, "/home/cowbox\n")
+            r = await box.run(git_set("email", "bot@acme.com") +
+                              " && mkdir -p ~/.cache/pip && echo x > ~/.cache/pip/marker")
+            self.assertEqual(r.exit_code, 0, r.stderr)
+            r = await box.run("grep -c -e 'Acme Bot' -e bot@acme.com ~/.gitconfig")
+            self.assertEqual(r.stdout, "2\n", r.stderr)
+            r = await box.run("touch ~/by-nobody && echo ok", user="nobody")
+            self.assertEqual(r.stdout, "ok\n", r.stderr)
+            snap = await box.snapshot()
+            self.assertFalse([p for p in snap if "gitconfig" in p or "marker" in p], snap)
+        self.run_with(body, on_create=[git_set("name", "Acme Bot")])
+
+        async def again():
+            box = await cowbox.Sandbox.attach(ref[0], cowbox=cbtest.COWBOX, home=self.home)
+            try:
+                r = await box.run("cat ~/.cache/pip/marker; grep -c 'Acme Bot' ~/.gitconfig")
+                self.assertEqual(r.stdout, "x\n1\n", r.stderr)
+            finally:
+                await box.close()
+            await cowbox.Sandbox.destroy(ref[0], cowbox=cbtest.COWBOX, home=self.home)
+        asyncio.run(again())
+        self.assertFalse(os.path.exists(os.path.join(self.home, "workspaces", ref[0])))
+
+    def test_volumes(self):
+        # BoxLite's volumes, LiteLLM's mounts: host directories bound in, read-only unless
+        # asked; nothing under COWBOX_HOME (the workspaces, their control sockets).
+        shared = os.path.join(self.tmp, "shared")
+        out = os.path.join(self.tmp, "out")
+        os.makedirs(shared)
+        os.makedirs(out)
+        os.chmod(out, 0o777)
+        with open(os.path.join(shared, "data.txt"), "w") as f:
+            f.write("from the host\n")
+        if self.OPTIONS.get("backend") == "local":
+            with self.assertRaises(cowbox.InvalidRequestError):
+                self.run_with(None, volumes=[(shared, "/data")])
+            return
+
+        async def body(box):
+            r = await box.run(["cat", "/data/data.txt"])
+            self.assertEqual(r.stdout, "from the host\n", r.stderr)
+            r = await box.run("echo x > /data/new.txt")
+            self.assertNotEqual(r.exit_code, 0)
+            r = await box.run("echo made > /mnt/out/made.txt")
+            self.assertEqual(r.exit_code, 0, r.stderr)
+        self.run_with(body, volumes=[(shared, "/data"), (out, "/mnt/out", "rw")])
+        with open(os.path.join(out, "made.txt")) as f:
+            self.assertEqual(f.read(), "made\n")
+        self.assertFalse(os.path.exists(os.path.join(shared, "new.txt")))
+        for bad in ([(self.home, "/h")], [(os.path.join(self.home, "workspaces"), "/w")],
+                    [(self.tmp, "/t")], [(shared, "/workspace/x")], [(shared, "rel")],
+                    [(shared, "/data", "rx")], [("/no/such/dir", "/x")]):
+            with self.assertRaises(cowbox.InvalidRequestError, msg=bad):
+                self.run_with(None, volumes=bad)
 
 
 class NsConformance(Conformance, cbtest.CowboxTestCase):

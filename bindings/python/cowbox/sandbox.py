@@ -216,8 +216,8 @@ class Sandbox:
                      timeout=None, network=None, cpus=None, memory_mb=None, pids=None,
                      disk_mb=None, disk_inodes=None, image=None,
                      on_create=(), on_destroy=(), setup_script=None, setup_timeout=None,
-                     privileged=False, shell=None, user=None, background=None, cowbox=None,
-                     home=None):
+                     privileged=False, shell=None, user=None, background=None, volumes=None,
+                     cowbox=None, home=None):
         """A new workspace over base (a directory, or None for an empty one) with these
         backend options; the backend itself boots on first use. network is "none" (the
         default of ns and docker), "all" (outbound through user-mode networking, not the
@@ -226,7 +226,10 @@ class Sandbox:
         (ns, docker) runs commands as that user inside: a name, a uid, or "NAME:GROUP".
         background "keep" (the default) lets jobs a command starts with &, nohup or setsid
         run on until the workspace closes (the call still returns at most 2 s after the
-        command exits); "kill" ends them with the command.
+        command exits); "kill" ends them with the command. volumes (ns, docker) binds host
+        directories in: [(host_dir, sandbox_path, "ro" | "rw")], read-only unless asked;
+        none under COWBOX_HOME. Commands get HOME=/home/cowbox, the workspace's persistent
+        home (outside /workspace: snapshots do not cover it), removed with the workspace.
         privileged=True (ns only) runs commands as the host's uid 0 (no capabilities)
         instead of in a user namespace with the workspace's own id range: warned, see
         docs/security.md. Limits (docs/security.md#limits) default to timeout=600 s per
@@ -242,6 +245,9 @@ class Sandbox:
                            ("shell", shell), ("user", user), ("background", background)):
             if value is not None:
                 options[key] = value
+        if volumes:
+            options["volumes"] = [[str(v[0]), str(v[1])] + ([str(v[2])] if len(v) > 2 else [])
+                                  for v in volumes]
         if privileged:
             import warnings
             warnings.warn("cowbox: privileged=True: commands run as the host's uid 0, not in "

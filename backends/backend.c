@@ -183,6 +183,29 @@ static int opt_volumes(json_t *v, struct cb_backend_options *o)
 	return 0;
 }
 
+int cb_backend_volume_spec(const char *spec, json_t **out)
+{
+	char *copy = strdup(spec ? spec : ""), *path, *mode;
+	int rc = 0;
+
+	*out = NULL;
+	if (!copy)
+		return cb_error_set(ENOMEM, "out of memory");
+	path = strchr(copy, ':');
+	mode = path ? strchr(path + 1, ':') : NULL;
+	if (path)
+		*path++ = 0;
+	if (mode)
+		*mode++ = 0;
+	if (!path || !*copy || !*path)
+		rc = cb_error_set(EINVAL, "volume '%s': give HOST_DIR:PATH[:ro|rw]",
+				  spec ? spec : "");
+	else if (!(*out = json_pack("[s,s,s]", copy, path, mode ? mode : "ro")))
+		rc = cb_error_set(ENOMEM, "out of memory");
+	free(copy);
+	return rc;
+}
+
 int cb_backend_bg_parse(const char *what, const char *s, enum cb_backend_bg *out)
 {
 	if (s && !strcmp(s, "keep"))

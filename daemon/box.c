@@ -11,6 +11,7 @@
 
 #include "box_private.h"
 #include "cowbox/client.h"
+#include "cowbox/backend.h"
 #include "cowbox/error.h"
 #include "cowbox/workspace.h"
 
@@ -333,6 +334,17 @@ static int options_json(const struct cb_box_options *o, json_t **out)
 		json_object_set_new(j, "user", json_string(o->user));
 	if (o->background)
 		json_object_set_new(j, "background", json_string(o->background));
+	for (size_t i = 0; o->volumes && o->volumes[i]; i++) {
+		json_t *v = NULL, *vols = json_object_get(j, "volumes");
+
+		if ((rc = cb_backend_volume_spec(o->volumes[i], &v)) < 0) {
+			json_decref(j);
+			return rc;
+		}
+		if (!vols)
+			json_object_set_new(j, "volumes", vols = json_array());
+		json_array_append_new(vols, v);
+	}
 	*out = j;
 	return 0;
 }

@@ -200,6 +200,11 @@ void cb_backend_options_free(struct cb_backend_options *o);
  * and the key when a value is not a string or a name is empty or holds '='. */
 int cb_backend_env_from_json(json_t *obj, const char *what, char ***out);
 
+/* "HOST_DIR:PATH[:ro|rw]" as the JSON form the volumes option takes ([HOST_DIR, PATH, MODE],
+ * a new reference in *out); -EINVAL naming spec when it has no PATH. Checked in full by
+ * cb_backend_options_from_json. */
+int cb_backend_volume_spec(const char *spec, json_t **out);
+
 /* The background mode of a name ("keep", "kill"): -EINVAL naming what for anything else. */
 int cb_backend_bg_parse(const char *what, const char *s, enum cb_backend_bg *out);
 

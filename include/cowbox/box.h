@@ -68,6 +68,8 @@ struct cb_box_options {
 	const char *user;	       /* ns, docker: commands run as NAME|UID[:GROUP|GID] */
 	const char *background;	       /* "keep" (default): jobs a command leaves run until the
 					* workspace closes; "kill": they end with it */
+	const char *const *volumes;    /* ns, docker: "HOST_DIR:PATH[:ro|rw]", NULL-terminated;
+					* read-only unless :rw, none under $COWBOX_HOME */
 };
 
 /* Per command; a NULL options pointer means all defaults. */

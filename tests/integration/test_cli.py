@@ -81,6 +81,28 @@ class TestCreate(CowboxTestCase):
         self.assertEqual(self.cowbox("exec", ref, "--user", "-x", "--", "true",
                                      check=False).returncode, 2)
 
+    def test_create_volume_and_the_home_in_cowbox_exec(self):
+        # --volume is kept like the API's volumes option; cowbox exec binds them and the
+        # workspace's persistent home as the daemon's commands get them.
+        shared = os.path.join(self.tmp, "shared")
+        os.makedirs(shared)
+        with open(os.path.join(shared, "in.txt"), "w") as f:
+            f.write("in\n")
+        ref = self.cowbox("create", "--volume", shared + ":/data").stdout.strip()
+        with open(os.path.join(self.ws_dir(ref), "backend.json")) as f:
+            opts = json.load(f)
+        self.assertEqual(opts["volumes"], [[shared, "/data", "ro"]])
+        self.assertEqual(self.cowbox("exec", ref, "--", "cat", "/data/in.txt").stdout, "in\n")
+        self.cowbox("exec", ref, "--", "sh", "-c", "echo kept > $HOME/note")
+        out = self.cowbox("exec", ref, "--", "sh", "-c", "echo $HOME; cat ~/note").stdout
+        self.assertEqual(out, "/home/cowbox\nkept\n")
+        self.assertNotEqual(self.cowbox("exec", ref, "--", "touch", "/data/x",
+                                        check=False).returncode, 0)
+        for bad in (shared, self.home + ":/h", shared + ":/workspace", shared + ":/d:rx"):
+            proc = self.cowbox("create", "--volume", bad, check=False)
+            self.assertNotEqual(proc.returncode, 0, bad)
+            self.assertIn("volume", proc.stderr)
+
     def test_duplicate_name_refused(self):
         ref = self.create(name="twin")
         proc = self.assert_fails(["create", "--name", "twin"], "already used by " + ref)

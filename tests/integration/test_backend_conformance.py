@@ -33,14 +33,7 @@ class Conformance:
                                     "README": "hi\n"})
 
     def arun(self, body):
-        async def main():
-            box = await cowbox.Sandbox.create(self.base, cowbox=cbtest.COWBOX, home=self.home,
-                                              env={"FROM_OPTIONS": "yes"}, **self.OPTIONS)
-            try:
-                return await asyncio.wait_for(body(box), 180)
-            finally:
-                await box.close()
-        return asyncio.run(main())
+        return self.run_with(body, env={"FROM_OPTIONS": "yes"})
 
     def test_run_semantics(self):
         async def body(box):

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cowbox/backend.h"
@@ -42,6 +43,12 @@ void cb_backend_options_free(struct cb_backend_options *o)
 		free(o->on_destroy[i]);
 	}
 	free(o->setup_script);
+	free(o->shell);
+	free(o->user);
+	for (size_t i = 0; i < o->n_volumes; i++) {
+		free(o->volumes[i].src);
+		free(o->volumes[i].dst);
+	}
 	memset(o, 0, sizeof(*o));
 }
 
@@ -69,6 +76,177 @@ static int opt_string(json_t *v, const char *key, char **out)
 		return cb_error_set(EINVAL, "backend option %s: needs a string", key);
 	*out = strdup(json_string_value(v));
 	return *out ? 0 : cb_error_set(ENOMEM, "backend option %s: out of memory", key);
+}
+
+/* Is path (resolved) under dir (resolved), or dir itself? */
+static int path_under(const char *path, const char *dir)
+{
+	size_t n = strlen(dir);
+
+	while (n > 1 && dir[n - 1] == '/')
+		n--;
+	return !strncmp(path, dir, n) && (path[n] == '/' || !path[n] || n == 1);
+}
+
+/* One volume: [HOST_DIR, PATH] or [HOST_DIR, PATH, "ro"|"rw"] (read-only unless asked).
+ * The host directory must exist and lie outside $COWBOX_HOME (the workspaces, their
+ * databases and control sockets); the path inside is absolute, outside what the sandbox
+ * builds itself. */
+static int opt_volume(json_t *v, struct cb_backend_volume *out)
+{
+	static const char *const reserved[] = {
+	    "/usr",    "/etc",	     "/bin", "/sbin", "/lib", "/lib32",	      "/lib64",
+	    "/libx32", "/workspace", "/tmp", "/proc", "/dev", CB_BACKEND_HOME};
+	const char *src = json_string_value(json_array_get(v, 0));
+	const char *dst = json_string_value(json_array_get(v, 1));
+	const char *mode = json_string_value(json_array_get(v, 2));
+	char *home = NULL;
+	int rc = 0;
+
+	if (!json_is_array(v) || json_array_size(v) < 2 || json_array_size(v) > 3 || !src || !dst ||
+	    (json_array_size(v) == 3 && (!mode || (strcmp(mode, "ro") && strcmp(mode, "rw")))))
+		return cb_error_set(EINVAL, "backend option volumes: each is [HOST_DIR, PATH] or "
+					    "[HOST_DIR, PATH, \"ro\"|\"rw\"]");
+	out->writable = mode && !strcmp(mode, "rw");
+	if (src[0] != '/' || !(out->src = realpath(src, NULL))) {
+		rc = cb_error_set(EINVAL, "backend option volumes: %s: %s", src,
+				  src[0] != '/' ? "give an absolute host directory"
+						: strerror(errno));
+		goto out;
+	}
+	struct stat st;
+	if (stat(out->src, &st) < 0 || !S_ISDIR(st.st_mode)) {
+		rc = cb_error_set(ENOTDIR, "backend option volumes: %s: not a directory", src);
+		goto out;
+	}
+	if (cb_ws_home(&home) == 0) {
+		char *real = realpath(home, NULL);
+
+		if (path_under(out->src, real ? real : home) ||
+		    path_under(real ? real : home, out->src))
+			rc = cb_error_set(EINVAL,
+					  "backend option volumes: %s holds or is under "
+					  "$COWBOX_HOME (%s): the workspaces and their control "
+					  "sockets stay out of every sandbox",
+					  src, home);
+		free(real);
+	} else {
+		cb_error_clear(); /* no home to find: nothing of it to keep out either */
+	}
+	if (rc)
+		goto out;
+	if (strpbrk(out->src, ":,\n") || strpbrk(dst, ":,\n")) {
+		rc = cb_error_set(EINVAL,
+				  "backend option volumes: %s:%s: no ':', ',' or newline in "
+				  "either path",
+				  src, dst);
+		goto out;
+	}
+	if (dst[0] != '/' || !dst[1] || strstr(dst, "..") || strlen(dst) > 1024) {
+		rc = cb_error_set(EINVAL,
+				  "backend option volumes: %s: give an absolute path "
+				  "inside the sandbox, without ..",
+				  dst);
+		goto out;
+	}
+	for (size_t i = 0; i < sizeof reserved / sizeof *reserved; i++)
+		if (path_under(dst, reserved[i])) {
+			rc = cb_error_set(EINVAL,
+					  "backend option volumes: %s is inside %s, which the "
+					  "sandbox builds itself",
+					  dst, reserved[i]);
+			goto out;
+		}
+	if (!(out->dst = strdup(dst)))
+		rc = cb_error_set(ENOMEM, "backend options: out of memory");
+out:
+	free(home);
+	return rc;
+}
+
+static int opt_volumes(json_t *v, struct cb_backend_options *o)
+{
+	size_t i;
+	json_t *e;
+	int rc;
+
+	if (!json_is_array(v) || json_array_size(v) > CB_BACKEND_MAX_VOLUMES)
+		return cb_error_set(EINVAL, "backend option volumes: a list of at most %d",
+				    CB_BACKEND_MAX_VOLUMES);
+	json_array_foreach(v, i, e)
+	{
+		rc = opt_volume(e, &o->volumes[o->n_volumes]);
+		o->n_volumes++; /* freed with the options, also half made */
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+int cb_backend_volume_spec(const char *spec, json_t **out)
+{
+	char *copy = strdup(spec ? spec : ""), *path, *mode;
+	int rc = 0;
+
+	*out = NULL;
+	if (!copy)
+		return cb_error_set(ENOMEM, "out of memory");
+	path = strchr(copy, ':');
+	mode = path ? strchr(path + 1, ':') : NULL;
+	if (path)
+		*path++ = 0;
+	if (mode)
+		*mode++ = 0;
+	if (!path || !*copy || !*path)
+		rc = cb_error_set(EINVAL, "volume '%s': give HOST_DIR:PATH[:ro|rw]",
+				  spec ? spec : "");
+	else if (!(*out = json_pack("[s,s,s]", copy, path, mode ? mode : "ro")))
+		rc = cb_error_set(ENOMEM, "out of memory");
+	free(copy);
+	return rc;
+}
+
+int cb_backend_bg_parse(const char *what, const char *s, enum cb_backend_bg *out)
+{
+	if (s && !strcmp(s, "keep"))
+		*out = CB_BACKEND_BG_KEEP;
+	else if (s && !strcmp(s, "kill"))
+		*out = CB_BACKEND_BG_KILL;
+	else
+		return cb_error_set(EINVAL, "%s: keep or kill, not '%s'", what,
+				    s ? s : "(not a string)");
+	return 0;
+}
+
+int cb_backend_user_check(const char *what, const char *s)
+{
+	const char *colon = strchr(s, ':');
+	size_t n = strlen(s);
+
+	if (!n || n > 64 || s[0] == '-' ||
+	    (colon && (colon == s || !colon[1] || colon[1] == '-' || strchr(colon + 1, ':'))) ||
+	    strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-:") != n)
+		return cb_error_set(EINVAL, "%s: NAME|UID[:GROUP|GID], not '%s'", what, s);
+	return 0;
+}
+
+/* user: a string (NAME|UID[:GROUP]) or a uid as a number. */
+static int opt_user(json_t *v, char **out)
+{
+	int rc;
+
+	if (json_is_integer(v) && json_integer_value(v) >= 0) {
+		if (asprintf(out, "%lld", (long long)json_integer_value(v)) < 0) {
+			*out = NULL;
+			return cb_error_set(ENOMEM, "backend option user: out of memory");
+		}
+		return 0;
+	}
+	if (!json_is_string(v))
+		return cb_error_set(EINVAL, "backend option user: a name or a uid");
+	if ((rc = cb_backend_user_check("backend option user", json_string_value(v))) < 0)
+		return rc;
+	return opt_string(v, "user", out);
 }
 
 static int opt_number(json_t *v, const char *key, double *out)
@@ -209,6 +387,19 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 			rc = opt_hooks(v, key, out->on_create);
 		else if (!strcmp(key, "on_destroy"))
 			rc = opt_hooks(v, key, out->on_destroy);
+		else if (!strcmp(key, "shell")) {
+			rc = opt_string(v, key, &out->shell);
+			if (!rc && strcmp(out->shell, "sh") && strcmp(out->shell, "bash"))
+				rc = cb_error_set(EINVAL,
+						  "backend option shell: sh or bash, not '%s'",
+						  out->shell);
+		} else if (!strcmp(key, "user"))
+			rc = opt_user(v, &out->user);
+		else if (!strcmp(key, "volumes"))
+			rc = opt_volumes(v, out);
+		else if (!strcmp(key, "background"))
+			rc = cb_backend_bg_parse("backend option background", json_string_value(v),
+						 &out->background);
 		else if (!strcmp(key, "privileged")) {
 			if (!json_is_boolean(v))
 				rc = cb_error_set(EINVAL,
@@ -239,13 +430,32 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 						  "or docker");
 		out->net = CB_BACKEND_NET_HOST;
 	}
+	if (!rc && out->n_volumes && !strcmp(out->kind, "local"))
+		rc = cb_error_set(EINVAL, "backend option volumes: the local backend runs on the "
+					  "host, which has no sandbox to bind them into");
+	if (!rc && out->user && !strcmp(out->kind, "local"))
+		rc = cb_error_set(EINVAL, "backend option user: the local backend runs commands as "
+					  "the daemon's own user; use ns or docker");
+	if (!rc && out->user && out->privileged)
+		rc = cb_error_set(EINVAL, "backend option user: a privileged sandbox keeps no "
+					  "capability to switch users with");
 	if (!rc && out->privileged && strcmp(out->kind, "ns"))
 		rc = cb_error_set(EINVAL, "backend option privileged: only the ns backend has a "
 					  "user namespace to leave out");
+	/* An absolute working_dir is taken as the sandbox sees it: under /workspace. */
+	if (!rc && out->working_dir && !strncmp(out->working_dir, "/workspace", 10) &&
+	    (!out->working_dir[10] || out->working_dir[10] == '/')) {
+		char *wd = out->working_dir, *rel = wd + 10 + strspn(wd + 10, "/");
+
+		out->working_dir = *rel ? strdup(rel) : NULL;
+		if (*rel && !out->working_dir)
+			rc = cb_error_set(ENOMEM, "backend options: out of memory");
+		free(wd);
+	}
 	if (!rc && out->working_dir && cb_beneath_check(out->working_dir) < 0)
-		rc = cb_error_wrap(EINVAL,
-				   "backend option working_dir: must be relative to the workspace "
-				   "root, without ..");
+		rc =
+		    cb_error_wrap(EINVAL, "backend option working_dir: must be under /workspace or "
+					  "relative to the workspace root, without ..");
 	if (rc)
 		cb_backend_options_free(out);
 	return rc;
@@ -289,6 +499,20 @@ json_t *cb_backend_options_to_json(const struct cb_backend_options *o)
 	json_object_set_new(j, "setup_timeout", json_real(o->setup_timeout));
 	if (o->privileged)
 		json_object_set_new(j, "privileged", json_true());
+	json_object_set_new(j, "shell", json_string(o->shell ? o->shell : "sh"));
+	json_object_set_new(j, "background",
+			    json_string(o->background == CB_BACKEND_BG_KILL ? "kill" : "keep"));
+	if (o->user)
+		json_object_set_new(j, "user", json_string(o->user));
+	if (o->n_volumes) {
+		json_t *vols = json_array();
+
+		for (size_t i = 0; i < o->n_volumes; i++)
+			json_array_append_new(
+			    vols, json_pack("[s,s,s]", o->volumes[i].src, o->volumes[i].dst,
+					    o->volumes[i].writable ? "rw" : "ro"));
+		json_object_set_new(j, "volumes", vols);
+	}
 	if (o->working_dir)
 		json_object_set_new(j, "working_dir", json_string(o->working_dir));
 	if (o->image)
@@ -355,6 +579,8 @@ int cb_backend_open(const char *ref, const char *dir, const char *root, const ch
 	pthread_mutex_init(&b->lock, NULL);
 	if ((rc = cb_backend_options_load(dir, &b->opt)) < 0)
 		goto out;
+	if ((rc = cb_exec_keep_new(&b->keep)) < 0)
+		goto out;
 	b->ops = cb_backend_find(b->opt.kind);
 	b->ref = strdup(ref);
 	b->dir = strdup(dir);
@@ -375,7 +601,9 @@ void cb_backend_free(struct cb_backend *b)
 {
 	if (!b)
 		return;
-	/* Forwarders first: they listen in the namespace that close lets go of. */
+	/* Kept background jobs first: they may use the namespace, the mount, the forwarders. */
+	cb_exec_keep_free(b->keep);
+	/* Forwarders next: they listen in the namespace that close lets go of. */
 	cb_forwarder_stop_all(b);
 	if (b->created && b->ops)
 		b->ops->close(b);
@@ -413,6 +641,21 @@ static int backend_first_create(struct cb_backend *b)
 	return 0;
 }
 
+/* The persistent home: <workspace dir>/home, outside the upper layer (snapshots cover the
+ * project only), removed with the workspace. Sticky and writable by all, like /tmp: it
+ * belongs to no sandbox id, and any user option's user keeps its files there. */
+static int backend_home(struct cb_backend *b)
+{
+	char path[4200];
+
+	snprintf(path, sizeof(path), "%s/home", b->dir);
+	if (mkdir(path, 0700) < 0 && errno != EEXIST)
+		return cb_error_set(errno, "mkdir %s: %s", path, strerror(errno));
+	if (chmod(path, 01777) < 0)
+		return cb_error_set(errno, "chmod %s: %s", path, strerror(errno));
+	return 0;
+}
+
 int cb_backend_ensure(struct cb_backend *b)
 {
 	int rc = 0;
@@ -420,6 +663,8 @@ int cb_backend_ensure(struct cb_backend *b)
 	pthread_mutex_lock(&b->lock);
 	if (!b->created) {
 		rc = b->opt.working_dir ? cb_backend_mkdirs(b, b->opt.working_dir) : 0;
+		if (!rc && strcmp(b->ops->name, "local"))
+			rc = backend_home(b);
 		if (!rc)
 			rc = b->ops->create(b);
 		if (!rc) {
@@ -455,7 +700,7 @@ int cb_backend_env(const struct cb_backend *b, char *const *extra, char ***out)
 {
 	static const char *const base[] = {
 	    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-	    "HOME=/tmp",
+	    "HOME=" CB_BACKEND_HOME, /* the workspace's own, kept between commands */
 	    "LANG=C.UTF-8",
 	    NULL,
 	};

@@ -37,6 +37,23 @@ int cb_backend_cwd(const struct cb_backend *b, const char *cwd, int allow_abs, c
 	return 0;
 }
 
+const char *cb_backend_shell_program(const struct cb_backend *b)
+{
+	return b->opt.shell && !strcmp(b->opt.shell, "bash") ? "bash" : NULL;
+}
+
+const char *cb_backend_user(const struct cb_backend *b, const struct cb_backend_cmd *cmd)
+{
+	return cmd->user ? cmd->user : b->opt.user;
+}
+
+struct cb_exec_keep *cb_backend_keep(const struct cb_backend *b, const struct cb_backend_cmd *cmd)
+{
+	enum cb_backend_bg bg = cmd->background ? cmd->background : b->opt.background;
+
+	return bg == CB_BACKEND_BG_KILL ? NULL : b->keep;
+}
+
 double cb_backend_timeout(const struct cb_backend *b, const struct cb_backend_cmd *cmd)
 {
 	struct cb_backend_limits lim;

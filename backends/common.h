@@ -10,6 +10,15 @@
  * absolute paths. */
 int cb_backend_cwd(const struct cb_backend *b, const char *cwd, int allow_abs, char **out);
 
+/* The program that runs command strings: NULL (/bin/sh) or "bash" (the shell option). */
+const char *cb_backend_shell_program(const struct cb_backend *b);
+
+/* The user a command runs as: its own, else the options', else NULL. */
+const char *cb_backend_user(const struct cb_backend *b, const struct cb_backend_cmd *cmd);
+
+/* The keep set for a command's background jobs (b->keep), or NULL when they end with it. */
+struct cb_exec_keep *cb_backend_keep(const struct cb_backend *b, const struct cb_backend_cmd *cmd);
+
 /* The runner's wait and kill, for backends with nothing of their own to clean. */
 int cb_backend_wait_plain(struct cb_backend *b, struct cb_exec *h, struct cb_exec_result *res);
 void cb_backend_kill_plain(struct cb_backend *b, struct cb_exec *h, int sig);

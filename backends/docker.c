@@ -22,7 +22,8 @@ struct docker_running {
 	struct cb_exec *h;
 	unsigned long token;
 	double timeout;
-	int killed; /* docker_kill signalled its tree */
+	int killed;   /* docker_kill signalled its tree */
+	int end_jobs; /* background kill: what the command left goes with it */
 };
 
 /* timeout's -k: how long a timed-out tree has between SIGTERM and SIGKILL (the runner's grace,
@@ -98,9 +99,11 @@ static int docker_create(struct cb_backend *b)
 {
 	struct docker_state *s = calloc(1, sizeof(*s));
 	const char *image = b->opt.image ? b->opt.image : getenv("COWBOX_DOCKER_IMAGE");
-	char vol[4200], cpus[32], mem[32], pids[32], oom[16], nspath[64], *pid = NULL;
+	char vol[4200], homevol[4200], cpus[32], mem[32], pids[32], oom[16], nspath[64];
+	char *pid = NULL;
 	struct cb_backend_limits lim;
-	char *argv[40];
+	char vols[CB_BACKEND_MAX_VOLUMES][2200];
+	char *argv[40 + 2 * CB_BACKEND_MAX_VOLUMES];
 	int n = 0, rc;
 
 	if (!s)
@@ -152,6 +155,15 @@ static int docker_create(struct cb_backend *b)
 	argv[n++] = oom;
 	argv[n++] = "-v";
 	argv[n++] = vol;
+	snprintf(homevol, sizeof(homevol), "%s/home:" CB_BACKEND_HOME, b->dir);
+	argv[n++] = "-v";
+	argv[n++] = homevol;
+	for (size_t i = 0; i < b->opt.n_volumes; i++) {
+		snprintf(vols[i], sizeof(vols[i]), "%s:%s:%s", b->opt.volumes[i].src,
+			 b->opt.volumes[i].dst, b->opt.volumes[i].writable ? "rw" : "ro");
+		argv[n++] = "-v";
+		argv[n++] = vols[i];
+	}
 	argv[n++] = "-w";
 	argv[n++] = "/workspace";
 	argv[n++] = (char *)image;
@@ -187,7 +199,7 @@ static int docker_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	struct docker_state *s = b->priv;
 	struct cb_exec_spec spec = {0};
 	char **env = NULL, *rel = NULL, *argv[DOCKER_MAX_ARGS], wrapper[400], tmo[32], wd[4200];
-	char envfile[4200];
+	char envfile[4200], user[80];
 	FILE *ef = NULL;
 	size_t n = 0, slot;
 	double timeout = cb_backend_timeout(b, cmd);
@@ -246,13 +258,17 @@ static int docker_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 		rc = cb_error_set(EIO, "docker backend: write %s", envfile);
 		goto release;
 	}
+	if (cb_backend_user(b, cmd)) {
+		snprintf(user, sizeof(user), "--user=%s", cb_backend_user(b, cmd));
+		argv[n++] = user;
+	}
 	argv[n++] = s->name;
 	argv[n++] = "/bin/sh";
 	argv[n++] = "-c";
 	argv[n++] = wrapper;
 	argv[n++] = "sh";
 	if (cmd->shell) {
-		argv[n++] = "/bin/sh";
+		argv[n++] = cb_backend_shell_program(b) ? "bash" : "/bin/sh";
 		argv[n++] = "-c";
 		argv[n++] = (char *)cmd->shell;
 	}
@@ -283,6 +299,7 @@ release:
 	s->running[slot].token = token;
 	s->running[slot].timeout = timeout;
 	s->running[slot].killed = 0;
+	s->running[slot].end_jobs = !cb_backend_keep(b, cmd);
 	pthread_mutex_unlock(&s->lock);
 out:
 	free(rel);
@@ -324,13 +341,14 @@ static int docker_wait(struct cb_backend *b, struct cb_exec *h, struct cb_exec_r
 	struct docker_running *r;
 	unsigned long token = 0;
 	double timeout = 0;
-	int rc = cb_exec_wait(h, res), killed = 0;
+	int rc = cb_exec_wait(h, res), killed = 0, end_jobs = 0;
 
 	pthread_mutex_lock(&s->lock);
 	if ((r = docker_find(s, h))) {
 		token = r->token;
 		timeout = r->timeout;
 		killed = r->killed;
+		end_jobs = r->end_jobs;
 		r->h = NULL;
 	}
 	pthread_mutex_unlock(&s->lock);
@@ -353,9 +371,9 @@ static int docker_wait(struct cb_backend *b, struct cb_exec *h, struct cb_exec_r
 		res->exit_code = 124;
 		res->term_signal = 0;
 	}
-	/* The CLI was stopped (output cap, kill, its own timeout) or the command timed out:
-	 * what is left of the tree inside goes now. */
-	if (!rc && token && (res->output_limited || res->killed || res->timed_out))
+	/* The CLI was stopped (output cap, kill, its own timeout), the command timed out, or
+	 * its background jobs end with it: what is left of the tree inside goes now. */
+	if (!rc && token && (res->output_limited || res->killed || res->timed_out || end_jobs))
 		docker_signal_tree(s, token, SIGKILL);
 	/* The engine refused to run anything (the container was removed or stopped behind our
 	 * back): not the command's failure. -ENXIO tells the daemon to stop; the next use

@@ -24,6 +24,9 @@ static int local_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	char **env = NULL, *rel = NULL, *cwd = NULL;
 	int rc;
 
+	if (cmd->user)
+		return cb_error_set(EINVAL, "user: the local backend runs commands as the daemon's "
+					    "own user; use ns or docker");
 	if ((rc = cb_backend_env(b, cmd->env, &env)) < 0)
 		return rc;
 	if ((rc = cb_backend_cwd(b, cmd->cwd, 0, &rel)) < 0)
@@ -35,6 +38,8 @@ static int local_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	}
 	spec.argv = cmd->argv;
 	spec.shell = cmd->shell;
+	spec.shell_program = cb_backend_shell_program(b);
+	spec.keep = cb_backend_keep(b, cmd);
 	spec.env = env;
 	spec.cwd = cwd;
 	spec.timeout = cb_backend_timeout(b, cmd);

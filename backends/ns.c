@@ -73,7 +73,8 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	struct cb_sandbox sb = {0};
 	struct cb_exec_spec spec = {0};
 	struct cb_backend_limits lim;
-	char **env = NULL, *cwd = NULL;
+	struct cb_sandbox_bind binds[1 + CB_BACKEND_MAX_VOLUMES];
+	char **env = NULL, *cwd = NULL, home[4200];
 	int rc;
 
 	if ((rc = cb_backend_env(b, cmd->env, &env)) < 0)
@@ -95,6 +96,15 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	sb.oom_score_adj = lim.oom_score_adj;
 	sb.limits_optional = !b->opt.memory_mb && !b->opt.pids;
 	sb.privileged = b->opt.privileged;
+	sb.user = cb_backend_user(b, cmd);
+	snprintf(home, sizeof(home), "%s/home", b->dir);
+	binds[0] = (struct cb_sandbox_bind){.src = home, .dst = CB_BACKEND_HOME, .writable = 1};
+	for (size_t i = 0; i < b->opt.n_volumes; i++)
+		binds[1 + i] = (struct cb_sandbox_bind){.src = b->opt.volumes[i].src,
+							.dst = b->opt.volumes[i].dst,
+							.writable = b->opt.volumes[i].writable};
+	sb.binds = binds;
+	sb.n_binds = 1 + b->opt.n_volumes;
 	/* the range the daemon's mount shows the workspace's files in (none: not root, or a
 	 * plain directory, which the sandbox binds through an idmapped mount) */
 	if (!sb.privileged && geteuid() == 0 && (rc = cb_ws_ids_get(b->dir, &sb.id_base)) < 0 &&
@@ -103,6 +113,8 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	cb_error_clear();
 	spec.argv = cmd->argv;
 	spec.shell = cmd->shell;
+	spec.shell_program = cb_backend_shell_program(b);
+	spec.keep = cb_backend_keep(b, cmd);
 	spec.env = env;
 	spec.cwd = *cwd ? cwd : NULL;
 	spec.timeout = cb_backend_timeout(b, cmd);

@@ -107,3 +107,25 @@ int cb_backend_mkdirs(struct cb_backend *b, const char *path)
 		return cb_error_wrap(rc, "mkdir");
 	return b->io->mkdirs(b->io_arg, path);
 }
+
+int cb_backend_api_path(const char *working_dir, const char *path, char **out)
+{
+	static const char ws[] = "/workspace";
+	int n;
+
+	*out = NULL;
+	if (!path)
+		return cb_error_set(EINVAL, "no path given");
+	if (!strncmp(path, ws, sizeof ws - 1) && path[sizeof ws - 1] == '/' &&
+	    path[sizeof ws - 1 + strspn(path + sizeof ws - 1, "/")])
+		n = asprintf(out, "%s", path + sizeof ws - 1 + strspn(path + sizeof ws - 1, "/"));
+	else if (path[0] != '/' && working_dir && *working_dir)
+		n = asprintf(out, "%s/%s", working_dir, path);
+	else
+		n = asprintf(out, "%s", path);
+	if (n < 0) {
+		*out = NULL;
+		return cb_error_set(ENOMEM, "out of memory");
+	}
+	return 0;
+}

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <termios.h>
 #include <unistd.h>
 
@@ -27,7 +28,14 @@
 enum { SET_TIMEOUT = 1, SET_MEMORY = 2, SET_PIDS = 4 };
 
 struct exec_opts {
-	const char *ref, *dir, *cwd, *image, *shell;
+	const char *ref, *dir, *cwd, *image, *shell, *user;
+	char *ws_user, *ws_shell; /* the workspace's options user and shell (owned) */
+	/* a workspace's persistent home and volumes, bound as its daemon's commands get them */
+	struct cb_sandbox_bind binds[1 + CB_BACKEND_MAX_VOLUMES];
+	size_t n_binds;
+	int env_home; /* --env HOME=... was given: it wins */
+	struct cb_backend_volume vols[CB_BACKEND_MAX_VOLUMES]; /* owned */
+	char home[4200];
 	double timeout, cpus;
 	unsigned long memory, pids;
 	int set;	 /* SET_*: the limits given on the command line (0 there means none) */
@@ -51,6 +59,8 @@ static void exec_usage(FILE *out, const char *name)
 	    "                       (the workspace's option; a shell: none), 0: none\n"
 	    "  --env K=V            add to the environment (repeatable)\n"
 	    "  --cwd DIR            working directory, relative to /workspace\n"
+	    "  --user NAME|UID[:G]  run as this user inside the sandbox (default: the\n"
+	    "                       workspace's user option, else the sandbox's root)\n"
 	    "  --network MODE       none (default): loopback only; all: outbound TCP/UDP/DNS\n"
 	    "                       through pasta, not the host's loopback or its abstract\n"
 	    "                       sockets; host: the host's own network namespace (warned)\n"
@@ -70,9 +80,9 @@ static void exec_usage(FILE *out, const char *name)
 	    "  --backend ns|local   ns (default): namespace sandbox; local: on the host, NOT "
 	    "isolated\n"
 	    "%s\n"
-	    "In the sandbox the environment is PATH, HOME=/tmp (private, so tools' caches stay "
-	    "out\n"
-	    "of the workspace), TERM (from here), LANG=C.UTF-8 and --env: nothing else of the\n"
+	    "In the sandbox the environment is PATH, HOME (a workspace's persistent home,\n"
+	    "/home/cowbox, outside /workspace; with --dir a private /tmp), TERM (from here),\n"
+	    "LANG=C.UTF-8 and --env: nothing else of the\n"
 	    "host's; the local backend passes the host's environment minus credentials (names\n"
 	    "with TOKEN, SECRET, PASSWORD, API_KEY, AUTH, ...; docs/security.md), then --env.\n"
 	    "Exit status: the command's; 124 timed out; 128+N killed by signal N (137 also when\n"
@@ -127,7 +137,13 @@ static int parse_exec_args(int argc, char **argv, int want_cmd, struct exec_opts
 			o->dir = v;
 		else if (!strcmp(a, "--cwd"))
 			o->cwd = v;
-		else if (!strcmp(a, "--image"))
+		else if (!strcmp(a, "--user")) {
+			if (cb_backend_user_check("--user", v) < 0) {
+				fprintf(stderr, "cowbox %s: %s\n", argv[0], cb_error_message());
+				return 2;
+			}
+			o->user = v;
+		} else if (!strcmp(a, "--image"))
 			o->image = v;
 		else if (!strcmp(a, "--shell") && want_cmd)
 			o->shell = v;
@@ -147,6 +163,7 @@ static int parse_exec_args(int argc, char **argv, int want_cmd, struct exec_opts
 				return 2;
 			}
 			o->env[o->n_env++] = v;
+			o->env_home |= !strncmp(v, "HOME=", 5);
 		} else if (!strcmp(a, "--network")) {
 			if (strcmp(v, "none") && strcmp(v, "all") && strcmp(v, "host")) {
 				fprintf(stderr,
@@ -247,7 +264,7 @@ static int workspace_dir(const struct exec_opts *o, char **dir, char **name,
  * range, or as they are when its options made it privileged, and the sandbox follows. The
  * limits are the workspace's options (REF) or the defaults (--dir), then the flags given;
  * an interactive shell has no default timeout. */
-static int sandbox_setup(const struct exec_opts *o, const char *ref, int shell_mode,
+static int sandbox_setup(struct exec_opts *o, const char *ref, int shell_mode,
 			 struct cb_sandbox *sb, struct cb_backend_limits *lim)
 {
 	struct cb_backend_options bo = {0};
@@ -258,6 +275,26 @@ static int sandbox_setup(const struct exec_opts *o, const char *ref, int shell_m
 	if (!o->dir && ((rc = cb_ws_path(ref, NULL, &wsdir)) < 0 ||
 			(rc = cb_backend_options_load(wsdir, &bo)) < 0))
 		goto out;
+	/* the workspace's user and shell apply to its commands from here too */
+	o->ws_user = bo.user;
+	o->ws_shell = bo.shell;
+	if (!o->dir && !o->local) {
+		snprintf(o->home, sizeof o->home, "%s/home", wsdir);
+		if ((mkdir(o->home, 0700) < 0 && errno != EEXIST) || chmod(o->home, 01777) < 0) {
+			rc = cb_error_set(errno, "%s: %s", o->home, strerror(errno));
+			goto out;
+		}
+		o->binds[o->n_binds++] =
+		    (struct cb_sandbox_bind){.src = o->home, .dst = CB_BACKEND_HOME, .writable = 1};
+		memcpy(o->vols, bo.volumes, sizeof o->vols);
+		for (size_t i = 0; i < bo.n_volumes; i++)
+			o->binds[o->n_binds++] =
+			    (struct cb_sandbox_bind){.src = o->vols[i].src,
+						     .dst = o->vols[i].dst,
+						     .writable = o->vols[i].writable};
+		bo.n_volumes = 0;
+	}
+	bo.user = bo.shell = NULL;
 	kind = bo.kind; /* this CLI runs ns or local, whatever the workspace's API uses */
 	bo.kind = NULL;
 	cb_backend_limits_of(&bo, lim);
@@ -454,6 +491,10 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 	rc = parse_exec_args(argc, argv, !shell_mode, &o);
 	if (rc)
 		return rc < 0 ? 0 : rc;
+	if (o.local && o.user) {
+		fprintf(stderr, "cowbox %s: --user needs the ns backend\n", argv[0]);
+		return 2;
+	}
 	if (o.local && (o.image || o.cpus > 0 || o.memory || o.pids || o.privileged ||
 			(o.net && strcmp(o.net, "host")))) {
 		fprintf(stderr,
@@ -482,6 +523,14 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 		fprintf(stderr, "cowbox %s: %s\n", argv[0], cb_error_message());
 		goto out;
 	}
+	for (size_t i = 0; o.n_binds && env[i]; i++)
+		if (!strncmp(env[i], "HOME=", 5) && !o.env_home) {
+			free(env[i]);
+			if (!(env[i] = strdup("HOME=" CB_BACKEND_HOME))) {
+				fprintf(stderr, "cowbox %s: out of memory\n", argv[0]);
+				goto out;
+			}
+		}
 	spec.timeout = lim.timeout;
 	if (o.local) {
 		fprintf(stderr,
@@ -517,6 +566,9 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 		sb.pids = lim.pids;
 		sb.oom_score_adj = lim.oom_score_adj;
 		sb.limits_optional = !(o.set & (SET_MEMORY | SET_PIDS));
+		sb.user = o.user ? o.user : o.ws_user;
+		sb.binds = o.binds;
+		sb.n_binds = o.n_binds;
 		if (sb.privileged && geteuid() == 0)
 			fprintf(stderr, "cowbox: warning: privileged: the command runs as host "
 					"uid 0 (no capabilities), not in a user namespace\n");
@@ -542,6 +594,8 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 	} else {
 		spec.argv = o.cmd;
 	}
+	if (o.ws_shell && !strcmp(o.ws_shell, "bash"))
+		spec.shell_program = "bash";
 	spec.stdin_kind = CB_EXEC_STDIN_FD;
 	spec.stdin_fd = 0;
 
@@ -596,6 +650,12 @@ out:
 	free(cwd);
 	free(dir);
 	free(name);
+	free(o.ws_user);
+	free(o.ws_shell);
+	for (size_t i = 0; i < CB_BACKEND_MAX_VOLUMES; i++) {
+		free(o.vols[i].src);
+		free(o.vols[i].dst);
+	}
 	return status;
 }
 

@@ -16,20 +16,40 @@
 #include "cowbox/workspace.h"
 
 static const char create_usage[] =
-    "usage: cowbox create [--base DIR] [--name NAME] [--disk-mb N] [--disk-inodes N] [--json]\n"
+    "usage: cowbox create [--base DIR] [--name NAME] [--disk-mb N] [--disk-inodes N]\n"
+    "                     [--user NAME|UID[:GROUP]] [--shell sh|bash]\n"
+    "                     [--background keep|kill] [--volume HOST_DIR:PATH[:ro|rw]]...\n"
+    "                     [--json]\n"
     "Create a workspace over the read-only directory DIR (none: an empty workspace) and\n"
     "print its ref (cb- and 32 hex digits). NAME is an optional unique alias.\n"
     "--disk-mb and --disk-inodes set the quota of the workspace's changes (its upper layer;\n"
-    "default 10240 MiB and 1000000 inodes, 0: none): past it, writes fail with ENOSPC.\n";
+    "default 10240 MiB and 1000000 inodes, 0: none): past it, writes fail with ENOSPC.\n"
+    "--user runs the workspace's commands as that user inside the sandbox (ns, docker);\n"
+    "--shell is the shell of command strings and hooks (default sh). --background keep\n"
+    "(default): jobs a command started with &, nohup or setsid run on until the workspace\n"
+    "closes (API commands; `cowbox exec` ends them with itself); kill: they end with it.\n"
+    "--volume binds a host directory in (ns, docker; read-only unless :rw; none under\n"
+    "$COWBOX_HOME), up to 8.\n";
 
-/* --disk-mb / --disk-inodes: kept in the workspace's backend options (0 there: none). */
-static int create_quota(const char *ref, long long mb, long long inodes)
+/* The backend options create takes, kept in the workspace's backend.json. */
+struct create_opts {
+	long long disk_mb, disk_inodes; /* -1: the default; 0: none */
+	const char *user, *shell;
+	enum cb_backend_bg background;
+	const char *volumes[CB_BACKEND_MAX_VOLUMES + 1]; /* the --volume flags */
+	int n_volumes;
+};
+
+/* --disk-mb / --disk-inodes (0 there: none), --user, --shell: kept in the workspace's
+ * backend options, checked as configure checks them. */
+static int create_options(const char *ref, const struct create_opts *co)
 {
 	struct cb_backend_options bo;
+	long long mb = co->disk_mb, inodes = co->disk_inodes;
 	char *dir = NULL;
 	int rc;
 
-	if (mb < 0 && inodes < 0)
+	if (mb < 0 && inodes < 0 && !co->user && !co->shell && !co->background && !co->n_volumes)
 		return 0;
 	if ((rc = cb_ws_path(ref, NULL, &dir)) < 0 || (rc = cb_backend_options_load(dir, &bo)) < 0)
 		goto out;
@@ -37,7 +57,31 @@ static int create_quota(const char *ref, long long mb, long long inodes)
 		bo.disk_mb = mb ? (unsigned long)mb : CB_BACKEND_NO_LIMIT;
 	if (inodes >= 0)
 		bo.disk_inodes = inodes ? (unsigned long)inodes : CB_BACKEND_NO_LIMIT;
-	rc = cb_backend_options_save(dir, &bo);
+	if (co->user && !(bo.user = strdup(co->user)))
+		rc = cb_error_set(ENOMEM, "out of memory");
+	if (co->shell && !(bo.shell = strdup(co->shell)))
+		rc = cb_error_set(ENOMEM, "out of memory");
+	if (co->background)
+		bo.background = co->background;
+	if (!rc && co->n_volumes) {
+		/* checked as configure checks them: host directories resolved, COWBOX_HOME out */
+		struct cb_backend_options vo;
+		json_t *j = json_object(), *vols = json_array(), *v;
+
+		for (int i = 0; !rc && i < co->n_volumes; i++)
+			if (!(rc = cb_backend_volume_spec(co->volumes[i], &v)))
+				json_array_append_new(vols, v);
+		json_object_set_new(j, "volumes", vols);
+		if (!rc && !(rc = cb_backend_options_from_json(j, &vo))) {
+			memcpy(bo.volumes, vo.volumes, sizeof bo.volumes);
+			bo.n_volumes = vo.n_volumes;
+			vo.n_volumes = 0;
+			cb_backend_options_free(&vo);
+		}
+		json_decref(j);
+	}
+	if (!rc)
+		rc = cb_backend_options_save(dir, &bo);
 	cb_backend_options_free(&bo);
 out:
 	free(dir);
@@ -63,21 +107,42 @@ int cmd_create(int argc, char **argv)
 	    {"name", required_argument, NULL, 'n'},
 	    {"disk-mb", required_argument, NULL, 'D'},
 	    {"disk-inodes", required_argument, NULL, 'I'},
+	    {"user", required_argument, NULL, 'U'},
+	    {"shell", required_argument, NULL, 'S'},
+	    {"background", required_argument, NULL, 'G'},
+	    {"volume", required_argument, NULL, 'V'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct cli_common common = {0};
 	const char *base = NULL, *name = NULL;
 	char ref[CB_WS_REF_LEN + 1];
-	long long disk_mb = -1, disk_inodes = -1;
-	int c, status;
+	struct create_opts co = {.disk_mb = -1, .disk_inodes = -1};
+	int c, status, rc;
 
 	while ((c = cli_getopt(argc, argv, "b:n:", opts, &common, create_usage, &status)) > 0) {
 		if (c == 'b')
 			base = optarg;
-		else if (c == 'D' && parse_count("--disk-mb", optarg, &disk_mb))
+		else if (c == 'D' && parse_count("--disk-mb", optarg, &co.disk_mb))
 			return CLI_USAGE;
-		else if (c == 'I' && parse_count("--disk-inodes", optarg, &disk_inodes))
+		else if (c == 'I' && parse_count("--disk-inodes", optarg, &co.disk_inodes))
 			return CLI_USAGE;
+		else if (c == 'U' && cb_backend_user_check("--user", optarg) < 0)
+			return cli_usage_error(create_usage, "%s", cb_error_message());
+		else if (c == 'U')
+			co.user = optarg;
+		else if (c == 'S' && strcmp(optarg, "sh") && strcmp(optarg, "bash"))
+			return cli_usage_error(create_usage, "--shell is sh or bash, not '%s'",
+					       optarg);
+		else if (c == 'S')
+			co.shell = optarg;
+		else if (c == 'G' &&
+			 cb_backend_bg_parse("--background", optarg, &co.background) < 0)
+			return cli_usage_error(create_usage, "%s", cb_error_message());
+		else if (c == 'V' && co.n_volumes == CB_BACKEND_MAX_VOLUMES)
+			return cli_usage_error(create_usage, "at most %d --volume",
+					       CB_BACKEND_MAX_VOLUMES);
+		else if (c == 'V')
+			co.volumes[co.n_volumes++] = optarg;
 		else if (c == 'n')
 			name = optarg;
 	}
@@ -88,7 +153,7 @@ int cmd_create(int argc, char **argv)
 				       argv[optind]);
 	if (cb_ws_create(base, name, stderr, ref))
 		return cli_fail("create", NULL);
-	if (create_quota(ref, disk_mb, disk_inodes) < 0) {
+	if ((rc = create_options(ref, &co)) < 0) {
 		int st = cli_fail("create", NULL);
 
 		cb_ws_remove(ref);

@@ -11,6 +11,7 @@
 
 #include "box_private.h"
 #include "cowbox/client.h"
+#include "cowbox/backend.h"
 #include "cowbox/error.h"
 #include "cowbox/workspace.h"
 
@@ -173,6 +174,8 @@ static int box_apply_options(struct cb_box *box, json_t *opts)
 	free(box->backend);
 	free(box->workdir);
 	box->workdir = NULL;
+	free(box->working_dir);
+	box->working_dir = wd && *wd ? strdup(wd) : NULL;
 	box->mountpoint = strdup(json_string_value(json_object_get(info, "mountpoint")) ?: "");
 	box->backend = strdup(backend ? backend : "ns");
 	json_decref(info);
@@ -325,6 +328,23 @@ static int options_json(const struct cb_box_options *o, json_t **out)
 		json_object_set_new(j, "setup_script", json_string(o->setup_script));
 	if (o->setup_timeout > 0)
 		json_object_set_new(j, "setup_timeout", json_real(o->setup_timeout));
+	if (o->shell)
+		json_object_set_new(j, "shell", json_string(o->shell));
+	if (o->user)
+		json_object_set_new(j, "user", json_string(o->user));
+	if (o->background)
+		json_object_set_new(j, "background", json_string(o->background));
+	for (size_t i = 0; o->volumes && o->volumes[i]; i++) {
+		json_t *v = NULL, *vols = json_object_get(j, "volumes");
+
+		if ((rc = cb_backend_volume_spec(o->volumes[i], &v)) < 0) {
+			json_decref(j);
+			return rc;
+		}
+		if (!vols)
+			json_object_set_new(j, "volumes", vols = json_array());
+		json_array_append_new(vols, v);
+	}
 	*out = j;
 	return 0;
 }
@@ -384,6 +404,7 @@ void cb_box_detach(struct cb_box *box)
 	cb_client_close(box->client);
 	free(box->mountpoint);
 	free(box->workdir);
+	free(box->working_dir);
 	free(box->backend);
 	json_decref(box->map);
 	free(box);

@@ -10,10 +10,34 @@
 #include "api.h"
 #include "box_private.h"
 #include "cowbox/client.h"
+#include "cowbox/backend.h"
 #include "cowbox/error.h"
 
 #define BOX_CHUNK  (1u << 20) /* bytes per read/write request */
 #define BOX_WINDOW 4	      /* write requests in flight at once */
+
+/* The direct path resolves a path as the daemon does (working_dir, /workspace/...). */
+static int box_direct_read(struct cb_box *box, const char *path, void **data, size_t *len)
+{
+	char *full = NULL;
+	int rc = cb_backend_api_path(box->working_dir, path, &full);
+
+	if (!rc)
+		rc = cb_box_direct_read(box, full, data, len);
+	free(full);
+	return rc;
+}
+
+static int box_direct_write(struct cb_box *box, const char *path, const void *data, size_t len)
+{
+	char *full = NULL;
+	int rc = cb_backend_api_path(box->working_dir, path, &full);
+
+	if (!rc)
+		rc = cb_box_direct_write(box, full, data, len);
+	free(full);
+	return rc;
+}
 
 int cb_box_read(struct cb_box *box, const char *path, void **data, size_t *len)
 {
@@ -28,7 +52,7 @@ int cb_box_read(struct cb_box *box, const char *path, void **data, size_t *len)
 	snprintf(what, sizeof(what), "read %s", path ? path : "(null)");
 	/* The daemon must be up for its mount to be there: a ping boots it if needed. */
 	if ((rc = cb_box_request(box, "read", json_pack("{s:s}", "op", "ping"), NULL, NULL)) ||
-	    (rc = cb_box_direct_read(box, path, data, len)) <= 0)
+	    (rc = box_direct_read(box, path, data, len)) <= 0)
 		return cb_box_finish(rc);
 	for (;;) {
 		json_t *reply = NULL;
@@ -97,7 +121,7 @@ int cb_box_write(struct cb_box *box, const char *path, const void *data, size_t 
 	if (!path || (len && !data))
 		return cb_box_finish(cb_error_set(EINVAL, "%s: no path or no data", what));
 	if ((rc = cb_box_request(box, "write", json_pack("{s:s}", "op", "ping"), NULL, NULL)) ||
-	    (rc = cb_box_direct_write(box, path, data, len)) <= 0)
+	    (rc = box_direct_write(box, path, data, len)) <= 0)
 		return cb_box_finish(rc);
 	/* The first chunk truncates, so the rest must come after it; those are pipelined. */
 	off = len < BOX_CHUNK ? len : BOX_CHUNK;

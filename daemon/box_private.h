@@ -15,6 +15,7 @@ struct cb_client;
 struct cb_box {
 	char ref[CB_WS_REF_LEN + 1];
 	char *mountpoint, *workdir, *backend;
+	char *working_dir; /* the option, for the direct path of read and write (NULL: none) */
 	struct cb_client *client; /* NULL until the first request, or after the daemon left */
 	pid_t daemon_pid;	  /* the daemon last seen serving it (maybe our child) */
 	/* The map of the last snapshot (NULL: none yet), its turn and its database's id:

@@ -38,6 +38,10 @@ int cb_box_command_json(const char *op, const char *const *argv, const char *she
 		json_object_set_new(req, "env", env);
 	if (!rc && o && o->cwd)
 		json_object_set_new(req, "cwd", json_string(o->cwd));
+	if (!rc && o && o->user)
+		json_object_set_new(req, "user", json_string(o->user));
+	if (!rc && o && o->background)
+		json_object_set_new(req, "background", json_string(o->background));
 	if (!rc && o && o->timeout > 0)
 		json_object_set_new(req, "timeout", json_real(o->timeout));
 	if (!rc && o && o->output_limit > 0)

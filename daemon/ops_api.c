@@ -20,7 +20,7 @@ struct api_exec {
 	int strict; /* run: a timeout or the output cap is an error reply */
 	struct cb_backend_cmd cmd;
 	char **argv, **env;
-	char *shell, *cwd;
+	char *shell, *cwd, *user;
 	void *stdin_buf;
 	struct cb_backend *b;
 	struct cb_exec *h;
@@ -46,6 +46,7 @@ static void api_exec_free(struct api_exec *e)
 	cb_exec_env_free(e->env);
 	free(e->shell);
 	free(e->cwd);
+	free(e->user);
 	free(e->stdin_buf);
 	json_decref(e->id);
 	if (e->conn)
@@ -77,8 +78,9 @@ static int cmd_parse(json_t *req, struct api_exec *e)
 	json_t *cmd = json_object_get(req, "cmd"), *shell = json_object_get(req, "shell");
 	json_t *env = json_object_get(req, "env"), *cwd = json_object_get(req, "cwd");
 	json_t *tmo = json_object_get(req, "timeout"), *in = json_object_get(req, "stdin");
-	json_t *lim = json_object_get(req, "output_limit");
-	int rc;
+	json_t *lim = json_object_get(req, "output_limit"), *user = json_object_get(req, "user");
+	json_t *bg = json_object_get(req, "background");
+	int rc = 0;
 
 	if (!cmd == !shell || (cmd && (!json_is_array(cmd) || !json_array_size(cmd))) ||
 	    (shell && !json_is_string(shell)))
@@ -97,6 +99,24 @@ static int cmd_parse(json_t *req, struct api_exec *e)
 		if (!(e->cwd = strdup(json_string_value(cwd))))
 			return cb_error_set(ENOMEM, "cwd: out of memory");
 	}
+	if (user && !json_is_null(user)) {
+		if (json_is_integer(user) && json_integer_value(user) >= 0)
+			rc = asprintf(&e->user, "%lld", (long long)json_integer_value(user)) < 0
+				 ? (e->user = NULL, -ENOMEM)
+				 : 0;
+		else if (!json_is_string(user))
+			return cb_error_set(EINVAL, "user: a name or a uid");
+		else if ((rc = cb_backend_user_check("user", json_string_value(user))) == 0 &&
+			 !(e->user = strdup(json_string_value(user))))
+			rc = -ENOMEM;
+		if (rc == -ENOMEM)
+			return cb_error_set(ENOMEM, "user: out of memory");
+		if (rc < 0)
+			return rc;
+	}
+	if (bg && !json_is_null(bg) &&
+	    (rc = cb_backend_bg_parse("background", json_string_value(bg), &e->cmd.background)) < 0)
+		return rc;
 	if (tmo && !json_is_null(tmo)) {
 		if (!json_is_number(tmo) || json_number_value(tmo) <= 0)
 			return cb_error_set(EINVAL, "timeout: needs a number of seconds > 0");
@@ -123,6 +143,7 @@ static int cmd_parse(json_t *req, struct api_exec *e)
 	e->cmd.shell = e->shell;
 	e->cmd.env = e->env;
 	e->cmd.cwd = e->cwd;
+	e->cmd.user = e->user;
 	return 0;
 }
 
@@ -237,7 +258,15 @@ static void *api_exec_main(void *arg)
 		goto fail;
 	}
 reply:
-	if (e->strict && (res.timed_out || res.output_limited)) {
+	if (__atomic_load_n(&e->stop_sent, __ATOMIC_ACQUIRE)) {
+		/* Ended by a close or destroy from elsewhere: not the command's own exit 137. */
+		json_t *err = json_pack("{s:s, s:s, s:o}", "code", "unavailable", "message",
+					"the workspace was closed or destroyed while the command "
+					"ran; its tree was killed",
+					"result", result_json(e, &res));
+
+		cb_daemon_send_frame(e->conn, e->id, json_pack("{s:o}", "error", err));
+	} else if (e->strict && (res.timed_out || res.output_limited)) {
 		json_t *err = json_pack("{s:s, s:s, s:o}", "code",
 					res.timed_out ? "timeout" : "output_limit", "message",
 					res.timed_out ? "the command timed out; its tree was killed"
@@ -432,8 +461,8 @@ void cb_daemon_api_stop(struct cb_daemon *d)
 	while (running) {
 		for (struct api_exec *e = running; e; e = e->next)
 			if (e->started && !e->stop_sent) {
+				__atomic_store_n(&e->stop_sent, 1, __ATOMIC_RELEASE);
 				e->b->ops->kill(e->b, e->h, SIGKILL);
-				e->stop_sent = 1;
 			}
 		if (pthread_cond_timedwait(&running_cond, &running_lock, &deadline) == ETIMEDOUT)
 			break;

@@ -36,6 +36,7 @@ static int op_read(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 {
 	struct cb_backend *b;
 	const char *path;
+	char *full = NULL;
 	long long off, len;
 	void *data = NULL;
 	size_t n = 0;
@@ -47,8 +48,10 @@ static int op_read(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 		return rc;
 	if ((rc = cb_api_backend(d, 0, &b)) < 0)
 		return rc;
-	rc = cb_backend_read(b, path, (off_t)off, (size_t)len, &data, &n, &size);
+	if ((rc = cb_backend_api_path(b->opt.working_dir, path, &full)) == 0)
+		rc = cb_backend_read(b, full, (off_t)off, (size_t)len, &data, &n, &size);
 	cb_api_backend_put(b);
+	free(full);
 	if (rc < 0)
 		return rc;
 	rc = cb_daemon_reply(conn, json_object_get(req, "id"),
@@ -64,6 +67,7 @@ static int op_write(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *re
 	json_t *data = json_object_get(req, "data"), *trunc = json_object_get(req, "truncate");
 	struct cb_backend *b;
 	const char *path;
+	char *full = NULL;
 	long long off, mode;
 	void *buf = NULL;
 	size_t len = 0;
@@ -84,12 +88,14 @@ static int op_write(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *re
 				  "request",
 				  len, 4 * CB_BACKEND_CHUNK);
 	if (!rc && !(rc = cb_api_backend(d, 0, &b))) {
-		rc = cb_backend_write(b, path, (off_t)off, buf, len,
-				      trunc ? json_is_true(trunc) : off == 0,
-				      (mode_t)(mode & 07777));
+		if ((rc = cb_backend_api_path(b->opt.working_dir, path, &full)) == 0)
+			rc = cb_backend_write(b, full, (off_t)off, buf, len,
+					      trunc ? json_is_true(trunc) : off == 0,
+					      (mode_t)(mode & 07777));
 		cb_api_backend_put(b);
 	}
 	free(buf);
+	free(full);
 	if (rc)
 		return rc;
 	return cb_daemon_reply(conn, json_object_get(req, "id"),

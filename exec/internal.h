@@ -14,6 +14,10 @@
 #define CB_MSG_STATUS 'S' /* shim -> parent: + int wait status of the command */
 #define CB_MSG_ERROR  'E' /* shim or command -> parent: setup failed, + text */
 #define CB_MSG_TTY    'T' /* shim -> parent: the sandbox pty's master, as SCM_RIGHTS */
+#define CB_MSG_DETACH                                                                              \
+	'D' /* parent -> shim: the caller lets go of the command's leftover                        \
+	       background jobs; the output pipes' read ends come as SCM_RIGHTS,                    \
+	       for the shim to drain until they close */
 
 /* One entry of the sandbox root, prepared in the parent so the child only makes syscalls. */
 enum cb_ns_entry_kind {
@@ -36,6 +40,7 @@ struct cb_ns_entry {
 };
 
 #define CB_NS_MAX_ENTRIES 64
+#define CB_NS_MAX_GROUPS  32
 
 /* Everything the sandbox child needs, computed before clone (no allocation after it). */
 struct cb_ns_plan {
@@ -53,6 +58,11 @@ struct cb_ns_plan {
 	int deny_setid;		 /* files made in the workspace keep a host owner: the command
 				    may not set setuid/setgid bits (seccomp) */
 	int net_none;
+	int set_user; /* the command switches to uid/gid/groups before it starts */
+	uid_t uid;
+	gid_t gid;
+	gid_t groups[CB_NS_MAX_GROUPS];
+	size_t n_groups;
 	char *hostname;
 	char *tmp_opts; /* tmpfs options of the private /tmp */
 	unsigned long nofile;
@@ -109,6 +119,11 @@ int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out);
  * outside: inside a user namespace /proc/self/oom_score_adj is not its own to write. Every
  * process of the sandbox inherits it. Best effort. */
 void cb_ns_write_oom(const struct cb_ns_plan *p, pid_t pid);
+
+/* Resolve sb->user (NAME|UID[:GROUP|GID]) in the root's etc/passwd and etc/group (the
+ * image's, read beneath it, else the host's) into plan's uid, gid and groups, checked
+ * against the ids the plan maps. Nothing to do without sb->user. -errno with a message. */
+int cb_ns_user_resolve(const struct cb_sandbox *sb, struct cb_ns_plan *plan);
 
 /* Free a plan and close the trees it holds; NULL is fine. */
 void cb_ns_plan_free(struct cb_ns_plan *plan);

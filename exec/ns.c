@@ -230,6 +230,8 @@ int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out)
 		/* root's directory: the sandbox's own namespace has the very map the mount needs */
 		p->idmap_late = p->deny_setid && !st.st_uid && !st.st_gid;
 	}
+	if ((rc = cb_ns_user_resolve(sb, p)) < 0)
+		goto out;
 	pthread_once(&cmdline_once, find_cmdline);
 	p->arg_start = cmdline_start;
 	p->arg_len = cmdline_len;

@@ -106,6 +106,7 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 	h->grace = spec->grace > 0 ? spec->grace : CB_EXEC_DEFAULT_GRACE;
 	h->limit = spec->output_limit ? spec->output_limit : CB_EXEC_DEFAULT_OUTPUT_LIMIT;
 	h->keep = spec->keep_bytes ? spec->keep_bytes : CB_EXEC_DEFAULT_KEEP;
+	h->keep_set = spec->tty ? NULL : spec->keep;
 
 	struct cb_exec_plan plan = {.envp = spec->env ? spec->env : empty_env,
 				    .tty = -1,
@@ -114,7 +115,7 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 				    .fd_err = -1,
 				    .group = -1};
 	if (spec->shell) {
-		h->shell_argv[0] = "/bin/sh";
+		h->shell_argv[0] = (char *)(spec->shell_program ? spec->shell_program : "/bin/sh");
 		h->shell_argv[1] = "-c";
 		h->shell_argv[2] = (char *)spec->shell;
 		plan.argv = h->shell_argv;
@@ -338,6 +339,44 @@ static void cut_stream(struct stream *s, size_t keep)
 		s->len = keep;
 }
 
+/* Hand the shim, with the read ends of the output pipes to drain, to the keep set: the
+ * handle lets go of its pid, control socket and cgroup. 0, or -errno with nothing moved. */
+static int detach(struct cb_exec *h)
+{
+	int fds[2], n = 0, rc;
+	char tag = CB_MSG_DETACH;
+	union {
+		char buf[CMSG_SPACE(2 * sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = {.iov_base = &tag, .iov_len = 1};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+
+	if (h->out.fd >= 0)
+		fds[n++] = h->out.fd;
+	if (h->err.fd >= 0)
+		fds[n++] = h->err.fd;
+	if (n) {
+		mh.msg_control = u.buf;
+		mh.msg_controllen = CMSG_SPACE((size_t)n * sizeof(int));
+		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN((size_t)n * sizeof(int));
+		memcpy(CMSG_DATA(c), fds, (size_t)n * sizeof(int));
+	}
+	pthread_mutex_lock(&h->ctl_lock);
+	rc = sendmsg(h->ctl, &mh, MSG_NOSIGNAL) < 0 ? -errno : 0;
+	if (!rc && (rc = cb_exec_keep_add(h->keep_set, h->shim, h->ctl, h->cg)) == 0) {
+		h->ctl = -1; /* the set's now: a late cb_exec_kill does nothing */
+		h->cg = NULL;
+	}
+	pthread_mutex_unlock(&h->ctl_lock);
+	if (rc)
+		cb_error_clear(); /* not kept: the tree is killed as without a set */
+	return rc;
+}
+
 int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res)
 {
 	int status = 0, have_status = 0, shim_alive = 1, term_sent = 0, kill_sent = 0, rc = 0;
@@ -422,20 +461,26 @@ int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res)
 		ended = cb_exec_now();
 	if (src >= 0 && src_flags >= 0)
 		fcntl(src, F_SETFL, src_flags); /* it may be the caller's terminal */
-	/* Whatever is left (background jobs, a stuck tree) goes now; then reap the shim. */
-	cb_exec_send_kill(h, SIGKILL);
-	pthread_mutex_lock(&h->ctl_lock);
-	cb_exec_close_fd(&h->ctl);
-	pthread_mutex_unlock(&h->ctl_lock);
-	int shim_status = 0;
-	pid_t reaped;
-	while ((reaped = waitpid(h->shim, &shim_status, 0)) < 0 && errno == EINTR)
-		;
-	if (reaped < 0 && !have_status && !rc)
-		rc = cb_error_set(errno,
-				  "exec: the supervisor (pid %d) was reaped elsewhere before "
-				  "it reported (a waitpid(-1) in this process?): %s",
-				  (int)h->shim, strerror(errno));
+	int oom = h->cg && cb_cgroup_oom_killed(h->cg), shim_status = 0;
+	/* A command that ended by itself may leave background jobs to the keep set; otherwise
+	 * whatever is left (background jobs, a stuck tree) goes now. Then reap the shim. */
+	if (!(h->keep_set && have_status && shim_alive && !rc && !h->setup_error[0] &&
+	      !res->timed_out && !sigkill_before_exit &&
+	      !__atomic_load_n(&h->killed, __ATOMIC_ACQUIRE) && h->total <= h->limit &&
+	      detach(h) == 0)) {
+		cb_exec_send_kill(h, SIGKILL);
+		pthread_mutex_lock(&h->ctl_lock);
+		cb_exec_close_fd(&h->ctl);
+		pthread_mutex_unlock(&h->ctl_lock);
+		pid_t reaped;
+		while ((reaped = waitpid(h->shim, &shim_status, 0)) < 0 && errno == EINTR)
+			;
+		if (reaped < 0 && !have_status && !rc)
+			rc = cb_error_set(errno,
+					  "exec: the supervisor (pid %d) was reaped elsewhere "
+					  "before it reported (a waitpid(-1) in this process?): %s",
+					  (int)h->shim, strerror(errno));
+	}
 	h->shim = 0;
 
 	res->duration = ended - h->t0;
@@ -450,7 +495,7 @@ int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res)
 	} else {
 		res->exit_code = WEXITSTATUS(status);
 	}
-	if (h->cg && cb_cgroup_oom_killed(h->cg)) {
+	if (oom) {
 		res->oom_killed = 1;
 		res->exit_code = 137;
 	}

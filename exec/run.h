@@ -30,6 +30,7 @@ struct cb_exec {
 	double timeout, grace;
 	size_t limit, keep, total;
 	struct cb_cgroup *cg;
+	struct cb_exec_keep *keep_set; /* spec->keep: where leftover background jobs go */
 	struct cb_ns_plan *ns;
 	char *shell_argv[4];
 	char **argv_copy; /* sandboxed: the command's argv, off the caller's command line */
@@ -39,6 +40,10 @@ struct cb_exec {
 	int sigkill_sent; /* a SIGKILL went to the tree before the command's status came */
 	double t0;
 };
+
+/* Take over a command's supervisor (its pid, control socket and cgroup, all then the set's)
+ * once its caller let go of the background jobs it left; 0 or -errno (nothing taken). */
+int cb_exec_keep_add(struct cb_exec_keep *k, pid_t shim, int ctl, struct cb_cgroup *cg);
 
 /* Monotonic seconds. */
 double cb_exec_now(void);

@@ -217,6 +217,16 @@ static _Noreturn void command_child(const struct cb_exec_plan *p)
 			close(fd);
 		}
 	}
+	/* Raw syscalls: glibc's wrappers would signal threads this copy of the caller's memory
+	 * still lists. Before chdir, so that the directory is reached with the user's rights. */
+	if (p->ns && p->ns->set_user &&
+	    ((p->ns->privileged_parent &&
+	      syscall(SYS_setgroups, p->ns->n_groups, p->ns->groups) < 0) ||
+	     syscall(SYS_setresgid, p->ns->gid, p->ns->gid, p->ns->gid) < 0 ||
+	     syscall(SYS_setresuid, p->ns->uid, p->ns->uid, p->ns->uid) < 0)) {
+		cb_exec_child_error(p->ctl, "switch to the user", NULL, errno);
+		_exit(126);
+	}
 	if (p->cwd && chdir(p->cwd) < 0) {
 		cb_exec_child_error(p->ctl, "chdir", p->cwd, errno);
 		_exit(126);
@@ -374,6 +384,48 @@ static void shim_hide(const struct cb_exec_plan *p)
 	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 }
 
+/* Background jobs the caller let go of may still write to the command's pipes: read and
+ * drop it, so that they neither block on a full pipe nor die of SIGPIPE. 0 at end. */
+static ssize_t drain_some(int fd)
+{
+	char buf[4096];
+	ssize_t n;
+
+	while ((n = read(fd, buf, sizeof buf)) < 0 && errno == EINTR)
+		;
+	return n < 0 && errno == EAGAIN ? 1 : n;
+}
+
+/* One datagram from the caller; a CB_MSG_DETACH's fds (at most two) go to drain. */
+static ssize_t recv_ctl(int ctl, char *msg, size_t size, int drain[2])
+{
+	union {
+		char buf[CMSG_SPACE(2 * sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = {.iov_base = msg, .iov_len = size};
+	struct msghdr mh = {
+	    .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+	ssize_t n = recvmsg(ctl, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+
+	for (struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < k; i++) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+			if (msg[0] == CB_MSG_DETACH && i < 2 && drain[i] < 0) {
+				fcntl(fd, F_SETFL, O_NONBLOCK);
+				drain[i] = fd;
+			} else {
+				close(fd);
+			}
+		}
+	}
+	return n;
+}
+
 void cb_exec_shim_main(const struct cb_exec_plan *given)
 {
 	struct cb_exec_plan plan = *given, *p = &plan;
@@ -432,11 +484,13 @@ void cb_exec_shim_main(const struct cb_exec_plan *given)
 		close(p->fd_out);
 		close(p->fd_err);
 	}
-	int cmd_done = 0;
+	int cmd_done = 0, drain[2] = {-1, -1};
 	for (;;) {
-		struct pollfd pf[2] = {{.fd = p->ctl, .events = POLLIN},
-				       {.fd = sfd, .events = POLLIN}};
-		if (poll(pf, 2, -1) < 0 && errno != EINTR)
+		struct pollfd pf[4] = {{.fd = p->ctl, .events = POLLIN},
+				       {.fd = sfd, .events = POLLIN},
+				       {.fd = drain[0], .events = POLLIN},
+				       {.fd = drain[1], .events = POLLIN}};
+		if (poll(pf, 4, -1) < 0 && errno != EINTR)
 			finish(p, cmd, &cmd_done);
 		if (pf[1].revents) {
 			struct signalfd_siginfo si;
@@ -445,9 +499,14 @@ void cb_exec_shim_main(const struct cb_exec_plan *given)
 			if (reap(cmd, p->ctl, &cmd_done) && cmd_done)
 				_exit(0);
 		}
+		for (int i = 0; i < 2; i++)
+			if (drain[i] >= 0 && pf[2 + i].revents && drain_some(drain[i]) <= 0) {
+				close(drain[i]);
+				drain[i] = -1;
+			}
 		if (pf[0].revents) {
 			char msg[16];
-			ssize_t n = recv(p->ctl, msg, sizeof msg, MSG_DONTWAIT);
+			ssize_t n = recv_ctl(p->ctl, msg, sizeof msg, drain);
 			if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
 				finish(p, cmd, &cmd_done); /* the caller is gone: so are we */
 			if (n >= (ssize_t)(1 + sizeof(int)) && msg[0] == CB_MSG_KILL) {

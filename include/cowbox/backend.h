@@ -21,6 +21,16 @@ enum cb_backend_net {
 	CB_BACKEND_NET_HOST,	 /* the host's own namespace (ns, docker; what local always is) */
 };
 
+/* What becomes of background jobs (&, nohup, setsid) a command leaves when it exits. */
+enum cb_backend_bg {
+	CB_BACKEND_BG_DEFAULT = 0, /* a command: the options'; the options: keep */
+	CB_BACKEND_BG_KEEP,	   /* they run on until the workspace closes */
+	CB_BACKEND_BG_KILL,	   /* they end with the command's call */
+};
+
+/* Where ns and docker show the workspace's persistent home (<workspace dir>/home), and HOME. */
+#define CB_BACKEND_HOME "/home/cowbox"
+
 /* Limits every workspace gets unless its options say otherwise (docs/security.md#limits). */
 #define CB_BACKEND_DEFAULT_TIMEOUT   600.0 /* seconds per command */
 #define CB_BACKEND_DEFAULT_PIDS	     1024  /* processes and threads */
@@ -33,6 +43,15 @@ enum cb_backend_net {
 /* An unsigned limit field set to this means "none" (0 means "the default"); in JSON a limit
  * of 0 means none and a missing key the default. */
 #define CB_BACKEND_NO_LIMIT (~0UL)
+
+#define CB_BACKEND_MAX_VOLUMES 8
+
+/* A host directory bound into the sandbox (ns, docker). */
+struct cb_backend_volume {
+	char *src; /* host directory, absolute (resolved when the options are read) */
+	char *dst; /* absolute path inside */
+	int writable;
+};
 
 /* The options every backend takes. They shape a new workspace's backend and are kept in
  * <workspace dir>/backend.json, so that a daemon started later (after a crash, or a close)
@@ -58,6 +77,13 @@ struct cb_backend_options {
 	char *on_destroy[CB_BACKEND_MAX_HOOKS]; /* shell commands run by destroy */
 	char *setup_script;			/* a shell script run once after on_create */
 	double setup_timeout;			/* seconds for the setup script; <= 0: 600 */
+	char *shell; /* the shell of command strings and hooks: "sh" (NULL: /bin/sh) or
+			"bash" (found on the command's PATH) */
+	char *user;  /* ns, docker: commands run as NAME|UID[:GROUP|GID] inside; NULL: the
+			sandbox's root (the image's user for docker) */
+	enum cb_backend_bg background;				  /* DEFAULT is keep */
+	struct cb_backend_volume volumes[CB_BACKEND_MAX_VOLUMES]; /* ns, docker */
+	size_t n_volumes;
 	int privileged; /* ns as root: no user namespace, the sandbox's uid 0 is the host's
 			   (with no capabilities); the workspace's files keep their host ids */
 };
@@ -66,6 +92,8 @@ struct cb_backend_options {
 struct cb_backend_cmd {
 	char *const *argv;
 	const char *shell;	       /* instead of argv: /bin/sh -c shell */
+	const char *user;	       /* NULL: the options' user */
+	enum cb_backend_bg background; /* DEFAULT: the options' */
 	char *const *env;	       /* "K=V" over the options' env; NULL: none */
 	const char *cwd;	       /* relative to the workspace root (or to working_dir when not
 					  absolute); NULL: working_dir */
@@ -132,6 +160,7 @@ struct cb_backend {
 	void *priv;			/* the backend's own state */
 	struct cb_forwarder *fwd;	/* host_url forwarders, one per port */
 	const struct cb_backend_io *io; /* NULL: file I/O in this process */
+	struct cb_exec_keep *keep;	/* background jobs kept past their commands (ns, local) */
 	void *io_arg;
 };
 
@@ -151,7 +180,9 @@ json_t *cb_backend_limits_json(const struct cb_backend_limits *l);
 /* Parse options from JSON ({"backend":"ns","env":{"K":"V"},"working_dir":...,"timeout":...,
  * "network":"none"|"all"|"host","cpus":...,"memory_mb":...,"pids":...,"disk_mb":...,
  * "disk_inodes":...,"image":...,"on_create":[...],
- * "on_destroy":[...],"setup_script":...,"setup_timeout":...,"privileged":false}). Unknown
+ * "on_destroy":[...],"setup_script":...,"setup_timeout":...,"privileged":false,
+ * "shell":"sh"|"bash","user":NAME|UID[:GROUP],"background":"keep"|"kill",
+ * "volumes":[[HOST_DIR,PATH,"ro"|"rw"],...]}). Unknown
  * keys and wrong types are refused with a message naming them (-EINVAL). Free with
  * cb_backend_options_free. */
 int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out);
@@ -168,6 +199,18 @@ void cb_backend_options_free(struct cb_backend_options *o);
  * cb_exec_env_free, also after an error); -EINVAL naming what ("env", "backend option env")
  * and the key when a value is not a string or a name is empty or holds '='. */
 int cb_backend_env_from_json(json_t *obj, const char *what, char ***out);
+
+/* "HOST_DIR:PATH[:ro|rw]" as the JSON form the volumes option takes ([HOST_DIR, PATH, MODE],
+ * a new reference in *out); -EINVAL naming spec when it has no PATH. Checked in full by
+ * cb_backend_options_from_json. */
+int cb_backend_volume_spec(const char *spec, json_t **out);
+
+/* The background mode of a name ("keep", "kill"): -EINVAL naming what for anything else. */
+int cb_backend_bg_parse(const char *what, const char *s, enum cb_backend_bg *out);
+
+/* 0 if s is a user as the user option takes it (NAME|UID[:GROUP|GID], names of letters,
+ * digits, '_', '.', '-', not starting with '-'), else -EINVAL naming what. */
+int cb_backend_user_check(const char *what, const char *s);
 
 /* Save options as dir/backend.json (atomically), or load them; a missing file loads the
  * defaults (ns, network none). */
@@ -209,6 +252,11 @@ int cb_backend_read(struct cb_backend *b, const char *path, off_t off, size_t le
  * truncate is set; the same path rules as cb_backend_read. */
 int cb_backend_write(struct cb_backend *b, const char *path, off_t off, const void *data,
 		     size_t len, int truncate, mode_t mode);
+
+/* The root-relative path a client's read or write path names: one under /workspace taken
+ * as the sandbox sees it, a relative one under working_dir (NULL: the root), anything else
+ * as given (the path rules then refuse it). malloc'd in *out. */
+int cb_backend_api_path(const char *working_dir, const char *path, char **out);
 
 /* mkdir -p of path beneath the workspace root (the same path rules). */
 int cb_backend_mkdirs(struct cb_backend *b, const char *path);

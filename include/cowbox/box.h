@@ -64,6 +64,12 @@ struct cb_box_options {
 	const char *const *on_destroy; /* shell commands run by cb_box_destroy */
 	const char *setup_script;      /* shell, once after on_create */
 	double setup_timeout;	       /* > 0: its seconds (default 600) */
+	const char *shell;	       /* command strings and hooks: "sh" (default) or "bash" */
+	const char *user;	       /* ns, docker: commands run as NAME|UID[:GROUP|GID] */
+	const char *background;	       /* "keep" (default): jobs a command leaves run until the
+					* workspace closes; "kill": they end with it */
+	const char *const *volumes;    /* ns, docker: "HOST_DIR:PATH[:ro|rw]", NULL-terminated;
+					* read-only unless :rw, none under $COWBOX_HOME */
 };
 
 /* Per command; a NULL options pointer means all defaults. */
@@ -74,8 +80,10 @@ struct cb_box_run_options {
 	long long output_limit; /* > 0: bytes of stdout+stderr that stop it (default 10 MiB) */
 	const void *stdin_data; /* fed to the command, then end of file (run only) */
 	size_t stdin_len;
-	bool strict; /* run: a timeout or the output cap fails (-ETIMEDOUT, -EFBIG) with
-		      * the partial result still filled in */
+	bool strict;		/* run: a timeout or the output cap fails (-ETIMEDOUT, -EFBIG) with
+				 * the partial result still filled in */
+	const char *user;	/* this command's user (NAME|UID[:GROUP|GID]); NULL: the option's */
+	const char *background; /* "keep" or "kill"; NULL: the option's */
 };
 
 /* What a finished command did. out and err are NUL-terminated for convenience (their

@@ -25,10 +25,12 @@ enum cb_exec_stdin {
 struct cb_exec_spec {
 	char *const *argv; /* program and arguments; the program is looked up in env's PATH */
 	const char *shell; /* instead of argv: run "/bin/sh -c shell" */
-	char *const *env;  /* exactly the command's environment ("K=V", NULL-terminated); NULL:
-			      empty. Nothing of the caller's environment is passed implicitly. */
-	const char *cwd;   /* host: a directory; sandbox: relative to /workspace (or absolute
-			      inside the sandbox). NULL: the workspace root (sandbox) or ".". */
+	const char *shell_program; /* the shell for shell: NULL: /bin/sh; a bare name ("bash")
+				      is looked up in env's PATH */
+	char *const *env; /* exactly the command's environment ("K=V", NULL-terminated); NULL:
+			     empty. Nothing of the caller's environment is passed implicitly. */
+	const char *cwd;  /* host: a directory; sandbox: relative to /workspace (or absolute
+			     inside the sandbox). NULL: the workspace root (sandbox) or ".". */
 	enum cb_exec_stdin stdin_kind;
 	const void *stdin_data;
 	size_t stdin_len;
@@ -42,6 +44,10 @@ struct cb_exec_spec {
 	int tty;	     /* run on a new pseudo-terminal (stdout carries both streams) */
 	unsigned short tty_rows, tty_cols;
 	const struct cb_sandbox *sandbox; /* NULL: on the host (the local backend) */
+	struct cb_exec_keep *keep; /* background jobs (&, nohup, setsid) that outlive a command
+				      which ended by itself are kept running in this set until it
+				      is freed, instead of killed when the call returns (not with
+				      tty); their later output is read and dropped. NULL: killed */
 };
 
 /* How it ended. Buffers are NUL-terminated for convenience and owned by the result. */
@@ -77,9 +83,10 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 /* Supervise until the command and everything it started is gone, at most 2 s after the
  * command itself exits: output is read until every writer closes it or those 2 s pass, then
  * whatever the command left running (background jobs, daemons, setsid'd or not) is killed,
- * so a command never outlives its call. Fill res (free with cb_exec_result_free, also after an
- * error). Returns 0, or -errno when the sandbox could not be set up (the message says which step
- * and why). Call once. */
+ * so a command never outlives its call; or, with spec.keep and a command that ended by
+ * itself (no timeout, kill or output cap), handed to that set still running. Fill res (free with
+ * cb_exec_result_free, also after an error). Returns 0, or -errno when the sandbox could not be set
+ * up (the message says which step and why). Call once. */
 int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res);
 
 /* Thread-safe: send sig to the whole tree of the command (SIGKILL also ends the supervisor).
@@ -119,6 +126,18 @@ int cb_exec_env_host_stripped(char ***out);
 
 /* Is "NAME=value" (or NAME) a credential that the local backend strips? */
 int cb_exec_env_is_credential(const char *entry);
+
+struct cb_exec_keep;
+
+/* A set of kept background trees (cb_exec_spec.keep); free it with cb_exec_keep_free. */
+int cb_exec_keep_new(struct cb_exec_keep **out);
+
+/* Thread-safe: how many kept trees still run (those that ended are reaped first). */
+size_t cb_exec_keep_running(struct cb_exec_keep *k);
+
+/* SIGKILL every kept tree, wait until each is gone (at most 10 s in all), free the set.
+ * NULL is fine. */
+void cb_exec_keep_free(struct cb_exec_keep *k);
 
 /* Free a NULL-terminated array of strings made by this module. */
 void cb_exec_env_free(char **env);

@@ -57,6 +57,10 @@ struct cb_sandbox {
 	unsigned long tmp_mb;	 /* size of the private /tmp, 0: 512 */
 	const struct cb_sandbox_bind *binds; /* extra binds (at most 16), in this order */
 	size_t n_binds;
+	const char *user;      /* run the command as NAME|UID[:GROUP|GID], looked up in the root's
+				  etc/passwd and etc/group (the image's, else the host's); a uid
+				  needs to be mapped (0-65535 as root). NULL: the sandbox's root.
+				  Not with privileged (no capability left to switch with). */
 	int userns;	       /* ignored: a user namespace is the default (kept for callers) */
 	int privileged;	       /* as root: no user namespace (sandbox uid 0 is host uid 0) */
 	unsigned long id_base; /* as root: host id of the sandbox's uid/gid 0, the first of

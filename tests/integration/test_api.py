@@ -90,7 +90,7 @@ class ApiTest(cbtest.CowboxTestCase):
             got += unb64(m["data"])
         self.assertEqual((got, m["exit_code"]), (b"bytes in", 0))
         code, out, _, _ = self.run_cmd(["sh", "-c", "echo $A-$HOME"], env={"A": "1"})
-        self.assertEqual(out, b"1-/tmp\n")
+        self.assertEqual(out, b"1-/home/cowbox\n")  # the persistent home (protocol.md)
         # Nothing of the daemon's environment reaches a command.
         os.environ["OPENAI_API_KEY"] = "sk-test"
         out = self.run_cmd(["env"])[1]

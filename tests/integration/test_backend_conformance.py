@@ -15,6 +15,13 @@ import cowbox
 DOCKER_IMAGE = os.environ.get("COWBOX_DOCKER_IMAGE", "cowbox-debian:bookworm")
 
 
+def git_set(key, value):
+    """git config --global user.KEY VALUE, or its ~/.gitconfig lines where the image has
+    no git."""
+    return ("if command -v git >/dev/null; then git config --global user.%s '%s'; else "
+            "printf '[user]\\n\\t%s = %s\\n' >> ~/.gitconfig; fi" % (key, value, key, value))
+
+
 class Conformance:
     """Mixed into one TestCase per backend; OPTIONS are that backend's create options."""
 
@@ -26,14 +33,7 @@ class Conformance:
                                     "README": "hi\n"})
 
     def arun(self, body):
-        async def main():
-            box = await cowbox.Sandbox.create(self.base, cowbox=cbtest.COWBOX, home=self.home,
-                                              env={"FROM_OPTIONS": "yes"}, **self.OPTIONS)
-            try:
-                return await asyncio.wait_for(body(box), 180)
-            finally:
-                await box.close()
-        return asyncio.run(main())
+        return self.run_with(body, env={"FROM_OPTIONS": "yes"})
 
     def test_run_semantics(self):
         async def body(box):
@@ -202,6 +202,271 @@ class Conformance:
             self.assertEqual(r.exit_code, 0, r.stderr)
             self.assertTrue(r.stdout.endswith("hello from the host"), r.stdout)
         self.arun(body)
+
+    def run_with(self, body, **options):
+        """body(box) in a workspace made with these options on top of the backend's."""
+        async def main():
+            box = await cowbox.Sandbox.create(self.base, cowbox=cbtest.COWBOX, home=self.home,
+                                              **dict(self.OPTIONS, **options))
+            try:
+                return await asyncio.wait_for(body(box), 180)
+            finally:
+                await box.close()
+        return asyncio.run(main())
+
+    def test_shell_option(self):
+        # Mistral's shell: command strings and hooks run with bash when asked, sh otherwise.
+        async def sh(box):
+            r = await box.run("echo ${BASH_VERSION:-none}")
+            self.assertEqual(r.stdout, "none\n")
+        self.arun(sh)
+
+        async def bash(box):
+            r = await box.run("[[ -n $BASH_VERSION ]] && echo bash")
+            self.assertEqual((r.exit_code, r.stdout), (0, "bash\n"), r.stderr)
+            p = await box.exec("[[ 1 == 1 ]] && echo streamed")
+            self.assertEqual(await p.stdout.read(), b"streamed\n")
+            self.assertEqual(await box.read("hook.txt"), b"hook\n")
+        self.run_with(bash, shell="bash",
+                      on_create=["[[ -n $BASH_VERSION ]] && echo hook > hook.txt"])
+        with self.assertRaises(cowbox.InvalidRequestError):
+            self.run_with(bash, shell="zsh")
+
+    def test_user_option(self):
+        # BoxLite's user: commands run as that user inside; a command may name its own.
+        if self.OPTIONS.get("backend") == "local":
+            with self.assertRaises(cowbox.InvalidRequestError) as cm:
+                self.run_with(None, user="nobody")
+            self.assertIn("local", str(cm.exception))
+            return
+
+        async def body(box):
+            r = await box.run(["sh", "-c", "id -u; id -g; id -un; touch /tmp/mine && "
+                               "stat -c %U /tmp/mine"])
+            self.assertEqual(r.stdout.split(), ["65534", "65534", "nobody", "nobody"],
+                             r.stderr)
+            # The workspace is root's: the user writes where root lets it.
+            r = await box.run(["touch", "nope"])
+            self.assertNotEqual(r.exit_code, 0)
+            r = await box.run("mkdir -p shared && chmod 777 shared", user="root")
+            self.assertEqual(r.exit_code, 0, r.stderr)
+            r = await box.run("echo hi > shared/f && stat -c %U shared/f")
+            self.assertEqual(r.exit_code, 0, r.stderr)
+            if self.OPTIONS.get("backend") == "ns":
+                # docker shows the workspace's own host id range, not the container's ids
+                self.assertEqual(r.stdout, "nobody\n")
+                r = await box.run("mkdir mine && chown nobody mine", user="root")
+                r = await box.run("touch mine/f && stat -c %U mine/f")
+                self.assertEqual((r.exit_code, r.stdout), (0, "nobody\n"), r.stderr)
+            r = await box.run(["sh", "-c", "id -u; id -g"], user="1234:100")
+            self.assertEqual(r.stdout.split(), ["1234", "100"], r.stderr)
+            self.assertEqual((await box.run(["id", "-u"], user=0)).stdout, "0\n")
+            try:
+                r = await box.run(["id"], user="no-such-user-x")
+                self.assertNotEqual(r.exit_code, 0)
+            except cowbox.WorkspaceNotFoundError as e:
+                self.assertIn("no-such-user-x", str(e))
+            self.assertEqual((await box.run(["true"])).exit_code, 0)
+            self.assertEqual(await box.read("shared/f"), b"hi\n")
+        self.run_with(body, user="nobody")
+        with self.assertRaises(cowbox.InvalidRequestError):
+            self.run_with(body, user="-x")
+
+    def test_close_from_elsewhere_ends_a_command_as_unavailable(self):
+        # BoxLite: a command that a stop or a deletion ended raises WorkspaceUnavailableError,
+        # not a plain exit 137.
+        async def body(box):
+            run = asyncio.ensure_future(box.run(["sh", "-c", "echo up > up.txt; sleep 60"]))
+            for _ in range(600):
+                try:
+                    if await box.read("up.txt") == b"up\n":
+                        break
+                except cowbox.WorkspaceNotFoundError:
+                    pass
+                await asyncio.sleep(0.05)
+            other = await cowbox.Sandbox.attach(box.ref, cowbox=cbtest.COWBOX, home=self.home)
+            t0 = time.monotonic()
+            await other.close()
+            with self.assertRaises(cowbox.WorkspaceUnavailableError):
+                await run
+            self.assertLess(time.monotonic() - t0, 30)
+            # the next use boots the workspace again
+            self.assertEqual((await box.run(["cat", "up.txt"])).stdout, "up\n")
+        self.arun(body)
+
+    async def read_soon(self, box, path, within=10.0):
+        """The bytes of path once it exists (None if it does not within the time)."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < within:
+            try:
+                return await box.read(path)
+            except cowbox.WorkspaceNotFoundError:
+                await asyncio.sleep(0.1)
+        return None
+
+    def test_background_jobs_outlive_their_command(self):
+        # BoxLite's Shell background jobs, Mistral's supports_background_processes: a job
+        # started with &, nohup or setsid runs on until the workspace closes, on every
+        # backend; the call still returns at most 2 s after the command exits, even while a
+        # job holds its output, and a job that keeps writing there is not killed by it.
+        ref = []
+
+        async def body(box):
+            ref.append(box.ref)
+            await box.run(["true"])  # boots the backend
+            t0 = time.monotonic()
+            await box.run(["true"])
+            alone = time.monotonic() - t0  # what a command costs here (docker exec: ~1 s)
+            t0 = time.monotonic()
+            r = await box.run(["sh", "-c", "(sleep 3; echo a > amp.txt; sleep 60) & "
+                               "nohup sh -c 'sleep 3; echo n > nohup.txt; sleep 60' "
+                               ">/dev/null 2>&1 & "
+                               "setsid sh -c 'sleep 3; echo s > setsid.txt; sleep 60' "
+                               "</dev/null >/dev/null 2>&1 & echo started"])
+            took = time.monotonic() - t0
+            self.assertEqual((r.exit_code, r.stdout, r.killed), (0, "started\n", False))
+            self.assertLess(took, alone + 2.5)
+            for name, data in (("amp.txt", b"a\n"), ("nohup.txt", b"n\n"),
+                               ("setsid.txt", b"s\n")):
+                self.assertEqual(await self.read_soon(box, name), data, name)
+            if self.OPTIONS.get("backend") != "docker":
+                # (docker exec closes the streams when its process exits: a job writing
+                # there later gets EPIPE; docs/protocol.md)
+                r = await box.run(["sh", "-c", "(for i in $(seq 40); do echo line $i; "
+                                   "echo err $i >&2; sleep 0.1; done; echo done > chatty.txt) & "
+                                   "echo started"])
+                self.assertEqual(r.stdout.splitlines()[0], "started")
+                self.assertEqual(await self.read_soon(box, "chatty.txt"), b"done\n")
+            # a job from an exec (streamed) is kept as well
+            p = await box.exec("while :; do date +%s%N > tick; sleep 0.1; done "
+                               ">/dev/null 2>&1 & echo up")
+            self.assertEqual(await p.stdout.read(), b"up\n")
+            self.assertEqual(await p.wait(), 0)
+            first = await self.read_soon(box, "tick")
+            await asyncio.sleep(0.6)
+            self.assertNotEqual(await box.read("tick"), first)
+        self.arun(body)
+
+        async def after(box):
+            # close ended them: the tick stands still
+            first = await box.read("tick")
+            await asyncio.sleep(0.6)
+            self.assertEqual(await box.read("tick"), first)
+        async def attached():
+            box = await cowbox.Sandbox.attach(ref[0], cowbox=cbtest.COWBOX, home=self.home)
+            try:
+                await after(box)
+            finally:
+                await box.close()
+        asyncio.run(attached())
+
+    def test_background_kill(self):
+        # background="kill" ends the jobs with their command; a command may ask otherwise.
+        async def body(box):
+            t0 = time.monotonic()
+            r = await box.run(["sh", "-c", "(sleep 3; echo late > late.txt) & "
+                               "setsid sh -c 'sleep 3; echo s > setsid.txt' "
+                               "</dev/null >/dev/null 2>&1 & echo started"])
+            self.assertEqual((r.exit_code, r.stdout), (0, "started\n"))
+            r = await box.run("(sleep 1; echo kept > kept.txt) >/dev/null 2>&1 &",
+                              background="keep")
+            self.assertEqual(r.exit_code, 0)
+            self.assertEqual(await self.read_soon(box, "kept.txt"), b"kept\n")
+            await asyncio.sleep(max(0, 4 - (time.monotonic() - t0)))
+            for name in ("late.txt", "setsid.txt"):
+                with self.assertRaises(cowbox.WorkspaceNotFoundError):
+                    await box.read(name)
+        self.run_with(body, background="kill")
+        with self.assertRaises(cowbox.InvalidRequestError):
+            self.run_with(body, background="detach")
+
+    def test_working_dir(self):
+        # BoxLite's working_dir: an absolute directory under the workspace, made if missing;
+        # commands start there and relative read/write paths resolve against it, while
+        # /workspace/... paths name the same files commands see there.
+        async def body(box):
+            self.assertTrue(box.workdir.endswith("/sub/dir"), box.workdir)
+            self.assertEqual((await box.run("pwd")).stdout.strip(), box.workdir)
+            for direct in (True, False):
+                box.direct_io = direct
+                await box.write("rel.txt", b"r%d" % direct)
+                self.assertEqual((await box.run(["cat", "rel.txt"])).stdout, "r%d" % direct)
+                self.assertEqual(await box.read("rel.txt"), b"r%d" % direct)
+                self.assertEqual(await box.read("/workspace/sub/dir/rel.txt"), b"r%d" % direct)
+                self.assertEqual(await box.read("/workspace/src/main.c"),
+                                 b"int main(void) { return 0; }\n")
+                await box.write("/workspace/abs.txt", b"a%d" % direct)
+                r = await box.run(["cat", "../../abs.txt"])
+                self.assertEqual(r.stdout, "a%d" % direct)
+                for bad in ("/etc/passwd", "/workspace/../etc/passwd", "../../../x"):
+                    with self.assertRaises(cowbox.InvalidPathError, msg=bad):
+                        await box.read(bad)
+        self.run_with(body, working_dir="/workspace/sub/dir")
+
+    def test_persistent_home(self):
+        # A home per workspace outside /workspace: git config --global and caches set by a
+        # hook or a command are there for the next (Mistral's GitIdentity hook), across a
+        # close, not in snapshots, and gone with the workspace.
+        if self.OPTIONS.get("backend") == "local":
+            self.skipTest("the local backend runs on the host with the host's HOME")
+        ref = []
+
+        async def body(box):
+            ref.append(box.ref)
+            self.assertEqual((await box.run("echo $HOME")).stdout, "/home/cowbox\n")
+            r = await box.run(git_set("email", "bot@acme.com") +
+                              " && mkdir -p ~/.cache/pip && echo x > ~/.cache/pip/marker")
+            self.assertEqual(r.exit_code, 0, r.stderr)
+            r = await box.run("grep -c -e 'Acme Bot' -e bot@acme.com ~/.gitconfig")
+            self.assertEqual(r.stdout, "2\n", r.stderr)
+            r = await box.run("touch ~/by-nobody && echo ok", user="nobody")
+            self.assertEqual(r.stdout, "ok\n", r.stderr)
+            snap = await box.snapshot()
+            self.assertFalse([p for p in snap if "gitconfig" in p or "marker" in p], snap)
+        self.run_with(body, on_create=[git_set("name", "Acme Bot")])
+
+        async def again():
+            box = await cowbox.Sandbox.attach(ref[0], cowbox=cbtest.COWBOX, home=self.home)
+            try:
+                r = await box.run("cat ~/.cache/pip/marker; grep -c 'Acme Bot' ~/.gitconfig")
+                self.assertEqual(r.stdout, "x\n1\n", r.stderr)
+            finally:
+                await box.close()
+            await cowbox.Sandbox.destroy(ref[0], cowbox=cbtest.COWBOX, home=self.home)
+        asyncio.run(again())
+        self.assertFalse(os.path.exists(os.path.join(self.home, "workspaces", ref[0])))
+
+    def test_volumes(self):
+        # BoxLite's volumes, LiteLLM's mounts: host directories bound in, read-only unless
+        # asked; nothing under COWBOX_HOME (the workspaces, their control sockets).
+        shared = os.path.join(self.tmp, "shared")
+        out = os.path.join(self.tmp, "out")
+        os.makedirs(shared)
+        os.makedirs(out)
+        os.chmod(out, 0o777)
+        with open(os.path.join(shared, "data.txt"), "w") as f:
+            f.write("from the host\n")
+        if self.OPTIONS.get("backend") == "local":
+            with self.assertRaises(cowbox.InvalidRequestError):
+                self.run_with(None, volumes=[(shared, "/data")])
+            return
+
+        async def body(box):
+            r = await box.run(["cat", "/data/data.txt"])
+            self.assertEqual(r.stdout, "from the host\n", r.stderr)
+            r = await box.run("echo x > /data/new.txt")
+            self.assertNotEqual(r.exit_code, 0)
+            r = await box.run("echo made > /mnt/out/made.txt")
+            self.assertEqual(r.exit_code, 0, r.stderr)
+        self.run_with(body, volumes=[(shared, "/data"), (out, "/mnt/out", "rw")])
+        with open(os.path.join(out, "made.txt")) as f:
+            self.assertEqual(f.read(), "made\n")
+        self.assertFalse(os.path.exists(os.path.join(shared, "new.txt")))
+        for bad in ([(self.home, "/h")], [(os.path.join(self.home, "workspaces"), "/w")],
+                    [(self.tmp, "/t")], [(shared, "/workspace/x")], [(shared, "rel")],
+                    [(shared, "/data", "rx")], [("/no/such/dir", "/x")]):
+            with self.assertRaises(cowbox.InvalidRequestError, msg=bad):
+                self.run_with(None, volumes=bad)
 
 
 class NsConformance(Conformance, cbtest.CowboxTestCase):

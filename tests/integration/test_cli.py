@@ -1,6 +1,7 @@
 """The workspace commands of the cowbox CLI: create, ls, info, rm, mount, umount, log, serve,
 with --json and --help, and the errors for refs and names cowbox did not make."""
 
+import base64
 import json
 import os
 import re
@@ -53,6 +54,54 @@ class TestCreate(CowboxTestCase):
                 self.assert_fails(args, pattern)
         wsroot = os.path.join(self.home, "workspaces")
         self.assertEqual(os.listdir(wsroot) if os.path.isdir(wsroot) else [], [])
+
+    def test_create_with_command_options(self):
+        # user, shell and background as `cowbox create` flags: kept in the workspace's
+        # options, followed by `cowbox exec` and by the daemon's API alike.
+        ref = self.cowbox("create", "--user", "nobody", "--shell", "bash",
+                          "--background", "kill").stdout.strip()
+        self.assertEqual(self.cowbox("exec", ref, "--", "id", "-un").stdout, "nobody\n")
+        self.assertEqual(self.cowbox("exec", ref, "--user", "0", "--", "id", "-u").stdout,
+                         "0\n")
+        self.assertEqual(self.cowbox("exec", ref, "--shell",
+                                     "echo ${BASH_VERSION:+bash}").stdout, "bash\n")
+        self.mount(ref)
+        c = self.client(ref)
+        opts = c.request("configure")["options"]
+        self.assertEqual((opts["user"], opts["shell"], opts["background"]),
+                         ("nobody", "bash", "kill"))
+        r = c.request("run", shell="id -un; echo ${BASH_VERSION:+bash}")
+        self.assertEqual(base64.b64decode(r["stdout"]), b"nobody\nbash\n")
+        r = c.request("run", cmd=["id", "-u"], user=0)
+        self.assertEqual(base64.b64decode(r["stdout"]), b"0\n")
+        for bad in (["--user", "-x"], ["--shell", "zsh"], ["--background", "maybe"]):
+            proc = self.cowbox("create", *bad, check=False)
+            self.assertEqual(proc.returncode, 2, (bad, proc.stderr))
+            self.assertIn(bad[1], proc.stderr)
+        self.assertEqual(self.cowbox("exec", ref, "--user", "-x", "--", "true",
+                                     check=False).returncode, 2)
+
+    def test_create_volume_and_the_home_in_cowbox_exec(self):
+        # --volume is kept like the API's volumes option; cowbox exec binds them and the
+        # workspace's persistent home as the daemon's commands get them.
+        shared = os.path.join(self.tmp, "shared")
+        os.makedirs(shared)
+        with open(os.path.join(shared, "in.txt"), "w") as f:
+            f.write("in\n")
+        ref = self.cowbox("create", "--volume", shared + ":/data").stdout.strip()
+        with open(os.path.join(self.ws_dir(ref), "backend.json")) as f:
+            opts = json.load(f)
+        self.assertEqual(opts["volumes"], [[shared, "/data", "ro"]])
+        self.assertEqual(self.cowbox("exec", ref, "--", "cat", "/data/in.txt").stdout, "in\n")
+        self.cowbox("exec", ref, "--", "sh", "-c", "echo kept > $HOME/note")
+        out = self.cowbox("exec", ref, "--", "sh", "-c", "echo $HOME; cat ~/note").stdout
+        self.assertEqual(out, "/home/cowbox\nkept\n")
+        self.assertNotEqual(self.cowbox("exec", ref, "--", "touch", "/data/x",
+                                        check=False).returncode, 0)
+        for bad in (shared, self.home + ":/h", shared + ":/workspace", shared + ":/d:rx"):
+            proc = self.cowbox("create", "--volume", bad, check=False)
+            self.assertNotEqual(proc.returncode, 0, bad)
+            self.assertIn("volume", proc.stderr)
 
     def test_duplicate_name_refused(self):
         ref = self.create(name="twin")

@@ -4,6 +4,7 @@ create/attach/destroy and the turn operations (diff, rollback, fork)."""
 import asyncio
 import base64
 import json
+import logging
 import os
 import re
 import signal as _signal
@@ -17,11 +18,14 @@ from .errors import (InvalidRequestError, WorkspaceError, WorkspaceNotFoundError
 CHUNK = 1 << 20  # bytes per read/write request; large files take several
 _REF = re.compile(r"^cb-[0-9a-f]{32}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+log = logging.getLogger("cowbox")
 
 
 @dataclass
 class CompletedRun:
-    """What run() returns: exit_code (124 timed out, 127 not found, 128+n signal n)."""
+    """What run() returns: exit_code (124 timed out, 127 not found, 128+n signal n), and
+    what ended it: signal (the signal that ended it, 0 if it exited), killed (a kill, or a
+    cancelled caller, ended it), oom_killed (the memory cap did, exit code 137)."""
 
     exit_code: int
     stdout: str
@@ -31,6 +35,9 @@ class CompletedRun:
     duration: float = 0.0
     stdout_bytes: bytes = field(default=b"", repr=False)
     stderr_bytes: bytes = field(default=b"", repr=False)
+    killed: bool = False
+    oom_killed: bool = False
+    signal: int = 0
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,9 @@ def _result(msg):
     err = base64.b64decode(msg.get("stderr", ""))
     return CompletedRun(msg["exit_code"], out.decode("utf-8", "replace"),
                         err.decode("utf-8", "replace"), bool(msg.get("timed_out")),
-                        bool(msg.get("output_limited")), msg.get("duration", 0.0), out, err)
+                        bool(msg.get("output_limited")), msg.get("duration", 0.0), out, err,
+                        bool(msg.get("killed")), bool(msg.get("oom_killed")),
+                        int(msg.get("signal") or 0))
 
 
 class _Stdin:
@@ -106,6 +115,9 @@ class Process:
         self.returncode = None
         self.timed_out = False
         self.output_limited = False
+        self.killed = False
+        self.oom_killed = False
+        self.signal = 0
 
     def _send(self, **msg):
         self._conn.send(dict(msg, id=self._id))
@@ -125,6 +137,9 @@ class Process:
             self.returncode = msg["exit_code"]
             self.timed_out = bool(msg.get("timed_out"))
             self.output_limited = bool(msg.get("output_limited"))
+            self.killed = bool(msg.get("killed"))
+            self.oom_killed = bool(msg.get("oom_killed"))
+            self.signal = int(msg.get("signal") or 0)
             self._done.set_result(self.returncode)
 
     @property
@@ -192,6 +207,7 @@ class Sandbox:
         # read/write go straight through the mount when this process sees it (same path
         # rules, no base64/JSON); COWBOX_DIRECT_IO=0 or direct_io = False forces the protocol.
         self.direct_io = os.environ.get("COWBOX_DIRECT_IO", "1") != "0"
+        self._working_dir = ""  # the option: where relative read/write paths start
 
     # --- lifecycle ---
 
@@ -200,11 +216,20 @@ class Sandbox:
                      timeout=None, network=None, cpus=None, memory_mb=None, pids=None,
                      disk_mb=None, disk_inodes=None, image=None,
                      on_create=(), on_destroy=(), setup_script=None, setup_timeout=None,
-                     privileged=False, cowbox=None, home=None):
+                     privileged=False, shell=None, user=None, background=None, volumes=None,
+                     cowbox=None, home=None):
         """A new workspace over base (a directory, or None for an empty one) with these
         backend options; the backend itself boots on first use. network is "none" (the
         default of ns and docker), "all" (outbound through user-mode networking, not the
         host's loopback) or "host" (the host's own namespace; what local always is).
+        shell is "sh" (the default) or "bash": what runs command strings and hooks. user
+        (ns, docker) runs commands as that user inside: a name, a uid, or "NAME:GROUP".
+        background "keep" (the default) lets jobs a command starts with &, nohup or setsid
+        run on until the workspace closes (the call still returns at most 2 s after the
+        command exits); "kill" ends them with the command. volumes (ns, docker) binds host
+        directories in: [(host_dir, sandbox_path, "ro" | "rw")], read-only unless asked;
+        none under COWBOX_HOME. Commands get HOME=/home/cowbox, the workspace's persistent
+        home (outside /workspace: snapshots do not cover it), removed with the workspace.
         privileged=True (ns only) runs commands as the host's uid 0 (no capabilities)
         instead of in a user namespace with the workspace's own id range: warned, see
         docs/security.md. Limits (docs/security.md#limits) default to timeout=600 s per
@@ -216,9 +241,13 @@ class Sandbox:
                            ("timeout", timeout),
                            ("cpus", cpus), ("memory_mb", memory_mb), ("pids", pids),
                            ("disk_mb", disk_mb), ("disk_inodes", disk_inodes), ("image", image),
-                           ("setup_script", setup_script), ("setup_timeout", setup_timeout)):
+                           ("setup_script", setup_script), ("setup_timeout", setup_timeout),
+                           ("shell", shell), ("user", user), ("background", background)):
             if value is not None:
                 options[key] = value
+        if volumes:
+            options["volumes"] = [[str(v[0]), str(v[1])] + ([str(v[2])] if len(v) > 2 else [])
+                                  for v in volumes]
         if privileged:
             import warnings
             warnings.warn("cowbox: privileged=True: commands run as the host's uid 0, not in "
@@ -232,6 +261,9 @@ class Sandbox:
         if rc != 0:
             raise WorkspaceError("cowbox create: " + err, code="invalid_request")
         box = cls(out.strip().splitlines()[-1], cowbox=cowbox, home=home)
+        # On record before its daemon boots (BoxLite logs the id before it starts), so a
+        # workspace left by a caller that died half-way can be found and destroyed.
+        log.info("Creating cowbox workspace %s", box.ref)
         try:
             box._apply_options((await box._request("configure", options=options))["options"])
         except BaseException:
@@ -250,9 +282,37 @@ class Sandbox:
         return box
 
     @classmethod
+    async def list(cls, *, cowbox=None, home=None):
+        """Every workspace of this COWBOX_HOME (BoxLite's list_info): a list of dicts with
+        ref, name, base, dir, mountpoint, state (mounted, unmounted, stale), pid (its
+        daemon's, 0 if none) and upper_bytes. A workspace left without a stored ref is
+        found here."""
+        tmp = cls.__new__(cls)
+        Sandbox.__init__(tmp, "cb-" + "0" * 32, cowbox=cowbox, home=home)
+        rc, out, err = await _cowbox(tmp.cowbox, tmp._env, "ls", "--json")
+        if rc != 0:
+            raise WorkspaceUnavailableError("cowbox ls: " + err)
+        return json.loads(out)
+
+    @classmethod
     async def destroy(cls, ref, *, cowbox=None, home=None):
         """Run the on_destroy hooks, remove the backend's resources and delete the
-        workspace; a workspace that is already gone returns quietly."""
+        workspace; a workspace that is already gone returns quietly. Once started, the
+        deletion finishes even if the caller is cancelled (the cancel comes after it)."""
+        _check_ref(ref)
+        task = asyncio.ensure_future(cls._destroy(ref, cowbox, home))
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                try:
+                    await task
+                except Exception:
+                    pass
+            raise
+
+    @classmethod
+    async def _destroy(cls, ref, cowbox, home):
         box = cls(ref, cowbox=cowbox, home=home)
         rc, _, err = await _cowbox(box.cowbox, box._env, "info", ref, "--json")
         if rc != 0:
@@ -296,6 +356,7 @@ class Sandbox:
     def _apply_options(self, opts):
         self.backend = opts["backend"]
         wd = opts.get("working_dir") or ""
+        self._working_dir = wd
         root = self.mountpoint if self.backend == "local" else "/workspace"
         self.workdir = root + ("/" + wd if wd else "")
 
@@ -338,7 +399,7 @@ class Sandbox:
     # --- the harness protocol ---
 
     @staticmethod
-    def _cmd_args(cmd, env, cwd, timeout):
+    def _cmd_args(cmd, env, cwd, timeout, user=None, background=None):
         if isinstance(cmd, str):
             args = {"shell": cmd}
         else:
@@ -349,15 +410,23 @@ class Sandbox:
             args["cwd"] = str(cwd)
         if timeout is not None:
             args["timeout"] = float(timeout)
+        if user is not None:
+            args["user"] = user if isinstance(user, int) else str(user)
+        if background is not None:
+            args["background"] = str(background)
         return args
 
-    async def exec(self, cmd, *, env=None, cwd=None, timeout=None):
-        """Start cmd (a list, or a string for /bin/sh -c); returns a Process at once."""
+    async def exec(self, cmd, *, env=None, cwd=None, timeout=None, user=None,
+                   background=None):
+        """Start cmd (a list, or a string for the workspace's shell -c); returns a Process
+        at once. user: this command's user (default: the workspace's). A Process ended by
+        a close or destroy from elsewhere raises WorkspaceUnavailableError from wait()."""
         for attempt in (0, 1):
             conn = await self._connect()
             proc = Process(conn)
             proc._id = conn.start("exec", proc._on_message, stdin=True,
-                                  **self._cmd_args(cmd, env, cwd, timeout))
+                                  **self._cmd_args(cmd, env, cwd, timeout, user,
+                                                   background))
             try:
                 await conn.drain(proc._id)
                 return proc
@@ -365,12 +434,16 @@ class Sandbox:
                 if attempt:
                     raise
 
-    async def run(self, cmd, *, env=None, cwd=None, timeout=None, input=None, strict=False):
+    async def run(self, cmd, *, env=None, cwd=None, timeout=None, input=None, strict=False,
+                  user=None, background=None):
         """Run cmd to completion. A timeout or the output cap shows in timed_out and
         output_limited; with strict=True they raise WorkspaceTimeoutError and
         WorkspaceOutputLimitError instead, the partial CompletedRun in .result. Cancelling
-        the caller (e.g. asyncio.wait_for) kills the command and everything it started."""
-        args = self._cmd_args(cmd, env, cwd, timeout)
+        the caller (e.g. asyncio.wait_for) kills the command and everything it started.
+        A command ended by a close or destroy from elsewhere (or a daemon that went away)
+        raises WorkspaceUnavailableError, its partial CompletedRun in .result when the
+        daemon sent one, rather than returning a plain exit 137."""
+        args = self._cmd_args(cmd, env, cwd, timeout, user, background)
         if input:
             args["stdin"] = base64.b64encode(input).decode()
         try:
@@ -378,6 +451,11 @@ class Sandbox:
         except WorkspaceError as e:
             if isinstance(e.result, dict):
                 e.result = _result(e.result)
+            if isinstance(e, WorkspaceUnavailableError) and self._conn:
+                # The daemon is stopping (or gone): its hang-up may not have reached us yet;
+                # the next call must boot the workspace again, not talk to a closing socket.
+                conn, self._conn = self._conn, None
+                await conn.close()
             raise
         return _result(msg)
 
@@ -390,10 +468,22 @@ class Sandbox:
         except (directio.Unsupported, PermissionError):
             return False, None
 
+    def _root_path(self, path):
+        """The root-relative path the daemon resolves path to (cb_backend_api_path): one
+        under /workspace as the sandbox sees it, a relative one under working_dir."""
+        path = str(path)
+        if path.startswith("/workspace/") and path[len("/workspace/"):].lstrip("/"):
+            return path[len("/workspace/"):].lstrip("/")
+        wd = getattr(self, "_working_dir", "")
+        if not path.startswith("/") and wd:
+            return wd + "/" + path
+        return path
+
     async def read(self, path):
-        """The bytes of path (relative to the workspace root), read in chunks."""
+        """The bytes of path, read in chunks: relative to working_dir (the root without
+        one), or absolute under /workspace as commands see it."""
         conn = await self._connect()
-        done, data = await self._direct(directio.read, path)
+        done, data = await self._direct(directio.read, self._root_path(path))
         if done:
             return data
         parts, offset = [], 0
@@ -406,11 +496,12 @@ class Sandbox:
                 return b"".join(parts)
 
     async def write(self, path, data):
-        """Replace path's content with data (parents made), sent in pipelined chunks."""
+        """Replace path's content with data (parents made), sent in pipelined chunks; path
+        as read() takes it."""
         if isinstance(data, str):
             data = data.encode()
         await self._connect()
-        if (await self._direct(directio.write, path, bytes(data)))[0]:
+        if (await self._direct(directio.write, self._root_path(path), bytes(data)))[0]:
             return
         # The first chunk truncates, so the rest must come after it; those are pipelined.
         await self._request("write", path=path, offset=0, data=base64.b64encode(

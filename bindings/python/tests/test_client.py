@@ -139,6 +139,73 @@ class ClientTest(cbtest.CowboxTestCase):
                     await box.write(bad, b"x")
         self.arun(go())
 
+    def test_what_ended_a_command(self):
+        # The result keeps what the protocol says ended the command: its signal, a kill, the
+        # memory cap; a destroy from elsewhere raises WorkspaceUnavailableError (BoxLite).
+        async def go():
+            box = await self.new_box(memory_mb=64)
+            r = await box.run(["sh", "-c", "kill -TERM $$"])
+            self.assertEqual((r.exit_code, r.signal, r.killed, r.oom_killed),
+                             (143, 15, False, False))
+            r = await box.run(["true"])
+            self.assertEqual((r.exit_code, r.signal, r.killed, r.oom_killed), (0, 0, False, False))
+            p = await box.exec(["sh", "-c", "echo up; sleep 30"])
+            self.assertEqual(await p.stdout.readline(), b"up\n")
+            p.kill()
+            self.assertEqual(await p.wait(), 137)
+            self.assertEqual((p.killed, p.signal, p.oom_killed), (True, 9, False))
+            r = await box.run(["sh", "-c", "x=$(head -c 300000000 /dev/zero | tr '\\0' a); "
+                               "echo ${#x}"], timeout=60)
+            self.assertEqual((r.exit_code, r.oom_killed), (137, True), r)
+            run = asyncio.ensure_future(box.run(["sh", "-c", "echo up > up.txt; sleep 60"]))
+            for _ in range(400):
+                if os.path.exists(os.path.join(box.mountpoint, "up.txt")):
+                    break
+                await asyncio.sleep(0.05)
+            await cowbox.Sandbox.destroy(box.ref, cowbox=cbtest.COWBOX, home=self.home)
+            with self.assertRaises(cowbox.WorkspaceUnavailableError):
+                await run
+            self.boxes.remove(box)
+        self.arun(go())
+
+    def test_list_logged_ref_and_a_destroy_that_finishes(self):
+        # BoxLite: the id is logged as the box starts being created, list_info() finds boxes
+        # left behind, and a deletion once started finishes even if its caller is cancelled.
+        async def go():
+            with self.assertLogs("cowbox", "INFO") as logs:
+                box = await self.new_box(name="listed")
+            self.assertIn(box.ref, "\n".join(logs.output))
+            rows = await cowbox.Sandbox.list(cowbox=cbtest.COWBOX, home=self.home)
+            row = [r for r in rows if r["ref"] == box.ref]
+            self.assertEqual(len(row), 1, rows)
+            self.assertEqual((row[0]["name"], row[0]["state"]), ("listed", "mounted"))
+            await box.run(["true"])
+            with self.assertRaises(asyncio.TimeoutError):
+                await asyncio.wait_for(cowbox.Sandbox.destroy(box.ref, cowbox=cbtest.COWBOX,
+                                                              home=self.home), 0.05)
+            self.boxes.remove(box)
+            await box.close()  # its connection: the daemon is gone with the workspace
+            rows = await cowbox.Sandbox.list(cowbox=cbtest.COWBOX, home=self.home)
+            self.assertNotIn(box.ref, [r["ref"] for r in rows])
+            self.assertFalse(os.path.exists(self.ws_dir(box.ref)))
+        self.arun(go())
+
+    def test_directories_are_invalid_requests(self):
+        # read of a directory raises InvalidRequestError, write to one is invalid_request, on
+        # the direct path through the mount and on the protocol's alike.
+        async def go():
+            box = await self.new_box()
+            for direct in (True, False):
+                box.direct_io = direct
+                with self.assertRaises(cowbox.InvalidRequestError) as cm:
+                    await box.read("src")
+                self.assertIn("src", str(cm.exception))
+                with self.assertRaises(cowbox.InvalidRequestError) as cm:
+                    await box.write("src", b"x")
+                self.assertEqual(cm.exception.code, "invalid_request")
+            self.assertEqual(await box.read("src/a.py"), b"x = 1\n")
+        self.arun(go())
+
     def test_daemon_crash_then_next_use_boots_it_again(self):
         async def go():
             box = await self.new_box()

@@ -1,4 +1,4 @@
-/* Unit tests of db/: migration, marks and their deduplication, group commit under many
+/* Unit tests of db/: migration, marks and their deduplication, marks from many
  * threads, durability across a kill -9 and the errors for bad files. */
 #include "config.h"
 

@@ -14,6 +14,7 @@
 
 #include "cowbox/backend.h"
 #include "cowbox/error.h"
+#include "cowbox/journal.h"
 #include "daemon.h"
 
 /* Why a spawner: a worker must hold no /dev/fuse fd and must be able to use malloc and
@@ -449,6 +450,12 @@ int cb_daemon_worker_call(struct cb_daemon *d, json_t *req, struct cb_daemon_con
 
 	if (result)
 		*result = NULL;
+	/* The worker reads journal rows from meta.db itself: every mark answered so far must be
+	 * a row there, not only a record in the daemon's mark log. */
+	if (d->db && (ret = cb_journal_fold(d->db))) {
+		json_decref(req);
+		return ret;
+	}
 	pthread_mutex_lock(&d->worker_lock);
 	ret = wproc_call(d, &d->worker, "turn worker", req, NULL, 0, conn, id, &res, NULL, NULL);
 	pthread_mutex_unlock(&d->worker_lock);

@@ -138,7 +138,7 @@ int cb_db_open(const char *path, struct cb_db **out)
 	db->path = strdup(path);
 	pthread_mutex_init(&db->sql_lock, NULL);
 	pthread_mutex_init(&db->queue_lock, NULL);
-	db->queue_tail = &db->queue_head;
+	db->log_fd = -1;
 	db->turn = 1;
 	if (!db->path) {
 		rc = cb_error_set(ENOMEM, "database %s: out of memory", path);

@@ -1,5 +1,5 @@
 /* db/ internals shared by its files (schema, journal, meta): the connection, its lock, the
- * cached statements and the group-commit queue. Only db/ includes this header. */
+ * cached statements and the mark log. Only db/ includes this header. */
 #ifndef COWBOX_DB_INTERNAL_H
 #define COWBOX_DB_INTERNAL_H
 
@@ -8,16 +8,6 @@
 #include <stddef.h>
 
 #include "cowbox/journal.h"
-
-/* A caller of cb_journal_mark waiting for its rows to be committed by the group leader. */
-struct cb_mark_waiter {
-	const struct cb_change *changes;
-	size_t n;
-	int done;
-	int rc;
-	struct cb_mark_waiter *next;
-	pthread_cond_t cond; /* signalled when done, or when it is to lead the next batch */
-};
 
 /* The set of (turn, path, kind) keys already committed in the open turn, so that a repeated
  * mark costs a hash lookup and no SQLite work. Open addressing, power-of-two size. */
@@ -39,19 +29,21 @@ struct cb_db {
 	sqlite3_stmt *st_meta_get;
 	sqlite3_stmt *st_meta_set;
 
-	/* Group commit: waiters queue under queue_lock; one leader at a time commits a batch. */
-	pthread_mutex_t queue_lock;
-	struct cb_mark_waiter *queue_head, **queue_tail;
-	int leader_active;
-	struct cb_mark_set marked; /* guarded by queue_lock */
-	long long turn;		   /* the open turn; guarded by queue_lock */
-	char batch_error[512];	   /* why the last failed batch failed, for its followers */
-	int dir_synced;		   /* the directory was fsynced once (cb_journal_sync) */
-	int reserve_held;	   /* "<path>-reserve" is allocated; only the leader touches it */
-	long long reserve_tried;   /* when it was last given back or taken (seconds) */
+	/* Marks: appended to the mark log (log_fd, owned under an exclusive flock) and folded
+	 * into SQLite in batches; a handle that cannot own the log commits each mark. */
+	pthread_mutex_t queue_lock; /* guards the fields below and every write to the log */
+	struct cb_mark_set marked;
+	long long turn;		 /* the open turn */
+	int log_fd;		 /* "<path>-marks", -1 while not owned */
+	size_t log_size;	 /* bytes in it, all whole records */
+	int log_synced;		 /* fdatasynced since the last fold: fold fsyncs the WAL first */
+	long long log_tried;	 /* when taking it last failed (seconds) */
+	int dir_synced;		 /* the directory was fsynced once (cb_journal_sync) */
+	int reserve_held;	 /* "<path>-reserve" is allocated */
+	long long reserve_tried; /* when it was last given back or taken (seconds) */
 
 	/* Counters for tests and benchmarks (guarded by queue_lock). */
-	unsigned long long stat_marks, stat_rows, stat_transactions;
+	unsigned long long stat_marks, stat_rows, stat_transactions, stat_dropped;
 };
 
 /* The ordered list of schema migrations (db/schema.c); entry i moves user_version i -> i+1. */
@@ -87,6 +79,24 @@ void cb_db_turns_bind_entry(sqlite3_stmt *s, int pathpos, int first, const struc
 
 /* Read columns path, type, mode, size, sha256, xxh3, target, pid, comm; strings borrowed. */
 void cb_db_turns_column_entry(sqlite3_stmt *s, struct cb_entry *e);
+
+/* The mark log's records (db/marklog.c). Encode one mark of turn into buf: its length, or 0
+ * when it does not fit (size >= cb_marklog_max_record() always fits a valid mark). */
+size_t cb_marklog_encode(const struct cb_change *c, long long turn, double time, char *buf,
+			 size_t size);
+size_t cb_marklog_max_record(void);
+
+/* Call fn (if not NULL) for each whole, valid record of buf in order; *valid gets the length
+ * of that prefix: a record that is cut short, fails its checksum or says nothing valid ends
+ * it, and nothing after it is ever returned. Returns fn's first non-zero value, else 0. */
+int cb_marklog_parse(const char *buf, size_t len, size_t *valid,
+		     int (*fn)(const struct cb_journal_row *row, void *arg), void *arg);
+
+/* The whole log file open on fd into *buf (malloc'd, NULL when empty); name is for errors. */
+int cb_marklog_read(int fd, const char *name, char **buf, size_t *len);
+
+/* fsync the WAL: every commit so far survives power loss (db/journal.c). */
+int cb_journal_sync_wal(struct cb_db *db);
 
 /* Set an error message from SQLite's last error on db, naming the file and the step. */
 int cb_db_error(struct cb_db *db, int rc, const char *what);

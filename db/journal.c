@@ -1,13 +1,15 @@
-/* The change journal: group-committed dirty marks (one transaction for the marks that pile up
- * while the previous one commits), a set that makes repeated marks free, and the readers. */
+/* The change journal: marks appended to a log and folded into SQLite in batches (a crash's
+ * marks at the next open), a set that makes repeated marks free, and the readers. */
 #include "config.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <time.h>
@@ -133,6 +135,155 @@ static void mark_clear(struct cb_mark_set *set)
 	memset(set, 0, sizeof(*set));
 }
 
+/* Mark logs at most this big are folded by the mark that finds it so (about 15,000 marks):
+ * the cost of one SQLite transaction spread over as many marks. */
+#define LOG_FOLD_BYTES (1 << 20)
+
+static double now_seconds(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void log_name(const struct cb_db *db, char *buf, size_t size)
+{
+	snprintf(buf, size, "%s-marks", db->path);
+}
+
+/* One row, inside a transaction the caller opened (sql_lock held). */
+static int journal_insert(struct cb_db *db, const struct cb_journal_row *r,
+			  unsigned long long *rows)
+{
+	sqlite3_stmt *st = db->st_insert;
+	int rc;
+
+	sqlite3_bind_int64(st, 1, r->turn);
+	sqlite3_bind_text(st, 2, r->path, -1, SQLITE_STATIC);
+	sqlite3_bind_int(st, 3, r->kind);
+	sqlite3_bind_int(st, 4, r->subtree != 0);
+	sqlite3_bind_double(st, 5, r->time);
+	sqlite3_bind_int64(st, 6, r->pid);
+	if (r->comm)
+		sqlite3_bind_text(st, 7, r->comm, -1, SQLITE_STATIC);
+	else
+		sqlite3_bind_null(st, 7);
+	rc = sqlite3_step(st);
+	sqlite3_reset(st);
+	sqlite3_clear_bindings(st);
+	if (rc != SQLITE_DONE)
+		return cb_db_error(db, rc, "record change");
+	*rows += (unsigned long long)sqlite3_changes(db->sql);
+	return 0;
+}
+
+struct fold_ctx {
+	struct cb_db *db;
+	unsigned long long rows;
+};
+
+static int fold_row(const struct cb_journal_row *r, void *arg)
+{
+	struct fold_ctx *f = arg;
+
+	return journal_insert(f->db, r, &f->rows);
+}
+
+/* The log on fd into the journal table in one transaction, then emptied. A tail that is no
+ * whole, valid record (a write torn by a crash, or damage) is reported and dropped, never
+ * applied. Called with queue_lock held (no mark is appended meanwhile) and the log's flock. */
+static int log_fold(struct cb_db *db, int fd)
+{
+	struct fold_ctx f = {db, 0};
+	char name[4200], *buf = NULL;
+	size_t len = 0, valid = 0;
+	int rc;
+
+	log_name(db, name, sizeof(name));
+	if ((rc = cb_marklog_read(fd, name, &buf, &len)) || len == 0)
+		goto out;
+	pthread_mutex_lock(&db->sql_lock);
+	rc = sqlite3_exec(db->sql, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+	if (rc != SQLITE_OK) {
+		rc = cb_db_error(db, rc, "begin journal transaction");
+	} else {
+		rc = cb_marklog_parse(buf, len, &valid, fold_row, &f);
+		if (!rc && sqlite3_exec(db->sql, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+			rc = cb_db_error(db, sqlite3_errcode(db->sql), "commit journal");
+		if (rc)
+			sqlite3_exec(db->sql, "ROLLBACK", NULL, NULL, NULL);
+	}
+	pthread_mutex_unlock(&db->sql_lock);
+	if (rc)
+		goto out;
+	db->stat_transactions++;
+	if (valid < len) {
+		fprintf(stderr,
+			"cowbox: journal log %s: dropped %zu bytes at offset %zu that are no whole "
+			"record (a write torn by a crash, or damage); the %zu bytes before are "
+			"kept\n",
+			name, len - valid, valid, valid);
+		db->stat_dropped += len - valid;
+	}
+	/* Marks made power-safe by an fsync stay so once only the WAL holds them. */
+	if (db->log_synced && (rc = cb_journal_sync_wal(db)))
+		goto out;
+	if (ftruncate(fd, 0) < 0) {
+		rc = cb_error_set(errno, "journal log %s: truncate: %s", name, strerror(errno));
+		goto out;
+	}
+	db->log_synced = 0;
+	if (fd == db->log_fd)
+		db->log_size = 0;
+out:
+	free(buf);
+	return rc;
+}
+
+/* Open the mark log and lock it; 1 if owned now, 0 if another live handle owns it (it folds
+ * it), else -errno. Whatever an earlier owner left (a crash) is folded first. */
+static int log_open(struct cb_db *db, int create, int *fd_out)
+{
+	char name[4200];
+	int fd, rc;
+
+	*fd_out = -1;
+	log_name(db, name, sizeof(name));
+	fd = open(name, O_RDWR | O_APPEND | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0), 0600);
+	if (fd < 0)
+		return errno == ENOENT && !create
+			   ? 0
+			   : cb_error_set(errno, "journal log %s: %s", name, strerror(errno));
+	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		rc = errno == EWOULDBLOCK
+			 ? 0
+			 : cb_error_set(errno, "journal log %s: lock: %s", name, strerror(errno));
+		close(fd);
+		return rc;
+	}
+	if ((rc = log_fold(db, fd))) {
+		close(fd);
+		return rc;
+	}
+	*fd_out = fd;
+	return 1;
+}
+
+/* A crash's marks reach the table when the workspace is next opened by anyone, so that every
+ * reader sees them; a live owner (the daemon) keeps the log, and folds it itself. */
+static int log_replay_at_open(struct cb_db *db)
+{
+	int fd, rc;
+
+	pthread_mutex_lock(&db->queue_lock);
+	rc = log_open(db, 0, &fd);
+	pthread_mutex_unlock(&db->queue_lock);
+	if (fd >= 0)
+		close(fd);
+	return rc < 0 ? rc : 0;
+}
+
 int cb_journal_init(struct cb_db *db)
 {
 	char *turn = NULL;
@@ -162,12 +313,25 @@ int cb_journal_init(struct cb_db *db)
 	free(turn);
 	if (db->turn < 1)
 		return cb_error_set(EILSEQ, "database %s: bad turn in meta", db->path);
+	if ((rc = log_replay_at_open(db)))
+		return rc;
 	db->reserve_held = reserve_take(db);
 	return 0;
 }
 
 void cb_journal_fini(struct cb_db *db)
 {
+	if (db->log_fd >= 0) {
+		pthread_mutex_lock(&db->queue_lock);
+		if (log_fold(db, db->log_fd))
+			fprintf(stderr,
+				"cowbox: %s (the marks stay in the log, folded at the "
+				"next open)\n",
+				cb_error_message());
+		pthread_mutex_unlock(&db->queue_lock);
+		close(db->log_fd);
+		db->log_fd = -1;
+	}
 	sqlite3_finalize(db->st_insert);
 	sqlite3_finalize(db->st_list_turn);
 	sqlite3_finalize(db->st_list_all);
@@ -175,70 +339,13 @@ void cb_journal_fini(struct cb_db *db)
 	mark_clear(&db->marked);
 }
 
-static double now_seconds(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/* One transaction for every waiter in the batch; the leader runs it without queue_lock so
- * that new marks keep queuing up for the next batch meanwhile. */
-static int journal_commit_batch(struct cb_db *db, struct cb_mark_waiter *batch, long long turn,
-				unsigned long long *rows)
-{
-	double t = now_seconds();
-	int rc;
-
-	pthread_mutex_lock(&db->sql_lock);
-	rc = sqlite3_exec(db->sql, "BEGIN IMMEDIATE", NULL, NULL, NULL);
-	if (rc != SQLITE_OK) {
-		rc = cb_db_error(db, rc, "begin journal transaction");
-		goto out;
-	}
-	for (struct cb_mark_waiter *w = batch; w; w = w->next) {
-		for (size_t i = 0; i < w->n; i++) {
-			const struct cb_change *c = &w->changes[i];
-			sqlite3_stmt *st = db->st_insert;
-
-			sqlite3_bind_int64(st, 1, turn);
-			sqlite3_bind_text(st, 2, c->path, -1, SQLITE_STATIC);
-			sqlite3_bind_int(st, 3, c->kind);
-			sqlite3_bind_int(st, 4, c->subtree != 0);
-			sqlite3_bind_double(st, 5, t);
-			sqlite3_bind_int64(st, 6, c->pid);
-			if (c->comm)
-				sqlite3_bind_text(st, 7, c->comm, -1, SQLITE_STATIC);
-			else
-				sqlite3_bind_null(st, 7);
-			rc = sqlite3_step(st);
-			sqlite3_reset(st);
-			sqlite3_clear_bindings(st);
-			if (rc != SQLITE_DONE) {
-				rc = cb_db_error(db, rc, "record change");
-				sqlite3_exec(db->sql, "ROLLBACK", NULL, NULL, NULL);
-				goto out;
-			}
-			*rows += (unsigned long long)sqlite3_changes(db->sql);
-		}
-	}
-	rc = sqlite3_exec(db->sql, "COMMIT", NULL, NULL, NULL);
-	if (rc != SQLITE_OK) {
-		rc = cb_db_error(db, rc, "commit journal");
-		sqlite3_exec(db->sql, "ROLLBACK", NULL, NULL, NULL);
-	}
-out:
-	pthread_mutex_unlock(&db->sql_lock);
-	return rc;
-}
-
 static int journal_validate(struct cb_db *db, const struct cb_change *changes, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
 		const char *p = changes[i].path;
 
-		if (!p || !*p || p[0] == '/' || !strcmp(p, ".") || !strcmp(p, ".."))
+		if (!p || !*p || p[0] == '/' || !strcmp(p, ".") || !strcmp(p, "..") ||
+		    strlen(p) >= PATH_MAX)
 			return cb_error_set(EINVAL, "database %s: bad journal path '%s'", db->path,
 					    p ? p : "(null)");
 		if (changes[i].kind < CB_CHANGE_CREATE || changes[i].kind > CB_CHANGE_RENAME_TO)
@@ -248,104 +355,186 @@ static int journal_validate(struct cb_db *db, const struct cb_change *changes, s
 	return 0;
 }
 
-/* 1 if a batch records a delete (unlink, rmdir, or a rename's source). */
-static int batch_deletes(const struct cb_mark_waiter *batch)
+/* 1 if the changes record a delete (unlink, rmdir, or a rename's source). */
+static int marks_delete(const struct cb_change *c, const size_t *fresh, size_t n)
 {
-	for (const struct cb_mark_waiter *w = batch; w; w = w->next)
-		for (size_t i = 0; i < w->n; i++)
-			if (w->changes[i].kind == CB_CHANGE_DELETE ||
-			    w->changes[i].kind == CB_CHANGE_RENAME_FROM)
-				return 1;
+	for (size_t i = 0; i < n; i++)
+		if (c[fresh[i]].kind == CB_CHANGE_DELETE ||
+		    c[fresh[i]].kind == CB_CHANGE_RENAME_FROM)
+			return 1;
 	return 0;
 }
 
-/* Leader/follower: whoever finds no leader commits everything queued (its own rows and any
- * others'), then wakes the batch. A caller returns only once its own rows are committed. */
-int cb_journal_mark(struct cb_db *db, const struct cb_change *changes, size_t n)
+/* The fresh marks as one write(2) to the log: all of them or, after a failure, none (a short
+ * write is cut off again, so the log stays whole records). queue_lock held. */
+static int log_append(struct cb_db *db, const struct cb_change *c, const size_t *fresh, size_t n,
+		      double t)
 {
-	struct cb_mark_waiter w = {changes, n, 0, 0, NULL, PTHREAD_COND_INITIALIZER};
-	int rc = journal_validate(db, changes, n);
-	size_t fresh = 0;
+	char stack[4096], *buf = stack, name[4200];
+	size_t len = 0, size = 0, done = 0;
+	int rc = 0;
 
-	if (rc || n == 0)
-		return rc;
-	pthread_mutex_lock(&db->queue_lock);
-	db->stat_marks += n;
-	for (size_t i = 0; i < n && !fresh; i++)
-		fresh += !mark_contains(&db->marked, changes[i].kind, changes[i].path);
-	if (!fresh)
-		goto out;
-	*db->queue_tail = &w;
-	db->queue_tail = &w.next;
-	while (!w.done) {
-		if (db->leader_active) {
-			/* Each waiter sleeps on its own condition: only its leader (done) or the
-			 * previous leader (you lead next) wakes it, no herd. */
-			pthread_cond_wait(&w.cond, &db->queue_lock);
+	for (size_t i = 0; i < n; i++)
+		size += cb_marklog_max_record();
+	if (size > sizeof(stack) && !(buf = malloc(size)))
+		return cb_error_set(ENOMEM, "journal log: out of memory");
+	for (size_t i = 0; i < n; i++)
+		len += cb_marklog_encode(&c[fresh[i]], db->turn, t, buf + len, size - len);
+	while (done < len) {
+		ssize_t w = write(db->log_fd, buf + done, len - done);
+
+		if (w < 0 && errno == EINTR)
 			continue;
+		if (w <= 0) {
+			rc = w < 0 ? -errno : -EIO;
+			break;
 		}
-		struct cb_mark_waiter *batch = db->queue_head;
-		long long turn = db->turn;
-		unsigned long long rows = 0;
-
-		db->leader_active = 1;
-		db->queue_head = NULL;
-		db->queue_tail = &db->queue_head;
-		pthread_mutex_unlock(&db->queue_lock);
-		int brc = journal_commit_batch(db, batch, turn, &rows);
-
-		/* Disk full: spend the reserve on a commit that records a delete (the agent
-		 * freeing space must be able to); anything else stays ENOSPC, so the reserve is
-		 * not eaten by the writes that filled the disk. Later, with room again, take it
-		 * back (at most once a second). */
-		if (brc == -ENOSPC && db->reserve_held && batch_deletes(batch)) {
-			reserve_release(db);
-			db->reserve_held = 0;
-			db->reserve_tried = time(NULL);
-			rows = 0;
-			brc = journal_commit_batch(db, batch, turn, &rows);
-		} else if (!brc && !db->reserve_held && time(NULL) != db->reserve_tried) {
-			db->reserve_tried = time(NULL);
-			db->reserve_held = reserve_take(db);
-		}
-		const char *msg = brc ? cb_error_message() : NULL;
-
-		pthread_mutex_lock(&db->queue_lock);
-		db->stat_transactions += !brc;
-		db->stat_rows += rows;
-		/* Each waiter's stack frame stays valid until it sees done under the lock. */
-		for (struct cb_mark_waiter *b = batch, *next; b; b = next) {
-			next = b->next;
-			if (!brc && turn == db->turn)
-				for (size_t i = 0; i < b->n; i++)
-					mark_add(&db->marked, b->changes[i].kind,
-						 b->changes[i].path);
-			b->rc = brc;
-			b->done = 1;
-			pthread_cond_signal(&b->cond);
-		}
-		if (brc)
-			snprintf(db->batch_error, sizeof(db->batch_error), "%s", msg);
-		db->leader_active = 0;
-		/* Marks that queued meanwhile are the next batch; its first waiter leads it. */
-		if (db->queue_head)
-			pthread_cond_signal(&db->queue_head->cond);
+		done += (size_t)w;
 	}
-	rc = w.rc;
-	if (rc)
-		cb_error_set(rc, "%s", db->batch_error);
-out:
-	pthread_mutex_unlock(&db->queue_lock);
-	pthread_cond_destroy(&w.cond);
+	if (rc) {
+		log_name(db, name, sizeof(name));
+		if (done && ftruncate(db->log_fd, (off_t)db->log_size) < 0)
+			fprintf(stderr, "cowbox: journal log %s: cut a failed write: %s\n", name,
+				strerror(errno));
+		rc = cb_error_set(-rc, "journal log %s: write: %s", name, strerror(-rc));
+	} else {
+		db->log_size += len;
+		db->stat_rows += n;
+	}
+	if (buf != stack)
+		free(buf);
 	return rc;
 }
 
-/* With synchronous=NORMAL a commit is in the WAL but not fsynced; fsyncing the WAL file
- * makes every commit so far survive power loss without checkpointing. The directory is
- * synced once per handle too, so that the WAL's own name survives. */
-int cb_journal_sync(struct cb_db *db)
+/* Without the log (another handle owns it): one transaction for the fresh marks. */
+static int journal_commit(struct cb_db *db, const struct cb_change *c, const size_t *fresh,
+			  size_t n, double t)
 {
-	char wal[4096], dir[4096];
+	unsigned long long rows = 0;
+	int rc;
+
+	pthread_mutex_lock(&db->sql_lock);
+	rc = sqlite3_exec(db->sql, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+	if (rc != SQLITE_OK) {
+		rc = cb_db_error(db, rc, "begin journal transaction");
+		goto out;
+	}
+	for (size_t i = 0; i < n && !rc; i++) {
+		struct cb_journal_row r = {.turn = db->turn,
+					   .path = c[fresh[i]].path,
+					   .kind = c[fresh[i]].kind,
+					   .subtree = c[fresh[i]].subtree,
+					   .time = t,
+					   .pid = c[fresh[i]].pid,
+					   .comm = c[fresh[i]].comm};
+
+		rc = journal_insert(db, &r, &rows);
+	}
+	if (!rc && sqlite3_exec(db->sql, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+		rc = cb_db_error(db, sqlite3_errcode(db->sql), "commit journal");
+	if (rc)
+		sqlite3_exec(db->sql, "ROLLBACK", NULL, NULL, NULL);
+	else
+		db->stat_transactions++, db->stat_rows += rows;
+out:
+	pthread_mutex_unlock(&db->sql_lock);
+	return rc;
+}
+
+/* To the log when this handle owns it (taking it when free, retried at most once a second),
+ * else straight to SQLite. queue_lock held. */
+static int journal_record(struct cb_db *db, const struct cb_change *c, const size_t *fresh,
+			  size_t n)
+{
+	double t = now_seconds();
+	int fd;
+
+	if (db->log_fd < 0 && db->log_tried != (long long)time(NULL)) {
+		int got = log_open(db, 1, &fd);
+
+		if (got < 0)
+			fprintf(stderr, "cowbox: %s (marks are committed one by one)\n",
+				cb_error_message());
+		if (got == 1) {
+			db->log_fd = fd;
+			db->log_size = 0;
+			/* the log's name may be new */
+			__atomic_store_n(&db->dir_synced, 0, __ATOMIC_RELEASE);
+		} else {
+			db->log_tried = (long long)time(NULL);
+		}
+	}
+	if (db->log_fd >= 0)
+		return log_append(db, c, fresh, n, t);
+	return journal_commit(db, c, fresh, n, t);
+}
+
+/* A mark is answered once its record is in the log (the page cache keeps it across a kill
+ * -9 of this process); the table gets it at the next fold. */
+int cb_journal_mark(struct cb_db *db, const struct cb_change *changes, size_t n)
+{
+	size_t stack[16], *fresh = stack, nf = 0;
+	int rc = journal_validate(db, changes, n);
+
+	if (rc || n == 0)
+		return rc;
+	if (n > 16 && !(fresh = malloc(n * sizeof(*fresh))))
+		return cb_error_set(ENOMEM, "journal: out of memory");
+	pthread_mutex_lock(&db->queue_lock);
+	db->stat_marks += n;
+	for (size_t i = 0; i < n; i++)
+		if (!mark_contains(&db->marked, changes[i].kind, changes[i].path))
+			fresh[nf++] = i;
+	if (!nf)
+		goto out;
+	rc = journal_record(db, changes, fresh, nf);
+	/* Disk full: spend the reserve on marks that record a delete (the agent freeing space
+	 * must be able to); anything else stays ENOSPC, so the reserve is not eaten by the
+	 * writes that filled the disk. Later, with room again, take it back (at most once a
+	 * second). */
+	if (rc == -ENOSPC && db->reserve_held && marks_delete(changes, fresh, nf)) {
+		reserve_release(db);
+		db->reserve_held = 0;
+		db->reserve_tried = time(NULL);
+		rc = journal_record(db, changes, fresh, nf);
+	} else if (!rc && !db->reserve_held && time(NULL) != db->reserve_tried) {
+		db->reserve_tried = time(NULL);
+		db->reserve_held = reserve_take(db);
+	}
+	if (rc)
+		goto out;
+	for (size_t i = 0; i < nf; i++)
+		mark_add(&db->marked, changes[fresh[i]].kind, changes[fresh[i]].path);
+	/* The marks are safe in the log whatever the fold does: it is retried later. */
+	if (db->log_fd >= 0 && db->log_size >= LOG_FOLD_BYTES) {
+		if (log_fold(db, db->log_fd))
+			fprintf(stderr, "cowbox: %s (retried at the next fold)\n",
+				cb_error_message());
+	}
+out:
+	pthread_mutex_unlock(&db->queue_lock);
+	if (fresh != stack)
+		free(fresh);
+	return rc;
+}
+
+/* See journal.h. */
+int cb_journal_fold(struct cb_db *db)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&db->queue_lock);
+	if (db->log_fd >= 0 && db->log_size)
+		rc = log_fold(db, db->log_fd);
+	pthread_mutex_unlock(&db->queue_lock);
+	return rc;
+}
+
+/* See db.h. With synchronous=NORMAL a commit is in the WAL but not fsynced; fsyncing the WAL
+ * makes every commit so far survive power loss without checkpointing. */
+int cb_journal_sync_wal(struct cb_db *db)
+{
+	char wal[4200];
 	int fd, rc = 0;
 
 	snprintf(wal, sizeof(wal), "%s-wal", db->path);
@@ -356,7 +545,29 @@ int cb_journal_sync(struct cb_db *db)
 	if (fsync(fd) < 0)
 		rc = cb_error_set(errno, "fsync %s: %s", wal, strerror(errno));
 	close(fd);
-	if (rc || __atomic_load_n(&db->dir_synced, __ATOMIC_ACQUIRE))
+	return rc;
+}
+
+/* The log's marks and the WAL's commits, then (once per handle, or when the log was created)
+ * the directory, so that both names survive too. */
+int cb_journal_sync(struct cb_db *db)
+{
+	char dir[4096];
+	int fd, rc;
+
+	pthread_mutex_lock(&db->queue_lock);
+	fd = db->log_fd;
+	if (fd >= 0)
+		db->log_synced = 1; /* a fold from now on keeps the WAL as safe as the log */
+	pthread_mutex_unlock(&db->queue_lock);
+	/* The fd stays open until cb_db_close, which no one calls during a sync. */
+	if (fd >= 0 && fdatasync(fd) < 0) {
+		char name[4200];
+
+		log_name(db, name, sizeof(name));
+		return cb_error_set(errno, "fdatasync %s: %s", name, strerror(errno));
+	}
+	if ((rc = cb_journal_sync_wal(db)) || __atomic_load_n(&db->dir_synced, __ATOMIC_ACQUIRE))
 		return rc;
 	snprintf(dir, sizeof(dir), "%s", db->path);
 	char *slash = strrchr(dir, '/');
@@ -406,8 +617,8 @@ void cb_journal_stats(struct cb_db *db, unsigned long long *marks, unsigned long
 }
 
 /* The statement stays locked for the whole walk, so fn must not call back into this db. */
-int cb_journal_list(struct cb_db *db, long long turn,
-		    int (*fn)(const struct cb_journal_row *row, void *arg), void *arg)
+static int journal_list_sql(struct cb_db *db, long long turn,
+			    int (*fn)(const struct cb_journal_row *row, void *arg), void *arg)
 {
 	sqlite3_stmt *st = turn > 0 ? db->st_list_turn : db->st_list_all;
 	int rc;
@@ -438,6 +649,81 @@ out:
 	sqlite3_reset(st);
 	sqlite3_clear_bindings(st);
 	pthread_mutex_unlock(&db->sql_lock);
+	return rc;
+}
+
+/* Another process owns the log (a live daemon): its marks not folded yet are read from the
+ * log, after the table's rows, each once. The log is read first: a fold that empties it
+ * meanwhile has put its rows in the table before. */
+struct list_merge {
+	long long turn, max_id;
+	struct cb_mark_set seen; /* "<turn>/<path>" under kind */
+	int (*fn)(const struct cb_journal_row *row, void *arg);
+	void *arg;
+};
+
+static int merge_key(char *buf, size_t size, const struct cb_journal_row *r)
+{
+	return snprintf(buf, size, "%lld/%s", r->turn, r->path) < (int)size ? 0 : -1;
+}
+
+static int merge_sql_row(const struct cb_journal_row *r, void *arg)
+{
+	struct list_merge *m = arg;
+	char key[PATH_MAX + 32];
+
+	if (r->id > m->max_id)
+		m->max_id = r->id;
+	if (!merge_key(key, sizeof(key), r))
+		mark_add(&m->seen, r->kind, key);
+	return m->fn(r, m->arg);
+}
+
+static int merge_log_row(const struct cb_journal_row *r, void *arg)
+{
+	struct list_merge *m = arg;
+	struct cb_journal_row row = *r;
+	char key[PATH_MAX + 32];
+
+	if ((m->turn > 0 && r->turn != m->turn) || merge_key(key, sizeof(key), r) ||
+	    mark_contains(&m->seen, r->kind, key))
+		return 0;
+	mark_add(&m->seen, r->kind, key);
+	row.id = ++m->max_id;
+	return m->fn(&row, m->arg);
+}
+
+int cb_journal_list(struct cb_db *db, long long turn,
+		    int (*fn)(const struct cb_journal_row *row, void *arg), void *arg)
+{
+	struct list_merge m = {.turn = turn, .fn = fn, .arg = arg};
+	char name[4200], *buf = NULL;
+	size_t len = 0, valid;
+	int rc, fd, owned;
+
+	pthread_mutex_lock(&db->queue_lock);
+	owned = db->log_fd >= 0;
+	pthread_mutex_unlock(&db->queue_lock);
+	if (owned) {
+		if ((rc = cb_journal_fold(db)))
+			return rc;
+		return journal_list_sql(db, turn, fn, arg);
+	}
+	log_name(db, name, sizeof(name));
+	fd = open(name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0 && errno != ENOENT)
+		return cb_error_set(errno, "journal log %s: %s", name, strerror(errno));
+	if (fd >= 0) {
+		rc = cb_marklog_read(fd, name, &buf, &len);
+		close(fd);
+		if (rc)
+			return rc;
+	}
+	rc = journal_list_sql(db, turn, merge_sql_row, &m);
+	if (!rc && len)
+		rc = cb_marklog_parse(buf, len, &valid, merge_log_row, &m);
+	mark_clear(&m.seen);
+	free(buf);
 	return rc;
 }
 

@@ -1,6 +1,6 @@
 # db layer: SQLite schema, migrations and the change journal (the only SQL in cowbox).
 noinst_LTLIBRARIES += db/libcb_db.la
-db_libcb_db_la_SOURCES = db/db.h db/db.c db/schema.c db/journal.c
+db_libcb_db_la_SOURCES = db/db.h db/db.c db/schema.c db/journal.c db/marklog.c
 COWBOX_LAYERS += db/libcb_db.la
 pkginclude_HEADERS += include/cowbox/journal.h
 
@@ -9,6 +9,12 @@ TESTS += db/test_journal
 db_test_journal_SOURCES = db/test_journal.c
 db_test_journal_CFLAGS = $(CRITERION_TEST_CFLAGS)
 db_test_journal_LDADD = db/libcb_db.la util/libcb_util.la $(SQLITE3_LIBS) $(CRITERION_TEST_LIBS)
+
+check_PROGRAMS += db/test_marklog
+TESTS += db/test_marklog
+db_test_marklog_SOURCES = db/test_marklog.c
+db_test_marklog_CFLAGS = $(CRITERION_TEST_CFLAGS)
+db_test_marklog_LDADD = db/libcb_db.la util/libcb_util.la $(SQLITE3_LIBS) $(CRITERION_TEST_LIBS)
 
 # turns: the turn store (turns, deltas, the map, the base hash cache) (issue 3)
 db_libcb_db_la_SOURCES += db/turns.c db/turn_entry.c db/turn_scratch.c

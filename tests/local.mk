@@ -1,6 +1,7 @@
 # Tests: unit tests (criterion) live beside the layer they test in its local.mk;
 # the integration tests below drive the built ./cowbox binary over real mounts.
 TESTS += tests/integration/test_cli.py tests/integration/test_journal.py \
+	tests/integration/test_marklog.py \
 	tests/integration/test_daemon.py
 EXTRA_DIST += tests/integration/cbtest.py
 TESTS += tests/integration/test_turns.py tests/integration/test_turns_property.py \

@@ -290,13 +290,14 @@ static char *rebuild_name(const char *ref)
 /* Move meta.db (and its -wal, -shm) aside as meta.db.damaged-<time>: never deleted. */
 static int rebuild_move_aside(const char *db_path, char **kept)
 {
-	static const char *const sfx[] = {"", "-wal", "-shm"};
+	/* The mark log goes too: its records belong to the damaged file's turns. */
+	static const char *const sfx[] = {"", "-wal", "-shm", "-marks"};
 	char *from = NULL, *to = NULL;
 	long long now = (long long)time(NULL);
 	int ret = 0;
 
 	*kept = NULL;
-	for (size_t i = 0; i < 3 && !ret; i++) {
+	for (size_t i = 0; i < sizeof(sfx) / sizeof(sfx[0]) && !ret; i++) {
 		if ((ret = ws_pathf(&from, "%s%s", db_path, sfx[i])) ||
 		    (ret = ws_pathf(&to, "%s.damaged-%lld%s", db_path, now, sfx[i])))
 			break;

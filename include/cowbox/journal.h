@@ -48,20 +48,28 @@ int cb_db_open(const char *path, struct cb_db **out);
 /* Flush and close; NULL is accepted. */
 void cb_db_close(struct cb_db *db);
 
-/* Record changes durably: when this returns 0 the rows survive a kill -9 of the process
- * (committed to the WAL). Concurrent callers from many threads are batched into one
- * transaction (group commit). A (turn, path, kind) already recorded is not recorded again. */
+/* Record changes durably: when this returns 0 they survive a kill -9 of the process (a
+ * record in the mark log "<db>-marks", in the page cache; or, when another handle owns the
+ * log, a commit to the WAL). The log is folded into the journal table in batches, at
+ * cb_journal_fold and cb_db_close, and at the next cb_db_open after a crash. A (turn, path,
+ * kind) already recorded is not recorded again. */
 int cb_journal_mark(struct cb_db *db, const struct cb_change *changes, size_t n);
 
-/* Make everything recorded so far durable against power loss too (fsync of the WAL); the
- * filesystem calls it when a program fsyncs and at unmount. */
+/* Fold the mark log into the journal table now: when it returns 0 every mark recorded so far
+ * is a row that any connection to the database reads. Whoever reads the table through
+ * another connection (the turn worker) must have the log's owner call this first. */
+int cb_journal_fold(struct cb_db *db);
+
+/* Make everything recorded so far durable against power loss too (fdatasync of the mark log,
+ * fsync of the WAL); the filesystem calls it when a program fsyncs and at unmount. */
 int cb_journal_sync(struct cb_db *db);
 
 /* The turn that new changes belong to (1 before the first snapshot). */
 long long cb_journal_turn(struct cb_db *db);
 
-/* Call fn for each row of the given turn (turn <= 0: every turn), oldest first. fn returns 0
- * to go on; a non-zero value stops the walk and is returned. */
+/* Call fn for each row of the given turn (turn <= 0: every turn), oldest first; the marks
+ * still in the log are rows too (folded first, or read from the log of a live owner). fn
+ * returns 0 to go on; a non-zero value stops the walk and is returned. */
 int cb_journal_list(struct cb_db *db, long long turn,
 		    int (*fn)(const struct cb_journal_row *row, void *arg), void *arg);
 
@@ -72,8 +80,8 @@ int cb_db_meta_get(struct cb_db *db, const char *key, char **value);
 /* Set a key of the workspace's metadata, committed before it returns. */
 int cb_db_meta_set(struct cb_db *db, const char *key, const char *value);
 
-/* Counters since this handle was opened: marks asked for, rows inserted, transactions
- * committed (fewer than rows when group commit batches concurrent marks). */
+/* Counters since this handle was opened: marks asked for, rows recorded (log records, or rows
+ * committed without the log), SQLite transactions (folds of the log, or commits without it). */
 void cb_journal_stats(struct cb_db *db, unsigned long long *marks, unsigned long long *rows,
 		      unsigned long long *transactions);
 

@@ -363,7 +363,10 @@ class TurnsTest(CowboxTestCase):
                     pass
             return sorted(t for t in targets if not t.startswith(("pipe:", "anon_inode:")))
 
+        # the journal's mark log is opened at the daemon's first mark and kept: one fd
+        self.write("first.txt", "marked\n")
         before = fds()
+        self.assertEqual(sum(t.endswith("/meta.db-marks") for t in before), 1, before)
         for i in range(3):
             self.write("src/a.c", "round %d\n" % i)
             os.symlink("x", self.path("l%d" % i))

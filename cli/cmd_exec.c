@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "cowbox/access.h"
 #include "cowbox/backend.h"
 #include "cowbox/client.h"
 #include "cowbox/error.h"
@@ -258,6 +259,14 @@ static int sandbox_setup(const struct exec_opts *o, const char *ref, int shell_m
 	if (!o->dir && ((rc = cb_ws_path(ref, NULL, &wsdir)) < 0 ||
 			(rc = cb_backend_options_load(wsdir, &bo)) < 0))
 		goto out;
+	/* A command is what access full alone allows (cowbox/access.h). */
+	if (!o->dir && (rc = cb_ws_access_load(wsdir)) < CB_ACCESS_FULL) {
+		if (rc >= 0)
+			rc = cb_error_set(EACCES, "%s serves at most access %s: commands need full",
+					  ref, cb_access_name(rc));
+		goto out;
+	}
+	rc = 0;
 	kind = bo.kind; /* this CLI runs ns or local, whatever the workspace's API uses */
 	bo.kind = NULL;
 	cb_backend_limits_of(&bo, lim);

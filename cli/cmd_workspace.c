@@ -9,6 +9,7 @@
 
 #include "cmd_common.h"
 #include "commands.h"
+#include "cowbox/access.h"
 #include "cowbox/error.h"
 #include "cowbox/turns.h"
 #include "cowbox/backend.h"
@@ -16,22 +17,32 @@
 #include "cowbox/workspace.h"
 
 static const char create_usage[] =
-    "usage: cowbox create [--base DIR] [--name NAME] [--disk-mb N] [--disk-inodes N] [--json]\n"
+    "usage: cowbox create [--base DIR] [--name NAME] [--disk-mb N] [--disk-inodes N]\n"
+    "                     [--access none|files|full] [--json]\n"
     "Create a workspace over the read-only directory DIR (none: an empty workspace) and\n"
     "print its ref (cb- and 32 hex digits). NAME is an optional unique alias.\n"
     "--disk-mb and --disk-inodes set the quota of the workspace's changes (its upper layer;\n"
-    "default 10240 MiB and 1000000 inodes, 0: none): past it, writes fail with ENOSPC.\n";
+    "default 10240 MiB and 1000000 inodes, 0: none): past it, writes fail with ENOSPC.\n"
+    "--access is the widest level it serves (default full): files allows read, write and\n"
+    "the turn operations but no command; none only what its owner uses (info, snapshot,\n"
+    "diff, turns, close). A connection may lower its own level, never raise it.\n";
 
-/* --disk-mb / --disk-inodes: kept in the workspace's backend options (0 there: none). */
-static int create_quota(const char *ref, long long mb, long long inodes)
+/* --disk-mb / --disk-inodes: kept in the workspace's backend options (0 there: none); and
+ * --access (level >= 0), the widest level it serves. */
+static int create_quota(const char *ref, long long mb, long long inodes, int level)
 {
 	struct cb_backend_options bo;
 	char *dir = NULL;
 	int rc;
 
-	if (mb < 0 && inodes < 0)
+	if (mb < 0 && inodes < 0 && level < 0)
 		return 0;
-	if ((rc = cb_ws_path(ref, NULL, &dir)) < 0 || (rc = cb_backend_options_load(dir, &bo)) < 0)
+	if ((rc = cb_ws_path(ref, NULL, &dir)) < 0 ||
+	    (level >= 0 && (rc = cb_ws_access_save(dir, level)) < 0))
+		goto out;
+	if (mb < 0 && inodes < 0)
+		goto out;
+	if ((rc = cb_backend_options_load(dir, &bo)) < 0)
 		goto out;
 	if (mb >= 0)
 		bo.disk_mb = mb ? (unsigned long)mb : CB_BACKEND_NO_LIMIT;
@@ -63,10 +74,12 @@ int cmd_create(int argc, char **argv)
 	    {"name", required_argument, NULL, 'n'},
 	    {"disk-mb", required_argument, NULL, 'D'},
 	    {"disk-inodes", required_argument, NULL, 'I'},
+	    {"access", required_argument, NULL, 'A'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct cli_common common = {0};
 	const char *base = NULL, *name = NULL;
+	int level = -1;
 	char ref[CB_WS_REF_LEN + 1];
 	long long disk_mb = -1, disk_inodes = -1;
 	int c, status;
@@ -80,6 +93,8 @@ int cmd_create(int argc, char **argv)
 			return CLI_USAGE;
 		else if (c == 'n')
 			name = optarg;
+		else if (c == 'A' && (level = cb_access_parse(optarg)) < 0)
+			return cli_usage_error(create_usage, "--access: %s", cb_error_message());
 	}
 	if (c < 0)
 		return status;
@@ -88,7 +103,7 @@ int cmd_create(int argc, char **argv)
 				       argv[optind]);
 	if (cb_ws_create(base, name, stderr, ref))
 		return cli_fail("create", NULL);
-	if (create_quota(ref, disk_mb, disk_inodes) < 0) {
+	if (create_quota(ref, disk_mb, disk_inodes, level) < 0) {
 		int st = cli_fail("create", NULL);
 
 		cb_ws_remove(ref);

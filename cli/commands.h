@@ -21,6 +21,7 @@ int cmd_mount(int argc, char **argv); /* cli/cmd_mount.c */
 int cmd_umount(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_log(int argc, char **argv);
+int cmd_access(int argc, char **argv); /* cli/cmd_access.c */
 
 /* Exec (cli/cmd_exec.c). */
 int cmd_exec(int argc, char **argv);

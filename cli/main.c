@@ -18,6 +18,7 @@ const struct cli_command cli_commands[] = {
     {"rm", cmd_rm, "unmount and delete a workspace"},
     {"log", cmd_log, "show the journal of changes"},
     {"serve", cmd_serve, "run a workspace daemon (what mount starts)"},
+    {"access", cmd_access, "show or lower the widest access level a workspace serves"},
     /* exec */
     {"exec", cmd_exec, "run a command in a workspace, isolated (namespace sandbox)"},
     {"shell", cmd_shell, "an interactive shell in a workspace's sandbox"},

@@ -74,7 +74,7 @@ int cb_client_code_errno(const char *code)
 	} map[] = {
 	    {"not_found", ENOENT},	 {"invalid_path", EINVAL}, {"in_use", EBUSY},
 	    {"unavailable", EAGAIN},	 {"timeout", ETIMEDOUT},   {"output_limit", EFBIG},
-	    {"invalid_request", EPROTO},
+	    {"invalid_request", EPROTO}, {"access_denied", EACCES},
 	};
 
 	for (size_t i = 0; code && i < sizeof(map) / sizeof(map[0]); i++)

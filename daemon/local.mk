@@ -3,7 +3,8 @@ noinst_LTLIBRARIES += daemon/libcb_daemon.la
 daemon_libcb_daemon_la_SOURCES = daemon/daemon.h daemon/daemon.c daemon/conn.c \
 	daemon/reaper.c daemon/ops.c daemon/ops_core.c daemon/client.c \
 	daemon/worker.c daemon/workproc.c
-daemon_libcb_daemon_la_SOURCES += daemon/basehash.c daemon/basewatch.c
+daemon_libcb_daemon_la_SOURCES += daemon/basehash.c daemon/basewatch.c daemon/access.c \
+	daemon/idle.c
 COWBOX_LAYERS += daemon/libcb_daemon.la
 pkginclude_HEADERS += include/cowbox/client.h
 

@@ -25,6 +25,7 @@ extern "C" {
  *   unavailable       EAGAIN      the daemon or backend cannot start or went away
  *   timeout           ETIMEDOUT   a strict run timed out; a hook or setup script did
  *   output_limit      EFBIG       a strict run passed its output cap
+ *   access_denied     EACCES      an op above the box's access level (cowbox/access.h)
  *   invalid_request   EPROTO      bad options or arguments (also local checks: EINVAL
  *                                 before anything was sent reports invalid_request, and
  *                                 ENOTDIR for a base that is not a directory)
@@ -64,6 +65,8 @@ struct cb_box_options {
 	const char *const *on_destroy; /* shell commands run by cb_box_destroy */
 	const char *setup_script;      /* shell, once after on_create */
 	double setup_timeout;	       /* > 0: its seconds (default 600) */
+	const char *access;	       /* the widest level it serves: "none", "files" or
+					* NULL/"full" (cowbox/access.h) */
 };
 
 /* Per command; a NULL options pointer means all defaults. */

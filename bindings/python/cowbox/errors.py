@@ -56,11 +56,18 @@ class InvalidRequestError(WorkspaceError, ValueError):
     code = "invalid_request"
 
 
+class AccessDeniedError(WorkspaceError, PermissionError):
+    """access_denied: the op needs a wider access level than the sandbox has (none < files <
+    full), or a wider level was asked than the workspace serves."""
+
+    code = "access_denied"
+
+
 _BY_CODE = {
     cls.code: cls
     for cls in (WorkspaceNotFoundError, InvalidPathError, WorkspaceInUseError,
                 WorkspaceUnavailableError, WorkspaceTimeoutError, WorkspaceOutputLimitError,
-                InvalidRequestError)
+                InvalidRequestError, AccessDeniedError)
 }
 
 

@@ -11,12 +11,18 @@ from dataclasses import dataclass, field
 
 from . import directio
 from .connection import Connection, SendFailed, request_sync
-from .errors import (InvalidRequestError, WorkspaceError, WorkspaceNotFoundError,
+from .errors import (AccessDeniedError, InvalidRequestError, WorkspaceError, WorkspaceNotFoundError,
                      WorkspaceUnavailableError, error_from_reply)
 
 CHUNK = 1 << 20  # bytes per read/write request; large files take several
 _REF = re.compile(r"^cb-[0-9a-f]{32}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+ACCESS_LEVELS = ("none", "files", "full")  # narrowest first
+
+
+def _check_access(access):
+    if access is not None and access not in ACCESS_LEVELS:
+        raise ValueError("access %r: expected 'none', 'files' or 'full'" % (access,))
 
 
 @dataclass
@@ -171,9 +177,15 @@ def _check_ref(ref):
 class Sandbox:
     """A cowbox workspace as a harness sandbox. Build it with create() or attach(ref)."""
 
-    def __init__(self, ref, *, cowbox=None, home=None):
+    def __init__(self, ref, *, cowbox=None, home=None, access=None):
         _check_ref(ref)
+        _check_access(access)
         self.ref = ref
+        # The level asked for (None: every level the workspace serves); what the daemon
+        # grants is self.access, and self.supported_access the workspace's widest.
+        self._access = access
+        self.access = None
+        self.supported_access = None
         self.cowbox = cowbox or os.environ.get("COWBOX", "cowbox")
         self._env = dict(os.environ)
         if home:
@@ -185,6 +197,9 @@ class Sandbox:
         self.backend = "ns"
         self.workdir = "/workspace"
         self.last_turn = None
+        # The turn that recorded what the on_create hooks and setup script did at create
+        # (None: there were none): the baseline, not the agent's first turn.
+        self.baseline_turn = None
         # (turn, map_id, {path: sha256}) of the last snapshot(): what the next one asks
         # the changes against.
         self._map = None
@@ -200,7 +215,7 @@ class Sandbox:
                      timeout=None, network=None, cpus=None, memory_mb=None, pids=None,
                      disk_mb=None, disk_inodes=None, image=None,
                      on_create=(), on_destroy=(), setup_script=None, setup_timeout=None,
-                     privileged=False, cowbox=None, home=None):
+                     privileged=False, access=None, cowbox=None, home=None):
         """A new workspace over base (a directory, or None for an empty one) with these
         backend options; the backend itself boots on first use. network is "none" (the
         default of ns and docker), "all" (outbound through user-mode networking, not the
@@ -209,9 +224,26 @@ class Sandbox:
         instead of in a user namespace with the workspace's own id range: warned, see
         docs/security.md. Limits (docs/security.md#limits) default to timeout=600 s per
         command, memory_mb=4096, pids=1024 (ns and docker) and an upper-layer quota of
-        disk_mb=10240 and disk_inodes=1000000; None keeps the default, 0 turns one off."""
+        disk_mb=10240 and disk_inodes=1000000; None keeps the default, 0 turns one off.
+        access ("none", "files" or "full", like Mistral's supported_access) is the widest
+        level the workspace serves, to every client: files gives read, write and the turn
+        operations but no command; none only what the owner uses (snapshot, diff, turns,
+        close, destroy). None: full. on_create lists shell commands (str) and async
+        callables that get the sandbox (Mistral's code hooks): all run here, before create
+        returns (shell ones first, in the daemon, then the setup script, then the callables,
+        in order), and what they changed is recorded as the turn labelled on_create
+        (baseline_turn): the baseline, not the agent's first turn. A failing hook fails the
+        create, which removes the workspace."""
+        _check_access(access)
+        on_create = list(on_create)
+        hooks = [h for h in on_create if not isinstance(h, str)]
+        for h in hooks:
+            if not callable(h):
+                raise TypeError("on_create: %r is neither a shell command (str) nor an "
+                                "async callable taking the sandbox" % (h,))
         options = {"backend": backend, "env": dict(env or {}),
-                   "on_create": list(on_create), "on_destroy": list(on_destroy)}
+                   "on_create": [h for h in on_create if isinstance(h, str)],
+                   "on_destroy": list(on_destroy)}
         for key, value in (("network", network), ("working_dir", working_dir),
                            ("timeout", timeout),
                            ("cpus", cpus), ("memory_mb", memory_mb), ("pids", pids),
@@ -233,7 +265,17 @@ class Sandbox:
             raise WorkspaceError("cowbox create: " + err, code="invalid_request")
         box = cls(out.strip().splitlines()[-1], cowbox=cowbox, home=home)
         try:
-            box._apply_options((await box._request("configure", options=options))["options"])
+            # Shell hooks and the setup script run in the daemon at configure, which
+            # records them as a turn labelled on_create; code hooks run next, here.
+            reply = await box._request("configure", options=options)
+            box._apply_options(reply["options"])
+            box.baseline_turn = reply.get("baseline_turn")
+            for hook in hooks:
+                await hook(box)
+            if hooks:
+                box.baseline_turn = (await box._request("snapshot", label="on_create"))["turn"]
+            if access:  # once configured: configure with options needs full
+                await box.set_access(access, workspace=True)
         except BaseException:
             # Refused options (or a cancel): the fresh workspace is of no use to anyone.
             await box.close()
@@ -242,10 +284,12 @@ class Sandbox:
         return box
 
     @classmethod
-    async def attach(cls, ref, *, cowbox=None, home=None):
+    async def attach(cls, ref, *, access=None, cowbox=None, home=None):
         """The workspace ref (or name) names, its daemon started if none runs; a ref that
-        does not exist raises WorkspaceUnavailableError."""
-        box = cls(ref, cowbox=cowbox, home=home)
+        does not exist raises WorkspaceUnavailableError. access lowers what this object
+        may do, for its life ("files": no commands; "none": only snapshot, diff, turns,
+        close); a level wider than the workspace serves raises AccessDeniedError."""
+        box = cls(ref, cowbox=cowbox, home=home, access=access)
         await box._connect()
         return box
 
@@ -278,7 +322,7 @@ class Sandbox:
         async with self._lock:
             if self._conn and not self._conn.closed:
                 return self._conn
-            rc, out, err = await _cowbox(self.cowbox, self._env, "mount", self.ref, "--json")
+            rc, out, err = await _cowbox(self.cowbox, self._env, "mount", self.ref, "--json", "--idle")
             if rc != 0:
                 raise WorkspaceUnavailableError("workspace %s: %s" % (self.ref, err))
             info = json.loads(out)
@@ -289,9 +333,30 @@ class Sandbox:
                 home = self._env.get("COWBOX_HOME")
                 self._sock = os.path.join(home or "/var/lib/cowbox", "workspaces", self.ref,
                                           "control.sock")
-            self._conn = await Connection.open(self._sock)
-            self._apply_options((await self._conn.request("configure"))["options"])
+            conn = await Connection.open(self._sock)
+            try:
+                # Every connection asks for the level first (also after a restart).
+                args = {"level": self._access} if self._access else {}
+                granted = await conn.request("access", **args)
+                self._apply_options((await conn.request("configure"))["options"])
+            except BaseException:
+                await conn.close()
+                raise
+            self.access = granted["access"]
+            self.supported_access = granted["supported_access"]
+            self._conn = conn
             return self._conn
+
+    async def set_access(self, access, *, workspace=False):
+        """Lower this sandbox to access for its life (every connection it makes asks for
+        it); workspace=True lowers the widest level the workspace serves, for every client.
+        A wider level than it has raises AccessDeniedError."""
+        _check_access(access)
+        conn = await self._connect()
+        granted = await conn.request("access", level=access, workspace=bool(workspace))
+        self._access = access
+        self.access = granted["access"]
+        self.supported_access = granted["supported_access"]
 
     def _apply_options(self, opts):
         self.backend = opts["backend"]
@@ -355,6 +420,9 @@ class Sandbox:
         """Start cmd (a list, or a string for /bin/sh -c); returns a Process at once."""
         for attempt in (0, 1):
             conn = await self._connect()
+            if self.access != "full":  # refused at once, not at wait()
+                raise AccessDeniedError("exec refused: this sandbox has access %s, and exec "
+                                        "needs full" % self.access)
             proc = Process(conn)
             proc._id = conn.start("exec", proc._on_message, stdin=True,
                                   **self._cmd_args(cmd, env, cwd, timeout))
@@ -382,7 +450,8 @@ class Sandbox:
         return _result(msg)
 
     async def _direct(self, fn, *args):
-        if not self.direct_io or not self.mountpoint:
+        # Below files the daemon refuses it, with its reason.
+        if not self.direct_io or not self.mountpoint or self.access not in ("files", "full"):
             return False, None
         try:
             return True, await asyncio.get_running_loop().run_in_executor(
@@ -425,11 +494,14 @@ class Sandbox:
     def host_url(self, port):
         """A URL that code inside the sandbox reaches the host's port with (only that port,
         even under network none). Synchronous, as the protocol has it."""
+        if self._access not in (None, "full") or self.access not in (None, "full"):
+            raise AccessDeniedError("host_url refused: this sandbox has access %s, and "
+                                    "host_url needs full" % (self.access or self._access))
         if not self._sock:
             # Not started yet: boot the daemon the blocking way (the protocol's host_url is
             # synchronous), as the first async operation would.
             import subprocess
-            proc = subprocess.run([self.cowbox, "mount", self.ref, "--json"], env=self._env,
+            proc = subprocess.run([self.cowbox, "mount", self.ref, "--json", "--idle"], env=self._env,
                                   capture_output=True, text=True)
             if proc.returncode != 0:
                 raise WorkspaceUnavailableError("workspace %s: %s" % (self.ref,
@@ -525,7 +597,7 @@ class Sandbox:
         if name:
             args["name"] = name
         msg = await self._request("fork", **args)
-        return await Sandbox.attach(msg["ref"], cowbox=self.cowbox,
+        return await Sandbox.attach(msg["ref"], cowbox=self.cowbox, access=self._access,
                                     home=self._env.get("COWBOX_HOME"))
 
 

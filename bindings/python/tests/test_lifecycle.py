@@ -1,0 +1,95 @@
+"""The Python client's lifecycle options against a real daemon: access levels (create and
+attach, Mistral's access and supported_access), on_create hooks as shell strings and async
+callables run at create as the baseline, idle stop and reattach, apply."""
+
+import asyncio
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import cbtest  # noqa: E402  (tests/integration, on PYTHONPATH under make check)
+import cowbox  # noqa: E402
+
+
+class LifecycleTest(cbtest.CowboxTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.base = self.make_base({"src/a.py": "x = 1\n", "README": "hello\n"})
+
+    def arun(self, coro):
+        self.boxes = []
+
+        async def main():
+            try:
+                return await asyncio.wait_for(coro, 120)
+            finally:
+                for box in self.boxes:
+                    await box.close()
+        return asyncio.run(main())
+
+    async def new_box(self, **opts):
+        box = await cowbox.Sandbox.create(self.base, cowbox=cbtest.COWBOX, home=self.home,
+                                          **opts)
+        self.boxes.append(box)
+        return box
+
+    async def attach(self, ref, **opts):
+        box = await cowbox.Sandbox.attach(ref, cowbox=cbtest.COWBOX, home=self.home, **opts)
+        self.boxes.append(box)
+        return box
+
+    def test_access_create_and_attach(self):
+        async def go():
+            box = await self.new_box(access="files")
+            self.assertEqual((box.access, box.supported_access), ("files", "files"))
+            await box.write("new.txt", b"made")  # files: read, write, turns
+            self.assertEqual(await box.read("new.txt"), b"made")
+            await box.snapshot()
+            with self.assertRaises(cowbox.AccessDeniedError) as cm:
+                await box.run(["true"])
+            self.assertIn("needs full", str(cm.exception))
+            with self.assertRaises(PermissionError):
+                await box.exec(["true"])
+            with self.assertRaises(cowbox.AccessDeniedError):
+                box.host_url(80)
+            # Wider than the workspace serves: refused, as Mistral's constructor does.
+            with self.assertRaises(cowbox.AccessDeniedError) as cm:
+                await self.attach(box.ref, access="full")
+            self.assertIn("serves at most files", str(cm.exception))
+            low = await self.attach(box.ref, access="none")
+            self.assertEqual(low.access, "none")
+            for direct in (True, False):  # through the mount or the protocol: refused
+                low.direct_io = direct
+                with self.assertRaises(cowbox.AccessDeniedError):
+                    await low.read("src/a.py")
+                with self.assertRaises(cowbox.AccessDeniedError):
+                    await low.write("x.txt", b"no")
+            self.assertIn("new.txt", await low.snapshot())
+            # Its level outlives a daemon restart: the next connection asks for it again.
+            await box.close()
+            with self.assertRaises(cowbox.AccessDeniedError):
+                await low.read("src/a.py")
+            with self.assertRaises(ValueError):
+                await self.attach(box.ref, access="root")
+        self.arun(go())
+
+    def test_attach_lowers_only_itself(self):
+        async def go():
+            box = await self.new_box()
+            self.assertEqual((box.access, box.supported_access), ("full", "full"))
+            files = await self.attach(box.ref, access="files")
+            with self.assertRaises(cowbox.AccessDeniedError):
+                await files.run(["true"])
+            self.assertEqual((await box.run(["true"])).exit_code, 0)
+            await box.set_access("none")
+            with self.assertRaises(cowbox.AccessDeniedError):
+                await box.read("README")
+            with self.assertRaises(cowbox.AccessDeniedError):
+                await box.set_access("files")
+        self.arun(go())
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../daemon/daemon.h"
 #include "cmd_common.h"
 #include "commands.h"
 #include "cowbox/access.h"
@@ -18,14 +19,16 @@
 
 static const char create_usage[] =
     "usage: cowbox create [--base DIR] [--name NAME] [--disk-mb N] [--disk-inodes N]\n"
-    "                     [--access none|files|full] [--json]\n"
+    "                     [--access none|files|full] [--idle-timeout SECONDS] [--json]\n"
     "Create a workspace over the read-only directory DIR (none: an empty workspace) and\n"
     "print its ref (cb- and 32 hex digits). NAME is an optional unique alias.\n"
     "--disk-mb and --disk-inodes set the quota of the workspace's changes (its upper layer;\n"
     "default 10240 MiB and 1000000 inodes, 0: none): past it, writes fail with ENOSPC.\n"
     "--access is the widest level it serves (default full): files allows read, write and\n"
     "the turn operations but no command; none only what its owner uses (info, snapshot,\n"
-    "diff, turns, close). A connection may lower its own level, never raise it.\n";
+    "diff, turns, close). A connection may lower its own level, never raise it.\n"
+    "--idle-timeout: a daemon the API started stops (keeping the disk) once no client has\n"
+    "held it that long (default 600, 0: never); `cowbox mount` keeps it until umount.\n";
 
 /* --disk-mb / --disk-inodes: kept in the workspace's backend options (0 there: none); and
  * --access (level >= 0), the widest level it serves. */
@@ -55,6 +58,18 @@ out:
 	return rc;
 }
 
+/* --idle-timeout: kept in the workspace directory for its daemons. */
+static int create_idle(const char *ref, long long seconds)
+{
+	char *dir = NULL;
+	int rc = cb_ws_path(ref, NULL, &dir);
+
+	if (!rc)
+		rc = cb_daemon_idle_save(dir, (double)seconds);
+	free(dir);
+	return rc;
+}
+
 static int parse_count(const char *opt, const char *s, long long *out)
 {
 	char *end;
@@ -75,11 +90,13 @@ int cmd_create(int argc, char **argv)
 	    {"disk-mb", required_argument, NULL, 'D'},
 	    {"disk-inodes", required_argument, NULL, 'I'},
 	    {"access", required_argument, NULL, 'A'},
+	    {"idle-timeout", required_argument, NULL, 'T'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct cli_common common = {0};
 	const char *base = NULL, *name = NULL;
 	int level = -1;
+	long long idle = -1;
 	char ref[CB_WS_REF_LEN + 1];
 	long long disk_mb = -1, disk_inodes = -1;
 	int c, status;
@@ -93,6 +110,8 @@ int cmd_create(int argc, char **argv)
 			return CLI_USAGE;
 		else if (c == 'n')
 			name = optarg;
+		else if (c == 'T' && parse_count("--idle-timeout", optarg, &idle))
+			return CLI_USAGE;
 		else if (c == 'A' && (level = cb_access_parse(optarg)) < 0)
 			return cli_usage_error(create_usage, "--access: %s", cb_error_message());
 	}
@@ -103,7 +122,8 @@ int cmd_create(int argc, char **argv)
 				       argv[optind]);
 	if (cb_ws_create(base, name, stderr, ref))
 		return cli_fail("create", NULL);
-	if (create_quota(ref, disk_mb, disk_inodes, level) < 0) {
+	if (create_quota(ref, disk_mb, disk_inodes, level) < 0 ||
+	    (idle >= 0 && create_idle(ref, idle) < 0)) {
 		int st = cli_fail("create", NULL);
 
 		cb_ws_remove(ref);
@@ -361,9 +381,16 @@ int cmd_info(int argc, char **argv)
 	unsigned long id_base = 0;
 	if (cb_ws_ids_get(i.dir, &id_base) < 0)
 		cb_error_clear();
+	/* what the workspace serves, and how long a daemon the API started stays idle */
+	double idle = 0;
+	int level = cb_ws_access_load(i.dir);
+	if (level < 0 || cb_daemon_idle_load(i.dir, &idle) < 0)
+		cb_error_clear();
 	if (common.json) {
 		json_t *j = info_json(&i);
 
+		json_object_set_new(j, "supported_access", json_string(cb_access_name(level)));
+		json_object_set_new(j, "idle_timeout", json_real(idle));
 		json_object_set_new(j, "id_base", json_integer((json_int_t)id_base));
 		json_object_set_new(j, "blob_count", json_integer(nblobs));
 		json_object_set_new(j, "blob_bytes", json_integer(blob_bytes));
@@ -399,6 +426,12 @@ int cmd_info(int argc, char **argv)
 		info_limits_print(limits);
 		json_decref(limits);
 	}
+	printf("access:      %s at most\n", cb_access_name(level));
+	if (idle > 0)
+		printf("idle stop:   after %g s without a client (not while `cowbox mount`ed)\n",
+		       idle);
+	else
+		printf("idle stop:   never\n");
 	printf("directory:   %s\n", i.dir);
 	if (id_base)
 		printf("sandbox ids: host %lu-%lu are its uids/gids 0-65535\n", id_base,

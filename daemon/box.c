@@ -416,6 +416,11 @@ int cb_box_create(const struct cb_box_options *opts, struct cb_box **out)
 				    json_pack("{s:s, s:s, s:b}", "op", "access", "level",
 					      opts->access, "workspace", 1),
 				    NULL, NULL);
+	if (!rc && opts->idle_timeout)
+		rc = cb_box_request(*out, "idle",
+				    json_pack("{s:s, s:f}", "op", "idle", "timeout",
+					      opts->idle_timeout < 0 ? 0.0 : opts->idle_timeout),
+				    NULL, NULL);
 	if (!rc && opts->access)
 		(*out)->access = (*out)->level = cb_access_parse(opts->access);
 	if (rc) {

@@ -67,6 +67,8 @@ struct cb_box_options {
 	double setup_timeout;	       /* > 0: its seconds (default 600) */
 	const char *access;	       /* the widest level it serves: "none", "files" or
 					* NULL/"full" (cowbox/access.h) */
+	double idle_timeout;	       /* seconds without a client before its daemon stops
+					* (keeping the disk); 0: 600; < 0: never */
 };
 
 /* Per command; a NULL options pointer means all defaults. */

@@ -204,6 +204,66 @@ class Conformance:
         self.arun(body)
 
 
+    async def _create(self, **opts):
+        return await cowbox.Sandbox.create(self.base, cowbox=cbtest.COWBOX, home=self.home,
+                                           **dict(self.OPTIONS, **opts))
+
+    def test_access_levels(self):
+        # Mistral's access: files gives the file tools, full adds commands; a wider level
+        # than the workspace serves is refused.
+        async def body(box):
+            low = await cowbox.Sandbox.attach(box.ref, access="files", cowbox=cbtest.COWBOX,
+                                              home=self.home)
+            await low.write("by-files.txt", b"ok")
+            self.assertEqual(await low.read("by-files.txt"), b"ok")
+            for call in (low.run(["true"]), low.exec(["true"]), low.which("sh")):
+                with self.assertRaises(cowbox.AccessDeniedError):
+                    await call
+            self.assertEqual((await box.run(["cat", "by-files.txt"])).stdout, "ok")
+            await low._conn.close()
+            narrow = await self._create(access="files")
+            try:
+                self.assertEqual(narrow.supported_access, "files")
+                with self.assertRaises(cowbox.AccessDeniedError):
+                    await narrow.run(["true"])
+                with self.assertRaises(cowbox.AccessDeniedError):
+                    await cowbox.Sandbox.attach(narrow.ref, access="full",
+                                                cowbox=cbtest.COWBOX, home=self.home)
+            finally:
+                await narrow.close()
+        self.arun(body)
+
+    def test_hooks_run_at_create_as_the_baseline(self):
+        # The on_create hooks (a shell string and an async callable) and the setup script
+        # run before create returns; what they made is the baseline turn, not the agent's
+        # first turn's FileChanges.
+        async def code_hook(sb):
+            r = await sb.run(["sh", "-c", "cat hook.txt > from-code.txt"])
+            self.assertEqual(r.exit_code, 0, r.stderr)
+
+        async def body(_):
+            box = await self._create(on_create=["echo hooked > hook.txt", code_hook],
+                                     setup_script="echo setup >> hook.txt")
+            try:
+                self.assertIsNotNone(box.baseline_turn)
+                before = await box.snapshot()
+                self.assertIn("hook.txt", before)
+                self.assertEqual(await box.read("from-code.txt"), b"hooked\nsetup\n")
+                await box.run(["sh", "-c", "echo agent > agent.txt"])
+                after = await box.snapshot()
+                self.assertEqual([c.path for c in cowbox.file_changes(before, after)],
+                                 ["agent.txt"])
+                self.assertEqual([c.path for c in await box.diff(box.baseline_turn)],
+                                 ["agent.txt"])
+            finally:
+                await box.close()
+            # A failing hook fails the create, which leaves nothing behind.
+            with self.assertRaises(cowbox.WorkspaceError):
+                await self._create(on_create=["exit 3"])
+            self.assertEqual(len(os.listdir(os.path.join(self.home, "workspaces"))), 2)
+        self.arun(body)
+
+
 class NsConformance(Conformance, cbtest.CowboxTestCase):
     OPTIONS = {"backend": "ns"}
     KILLS_TREE_AT_ONCE = True

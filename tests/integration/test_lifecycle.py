@@ -5,6 +5,7 @@ a baseline turn, idle stop, apply."""
 import base64
 import json
 import os
+import subprocess
 import time
 
 import cbtest
@@ -95,6 +96,132 @@ class AccessTest(cbtest.CowboxTestCase):
         self.assertEqual(self.cowbox("access", self.ref).stdout.strip(), "full")
         self.assertEqual(self.cowbox("exec", self.ref, "--", "cat", "a.txt").stdout,
                          "alpha\n")
+
+
+class HooksTest(cbtest.CowboxTestCase):
+
+    def test_hooks_and_setup_script_run_at_configure_as_a_turn(self):
+        base = self.make_base({"a.txt": "alpha\n"})
+        ref = self.create(base)
+        self.mount(ref)
+        c = self.client(ref)
+        r = c.request("configure", options={
+            "on_create": ["echo one > hook.txt", "echo two >> hook.txt"],
+            "setup_script": "cat hook.txt > setup.txt"})
+        self.assertTrue(r.get("ok"), r)
+        self.assertTrue(r["created"])
+        baseline = r["baseline_turn"]
+        # Before any command: the hooks' files are there and recorded as their own turn.
+        with open(os.path.join(self.mountpoint(ref), "setup.txt")) as f:
+            self.assertEqual(f.read(), "one\ntwo\n")
+        turns = c.request("turns")["turns"]
+        self.assertEqual([(t["turn"], t["label"]) for t in turns][-1],
+                         (baseline, "on_create"))
+        events = c.request("diff", a=0, b=baseline)["events"]
+        self.assertEqual(sorted(e["path"] for e in events), ["hook.txt", "setup.txt"])
+        # The agent's first turn holds only what the agent did.
+        self.assertEqual(c.request("run", cmd=["sh", "-c", "echo a > agent.txt"])
+                         ["exit_code"], 0)
+        turn = c.request("snapshot")["turn"]
+        events = c.request("diff", a=baseline, b=turn)["events"]
+        self.assertEqual([e["path"] for e in events], ["agent.txt"])
+        # Options shape a new workspace only.
+        r = c.request("configure", options={})
+        self.assertEqual(r["error"]["code"], "in_use", r)
+
+    def test_a_failing_hook_fails_configure(self):
+        ref = self.create()
+        self.mount(ref)
+        c = self.client(ref)
+        r = c.request("configure", options={"on_create": ["echo partial > p.txt; exit 7"]})
+        self.assertIn("error", r, r)
+        self.assertIn("on_create hook", r["error"]["message"])
+
+    def test_no_hooks_no_boot(self):
+        ref = self.create()
+        self.mount(ref)
+        c = self.client(ref)
+        r = c.request("configure", options={"env": {"A": "1"}})
+        self.assertFalse(r["created"], r)
+        self.assertNotIn("baseline_turn", r)
+        self.assertEqual(c.request("turns")["turns"], [])
+
+
+class IdleTest(cbtest.CowboxTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.ref = self.create(self.make_base({"a.txt": "alpha\n"}))
+
+    def boot(self, *mount_args, timeout=1):
+        pid = self.mount(self.ref, *mount_args)
+        c = cbtest.Client(os.path.join(self.ws_dir(self.ref), "control.sock"))
+        r = c.request("idle", timeout=timeout)
+        self.assertEqual(r["idle_timeout"], timeout, r)
+        return pid, c
+
+    def test_defaults_shown_by_info(self):
+        info = self.cowbox_json("info", self.ref)
+        self.assertEqual((info["idle_timeout"], info["supported_access"]), (600, "full"))
+        self.mount(self.ref, "--idle")
+        r = self.client(self.ref).request("info")
+        self.assertEqual((r["idle_timeout"], r["pinned"]), (600, False))
+        ref = self.cowbox("create", "--idle-timeout", "0").stdout.strip()
+        self.assertEqual(self.cowbox_json("info", ref)["idle_timeout"], 0)
+        self.assertIn("idle stop:   never", self.cowbox("info", ref).stdout)
+
+    def test_stops_when_no_client_holds_it_and_boots_again_intact(self):
+        pid, c = self.boot("--idle")
+        c.request("write", path="kept.txt", data=b64(b"state"))
+        c.request("snapshot", label="before idle")
+        time.sleep(2)
+        self.assertTrue(cbtest.pid_alive(pid), "stopped while a client held it")
+        c.close()
+        t0 = time.monotonic()
+        cbtest.wait_for(lambda: not cbtest.pid_alive(pid), 15, what="the idle stop")
+        self.assertLess(time.monotonic() - t0, 6)
+        self.assertFalse(cbtest.is_fuse_mount(self.mountpoint(self.ref)))
+        with open(os.path.join(self.ws_dir(self.ref), "daemon.log")) as f:
+            self.assertIn("idle for", f.read())
+        # The next use boots it again, state intact; the timeout was kept.
+        self.mount(self.ref, "--idle")
+        c = self.client(self.ref)
+        self.assertEqual(base64.b64decode(c.request("read", path="kept.txt")["data"]),
+                         b"state")
+        self.assertEqual(c.request("turns")["turns"][-1]["label"], "before idle")
+        self.assertEqual(c.request("info")["idle_timeout"], 1)
+
+    def test_mount_pins_it(self):
+        pid, c = self.boot()
+        self.assertTrue(c.request("info")["pinned"])
+        c.close()
+        time.sleep(3)
+        self.assertTrue(cbtest.pid_alive(pid), "a `cowbox mount` stopped when idle")
+        # Met by `cowbox mount` after the API started it: pinned from then on.
+        self.cowbox("umount", self.ref)
+        pid, c = self.boot("--idle")
+        self.mount(self.ref)
+        c.close()
+        time.sleep(3)
+        self.assertTrue(cbtest.pid_alive(pid))
+
+    def test_a_process_in_the_mount_keeps_it(self):
+        pid, c = self.boot("--idle")
+        c.close()
+        holder = subprocess.Popen(["sleep", "30"], cwd=self.mountpoint(self.ref))
+        try:
+            time.sleep(3)
+            self.assertTrue(cbtest.pid_alive(pid), "unmounted from under a process")
+        finally:
+            holder.kill()
+            holder.wait()
+        cbtest.wait_for(lambda: not cbtest.pid_alive(pid), 15, what="the idle stop")
+
+    def test_timeout_zero_never_stops(self):
+        pid, c = self.boot("--idle", timeout=0)
+        c.close()
+        time.sleep(3)
+        self.assertTrue(cbtest.pid_alive(pid))
 
 
 if __name__ == "__main__":

@@ -215,7 +215,8 @@ class Sandbox:
                      timeout=None, network=None, cpus=None, memory_mb=None, pids=None,
                      disk_mb=None, disk_inodes=None, image=None,
                      on_create=(), on_destroy=(), setup_script=None, setup_timeout=None,
-                     privileged=False, access=None, cowbox=None, home=None):
+                     privileged=False, access=None, idle_timeout=None, cowbox=None,
+                     home=None):
         """A new workspace over base (a directory, or None for an empty one) with these
         backend options; the backend itself boots on first use. network is "none" (the
         default of ns and docker), "all" (outbound through user-mode networking, not the
@@ -233,7 +234,9 @@ class Sandbox:
         returns (shell ones first, in the daemon, then the setup script, then the callables,
         in order), and what they changed is recorded as the turn labelled on_create
         (baseline_turn): the baseline, not the agent's first turn. A failing hook fails the
-        create, which removes the workspace."""
+        create, which removes the workspace. idle_timeout (seconds, default 600, 0: never):
+        the workspace's daemon, mount and container stop once no Sandbox object holds it
+        for that long, keeping its disk; the next use boots it again."""
         _check_access(access)
         on_create = list(on_create)
         hooks = [h for h in on_create if not isinstance(h, str)]
@@ -270,6 +273,8 @@ class Sandbox:
             reply = await box._request("configure", options=options)
             box._apply_options(reply["options"])
             box.baseline_turn = reply.get("baseline_turn")
+            if idle_timeout is not None:
+                await box._request("idle", timeout=float(idle_timeout))
             for hook in hooks:
                 await hook(box)
             if hooks:
@@ -373,6 +378,13 @@ class Sandbox:
         except SendFailed:
             conn = await self._connect()
             return await conn.request(op, **args)
+
+    async def detach(self):
+        """Let go of the workspace without stopping it: other clients keep using it, and
+        with none left its daemon stops after its idle_timeout (keeping the disk)."""
+        if self._conn:
+            await self._conn.close()
+        self._conn = None
 
     async def close(self):
         """Stop the workspace's daemon (and its container); the disk stays for attach."""

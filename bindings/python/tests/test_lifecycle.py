@@ -90,6 +90,57 @@ class LifecycleTest(cbtest.CowboxTestCase):
                 await box.set_access("files")
         self.arun(go())
 
+    def test_on_create_strings_and_async_callables_are_the_baseline(self):
+        seen = []
+
+        async def code_hook(sb):
+            seen.append(sb.ref)
+            await sb.write("from-code.txt", await sb.read("hook.txt"))
+
+        async def go():
+            box = await self.new_box(on_create=["echo shell > hook.txt", code_hook])
+            self.assertEqual(seen, [box.ref])
+            self.assertIsNotNone(box.baseline_turn)
+            before = await box.snapshot()
+            self.assertEqual(await box.read("from-code.txt"), b"shell\n")
+            await box.write("agent.txt", b"mine")
+            after = await box.snapshot()
+            self.assertEqual([c.path for c in cowbox.file_changes(before, after)],
+                             ["agent.txt"])
+            self.assertEqual(sorted(c.path for c in await box.diff(0, box.baseline_turn)),
+                             ["from-code.txt", "hook.txt"])
+            # Without hooks, nothing boots and no turn is recorded.
+            plain = await self.new_box()
+            self.assertIsNone(plain.baseline_turn)
+            with self.assertRaises(TypeError):
+                await self.new_box(on_create=[42])
+
+            async def failing(sb):
+                raise RuntimeError("hook failed")
+            before = set(os.listdir(os.path.join(self.home, "workspaces")))
+            with self.assertRaises(RuntimeError):
+                await self.new_box(on_create=[failing])
+            self.assertEqual(set(os.listdir(os.path.join(self.home, "workspaces"))), before)
+        self.arun(go())
+
+    def test_idle_stop_and_reattach(self):
+        async def go():
+            box = await self.new_box(idle_timeout=1)
+            await box.write("kept.txt", b"state")
+            pid = self.daemon_pid(box.ref)
+            await asyncio.sleep(2.5)
+            self.assertTrue(cbtest.pid_alive(pid), "stopped while this object held it")
+            await box.detach()
+            for _ in range(150):
+                if not cbtest.pid_alive(pid):
+                    break
+                await asyncio.sleep(0.1)
+            self.assertFalse(cbtest.pid_alive(pid), "no idle stop")
+            again = await self.attach(box.ref)
+            self.assertEqual(await again.read("kept.txt"), b"state")
+            self.assertNotEqual(self.daemon_pid(box.ref), pid)
+        self.arun(go())
+
 
 if __name__ == "__main__":
     unittest.main()

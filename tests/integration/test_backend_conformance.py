@@ -264,6 +264,32 @@ class Conformance:
         self.arun(body)
 
 
+    def idle_resources_gone(self, ref):
+        """Whatever the backend keeps for a booted workspace is gone (docker: the container)."""
+
+    def test_idle_stop_keeps_the_disk(self):
+        # BoxLite: a box stops when nothing uses it any more and keeps its disk; the next
+        # use boots it again.
+        async def body(_):
+            box = await self._create(idle_timeout=1)
+            try:
+                self.assertEqual((await box.run(["sh", "-c", "echo kept > kept.txt"]))
+                                 .exit_code, 0)
+                pid = self.daemon_pid(box.ref)
+                await box.detach()
+                for _ in range(150):
+                    if not cbtest.pid_alive(pid):
+                        break
+                    await asyncio.sleep(0.1)
+                self.assertFalse(cbtest.pid_alive(pid), "no idle stop")
+                self.idle_resources_gone(box.ref)
+                r = await box.run(["cat", "kept.txt"])
+                self.assertEqual(r.stdout, "kept\n")
+            finally:
+                await box.close()
+        self.arun(body)
+
+
 class NsConformance(Conformance, cbtest.CowboxTestCase):
     OPTIONS = {"backend": "ns"}
     KILLS_TREE_AT_ONCE = True
@@ -350,6 +376,10 @@ class DockerConformance(Conformance, cbtest.CowboxTestCase):
             finally:
                 await box.close()
         asyncio.run(main())
+
+    def idle_resources_gone(self, ref):
+        gone = subprocess.run(["docker", "inspect", "cowbox-" + ref], capture_output=True)
+        self.assertNotEqual(gone.returncode, 0, "the container outlived an idle stop")
 
     def test_container_lifecycle(self):
         name = []

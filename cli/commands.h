@@ -34,6 +34,7 @@ int cmd_rollback(int argc, char **argv);
 int cmd_turns(int argc, char **argv);
 int cmd_prune(int argc, char **argv);
 int cmd_fork(int argc, char **argv);
+int cmd_apply(int argc, char **argv); /* cli/cmd_apply.c */
 
 /* Checking and repairing stored state (cli/cmd_fsck.c). */
 int cmd_fsck(int argc, char **argv);

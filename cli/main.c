@@ -29,6 +29,7 @@ const struct cli_command cli_commands[] = {
     {"turns", cmd_turns, "list a workspace's turns and blob store size"},
     {"prune", cmd_prune, "drop old turns and the blobs only they needed"},
     {"fork", cmd_fork, "a new workspace starting at a turn of another"},
+    {"apply", cmd_apply, "write a turn's changes onto the base or another folder"},
     {"fsck", cmd_fsck, "check blobs, base and meta.db; --repair what can be repaired"},
     {NULL, NULL, NULL},
 };

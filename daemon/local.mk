@@ -4,7 +4,7 @@ daemon_libcb_daemon_la_SOURCES = daemon/daemon.h daemon/daemon.c daemon/conn.c \
 	daemon/reaper.c daemon/ops.c daemon/ops_core.c daemon/client.c \
 	daemon/worker.c daemon/workproc.c
 daemon_libcb_daemon_la_SOURCES += daemon/basehash.c daemon/basewatch.c daemon/access.c \
-	daemon/idle.c
+	daemon/idle.c daemon/ops_apply.c
 COWBOX_LAYERS += daemon/libcb_daemon.la
 pkginclude_HEADERS += include/cowbox/client.h
 

@@ -40,3 +40,7 @@ ws_libcb_ws_la_SOURCES += ws/basecache.c
 # access levels: names, and the widest level a workspace serves
 ws_libcb_ws_la_SOURCES += ws/access.c
 pkginclude_HEADERS += include/cowbox/access.h
+
+# apply: a turn's changes written onto the base or another folder
+ws_libcb_ws_la_SOURCES += ws/apply.c
+pkginclude_HEADERS += include/cowbox/apply.h

@@ -224,6 +224,105 @@ class IdleTest(cbtest.CowboxTestCase):
         self.assertTrue(cbtest.pid_alive(pid))
 
 
+def tree(root):
+    """{relative path: ("f", bytes, mode) | ("d",) | ("l", target)} of a directory."""
+    out = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, root)
+            if os.path.islink(full):
+                out[rel] = ("l", os.readlink(full))
+            elif os.path.isdir(full):
+                out[rel] = ("d",)
+            else:
+                with open(full, "rb") as f:
+                    out[rel] = ("f", f.read(), os.stat(full).st_mode & 0o777)
+    return out
+
+
+class ApplyTest(cbtest.CowboxTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.base = self.make_base({"a.txt": "alpha\n", "d/b.txt": "beta\n",
+                                    "keep.txt": "same\n"})
+        self.ref = self.create(self.base)
+        self.mount(self.ref)
+        self.c = self.client(self.ref)
+        self.mnt = self.mountpoint(self.ref)
+
+    def edit(self, script):
+        r = self.c.request("run", cmd=["sh", "-c", script])
+        self.assertEqual(r["exit_code"], 0, base64.b64decode(r["stderr"]))
+        return self.c.request("snapshot")["turn"]
+
+    def copy_of_base(self):
+        import shutil
+        dst = os.path.join(self.tmp, "copy-%d" % len(os.listdir(self.tmp)))
+        shutil.copytree(self.base, dst, symlinks=True)
+        return dst
+
+    def test_apply_everything_onto_another_folder(self):
+        dst = self.copy_of_base()
+        self.edit("echo changed > a.txt && rm -r d && mkdir -p new && echo c > new/c.txt && "
+                  "ln -s a.txt link && chmod 755 keep.txt")
+        r = self.cowbox_json("apply", self.ref, "--to", dst)
+        self.assertEqual(r["from_turn"], 0, r)
+        self.assertEqual(tree(dst), tree(self.mnt))
+        # Again: everything is already so, nothing conflicts.
+        r = self.cowbox_json("apply", self.ref, "--to", dst)
+        self.assertEqual((r["written"], r["deleted"]), (0, 0), r)
+        self.assertEqual(tree(dst), tree(self.mnt))
+
+    def test_one_turn_and_conflicts_refused_whole(self):
+        dst = self.copy_of_base()
+        t1 = self.edit("echo one > a.txt")
+        t2 = self.edit("echo two > keep.txt && echo n > n.txt")
+        # Turn 2 alone onto a copy of the base: a.txt is not part of it.
+        r = self.cowbox_json("apply", self.ref, "--turn", t2, "--to", dst)
+        self.assertEqual((r["from_turn"], r["to_turn"], r["written"]), (t1, t2, 2), r)
+        with open(os.path.join(dst, "a.txt")) as f:
+            self.assertEqual(f.read(), "alpha\n")
+        # Turn 1 changed a.txt; the folder's a.txt was edited there since: refused, and
+        # nothing of the turn written.
+        dst2 = self.copy_of_base()
+        with open(os.path.join(dst2, "a.txt"), "w") as f:
+            f.write("edited by the user\n")
+        p = self.assert_fails(["apply", self.ref, "--to", dst2], "1 conflict")
+        self.assertIn("a.txt: changed since turn 0", p.stderr)
+        self.assertFalse(os.path.exists(os.path.join(dst2, "n.txt")))
+        r = self.c.request("apply", turn=t1, to=dst2)
+        self.assertEqual(r["error"]["code"], "conflict", r)
+        self.assertEqual(len(r["error"]["conflicts"]), 1)
+
+    def test_onto_the_base_and_never_out_of_the_folder(self):
+        outside = self.make_base({})
+        dst = self.copy_of_base()
+        os.symlink(outside, os.path.join(dst, "new"))  # a symlink out where a dir will go
+        self.edit("mkdir new && echo x > new/x.txt && echo b2 > d/b.txt")
+        p = self.assert_fails(["apply", self.ref, "--to", dst], "conflict")
+        self.assertIn("new: changed since turn 0", p.stderr)
+        self.assertEqual(os.listdir(outside), [])
+        # The workspace's own state and mount are refused as targets.
+        self.assert_fails(["apply", self.ref, "--to", self.mnt], "inside cowbox's own")
+        self.assert_fails(["apply", self.ref, "--to", self.ws_dir(self.ref)], "inside")
+        # Onto the base itself (the default): the base gets the changes, the mount still
+        # shows them, and the next turn records nothing new.
+        r = self.cowbox_json("apply", self.ref)
+        self.assertEqual(r["to"], os.path.realpath(self.base))
+        with open(os.path.join(self.base, "new/x.txt")) as f:
+            self.assertEqual(f.read(), "x\n")
+        with open(os.path.join(self.base, "d/b.txt")) as f:
+            self.assertEqual(f.read(), "b2\n")
+        self.assertEqual(tree(self.base), tree(self.mnt))
+        turn = self.c.request("snapshot")["turn"]
+        self.assertEqual(self.c.request("diff", a=turn - 1, b=turn)["events"], [])
+        # apply needs access full.
+        self.c.request("access", level="files")
+        self.assertEqual(self.c.request("apply")["error"]["code"], "access_denied")
+
+
 if __name__ == "__main__":
     import unittest
     unittest.main()

@@ -111,10 +111,11 @@ static int op_apply(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *re
 		list = json_array();
 		for (size_t i = 0; i < res.nconflicts; i++)
 			json_array_append_new(list, json_string(res.conflicts[i]));
-		rc = cb_daemon_send_frame(conn, id,
-					  json_pack("{s:{s:s, s:s, s:o}}", "error", "code",
-						    "conflict", "message", cb_error_message(),
-						    "conflicts", list));
+		rc =
+		    cb_daemon_send_frame(conn, id,
+					 json_pack("{s:{s:s, s:s, s:O, s:{s:o}}}", "error", "code",
+						   "conflict", "message", cb_error_message(),
+						   "conflicts", list, "result", "conflicts", list));
 		rc = rc < 0 ? rc : 0;
 		goto out;
 	}

@@ -27,4 +27,14 @@ int cb_ws_apply(struct cb_turns *t, long long a, long long b, const char *target
 		struct cb_ws_apply_result *res);
 void cb_ws_apply_result_free(struct cb_ws_apply_result *res);
 
+struct cb_box;
+#include <jansson.h>
+
+/* Through box's daemon (the apply op, docs/protocol.md): turn's changes (turn > 0: from
+ * turn - 1), or with turn <= 0 everything since the base after recording a snapshot, onto
+ * to (NULL: the base). *report (may be NULL; json_decref it) gets {"from_turn", "to_turn",
+ * "to", "written", "deleted", "unchanged"} on success, or {"conflicts": ["PATH: why", ...]}
+ * when refused with -EEXIST (code "conflict"; nothing was written). */
+int cb_box_apply(struct cb_box *box, long long turn, const char *to, json_t **report);
+
 #endif

@@ -26,6 +26,7 @@ extern "C" {
  *   timeout           ETIMEDOUT   a strict run timed out; a hook or setup script did
  *   output_limit      EFBIG       a strict run passed its output cap
  *   access_denied     EACCES      an op above the box's access level (cowbox/access.h)
+ *   conflict          EEXIST      apply: the folder changed since (cowbox/apply.h)
  *   invalid_request   EPROTO      bad options or arguments (also local checks: EINVAL
  *                                 before anything was sent reports invalid_request, and
  *                                 ENOTDIR for a base that is not a directory)

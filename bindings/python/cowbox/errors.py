@@ -63,11 +63,19 @@ class AccessDeniedError(WorkspaceError, PermissionError):
     code = "access_denied"
 
 
+class ConflictError(WorkspaceError):
+    """conflict: apply refused, nothing written; .conflicts lists "PATH: why" for each path
+    of the folder that changed since the turn the workspace recorded."""
+
+    code = "conflict"
+    conflicts = ()
+
+
 _BY_CODE = {
     cls.code: cls
     for cls in (WorkspaceNotFoundError, InvalidPathError, WorkspaceInUseError,
                 WorkspaceUnavailableError, WorkspaceTimeoutError, WorkspaceOutputLimitError,
-                InvalidRequestError, AccessDeniedError)
+                InvalidRequestError, AccessDeniedError, ConflictError)
 }
 
 
@@ -76,4 +84,7 @@ def error_from_reply(error, result=None):
     code = error.get("code", "unavailable")
     result = error.get("result", result)
     cls = _BY_CODE.get(code, WorkspaceError)
-    return cls(error.get("message", code), code=code, result=result)
+    exc = cls(error.get("message", code), code=code, result=result)
+    if "conflicts" in error:
+        exc.conflicts = list(error["conflicts"])
+    return exc

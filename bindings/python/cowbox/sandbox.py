@@ -593,6 +593,20 @@ class Sandbox:
         """Make the live workspace what it was at turn."""
         return await self._request("rollback", turn=turn)
 
+    async def apply(self, turn=None, to=None):
+        """Write turn's changes (from turn - 1), or with turn=None everything since the base
+        (a snapshot is recorded first), onto the base folder or the directory to. Every path
+        is checked first: where the folder no longer holds what the workspace recorded,
+        nothing is written and ConflictError lists them (.conflicts). Returns {"from_turn",
+        "to_turn", "to", "written", "deleted", "unchanged"}."""
+        args = {}
+        if turn is not None:
+            args["turn"] = int(turn)
+        if to is not None:
+            args["to"] = os.path.realpath(str(to))
+        msg = await self._request("apply", **args)
+        return {k: v for k, v in msg.items() if k not in ("id", "ok")}
+
     async def fsck(self, repair=False):
         """Check the workspace's stored state (every blob and base file its turns need, the
         base cache, meta.db; nothing through the mount). Returns {"ref", "clean",

@@ -141,6 +141,34 @@ class LifecycleTest(cbtest.CowboxTestCase):
             self.assertNotEqual(self.daemon_pid(box.ref), pid)
         self.arun(go())
 
+    def test_apply(self):
+        import shutil
+        dst = os.path.join(self.tmp, "target")
+        shutil.copytree(self.base, dst)
+
+        async def go():
+            box = await self.new_box()
+            await box.write("src/a.py", b"x = 2\n")
+            await box.snapshot()
+            r = await box.apply(to=dst)
+            self.assertEqual((r["from_turn"], r["written"]), (0, 1), r)
+            with open(os.path.join(dst, "src/a.py")) as f:
+                self.assertEqual(f.read(), "x = 2\n")
+            await box.write("README", b"agent\n")
+            await box.snapshot()
+            with open(os.path.join(dst, "README"), "w") as f:
+                f.write("user\n")
+            with self.assertRaises(cowbox.ConflictError) as cm:
+                await box.apply(to=dst)
+            self.assertEqual(len(cm.exception.conflicts), 1)
+            self.assertIn("README: changed since", cm.exception.conflicts[0])
+            # Onto the base (the default), one turn.
+            r = await box.apply(turn=box.last_turn)
+            self.assertEqual(r["to"], os.path.realpath(self.base))
+            with open(os.path.join(self.base, "README")) as f:
+                self.assertEqual(f.read(), "agent\n")
+        self.arun(go())
+
 
 if __name__ == "__main__":
     unittest.main()

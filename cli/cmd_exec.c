@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "cowbox/access.h"
 #include "cowbox/backend.h"
 #include "cowbox/client.h"
 #include "cowbox/error.h"
@@ -275,6 +276,14 @@ static int sandbox_setup(struct exec_opts *o, const char *ref, int shell_mode,
 	if (!o->dir && ((rc = cb_ws_path(ref, NULL, &wsdir)) < 0 ||
 			(rc = cb_backend_options_load(wsdir, &bo)) < 0))
 		goto out;
+	/* A command is what access full alone allows (cowbox/access.h). */
+	if (!o->dir && (rc = cb_ws_access_load(wsdir)) < CB_ACCESS_FULL) {
+		if (rc >= 0)
+			rc = cb_error_set(EACCES, "%s serves at most access %s: commands need full",
+					  ref, cb_access_name(rc));
+		goto out;
+	}
+	rc = 0;
 	/* the workspace's user and shell apply to its commands from here too */
 	o->ws_user = bo.user;
 	o->ws_shell = bo.shell;

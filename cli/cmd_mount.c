@@ -18,23 +18,43 @@
 #include "cowbox/workspace.h"
 
 static const char mount_usage[] =
-    "usage: cowbox mount REF [DIR] [--foreground] [--json]\n"
+    "usage: cowbox mount REF [DIR] [--foreground] [--idle] [--json]\n"
     "Start the workspace daemon in the background and return once the overlay is mounted at\n"
-    "DIR (default: the workspace's mnt/). --foreground runs it here, logging on stderr.\n";
+    "DIR (default: the workspace's mnt/). --foreground runs it here, logging on stderr.\n"
+    "The mount stays until `cowbox umount`; with --idle it is started (or left) as the API\n"
+    "starts it: it stops once no client has held it for the workspace's idle_timeout.\n";
+
+/* Keep a running daemon mounted until it is told to stop (op idle, pin). */
+static int mount_pin(const char *ref)
+{
+	struct cb_client *c = NULL;
+	int rc = cb_daemon_connect(ref, &c);
+
+	if (!rc)
+		rc = cb_client_request(c, json_pack("{s:s, s:b}", "op", "idle", "pin", 1), 10000,
+				       NULL);
+	cb_client_close(c);
+	return rc;
+}
 
 int cmd_mount(int argc, char **argv)
 {
 	static const struct option opts[] = {
 	    {"foreground", no_argument, NULL, 'f'},
+	    {"idle", no_argument, NULL, 'i'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct cli_common common = {0};
-	int c, status, foreground = 0;
+	int c, status, foreground = 0, idle = 0;
 	struct cb_ws_info info;
 	pid_t pid = 0;
 
-	while ((c = cli_getopt(argc, argv, "f", opts, &common, mount_usage, &status)) > 0)
-		foreground = 1;
+	while ((c = cli_getopt(argc, argv, "f", opts, &common, mount_usage, &status)) > 0) {
+		if (c == 'f')
+			foreground = 1;
+		else
+			idle = 1;
+	}
 	if (c < 0)
 		return status;
 	if (optind + 1 != argc && optind + 2 != argc)
@@ -42,11 +62,12 @@ int cmd_mount(int argc, char **argv)
 	const char *ref = argv[optind], *dir = optind + 2 == argc ? argv[optind + 1] : NULL;
 
 	if (foreground) {
-		struct cb_daemon_options opt = {ref, dir, 1, 0};
+		struct cb_daemon_options opt = {ref, dir, 1, 0, !idle};
 
 		return cb_daemon_serve(&opt) ? cli_fail("mount", NULL) : CLI_OK;
 	}
-	if (cb_daemon_ensure(ref, dir, 30000, &pid) || cb_ws_info(ref, &info))
+	if (cb_daemon_ensure(ref, dir, 30000, &pid) || (!idle && mount_pin(ref)) ||
+	    cb_ws_info(ref, &info))
 		return cli_fail("mount", NULL);
 	if (common.json) {
 		json_t *j = json_pack("{s:s, s:s, s:I}", "ref", info.ref, "mountpoint",

@@ -7,8 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../daemon/daemon.h"
 #include "cmd_common.h"
 #include "commands.h"
+#include "cowbox/access.h"
 #include "cowbox/error.h"
 #include "cowbox/turns.h"
 #include "cowbox/backend.h"
@@ -19,7 +21,7 @@ static const char create_usage[] =
     "usage: cowbox create [--base DIR] [--name NAME] [--disk-mb N] [--disk-inodes N]\n"
     "                     [--user NAME|UID[:GROUP]] [--shell sh|bash]\n"
     "                     [--background keep|kill] [--volume HOST_DIR:PATH[:ro|rw]]...\n"
-    "                     [--json]\n"
+    "                     [--access none|files|full] [--idle-timeout SECONDS] [--json]\n"
     "Create a workspace over the read-only directory DIR (none: an empty workspace) and\n"
     "print its ref (cb- and 32 hex digits). NAME is an optional unique alias.\n"
     "--disk-mb and --disk-inodes set the quota of the workspace's changes (its upper layer;\n"
@@ -29,7 +31,12 @@ static const char create_usage[] =
     "(default): jobs a command started with &, nohup or setsid run on until the workspace\n"
     "closes (API commands; `cowbox exec` ends them with itself); kill: they end with it.\n"
     "--volume binds a host directory in (ns, docker; read-only unless :rw; none under\n"
-    "$COWBOX_HOME), up to 8.\n";
+    "$COWBOX_HOME), up to 8.\n"
+    "--access is the widest level it serves (default full): files allows read, write and\n"
+    "the turn operations but no command; none only what its owner uses (info, snapshot,\n"
+    "diff, turns, close). A connection may lower its own level, never raise it.\n"
+    "--idle-timeout: a daemon the API started stops (keeping the disk) once no client has\n"
+    "held it that long (default 600, 0: never); `cowbox mount` keeps it until umount.\n";
 
 /* The backend options create takes, kept in the workspace's backend.json. */
 struct create_opts {
@@ -38,10 +45,13 @@ struct create_opts {
 	enum cb_backend_bg background;
 	const char *volumes[CB_BACKEND_MAX_VOLUMES + 1]; /* the --volume flags */
 	int n_volumes;
+	int access;	   /* the widest level it serves (cowbox/access.h); -1: the default */
+	long long idle;	   /* --idle-timeout in seconds; -1: the default */
 };
 
 /* --disk-mb / --disk-inodes (0 there: none), --user, --shell: kept in the workspace's
- * backend options, checked as configure checks them. */
+ * backend options, checked as configure checks them; --access and --idle-timeout in the
+ * workspace directory, for its daemons. */
 static int create_options(const char *ref, const struct create_opts *co)
 {
 	struct cb_backend_options bo;
@@ -49,9 +59,13 @@ static int create_options(const char *ref, const struct create_opts *co)
 	char *dir = NULL;
 	int rc;
 
+	if ((rc = cb_ws_path(ref, NULL, &dir)) < 0 ||
+	    (co->access >= 0 && (rc = cb_ws_access_save(dir, co->access)) < 0) ||
+	    (co->idle >= 0 && (rc = cb_daemon_idle_save(dir, (double)co->idle)) < 0))
+		goto out;
 	if (mb < 0 && inodes < 0 && !co->user && !co->shell && !co->background && !co->n_volumes)
-		return 0;
-	if ((rc = cb_ws_path(ref, NULL, &dir)) < 0 || (rc = cb_backend_options_load(dir, &bo)) < 0)
+		goto out;
+	if ((rc = cb_backend_options_load(dir, &bo)) < 0)
 		goto out;
 	if (mb >= 0)
 		bo.disk_mb = mb ? (unsigned long)mb : CB_BACKEND_NO_LIMIT;
@@ -111,12 +125,14 @@ int cmd_create(int argc, char **argv)
 	    {"shell", required_argument, NULL, 'S'},
 	    {"background", required_argument, NULL, 'G'},
 	    {"volume", required_argument, NULL, 'V'},
+	    {"access", required_argument, NULL, 'A'},
+	    {"idle-timeout", required_argument, NULL, 'T'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct cli_common common = {0};
 	const char *base = NULL, *name = NULL;
 	char ref[CB_WS_REF_LEN + 1];
-	struct create_opts co = {.disk_mb = -1, .disk_inodes = -1};
+	struct create_opts co = {.disk_mb = -1, .disk_inodes = -1, .access = -1, .idle = -1};
 	int c, status, rc;
 
 	while ((c = cli_getopt(argc, argv, "b:n:", opts, &common, create_usage, &status)) > 0) {
@@ -145,6 +161,10 @@ int cmd_create(int argc, char **argv)
 			co.volumes[co.n_volumes++] = optarg;
 		else if (c == 'n')
 			name = optarg;
+		else if (c == 'T' && parse_count("--idle-timeout", optarg, &co.idle))
+			return CLI_USAGE;
+		else if (c == 'A' && (co.access = cb_access_parse(optarg)) < 0)
+			return cli_usage_error(create_usage, "--access: %s", cb_error_message());
 	}
 	if (c < 0)
 		return status;
@@ -411,9 +431,16 @@ int cmd_info(int argc, char **argv)
 	unsigned long id_base = 0;
 	if (cb_ws_ids_get(i.dir, &id_base) < 0)
 		cb_error_clear();
+	/* what the workspace serves, and how long a daemon the API started stays idle */
+	double idle = 0;
+	int level = cb_ws_access_load(i.dir);
+	if (level < 0 || cb_daemon_idle_load(i.dir, &idle) < 0)
+		cb_error_clear();
 	if (common.json) {
 		json_t *j = info_json(&i);
 
+		json_object_set_new(j, "supported_access", json_string(cb_access_name(level)));
+		json_object_set_new(j, "idle_timeout", json_real(idle));
 		json_object_set_new(j, "id_base", json_integer((json_int_t)id_base));
 		json_object_set_new(j, "blob_count", json_integer(nblobs));
 		json_object_set_new(j, "blob_bytes", json_integer(blob_bytes));
@@ -449,6 +476,12 @@ int cmd_info(int argc, char **argv)
 		info_limits_print(limits);
 		json_decref(limits);
 	}
+	printf("access:      %s at most\n", cb_access_name(level));
+	if (idle > 0)
+		printf("idle stop:   after %g s without a client (not while `cowbox mount`ed)\n",
+		       idle);
+	else
+		printf("idle stop:   never\n");
 	printf("directory:   %s\n", i.dir);
 	if (id_base)
 		printf("sandbox ids: host %lu-%lu are its uids/gids 0-65535\n", id_base,

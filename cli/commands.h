@@ -21,6 +21,7 @@ int cmd_mount(int argc, char **argv); /* cli/cmd_mount.c */
 int cmd_umount(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_log(int argc, char **argv);
+int cmd_access(int argc, char **argv); /* cli/cmd_access.c */
 
 /* Exec (cli/cmd_exec.c). */
 int cmd_exec(int argc, char **argv);
@@ -33,6 +34,7 @@ int cmd_rollback(int argc, char **argv);
 int cmd_turns(int argc, char **argv);
 int cmd_prune(int argc, char **argv);
 int cmd_fork(int argc, char **argv);
+int cmd_apply(int argc, char **argv); /* cli/cmd_apply.c */
 
 /* Checking and repairing stored state (cli/cmd_fsck.c). */
 int cmd_fsck(int argc, char **argv);

@@ -10,4 +10,5 @@ cowbox_SOURCES += cli/cmd_exec.c
 cowbox_LDADD = daemon/libcb_daemon.la backends/libcb_backends.la exec/libcb_exec.la \
 	ws/libcb_ws.la fs/libcb_fs.la db/libcb_db.la util/libcb_util.la $(COWBOX_BIN_DEPS)
 cowbox_SOURCES += cli/cmd_turns.c cli/cmd_fsck.c
+cowbox_SOURCES += cli/cmd_access.c cli/cmd_apply.c
 dist_man_MANS += man/cowbox.1

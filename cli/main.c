@@ -18,6 +18,7 @@ const struct cli_command cli_commands[] = {
     {"rm", cmd_rm, "unmount and delete a workspace"},
     {"log", cmd_log, "show the journal of changes"},
     {"serve", cmd_serve, "run a workspace daemon (what mount starts)"},
+    {"access", cmd_access, "show or lower the widest access level a workspace serves"},
     /* exec */
     {"exec", cmd_exec, "run a command in a workspace, isolated (namespace sandbox)"},
     {"shell", cmd_shell, "an interactive shell in a workspace's sandbox"},
@@ -28,6 +29,7 @@ const struct cli_command cli_commands[] = {
     {"turns", cmd_turns, "list a workspace's turns and blob store size"},
     {"prune", cmd_prune, "drop old turns and the blobs only they needed"},
     {"fork", cmd_fork, "a new workspace starting at a turn of another"},
+    {"apply", cmd_apply, "write a turn's changes onto the base or another folder"},
     {"fsck", cmd_fsck, "check blobs, base and meta.db; --repair what can be repaired"},
     {NULL, NULL, NULL},
 };

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "box_private.h"
+#include "cowbox/access.h"
 #include "cowbox/client.h"
 #include "cowbox/backend.h"
 #include "cowbox/error.h"
@@ -76,9 +77,21 @@ int cb_box_reply_error(const char *what, json_t *msg, json_t **result)
 			    text ? text : "the daemon gave no reason");
 }
 
-/* Boot (if needed) and connect to the workspace's daemon. */
+/* What an info or access reply says this box's connection may do. */
+static void box_level_seen(struct cb_box *box, json_t *reply)
+{
+	const char *name = json_string_value(json_object_get(reply, "access"));
+	int level = name ? cb_access_parse(name) : CB_ACCESS_FULL;
+
+	cb_error_clear();
+	box->level = level < 0 ? CB_ACCESS_NONE : level;
+}
+
+/* Boot (if needed) and connect to the workspace's daemon; a box lowered to a level lowers
+ * every connection it makes, also after the daemon was restarted. */
 static int box_connect(struct cb_box *box)
 {
+	json_t *msg = NULL;
 	int rc;
 
 	if (box->client)
@@ -88,7 +101,49 @@ static int box_connect(struct cb_box *box)
 		cb_box_set_code("unavailable");
 		return rc;
 	}
-	return 0;
+	if (box->access < 0)
+		return 0;
+	rc = cb_client_send(
+	    box->client,
+	    json_pack("{s:s, s:s}", "op", "access", "level", cb_access_name(box->access)), NULL);
+	if (!rc && !(rc = cb_client_recv(box->client, BOX_START_MS, &msg)) &&
+	    json_object_get(msg, "error"))
+		rc = cb_box_reply_error("access", msg, NULL);
+	if (!rc)
+		box_level_seen(box, msg);
+	json_decref(msg);
+	if (rc) {
+		cb_client_close(box->client);
+		box->client = NULL;
+	}
+	return rc;
+}
+
+int cb_box_access_need(struct cb_box *box, int level, const char *what)
+{
+	if (box->level >= level)
+		return 0;
+	cb_box_set_code("access_denied");
+	return cb_error_set(EACCES, "%s refused: this box has access %s, and %s needs %s", what,
+			    cb_access_name(box->level), what, cb_access_name(level));
+}
+
+int cb_box_set_access(struct cb_box *box, const char *level)
+{
+	int want, old = box->access, rc;
+
+	cb_box_set_code("");
+	if ((want = cb_access_parse(level)) < 0) {
+		cb_box_set_code("invalid_request");
+		return cb_box_finish(want);
+	}
+	/* A fresh connection asks for the new level (the old one keeps the old level). */
+	cb_client_close(box->client);
+	box->client = NULL;
+	box->access = want;
+	if ((rc = box_connect(box)))
+		box->access = old;
+	return cb_box_finish(rc);
 }
 
 int cb_box_wait_reply(struct cb_client *c, const long long *ids, size_t n, size_t *which,
@@ -177,6 +232,7 @@ static int box_apply_options(struct cb_box *box, json_t *opts)
 	free(box->working_dir);
 	box->working_dir = wd && *wd ? strdup(wd) : NULL;
 	box->mountpoint = strdup(json_string_value(json_object_get(info, "mountpoint")) ?: "");
+	box_level_seen(box, info);
 	box->backend = strdup(backend ? backend : "ns");
 	json_decref(info);
 	if (!box->mountpoint || !box->backend ||
@@ -214,6 +270,8 @@ int cb_box_attach(const char *ref, json_t *options, struct cb_box **out, pid_t *
 		goto out;
 	}
 	snprintf(box->ref, sizeof(box->ref), "%s", ref);
+	box->access = -1;
+	box->level = CB_ACCESS_FULL;
 	if (options)
 		json_object_set(req, "options", options);
 	rc = cb_box_request(box, "configure", req, &reply, NULL);
@@ -363,11 +421,31 @@ int cb_box_create(const struct cb_box_options *opts, struct cb_box **out)
 		opts = &none;
 	if ((rc = options_json(opts, &options)))
 		return cb_box_finish(rc);
+	if (opts->access && (rc = cb_access_parse(opts->access)) < 0) {
+		json_decref(options);
+		cb_box_set_code("invalid_request");
+		return cb_box_finish(cb_error_wrap(rc, "create"));
+	}
 	if ((rc = cb_ws_create(opts->base, opts->name, NULL, ref))) {
 		json_decref(options);
 		return cb_box_finish(cb_error_wrap(rc, "create"));
 	}
-	if ((rc = cb_box_attach(ref, options, out, &pid))) {
+	/* Lowered once configured: configure with options needs full. */
+	if (!(rc = cb_box_attach(ref, options, out, &pid)) && opts->access)
+		rc = cb_box_request(*out, "access",
+				    json_pack("{s:s, s:s, s:b}", "op", "access", "level",
+					      opts->access, "workspace", 1),
+				    NULL, NULL);
+	if (!rc && opts->idle_timeout)
+		rc = cb_box_request(*out, "idle",
+				    json_pack("{s:s, s:f}", "op", "idle", "timeout",
+					      opts->idle_timeout < 0 ? 0.0 : opts->idle_timeout),
+				    NULL, NULL);
+	if (!rc && opts->access)
+		(*out)->access = (*out)->level = cb_access_parse(opts->access);
+	if (rc) {
+		cb_box_detach(*out);
+		*out = NULL;
 		/* Refused options: the fresh workspace is of no use to anyone. */
 		char msg[1024], code[sizeof(last_code)];
 

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "box_private.h"
+#include "cowbox/access.h"
 #include "cowbox/client.h"
 #include "cowbox/error.h"
 #include "util/beneath.h"
@@ -75,7 +76,7 @@ int cb_box_direct_read(struct cb_box *box, const char *path, void **data, size_t
 	off_t size;
 	int root, rc;
 
-	if (!path || !*path)
+	if (!path || !*path || box->level < CB_ACCESS_FILES) /* the daemon says why not */
 		return 1;
 	if ((rc = cb_beneath_check(path)) < 0)
 		return direct_error("read", path, rc);
@@ -90,7 +91,7 @@ int cb_box_direct_write(struct cb_box *box, const char *path, const void *data, 
 {
 	int root, rc;
 
-	if (!path || !*path)
+	if (!path || !*path || box->level < CB_ACCESS_FILES) /* the daemon says why not */
 		return 1;
 	if ((rc = cb_beneath_check(path)) < 0)
 		return direct_error("write", path, rc);

@@ -9,6 +9,7 @@
 
 #include "api.h"
 #include "box_private.h"
+#include "cowbox/apply.h"
 #include "cowbox/client.h"
 #include "cowbox/backend.h"
 #include "cowbox/error.h"
@@ -397,6 +398,31 @@ int cb_box_fsck(struct cb_box *box, bool repair, json_t **report)
 		reply = NULL;
 		rc = (int)left;
 	}
+	json_decref(reply);
+	return cb_box_finish(rc);
+}
+
+int cb_box_apply(struct cb_box *box, long long turn, const char *to, json_t **report)
+{
+	json_t *req = json_pack("{s:s}", "op", "apply"), *reply = NULL, *result = NULL;
+	int rc;
+
+	cb_box_set_code("");
+	if (report)
+		*report = NULL;
+	if (req && turn > 0)
+		json_object_set_new(req, "turn", json_integer(turn));
+	if (req && to)
+		json_object_set_new(req, "to", json_string(to));
+	rc = cb_box_request(box, "apply", req, &reply, &result);
+	if (report && rc == -EEXIST) {
+		*report = result;
+		result = NULL;
+	} else if (report) {
+		*report = reply;
+		reply = NULL;
+	}
+	json_decref(result);
 	json_decref(reply);
 	return cb_box_finish(rc);
 }

@@ -18,12 +18,18 @@ struct cb_box {
 	char *working_dir; /* the option, for the direct path of read and write (NULL: none) */
 	struct cb_client *client; /* NULL until the first request, or after the daemon left */
 	pid_t daemon_pid;	  /* the daemon last seen serving it (maybe our child) */
+	int access;		  /* the level its connections were lowered to; -1: as served */
+	int level;		  /* the level the daemon last said this box has */
 	/* The map of the last snapshot (NULL: none yet), its turn and its database's id:
 	 * the next snapshot asks only for what changed since. */
 	json_t *map;
 	long long map_turn;
 	char map_id[17];
 };
+
+/* 0 when box may do what needs level (cowbox/access.h), else -EACCES (access_denied) naming
+ * what; for what the client does itself (exec's own connection, read/write by the mount). */
+int cb_box_access_need(struct cb_box *box, int level, const char *what);
 
 /* Record code as the thread's last error code ("" or NULL: none). */
 void cb_box_set_code(const char *code);

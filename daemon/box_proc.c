@@ -14,6 +14,7 @@
 
 #include "api.h"
 #include "box_private.h"
+#include "cowbox/access.h"
 #include "cowbox/error.h"
 #include "daemon.h"
 
@@ -203,8 +204,10 @@ int cb_box_exec(struct cb_box *box, const char *const *argv, const char *shell,
 	if ((rc = cb_box_command_json("exec", argv, shell, opts, &req)))
 		goto out;
 	json_object_set_new(req, "stdin", json_true());
-	/* A ping boots the daemon if it is not running, like any other first use. */
-	if ((rc = cb_box_request(box, "exec", json_pack("{s:s}", "op", "ping"), NULL, NULL)))
+	/* A ping boots the daemon if it is not running, like any other first use; the exec's
+	 * own connection would start at the workspace's level, not the box's. */
+	if ((rc = cb_box_request(box, "exec", json_pack("{s:s}", "op", "ping"), NULL, NULL)) ||
+	    (rc = cb_box_access_need(box, CB_ACCESS_FULL, "exec")))
 		goto out;
 	if (!(p = calloc(1, sizeof(*p)))) {
 		rc = cb_error_set(ENOMEM, "exec: out of memory");

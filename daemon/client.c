@@ -72,9 +72,9 @@ int cb_client_code_errno(const char *code)
 		const char *code;
 		int err;
 	} map[] = {
-	    {"not_found", ENOENT},	 {"invalid_path", EINVAL}, {"in_use", EBUSY},
-	    {"unavailable", EAGAIN},	 {"timeout", ETIMEDOUT},   {"output_limit", EFBIG},
-	    {"invalid_request", EPROTO},
+	    {"not_found", ENOENT},	 {"invalid_path", EINVAL},  {"in_use", EBUSY},
+	    {"unavailable", EAGAIN},	 {"timeout", ETIMEDOUT},    {"output_limit", EFBIG},
+	    {"invalid_request", EPROTO}, {"access_denied", EACCES}, {"conflict", EEXIST},
 	};
 
 	for (size_t i = 0; code && i < sizeof(map) / sizeof(map[0]); i++)

@@ -26,6 +26,7 @@ struct cb_daemon_conn {
 	int fd;
 	int refs;   /* guarded by d->conns_lock */
 	int closed; /* guarded by d->conns_lock */
+	int level;  /* its own access level (cowbox/access.h); __atomic */
 	pthread_mutex_t write_lock;
 	pthread_mutex_t requests_lock;
 	struct conn_request *requests; /* guarded by requests_lock */
@@ -133,6 +134,16 @@ static void conn_requests_close(struct cb_daemon_conn *conn)
 struct cb_daemon *cb_daemon_conn_daemon(struct cb_daemon_conn *conn)
 {
 	return conn->d;
+}
+
+int cb_daemon_conn_level(struct cb_daemon_conn *conn)
+{
+	return __atomic_load_n(&conn->level, __ATOMIC_ACQUIRE);
+}
+
+void cb_daemon_conn_set_level(struct cb_daemon_conn *conn, int level)
+{
+	__atomic_store_n(&conn->level, level, __ATOMIC_RELEASE);
 }
 
 struct cb_daemon_conn *cb_daemon_conn_ref(struct cb_daemon_conn *conn)
@@ -345,6 +356,10 @@ static void conn_dispatch(struct cb_daemon_conn *conn, const char *line, size_t 
 		goto out;
 	}
 	cb_error_clear();
+	if (cb_daemon_access_check(conn, json_string_value(op), req) < 0) {
+		cb_daemon_reply_error(conn, id, "access_denied", "%s", cb_error_message());
+		goto out;
+	}
 	rc = handler->handle(conn->d, conn, req);
 	if (rc < 0)
 		cb_daemon_reply_error(conn, id, cb_daemon_error_code(rc), "%s",
@@ -437,6 +452,7 @@ int cb_daemon_conn_start(struct cb_daemon *d, int fd)
 	conn->d = d;
 	conn->fd = fd;
 	conn->refs = 1;
+	conn->level = 2; /* full: what the workspace serves (d->access) bounds it */
 	pthread_mutex_init(&conn->write_lock, NULL);
 	pthread_mutex_init(&conn->requests_lock, NULL);
 	pthread_mutex_lock(&d->conns_lock);

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cowbox/access.h"
 #include "cowbox/backend.h"
 #include "cowbox/error.h"
 #include "cowbox/grow.h"
@@ -310,6 +311,7 @@ void cb_daemon_request_stop(struct cb_daemon *d)
 static int daemon_load(struct cb_daemon *d, const struct cb_daemon_options *opt)
 {
 	char *dir = NULL;
+	double idle;
 	int rc;
 
 	if ((rc = cb_ws_resolve(opt->ref, d->ref)) || (rc = cb_ws_path(d->ref, NULL, &dir)))
@@ -323,6 +325,11 @@ static int daemon_load(struct cb_daemon *d, const struct cb_daemon_options *opt)
 	d->db_path = path_join(d->dir, "meta.db");
 	if (!d->upper || !d->sock_path || !d->db_path)
 		return cb_error_set(ENOMEM, "out of memory");
+	if ((d->access = cb_ws_access_load(d->dir)) < 0)
+		return d->access;
+	if ((rc = cb_daemon_idle_load(d->dir, &idle)) < 0)
+		return rc;
+	d->idle_timeout_ms = (long long)(idle * 1000);
 	return daemon_mountpoint(d->dir, opt->mountpoint, &d->mountpoint);
 }
 
@@ -342,6 +349,8 @@ static void daemon_free(struct cb_daemon *d)
 	pthread_cond_destroy(&d->files_cond);
 	pthread_mutex_destroy(&d->conns_lock);
 	pthread_cond_destroy(&d->conns_cond);
+	pthread_mutex_destroy(&d->idle_lock);
+	pthread_cond_destroy(&d->idle_cond);
 }
 
 struct base_seen {
@@ -483,7 +492,10 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	pthread_cond_init(&d.files_cond, NULL);
 	pthread_mutex_init(&d.conns_lock, NULL);
 	pthread_cond_init(&d.conns_cond, NULL);
+	pthread_mutex_init(&d.idle_lock, NULL);
+	pthread_cond_init(&d.idle_cond, NULL);
 	d.started = now_seconds();
+	d.pinned = opt->pinned;
 	/* Our pid goes into the lock at once: a dead daemon's pid left there could meanwhile
 	 * belong to an unrelated process that `rm` would signal. */
 	if ((rc = daemon_load(&d, opt)) || (rc = daemon_lock(&d, &old_mnt)) ||
@@ -567,6 +579,10 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	}
 	have_sig = 1;
 	daemon_log("ready: %s mounted at %s, control socket %s", d.ref, d.mountpoint, d.sock_path);
+	if (cb_daemon_idle_start(&d)) {
+		daemon_log("%s; it stops only when told to", cb_error_message());
+		cb_error_clear();
+	}
 	if (cb_daemon_basehash_start(&d)) {
 		daemon_log("base hash: %s", cb_error_message());
 		cb_error_clear();
@@ -584,6 +600,7 @@ out:
 		shutdown(d.listen_fd, SHUT_RDWR);
 	if (have_accept)
 		pthread_join(accept_thread, NULL);
+	cb_daemon_idle_stop(&d);
 	cb_daemon_worker_stop(&d);
 	cb_daemon_conns_shutdown(&d, 30000);
 	cb_daemon_fsck_stop();

@@ -69,6 +69,16 @@ struct cb_daemon {
 	pthread_cond_t files_cond;
 	struct cb_daemon_basehash *basehash;   /* the background hash of the base (basehash.c) */
 	struct cb_daemon_basewatch *basewatch; /* inotify on the base (basewatch.c) */
+	int access; /* the widest level it serves (cowbox/access.h), only lowered; __atomic */
+	/* Idle stop (daemon/idle.c): the timeout (0: never) and whether `cowbox mount` pinned
+	 * it (never idle then), both __atomic; idle_since under conns_lock. */
+	long long idle_timeout_ms;
+	int pinned;
+	double idle_since;
+	pthread_mutex_t idle_lock;
+	pthread_cond_t idle_cond;
+	pthread_t idle_thread;
+	int have_idle;
 
 	/* Internal to daemon/: the lock, the listener and the connections. */
 	int lock_fd;
@@ -92,6 +102,10 @@ int cb_daemon_ids(const char *dir, int privileged, unsigned long *base);
  * it looks only when the inotify watch (basewatch.c) saw something move in the base since
  * the previous look. when: for the log. */
 int cb_daemon_base_watch(struct cb_daemon *d, const char *when);
+
+/* Record the open turn labelled label, as the snapshot op does (daemon/ops_turns.c); *turn
+ * gets its number. Takes the turn lock. */
+int cb_daemon_snapshot_labelled(struct cb_daemon *d, const char *label, long long *turn);
 
 /* fsck (daemon/ops_fsck.c): wait for a running check to end. Called once while stopping,
  * after the connections are shut down. */
@@ -273,6 +287,33 @@ void cb_daemon_worker_loop(int fd);
 int cb_daemon_worker_file_op(const char *root, const char *op, json_t *req,
 			     struct cb_daemon_lines *r, json_t **res, void **data, size_t *n);
 
+/* ---- idle stop (daemon/idle.c) ---- */
+#define CB_DAEMON_IDLE_DEFAULT 600.0 /* seconds, when the workspace sets none */
+extern const struct cb_daemon_op cb_daemon_ops_idle[];
+/* The idle timeout the workspace in dir keeps (the default when none); 0 or -errno. */
+int cb_daemon_idle_load(const char *dir, double *timeout);
+/* Keep timeout (seconds >= 0, 0: never) for the workspace in dir. */
+int cb_daemon_idle_save(const char *dir, double timeout);
+/* The thread that stops the daemon once idle (not pinned, no connection for the timeout),
+ * and its end (after d->stopping is set). */
+int cb_daemon_idle_start(struct cb_daemon *d);
+void cb_daemon_idle_stop(struct cb_daemon *d);
+/* "idle_timeout" and "pinned" into an info reply. */
+void cb_daemon_idle_info(struct cb_daemon *d, json_t *r);
+
+/* ---- access levels (daemon/access.c) ---- */
+extern const struct cb_daemon_op cb_daemon_ops_access[];
+/* A connection's own level (it starts at full) and its lowering; what it may do is the lower
+ * of it and the workspace's (cb_daemon_access_of). */
+int cb_daemon_conn_level(struct cb_daemon_conn *conn);
+void cb_daemon_conn_set_level(struct cb_daemon_conn *conn, int level);
+int cb_daemon_access_of(struct cb_daemon_conn *conn);
+/* 0 if conn may run op (req: its request), else -EACCES with a message saying which level
+ * the op needs and which the connection has. */
+int cb_daemon_access_check(struct cb_daemon_conn *conn, const char *op, json_t *req);
+/* {"access": the connection's level, "supported_access": the workspace's}. */
+json_t *cb_daemon_access_json(struct cb_daemon_conn *conn);
+
 /* ---- connections (daemon/conn.c) ---- */
 
 /* Serve one accepted client on a reader thread of its own (takes ownership of fd). */
@@ -297,6 +338,7 @@ struct cb_daemon_options {
 	const char *mountpoint; /* NULL: <dir>/mnt */
 	int foreground;		/* log to stderr instead of daemon.log */
 	int debug;		/* FUSE request tracing */
+	int pinned;		/* never stop when idle (`cowbox mount`), only when told to */
 };
 
 /* Run the daemon until the workspace is unmounted, `close` is asked or SIGTERM/SIGINT come:

@@ -3,7 +3,8 @@ noinst_LTLIBRARIES += daemon/libcb_daemon.la
 daemon_libcb_daemon_la_SOURCES = daemon/daemon.h daemon/daemon.c daemon/conn.c \
 	daemon/reaper.c daemon/ops.c daemon/ops_core.c daemon/client.c \
 	daemon/worker.c daemon/workproc.c
-daemon_libcb_daemon_la_SOURCES += daemon/basehash.c daemon/basewatch.c
+daemon_libcb_daemon_la_SOURCES += daemon/basehash.c daemon/basewatch.c daemon/access.c \
+	daemon/idle.c daemon/ops_apply.c
 COWBOX_LAYERS += daemon/libcb_daemon.la
 pkginclude_HEADERS += include/cowbox/client.h
 
@@ -32,3 +33,8 @@ TESTS += daemon/test_box
 daemon_test_box_SOURCES = daemon/test_box.c
 daemon_test_box_CFLAGS = $(CRITERION_TEST_CFLAGS)
 daemon_test_box_LDADD = libcowbox.la $(DEPS_LIBS) $(CRITERION_TEST_LIBS)
+check_PROGRAMS += daemon/test_box_lifecycle
+TESTS += daemon/test_box_lifecycle
+daemon_test_box_lifecycle_SOURCES = daemon/test_box_lifecycle.c
+daemon_test_box_lifecycle_CFLAGS = $(CRITERION_TEST_CFLAGS)
+daemon_test_box_lifecycle_LDADD = libcowbox.la $(DEPS_LIBS) $(CRITERION_TEST_LIBS)

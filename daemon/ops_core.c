@@ -93,6 +93,8 @@ static int op_info(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 		info_network(d, r);
 		info_fs(d, req, r);
 		cb_daemon_basehash_info(d, r);
+		json_object_update_new(r, cb_daemon_access_json(conn));
+		cb_daemon_idle_info(d, r);
 	}
 	return cb_daemon_reply(conn, json_object_get(req, "id"), r);
 }

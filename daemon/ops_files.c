@@ -147,20 +147,32 @@ static int op_host_url(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	return rc < 0 ? rc : reply_string(conn, req, "url", url);
 }
 
-/* With "options": set them (only before the backend is first created); always: say which. */
+/* With "options": set them (only before the backend is first created); always: say which.
+ * Options with on_create hooks or a setup script boot the backend at once, so that they run
+ * at create, and record what they did as a turn labelled "on_create": the baseline the
+ * agent's first turn is compared with, not part of it. */
 static int op_configure(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
 	json_t *opt = json_object_get(req, "options"), *reply;
+	long long baseline = -1;
 	struct cb_backend *b;
-	int rc;
+	int rc, hooks;
 
 	if (opt && (rc = cb_api_configure(d, opt)) < 0)
 		return rc;
 	if ((rc = cb_api_backend(d, 0, &b)) < 0)
 		return rc;
-	reply = json_pack("{s:o, s:b}", "options", cb_backend_options_to_json(&b->opt), "created",
-			  b->created);
+	hooks = b->opt.on_create[0] || b->opt.setup_script;
+	if (opt && hooks && !b->created && !(rc = cb_backend_ensure(b)))
+		rc = cb_daemon_snapshot_labelled(d, "on_create", &baseline);
+	reply = rc ? NULL
+		   : json_pack("{s:o, s:b}", "options", cb_backend_options_to_json(&b->opt),
+			       "created", b->created);
 	cb_api_backend_put(b);
+	if (rc)
+		return rc;
+	if (baseline >= 0)
+		json_object_set_new(reply, "baseline_turn", json_integer(baseline));
 	return cb_daemon_reply(conn, json_object_get(req, "id"), reply);
 }
 

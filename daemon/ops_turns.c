@@ -365,6 +365,21 @@ out:
 	return ret;
 }
 
+int cb_daemon_snapshot_labelled(struct cb_daemon *d, const char *label, long long *turn)
+{
+	json_t *r = NULL;
+	int ret;
+
+	pthread_mutex_lock(&d->turn_lock);
+	ret = turns_snapshot(d,
+			     json_pack("{s:s, s:b, s:b, s:b}", "label", label, "changes", 0,
+				       "files", 0, "progress", 0),
+			     NULL, NULL, &r, turn);
+	pthread_mutex_unlock(&d->turn_lock);
+	json_decref(r);
+	return ret;
+}
+
 static int op_snapshot(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
 	json_t *wreq = json_pack("{s:O*, s:b, s:b, s:b}", "label", json_object_get(req, "label"),

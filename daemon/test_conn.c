@@ -107,6 +107,13 @@ const struct cb_daemon_op *cb_daemon_op_find(const char *name)
 	return NULL;
 }
 
+/* Access levels (daemon/access.c) are not what this test is about: everything is allowed. */
+int cb_daemon_access_check(struct cb_daemon_conn *conn, const char *op, json_t *req)
+{
+	(void)conn, (void)op, (void)req;
+	return 0;
+}
+
 static struct cb_daemon d;
 static int peer = -1;
 static char inbuf[1 << 16];

@@ -27,3 +27,5 @@ TESTS += tests/integration/test_faults_data.py
 TESTS += tests/integration/test_limits.py
 # the shared base cache and the background hash of the base
 TESTS += tests/integration/test_basecache.py
+# a workspace's lifecycle: access levels, hooks at create, idle stop, apply
+TESTS += tests/integration/test_lifecycle.py bindings/python/tests/test_lifecycle.py

@@ -36,3 +36,11 @@ ws_test_resolve_fast_LDADD = ws/libcb_ws.la db/libcb_db.la util/libcb_util.la $(
 
 # the shared base hash cache and the background hash of the base
 ws_libcb_ws_la_SOURCES += ws/basecache.c
+
+# access levels: names, and the widest level a workspace serves
+ws_libcb_ws_la_SOURCES += ws/access.c
+pkginclude_HEADERS += include/cowbox/access.h
+
+# apply: a turn's changes written onto the base or another folder
+ws_libcb_ws_la_SOURCES += ws/apply.c
+pkginclude_HEADERS += include/cowbox/apply.h

@@ -25,6 +25,8 @@ extern "C" {
  *   unavailable       EAGAIN      the daemon or backend cannot start or went away
  *   timeout           ETIMEDOUT   a strict run timed out; a hook or setup script did
  *   output_limit      EFBIG       a strict run passed its output cap
+ *   access_denied     EACCES      an op above the box's access level (cowbox/access.h)
+ *   conflict          EEXIST      apply: the folder changed since (cowbox/apply.h)
  *   invalid_request   EPROTO      bad options or arguments (also local checks: EINVAL
  *                                 before anything was sent reports invalid_request, and
  *                                 ENOTDIR for a base that is not a directory)
@@ -70,6 +72,10 @@ struct cb_box_options {
 					* workspace closes; "kill": they end with it */
 	const char *const *volumes;    /* ns, docker: "HOST_DIR:PATH[:ro|rw]", NULL-terminated;
 					* read-only unless :rw, none under $COWBOX_HOME */
+	const char *access;	       /* the widest level it serves: "none", "files" or
+					* NULL/"full" (cowbox/access.h) */
+	double idle_timeout;	       /* seconds without a client before its daemon stops
+					* (keeping the disk); 0: 600; < 0: never */
 };
 
 /* Per command; a NULL options pointer means all defaults. */

@@ -309,8 +309,8 @@ class ApiTest(cbtest.CowboxTestCase):
         return got
 
     def test_kill_right_after_exec(self):
-        # A kill that arrives before the command exists (here while the on_create hook
-        # runs; later while the sandbox is being made) is kept and applied: the daemon
+        # A kill that arrives before the command exists (here while the sandbox is being
+        # made; the on_create hook ran at configure) is kept and applied: the daemon
         # survives and every exec ends killed.
         self.ok("configure", options={"on_create": ["sleep 1"]})
         pid = self.daemon_pid(self.ref)
@@ -544,7 +544,12 @@ class ApiTest(cbtest.CowboxTestCase):
         other = self.create(self.base)
         self.mount(other)
         c2 = self.client(other)
-        self.ok("configure", c=c2, options={"setup_script": "sleep 20", "setup_timeout": 0.5})
+        # The script runs at configure (hooks at create): that fails, the options stay.
+        t0 = time.monotonic()
+        msg = self.err("configure", "timeout", c=c2,
+                       options={"setup_script": "sleep 20", "setup_timeout": 0.5})
+        self.assertIn("setup script", msg)
+        self.assertLess(time.monotonic() - t0, 8)
         for _ in range(2):  # nothing half-made stays: the next op runs the script again
             t0 = time.monotonic()
             r = c2.request("run", cmd=["true"])

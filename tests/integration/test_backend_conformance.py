@@ -469,6 +469,92 @@ class Conformance:
                 self.run_with(None, volumes=bad)
 
 
+    async def _create(self, **opts):
+        return await cowbox.Sandbox.create(self.base, cowbox=cbtest.COWBOX, home=self.home,
+                                           **dict(self.OPTIONS, **opts))
+
+    def test_access_levels(self):
+        # Mistral's access: files gives the file tools, full adds commands; a wider level
+        # than the workspace serves is refused.
+        async def body(box):
+            low = await cowbox.Sandbox.attach(box.ref, access="files", cowbox=cbtest.COWBOX,
+                                              home=self.home)
+            await low.write("by-files.txt", b"ok")
+            self.assertEqual(await low.read("by-files.txt"), b"ok")
+            for call in (low.run(["true"]), low.exec(["true"]), low.which("sh")):
+                with self.assertRaises(cowbox.AccessDeniedError):
+                    await call
+            self.assertEqual((await box.run(["cat", "by-files.txt"])).stdout, "ok")
+            await low._conn.close()
+            narrow = await self._create(access="files")
+            try:
+                self.assertEqual(narrow.supported_access, "files")
+                with self.assertRaises(cowbox.AccessDeniedError):
+                    await narrow.run(["true"])
+                with self.assertRaises(cowbox.AccessDeniedError):
+                    await cowbox.Sandbox.attach(narrow.ref, access="full",
+                                                cowbox=cbtest.COWBOX, home=self.home)
+            finally:
+                await narrow.close()
+        self.arun(body)
+
+    def test_hooks_run_at_create_as_the_baseline(self):
+        # The on_create hooks (a shell string and an async callable) and the setup script
+        # run before create returns; what they made is the baseline turn, not the agent's
+        # first turn's FileChanges.
+        async def code_hook(sb):
+            r = await sb.run(["sh", "-c", "cat hook.txt > from-code.txt"])
+            self.assertEqual(r.exit_code, 0, r.stderr)
+
+        async def body(_):
+            box = await self._create(on_create=["echo hooked > hook.txt", code_hook],
+                                     setup_script="echo setup >> hook.txt")
+            try:
+                self.assertIsNotNone(box.baseline_turn)
+                before = await box.snapshot()
+                self.assertIn("hook.txt", before)
+                self.assertEqual(await box.read("from-code.txt"), b"hooked\nsetup\n")
+                await box.run(["sh", "-c", "echo agent > agent.txt"])
+                after = await box.snapshot()
+                self.assertEqual([c.path for c in cowbox.file_changes(before, after)],
+                                 ["agent.txt"])
+                self.assertEqual([c.path for c in await box.diff(box.baseline_turn)],
+                                 ["agent.txt"])
+            finally:
+                await box.close()
+            # A failing hook fails the create, which leaves nothing behind.
+            with self.assertRaises(cowbox.WorkspaceError):
+                await self._create(on_create=["exit 3"])
+            self.assertEqual(len(os.listdir(os.path.join(self.home, "workspaces"))), 2)
+        self.arun(body)
+
+
+    def idle_resources_gone(self, ref):
+        """Whatever the backend keeps for a booted workspace is gone (docker: the container)."""
+
+    def test_idle_stop_keeps_the_disk(self):
+        # BoxLite: a box stops when nothing uses it any more and keeps its disk; the next
+        # use boots it again.
+        async def body(_):
+            box = await self._create(idle_timeout=1)
+            try:
+                self.assertEqual((await box.run(["sh", "-c", "echo kept > kept.txt"]))
+                                 .exit_code, 0)
+                pid = self.daemon_pid(box.ref)
+                await box.detach()
+                for _ in range(150):
+                    if not cbtest.pid_alive(pid):
+                        break
+                    await asyncio.sleep(0.1)
+                self.assertFalse(cbtest.pid_alive(pid), "no idle stop")
+                self.idle_resources_gone(box.ref)
+                r = await box.run(["cat", "kept.txt"])
+                self.assertEqual(r.stdout, "kept\n")
+            finally:
+                await box.close()
+        self.arun(body)
+
+
 class NsConformance(Conformance, cbtest.CowboxTestCase):
     OPTIONS = {"backend": "ns"}
     KILLS_TREE_AT_ONCE = True
@@ -555,6 +641,10 @@ class DockerConformance(Conformance, cbtest.CowboxTestCase):
             finally:
                 await box.close()
         asyncio.run(main())
+
+    def idle_resources_gone(self, ref):
+        gone = subprocess.run(["docker", "inspect", "cowbox-" + ref], capture_output=True)
+        self.assertNotEqual(gone.returncode, 0, "the container outlived an idle stop")
 
     def test_container_lifecycle(self):
         name = []

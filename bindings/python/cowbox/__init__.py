@@ -1,7 +1,7 @@
 """cowbox: copy-on-write sandbox workspaces for AI agents, as an asyncio client (stdlib only).
 Sandbox satisfies the LiteLLM harness Sandbox protocol."""
 
-from .errors import (InvalidPathError, InvalidRequestError, WorkspaceError,
+from .errors import (AccessDeniedError, ConflictError, InvalidPathError, InvalidRequestError, WorkspaceError,
                      WorkspaceInUseError, WorkspaceNotFoundError, WorkspaceOutputLimitError,
                      WorkspaceTimeoutError, WorkspaceUnavailableError)
 from .sandbox import CompletedRun, FileChange, Process, Sandbox, file_changes
@@ -12,6 +12,6 @@ __all__ = [
     "Sandbox", "CowboxSandbox", "Process", "CompletedRun", "FileChange", "file_changes",
     "WorkspaceError", "WorkspaceNotFoundError", "InvalidPathError", "WorkspaceInUseError",
     "WorkspaceUnavailableError", "WorkspaceTimeoutError", "WorkspaceOutputLimitError",
-    "InvalidRequestError",
+    "InvalidRequestError", "AccessDeniedError", "ConflictError",
 ]
 __version__ = "0.1.0"

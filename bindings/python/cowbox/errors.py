@@ -56,11 +56,26 @@ class InvalidRequestError(WorkspaceError, ValueError):
     code = "invalid_request"
 
 
+class AccessDeniedError(WorkspaceError, PermissionError):
+    """access_denied: the op needs a wider access level than the sandbox has (none < files <
+    full), or a wider level was asked than the workspace serves."""
+
+    code = "access_denied"
+
+
+class ConflictError(WorkspaceError):
+    """conflict: apply refused, nothing written; .conflicts lists "PATH: why" for each path
+    of the folder that changed since the turn the workspace recorded."""
+
+    code = "conflict"
+    conflicts = ()
+
+
 _BY_CODE = {
     cls.code: cls
     for cls in (WorkspaceNotFoundError, InvalidPathError, WorkspaceInUseError,
                 WorkspaceUnavailableError, WorkspaceTimeoutError, WorkspaceOutputLimitError,
-                InvalidRequestError)
+                InvalidRequestError, AccessDeniedError, ConflictError)
 }
 
 
@@ -69,4 +84,7 @@ def error_from_reply(error, result=None):
     code = error.get("code", "unavailable")
     result = error.get("result", result)
     cls = _BY_CODE.get(code, WorkspaceError)
-    return cls(error.get("message", code), code=code, result=result)
+    exc = cls(error.get("message", code), code=code, result=result)
+    if "conflicts" in error:
+        exc.conflicts = list(error["conflicts"])
+    return exc

@@ -12,13 +12,19 @@ from dataclasses import dataclass, field
 
 from . import directio
 from .connection import Connection, SendFailed, request_sync
-from .errors import (InvalidRequestError, WorkspaceError, WorkspaceNotFoundError,
+from .errors import (AccessDeniedError, InvalidRequestError, WorkspaceError, WorkspaceNotFoundError,
                      WorkspaceUnavailableError, error_from_reply)
 
 CHUNK = 1 << 20  # bytes per read/write request; large files take several
 _REF = re.compile(r"^cb-[0-9a-f]{32}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 log = logging.getLogger("cowbox")
+ACCESS_LEVELS = ("none", "files", "full")  # narrowest first
+
+
+def _check_access(access):
+    if access is not None and access not in ACCESS_LEVELS:
+        raise ValueError("access %r: expected 'none', 'files' or 'full'" % (access,))
 
 
 @dataclass
@@ -186,9 +192,15 @@ def _check_ref(ref):
 class Sandbox:
     """A cowbox workspace as a harness sandbox. Build it with create() or attach(ref)."""
 
-    def __init__(self, ref, *, cowbox=None, home=None):
+    def __init__(self, ref, *, cowbox=None, home=None, access=None):
         _check_ref(ref)
+        _check_access(access)
         self.ref = ref
+        # The level asked for (None: every level the workspace serves); what the daemon
+        # grants is self.access, and self.supported_access the workspace's widest.
+        self._access = access
+        self.access = None
+        self.supported_access = None
         self.cowbox = cowbox or os.environ.get("COWBOX", "cowbox")
         self._env = dict(os.environ)
         if home:
@@ -200,6 +212,9 @@ class Sandbox:
         self.backend = "ns"
         self.workdir = "/workspace"
         self.last_turn = None
+        # The turn that recorded what the on_create hooks and setup script did at create
+        # (None: there were none): the baseline, not the agent's first turn.
+        self.baseline_turn = None
         # (turn, map_id, {path: sha256}) of the last snapshot(): what the next one asks
         # the changes against.
         self._map = None
@@ -217,7 +232,7 @@ class Sandbox:
                      disk_mb=None, disk_inodes=None, image=None,
                      on_create=(), on_destroy=(), setup_script=None, setup_timeout=None,
                      privileged=False, shell=None, user=None, background=None, volumes=None,
-                     cowbox=None, home=None):
+                     access=None, idle_timeout=None, cowbox=None, home=None):
         """A new workspace over base (a directory, or None for an empty one) with these
         backend options; the backend itself boots on first use. network is "none" (the
         default of ns and docker), "all" (outbound through user-mode networking, not the
@@ -234,9 +249,28 @@ class Sandbox:
         instead of in a user namespace with the workspace's own id range: warned, see
         docs/security.md. Limits (docs/security.md#limits) default to timeout=600 s per
         command, memory_mb=4096, pids=1024 (ns and docker) and an upper-layer quota of
-        disk_mb=10240 and disk_inodes=1000000; None keeps the default, 0 turns one off."""
+        disk_mb=10240 and disk_inodes=1000000; None keeps the default, 0 turns one off.
+        access ("none", "files" or "full", like Mistral's supported_access) is the widest
+        level the workspace serves, to every client: files gives read, write and the turn
+        operations but no command; none only what the owner uses (snapshot, diff, turns,
+        close, destroy). None: full. on_create lists shell commands (str) and async
+        callables that get the sandbox (Mistral's code hooks): all run here, before create
+        returns (shell ones first, in the daemon, then the setup script, then the callables,
+        in order), and what they changed is recorded as the turn labelled on_create
+        (baseline_turn): the baseline, not the agent's first turn. A failing hook fails the
+        create, which removes the workspace. idle_timeout (seconds, default 600, 0: never):
+        the workspace's daemon, mount and container stop once no Sandbox object holds it
+        for that long, keeping its disk; the next use boots it again."""
+        _check_access(access)
+        on_create = list(on_create)
+        hooks = [h for h in on_create if not isinstance(h, str)]
+        for h in hooks:
+            if not callable(h):
+                raise TypeError("on_create: %r is neither a shell command (str) nor an "
+                                "async callable taking the sandbox" % (h,))
         options = {"backend": backend, "env": dict(env or {}),
-                   "on_create": list(on_create), "on_destroy": list(on_destroy)}
+                   "on_create": [h for h in on_create if isinstance(h, str)],
+                   "on_destroy": list(on_destroy)}
         for key, value in (("network", network), ("working_dir", working_dir),
                            ("timeout", timeout),
                            ("cpus", cpus), ("memory_mb", memory_mb), ("pids", pids),
@@ -265,7 +299,19 @@ class Sandbox:
         # workspace left by a caller that died half-way can be found and destroyed.
         log.info("Creating cowbox workspace %s", box.ref)
         try:
-            box._apply_options((await box._request("configure", options=options))["options"])
+            # Shell hooks and the setup script run in the daemon at configure, which
+            # records them as a turn labelled on_create; code hooks run next, here.
+            reply = await box._request("configure", options=options)
+            box._apply_options(reply["options"])
+            box.baseline_turn = reply.get("baseline_turn")
+            if idle_timeout is not None:
+                await box._request("idle", timeout=float(idle_timeout))
+            for hook in hooks:
+                await hook(box)
+            if hooks:
+                box.baseline_turn = (await box._request("snapshot", label="on_create"))["turn"]
+            if access:  # once configured: configure with options needs full
+                await box.set_access(access, workspace=True)
         except BaseException:
             # Refused options (or a cancel): the fresh workspace is of no use to anyone.
             await box.close()
@@ -274,10 +320,12 @@ class Sandbox:
         return box
 
     @classmethod
-    async def attach(cls, ref, *, cowbox=None, home=None):
+    async def attach(cls, ref, *, access=None, cowbox=None, home=None):
         """The workspace ref (or name) names, its daemon started if none runs; a ref that
-        does not exist raises WorkspaceUnavailableError."""
-        box = cls(ref, cowbox=cowbox, home=home)
+        does not exist raises WorkspaceUnavailableError. access lowers what this object
+        may do, for its life ("files": no commands; "none": only snapshot, diff, turns,
+        close); a level wider than the workspace serves raises AccessDeniedError."""
+        box = cls(ref, cowbox=cowbox, home=home, access=access)
         await box._connect()
         return box
 
@@ -338,7 +386,7 @@ class Sandbox:
         async with self._lock:
             if self._conn and not self._conn.closed:
                 return self._conn
-            rc, out, err = await _cowbox(self.cowbox, self._env, "mount", self.ref, "--json")
+            rc, out, err = await _cowbox(self.cowbox, self._env, "mount", self.ref, "--json", "--idle")
             if rc != 0:
                 raise WorkspaceUnavailableError("workspace %s: %s" % (self.ref, err))
             info = json.loads(out)
@@ -349,9 +397,30 @@ class Sandbox:
                 home = self._env.get("COWBOX_HOME")
                 self._sock = os.path.join(home or "/var/lib/cowbox", "workspaces", self.ref,
                                           "control.sock")
-            self._conn = await Connection.open(self._sock)
-            self._apply_options((await self._conn.request("configure"))["options"])
+            conn = await Connection.open(self._sock)
+            try:
+                # Every connection asks for the level first (also after a restart).
+                args = {"level": self._access} if self._access else {}
+                granted = await conn.request("access", **args)
+                self._apply_options((await conn.request("configure"))["options"])
+            except BaseException:
+                await conn.close()
+                raise
+            self.access = granted["access"]
+            self.supported_access = granted["supported_access"]
+            self._conn = conn
             return self._conn
+
+    async def set_access(self, access, *, workspace=False):
+        """Lower this sandbox to access for its life (every connection it makes asks for
+        it); workspace=True lowers the widest level the workspace serves, for every client.
+        A wider level than it has raises AccessDeniedError."""
+        _check_access(access)
+        conn = await self._connect()
+        granted = await conn.request("access", level=access, workspace=bool(workspace))
+        self._access = access
+        self.access = granted["access"]
+        self.supported_access = granted["supported_access"]
 
     def _apply_options(self, opts):
         self.backend = opts["backend"]
@@ -369,6 +438,13 @@ class Sandbox:
         except SendFailed:
             conn = await self._connect()
             return await conn.request(op, **args)
+
+    async def detach(self):
+        """Let go of the workspace without stopping it: other clients keep using it, and
+        with none left its daemon stops after its idle_timeout (keeping the disk)."""
+        if self._conn:
+            await self._conn.close()
+        self._conn = None
 
     async def close(self):
         """Stop the workspace's daemon (and its container); the disk stays for attach."""
@@ -423,6 +499,9 @@ class Sandbox:
         a close or destroy from elsewhere raises WorkspaceUnavailableError from wait()."""
         for attempt in (0, 1):
             conn = await self._connect()
+            if self.access != "full":  # refused at once, not at wait()
+                raise AccessDeniedError("exec refused: this sandbox has access %s, and exec "
+                                        "needs full" % self.access)
             proc = Process(conn)
             proc._id = conn.start("exec", proc._on_message, stdin=True,
                                   **self._cmd_args(cmd, env, cwd, timeout, user,
@@ -460,7 +539,8 @@ class Sandbox:
         return _result(msg)
 
     async def _direct(self, fn, *args):
-        if not self.direct_io or not self.mountpoint:
+        # Below files the daemon refuses it, with its reason.
+        if not self.direct_io or not self.mountpoint or self.access not in ("files", "full"):
             return False, None
         try:
             return True, await asyncio.get_running_loop().run_in_executor(
@@ -516,11 +596,14 @@ class Sandbox:
     def host_url(self, port):
         """A URL that code inside the sandbox reaches the host's port with (only that port,
         even under network none). Synchronous, as the protocol has it."""
+        if self._access not in (None, "full") or self.access not in (None, "full"):
+            raise AccessDeniedError("host_url refused: this sandbox has access %s, and "
+                                    "host_url needs full" % (self.access or self._access))
         if not self._sock:
             # Not started yet: boot the daemon the blocking way (the protocol's host_url is
             # synchronous), as the first async operation would.
             import subprocess
-            proc = subprocess.run([self.cowbox, "mount", self.ref, "--json"], env=self._env,
+            proc = subprocess.run([self.cowbox, "mount", self.ref, "--json", "--idle"], env=self._env,
                                   capture_output=True, text=True)
             if proc.returncode != 0:
                 raise WorkspaceUnavailableError("workspace %s: %s" % (self.ref,
@@ -600,6 +683,20 @@ class Sandbox:
         """Make the live workspace what it was at turn."""
         return await self._request("rollback", turn=turn)
 
+    async def apply(self, turn=None, to=None):
+        """Write turn's changes (from turn - 1), or with turn=None everything since the base
+        (a snapshot is recorded first), onto the base folder or the directory to. Every path
+        is checked first: where the folder no longer holds what the workspace recorded,
+        nothing is written and ConflictError lists them (.conflicts). Returns {"from_turn",
+        "to_turn", "to", "written", "deleted", "unchanged"}."""
+        args = {}
+        if turn is not None:
+            args["turn"] = int(turn)
+        if to is not None:
+            args["to"] = os.path.realpath(str(to))
+        msg = await self._request("apply", **args)
+        return {k: v for k, v in msg.items() if k not in ("id", "ok")}
+
     async def fsck(self, repair=False):
         """Check the workspace's stored state (every blob and base file its turns need, the
         base cache, meta.db; nothing through the mount). Returns {"ref", "clean",
@@ -616,7 +713,7 @@ class Sandbox:
         if name:
             args["name"] = name
         msg = await self._request("fork", **args)
-        return await Sandbox.attach(msg["ref"], cowbox=self.cowbox,
+        return await Sandbox.attach(msg["ref"], cowbox=self.cowbox, access=self._access,
                                     home=self._env.get("COWBOX_HOME"))
 
 

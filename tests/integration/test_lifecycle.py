@@ -1,0 +1,328 @@
+"""A workspace's lifecycle over the raw protocol and the CLI: access levels (per connection,
+only lowered, bounded by the workspace's widest), hooks and the setup script run at create as
+a baseline turn, idle stop, apply."""
+
+import base64
+import json
+import os
+import subprocess
+import time
+
+import cbtest
+
+
+def b64(data):
+    return base64.b64encode(data).decode()
+
+
+class AccessTest(cbtest.CowboxTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.base = self.make_base({"a.txt": "alpha\n"})
+        self.ref = self.create(self.base)
+        self.mount(self.ref)
+
+    def code(self, reply):
+        self.assertIn("error", reply, reply)
+        return reply["error"]["code"]
+
+    def test_connection_levels_are_only_lowered(self):
+        c, other = self.client(self.ref), self.client(self.ref)
+        r = c.request("info")
+        self.assertEqual((r["access"], r["supported_access"]), ("full", "full"))
+        r = c.request("access", level="files")
+        self.assertEqual((r["access"], r["supported_access"]), ("files", "full"), r)
+        # files: read, write, snapshot, diff, rollback; no command, which or host_url.
+        self.assertTrue(c.request("write", path="w.txt", data=b64(b"hi")).get("ok"))
+        self.assertEqual(base64.b64decode(c.request("read", path="w.txt")["data"]), b"hi")
+        turn = c.request("snapshot")["turn"]
+        self.assertTrue(c.request("diff", a=0, b=turn).get("ok"))
+        for op, args in (("run", {"cmd": ["true"]}), ("exec", {"cmd": ["true"]}),
+                         ("which", {"binary": "sh"}), ("host_url", {"port": 80}),
+                         ("configure", {"options": {}})):
+            r = c.request(op, **args)
+            self.assertEqual(self.code(r), "access_denied", (op, r))
+            self.assertIn("needs full", r["error"]["message"])
+        self.assertTrue(c.request("configure").get("ok"))  # reading the options is fine
+        # Never raised again, on this connection.
+        r = c.request("access", level="full")
+        self.assertEqual(self.code(r), "access_denied")
+        self.assertIn("can only be lowered", r["error"]["message"])
+        # none: only the owner's ops.
+        self.assertEqual(c.request("access", level="none")["access"], "none")
+        self.assertEqual(self.code(c.request("read", path="a.txt")), "access_denied")
+        self.assertEqual(self.code(c.request("write", path="x", data="")), "access_denied")
+        self.assertEqual(self.code(c.request("rollback", turn=0)), "access_denied")
+        self.assertTrue(c.request("snapshot").get("ok"))
+        self.assertTrue(c.request("turns").get("ok"))
+        self.assertEqual(c.request("info")["access"], "none")
+        # The other connection (and a new one) is untouched.
+        self.assertEqual(other.request("run", cmd=["true"])["exit_code"], 0)
+        self.assertEqual(self.client(self.ref).request("info")["access"], "full")
+        r = c.request("access", level="bogus")
+        self.assertEqual(self.code(r), "invalid_request")
+
+    def test_workspace_level_bounds_every_connection_and_survives_a_restart(self):
+        c, other = self.client(self.ref), self.client(self.ref)
+        r = c.request("access", level="files", workspace=True)
+        self.assertEqual((r["access"], r["supported_access"]), ("files", "files"))
+        # An open connection is bounded at once, and a new one starts there.
+        self.assertEqual(self.code(other.request("run", cmd=["true"])), "access_denied")
+        self.assertEqual(self.client(self.ref).request("info")["access"], "files")
+        r = self.client(self.ref).request("access", level="full")
+        self.assertEqual(self.code(r), "access_denied")
+        self.assertIn("serves at most files", r["error"]["message"])
+        self.cowbox("umount", self.ref)
+        self.mount(self.ref)
+        self.assertEqual(self.client(self.ref).request("info")["supported_access"], "files")
+        self.assertEqual(self.cowbox("access", self.ref).stdout.strip(), "files")
+        # The CLI runs commands itself: it refuses too.
+        self.assert_fails(["exec", self.ref, "--", "true"], "commands need full", 125)
+
+    def test_cli_create_access_and_lowering(self):
+        ref = self.cowbox("create", "--base", self.base, "--access", "files").stdout.strip()
+        self.assertEqual(self.cowbox_json("access", ref)["supported_access"], "files")
+        self.assert_fails(["access", ref, "full"], "only be lowered")
+        self.assert_fails(["exec", ref, "--", "true"], "serves at most access files", 125)
+        # Lowered while a daemon serves it: through the daemon, at once.
+        self.mount(ref)
+        c = self.client(ref)
+        self.assertEqual(c.request("info")["access"], "files")
+        self.assertEqual(self.cowbox("access", ref, "none").stdout.strip(), "none")
+        self.assertEqual(self.code(c.request("read", path="a.txt")), "access_denied")
+        self.assert_fails(["create", "--access", "most"], "expected none, files or full", 2)
+        # The default is full, and the CLI runs commands in it.
+        self.assertEqual(self.cowbox("access", self.ref).stdout.strip(), "full")
+        self.assertEqual(self.cowbox("exec", self.ref, "--", "cat", "a.txt").stdout,
+                         "alpha\n")
+
+
+class HooksTest(cbtest.CowboxTestCase):
+
+    def test_hooks_and_setup_script_run_at_configure_as_a_turn(self):
+        base = self.make_base({"a.txt": "alpha\n"})
+        ref = self.create(base)
+        self.mount(ref)
+        c = self.client(ref)
+        r = c.request("configure", options={
+            "on_create": ["echo one > hook.txt", "echo two >> hook.txt"],
+            "setup_script": "cat hook.txt > setup.txt"})
+        self.assertTrue(r.get("ok"), r)
+        self.assertTrue(r["created"])
+        baseline = r["baseline_turn"]
+        # Before any command: the hooks' files are there and recorded as their own turn.
+        with open(os.path.join(self.mountpoint(ref), "setup.txt")) as f:
+            self.assertEqual(f.read(), "one\ntwo\n")
+        turns = c.request("turns")["turns"]
+        self.assertEqual([(t["turn"], t["label"]) for t in turns][-1],
+                         (baseline, "on_create"))
+        events = c.request("diff", a=0, b=baseline)["events"]
+        self.assertEqual(sorted(e["path"] for e in events), ["hook.txt", "setup.txt"])
+        # The agent's first turn holds only what the agent did.
+        self.assertEqual(c.request("run", cmd=["sh", "-c", "echo a > agent.txt"])
+                         ["exit_code"], 0)
+        turn = c.request("snapshot")["turn"]
+        events = c.request("diff", a=baseline, b=turn)["events"]
+        self.assertEqual([e["path"] for e in events], ["agent.txt"])
+        # Options shape a new workspace only.
+        r = c.request("configure", options={})
+        self.assertEqual(r["error"]["code"], "in_use", r)
+
+    def test_a_failing_hook_fails_configure(self):
+        ref = self.create()
+        self.mount(ref)
+        c = self.client(ref)
+        r = c.request("configure", options={"on_create": ["echo partial > p.txt; exit 7"]})
+        self.assertIn("error", r, r)
+        self.assertIn("on_create hook", r["error"]["message"])
+
+    def test_no_hooks_no_boot(self):
+        ref = self.create()
+        self.mount(ref)
+        c = self.client(ref)
+        r = c.request("configure", options={"env": {"A": "1"}})
+        self.assertFalse(r["created"], r)
+        self.assertNotIn("baseline_turn", r)
+        self.assertEqual(c.request("turns")["turns"], [])
+
+
+class IdleTest(cbtest.CowboxTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.ref = self.create(self.make_base({"a.txt": "alpha\n"}))
+
+    def boot(self, *mount_args, timeout=1):
+        pid = self.mount(self.ref, *mount_args)
+        c = cbtest.Client(os.path.join(self.ws_dir(self.ref), "control.sock"))
+        r = c.request("idle", timeout=timeout)
+        self.assertEqual(r["idle_timeout"], timeout, r)
+        return pid, c
+
+    def test_defaults_shown_by_info(self):
+        info = self.cowbox_json("info", self.ref)
+        self.assertEqual((info["idle_timeout"], info["supported_access"]), (600, "full"))
+        self.mount(self.ref, "--idle")
+        r = self.client(self.ref).request("info")
+        self.assertEqual((r["idle_timeout"], r["pinned"]), (600, False))
+        ref = self.cowbox("create", "--idle-timeout", "0").stdout.strip()
+        self.assertEqual(self.cowbox_json("info", ref)["idle_timeout"], 0)
+        self.assertIn("idle stop:   never", self.cowbox("info", ref).stdout)
+
+    def test_stops_when_no_client_holds_it_and_boots_again_intact(self):
+        pid, c = self.boot("--idle")
+        c.request("write", path="kept.txt", data=b64(b"state"))
+        c.request("snapshot", label="before idle")
+        time.sleep(2)
+        self.assertTrue(cbtest.pid_alive(pid), "stopped while a client held it")
+        c.close()
+        t0 = time.monotonic()
+        cbtest.wait_for(lambda: not cbtest.pid_alive(pid), 15, what="the idle stop")
+        self.assertLess(time.monotonic() - t0, 6)
+        self.assertFalse(cbtest.is_fuse_mount(self.mountpoint(self.ref)))
+        with open(os.path.join(self.ws_dir(self.ref), "daemon.log")) as f:
+            self.assertIn("idle for", f.read())
+        # The next use boots it again, state intact; the timeout was kept.
+        self.mount(self.ref, "--idle")
+        c = self.client(self.ref)
+        self.assertEqual(base64.b64decode(c.request("read", path="kept.txt")["data"]),
+                         b"state")
+        self.assertEqual(c.request("turns")["turns"][-1]["label"], "before idle")
+        self.assertEqual(c.request("info")["idle_timeout"], 1)
+
+    def test_mount_pins_it(self):
+        pid, c = self.boot()
+        self.assertTrue(c.request("info")["pinned"])
+        c.close()
+        time.sleep(3)
+        self.assertTrue(cbtest.pid_alive(pid), "a `cowbox mount` stopped when idle")
+        # Met by `cowbox mount` after the API started it: pinned from then on.
+        self.cowbox("umount", self.ref)
+        pid, c = self.boot("--idle")
+        self.mount(self.ref)
+        c.close()
+        time.sleep(3)
+        self.assertTrue(cbtest.pid_alive(pid))
+
+    def test_a_process_in_the_mount_keeps_it(self):
+        pid, c = self.boot("--idle")
+        c.close()
+        holder = subprocess.Popen(["sleep", "30"], cwd=self.mountpoint(self.ref))
+        try:
+            time.sleep(3)
+            self.assertTrue(cbtest.pid_alive(pid), "unmounted from under a process")
+        finally:
+            holder.kill()
+            holder.wait()
+        cbtest.wait_for(lambda: not cbtest.pid_alive(pid), 15, what="the idle stop")
+
+    def test_timeout_zero_never_stops(self):
+        pid, c = self.boot("--idle", timeout=0)
+        c.close()
+        time.sleep(3)
+        self.assertTrue(cbtest.pid_alive(pid))
+
+
+def tree(root):
+    """{relative path: ("f", bytes, mode) | ("d",) | ("l", target)} of a directory."""
+    out = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, root)
+            if os.path.islink(full):
+                out[rel] = ("l", os.readlink(full))
+            elif os.path.isdir(full):
+                out[rel] = ("d",)
+            else:
+                with open(full, "rb") as f:
+                    out[rel] = ("f", f.read(), os.stat(full).st_mode & 0o777)
+    return out
+
+
+class ApplyTest(cbtest.CowboxTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.base = self.make_base({"a.txt": "alpha\n", "d/b.txt": "beta\n",
+                                    "keep.txt": "same\n"})
+        self.ref = self.create(self.base)
+        self.mount(self.ref)
+        self.c = self.client(self.ref)
+        self.mnt = self.mountpoint(self.ref)
+
+    def edit(self, script):
+        r = self.c.request("run", cmd=["sh", "-c", script])
+        self.assertEqual(r["exit_code"], 0, base64.b64decode(r["stderr"]))
+        return self.c.request("snapshot")["turn"]
+
+    def copy_of_base(self):
+        import shutil
+        dst = os.path.join(self.tmp, "copy-%d" % len(os.listdir(self.tmp)))
+        shutil.copytree(self.base, dst, symlinks=True)
+        return dst
+
+    def test_apply_everything_onto_another_folder(self):
+        dst = self.copy_of_base()
+        self.edit("echo changed > a.txt && rm -r d && mkdir -p new && echo c > new/c.txt && "
+                  "ln -s a.txt link && chmod 755 keep.txt")
+        r = self.cowbox_json("apply", self.ref, "--to", dst)
+        self.assertEqual(r["from_turn"], 0, r)
+        self.assertEqual(tree(dst), tree(self.mnt))
+        # Again: everything is already so, nothing conflicts.
+        r = self.cowbox_json("apply", self.ref, "--to", dst)
+        self.assertEqual((r["written"], r["deleted"]), (0, 0), r)
+        self.assertEqual(tree(dst), tree(self.mnt))
+
+    def test_one_turn_and_conflicts_refused_whole(self):
+        dst = self.copy_of_base()
+        t1 = self.edit("echo one > a.txt")
+        t2 = self.edit("echo two > keep.txt && echo n > n.txt")
+        # Turn 2 alone onto a copy of the base: a.txt is not part of it.
+        r = self.cowbox_json("apply", self.ref, "--turn", t2, "--to", dst)
+        self.assertEqual((r["from_turn"], r["to_turn"], r["written"]), (t1, t2, 2), r)
+        with open(os.path.join(dst, "a.txt")) as f:
+            self.assertEqual(f.read(), "alpha\n")
+        # Turn 1 changed a.txt; the folder's a.txt was edited there since: refused, and
+        # nothing of the turn written.
+        dst2 = self.copy_of_base()
+        with open(os.path.join(dst2, "a.txt"), "w") as f:
+            f.write("edited by the user\n")
+        p = self.assert_fails(["apply", self.ref, "--to", dst2], "1 conflict")
+        self.assertIn("a.txt: changed since turn 0", p.stderr)
+        self.assertFalse(os.path.exists(os.path.join(dst2, "n.txt")))
+        r = self.c.request("apply", turn=t1, to=dst2)
+        self.assertEqual(r["error"]["code"], "conflict", r)
+        self.assertEqual(len(r["error"]["conflicts"]), 1)
+
+    def test_onto_the_base_and_never_out_of_the_folder(self):
+        outside = self.make_base({})
+        dst = self.copy_of_base()
+        os.symlink(outside, os.path.join(dst, "new"))  # a symlink out where a dir will go
+        self.edit("mkdir new && echo x > new/x.txt && echo b2 > d/b.txt")
+        p = self.assert_fails(["apply", self.ref, "--to", dst], "conflict")
+        self.assertIn("new: changed since turn 0", p.stderr)
+        self.assertEqual(os.listdir(outside), [])
+        # The workspace's own state and mount are refused as targets.
+        self.assert_fails(["apply", self.ref, "--to", self.mnt], "inside cowbox's own")
+        self.assert_fails(["apply", self.ref, "--to", self.ws_dir(self.ref)], "inside")
+        # Onto the base itself (the default): the base gets the changes, the mount still
+        # shows them, and the next turn records nothing new.
+        r = self.cowbox_json("apply", self.ref)
+        self.assertEqual(r["to"], os.path.realpath(self.base))
+        with open(os.path.join(self.base, "new/x.txt")) as f:
+            self.assertEqual(f.read(), "x\n")
+        with open(os.path.join(self.base, "d/b.txt")) as f:
+            self.assertEqual(f.read(), "b2\n")
+        self.assertEqual(tree(self.base), tree(self.mnt))
+        turn = self.c.request("snapshot")["turn"]
+        self.assertEqual(self.c.request("diff", a=turn - 1, b=turn)["events"], [])
+        # apply needs access full.
+        self.c.request("access", level="files")
+        self.assertEqual(self.c.request("apply")["error"]["code"], "access_denied")
+
+
+if __name__ == "__main__":
+    import unittest
+    unittest.main()

@@ -16,20 +16,45 @@
 #include "cowbox/workspace.h"
 
 static const char create_usage[] =
-    "usage: cowbox create [--base DIR] [--name NAME] [--disk-mb N] [--disk-inodes N] [--json]\n"
+    "usage: cowbox create [--base DIR] [--name NAME] [--disk-mb N] [--disk-inodes N]\n"
+    "                     [--network none|all|host|public|allow [--allow ENTRY]...] [--json]\n"
     "Create a workspace over the read-only directory DIR (none: an empty workspace) and\n"
     "print its ref (cb- and 32 hex digits). NAME is an optional unique alias.\n"
     "--disk-mb and --disk-inodes set the quota of the workspace's changes (its upper layer;\n"
-    "default 10240 MiB and 1000000 inodes, 0: none): past it, writes fail with ENOSPC.\n";
+    "default 10240 MiB and 1000000 inodes, 0: none): past it, writes fail with ENOSPC.\n"
+    "--network public or allow: commands reach the network only through the workspace's\n"
+    "egress proxy (public addresses, or what the --allow entries name: host, host:port,\n"
+    "*.domain, an address or a CIDR; see docs/network.md).\n";
 
-/* --disk-mb / --disk-inodes: kept in the workspace's backend options (0 there: none). */
-static int create_quota(const char *ref, long long mb, long long inodes)
+/* --network / --allow: checked as the options of any client are (backend.c). */
+static int create_network(struct cb_backend_options *bo, const char *net, json_t *allow)
+{
+	json_t *j;
+	int rc;
+
+	if (!net && !json_array_size(allow))
+		return 0;
+	j = cb_backend_options_to_json(bo);
+	if (net)
+		json_object_set_new(j, "network", json_string(net));
+	if (json_array_size(allow))
+		json_object_set(j, "allow", allow);
+	cb_backend_options_free(bo);
+	rc = cb_backend_options_from_json(j, bo);
+	json_decref(j);
+	return rc;
+}
+
+/* --disk-mb / --disk-inodes (0 there: none), --network and --allow: kept in the workspace's
+ * backend options. */
+static int create_quota(const char *ref, long long mb, long long inodes, const char *net,
+			json_t *allow)
 {
 	struct cb_backend_options bo;
 	char *dir = NULL;
 	int rc;
 
-	if (mb < 0 && inodes < 0)
+	if (mb < 0 && inodes < 0 && !net && !json_array_size(allow))
 		return 0;
 	if ((rc = cb_ws_path(ref, NULL, &dir)) < 0 || (rc = cb_backend_options_load(dir, &bo)) < 0)
 		goto out;
@@ -37,6 +62,8 @@ static int create_quota(const char *ref, long long mb, long long inodes)
 		bo.disk_mb = mb ? (unsigned long)mb : CB_BACKEND_NO_LIMIT;
 	if (inodes >= 0)
 		bo.disk_inodes = inodes ? (unsigned long)inodes : CB_BACKEND_NO_LIMIT;
+	if ((rc = create_network(&bo, net, allow)) < 0)
+		goto out;
 	rc = cb_backend_options_save(dir, &bo);
 	cb_backend_options_free(&bo);
 out:
@@ -63,10 +90,13 @@ int cmd_create(int argc, char **argv)
 	    {"name", required_argument, NULL, 'n'},
 	    {"disk-mb", required_argument, NULL, 'D'},
 	    {"disk-inodes", required_argument, NULL, 'I'},
+	    {"network", required_argument, NULL, 'N'},
+	    {"allow", required_argument, NULL, 'A'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct cli_common common = {0};
-	const char *base = NULL, *name = NULL;
+	const char *base = NULL, *name = NULL, *net = NULL;
+	json_t *allow = json_array();
 	char ref[CB_WS_REF_LEN + 1];
 	long long disk_mb = -1, disk_inodes = -1;
 	int c, status;
@@ -74,26 +104,36 @@ int cmd_create(int argc, char **argv)
 	while ((c = cli_getopt(argc, argv, "b:n:", opts, &common, create_usage, &status)) > 0) {
 		if (c == 'b')
 			base = optarg;
-		else if (c == 'D' && parse_count("--disk-mb", optarg, &disk_mb))
+		else if ((c == 'D' && parse_count("--disk-mb", optarg, &disk_mb)) ||
+			 (c == 'I' && parse_count("--disk-inodes", optarg, &disk_inodes))) {
+			json_decref(allow);
 			return CLI_USAGE;
-		else if (c == 'I' && parse_count("--disk-inodes", optarg, &disk_inodes))
-			return CLI_USAGE;
+		}
 		else if (c == 'n')
 			name = optarg;
+		else if (c == 'N')
+			net = optarg;
+		else if (c == 'A')
+			json_array_append_new(allow, json_string(optarg));
 	}
-	if (c < 0)
-		return status;
-	if (optind != argc)
-		return cli_usage_error(create_usage, "create takes no operand ('%s')",
-				       argv[optind]);
-	if (cb_ws_create(base, name, stderr, ref))
+	if (c < 0 || optind != argc) {
+		json_decref(allow);
+		return c < 0 ? status
+			     : cli_usage_error(create_usage, "create takes no operand ('%s')",
+					       argv[optind]);
+	}
+	if (cb_ws_create(base, name, stderr, ref)) {
+		json_decref(allow);
 		return cli_fail("create", NULL);
-	if (create_quota(ref, disk_mb, disk_inodes) < 0) {
+	}
+	if (create_quota(ref, disk_mb, disk_inodes, net, allow) < 0) {
 		int st = cli_fail("create", NULL);
 
+		json_decref(allow);
 		cb_ws_remove(ref);
 		return st;
 	}
+	json_decref(allow);
 	if (common.json) {
 		struct cb_ws_info info;
 
@@ -107,6 +147,16 @@ int cmd_create(int argc, char **argv)
 	}
 	printf("%s\n", ref);
 	return CLI_OK;
+}
+
+/* network allow's entries (NULL under the other modes). */
+static json_t *info_allow(const struct cb_backend_options *bo)
+{
+	json_t *a = bo->net == CB_BACKEND_NET_ALLOW ? json_array() : NULL;
+
+	for (size_t k = 0; a && bo->allow && bo->allow[k]; k++)
+		json_array_append_new(a, json_string(bo->allow[k]));
+	return a;
 }
 
 static json_t *info_json(const struct cb_ws_info *i)
@@ -324,7 +374,7 @@ int cmd_info(int argc, char **argv)
 	struct cb_backend_options bo;
 	struct cb_backend_limits lim;
 	const char *net = NULL, *kind = NULL;
-	json_t *limits = NULL;
+	json_t *limits = NULL, *allow = NULL;
 
 	if (cb_backend_options_load(i.dir, &bo) == 0) {
 		/* the daemon's answer also says what the upper layer holds against its quota */
@@ -334,6 +384,7 @@ int cmd_info(int argc, char **argv)
 			     : cb_backend_limits_json(&lim);
 		net = cb_backend_net_name(bo.net);
 		kind = cb_backend_find(bo.kind)->name;
+		allow = info_allow(&bo);
 		if (bo.net == CB_BACKEND_NET_HOST)
 			fprintf(stderr, "cowbox info: warning: network host: the workspace's "
 					"commands share the host's network namespace (its "
@@ -363,6 +414,8 @@ int cmd_info(int argc, char **argv)
 		if (net) {
 			json_object_set_new(j, "backend", json_string(kind));
 			json_object_set_new(j, "network", json_string(net));
+			if (allow)
+				json_object_set_new(j, "allow", allow);
 		}
 		if (limits)
 			json_object_set_new(j, "limits", limits);
@@ -380,6 +433,9 @@ int cmd_info(int argc, char **argv)
 	printf("blob store:  %lld blobs, %s\n", nblobs, cli_size(blob_bytes, size, sizeof(size)));
 	if (net)
 		printf("backend:     %s, network %s\n", kind, net);
+	for (size_t k = 0; k < json_array_size(allow); k++)
+		printf("allow:       %s\n", json_string_value(json_array_get(allow, k)));
+	json_decref(allow);
 	if (limits) {
 		info_limits_print(limits);
 		json_decref(limits);

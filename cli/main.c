@@ -28,6 +28,8 @@ const struct cli_command cli_commands[] = {
     {"turns", cmd_turns, "list a workspace's turns and blob store size"},
     {"prune", cmd_prune, "drop old turns and the blobs only they needed"},
     {"fork", cmd_fork, "a new workspace starting at a turn of another"},
+    {"reaches", cmd_reaches, "whether the network policy opens a host[:port], by which rule"},
+    {"net-log", cmd_net_log, "what the workspace's egress proxy let through or refused"},
     {"fsck", cmd_fsck, "check blobs, base and meta.db; --repair what can be repaired"},
     {NULL, NULL, NULL},
 };

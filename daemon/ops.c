@@ -10,6 +10,7 @@ extern const struct cb_daemon_op cb_daemon_ops_turns[]; /* daemon/ops_turns.c */
 extern const struct cb_daemon_op cb_daemon_ops_api[];	/* daemon/ops_api.c */
 extern const struct cb_daemon_op cb_daemon_ops_files[]; /* daemon/ops_files.c */
 extern const struct cb_daemon_op cb_daemon_ops_fsck[];	/* daemon/ops_fsck.c */
+extern const struct cb_daemon_op cb_daemon_ops_net[];	/* daemon/ops_net.c */
 
 static const struct cb_daemon_op *const op_tables[] = {
     cb_daemon_ops_core,	 /* hello, ping, info, close (daemon/ops_core.c) */
@@ -17,6 +18,7 @@ static const struct cb_daemon_op *const op_tables[] = {
     cb_daemon_ops_api,	 /* exec, run, stdin, kill (daemon/ops_api.c) */
     cb_daemon_ops_files, /* read, write, which, host_url, configure, destroy (ops_files.c) */
     cb_daemon_ops_fsck,	 /* fsck (daemon/ops_fsck.c) */
+    cb_daemon_ops_net,	 /* reaches, net_log (daemon/ops_net.c) */
     NULL,
 };
 

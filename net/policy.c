@@ -365,6 +365,12 @@ void cb_net_check_name(const struct cb_net_policy *p, const char *name, int port
 		verdict(v, 1, "allow %s%s", e->text, "");
 		return;
 	}
+	/* an address or CIDR entry may open the name's address: resolve and decide on that */
+	for (size_t i = 0; i < p->n; i++)
+		if (p->entries[i].kind == CB_NET_ENTRY_CIDR && port_ok(&p->entries[i], port)) {
+			verdict(v, 1, "%s: decided on its address%s", n, "");
+			return;
+		}
 	verdict(v, 0, "no allow entry matches %s:%s", n, ps);
 }
 

@@ -204,6 +204,14 @@ Test(policy, name_checked_before_resolution)
 	cb_net_check_name(p, "1.2.3.4", 443, &v);
 	cr_expect(v.allowed, "a literal is decided on the address");
 	cb_net_policy_free(p);
+	/* with a CIDR entry for the port, any name may resolve into it */
+	entries[1] = "198.51.100.0/24:8080";
+	cr_assert_eq(cb_net_policy_new(CB_NET_POLICY_ALLOW, entries, 2, &p), 0);
+	cb_net_check_name(p, "other.test", 8080, &v);
+	cr_expect(v.allowed && strstr(v.rule, "decided on its address"), "%s", v.rule);
+	cb_net_check_name(p, "other.test", 443, &v);
+	cr_expect(!v.allowed, "%s", v.rule);
+	cb_net_policy_free(p);
 }
 
 Test(policy, reaches)

@@ -25,3 +25,5 @@ TESTS += tests/integration/test_faults_data.py
 TESTS += tests/integration/test_limits.py
 # the shared base cache and the background hash of the base
 TESTS += tests/integration/test_basecache.py
+# the network policy and its egress proxy: allow entries, private ranges, the network log
+TESTS += tests/integration/test_network_policy.py

@@ -57,9 +57,10 @@ int cb_net_policy_new(enum cb_net_policy_mode mode, char *const *entries, size_t
 		      struct cb_net_policy **out);
 void cb_net_policy_free(struct cb_net_policy *p);
 
-/* Before resolving: may a connection to name:port be tried at all? A name no host or wildcard
- * entry matches is refused under allow without a lookup (a literal address is decided by
- * cb_net_check_addr). Never blocks. */
+/* Before resolving: may a connection to name:port be tried at all? Under allow, a name that
+ * no host or wildcard entry matches is refused without a lookup, unless an address or CIDR
+ * entry opens that port (then its address decides); a literal address is decided by
+ * cb_net_check_addr. Never blocks. */
 void cb_net_check_name(const struct cb_net_policy *p, const char *name, int port,
 		       struct cb_net_verdict *v);
 

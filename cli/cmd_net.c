@@ -48,9 +48,9 @@ int cmd_reaches(int argc, char **argv)
 		return status;
 	if (argc - optind != 2)
 		return cli_usage_error(reaches_usage, "reaches takes REF and HOST[:PORT]");
-	status = net_request("reaches", argv[optind],
-			     json_pack("{s:s, s:s}", "op", "reaches", "dest", argv[optind + 1]),
-			     &reply);
+	status =
+	    net_request("reaches", argv[optind],
+			json_pack("{s:s, s:s}", "op", "reaches", "dest", argv[optind + 1]), &reply);
 	if (status)
 		return status;
 	allowed = json_is_true(json_object_get(reply, "allowed"));
@@ -88,9 +88,8 @@ int cmd_net_log(int argc, char **argv)
 
 			turn = strtoll(optarg, &end, 10);
 			if (!*optarg || *end || turn < 1)
-				return cli_usage_error(net_log_usage,
-						       "--turn needs a turn number, not '%s'",
-						       optarg);
+				return cli_usage_error(
+				    net_log_usage, "--turn needs a turn number, not '%s'", optarg);
 		}
 	if (cli_one_ref(c, argc, argv, net_log_usage, &status))
 		return status;

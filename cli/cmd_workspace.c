@@ -108,8 +108,7 @@ int cmd_create(int argc, char **argv)
 			 (c == 'I' && parse_count("--disk-inodes", optarg, &disk_inodes))) {
 			json_decref(allow);
 			return CLI_USAGE;
-		}
-		else if (c == 'n')
+		} else if (c == 'n')
 			name = optarg;
 		else if (c == 'N')
 			net = optarg;

@@ -78,14 +78,15 @@ out:
 static int row_json(const struct cb_netlog_row *r, void *arg)
 {
 	json_t *j = json_pack("{s:I, s:I, s:f, s:s, s:s, s:s, s:i, s:b, s:s, s:I, s:I, s:f, s:b}",
-			      "id", (json_int_t)r->id, "turn", (json_int_t)r->turn, "time",
-			      r->time, "proto", r->proto, "name", r->name, "address", r->address,
-			      "port", r->port, "allowed", r->allowed, "rule", r->rule, "bytes_up",
+			      "id", (json_int_t)r->id, "turn", (json_int_t)r->turn, "time", r->time,
+			      "proto", r->proto, "name", r->name, "address", r->address, "port",
+			      r->port, "allowed", r->allowed, "rule", r->rule, "bytes_up",
 			      (json_int_t)r->bytes_up, "bytes_down", (json_int_t)r->bytes_down,
 			      "duration", r->duration, "secret", r->secret);
 
-	return j && json_array_append_new(arg, j) == 0 ? 0
-						       : cb_error_set(ENOMEM, "net_log: out of memory");
+	return j && json_array_append_new(arg, j) == 0
+		   ? 0
+		   : cb_error_set(ENOMEM, "net_log: out of memory");
 }
 
 /* net_log {"turn": N (optional)} -> {"rows": [...]}, oldest first. */
@@ -94,7 +95,8 @@ static int op_net_log(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *
 	json_t *turn = json_object_get(req, "turn"), *rows = json_array();
 	int rc;
 
-	if (turn && !json_is_null(turn) && (!json_is_integer(turn) || json_integer_value(turn) < 1)) {
+	if (turn && !json_is_null(turn) &&
+	    (!json_is_integer(turn) || json_integer_value(turn) < 1)) {
 		json_decref(rows);
 		return cb_error_set(EINVAL, "net_log: \"turn\" is a turn number (1 or more)");
 	}

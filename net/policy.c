@@ -439,7 +439,14 @@ int cb_net_reaches(const struct cb_net_policy *p, const char *dest, struct cb_ne
 	else if (!name_ok(host) && strcmp(host, "."))
 		rc = cb_error_set(EINVAL, "reaches '%s': '%s' is not a host name or an address",
 				  dest, host);
-	else
+	else if (p->mode == CB_NET_POLICY_ALLOW && !name_entry(p, host, port)) {
+		/* only an address entry could open it, and reaches does not resolve */
+		v->allowed = 0;
+		snprintf(v->rule, sizeof v->rule,
+			 "no host entry matches %s:%d (an address or CIDR entry would open it only "
+			 "by its address, not resolved here)",
+			 host, port);
+	} else
 		cb_net_check_name(p, host, port, v);
 out:
 	free(s);

@@ -7,9 +7,9 @@
 
 struct cb_netlog_row {
 	long long id, turn;
-	double time;	   /* Unix seconds, when it was asked for */
-	const char *proto; /* "connect", "http", "socks5" */
-	const char *name;  /* the destination as asked */
+	double time;	     /* Unix seconds, when it was asked for */
+	const char *proto;   /* "connect", "http", "socks5" */
+	const char *name;    /* the destination as asked */
 	const char *address; /* the address connected to or refused; "" when none */
 	int port;
 	int allowed;

@@ -178,9 +178,10 @@ class NetworkPolicyTest(cbtest.CowboxTestCase):
         self.assertEqual(status, "403")
         self.assertEqual(body.strip(), "cowbox: refused pkg.test:%d: no allow entry matches "
                          "pkg.test:%d" % (PORT, PORT))
-        # a port not named
-        self.assertEqual(self.curl(c, "http://api.example.test:%d/" % OTHER_PORT)[0], "403")
+        # a port not named (the host entry has 8080 only)
         self.assertEqual(self.curl(c, "http://api.example.test/")[0], "403")
+        # an address entry opens its address on its port whatever name led there
+        self.assertEqual(self.curl(c, "http://api.example.test:%d/" % OTHER_PORT)[0], "200")
         # an address entry with its port; the same address on another port is not open
         self.assertEqual(self.curl(c, "http://%s:%d/" % (PUB, OTHER_PORT))[0], "200")
         self.assertEqual(self.curl(c, "http://%s:%d/" % (PUB, PORT))[0], "403")
@@ -188,24 +189,26 @@ class NetworkPolicyTest(cbtest.CowboxTestCase):
         self.assertEqual(self.curl(c, "http://v6.example.test/")[0], "200")
         self.assertEqual(self.curl(c, "http://[%s]/" % V6)[0], "200")
         self.assertEqual(self.curl(c, "http://v6.example.test:%d/" % PORT)[0], "403")
-        # a name not listed; a SOCKS5 refusal is "not allowed by ruleset"
+        # a name not listed; a SOCKS5 refusal is reply 2, "not allowed by ruleset"
         self.assertEqual(self.curl(c, "http://other.example.test:%d/" % PORT)[0], "403")
         code, _, err = self.run_in(c, "curl -sS -m 10 --proxy socks5h://127.0.0.1:3128 "
                                    "http://other.example.test:%d/" % PORT)
-        self.assertNotEqual(code, 0)
-        self.assertIn("not allowed", err.lower())
+        self.assertEqual(code, 97, err)  # curl: the SOCKS5 reply code, 2
+        self.assertTrue(err.rstrip().endswith("(2)"), err)
         # an allowed name at a private address, and one rebinding to loopback: refused
         status, body, _ = self.curl(c, "http://private.example.test:%d/" % PORT)
         self.assertEqual(status, "403")
         self.assertIn("private 10.0.0.0/8", body)
-        status, body, _ = self.curl(c, "http://rebind.example.test:%d/" % PORT, "-p")
+        status, body, _ = self.curl(c, "http://rebind.example.test:%d/" % PORT)
         self.assertEqual(status, "403")
         self.assertIn("loopback 127.0.0.0/8", body)
+        _, _, err = self.curl(c, "http://rebind.example.test:%d/" % PORT, "-p")
+        self.assertIn("CONNECT tunnel failed, response 403", err)
         # reaches says the same, without resolving
         self.assertTrue(self.ok(c, "reaches", dest="api.example.test:%d" % PORT)["allowed"])
         r = self.ok(c, "reaches", dest="other.example.test")
         self.assertFalse(r["allowed"])
-        self.assertIn("no allow entry", r["rule"])
+        self.assertIn("no host entry matches other.example.test:443", r["rule"])
         self.assertEqual(self.cowbox("reaches", ref, "10.1.1.1:%d" % PORT,
                                      check=False).returncode, 1)
         # the network log: every attempt, with its verdict, rule and bytes

@@ -366,6 +366,58 @@ print(ok, done)
 
     requests = int(os.environ.get("COWBOX_NET_REQUESTS", "2000"))
 
+    def test_local_backend_refuses_a_policy(self):
+        ref = self.create()
+        self.mount(ref)
+        c = self.client(ref)
+        for net in ("public", "allow", "none", "all"):
+            r = c.request("configure", options={"backend": "local", "network": net})
+            self.assertEqual(r["error"]["code"], "invalid_request", r)
+            self.assertIn("cannot keep a command from going around a proxy",
+                          r["error"]["message"])
+
+    def test_python_client(self):
+        import asyncio
+        import cowbox
+
+        async def go():
+            box = await cowbox.Sandbox.create(
+                network=cowbox.Network.allow(hosts=["api.example.test:%d" % PORT]),
+                home=self.home)
+            try:
+                r = await box.run(["curl", "-sS", "-m", "10",
+                                   "http://api.example.test:%d/py" % PORT])
+                self.assertEqual(json.loads(r.stdout)["path"], "/py", r)
+                r = await box.run(["curl", "-sS", "-m", "10",
+                                   "http://other.example.test:%d/" % PORT])
+                self.assertIn("cowbox: refused other.example.test", r.stdout)
+                self.assertTrue(await box.reaches("api.example.test:%d" % PORT))
+                self.assertFalse(await box.reaches("other.example.test"))
+                rows = await box.net_log()
+                self.assertEqual([(x["name"], x["allowed"]) for x in rows],
+                                 [("api.example.test", True), ("other.example.test", False)])
+                self.assertEqual(await box.net_log(turn=1), rows)
+                await box.snapshot()
+                self.assertEqual(await box.net_log(turn=2), [])
+            finally:
+                await box.close()
+            with self.assertRaises(ValueError):
+                cowbox.Network("bogus")
+            with self.assertRaises(ValueError):
+                cowbox.Network.public().__class__("public", ["a.test"])
+            self.assertEqual(cowbox.Network.allow(["a.test"]).options(),
+                             {"network": "allow", "allow": ["a.test"]})
+
+        saved = os.environ.get("COWBOX_PROXY_HOSTS")
+        os.environ["COWBOX_PROXY_HOSTS"] = self.hosts
+        try:
+            asyncio.run(go())
+        finally:
+            if saved is None:
+                del os.environ["COWBOX_PROXY_HOSTS"]
+            else:
+                os.environ["COWBOX_PROXY_HOSTS"] = saved
+
     def ok(self, c, op, **args):
         r = c.request(op, **args)
         self.assertTrue(r.get("ok"), r)

@@ -394,7 +394,6 @@ int cb_backend_open(const char *ref, const char *dir, const char *root, const ch
 	if (!b)
 		return cb_error_set(ENOMEM, "backend: out of memory");
 	pthread_mutex_init(&b->lock, NULL);
-	b->netns_fd = -1;
 	if ((rc = cb_backend_options_load(dir, &b->opt)) < 0)
 		goto out;
 	b->ops = cb_backend_find(b->opt.kind);
@@ -419,7 +418,6 @@ void cb_backend_free(struct cb_backend *b)
 		return;
 	/* Forwarders and the proxy first: they listen in the namespace that close lets go of. */
 	cb_forwarder_stop_all(b);
-	cb_publish_stop_all(b);
 	cb_backend_proxy_stop(b);
 	if (b->created && b->ops)
 		b->ops->close(b);

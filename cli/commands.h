@@ -37,7 +37,6 @@ int cmd_fork(int argc, char **argv);
 /* The network (cli/cmd_net.c). */
 int cmd_reaches(int argc, char **argv);
 int cmd_net_log(int argc, char **argv);
-int cmd_publish(int argc, char **argv);
 
 /* Checking and repairing stored state (cli/cmd_fsck.c). */
 int cmd_fsck(int argc, char **argv);

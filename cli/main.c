@@ -30,7 +30,6 @@ const struct cli_command cli_commands[] = {
     {"fork", cmd_fork, "a new workspace starting at a turn of another"},
     {"reaches", cmd_reaches, "whether the network policy opens a host[:port], by which rule"},
     {"net-log", cmd_net_log, "what the workspace's egress proxy let through or refused"},
-    {"publish", cmd_publish, "reach a server inside the sandbox from the host's 127.0.0.1"},
     {"fsck", cmd_fsck, "check blobs, base and meta.db; --repair what can be repaired"},
     {NULL, NULL, NULL},
 };

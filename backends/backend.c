@@ -49,10 +49,11 @@ void cb_backend_options_free(struct cb_backend_options *o)
 		free(o->volumes[i].src);
 		free(o->volumes[i].dst);
 	}
+	cb_exec_env_free(o->allow);
 	memset(o, 0, sizeof(*o));
 }
 
-static const char *const net_names[] = {"none", "all", "host"};
+static const char *const net_names[] = {"none", "all", "host", "public", "allow"};
 
 const char *cb_backend_net_name(enum cb_backend_net net)
 {
@@ -66,7 +67,8 @@ int cb_backend_net_parse(const char *s, enum cb_backend_net *out)
 			*out = (enum cb_backend_net)i;
 			return 0;
 		}
-	return cb_error_set(EINVAL, "backend option network: none, all or host, not '%s'",
+	return cb_error_set(EINVAL,
+			    "backend option network: none, all, host, public or allow, not '%s'",
 			    s ? s : "(not a string)");
 }
 
@@ -318,6 +320,33 @@ static int opt_hooks(json_t *v, const char *key, char **out)
 	return 0;
 }
 
+/* The allow entries, each checked now so that a bad one is refused at create. */
+static int opt_allow(json_t *v, char ***out)
+{
+	struct cb_net_entry e;
+	size_t i;
+	json_t *s;
+	int rc;
+
+	if (!json_is_array(v))
+		return cb_error_set(EINVAL, "backend option allow: needs a list of entries");
+	if (!(*out = calloc(json_array_size(v) + 1, sizeof(char *))))
+		return cb_error_set(ENOMEM, "backend option allow: out of memory");
+	json_array_foreach(v, i, s)
+	{
+		if (!json_is_string(s))
+			return cb_error_set(EINVAL,
+					    "backend option allow: entry %zu is not a string", i);
+		if ((rc = cb_net_entry_parse(json_string_value(s), &e)) < 0)
+			return cb_error_wrap(rc, "backend option allow");
+		free(e.text);
+		free(e.host);
+		if (!((*out)[i] = strdup(json_string_value(s))))
+			return cb_error_set(ENOMEM, "backend option allow: out of memory");
+	}
+	return 0;
+}
+
 int cb_backend_env_from_json(json_t *obj, const char *what, char ***out)
 {
 	const char *k;
@@ -383,7 +412,9 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 			rc = opt_limit(v, key, &out->memory_mb);
 		else if (!strcmp(key, "network")) {
 			rc = cb_backend_net_parse(json_string_value(v), &out->net);
-		} else if (!strcmp(key, "on_create"))
+		} else if (!strcmp(key, "allow"))
+			rc = opt_allow(v, &out->allow);
+		else if (!strcmp(key, "on_create"))
 			rc = opt_hooks(v, key, out->on_create);
 		else if (!strcmp(key, "on_destroy"))
 			rc = opt_hooks(v, key, out->on_destroy);
@@ -426,8 +457,9 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 					  "pids or image; use ns or docker");
 		else if (net && out->net != CB_BACKEND_NET_HOST)
 			rc = cb_error_set(EINVAL, "the local backend runs on the host's network "
-						  "(network host); network none or all needs ns "
-						  "or docker");
+						  "(network host) and cannot keep a command from "
+						  "going around a proxy; network none, all, public "
+						  "or allow needs ns or docker");
 		out->net = CB_BACKEND_NET_HOST;
 	}
 	if (!rc && out->n_volumes && !strcmp(out->kind, "local"))
@@ -439,6 +471,8 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 	if (!rc && out->user && out->privileged)
 		rc = cb_error_set(EINVAL, "backend option user: a privileged sandbox keeps no "
 					  "capability to switch users with");
+	if (!rc && out->allow && out->net != CB_BACKEND_NET_ALLOW)
+		rc = cb_error_set(EINVAL, "backend option allow: only with network allow");
 	if (!rc && out->privileged && strcmp(out->kind, "ns"))
 		rc = cb_error_set(EINVAL, "backend option privileged: only the ns backend has a "
 					  "user namespace to leave out");
@@ -484,6 +518,13 @@ json_t *cb_backend_options_to_json(const struct cb_backend_options *o)
 	json_object_set_new(j, "backend", json_string(o->kind ? o->kind : "ns"));
 	json_object_set_new(j, "env", env);
 	json_object_set_new(j, "network", json_string(cb_backend_net_name(o->net)));
+	if (o->net == CB_BACKEND_NET_ALLOW) {
+		json_t *a = json_array();
+
+		for (size_t i = 0; o->allow && o->allow[i]; i++)
+			json_array_append_new(a, json_string(o->allow[i]));
+		json_object_set_new(j, "allow", a);
+	}
 	/* the limits in effect, 0 for none: loading this again gives the same ones */
 	cb_backend_limits_of(o, &lim);
 	json_object_set_new(j, "timeout", json_real(lim.timeout));
@@ -603,8 +644,9 @@ void cb_backend_free(struct cb_backend *b)
 		return;
 	/* Kept background jobs first: they may use the namespace, the mount, the forwarders. */
 	cb_exec_keep_free(b->keep);
-	/* Forwarders next: they listen in the namespace that close lets go of. */
+	/* Forwarders and the proxy next: they listen in the namespace that close lets go of. */
 	cb_forwarder_stop_all(b);
+	cb_backend_proxy_stop(b);
 	if (b->created && b->ops)
 		b->ops->close(b);
 	cb_backend_options_free(&b->opt);
@@ -704,6 +746,19 @@ int cb_backend_env(const struct cb_backend *b, char *const *extra, char ***out)
 	    "LANG=C.UTF-8",
 	    NULL,
 	};
+#define PROXY_URL "127.0.0.1:" CB_NET_PROXY_PORT_TEXT
+	/* the egress proxy: the only way out under network public or allow */
+	static const char *const proxy_env[] = {
+	    "HTTP_PROXY=http://" PROXY_URL,
+	    "HTTPS_PROXY=http://" PROXY_URL,
+	    "ALL_PROXY=socks5h://" PROXY_URL,
+	    "http_proxy=http://" PROXY_URL,
+	    "https_proxy=http://" PROXY_URL,
+	    "all_proxy=socks5h://" PROXY_URL,
+	    "NO_PROXY=localhost,127.0.0.1,::1",
+	    "no_proxy=localhost,127.0.0.1,::1",
+	    NULL,
+	};
 	char **host = NULL, **env;
 	size_t n = 0, cap = 8;
 	int rc = 0;
@@ -716,12 +771,15 @@ int cb_backend_env(const struct cb_backend *b, char *const *extra, char ***out)
 		cap++;
 	for (size_t i = 0; extra && extra[i]; i++)
 		cap++;
+	cap += sizeof proxy_env / sizeof *proxy_env;
 	env = calloc(cap + 1, sizeof(*env));
 	rc = env ? 0 : -ENOMEM;
 	for (size_t i = 0; !rc && host && host[i]; i++)
 		rc = env_put(env, &n, host[i]);
 	for (size_t i = 0; !rc && !host && base[i]; i++)
 		rc = env_put(env, &n, base[i]);
+	for (size_t i = 0; !rc && cb_backend_net_proxied(&b->opt) && proxy_env[i]; i++)
+		rc = env_put(env, &n, proxy_env[i]);
 	for (size_t i = 0; !rc && b->opt.env && b->opt.env[i]; i++)
 		rc = env_put(env, &n, b->opt.env[i]);
 	for (size_t i = 0; !rc && extra && extra[i]; i++)

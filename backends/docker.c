@@ -183,6 +183,17 @@ static int docker_create(struct cb_backend *b)
 	snprintf(nspath, sizeof(nspath), "/proc/%s/ns/net", pid);
 	/* Only a local engine's container is reachable this way; host_url says so if not. */
 	s->netns_fd = open(nspath, O_RDONLY | O_CLOEXEC);
+	/* public, allow: the container runs with --network none; its one way out is the proxy */
+	if (cb_backend_net_proxied(&b->opt) &&
+	    (rc = s->netns_fd < 0 ? cb_error_set(EOPNOTSUPP,
+						 "network %s: the container's network namespace "
+						 "is out of reach (a remote engine?)",
+						 cb_backend_net_name(b->opt.net))
+				  : cb_backend_proxy_start(b, s->netns_fd)) < 0) {
+		close(s->netns_fd);
+		docker_remove_quietly(s->name);
+		goto out;
+	}
 	b->priv = s;
 	s = NULL;
 out:

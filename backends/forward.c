@@ -175,6 +175,11 @@ out:
 	return rc;
 }
 
+int cb_netns_listen(int netns_fd, int port, int *out)
+{
+	return listen_in(netns_fd, port, out);
+}
+
 int cb_forwarder_add(struct cb_backend *b, int netns_fd, int port)
 {
 	struct cb_forwarder *f;

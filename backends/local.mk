@@ -1,7 +1,7 @@
 # backends layer: ns, local and docker, one table of operations each (include/cowbox/backend.h).
 noinst_LTLIBRARIES += backends/libcb_backends.la
 backends_libcb_backends_la_SOURCES = backends/common.h backends/common.c backends/backend.c \
-	backends/pathio.c backends/forward.c backends/ns.c backends/local.c backends/docker.c
+	backends/pathio.c backends/forward.c backends/egress.c backends/ns.c backends/local.c backends/docker.c
 COWBOX_LAYERS += backends/libcb_backends.la
 pkginclude_HEADERS += include/cowbox/backend.h
 
@@ -9,5 +9,5 @@ check_PROGRAMS += backends/test_backend
 TESTS += backends/test_backend
 backends_test_backend_SOURCES = backends/test_backend.c
 backends_test_backend_CFLAGS = $(CRITERION_TEST_CFLAGS)
-backends_test_backend_LDADD = backends/libcb_backends.la ws/libcb_ws.la db/libcb_db.la \
+backends_test_backend_LDADD = backends/libcb_backends.la net/libcb_net.la ws/libcb_ws.la db/libcb_db.la \
 	exec/libcb_exec.la util/libcb_util.la $(DEPS_LIBS) $(CRITERION_TEST_LIBS)

@@ -53,6 +53,15 @@ static int ns_create(struct cb_backend *b)
 		if (b->opt.net == CB_BACKEND_NET_ALL &&
 		    (rc = cb_pasta_start(s->netns_fd, log, pid, &s->pasta)) < 0)
 			goto out;
+		/* public, allow: no route but the proxy's listener on the namespace's loopback */
+		if ((rc = cb_backend_proxy_start(b, s->netns_fd)) < 0)
+			goto out;
+	} else if (cb_backend_net_proxied(&b->opt)) {
+		rc = cb_error_set(EOPNOTSUPP,
+				  "network %s: needs the daemon to run as root (its proxy listens "
+				  "in the workspace's network namespace)",
+				  cb_backend_net_name(b->opt.net));
+		goto out;
 	} else if (b->opt.net == CB_BACKEND_NET_ALL) {
 		/* Without root each command gets a fresh namespace from the sandbox itself, and
 		 * host_url says it is unavailable. */

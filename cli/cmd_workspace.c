@@ -21,7 +21,8 @@ static const char create_usage[] =
     "usage: cowbox create [--base DIR] [--name NAME] [--disk-mb N] [--disk-inodes N]\n"
     "                     [--user NAME|UID[:GROUP]] [--shell sh|bash]\n"
     "                     [--background keep|kill] [--volume HOST_DIR:PATH[:ro|rw]]...\n"
-    "                     [--access none|files|full] [--idle-timeout SECONDS] [--json]\n"
+    "                     [--access none|files|full] [--idle-timeout SECONDS]\n"
+    "                     [--network none|all|host|public|allow [--allow ENTRY]...] [--json]\n"
     "Create a workspace over the read-only directory DIR (none: an empty workspace) and\n"
     "print its ref (cb- and 32 hex digits). NAME is an optional unique alias.\n"
     "--disk-mb and --disk-inodes set the quota of the workspace's changes (its upper layer;\n"
@@ -36,7 +37,13 @@ static const char create_usage[] =
     "the turn operations but no command; none only what its owner uses (info, snapshot,\n"
     "diff, turns, close). A connection may lower its own level, never raise it.\n"
     "--idle-timeout: a daemon the API started stops (keeping the disk) once no client has\n"
-    "held it that long (default 600, 0: never); `cowbox mount` keeps it until umount.\n";
+    "held it that long (default 600, 0: never); `cowbox mount` keeps it until umount.\n"
+    "--network public or allow: commands reach the network only through the workspace's\n"
+    "egress proxy (public addresses, or what the --allow entries name: host, host:port,\n"
+    "*.domain, an address or a CIDR; see docs/network.md).\n";
+
+/* --allow entries one create takes (more belong in a policy file, not a command line) */
+#define CREATE_MAX_ALLOW 256
 
 /* The backend options create takes, kept in the workspace's backend.json. */
 struct create_opts {
@@ -45,11 +52,37 @@ struct create_opts {
 	enum cb_backend_bg background;
 	const char *volumes[CB_BACKEND_MAX_VOLUMES + 1]; /* the --volume flags */
 	int n_volumes;
-	int access;	   /* the widest level it serves (cowbox/access.h); -1: the default */
-	long long idle;	   /* --idle-timeout in seconds; -1: the default */
+	int access;	 /* the widest level it serves (cowbox/access.h); -1: the default */
+	long long idle;	 /* --idle-timeout in seconds; -1: the default */
+	const char *net; /* --network */
+	const char *allow[CREATE_MAX_ALLOW]; /* the --allow entries */
+	int n_allow;
 };
 
-/* --disk-mb / --disk-inodes (0 there: none), --user, --shell: kept in the workspace's
+/* --network / --allow: checked as the options of any client are (backend.c). */
+static int create_network(struct cb_backend_options *bo, const struct create_opts *co)
+{
+	json_t *j, *allow;
+	int rc;
+
+	if (!co->net && !co->n_allow)
+		return 0;
+	j = cb_backend_options_to_json(bo);
+	if (co->net)
+		json_object_set_new(j, "network", json_string(co->net));
+	if (co->n_allow) {
+		allow = json_array();
+		for (int i = 0; i < co->n_allow; i++)
+			json_array_append_new(allow, json_string(co->allow[i]));
+		json_object_set_new(j, "allow", allow);
+	}
+	cb_backend_options_free(bo);
+	rc = cb_backend_options_from_json(j, bo);
+	json_decref(j);
+	return rc;
+}
+
+/* --disk-mb / --disk-inodes (0 there: none), --user, --shell, --network: kept in the workspace's
  * backend options, checked as configure checks them; --access and --idle-timeout in the
  * workspace directory, for its daemons. */
 static int create_options(const char *ref, const struct create_opts *co)
@@ -63,7 +96,8 @@ static int create_options(const char *ref, const struct create_opts *co)
 	    (co->access >= 0 && (rc = cb_ws_access_save(dir, co->access)) < 0) ||
 	    (co->idle >= 0 && (rc = cb_daemon_idle_save(dir, (double)co->idle)) < 0))
 		goto out;
-	if (mb < 0 && inodes < 0 && !co->user && !co->shell && !co->background && !co->n_volumes)
+	if (mb < 0 && inodes < 0 && !co->user && !co->shell && !co->background && !co->n_volumes &&
+	    !co->net && !co->n_allow)
 		goto out;
 	if ((rc = cb_backend_options_load(dir, &bo)) < 0)
 		goto out;
@@ -94,6 +128,8 @@ static int create_options(const char *ref, const struct create_opts *co)
 		}
 		json_decref(j);
 	}
+	if (!rc)
+		rc = create_network(&bo, co);
 	if (!rc)
 		rc = cb_backend_options_save(dir, &bo);
 	cb_backend_options_free(&bo);
@@ -127,6 +163,8 @@ int cmd_create(int argc, char **argv)
 	    {"volume", required_argument, NULL, 'V'},
 	    {"access", required_argument, NULL, 'A'},
 	    {"idle-timeout", required_argument, NULL, 'T'},
+	    {"network", required_argument, NULL, 'N'},
+	    {"allow", required_argument, NULL, 'W'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct cli_common common = {0};
@@ -165,6 +203,13 @@ int cmd_create(int argc, char **argv)
 			return CLI_USAGE;
 		else if (c == 'A' && (co.access = cb_access_parse(optarg)) < 0)
 			return cli_usage_error(create_usage, "--access: %s", cb_error_message());
+		else if (c == 'N')
+			co.net = optarg;
+		else if (c == 'W' && co.n_allow == CREATE_MAX_ALLOW)
+			return cli_usage_error(create_usage, "at most %d --allow",
+					       CREATE_MAX_ALLOW);
+		else if (c == 'W')
+			co.allow[co.n_allow++] = optarg;
 	}
 	if (c < 0)
 		return status;

@@ -30,6 +30,8 @@ const struct cli_command cli_commands[] = {
     {"prune", cmd_prune, "drop old turns and the blobs only they needed"},
     {"fork", cmd_fork, "a new workspace starting at a turn of another"},
     {"apply", cmd_apply, "write a turn's changes onto the base or another folder"},
+    {"reaches", cmd_reaches, "whether the network policy opens a host[:port], by which rule"},
+    {"net-log", cmd_net_log, "what the workspace's egress proxy let through or refused"},
     {"fsck", cmd_fsck, "check blobs, base and meta.db; --repair what can be repaired"},
     {NULL, NULL, NULL},
 };

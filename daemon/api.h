@@ -17,6 +17,11 @@ void cb_api_backend_put(struct cb_backend *b);
 /* Replace the backend's options (configure op): refused with -EBUSY once it was created. */
 int cb_api_configure(struct cb_daemon *d, json_t *options);
 
+/* The egress proxy's record hook (daemon/ops_net.c): arg is the daemon; the row goes to the
+ * network log under the open turn. */
+struct cb_net_record;
+void cb_daemon_net_record(void *arg, const struct cb_net_record *r);
+
 /* Close the backend (forwarders, the container) once no command of the API runs. */
 void cb_api_backend_release(void);
 

@@ -69,6 +69,8 @@ int cb_api_backend(struct cb_daemon *d, int create, struct cb_backend **out)
 			/* None of the daemon's threads does I/O through its own mount. */
 			api_backend->io = &cb_daemon_backend_io;
 			api_backend->io_arg = d;
+			api_backend->net_record = cb_daemon_net_record;
+			api_backend->net_record_arg = d;
 			r->b = api_backend;
 			r->refs = 1; /* the daemon's own */
 			r->next = api_refs;

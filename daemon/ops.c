@@ -11,6 +11,7 @@ extern const struct cb_daemon_op cb_daemon_ops_api[];	/* daemon/ops_api.c */
 extern const struct cb_daemon_op cb_daemon_ops_files[]; /* daemon/ops_files.c */
 extern const struct cb_daemon_op cb_daemon_ops_fsck[];	/* daemon/ops_fsck.c */
 extern const struct cb_daemon_op cb_daemon_ops_apply[]; /* daemon/ops_apply.c */
+extern const struct cb_daemon_op cb_daemon_ops_net[];	/* daemon/ops_net.c */
 
 static const struct cb_daemon_op *const op_tables[] = {
     cb_daemon_ops_core,	  /* hello, ping, info, close (daemon/ops_core.c) */
@@ -21,6 +22,7 @@ static const struct cb_daemon_op *const op_tables[] = {
     cb_daemon_ops_access, /* access (daemon/access.c) */
     cb_daemon_ops_idle,	  /* idle (daemon/idle.c) */
     cb_daemon_ops_apply,  /* apply (daemon/ops_apply.c) */
+    cb_daemon_ops_net,	  /* reaches, net_log (daemon/ops_net.c) */
     NULL,
 };
 

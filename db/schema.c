@@ -2,6 +2,7 @@
  * user_version counts how many have run). Append new migrations; never edit a shipped one. */
 #include "config.h"
 
+#include "cowbox/netlog.h"
 #include "cowbox/turn_store.h"
 #include "db.h"
 
@@ -22,6 +23,9 @@ const char *const cb_db_migrations[] = {
 
     /* 2: the turns tables (turns, deltas, the map, base_cache): db/turns.c owns the SQL. */
     cb_db_turns_schema_sql,
+
+    /* 3: the network log of the egress proxy: db/netlog.c owns the SQL. */
+    cb_db_netlog_schema_sql,
 };
 
 const size_t cb_db_migration_count = sizeof(cb_db_migrations) / sizeof(cb_db_migrations[0]);

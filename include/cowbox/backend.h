@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include "cowbox/exec.h"
+#include "cowbox/net.h"
 
 #define CB_BACKEND_MAX_HOOKS 16
 #define CB_BACKEND_CHUNK     (1u << 20) /* the largest read or write chunk, in bytes */
@@ -19,6 +20,8 @@ enum cb_backend_net {
 	CB_BACKEND_NET_ALL,	 /* outbound through user-mode networking (ns: pasta; docker:
 				    the engine's default network); not the host's loopback */
 	CB_BACKEND_NET_HOST,	 /* the host's own namespace (ns, docker; what local always is) */
+	CB_BACKEND_NET_PUBLIC,	 /* through the workspace's egress proxy: public addresses only */
+	CB_BACKEND_NET_ALLOW,	 /* through the egress proxy: what the allow entries name */
 };
 
 /* What becomes of background jobs (&, nohup, setsid) a command leaves when it exits. */
@@ -66,7 +69,9 @@ struct cb_backend_options {
 	char *working_dir;	   /* where commands start, relative to the workspace root (made if
 				      missing when the backend is created); NULL: the root */
 	double timeout;		   /* default per-command timeout in seconds; 0: 600; < 0: none */
-	enum cb_backend_net net;   /* none (default), all or host; docs/security.md */
+	enum cb_backend_net net;   /* none (default), all, host, public or allow; docs/network.md */
+	char **allow;		   /* network allow: the entries (NULL-terminated; host, host:port,
+				    *.domain, address, CIDR) */
 	double cpus;		   /* CPU quota; 0: none */
 	unsigned long memory_mb;   /* memory cap (ns, docker); 0: 4096 */
 	unsigned long pids;	   /* cap on processes and threads (ns, docker); 0: 1024 */
@@ -157,8 +162,12 @@ struct cb_backend {
 	int root_fd;	      /* O_PATH of root, for read and write */
 	pthread_mutex_t lock; /* guards created, priv and the forwarders */
 	int created;
-	void *priv;			/* the backend's own state */
-	struct cb_forwarder *fwd;	/* host_url forwarders, one per port */
+	void *priv;		    /* the backend's own state */
+	struct cb_forwarder *fwd;   /* host_url forwarders, one per port */
+	struct cb_net_proxy *proxy; /* network public or allow: the egress proxy */
+	/* Set by the owner before the backend is created: each proxied connection, recorded. */
+	void (*net_record)(void *arg, const struct cb_net_record *r);
+	void *net_record_arg;
 	const struct cb_backend_io *io; /* NULL: file I/O in this process */
 	struct cb_exec_keep *keep;	/* background jobs kept past their commands (ns, local) */
 	void *io_arg;
@@ -178,7 +187,7 @@ void cb_backend_limits_of(const struct cb_backend_options *o, struct cb_backend_
 json_t *cb_backend_limits_json(const struct cb_backend_limits *l);
 
 /* Parse options from JSON ({"backend":"ns","env":{"K":"V"},"working_dir":...,"timeout":...,
- * "network":"none"|"all"|"host","cpus":...,"memory_mb":...,"pids":...,"disk_mb":...,
+ * "network":"none"|"all"|"host"|"public"|"allow","allow":[...],"cpus":...,"memory_mb":...,"pids":...,"disk_mb":...,
  * "disk_inodes":...,"image":...,"on_create":[...],
  * "on_destroy":[...],"setup_script":...,"setup_timeout":...,"privileged":false,
  * "shell":"sh"|"bash","user":NAME|UID[:GROUP],"background":"keep"|"kill",
@@ -186,8 +195,8 @@ json_t *cb_backend_limits_json(const struct cb_backend_limits *l);
  * keys and wrong types are refused with a message naming them (-EINVAL). Free with
  * cb_backend_options_free. */
 int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out);
-/* The name of a network mode ("none", "all", "host"), and the mode of a name: -EINVAL with a
- * message for anything else (NULL included). */
+/* The name of a network mode ("none", "all", "host", "public", "allow"), and the mode of a name:
+ * -EINVAL with a message for anything else (NULL included). */
 const char *cb_backend_net_name(enum cb_backend_net net);
 int cb_backend_net_parse(const char *s, enum cb_backend_net *out);
 
@@ -283,5 +292,19 @@ void cb_forwarder_stop_all(struct cb_backend *b);
 
 /* A fresh network namespace with loopback up, as an fd; -errno with a message. */
 int cb_netns_new(int *out);
+/* A TCP socket listening on 127.0.0.1:port inside the namespace netns_fd. */
+int cb_netns_listen(int netns_fd, int port, int *out);
+
+/* ---- the egress proxy (backends/egress.c) ---- */
+
+/* Under network public or allow: start b's proxy on 127.0.0.1:CB_NET_PROXY_PORT inside
+ * netns_fd (which then has no other route out), with the options' policy; 0 otherwise. */
+int cb_backend_proxy_start(struct cb_backend *b, int netns_fd);
+/* Stop it (before the namespace goes); no-op without one. */
+void cb_backend_proxy_stop(struct cb_backend *b);
+/* The policy the options give (NULL for none, all and host): -EINVAL naming a bad entry. */
+int cb_backend_policy(const struct cb_backend_options *o, struct cb_net_policy **out);
+/* Whether the options' network goes through the proxy. */
+int cb_backend_net_proxied(const struct cb_backend_options *o);
 
 #endif

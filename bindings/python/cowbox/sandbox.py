@@ -236,7 +236,9 @@ class Sandbox:
         """A new workspace over base (a directory, or None for an empty one) with these
         backend options; the backend itself boots on first use. network is "none" (the
         default of ns and docker), "all" (outbound through user-mode networking, not the
-        host's loopback) or "host" (the host's own namespace; what local always is).
+        host's loopback) or "host" (the host's own namespace; what local always is), or a
+        cowbox.Network: Network.public() or Network.allow(hosts=[...]) reach the network
+        only through the workspace's egress proxy (docs/network.md).
         shell is "sh" (the default) or "bash": what runs command strings and hooks. user
         (ns, docker) runs commands as that user inside: a name, a uid, or "NAME:GROUP".
         background "keep" (the default) lets jobs a command starts with &, nohup or setsid
@@ -271,6 +273,9 @@ class Sandbox:
         options = {"backend": backend, "env": dict(env or {}),
                    "on_create": [h for h in on_create if isinstance(h, str)],
                    "on_destroy": list(on_destroy)}
+        if network is not None and not isinstance(network, str):
+            options.update(network.options())  # a cowbox.Network
+            network = None
         for key, value in (("network", network), ("working_dir", working_dir),
                            ("timeout", timeout),
                            ("cpus", cpus), ("memory_mb", memory_mb), ("pids", pids),
@@ -678,6 +683,18 @@ class Sandbox:
             out.append(FileChange(ev["path"], kind, ev.get("old", {}).get("sha256"),
                                   ev.get("new", {}).get("sha256")))
         return out
+
+    async def reaches(self, host):
+        """Whether the workspace's network policy opens host ("name", "name:port",
+        "[v6]:port"; 443 when no port is given). Names are not resolved here: the proxy
+        still refuses an allowed name whose address is private."""
+        return (await self._request("reaches", dest=host))["allowed"]
+
+    async def net_log(self, turn=None):
+        """What the egress proxy saw, oldest first: dicts with turn, time, proto, name,
+        address, port, allowed, rule, bytes_up, bytes_down, duration and secret."""
+        args = {} if turn is None else {"turn": turn}
+        return (await self._request("net_log", **args))["rows"]
 
     async def rollback(self, turn):
         """Make the live workspace what it was at turn."""

@@ -1,0 +1,60 @@
+/* The egress proxy of a backend under network public or allow: a listener inside the
+ * workspace's network namespace (loopback only there) served by net/proxy.c from the daemon. */
+#include "config.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cowbox/backend.h"
+#include "cowbox/error.h"
+#include "cowbox/net.h"
+
+int cb_backend_net_proxied(const struct cb_backend_options *o)
+{
+	return o->net == CB_BACKEND_NET_PUBLIC || o->net == CB_BACKEND_NET_ALLOW;
+}
+
+int cb_backend_policy(const struct cb_backend_options *o, struct cb_net_policy **out)
+{
+	size_t n = 0;
+
+	*out = NULL;
+	if (!cb_backend_net_proxied(o))
+		return 0;
+	while (o->allow && o->allow[n])
+		n++;
+	return cb_net_policy_new(o->net == CB_BACKEND_NET_PUBLIC ? CB_NET_POLICY_PUBLIC
+								 : CB_NET_POLICY_ALLOW,
+				 o->allow, n, out);
+}
+
+int cb_backend_proxy_start(struct cb_backend *b, int netns_fd)
+{
+	struct cb_net_proxy_config cfg = {.listen_fd = -1};
+	struct cb_net_policy *pol = NULL;
+	int rc;
+
+	if (!cb_backend_net_proxied(&b->opt))
+		return 0;
+	if ((rc = cb_backend_policy(&b->opt, &pol)) < 0)
+		return rc;
+	if ((rc = cb_netns_listen(netns_fd, CB_NET_PROXY_PORT, &cfg.listen_fd)) < 0) {
+		cb_error_wrap(rc, "network %s: the egress proxy", cb_backend_net_name(b->opt.net));
+		goto out;
+	}
+	cfg.policy = pol;
+	cfg.record = b->net_record;
+	cfg.record_arg = b->net_record_arg;
+	rc = cb_net_proxy_start(&cfg, &b->proxy);
+out:
+	cb_net_policy_free(pol);
+	return rc;
+}
+
+void cb_backend_proxy_stop(struct cb_backend *b)
+{
+	cb_net_proxy_stop(b->proxy);
+	b->proxy = NULL;
+}

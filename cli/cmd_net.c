@@ -1,0 +1,129 @@
+/* The network commands: reaches (does the workspace's policy open a destination, by which
+ * rule) and net-log (what its egress proxy did, per turn). */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cmd_common.h"
+#include "commands.h"
+#include "cowbox/client.h"
+#include "cowbox/error.h"
+#include "cowbox/workspace.h"
+
+/* req (consumed) to ref's daemon, started if need be. */
+static int net_request(const char *cmd, const char *ref_arg, json_t *req, json_t **reply)
+{
+	char ref[CB_WS_REF_LEN + 1];
+	struct cb_client *c = NULL;
+	int rc;
+
+	*reply = NULL;
+	if ((rc = cb_ws_resolve(ref_arg, ref)) || (rc = cb_daemon_ensure(ref, NULL, 30000, NULL)) ||
+	    (rc = cb_daemon_connect(ref, &c)))
+		json_decref(req);
+	else
+		rc = cb_client_request(c, req, -1, reply); /* takes req */
+	cb_client_close(c);
+	return rc ? cli_fail(cmd, NULL) : CLI_OK;
+}
+
+static const char reaches_usage[] =
+    "usage: cowbox reaches REF HOST[:PORT] [--json]\n"
+    "Whether the workspace's network policy opens HOST:PORT (443 when no port is given) and\n"
+    "by which rule. Exit status 0 when it does, 1 when it does not. Names are not resolved:\n"
+    "the proxy still refuses an allowed name whose address is private.\n";
+
+int cmd_reaches(int argc, char **argv)
+{
+	struct cli_common common = {0};
+	json_t *reply;
+	int c, status, allowed;
+
+	while ((c = cli_getopt(argc, argv, "", NULL, &common, reaches_usage, &status)) > 0)
+		;
+	if (c < 0)
+		return status;
+	if (argc - optind != 2)
+		return cli_usage_error(reaches_usage, "reaches takes REF and HOST[:PORT]");
+	status =
+	    net_request("reaches", argv[optind],
+			json_pack("{s:s, s:s}", "op", "reaches", "dest", argv[optind + 1]), &reply);
+	if (status)
+		return status;
+	allowed = json_is_true(json_object_get(reply, "allowed"));
+	if (common.json) {
+		cli_print_reply_json(reply);
+		return allowed ? CLI_OK : CLI_FAIL;
+	}
+	printf("%s: %s (%s)\n", argv[optind + 1], allowed ? "allowed" : "refused",
+	       json_string_value(json_object_get(reply, "rule")));
+	json_decref(reply);
+	return allowed ? CLI_OK : CLI_FAIL;
+}
+
+static const char net_log_usage[] =
+    "usage: cowbox net-log REF [--turn N] [--json]\n"
+    "Every connection the workspace's egress proxy saw (oldest first): turn, time, protocol,\n"
+    "destination and address, port, allowed or refused with the rule, bytes each way,\n"
+    "duration, and whether a secret was injected. --turn: that turn's only.\n";
+
+int cmd_net_log(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"turn", required_argument, NULL, 't'},
+	    {NULL, 0, NULL, 0},
+	};
+	struct cli_common common = {0};
+	json_t *reply, *req, *r;
+	long long turn = 0;
+	int c, status;
+	size_t i;
+
+	while ((c = cli_getopt(argc, argv, "", opts, &common, net_log_usage, &status)) > 0)
+		if (c == 't') {
+			char *end;
+
+			turn = strtoll(optarg, &end, 10);
+			if (!*optarg || *end || turn < 1)
+				return cli_usage_error(
+				    net_log_usage, "--turn needs a turn number, not '%s'", optarg);
+		}
+	if (cli_one_ref(c, argc, argv, net_log_usage, &status))
+		return status;
+	req = json_pack("{s:s}", "op", "net_log");
+	if (turn)
+		json_object_set_new(req, "turn", json_integer(turn));
+	if ((status = net_request("net-log", argv[optind], req, &reply)))
+		return status;
+	if (common.json) {
+		status = cli_print_json(json_incref(json_object_get(reply, "rows")));
+		json_decref(reply);
+		return status;
+	}
+	printf("%4s  %-19s  %-7s  %-8s  %-30s  %-15s  %5s  %9s  %9s  %s\n", "turn", "time (UTC)",
+	       "proto", "verdict", "destination", "address", "port", "up", "down", "rule");
+	json_array_foreach(json_object_get(reply, "rows"), i, r)
+	{
+		time_t secs = (time_t)json_real_value(json_object_get(r, "time"));
+		char when[32];
+		struct tm tm;
+
+		strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", gmtime_r(&secs, &tm));
+		printf("%4lld  %s  %-7s  %-8s  %-30s  %-15s  %5lld  %9lld  %9lld  %s%s\n",
+		       (long long)json_integer_value(json_object_get(r, "turn")), when,
+		       json_string_value(json_object_get(r, "proto")),
+		       json_is_true(json_object_get(r, "allowed")) ? "allowed" : "refused",
+		       json_string_value(json_object_get(r, "name")),
+		       json_string_value(json_object_get(r, "address")),
+		       (long long)json_integer_value(json_object_get(r, "port")),
+		       (long long)json_integer_value(json_object_get(r, "bytes_up")),
+		       (long long)json_integer_value(json_object_get(r, "bytes_down")),
+		       json_string_value(json_object_get(r, "rule")),
+		       json_is_true(json_object_get(r, "secret")) ? " [secret]" : "");
+	}
+	json_decref(reply);
+	return CLI_OK;
+}

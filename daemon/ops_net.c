@@ -1,0 +1,116 @@
+/* The network ops: reaches (what the workspace's policy opens) and net_log (what its egress
+ * proxy did, per turn), and the hook that writes each proxied connection to the log. */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api.h"
+#include "cowbox/error.h"
+#include "cowbox/net.h"
+#include "cowbox/netlog.h"
+#include "daemon.h"
+
+void cb_daemon_net_record(void *arg, const struct cb_net_record *r)
+{
+	struct cb_daemon *d = arg;
+	struct cb_netlog_row row = {
+	    .turn = cb_journal_turn(d->db),
+	    .time = r->time,
+	    .proto = r->proto,
+	    .name = r->name,
+	    .address = r->address,
+	    .port = r->port,
+	    .allowed = r->allowed,
+	    .rule = r->rule,
+	    .bytes_up = (long long)r->bytes_up,
+	    .bytes_down = (long long)r->bytes_down,
+	    .duration = r->duration,
+	    .secret = r->secret,
+	};
+
+	/* The proxy's thread cannot fail the connection over its log: say it in the log file. */
+	if (cb_db_netlog_add(d->db, &row) < 0) {
+		fprintf(stderr, "cowbox: network log: %s\n", cb_error_message());
+		cb_error_clear();
+	}
+}
+
+/* reaches {"dest": "host[:port]"} -> {"allowed": bool, "rule": "...", "network": mode} */
+static int op_reaches(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
+{
+	const char *dest = json_string_value(json_object_get(req, "dest"));
+	struct cb_backend_options o;
+	struct cb_net_policy *p = NULL;
+	struct cb_net_verdict v = {0};
+	int rc;
+
+	if (!dest)
+		return cb_error_set(EINVAL, "reaches: needs \"dest\", a host[:port]");
+	if ((rc = cb_backend_options_load(d->dir, &o)) < 0)
+		return rc;
+	if ((rc = cb_backend_policy(&o, &p)) < 0)
+		goto out;
+	if (p) {
+		rc = cb_net_reaches(p, dest, &v);
+	} else {
+		/* none, all, host: the answer does not depend on the destination */
+		struct cb_net_policy *any = NULL;
+
+		if ((rc = cb_net_policy_new(CB_NET_POLICY_PUBLIC, NULL, 0, &any)) == 0)
+			rc = cb_net_reaches(any, dest, &v); /* to check dest's form */
+		cb_net_policy_free(any);
+		v.allowed = o.net != CB_BACKEND_NET_NONE;
+		snprintf(v.rule, sizeof v.rule, "network %s", cb_backend_net_name(o.net));
+	}
+	if (rc == 0)
+		rc = cb_daemon_reply(conn, json_object_get(req, "id"),
+				     json_pack("{s:b, s:s, s:s}", "allowed", v.allowed, "rule",
+					       v.rule, "network", cb_backend_net_name(o.net)));
+out:
+	cb_net_policy_free(p);
+	cb_backend_options_free(&o);
+	return rc;
+}
+
+static int row_json(const struct cb_netlog_row *r, void *arg)
+{
+	json_t *j = json_pack("{s:I, s:I, s:f, s:s, s:s, s:s, s:i, s:b, s:s, s:I, s:I, s:f, s:b}",
+			      "id", (json_int_t)r->id, "turn", (json_int_t)r->turn, "time", r->time,
+			      "proto", r->proto, "name", r->name, "address", r->address, "port",
+			      r->port, "allowed", r->allowed, "rule", r->rule, "bytes_up",
+			      (json_int_t)r->bytes_up, "bytes_down", (json_int_t)r->bytes_down,
+			      "duration", r->duration, "secret", r->secret);
+
+	return j && json_array_append_new(arg, j) == 0
+		   ? 0
+		   : cb_error_set(ENOMEM, "net_log: out of memory");
+}
+
+/* net_log {"turn": N (optional)} -> {"rows": [...]}, oldest first. */
+static int op_net_log(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
+{
+	json_t *turn = json_object_get(req, "turn"), *rows = json_array();
+	int rc;
+
+	if (turn && !json_is_null(turn) &&
+	    (!json_is_integer(turn) || json_integer_value(turn) < 1)) {
+		json_decref(rows);
+		return cb_error_set(EINVAL, "net_log: \"turn\" is a turn number (1 or more)");
+	}
+	rc = cb_db_netlog_list(d->db, json_is_integer(turn) ? json_integer_value(turn) : -1,
+			       row_json, rows);
+	if (rc) {
+		json_decref(rows);
+		return rc;
+	}
+	return cb_daemon_reply(conn, json_object_get(req, "id"), json_pack("{s:o}", "rows", rows));
+}
+
+const struct cb_daemon_op cb_daemon_ops_net[] = {
+    {"reaches", op_reaches},
+    {"net_log", op_net_log},
+    {NULL, NULL},
+};

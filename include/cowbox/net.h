@@ -1,0 +1,120 @@
+/* Network policy (net/policy.c) and the egress proxy (net/proxy.c): what a workspace under
+ * network public or allow may connect to, decided outside the sandbox on the address used. */
+#ifndef COWBOX_NET_H
+#define COWBOX_NET_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+/* Where the proxy listens inside a workspace's network namespace (127.0.0.1 there). */
+#define CB_NET_PROXY_PORT      3128
+#define CB_NET_PROXY_PORT_TEXT "3128"
+
+enum cb_net_policy_mode {
+	CB_NET_POLICY_PUBLIC, /* any address but the special ranges (private, loopback, ...) */
+	CB_NET_POLICY_ALLOW,  /* only what an entry names */
+};
+
+enum cb_net_entry_kind {
+	CB_NET_ENTRY_HOST,     /* an exact name */
+	CB_NET_ENTRY_WILDCARD, /* *.domain: any subdomain, not the domain itself */
+	CB_NET_ENTRY_CIDR,     /* an address (a /32 or /128) or a range */
+};
+
+struct cb_net_entry {
+	char *text; /* as written, for the rule named in answers */
+	enum cb_net_entry_kind kind;
+	char *host; /* HOST: the name; WILDCARD: the suffix with its dot (".example.com");
+		       lower case, no trailing dot */
+	int family; /* CIDR: AF_INET or AF_INET6 */
+	uint8_t addr[16];
+	int prefix;
+	int port; /* 0: 443 and 80 */
+};
+
+struct cb_net_policy {
+	enum cb_net_policy_mode mode;
+	size_t n;
+	struct cb_net_entry *entries;
+};
+
+/* An answer: allowed or not, and the rule that decided (an entry as written, "public", or why
+ * nothing allowed it), one line. */
+struct cb_net_verdict {
+	int allowed;
+	char rule[256];
+};
+
+/* Parse one entry (host, host:port, *.domain, an IPv4 or [IPv6] address with an optional
+ * port, a CIDR): 0, or -EINVAL with a message naming the entry and what is wrong (empty
+ * host, bad CIDR, port out of range, a wildcard not in front). out is cleared on error. */
+int cb_net_entry_parse(const char *text, struct cb_net_entry *out);
+
+/* A policy from a mode and its entries (public takes none: -EINVAL); free with
+ * cb_net_policy_free. Every entry is checked as cb_net_entry_parse does. */
+int cb_net_policy_new(enum cb_net_policy_mode mode, char *const *entries, size_t n,
+		      struct cb_net_policy **out);
+void cb_net_policy_free(struct cb_net_policy *p);
+
+/* Before resolving: may a connection to name:port be tried at all? Under allow, a name that
+ * no host or wildcard entry matches is refused without a lookup, unless an address or CIDR
+ * entry opens that port (then its address decides); a literal address is decided by
+ * cb_net_check_addr. Never blocks. */
+void cb_net_check_name(const struct cb_net_policy *p, const char *name, int port,
+		       struct cb_net_verdict *v);
+
+/* The decision on the address actually connected to (name as asked, possibly an address
+ * literal): special ranges (private, loopback, link-local with metadata, CGNAT, multicast,
+ * ULA, this-network, their IPv4-mapped and NAT64 forms) are refused unless an address or CIDR
+ * entry with a matching port contains the address; otherwise public allows it, and allow
+ * needs an entry matching the name or the address and the port. */
+void cb_net_check_addr(const struct cb_net_policy *p, const char *name, const struct sockaddr *sa,
+		       int port, struct cb_net_verdict *v);
+
+/* reaches: whether "host[:port]" (port 443 when absent; [v6]:port for IPv6) is opened by the
+ * policy and by which rule. Names are not resolved: an allowed name's addresses are still
+ * checked at connect time. -EINVAL with a message for a malformed destination. */
+int cb_net_reaches(const struct cb_net_policy *p, const char *dest, struct cb_net_verdict *v);
+
+/* The special range an address lies in ("loopback 127.0.0.0/8", ...), NULL for a public one. */
+const char *cb_net_special_range(const struct sockaddr *sa);
+
+/* ---- the proxy (net/proxy.c) ---- */
+
+/* One connection attempt as the proxy saw it, for the network log. */
+struct cb_net_record {
+	double time;	     /* when it was asked for (Unix seconds) */
+	const char *proto;   /* "connect", "http", "socks5" */
+	const char *name;    /* the destination as asked ("" if the request was malformed) */
+	const char *address; /* the address connected to or refused ("" when none) */
+	int port;
+	int allowed;
+	const char *rule;
+	unsigned long long bytes_up, bytes_down; /* sandbox to destination, and back */
+	double duration;			 /* seconds from the request to the close */
+	int secret;				 /* a header secret was injected */
+};
+
+struct cb_net_proxy_config {
+	int listen_fd; /* a listening TCP socket (taken over, closed by the proxy) */
+	const struct cb_net_policy *policy; /* copied */
+	/* Called on the proxy's thread once per attempt, when it ends; may be NULL. */
+	void (*record)(void *arg, const struct cb_net_record *r);
+	void *record_arg;
+	double dns_timeout; /* seconds; <= 0: 5 */
+};
+
+struct cb_net_proxy;
+
+/* Start the proxy on its own thread: HTTP CONNECT, plain HTTP forwarding (absolute URIs) and
+ * SOCKS5 (CONNECT, names resolved here), each destination checked by the policy before and
+ * after resolution. Names are looked up in $COWBOX_PROXY_HOSTS (a hosts-format file) first,
+ * then by DNS (asynchronously, with the timeout). */
+int cb_net_proxy_start(const struct cb_net_proxy_config *cfg, struct cb_net_proxy **out);
+/* Stop it: every connection is closed and recorded; NULL is a no-op. */
+void cb_net_proxy_stop(struct cb_net_proxy *p);
+/* Connections open now (tests, info). */
+size_t cb_net_proxy_open_count(struct cb_net_proxy *p);
+
+#endif

@@ -1,0 +1,13 @@
+# net layer: the network policy and the egress proxy of workspaces under network public or
+# allow (include/cowbox/net.h); between exec and backends.
+noinst_LTLIBRARIES += net/libcb_net.la
+net_libcb_net_la_SOURCES = net/policy.c net/proxy_util.h net/proxy_util.c net/proxy.c
+net_libcb_net_la_CFLAGS = $(AM_CFLAGS)
+COWBOX_LAYERS += net/libcb_net.la
+pkginclude_HEADERS += include/cowbox/net.h
+
+check_PROGRAMS += net/test_policy
+TESTS += net/test_policy
+net_test_policy_SOURCES = net/test_policy.c
+net_test_policy_CFLAGS = $(CRITERION_TEST_CFLAGS)
+net_test_policy_LDADD = net/libcb_net.la util/libcb_util.la $(CRITERION_TEST_LIBS)

@@ -1,0 +1,428 @@
+"""Network policy conformance through the workspace's egress proxy (ns backend): curl, Python
+urllib and SOCKS5 inside the sandbox against real servers in a network namespace the test
+makes (veth, a public-looking and a private address), names resolved through
+COWBOX_PROXY_HOSTS; every entry kind, private and rebinding refusals, no route around the
+proxy, the refusal's words, the network log, reaches, a restart, fuzzed input and load."""
+
+import json
+import os
+import random
+import socket
+import subprocess
+import time
+import unittest
+
+import cbtest
+
+PUB, PUB_HOST = "203.0.113.2", "203.0.113.1"
+PRIV, PRIV_HOST = "10.251.77.2", "10.251.77.1"
+V6, V6_HOST = "2001:db8:cb::2", "2001:db8:cb::1"
+PORT, OTHER_PORT = 8080, 9090
+
+SERVER = r'''
+import http.server, json, socket, sys, threading
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        body = json.dumps({"path": self.path, "port": self.server.server_address[1],
+                           "headers": dict(self.headers)}).encode()
+        if self.path.startswith("/big"):
+            body = b"x" * int(self.path[5:])
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+class S(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+    daemon_threads = True
+    request_queue_size = 1024
+    def server_bind(self):
+        self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+servers = [S(("::", int(p)), H) for p in sys.argv[1:]]
+for s in servers[1:]:
+    threading.Thread(target=s.serve_forever, daemon=True).start()
+print("ready", flush=True)
+servers[0].serve_forever()
+'''
+
+FETCH = r'''
+import sys, urllib.request, urllib.error
+try:
+    r = urllib.request.urlopen(sys.argv[1], timeout=10)
+    print(r.status, r.read().decode())
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode())
+except Exception as e:
+    print("error", type(e).__name__, e)
+'''
+
+
+def sh(*args, check=True):
+    return subprocess.run(args, check=check, capture_output=True, text=True)
+
+
+class NetworkPolicyTest(cbtest.CowboxTestCase):
+    backend = "ns"
+
+    @classmethod
+    def setUpClass(cls):
+        if os.geteuid() != 0:
+            raise unittest.SkipTest("needs root (network namespaces)")
+        cls.ns = "cbnt%d" % os.getpid()
+        host_if, ns_if = "cbh%d" % os.getpid(), "cbn%d" % os.getpid()
+        sh("ip", "netns", "add", cls.ns)
+        sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        sh("ip", "link", "set", ns_if, "netns", cls.ns)
+        for a in (PUB_HOST + "/24", PRIV_HOST + "/24"):
+            sh("ip", "addr", "add", a, "dev", host_if)
+        sh("ip", "-6", "addr", "add", V6_HOST + "/64", "dev", host_if, "nodad")
+        sh("ip", "link", "set", host_if, "up")
+        nse = ["ip", "netns", "exec", cls.ns]
+        for a in (PUB + "/24", PRIV + "/24"):
+            sh(*nse, "ip", "addr", "add", a, "dev", ns_if)
+        sh(*nse, "ip", "-6", "addr", "add", V6 + "/64", "dev", ns_if, "nodad")
+        sh(*nse, "ip", "link", "set", ns_if, "up")
+        sh(*nse, "ip", "link", "set", "lo", "up")
+        cls.server = subprocess.Popen(nse + ["python3", "-c", SERVER, str(PORT), str(OTHER_PORT),
+                                             "80"], stdout=subprocess.PIPE, text=True)
+        assert cls.server.stdout.readline().strip() == "ready"
+        cbtest.wait_for(lambda: cls._reachable(PUB, PORT), 20, what="the test server")
+        cls.hosts_dir = os.path.realpath(os.environ.get("TMPDIR", "/tmp"))
+        cls.hosts = os.path.join(cls.hosts_dir, "cbnt-hosts-%d" % os.getpid())
+        with open(cls.hosts, "w") as f:
+            f.write("# test resolver map\n"
+                    "%s api.example.test other.example.test a.pkg.test pkg.test\n" % PUB +
+                    "%s v6.example.test\n" % V6 +
+                    "%s private.example.test\n" % PRIV +
+                    "127.0.0.1 rebind.example.test\n"
+                    "%s dual.example.test\n" % PRIV + "%s dual.example.test\n" % PUB)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.kill()
+        cls.server.wait()
+        cls.server.stdout.close()
+        sh("ip", "netns", "del", cls.ns, check=False)
+        os.unlink(cls.hosts)
+
+    @staticmethod
+    def _reachable(addr, port):
+        try:
+            socket.create_connection((addr, port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    def setUp(self):
+        super().setUp()
+        self.env["COWBOX_PROXY_HOSTS"] = self.hosts
+
+    def workspace(self, network, *allow):
+        args = ["create", "--network", network]
+        for a in allow:
+            args += ["--allow", a]
+        ref = self.cowbox(*args).stdout.strip()
+        self.mount(ref)
+        return ref, self.client(ref, timeout=120)
+
+    def run_in(self, c, script, timeout=60):
+        r = c.request("run", cmd=["sh", "-c", script], timeout=timeout)
+        self.assertTrue(r.get("ok"), r)
+        import base64
+        return (r["exit_code"], base64.b64decode(r["stdout"]).decode(errors="replace"),
+                base64.b64decode(r["stderr"]).decode(errors="replace"))
+
+    def curl(self, c, url, *extra):
+        """curl through the proxy as the environment says: (http code, body)."""
+        code, out, err = self.run_in(
+            c, "curl -sS -m 10 -o /tmp/body -w '%%{http_code}' %s '%s'; echo; cat /tmp/body"
+            % (" ".join(extra), url))
+        status, _, body = out.partition("\n")
+        return status, body, err
+
+    # --- the policy ---
+
+    def test_allow_entries_through_http_connect_socks_and_urllib(self):
+        ref, c = self.workspace("allow", "api.example.test:%d" % PORT,
+                                "*.pkg.test:%d" % PORT, "2001:db8:cb::/64",
+                                "private.example.test:%d" % PORT,
+                                "rebind.example.test:%d" % PORT, "%s:%d" % (PUB, OTHER_PORT))
+        code, out, _ = self.run_in(c, "env | grep -i _proxy | sort")
+        self.assertIn("HTTP_PROXY=http://127.0.0.1:3128", out)
+        self.assertIn("https_proxy=http://127.0.0.1:3128", out)
+        self.assertIn("ALL_PROXY=socks5h://127.0.0.1:3128", out)
+        self.assertIn("NO_PROXY=localhost,127.0.0.1,::1", out)
+        url = "http://api.example.test:%d/hello?x=1" % PORT
+        # plain HTTP forwarding: origin-form path, hop-by-hop headers gone
+        status, body, err = self.curl(c, url, "-H 'Proxy-Connection: keep-alive'")
+        self.assertEqual(status, "200", err)
+        seen = json.loads(body)
+        self.assertEqual(seen["path"], "/hello?x=1")
+        self.assertNotIn("Proxy-Connection", seen["headers"])
+        # CONNECT (curl -p tunnels plain HTTP through CONNECT)
+        status, body, err = self.curl(c, url, "-p")
+        self.assertEqual(status, "200", err)
+        self.assertEqual(json.loads(body)["path"], "/hello?x=1")
+        # SOCKS5 with remote resolution
+        status, body, err = self.curl(c, url, "--proxy socks5h://127.0.0.1:3128")
+        self.assertEqual(status, "200", err)
+        # Python urllib, through the variables
+        code, out, _ = self.run_in(c, "python3 -c '%s' %s" % (FETCH.replace("'", "'\\''"), url))
+        self.assertTrue(out.startswith("200 "), out)
+        # wildcard: subdomains only
+        self.assertEqual(self.curl(c, "http://a.pkg.test:%d/" % PORT)[0], "200")
+        status, body, _ = self.curl(c, "http://pkg.test:%d/" % PORT)
+        self.assertEqual(status, "403")
+        self.assertEqual(body.strip(), "cowbox: refused pkg.test:%d: no allow entry matches "
+                         "pkg.test:%d" % (PORT, PORT))
+        # a port not named (the host entry has 8080 only)
+        self.assertEqual(self.curl(c, "http://api.example.test/")[0], "403")
+        # an address entry opens its address on its port whatever name led there
+        self.assertEqual(self.curl(c, "http://api.example.test:%d/" % OTHER_PORT)[0], "200")
+        # an address entry with its port; the same address on another port is not open
+        self.assertEqual(self.curl(c, "http://%s:%d/" % (PUB, OTHER_PORT))[0], "200")
+        self.assertEqual(self.curl(c, "http://%s:%d/" % (PUB, PORT))[0], "403")
+        # IPv6 CIDR, by name and by literal, default ports only (80 here)
+        self.assertEqual(self.curl(c, "http://v6.example.test/")[0], "200")
+        self.assertEqual(self.curl(c, "http://[%s]/" % V6)[0], "200")
+        self.assertEqual(self.curl(c, "http://v6.example.test:%d/" % PORT)[0], "403")
+        # a name not listed; a SOCKS5 refusal is reply 2, "not allowed by ruleset"
+        self.assertEqual(self.curl(c, "http://other.example.test:%d/" % PORT)[0], "403")
+        code, _, err = self.run_in(c, "curl -sS -m 10 --proxy socks5h://127.0.0.1:3128 "
+                                   "http://other.example.test:%d/" % PORT)
+        self.assertEqual(code, 97, err)  # curl: the SOCKS5 reply code, 2
+        self.assertTrue(err.rstrip().endswith("(2)"), err)
+        # an allowed name at a private address, and one rebinding to loopback: refused
+        status, body, _ = self.curl(c, "http://private.example.test:%d/" % PORT)
+        self.assertEqual(status, "403")
+        self.assertIn("private 10.0.0.0/8", body)
+        status, body, _ = self.curl(c, "http://rebind.example.test:%d/" % PORT)
+        self.assertEqual(status, "403")
+        self.assertIn("loopback 127.0.0.0/8", body)
+        _, _, err = self.curl(c, "http://rebind.example.test:%d/" % PORT, "-p")
+        self.assertIn("CONNECT tunnel failed, response 403", err)
+        # reaches says the same, without resolving
+        self.assertTrue(self.ok(c, "reaches", dest="api.example.test:%d" % PORT)["allowed"])
+        r = self.ok(c, "reaches", dest="other.example.test")
+        self.assertFalse(r["allowed"])
+        self.assertIn("no host entry matches other.example.test:443", r["rule"])
+        self.assertEqual(self.cowbox("reaches", ref, "10.1.1.1:%d" % PORT,
+                                     check=False).returncode, 1)
+        # the network log: every attempt, with its verdict, rule and bytes
+        rows = self.ok(c, "net_log")["rows"]
+        self.assertGreaterEqual(len(rows), 16)
+        ok_rows = [r for r in rows if r["allowed"]]
+        self.assertTrue(all(r["bytes_down"] > 0 and r["address"] for r in ok_rows), ok_rows)
+        protos = {r["proto"] for r in ok_rows}
+        self.assertEqual(protos, {"http", "connect", "socks5"})
+        refused = [r for r in rows if not r["allowed"]]
+        self.assertTrue(any(r["name"] == "rebind.example.test" and r["address"] == "127.0.0.1"
+                            and "loopback" in r["rule"] for r in refused), refused)
+        self.assertTrue(all(r["turn"] == 1 and not r["secret"] for r in rows))
+        text = self.cowbox("net-log", ref).stdout
+        self.assertIn("refused", text)
+        self.assertIn("private.example.test", text)
+
+    def test_no_route_around_the_proxy(self):
+        _, c = self.workspace("allow", "api.example.test:%d" % PORT)
+        code, _, err = self.run_in(c, "curl -sS -m 5 --noproxy '*' http://%s:%d/" % (PUB, PORT))
+        self.assertNotEqual(code, 0)
+        code, out, _ = self.run_in(c, "python3 -c 'import socket\n"
+                                   "try:\n socket.create_connection((\"%s\", %d), timeout=3)\n"
+                                   " print(\"connected\")\n"
+                                   "except OSError as e:\n print(\"no route\", e.errno)'"
+                                   % (PUB, PORT))
+        self.assertTrue(out.startswith("no route"), out)
+        code, out, _ = self.run_in(c, "cat /proc/net/route | wc -l; "
+                                   "tail -n +3 /proc/net/dev | cut -d: -f1")
+        self.assertEqual(out.split(), ["1", "lo"])
+
+    def test_private_address_allowed_when_named(self):
+        ref, c = self.workspace("allow", "%s:%d" % (PRIV, PORT))
+        self.assertEqual(self.curl(c, "http://%s:%d/" % (PRIV, PORT))[0], "200")
+        self.assertEqual(self.curl(c, "http://%s:%d/" % (PRIV, PORT), "-p")[0], "200")
+        self.assertEqual(self.curl(c, "http://%s:%d/" % (PRIV, OTHER_PORT))[0], "403")
+
+    def test_public(self):
+        ref, c = self.workspace("public")
+        self.assertEqual(self.curl(c, "http://api.example.test:%d/" % PORT)[0], "200")
+        self.assertEqual(self.curl(c, "http://%s:%d/" % (PUB, OTHER_PORT))[0], "200")
+        status, body, _ = self.curl(c, "http://private.example.test:%d/" % PORT)
+        self.assertEqual(status, "403")
+        self.assertIn("private", body)
+        self.assertEqual(self.curl(c, "http://rebind.example.test:%d/" % PORT)[0], "403")
+        self.assertEqual(self.curl(c, "http://127.0.0.1:%d/" % PORT, "--noproxy ''")[0],
+                         "403")
+        self.assertEqual(self.curl(c, "http://169.254.169.254/", "--noproxy ''")[0], "403")
+        # a name with a private and a public address: the public one is the one connected
+        self.assertEqual(self.curl(c, "http://dual.example.test:%d/" % PORT)[0], "200")
+        rows = self.ok(c, "net_log")["rows"]
+        self.assertEqual([r["address"] for r in rows if r["name"] == "dual.example.test"], [PUB])
+        info = self.cowbox_json("info", ref)
+        self.assertEqual(info["network"], "public")
+
+    def test_policy_survives_a_restart(self):
+        ref, c = self.workspace("allow", "api.example.test:%d" % PORT)
+        self.assertEqual(self.curl(c, "http://api.example.test:%d/" % PORT)[0], "200")
+        pid = self.daemon_pid(ref)
+        self.ok(c, "close")
+        cbtest.wait_for(lambda: not cbtest.pid_alive(pid), 15, what="the daemon to stop")
+        self.mount(ref)
+        c = self.client(ref, timeout=120)
+        self.assertEqual(self.curl(c, "http://api.example.test:%d/" % PORT)[0], "200")
+        self.assertEqual(self.curl(c, "http://other.example.test:%d/" % PORT)[0], "403")
+        info = self.cowbox_json("info", ref)
+        self.assertEqual((info["network"], info["allow"]),
+                         ("allow", ["api.example.test:%d" % PORT]))
+        self.assertEqual(len(self.ok(c, "net_log")["rows"]), 3)
+        self.assertEqual(len(self.cowbox_json("net-log", ref, "--turn", "1")), 3)
+        self.assertEqual(self.cowbox_json("net-log", ref, "--turn", "2"), [])
+
+    def test_bad_entries_refused_at_create(self):
+        for entry, says in (("", "empty"), ("a.*.com", "wildcard"), ("10.0.0.0/33", "prefix"),
+                            ("x.test:70000", "port"), ("10.0.0.1/8", "CIDR")):
+            proc = self.assert_fails(["create", "--network", "allow", "--allow", entry], says)
+        self.assert_fails(["create", "--network", "public", "--allow", "a.test"],
+                          "only with network allow")
+        self.assert_fails(["create", "--network", "bogus"], "none, all, host, public or allow")
+        self.assertEqual(os.listdir(os.path.join(self.home, "workspaces")), [])
+
+    def test_fuzzed_input_answered_and_proxy_keeps_serving(self):
+        seed = int(os.environ.get("COWBOX_SEED", random.randrange(1 << 30)))
+        print("test_fuzzed_input: COWBOX_SEED=%d" % seed)
+        ref, c = self.workspace("allow", "api.example.test:%d" % PORT)
+        pid = self.daemon_pid(ref)
+        fuzz = r'''
+import random, socket, sys
+rnd = random.Random(int(sys.argv[1]))
+seeds = [b"CONNECT api.example.test:8080 HTTP/1.1\r\n\r\n", b"GET http://api.example.test:8080/ HTTP/1.1\r\nHost: x\r\n\r\n",
+         b"\x05\x01\x00\x05\x01\x00\x03\x10api.example.test\x1f\x90", b"GET / HTTP/1.1\r\n\r\n"]
+answered = 0
+for i in range(300):
+    data = bytearray(rnd.choice(seeds))
+    for _ in range(rnd.randrange(1, 6)):
+        op = rnd.randrange(3)
+        at = rnd.randrange(len(data) + 1)
+        if op == 0 and data: data[min(at, len(data) - 1)] = rnd.randrange(256)
+        elif op == 1: data[at:at] = bytes(rnd.randrange(256) for _ in range(rnd.randrange(1, 8)))
+        elif data: del data[at:at + rnd.randrange(1, 4)]
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+    try:
+        s.sendall(bytes(data))
+        s.shutdown(socket.SHUT_WR)
+        if s.recv(1 << 16) is not None: answered += 1
+    except OSError:
+        answered += 1
+    s.close()
+print("answered", answered)
+'''
+        code, out, err = self.run_in(c, "python3 -c '%s' %d" % (fuzz.replace("'", "'\\''"), seed),
+                                     timeout=300)
+        self.assertEqual(out.strip(), "answered 300", err)
+        self.assertEqual(self.curl(c, "http://api.example.test:%d/" % PORT)[0], "200")
+        self.assertTrue(cbtest.pid_alive(pid))
+
+    def test_concurrency_and_no_fd_leak(self):
+        ref, c = self.workspace("allow", "api.example.test:%d" % PORT)
+        pid = self.daemon_pid(ref)
+        self.assertEqual(self.curl(c, "http://api.example.test:%d/" % PORT)[0], "200")
+        cbtest.wait_for(lambda: True, 1)
+        before = cbtest.fd_count(pid)
+        load = r'''
+import selectors, socket, sys
+n, total = int(sys.argv[1]), int(sys.argv[2])
+req = b"GET http://api.example.test:8080/ HTTP/1.1\r\nHost: api.example.test\r\n\r\n"
+sel = selectors.DefaultSelector()
+done = ok = started = 0
+def start():
+    global started
+    s = socket.socket(); s.setblocking(False)
+    s.connect_ex(("127.0.0.1", 3128)); started += 1
+    sel.register(s, selectors.EVENT_WRITE, [b""])
+for _ in range(n): start()
+while done < total:
+    for key, ev in sel.select(30):
+        s, buf = key.fileobj, key.data
+        if ev & selectors.EVENT_WRITE:
+            s.send(req); sel.modify(s, selectors.EVENT_READ, buf); continue
+        chunk = s.recv(65536)
+        if chunk:
+            buf[0] += chunk; continue
+        sel.unregister(s); s.close(); done += 1
+        ok += buf[0].startswith(b"HTTP/1.0 200") or buf[0].startswith(b"HTTP/1.1 200")
+        if started < total: start()
+print(ok, done)
+'''
+        code, out, err = self.run_in(c, "ulimit -n 4096; python3 -c '%s' 500 %d"
+                                     % (load.replace("'", "'\\''"), self.requests), timeout=600)
+        self.assertEqual(out.split(), [str(self.requests)] * 2, err)
+        cbtest.wait_for(lambda: cbtest.fd_count(pid) <= before + 2, 30,
+                        what="the daemon's fds to come back to %d" % before)
+        rows = self.ok(c, "net_log")["rows"]
+        self.assertEqual(len(rows), self.requests + 1)
+
+    requests = int(os.environ.get("COWBOX_NET_REQUESTS", "2000"))
+
+    def test_local_backend_refuses_a_policy(self):
+        ref = self.create()
+        self.mount(ref)
+        c = self.client(ref)
+        for net in ("public", "allow", "none", "all"):
+            r = c.request("configure", options={"backend": "local", "network": net})
+            self.assertEqual(r["error"]["code"], "invalid_request", r)
+            self.assertIn("cannot keep a command from going around a proxy",
+                          r["error"]["message"])
+
+    def test_python_client(self):
+        import asyncio
+        import cowbox
+
+        async def go():
+            box = await cowbox.Sandbox.create(
+                network=cowbox.Network.allow(hosts=["api.example.test:%d" % PORT]),
+                home=self.home)
+            try:
+                r = await box.run(["curl", "-sS", "-m", "10",
+                                   "http://api.example.test:%d/py" % PORT])
+                self.assertEqual(json.loads(r.stdout)["path"], "/py", r)
+                r = await box.run(["curl", "-sS", "-m", "10",
+                                   "http://other.example.test:%d/" % PORT])
+                self.assertIn("cowbox: refused other.example.test", r.stdout)
+                self.assertTrue(await box.reaches("api.example.test:%d" % PORT))
+                self.assertFalse(await box.reaches("other.example.test"))
+                rows = await box.net_log()
+                self.assertEqual([(x["name"], x["allowed"]) for x in rows],
+                                 [("api.example.test", True), ("other.example.test", False)])
+                self.assertEqual(await box.net_log(turn=1), rows)
+                await box.snapshot()
+                self.assertEqual(await box.net_log(turn=2), [])
+            finally:
+                await box.close()
+            with self.assertRaises(ValueError):
+                cowbox.Network("bogus")
+            with self.assertRaises(ValueError):
+                cowbox.Network.public().__class__("public", ["a.test"])
+            self.assertEqual(cowbox.Network.allow(["a.test"]).options(),
+                             {"network": "allow", "allow": ["a.test"]})
+
+        saved = os.environ.get("COWBOX_PROXY_HOSTS")
+        os.environ["COWBOX_PROXY_HOSTS"] = self.hosts
+        try:
+            asyncio.run(go())
+        finally:
+            if saved is None:
+                del os.environ["COWBOX_PROXY_HOSTS"]
+            else:
+                os.environ["COWBOX_PROXY_HOSTS"] = saved
+
+    def ok(self, c, op, **args):
+        r = c.request(op, **args)
+        self.assertTrue(r.get("ok"), r)
+        return r
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -8,8 +8,14 @@ src=${COWBOX_SRCDIR:?run through make check}
 build=${COWBOX_BUILDDIR:?run through make check}
 out=$build/exec/tsan
 cc=${CC:-gcc}
-srcs="exec/stress_run.c exec/run.c exec/run_io.c exec/shim.c exec/env.c exec/ns.c exec/tree.c
-      exec/pasta.c exec/ns_harden.c exec/cgroup.c util/error.c util/grow.c util/beneath.c"
+# The .c files of an automake variable in a local.mk (continued lines joined), so that the
+# stress always links what the runner's layer is made of.
+sources_of() { # local.mk variable
+	sed -e ':a' -e '/\\$/N; s/\\\n//; ta' "$src/$1" | sed -n "s/^$2 *+*= *//p" |
+		tr ' \t' '\n\n' | grep '\.c$' || true
+}
+srcs="exec/stress_run.c $(sources_of exec/local.mk exec_libcb_exec_la_SOURCES)
+      $(sources_of util/local.mk util_libcb_util_la_SOURCES)"
 mkdir -p "$out"
 
 build_one() { # name extra-cflags

@@ -86,6 +86,9 @@ size_t cb_marklog_encode(const struct cb_change *c, long long turn, double time,
 			 size_t size);
 size_t cb_marklog_max_record(void);
 
+/* The size of c's record in the log (what cb_marklog_encode needs for it). */
+size_t cb_marklog_record_size(const struct cb_change *c);
+
 /* Call fn (if not NULL) for each whole, valid record of buf in order; *valid gets the length
  * of that prefix: a record that is cut short, fails its checksum or says nothing valid ends
  * it, and nothing after it is ever returned. Returns fn's first non-zero value, else 0. */

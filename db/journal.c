@@ -344,8 +344,8 @@ static int journal_validate(struct cb_db *db, const struct cb_change *changes, s
 	for (size_t i = 0; i < n; i++) {
 		const char *p = changes[i].path;
 
-		if (!p || !*p || p[0] == '/' || !strcmp(p, ".") || !strcmp(p, "..") ||
-		    strlen(p) >= PATH_MAX)
+		/* no PATH_MAX bound: a tree can be deeper than a syscall's path (relative paths) */
+		if (!p || !*p || p[0] == '/' || !strcmp(p, ".") || !strcmp(p, ".."))
 			return cb_error_set(EINVAL, "database %s: bad journal path '%s'", db->path,
 					    p ? p : "(null)");
 		if (changes[i].kind < CB_CHANGE_CREATE || changes[i].kind > CB_CHANGE_RENAME_TO)
@@ -375,11 +375,21 @@ static int log_append(struct cb_db *db, const struct cb_change *c, const size_t 
 	int rc = 0;
 
 	for (size_t i = 0; i < n; i++)
-		size += cb_marklog_max_record();
+		size += cb_marklog_record_size(&c[fresh[i]]);
 	if (size > sizeof(stack) && !(buf = malloc(size)))
 		return cb_error_set(ENOMEM, "journal log: out of memory");
-	for (size_t i = 0; i < n; i++)
-		len += cb_marklog_encode(&c[fresh[i]], db->turn, t, buf + len, size - len);
+	for (size_t i = 0; i < n; i++) {
+		size_t r = cb_marklog_encode(&c[fresh[i]], db->turn, t, buf + len, size - len);
+
+		if (!r) { /* never a mark dropped in silence */
+			rc = cb_error_set(ENAMETOOLONG,
+					  "journal log: a path of %zu bytes is too long "
+					  "to record",
+					  strlen(c[fresh[i]].path));
+			goto out;
+		}
+		len += r;
+	}
 	while (done < len) {
 		ssize_t w = write(db->log_fd, buf + done, len - done);
 
@@ -401,6 +411,7 @@ static int log_append(struct cb_db *db, const struct cb_change *c, const size_t 
 		db->log_size += len;
 		db->stat_rows += n;
 	}
+out:
 	if (buf != stack)
 		free(buf);
 	return rc;
@@ -662,20 +673,25 @@ struct list_merge {
 	void *arg;
 };
 
-static int merge_key(char *buf, size_t size, const struct cb_journal_row *r)
+/* "turn/path" on the heap (a path has no length bound), or NULL when out of memory. */
+static char *merge_key(const struct cb_journal_row *r)
 {
-	return snprintf(buf, size, "%lld/%s", r->turn, r->path) < (int)size ? 0 : -1;
+	char *key;
+
+	return asprintf(&key, "%lld/%s", r->turn, r->path) < 0 ? NULL : key;
 }
 
 static int merge_sql_row(const struct cb_journal_row *r, void *arg)
 {
 	struct list_merge *m = arg;
-	char key[PATH_MAX + 32];
+	char *key = merge_key(r);
 
+	if (!key)
+		return cb_error_set(ENOMEM, "journal: out of memory");
 	if (r->id > m->max_id)
 		m->max_id = r->id;
-	if (!merge_key(key, sizeof(key), r))
-		mark_add(&m->seen, r->kind, key);
+	mark_add(&m->seen, r->kind, key);
+	free(key);
 	return m->fn(r, m->arg);
 }
 
@@ -683,12 +699,19 @@ static int merge_log_row(const struct cb_journal_row *r, void *arg)
 {
 	struct list_merge *m = arg;
 	struct cb_journal_row row = *r;
-	char key[PATH_MAX + 32];
+	char *key;
+	int seen;
 
-	if ((m->turn > 0 && r->turn != m->turn) || merge_key(key, sizeof(key), r) ||
-	    mark_contains(&m->seen, r->kind, key))
+	if (m->turn > 0 && r->turn != m->turn)
 		return 0;
-	mark_add(&m->seen, r->kind, key);
+	if (!(key = merge_key(r)))
+		return cb_error_set(ENOMEM, "journal: out of memory");
+	seen = mark_contains(&m->seen, r->kind, key);
+	if (!seen)
+		mark_add(&m->seen, r->kind, key);
+	free(key);
+	if (seen)
+		return 0;
 	row.id = ++m->max_id;
 	return m->fn(&row, m->arg);
 }

@@ -13,12 +13,14 @@
 #include "db.h"
 
 /* A record: magic, body length, FNV-1a 64 of the body, then the body: turn (i64), time (f64),
- * pid (i32), kind, subtree, path length (u16), comm length (u8), path, comm. Host byte order:
- * the log never leaves the machine that wrote it (it is folded at every unmount). */
-#define MARKLOG_MAGIC 0x314d4243u /* "CBM1" */
+ * pid (i32), kind, subtree, path length (u32), comm length (u8), path, comm. Host byte order:
+ * the log never leaves the machine that wrote it (it is folded at every unmount). A path may
+ * be longer than PATH_MAX (a tree reached by relative paths); MARKLOG_PATH only bounds what a
+ * damaged length field can make the reader believe. */
+#define MARKLOG_MAGIC 0x324d4243u /* "CBM2" */
 #define MARKLOG_HEAD  16
-#define MARKLOG_FIXED 25
-#define MARKLOG_PATH  4096
+#define MARKLOG_FIXED 27
+#define MARKLOG_PATH  (1u << 20)
 
 static uint64_t marklog_hash(const unsigned char *p, size_t n)
 {
@@ -39,7 +41,7 @@ size_t cb_marklog_encode(const struct cb_change *c, long long turn, double time,
 	uint32_t magic = MARKLOG_MAGIC, len = (uint32_t)body;
 	int64_t t = turn;
 	int32_t pid = c->pid;
-	uint16_t pl = (uint16_t)plen;
+	uint32_t pl = (uint32_t)plen;
 	uint64_t h;
 
 	if (plen == 0 || plen > MARKLOG_PATH || MARKLOG_HEAD + body > size)
@@ -49,8 +51,8 @@ size_t cb_marklog_encode(const struct cb_change *c, long long turn, double time,
 	memcpy(b + 16, &pid, 4);
 	b[20] = (unsigned char)c->kind;
 	b[21] = c->subtree != 0;
-	memcpy(b + 22, &pl, 2);
-	b[24] = (unsigned char)clen;
+	memcpy(b + 22, &pl, 4);
+	b[26] = (unsigned char)clen;
 	memcpy(b + MARKLOG_FIXED, c->path, plen);
 	memcpy(b + MARKLOG_FIXED + plen, c->comm ? c->comm : "", clen);
 	h = marklog_hash(b, body);
@@ -66,6 +68,13 @@ size_t cb_marklog_max_record(void)
 	return MARKLOG_HEAD + MARKLOG_FIXED + MARKLOG_PATH + 255;
 }
 
+/* See db.h. */
+size_t cb_marklog_record_size(const struct cb_change *c)
+{
+	return MARKLOG_HEAD + MARKLOG_FIXED + strlen(c->path) +
+	       (c->comm ? strnlen(c->comm, 255) : 0);
+}
+
 /* A body that passed its checksum must still say something the journal accepts: a record
  * whose fields are wrong is the end of the valid log, never a row. */
 static int marklog_decode(const unsigned char *b, size_t body, char *path, char *comm,
@@ -73,7 +82,7 @@ static int marklog_decode(const unsigned char *b, size_t body, char *path, char 
 {
 	int64_t t;
 	int32_t pid;
-	uint16_t pl;
+	uint32_t pl;
 	size_t cl;
 
 	if (body < MARKLOG_FIXED)
@@ -81,8 +90,8 @@ static int marklog_decode(const unsigned char *b, size_t body, char *path, char 
 	memcpy(&t, b, 8);
 	memcpy(&row->time, b + 8, 8);
 	memcpy(&pid, b + 16, 4);
-	memcpy(&pl, b + 22, 2);
-	cl = b[24];
+	memcpy(&pl, b + 22, 4);
+	cl = b[26];
 	if (MARKLOG_FIXED + (size_t)pl + cl != body || pl == 0 || pl > MARKLOG_PATH || t < 1 ||
 	    b[20] < CB_CHANGE_CREATE || b[20] > CB_CHANGE_RENAME_TO || b[21] > 1)
 		return -1;
@@ -107,9 +116,12 @@ static int marklog_decode(const unsigned char *b, size_t body, char *path, char 
 int cb_marklog_parse(const char *buf, size_t len, size_t *valid,
 		     int (*fn)(const struct cb_journal_row *row, void *arg), void *arg)
 {
-	char path[MARKLOG_PATH + 1], comm[256];
+	char *path = malloc(MARKLOG_PATH + 1), comm[256];
 	size_t off = 0;
 	int rc = 0;
+
+	if (!path)
+		return cb_error_set(ENOMEM, "journal log: out of memory");
 
 	while (len - off >= MARKLOG_HEAD) {
 		const unsigned char *p = (const unsigned char *)buf + off;
@@ -129,6 +141,7 @@ int cb_marklog_parse(const char *buf, size_t len, size_t *valid,
 			break;
 	}
 	*valid = off;
+	free(path);
 	return rc;
 }
 

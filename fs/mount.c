@@ -141,6 +141,12 @@ static void ov_init(void *userdata, struct fuse_conn_info *conn)
 	if (!ov->want_uring)
 		conn->want &= ~FUSE_CAP_OVER_IO_URING;
 #endif
+#ifdef HAVE_FUSE_NO_INTERRUPT
+	/* No handler looks at an interrupt, and libfuse keeps an INTERRUPT that came after its
+	 * request was answered until the session ends, then loses it (a leak per killed waiter):
+	 * the kernel stops sending them once told no_interrupt. */
+	conn->no_interrupt = 1;
+#endif
 	if (!passthrough && (conn->capable & FUSE_CAP_WRITEBACK_CACHE))
 		conn->want |= FUSE_CAP_WRITEBACK_CACHE;
 	if (conn->capable & FUSE_CAP_SPLICE_WRITE)

@@ -15,6 +15,7 @@
 
 #include "cowbox/error.h"
 #include "daemon.h"
+#include "util/smallfile.h"
 
 static double mono_now(void)
 {
@@ -24,50 +25,33 @@ static double mono_now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* See daemon.h. */
 int cb_daemon_idle_load(const char *dir, double *timeout)
 {
-	char path[4096], buf[64], *end;
-	int fd;
-	ssize_t n;
+	char buf[64], *end;
+	int n;
 
 	*timeout = CB_DAEMON_IDLE_DEFAULT;
-	snprintf(path, sizeof(path), "%s/idle_timeout", dir);
-	fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0)
-		return errno == ENOENT ? 0
-				       : cb_error_set(errno, "open %s: %s", path, strerror(errno));
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
+	n = cb_smallfile_read(dir, "idle_timeout", buf, sizeof(buf));
 	if (n < 0)
-		return cb_error_set(errno, "read %s: %s", path, strerror(errno));
-	buf[n] = '\0';
+		return n == -ENOENT ? 0 : n;
 	*timeout = strtod(buf, &end);
 	if (end == buf || !isfinite(*timeout) || *timeout < 0)
-		return cb_error_set(EINVAL, "%s: '%s' is no number of seconds >= 0", path, buf);
+		return cb_error_set(EINVAL, "%s/idle_timeout: '%s' is no number of seconds >= 0",
+				    dir, buf);
 	return 0;
 }
 
+/* See daemon.h. */
 int cb_daemon_idle_save(const char *dir, double timeout)
 {
-	char path[4096], tmp[4200];
-	int fd, rc = 0;
+	char text[64];
 
 	if (!isfinite(timeout) || timeout < 0)
 		return cb_error_set(EINVAL,
 				    "idle_timeout: needs a number of seconds >= 0 (0: never)");
-	snprintf(path, sizeof(path), "%s/idle_timeout", dir);
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-	if (fd < 0)
-		return cb_error_set(errno, "create %s: %s", tmp, strerror(errno));
-	if (dprintf(fd, "%.17g\n", timeout) < 0)
-		rc = cb_error_set(EIO, "write %s", tmp);
-	close(fd);
-	if (!rc && rename(tmp, path) < 0)
-		rc = cb_error_set(errno, "rename %s: %s", tmp, strerror(errno));
-	if (rc)
-		unlink(tmp);
-	return rc;
+	snprintf(text, sizeof(text), "%.17g\n", timeout);
+	return cb_smallfile_write(dir, "idle_timeout", text, 0600);
 }
 
 static double idle_timeout(struct cb_daemon *d)

@@ -10,9 +10,11 @@
 
 #include "cowbox/access.h"
 #include "cowbox/error.h"
+#include "util/smallfile.h"
 
 static const char *const access_names[] = {"none", "files", "full"};
 
+/* See cowbox/access.h. */
 int cb_access_parse(const char *name)
 {
 	for (int i = CB_ACCESS_NONE; i <= CB_ACCESS_FULL; i++)
@@ -22,49 +24,30 @@ int cb_access_parse(const char *name)
 			    name ? name : "(null)");
 }
 
+/* See cowbox/access.h. */
 const char *cb_access_name(int level)
 {
 	return level >= CB_ACCESS_NONE && level < CB_ACCESS_FULL ? access_names[level] : "full";
 }
 
+/* See cowbox/access.h. */
 int cb_ws_access_load(const char *dir)
 {
-	char path[4096], buf[16];
-	int fd, rc;
-	ssize_t n;
+	char buf[16];
+	int rc = cb_smallfile_read(dir, "access", buf, sizeof(buf));
 
-	snprintf(path, sizeof(path), "%s/access", dir);
-	fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0)
-		return errno == ENOENT ? CB_ACCESS_FULL
-				       : cb_error_set(errno, "open %s: %s", path, strerror(errno));
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n < 0)
-		return cb_error_set(errno, "read %s: %s", path, strerror(errno));
-	buf[n] = '\0';
+	if (rc < 0)
+		return rc == -ENOENT ? CB_ACCESS_FULL : rc;
 	buf[strcspn(buf, "\n")] = '\0';
 	rc = cb_access_parse(buf);
-	return rc < 0 ? cb_error_wrap(rc, "%s", path) : rc;
+	return rc < 0 ? cb_error_wrap(rc, "%s/access", dir) : rc;
 }
 
+/* See cowbox/access.h. */
 int cb_ws_access_save(const char *dir, int level)
 {
-	char path[4096], tmp[4200];
-	const char *name = cb_access_name(level);
-	int fd, rc = 0;
+	char text[16];
 
-	snprintf(path, sizeof(path), "%s/access", dir);
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-	if (fd < 0)
-		return cb_error_set(errno, "create %s: %s", tmp, strerror(errno));
-	if (dprintf(fd, "%s\n", name) < 0 || fsync(fd) < 0)
-		rc = cb_error_set(errno ? errno : EIO, "write %s: %s", tmp, strerror(errno));
-	close(fd);
-	if (!rc && rename(tmp, path) < 0)
-		rc = cb_error_set(errno, "rename %s: %s", tmp, strerror(errno));
-	if (rc)
-		unlink(tmp);
-	return rc;
+	snprintf(text, sizeof(text), "%s\n", cb_access_name(level));
+	return cb_smallfile_write(dir, "access", text, 0600);
 }

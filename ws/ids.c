@@ -16,27 +16,21 @@
 #include "cowbox/error.h"
 #include "cowbox/workspace.h"
 #include "util/beneath.h"
+#include "util/smallfile.h"
 
-/* Read a base from path: 0 with *base set, -ENOENT when there is none yet. */
-static int ids_read(const char *path, unsigned long *base)
+/* Reads the base kept in dir: 0 with *base set, -ENOENT when there is none yet. */
+static int ids_read(const char *dir, unsigned long *base)
 {
-	char buf[32];
-	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-	ssize_t n;
-	char *end;
+	char buf[32], *end;
+	int n = cb_smallfile_read(dir, "ids", buf, sizeof(buf));
 
-	if (fd < 0)
-		return errno == ENOENT ? -ENOENT
-				       : cb_error_set(errno, "open %s: %s", path, strerror(errno));
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return cb_error_set(EINVAL, "%s: empty or unreadable", path);
-	buf[n] = 0;
+	if (n == 0)
+		return cb_error_set(EINVAL, "%s/ids: empty", dir);
+	if (n < 0)
+		return n;
 	*base = strtoul(buf, &end, 10);
 	if ((*end && *end != '\n') || !cb_ws_ids_valid(*base))
-		return cb_error_set(EINVAL, "%s: '%.*s' is not an id range base", path, (int)n,
-				    buf);
+		return cb_error_set(EINVAL, "%s/ids: '%s' is not an id range base", dir, buf);
 	return 0;
 }
 
@@ -48,11 +42,8 @@ int cb_ws_ids_valid(unsigned long base)
 
 int cb_ws_ids_get(const char *dir, unsigned long *base)
 {
-	char path[4096];
-
 	*base = 0;
-	snprintf(path, sizeof(path), "%s/ids", dir);
-	return ids_read(path, base);
+	return ids_read(dir, base);
 }
 
 /* The lowest slot no workspace under home/workspaces holds. */
@@ -73,7 +64,7 @@ static int ids_pick(const char *home, unsigned long *base)
 		unsigned long b;
 		if (de->d_name[0] == '.')
 			continue;
-		snprintf(path, sizeof(path), "%s/workspaces/%s/ids", home, de->d_name);
+		snprintf(path, sizeof(path), "%s/workspaces/%s", home, de->d_name);
 		if (ids_read(path, &b) == 0)
 			used[(b - CB_WS_IDS_FIRST) / CB_WS_IDS_SIZE] = 1;
 	}
@@ -94,8 +85,8 @@ static int ids_pick(const char *home, unsigned long *base)
 
 int cb_ws_ids_ensure(const char *dir, unsigned long *base)
 {
-	char *home = NULL, lock[4096], path[4096], tmp[4096], text[32];
-	int lock_fd = -1, fd = -1, rc;
+	char *home = NULL, lock[4096], text[32];
+	int lock_fd = -1, rc;
 
 	if ((rc = cb_ws_ids_get(dir, base)) != -ENOENT)
 		return rc;
@@ -112,21 +103,9 @@ int cb_ws_ids_ensure(const char *dir, unsigned long *base)
 		goto out;
 	if ((rc = ids_pick(home, base)) < 0)
 		goto out;
-	snprintf(path, sizeof(path), "%s/ids", dir);
-	snprintf(tmp, sizeof(tmp), "%s/ids.tmp", dir);
-	int len = snprintf(text, sizeof(text), "%lu\n", *base);
-	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
-	if (fd < 0 || write(fd, text, (size_t)len) != len || fsync(fd) < 0 ||
-	    rename(tmp, path) < 0) {
-		rc = cb_error_set(errno ? errno : EIO, "write %s: %s", path,
-				  strerror(errno ? errno : EIO));
-		unlink(tmp);
-		goto out;
-	}
-	rc = 0;
+	snprintf(text, sizeof(text), "%lu\n", *base);
+	rc = cb_smallfile_write(dir, "ids", text, 0644);
 out:
-	if (fd >= 0)
-		close(fd);
 	if (lock_fd >= 0)
 		close(lock_fd);
 	free(home);

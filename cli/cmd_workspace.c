@@ -239,6 +239,16 @@ int cmd_create(int argc, char **argv)
 	return CLI_OK;
 }
 
+/* network allow's entries (NULL under the other modes). */
+static json_t *info_allow(const struct cb_backend_options *bo)
+{
+	json_t *a = bo->net == CB_BACKEND_NET_ALLOW ? json_array() : NULL;
+
+	for (size_t k = 0; a && bo->allow && bo->allow[k]; k++)
+		json_array_append_new(a, json_string(bo->allow[k]));
+	return a;
+}
+
 static json_t *info_json(const struct cb_ws_info *i)
 {
 	return json_pack("{s:s, s:s?, s:s?, s:s, s:s, s:s, s:I, s:I}", "ref", i->ref, "name",
@@ -454,7 +464,7 @@ int cmd_info(int argc, char **argv)
 	struct cb_backend_options bo;
 	struct cb_backend_limits lim;
 	const char *net = NULL, *kind = NULL;
-	json_t *limits = NULL;
+	json_t *limits = NULL, *allow = NULL;
 
 	if (cb_backend_options_load(i.dir, &bo) == 0) {
 		/* the daemon's answer also says what the upper layer holds against its quota */
@@ -464,6 +474,7 @@ int cmd_info(int argc, char **argv)
 			     : cb_backend_limits_json(&lim);
 		net = cb_backend_net_name(bo.net);
 		kind = cb_backend_find(bo.kind)->name;
+		allow = info_allow(&bo);
 		if (bo.net == CB_BACKEND_NET_HOST)
 			fprintf(stderr, "cowbox info: warning: network host: the workspace's "
 					"commands share the host's network namespace (its "
@@ -500,6 +511,8 @@ int cmd_info(int argc, char **argv)
 		if (net) {
 			json_object_set_new(j, "backend", json_string(kind));
 			json_object_set_new(j, "network", json_string(net));
+			if (allow)
+				json_object_set_new(j, "allow", allow);
 		}
 		if (limits)
 			json_object_set_new(j, "limits", limits);
@@ -517,6 +530,9 @@ int cmd_info(int argc, char **argv)
 	printf("blob store:  %lld blobs, %s\n", nblobs, cli_size(blob_bytes, size, sizeof(size)));
 	if (net)
 		printf("backend:     %s, network %s\n", kind, net);
+	for (size_t k = 0; k < json_array_size(allow); k++)
+		printf("allow:       %s\n", json_string_value(json_array_get(allow, k)));
+	json_decref(allow);
 	if (limits) {
 		info_limits_print(limits);
 		json_decref(limits);

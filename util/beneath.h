@@ -96,7 +96,7 @@ int cb_beneath_remove_tree(int root, const char *path);
  * with what is left of path, under max bytes, in *rest. -errno (-ENAMETOOLONG for a name
  * of max bytes) on failure. The resolve rules are open_dir's. */
 int cb_beneath_near(int root, const char *path, size_t max,
-		 int (*open_dir)(int dirfd, const char *piece), const char **rest);
+		    int (*open_dir)(int dirfd, const char *piece), const char **rest);
 
 /* Calls visit for every entry below the directory fd root (not root itself), a directory
  * before what it holds, at any depth: no symlink is followed and no other mount entered

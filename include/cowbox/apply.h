@@ -10,7 +10,8 @@ struct cb_turns;
 /* What an apply did, or why it refused: conflicts[] are "PATH: why" lines (the folder's
  * entry is neither what turn a recorded nor what turn b did). */
 struct cb_ws_apply_result {
-	long long written, deleted, unchanged; /* paths written (or chmod'ed), removed, already so */
+	long long written, deleted,
+	    unchanged; /* paths written (or chmod'ed), removed, already so */
 	char **conflicts;
 	size_t nconflicts;
 };

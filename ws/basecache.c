@@ -341,7 +341,8 @@ static int pre_prepare_map(struct cb_turns *t, struct pre_walk *w)
 			w->failed = 1;
 	if (w->failed)
 		return 0;
-	qsort(w->f, w->n, sizeof(*w->f), pre_file_cmp);
+	if (w->n) /* an empty base has no array to sort */
+		qsort(w->f, w->n, sizeof(*w->f), pre_file_cmp);
 	if ((ret = cb_db_turns_begin(t->db)))
 		return ret;
 	/* The first snapshot may have frozen the base meanwhile: its map is the one. */

@@ -485,7 +485,8 @@ Test(box, local_backend_workdir_is_the_mount)
 	cr_assert_str_eq(r.out, want);
 	cb_box_result_free(&r);
 	/* The hooks ran when the backend booted (in working_dir) and run on destroy. */
-	cr_assert_eq(cb_box_read(box, "w/made_by_hook", &data, &len), 0, "%s", cb_error_message());
+	/* a relative path starts at working_dir (protocol.md "Files") */
+	cr_assert_eq(cb_box_read(box, "made_by_hook", &data, &len), 0, "%s", cb_error_message());
 	cr_assert_str_eq(data, "made\n");
 	free(data);
 	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());

@@ -339,7 +339,13 @@ class Conformance:
                 self.assertEqual(await self.read_soon(box, "chatty.txt"), b"done\n")
             # Not checked here: a job left by a streamed exec() on ns was found ended with
             # its command in 2 of 4 full runs (a race in keeping it; docs/protocol.md,
-            # "Background jobs", says so). run()'s jobs above are kept on every backend.
+            # "Background jobs", says so). A job of run() ticks until the close below.
+            r = await box.run("while :; do date +%s%N > tick.new; mv tick.new tick; "
+                              "sleep 0.1; done >/dev/null 2>&1 & echo up")
+            self.assertEqual(r.stdout, "up\n")
+            first = await self.read_soon(box, "tick")
+            await asyncio.sleep(0.6)
+            self.assertNotEqual(await box.read("tick"), first)
         self.arun(body)
 
         async def after(box):

@@ -13,6 +13,7 @@
 #include "cowbox/backend.h"
 #include "cowbox/error.h"
 #include "cowbox/exec.h"
+#include "cowbox/image.h"
 #include "cowbox/workspace.h"
 #include "util/beneath.h"
 
@@ -462,6 +463,13 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 						  "or allow needs ns or docker");
 		out->net = CB_BACKEND_NET_HOST;
 	}
+	/* ns: a directory or an OCI image (cowbox/image.h); docker: a name the CLI takes, never
+	 * one of its options */
+	if (!rc && out->image && !strcmp(out->kind, "ns"))
+		rc = cb_backend_image_check(out->image);
+	else if (!rc && out->image && (!*out->image || *out->image == '-'))
+		rc = cb_error_set(EINVAL, "backend option image: an image name, not empty and not "
+					  "starting with '-'");
 	if (!rc && out->n_volumes && !strcmp(out->kind, "local"))
 		rc = cb_error_set(EINVAL, "backend option volumes: the local backend runs on the "
 					  "host, which has no sandbox to bind them into");

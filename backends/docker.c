@@ -14,6 +14,7 @@
 
 #include "common.h"
 #include "cowbox/error.h"
+#include "cowbox/image.h"
 
 #define DOCKER_MAX_ARGS	   4096
 #define DOCKER_MAX_RUNNING 256
@@ -98,7 +99,7 @@ static int docker_check(char *const *argv, double timeout, char **out)
 static int docker_create(struct cb_backend *b)
 {
 	struct docker_state *s = calloc(1, sizeof(*s));
-	const char *image = b->opt.image ? b->opt.image : getenv("COWBOX_DOCKER_IMAGE");
+	const char *image = cb_backend_image_of(&b->opt);
 	char vol[4200], homevol[4200], cpus[32], mem[32], pids[32], oom[16], nspath[64];
 	char *pid = NULL;
 	struct cb_backend_limits lim;
@@ -111,11 +112,6 @@ static int docker_create(struct cb_backend *b)
 	s->netns_fd = -1;
 	pthread_mutex_init(&s->lock, NULL);
 	snprintf(s->name, sizeof(s->name), "cowbox-%s", b->ref);
-	if (!image) {
-		rc = cb_error_set(EINVAL, "docker backend: no image (set the image option or "
-					  "COWBOX_DOCKER_IMAGE)");
-		goto out;
-	}
 	/* A container left by an earlier daemon has a dead bind of the old mount: replace it. */
 	docker_remove_quietly(s->name);
 	snprintf(vol, sizeof(vol), "%s:/workspace", b->root);
@@ -172,8 +168,14 @@ static int docker_create(struct cb_backend *b)
 	argv[n++] = "-c";
 	argv[n++] = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done";
 	argv[n] = NULL;
-	if ((rc = docker_check(argv, 120, NULL)) < 0)
+	if ((rc = docker_check(argv, 120, NULL)) < 0) {
+		if (!strcmp(image, CB_BACKEND_DOCKER_DEFAULT_IMAGE))
+			cb_error_wrap(rc,
+				      "docker backend: the default image %s (scripts/setup-podman "
+				      "builds it; else set the image option): ",
+				      image);
 		goto out;
+	}
 	{
 		char *inspect[] = {"docker", "inspect", "-f", "{{.State.Pid}}", s->name, NULL};
 

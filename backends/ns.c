@@ -12,12 +12,14 @@
 
 #include "common.h"
 #include "cowbox/error.h"
+#include "cowbox/image.h"
 #include "cowbox/sandbox.h"
 #include "cowbox/workspace.h"
 
 struct ns_state {
 	int netns_fd; /* the workspace's network namespace; -1: the host's or a fresh one each */
 	struct cb_pasta *pasta; /* network all: the user-mode networking of netns_fd */
+	char *image_root;	/* the image option's root directory (NULL: the host's) */
 };
 
 static void ns_state_free(struct ns_state *s)
@@ -25,6 +27,7 @@ static void ns_state_free(struct ns_state *s)
 	if (!s)
 		return;
 	cb_pasta_stop(s->pasta);
+	free(s->image_root);
 	if (s->netns_fd >= 0)
 		close(s->netns_fd);
 	free(s);
@@ -39,6 +42,9 @@ static int ns_create(struct cb_backend *b)
 	if (!s)
 		return cb_error_set(ENOMEM, "ns backend: out of memory");
 	s->netns_fd = -1;
+	/* an OCI image is unpacked on the first workspace's boot, then reused from the cache */
+	if (b->opt.image && (rc = cb_backend_image_root(b->opt.image, &s->image_root)) < 0)
+		goto out;
 	if (b->opt.net == CB_BACKEND_NET_HOST) {
 		fprintf(stderr,
 			"cowbox: warning: workspace %s: network host: its commands share the "
@@ -91,7 +97,7 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	if ((rc = cb_backend_cwd(b, cmd->cwd, 1, &cwd)) < 0)
 		goto out;
 	sb.workspace = b->root;
-	sb.image = b->opt.image;
+	sb.image = s->image_root;
 	sb.hostname = b->hostname;
 	/* Every command joins the workspace's namespace, where host_url's listeners are. */
 	sb.net = b->opt.net == CB_BACKEND_NET_HOST ? CB_NET_ALL

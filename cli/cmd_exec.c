@@ -19,6 +19,7 @@
 #include "cowbox/client.h"
 #include "cowbox/error.h"
 #include "cowbox/exec.h"
+#include "cowbox/image.h"
 #include "cowbox/sandbox.h"
 #include "cowbox/workspace.h"
 #include "cowbox/workspace_fast.h"
@@ -31,6 +32,8 @@ enum { SET_TIMEOUT = 1, SET_MEMORY = 2, SET_PIDS = 4 };
 struct exec_opts {
 	const char *ref, *dir, *cwd, *image, *shell, *user;
 	char *ws_user, *ws_shell; /* the workspace's options user and shell (owned) */
+	char *ws_image;		  /* the workspace's ns image option (owned) */
+	char *image_root;	  /* the root directory of --image, else of ws_image (owned) */
 	/* a workspace's persistent home and volumes, bound as its daemon's commands get them */
 	struct cb_sandbox_bind binds[1 + CB_BACKEND_MAX_VOLUMES];
 	size_t n_binds;
@@ -71,7 +74,9 @@ static void exec_usage(FILE *out, const char *name)
 	    "                       command's oom_score_adj is 500: the host OOM killer's\n"
 	    "                       first pick\n"
 	    "  --pids N             cap on processes and threads; default 1024, 0: none\n"
-	    "  --image DIR          root image directory instead of the host's /usr, /etc, ...\n"
+	    "  --image IMAGE        root instead of the host's /usr, /etc, ...: a directory,\n"
+	    "                       oci:PATH[:TAG] or a name in the local podman store (the\n"
+	    "                       workspace's image option when not given)\n"
 	    "  --privileged         as root, no user namespace: the command runs as host uid 0\n"
 	    "                       (no capabilities); by default its root is a host id range\n"
 	    "                       of its own (with --dir: 2147418112-2147483647, DIR's owner\n"
@@ -287,6 +292,10 @@ static int sandbox_setup(struct exec_opts *o, const char *ref, int shell_mode,
 	/* the workspace's user and shell apply to its commands from here too */
 	o->ws_user = bo.user;
 	o->ws_shell = bo.shell;
+	if (bo.kind && !strcmp(bo.kind, "ns")) {
+		o->ws_image = bo.image; /* docker's is a name for its engine, not a root */
+		bo.image = NULL;
+	}
 	if (!o->dir && !o->local) {
 		snprintf(o->home, sizeof o->home, "%s/home", wsdir);
 		if ((mkdir(o->home, 0700) < 0 && errno != EEXIST) || chmod(o->home, 01777) < 0) {
@@ -532,6 +541,12 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 		fprintf(stderr, "cowbox %s: %s\n", argv[0], cb_error_message());
 		goto out;
 	}
+	/* an OCI image: unpacked once into the cache, shared with the workspace's daemon */
+	if (!o.local && (o.image || o.ws_image) &&
+	    (rc = cb_backend_image_root(o.image ? o.image : o.ws_image, &o.image_root)) < 0) {
+		fprintf(stderr, "cowbox %s: %s\n", argv[0], cb_error_message());
+		goto out;
+	}
 	for (size_t i = 0; o.n_binds && env[i]; i++)
 		if (!strncmp(env[i], "HOME=", 5) && !o.env_home) {
 			free(env[i]);
@@ -553,7 +568,7 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 		spec.cwd = cwd;
 	} else {
 		sb.workspace = dir;
-		sb.image = o.image;
+		sb.image = o.image_root;
 		sb.hostname = name;
 		if (o.net && !strcmp(o.net, "host")) {
 			fprintf(stderr, "cowbox: warning: --network host: the command shares the "
@@ -588,7 +603,7 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 	if (shell_mode) {
 		static char *bash_argv[] = {"/bin/bash", "-i", NULL};
 		char probe[4096];
-		snprintf(probe, sizeof probe, "%s/usr/bin/bash", o.image ? o.image : "");
+		snprintf(probe, sizeof probe, "%s/usr/bin/bash", o.image_root ? o.image_root : "");
 		spec.argv = access(probe, X_OK) == 0 ? bash_argv : shell_argv;
 		spec.tty = 1;
 		struct winsize ws;
@@ -661,6 +676,8 @@ out:
 	free(name);
 	free(o.ws_user);
 	free(o.ws_shell);
+	free(o.ws_image);
+	free(o.image_root);
 	for (size_t i = 0; i < CB_BACKEND_MAX_VOLUMES; i++) {
 		free(o.vols[i].src);
 		free(o.vols[i].dst);

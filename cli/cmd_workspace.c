@@ -15,11 +15,12 @@
 #include "cowbox/turns.h"
 #include "cowbox/backend.h"
 #include "cowbox/client.h"
+#include "cowbox/image.h"
 #include "cowbox/workspace.h"
 
 static const char create_usage[] =
     "usage: cowbox create [--base DIR] [--name NAME] [--disk-mb N] [--disk-inodes N]\n"
-    "                     [--user NAME|UID[:GROUP]] [--shell sh|bash]\n"
+    "                     [--image IMAGE] [--user NAME|UID[:GROUP]] [--shell sh|bash]\n"
     "                     [--background keep|kill] [--volume HOST_DIR:PATH[:ro|rw]]...\n"
     "                     [--access none|files|full] [--idle-timeout SECONDS]\n"
     "                     [--network none|all|host|public|allow [--allow ENTRY]...] [--json]\n"
@@ -27,6 +28,9 @@ static const char create_usage[] =
     "print its ref (cb- and 32 hex digits). NAME is an optional unique alias.\n"
     "--disk-mb and --disk-inodes set the quota of the workspace's changes (its upper layer;\n"
     "default 10240 MiB and 1000000 inodes, 0: none): past it, writes fail with ENOSPC.\n"
+    "--image is the root its commands see (ns) instead of the host's /usr, /etc, ...: a\n"
+    "directory, oci:PATH[:TAG] (an OCI image layout) or a name in the local podman store\n"
+    "(containers-storage:NAME or NAME, never pulled), unpacked once into a cached root.\n"
     "--user runs the workspace's commands as that user inside the sandbox (ns, docker);\n"
     "--shell is the shell of command strings and hooks (default sh). --background keep\n"
     "(default): jobs a command started with &, nohup or setsid run on until the workspace\n"
@@ -48,7 +52,7 @@ static const char create_usage[] =
 /* The backend options create takes, kept in the workspace's backend.json. */
 struct create_opts {
 	long long disk_mb, disk_inodes; /* -1: the default; 0: none */
-	const char *user, *shell;
+	const char *user, *shell, *image;
 	enum cb_backend_bg background;
 	const char *volumes[CB_BACKEND_MAX_VOLUMES + 1]; /* the --volume flags */
 	int n_volumes;
@@ -82,6 +86,22 @@ static int create_network(struct cb_backend_options *bo, const struct create_opt
 	return rc;
 }
 
+/* --image: checked as configure checks it, and an OCI image unpacked now (the cache keeps it
+ * for the workspace's daemon), so that a bad image fails the create. */
+static int create_image(struct cb_backend_options *bo, const char *image)
+{
+	char *root = NULL;
+	int rc;
+
+	if ((rc = cb_backend_image_root(image, &root)) < 0)
+		return rc;
+	free(root);
+	free(bo->image);
+	if (!(bo->image = strdup(image)))
+		rc = cb_error_set(ENOMEM, "out of memory");
+	return rc;
+}
+
 /* --disk-mb / --disk-inodes (0 there: none), --user, --shell, --network: kept in the workspace's
  * backend options, checked as configure checks them; --access and --idle-timeout in the
  * workspace directory, for its daemons. */
@@ -97,7 +117,7 @@ static int create_options(const char *ref, const struct create_opts *co)
 	    (co->idle >= 0 && (rc = cb_daemon_idle_save(dir, (double)co->idle)) < 0))
 		goto out;
 	if (mb < 0 && inodes < 0 && !co->user && !co->shell && !co->background && !co->n_volumes &&
-	    !co->net && !co->n_allow)
+	    !co->net && !co->n_allow && !co->image)
 		goto out;
 	if ((rc = cb_backend_options_load(dir, &bo)) < 0)
 		goto out;
@@ -109,6 +129,8 @@ static int create_options(const char *ref, const struct create_opts *co)
 		rc = cb_error_set(ENOMEM, "out of memory");
 	if (co->shell && !(bo.shell = strdup(co->shell)))
 		rc = cb_error_set(ENOMEM, "out of memory");
+	if (!rc && co->image)
+		rc = create_image(&bo, co->image);
 	if (co->background)
 		bo.background = co->background;
 	if (!rc && co->n_volumes) {
@@ -158,6 +180,7 @@ int cmd_create(int argc, char **argv)
 	    {"disk-mb", required_argument, NULL, 'D'},
 	    {"disk-inodes", required_argument, NULL, 'I'},
 	    {"user", required_argument, NULL, 'U'},
+	    {"image", required_argument, NULL, 'M'},
 	    {"shell", required_argument, NULL, 'S'},
 	    {"background", required_argument, NULL, 'G'},
 	    {"volume", required_argument, NULL, 'V'},
@@ -184,6 +207,8 @@ int cmd_create(int argc, char **argv)
 			return cli_usage_error(create_usage, "%s", cb_error_message());
 		else if (c == 'U')
 			co.user = optarg;
+		else if (c == 'M')
+			co.image = optarg;
 		else if (c == 'S' && strcmp(optarg, "sh") && strcmp(optarg, "bash"))
 			return cli_usage_error(create_usage, "--shell is sh or bash, not '%s'",
 					       optarg);
@@ -465,6 +490,8 @@ int cmd_info(int argc, char **argv)
 	struct cb_backend_limits lim;
 	const char *net = NULL, *kind = NULL;
 	json_t *limits = NULL, *allow = NULL;
+	/* the image its commands run in: docker's default when none is set (cowbox/image.h) */
+	char *image = NULL;
 
 	if (cb_backend_options_load(i.dir, &bo) == 0) {
 		/* the daemon's answer also says what the upper layer holds against its quota */
@@ -475,6 +502,8 @@ int cmd_info(int argc, char **argv)
 		net = cb_backend_net_name(bo.net);
 		kind = cb_backend_find(bo.kind)->name;
 		allow = info_allow(&bo);
+		if (cb_backend_image_of(&bo) && !(image = strdup(cb_backend_image_of(&bo))))
+			cb_error_clear(); /* out of memory: info shows no image */
 		if (bo.net == CB_BACKEND_NET_HOST)
 			fprintf(stderr, "cowbox info: warning: network host: the workspace's "
 					"commands share the host's network namespace (its "
@@ -513,7 +542,9 @@ int cmd_info(int argc, char **argv)
 			json_object_set_new(j, "network", json_string(net));
 			if (allow)
 				json_object_set_new(j, "allow", allow);
+			json_object_set_new(j, "image", image ? json_string(image) : json_null());
 		}
+		free(image);
 		if (limits)
 			json_object_set_new(j, "limits", limits);
 		cb_ws_info_free(&i);
@@ -530,6 +561,11 @@ int cmd_info(int argc, char **argv)
 	printf("blob store:  %lld blobs, %s\n", nblobs, cli_size(blob_bytes, size, sizeof(size)));
 	if (net)
 		printf("backend:     %s, network %s\n", kind, net);
+	if (image)
+		printf("image:       %s\n", image);
+	else if (kind && !strcmp(kind, "ns"))
+		printf("image:       - (the host's /usr, /etc, ...)\n");
+	free(image);
 	for (size_t k = 0; k < json_array_size(allow); k++)
 		printf("allow:       %s\n", json_string_value(json_array_get(allow, k)));
 	json_decref(allow);

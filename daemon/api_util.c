@@ -10,6 +10,7 @@
 
 #include "api.h"
 #include "cowbox/error.h"
+#include "cowbox/image.h"
 #include "cowbox/overlay.h"
 
 static pthread_mutex_t api_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -127,6 +128,16 @@ int cb_api_configure(struct cb_daemon *d, json_t *options)
 
 	if ((rc = cb_backend_options_from_json(options, &opt)) < 0)
 		return rc;
+	/* ns: an OCI image is unpacked now (once: the cache keeps it), so that a bad image fails
+	 * the configure that names it rather than the first command */
+	if (opt.image && !strcmp(opt.kind, "ns")) {
+		char *root = NULL;
+
+		rc = cb_backend_image_root(opt.image, &root);
+		free(root);
+		if (rc < 0)
+			goto out;
+	}
 	snprintf(marker, sizeof(marker), "%s/backend.created", d->dir);
 	pthread_mutex_lock(&api_lock);
 	if ((api_backend && api_backend->created) || access(marker, F_OK) == 0) {
@@ -140,6 +151,7 @@ int cb_api_configure(struct cb_daemon *d, json_t *options)
 		api_backend = NULL;
 	}
 	pthread_mutex_unlock(&api_lock);
+out:
 	cb_backend_free(gone);
 	cb_backend_options_free(&opt);
 	return rc;

@@ -1,0 +1,43 @@
+/* Root images of the ns backend: a directory as given, or an OCI image (an OCI layout, or a name
+ * in the local podman store) unpacked once by umoci into a root cached under $COWBOX_HOME. */
+#ifndef COWBOX_IMAGE_H
+#define COWBOX_IMAGE_H
+
+/* The docker backend's image when neither its image option nor $COWBOX_DOCKER_IMAGE names one:
+ * the Debian 12 minbase image that scripts/setup-podman builds into the local store. */
+#define CB_BACKEND_DOCKER_DEFAULT_IMAGE "cowbox-debian:bookworm"
+
+struct cb_backend_options;
+
+/* The image a backend's commands run in: ns: its image option (NULL: the host's root); docker:
+ * its image option, else $COWBOX_DOCKER_IMAGE, else CB_BACKEND_DOCKER_DEFAULT_IMAGE; local:
+ * NULL. Points into o or the environment. */
+const char *cb_backend_image_of(const struct cb_backend_options *o);
+
+/* What an ns image option names. */
+enum cb_backend_image_kind {
+	CB_BACKEND_IMAGE_DIR = 0, /* "/PATH" or "./PATH": a root directory, used in place */
+	CB_BACKEND_IMAGE_OCI,	  /* "oci:PATH[:TAG]": an OCI image layout */
+	CB_BACKEND_IMAGE_STORE,	  /* "containers-storage:NAME" or a bare NAME: podman's store */
+};
+
+/* The kind of image spec names; never fails (anything else is a name in the store). */
+enum cb_backend_image_kind cb_backend_image_kind(const char *spec);
+
+/* 0 if spec is spelled like an image the ns backend takes (a non-empty directory path, layout
+ * path or name, without control characters); else -EINVAL and a message naming it. Looks at
+ * nothing on disk. */
+int cb_backend_image_check(const char *spec);
+
+/* The root directory for the ns image option spec, malloc'd in *root. A directory is itself.
+ * An OCI image is unpacked (by umoci, which refuses paths out of the root, follows no symlink
+ * out of it and applies whiteouts) into $COWBOX_HOME/images/<hex of the image's config digest>
+ * on first use and reused after, by any workspace: a changed image has a new config digest and
+ * so a new root. The unpack goes to a temporary directory renamed into place once complete,
+ * under a lock per digest, so a process killed mid-unpack leaves nothing that looks complete
+ * (the next one removes its leftover). Errors name the image and what went wrong (not found,
+ * not an OCI layout, unpack failed); a name is looked up in the local store only, never
+ * pulled. */
+int cb_backend_image_root(const char *spec, char **root);
+
+#endif

@@ -140,9 +140,9 @@ static const char *last_line(char *s)
 }
 
 /* Run a tool (podman, skopeo, umoci) with the daemon's environment minus credentials; 0 with
- * its stdout in *out (malloc'd) when it exits 0, else -errno and a message naming the image,
- * what was being done and the tool's last line. */
-static int image_tool(const char *spec, const char *what, char *const *argv, char **out)
+ * its stdout in *out (malloc'd) when it exits 0, else -fail (-errno when it could not run) and
+ * a message naming the image, what was being done and the tool's last line. */
+static int image_tool(const char *spec, const char *what, char *const *argv, int fail, char **out)
 {
 	struct cb_exec_spec es = {.argv = argv, .timeout = IMAGE_TOOL_TIMEOUT};
 	struct cb_exec_result res = {0};
@@ -162,7 +162,7 @@ static int image_tool(const char *spec, const char *what, char *const *argv, cha
 	else if (res.timed_out)
 		rc = cb_error_set(ETIMEDOUT, "image %s: %s: timed out", spec, what);
 	else if (res.exit_code)
-		rc = cb_error_set(EIO, "image %s: %s: %s", spec, what,
+		rc = cb_error_set(fail, "image %s: %s: %s", spec, what,
 				  last_line(res.err_len ? res.err : res.out));
 	else if (out && !(*out = strndup(res.out ? res.out : "", res.out_len)))
 		rc = cb_error_set(ENOMEM, "image %s: out of memory", spec);
@@ -290,7 +290,7 @@ static int store_resolve(const char *spec, struct image_ref *r)
 	if (!(r->name = strdup(store_name(spec))))
 		return cb_error_set(ENOMEM, "image %s: out of memory", spec);
 	argv[6] = r->name;
-	if ((rc = image_tool(spec, "not found in the local podman store", argv, &out)) < 0)
+	if ((rc = image_tool(spec, "not found in the local podman store", argv, ENOENT, &out)) < 0)
 		return rc;
 	snprintf(id, sizeof id, "sha256:%.*s", (int)strcspn(out, "\n"), out);
 	free(out);
@@ -322,7 +322,8 @@ static int image_unpack(const char *spec, const char *images, int dfd, struct im
 		}
 		snprintf(src, sizeof src, STORE_PREFIX "%s", r->hex);
 		snprintf(layout_arg, sizeof layout_arg, "oci:%s:%s", r->layout, r->tag);
-		if ((rc = image_tool(spec, "skopeo copy out of the local store", copy, NULL)) < 0)
+		if ((rc = image_tool(spec, "skopeo copy out of the local store", copy, EIO, NULL)) <
+		    0)
 			goto out;
 	}
 	snprintf(layout_arg, sizeof layout_arg, "%s:%s", r->layout, r->tag);
@@ -332,7 +333,7 @@ static int image_unpack(const char *spec, const char *images, int dfd, struct im
 		unpack[6] = unpack[5];
 		unpack[5] = "--rootless";
 	}
-	if ((rc = image_tool(spec, "umoci unpack failed", unpack, NULL)) < 0)
+	if ((rc = image_tool(spec, "umoci unpack failed", unpack, EIO, NULL)) < 0)
 		goto out;
 	/* the root's files on disk before its name says it is complete */
 	if (syncfs(dfd) < 0) {

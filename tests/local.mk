@@ -31,3 +31,6 @@ TESTS += tests/integration/test_basecache.py
 TESTS += tests/integration/test_lifecycle.py bindings/python/tests/test_lifecycle.py
 # the network policy and its egress proxy: allow entries, private ranges, the network log
 TESTS += tests/integration/test_network_policy.py
+# the ns backend's OCI images (issue 11's image): layouts, the local store, the cache
+TESTS += tests/integration/test_image.py
+EXTRA_DIST += tests/integration/ociutil.py

@@ -1,0 +1,117 @@
+"""OCI image layouts for the image tests: one copied out of the local podman store (what
+scripts/setup-podman imports; no registry), and images made here a layer on top of it."""
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+
+STORE_IMAGE = os.environ.get("COWBOX_DOCKER_IMAGE", "cowbox-debian:bookworm")
+MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+LAYER = "application/vnd.oci.image.layer.v1.tar"
+
+
+def why_not_ready():
+    """None when the store's image and the tools are here, else why the tests skip."""
+    if os.geteuid() != 0:
+        return "needs root (podman's store, umoci keeping owners)"
+    for tool in ("podman", "skopeo", "umoci"):
+        if not shutil.which(tool):
+            return "%s is not installed (scripts/setup)" % tool
+    if subprocess.run(["podman", "image", "exists", STORE_IMAGE]).returncode != 0:
+        return "no %s in the local podman store (scripts/setup-podman)" % STORE_IMAGE
+    return None
+
+
+def copy_from_store(layout, tag="base"):
+    """skopeo copy of the store's image into the OCI layout directory layout, tagged tag."""
+    # by its ID: skopeo takes a short name for docker.io's, podman for localhost's
+    image_id = subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", STORE_IMAGE],
+                              check=True, capture_output=True, text=True).stdout.strip()
+    subprocess.run(["skopeo", "copy", "--quiet", "containers-storage:" + image_id,
+                    "oci:%s:%s" % (layout, tag)], check=True, capture_output=True, timeout=300)
+
+
+def clone_layout(src, dst):
+    """A copy of the layout src that add_image can change: blobs hard-linked (never written
+    in place), index.json and oci-layout copied."""
+    shutil.copytree(src, dst, copy_function=os.link)
+    for name in ("index.json", "oci-layout"):
+        os.unlink(os.path.join(dst, name))
+        shutil.copy(os.path.join(src, name), os.path.join(dst, name))
+
+
+def _put_blob(layout, data):
+    digest = hashlib.sha256(data).hexdigest()
+    d = os.path.join(layout, "blobs", "sha256")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, digest), "wb") as f:
+        f.write(data)
+    return {"digest": "sha256:" + digest, "size": len(data)}
+
+
+def _get_blob(layout, desc):
+    with open(os.path.join(layout, "blobs", "sha256", desc["digest"].split(":", 1)[1]),
+              "rb") as f:
+        return json.loads(f.read())
+
+
+def _index(layout):
+    with open(os.path.join(layout, "index.json")) as f:
+        return json.load(f)
+
+
+def config_hex(layout, tag):
+    """The config digest's hex of the image tagged tag: the cache's key."""
+    for m in _index(layout)["manifests"]:
+        if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == tag:
+            return _get_blob(layout, m)["config"]["digest"].split(":", 1)[1]
+    raise KeyError(tag)
+
+
+def add_image(layout, base_tag, tag, entries):
+    """A new image tagged tag in layout: base_tag's (None: no base) plus one layer of entries,
+    each a (tarfile.TarInfo, bytes or None). Returns the config digest's hex."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for info, data in entries:
+            if data is not None:
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    layer = dict(_put_blob(layout, buf.getvalue()), mediaType=LAYER)
+    index = _index(layout) if os.path.exists(os.path.join(layout, "index.json")) else {
+        "schemaVersion": 2, "manifests": []}
+    if base_tag:
+        base = [m for m in index["manifests"]
+                if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == base_tag]
+        manifest = _get_blob(layout, base[0])
+        config = _get_blob(layout, manifest["config"])
+    else:
+        manifest = {"schemaVersion": 2, "mediaType": MANIFEST, "layers": []}
+        config = {"architecture": "amd64", "os": "linux", "config": {},
+                  "rootfs": {"type": "layers", "diff_ids": []}}
+    config["rootfs"]["diff_ids"].append(layer["digest"])
+    manifest["config"] = dict(_put_blob(layout, json.dumps(config).encode()),
+                              mediaType="application/vnd.oci.image.config.v1+json")
+    manifest["layers"].append(layer)
+    desc = dict(_put_blob(layout, json.dumps(manifest).encode()), mediaType=MANIFEST,
+                annotations={"org.opencontainers.image.ref.name": tag})
+    index["manifests"].append(desc)
+    with open(os.path.join(layout, "oci-layout"), "w") as f:
+        json.dump({"imageLayoutVersion": "1.0.0"}, f)
+    with open(os.path.join(layout, "index.json"), "w") as f:
+        json.dump(index, f)
+    return manifest["config"]["digest"].split(":", 1)[1]
+
+
+def entry(name, kind=tarfile.REGTYPE, data=None, mode=0o644, link="", dev=(0, 0)):
+    """One tar entry for add_image."""
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.linkname = kind, mode, link
+    info.devmajor, info.devminor = dev
+    if kind == tarfile.DIRTYPE:
+        info.mode = 0o755
+    return info, data if kind == tarfile.REGTYPE else None

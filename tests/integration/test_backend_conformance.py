@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 
 import cbtest
 import cowbox
+import ociutil
 
 DOCKER_IMAGE = os.environ.get("COWBOX_DOCKER_IMAGE", "cowbox-debian:bookworm")
 
@@ -231,6 +232,31 @@ class Conformance:
                       on_create=["[[ -n $BASH_VERSION ]] && echo hook > hook.txt"])
         with self.assertRaises(cowbox.InvalidRequestError):
             self.run_with(bash, shell="zsh")
+
+    def test_image_option(self):
+        # BoxLite's and LocalDocker's image: commands run in that image's root. The same name
+        # in the local podman store serves ns (unpacked once into a cached root) and docker
+        # (the engine's image); local has no root of its own and refuses one.
+        if self.OPTIONS.get("backend") == "local":
+            with self.assertRaises(cowbox.InvalidRequestError) as cm:
+                self.run_with(None, image=ociutil.STORE_IMAGE)
+            self.assertIn("image", str(cm.exception))
+            return
+        why = ociutil.why_not_ready()
+        if why:
+            self.skipTest(why)
+
+        async def body(box):
+            # the image is Debian minbase: no python3, which this host has
+            r = await box.run(["sh", "-c", "test -e /etc/debian_version && echo debian; "
+                               "command -v python3 || echo no-python3; cat README"])
+            self.assertEqual(r.stdout, "debian\nno-python3\nhi\n", r.stderr)
+            self.assertIsNone(await box.which("python3"))
+        self.assertTrue(os.path.exists("/usr/bin/python3"))
+        self.run_with(body, image=ociutil.STORE_IMAGE)
+        with self.assertRaises(cowbox.WorkspaceError) as cm:
+            self.run_with(body, image="cowbox-no-such:image")
+        self.assertIn("cowbox-no-such:image", str(cm.exception))
 
     def test_user_option(self):
         # BoxLite's user: commands run as that user inside; a command may name its own.
@@ -614,6 +640,35 @@ class DockerConformance(Conformance, cbtest.CowboxTestCase):
         wsroot = os.path.join(self.home, "workspaces")
         for ref in os.listdir(wsroot) if os.path.isdir(wsroot) else []:
             subprocess.run(["docker", "rm", "-f", "cowbox-" + ref], capture_output=True)
+
+    def test_default_image(self):
+        # LocalDocker's image=None: the documented default, cowbox-debian:bookworm (what
+        # scripts/setup-podman builds), when neither the option nor $COWBOX_DOCKER_IMAGE
+        # names one; cowbox info says which.
+        if subprocess.run(["docker", "image", "inspect", "cowbox-debian:bookworm"],
+                          capture_output=True, timeout=20).returncode != 0:
+            self.skipTest("no cowbox-debian:bookworm in the engine")
+        saved = os.environ.pop("COWBOX_DOCKER_IMAGE", None)
+        refs = []
+
+        async def main():
+            box = await cowbox.Sandbox.create(self.base, cowbox=cbtest.COWBOX, home=self.home,
+                                              backend="docker")
+            try:
+                refs.append(box.ref)
+                r = await box.run(["sh", "-c", "cat /etc/debian_version >/dev/null && "
+                                   "cat README"])
+                self.assertEqual((r.exit_code, r.stdout), (0, "hi\n"), r.stderr)
+            finally:
+                await box.close()
+        try:
+            asyncio.run(main())
+            self.env.pop("COWBOX_DOCKER_IMAGE", None)
+            info = self.cowbox_json("info", refs[0])
+        finally:
+            if saved is not None:
+                os.environ["COWBOX_DOCKER_IMAGE"] = saved
+        self.assertEqual((info["backend"], info["image"]), ("docker", "cowbox-debian:bookworm"))
 
     def test_rm_after_a_crash_removes_the_container(self):
         refs = []

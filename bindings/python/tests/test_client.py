@@ -409,6 +409,33 @@ class ClientTest(cbtest.CowboxTestCase):
             cbtest.wait_for(lambda: not self.daemon_pid(box.ref), 10, what="the daemon to stop")
         self.arun(go())
 
+    def test_image_oci_layout(self):
+        # Sandbox.create(image=...) on ns: an OCI layout (here the local podman store's image
+        # with a marker layer on top) is the commands' root; a bad one fails the create,
+        # naming the image, and leaves no workspace.
+        import ociutil  # tests/integration
+        why = ociutil.why_not_ready()
+        if why:
+            self.skipTest(why)
+        layout = os.path.join(self.tmp, "layout")
+        ociutil.copy_from_store(layout, "base")
+        ociutil.add_image(layout, "base", "marked", [
+            ociutil.entry("etc/cowbox-marker", data=b"from the image\n")])
+        missing = os.path.join(self.tmp, "missing")
+
+        async def go():
+            box = await self.new_box(image="oci:%s:marked" % layout)
+            r = await box.run(["sh", "-c", "cat /etc/cowbox-marker README"])
+            self.assertEqual(r.stdout, "from the image\nhello\n", r.stderr)
+            with self.assertRaises(cowbox.WorkspaceNotFoundError) as cm:
+                await self.new_box(image="oci:" + missing)
+            self.assertIn("image oci:%s" % missing, str(cm.exception))
+            with self.assertRaises(cowbox.InvalidRequestError) as cm:
+                await self.new_box(image="oci:" + self.tmp)
+            self.assertIn("not an OCI image layout", str(cm.exception))
+            self.assertEqual([w["ref"] for w in self.cowbox_json("ls")], [box.ref])
+        self.arun(go())
+
 
 class PackagingTest(unittest.TestCase):
 

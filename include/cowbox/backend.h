@@ -77,7 +77,8 @@ struct cb_backend_options {
 	unsigned long pids;	   /* cap on processes and threads (ns, docker); 0: 1024 */
 	unsigned long disk_mb;	   /* upper-layer quota in MiB (the filesystem); 0: 10240 */
 	unsigned long disk_inodes; /* upper-layer inode quota; 0: 1000000 */
-	char *image;		   /* ns: a root image directory; docker: an image name */
+	char *image; /* ns: a directory, oci:PATH[:TAG] or a local podman image (cowbox/image.h);
+			docker: an image name (NULL: cb_backend_image_of's default) */
 	char *on_create[CB_BACKEND_MAX_HOOKS];	/* shell commands run once, on creation */
 	char *on_destroy[CB_BACKEND_MAX_HOOKS]; /* shell commands run by destroy */
 	char *setup_script;			/* a shell script run once after on_create */

@@ -60,7 +60,7 @@ struct cb_box_options {
 	unsigned long pids;	       /* process+thread cap; 0: 1024; CB_BOX_NO_LIMIT: none */
 	unsigned long disk_mb;	       /* upper-layer quota; 0: 10240; CB_BOX_NO_LIMIT: none */
 	unsigned long disk_inodes;     /* its inodes; 0: 1000000; CB_BOX_NO_LIMIT: none */
-	const char *image;	       /* ns: a root directory; docker: an image name */
+	const char *image;	       /* ns: dir, oci:PATH[:TAG], podman image; docker: name */
 	double timeout;		       /* default seconds per command; 0: 600; < 0: none */
 	const char *const *on_create;  /* shell commands run when the backend boots */
 	const char *const *on_destroy; /* shell commands run by cb_box_destroy */

@@ -239,6 +239,12 @@ class Sandbox:
         host's loopback) or "host" (the host's own namespace; what local always is), or a
         cowbox.Network: Network.public() or Network.allow(hosts=[...]) reach the network
         only through the workspace's egress proxy (docs/network.md).
+        image is the commands' root: for ns a directory, "oci:PATH[:TAG]" (an OCI image
+        layout) or an image in the local podman store ("containers-storage:NAME" or NAME,
+        never pulled), unpacked once into a root cached under COWBOX_HOME/images that later
+        workspaces of the same image reuse (None: the host's /usr, /etc, ...); for docker the
+        engine's image (None: $COWBOX_DOCKER_IMAGE, else cowbox-debian:bookworm, which
+        scripts/setup-podman builds). A bad image fails the create, naming it.
         shell is "sh" (the default) or "bash": what runs command strings and hooks. user
         (ns, docker) runs commands as that user inside: a name, a uid, or "NAME:GROUP".
         background "keep" (the default) lets jobs a command starts with &, nohup or setsid

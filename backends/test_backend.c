@@ -11,6 +11,7 @@
 
 #include "cowbox/backend.h"
 #include "cowbox/error.h"
+#include "cowbox/image.h"
 
 static char tmp[] = "/tmp/cb-test-backend-XXXXXX";
 static char root[4200];
@@ -65,6 +66,15 @@ Test(backend, options_refuse_bad_input)
 	    "{\"backend\":\"local\",\"memory_mb\":64}",
 	    "{\"backend\":\"local\",\"network\":\"none\"}",
 	    "{\"backend\":\"local\",\"network\":\"all\"}",
+	    "{\"image\":\"-rf\"}",
+	    "{\"image\":\"\"}",
+	    "{\"image\":\"oci:\"}",
+	    "{\"image\":\"oci:/a:\"}",
+	    "{\"image\":\"oci:/a:b/c:d\"}",
+	    "{\"image\":\"containers-storage:-x\"}",
+	    "{\"image\":\"a\\nb\"}",
+	    "{\"backend\":\"docker\",\"image\":\"--privileged\"}",
+	    "{\"backend\":\"local\",\"image\":\"/\"}",
 	};
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
@@ -75,6 +85,32 @@ Test(backend, options_refuse_bad_input)
 		cr_expect_neq(strlen(cb_error_message()), 0);
 		json_decref(j);
 	}
+}
+
+/* What an image option names, by its spelling alone (cowbox/image.h). */
+Test(backend, image_kinds)
+{
+	struct cb_backend_options o = {.kind = "docker"};
+
+	cr_expect_eq(cb_backend_image_kind("/srv/root"), CB_BACKEND_IMAGE_DIR);
+	cr_expect_eq(cb_backend_image_kind("./root"), CB_BACKEND_IMAGE_DIR);
+	cr_expect_eq(cb_backend_image_kind("oci:/l:tag"), CB_BACKEND_IMAGE_OCI);
+	cr_expect_eq(cb_backend_image_kind("containers-storage:x"), CB_BACKEND_IMAGE_STORE);
+	cr_expect_eq(cb_backend_image_kind("debian:bookworm"), CB_BACKEND_IMAGE_STORE);
+	cr_expect_eq(cb_backend_image_check("oci:/l"), 0);
+	cr_expect_eq(cb_backend_image_check("oci:rel/l:v1.2"), 0);
+	cr_expect_eq(cb_backend_image_check("localhost/x:1"), 0);
+	/* docker's default: the option, else the environment, else the built-in name */
+	unsetenv("COWBOX_DOCKER_IMAGE");
+	cr_expect_str_eq(cb_backend_image_of(&o), CB_BACKEND_DOCKER_DEFAULT_IMAGE);
+	setenv("COWBOX_DOCKER_IMAGE", "from-env:1", 1);
+	cr_expect_str_eq(cb_backend_image_of(&o), "from-env:1");
+	o.image = "given:2";
+	cr_expect_str_eq(cb_backend_image_of(&o), "given:2");
+	o.kind = "ns";
+	o.image = NULL;
+	cr_expect_null(cb_backend_image_of(&o));
+	unsetenv("COWBOX_DOCKER_IMAGE");
 }
 
 Test(backend, options_round_trip_through_backend_json)

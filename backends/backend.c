@@ -777,6 +777,8 @@ int cb_backend_env(const struct cb_backend *b, char *const *extra, char ***out)
 		cap++;
 	for (size_t i = 0; b->opt.env && b->opt.env[i]; i++)
 		cap++;
+	for (size_t i = 0; b->image_env && b->image_env[i]; i++)
+		cap++;
 	for (size_t i = 0; extra && extra[i]; i++)
 		cap++;
 	cap += sizeof proxy_env / sizeof *proxy_env;
@@ -786,6 +788,10 @@ int cb_backend_env(const struct cb_backend *b, char *const *extra, char ***out)
 		rc = env_put(env, &n, host[i]);
 	for (size_t i = 0; !rc && !host && base[i]; i++)
 		rc = env_put(env, &n, base[i]);
+	/* the image's (its PATH, say) over the base, but HOME stays the workspace's own */
+	for (size_t i = 0; !rc && b->image_env && b->image_env[i]; i++)
+		if (strncmp(b->image_env[i], "HOME=", 5))
+			rc = env_put(env, &n, b->image_env[i]);
 	for (size_t i = 0; !rc && cb_backend_net_proxied(&b->opt) && proxy_env[i]; i++)
 		rc = env_put(env, &n, proxy_env[i]);
 	for (size_t i = 0; !rc && b->opt.env && b->opt.env[i]; i++)

@@ -220,34 +220,27 @@ static int oci_pick(const char *spec, json_t *index, const char *tag, json_t **d
 			    spec, n);
 }
 
-/* An OCI layout: its oci-layout file, the manifest its tag names, and that manifest's config
- * digest (the key: it names the layers' contents, whatever the manifest's encoding). */
-static int oci_resolve(const char *spec, struct image_ref *r)
+/* The manifest that tag (or, without one, the layout's only image, whose tag it then sets)
+ * names in the OCI layout, after its oci-layout file and index.json. */
+static int oci_manifest(const char *spec, const char *layout, char **tag, json_t **manifest)
 {
-	char path[4200];
-	json_t *index = NULL, *manifest = NULL, *desc;
+	char path[4200], mhex[65];
+	json_t *index = NULL, *desc;
 	const char *name, *type;
-	char mhex[65];
 	struct stat st;
 	int rc;
 
-	if ((rc = oci_split(spec, &r->layout, &r->tag)) < 0)
-		return rc;
-	if (stat(r->layout, &st) < 0) {
-		rc = cb_error_set(errno, "image %s: %s: %s", spec, r->layout, strerror(errno));
-		goto out;
-	}
-	snprintf(path, sizeof path, "%s/oci-layout", r->layout);
-	if (!S_ISDIR(st.st_mode) || stat(path, &st) < 0 || !S_ISREG(st.st_mode)) {
-		rc = cb_error_set(EINVAL,
-				  "image %s: %s is not an OCI image layout (no oci-layout "
-				  "file)",
-				  spec, r->layout);
-		goto out;
-	}
-	snprintf(path, sizeof path, "%s/index.json", r->layout);
+	*manifest = NULL;
+	if (stat(layout, &st) < 0)
+		return cb_error_set(errno, "image %s: %s: %s", spec, layout, strerror(errno));
+	snprintf(path, sizeof path, "%s/oci-layout", layout);
+	if (!S_ISDIR(st.st_mode) || stat(path, &st) < 0 || !S_ISREG(st.st_mode))
+		return cb_error_set(EINVAL,
+				    "image %s: %s is not an OCI image layout (no oci-layout file)",
+				    spec, layout);
+	snprintf(path, sizeof path, "%s/index.json", layout);
 	if ((rc = load_json(spec, path, "not an OCI image layout:", &index)) < 0 ||
-	    (rc = oci_pick(spec, index, r->tag, &desc)) < 0)
+	    (rc = oci_pick(spec, index, *tag, &desc)) < 0)
 		goto out;
 	type = json_string_value(json_object_get(desc, "mediaType"));
 	if (type && !strcmp(type, OCI_INDEX)) {
@@ -259,7 +252,7 @@ static int oci_resolve(const char *spec, struct image_ref *r)
 	}
 	name =
 	    json_string_value(json_object_get(json_object_get(desc, "annotations"), OCI_REF_NAME));
-	if (!r->tag && (!name || !(r->tag = strdup(name)))) {
+	if (!*tag && (!name || !(*tag = strdup(name)))) {
 		rc = cb_error_set(EINVAL, "image %s: its one image has no tag (%s)", spec,
 				  OCI_REF_NAME);
 		goto out;
@@ -267,15 +260,33 @@ static int oci_resolve(const char *spec, struct image_ref *r)
 	if ((rc = digest_hex(spec, "manifest", json_string_value(json_object_get(desc, "digest")),
 			     mhex)) < 0)
 		goto out;
-	snprintf(path, sizeof path, "%s/blobs/sha256/%s", r->layout, mhex);
-	if ((rc = load_json(spec, path, "manifest", &manifest)) < 0)
-		goto out;
-	rc = digest_hex(
-	    spec, "config",
-	    json_string_value(json_object_get(json_object_get(manifest, "config"), "digest")),
-	    r->hex);
+	snprintf(path, sizeof path, "%s/blobs/sha256/%s", layout, mhex);
+	rc = load_json(spec, path, "manifest", manifest);
 out:
 	json_decref(index);
+	return rc;
+}
+
+/* The config digest's hex of the manifest. */
+static int manifest_config_hex(const char *spec, json_t *manifest, char hex[65])
+{
+	return digest_hex(
+	    spec, "config",
+	    json_string_value(json_object_get(json_object_get(manifest, "config"), "digest")), hex);
+}
+
+/* An OCI layout: the manifest its tag names, and that manifest's config digest (the key: it
+ * names the layers' contents, whatever the manifest's encoding). */
+static int oci_resolve(const char *spec, struct image_ref *r)
+{
+	json_t *manifest = NULL;
+	int rc;
+
+	if ((rc = oci_split(spec, &r->layout, &r->tag)) < 0 ||
+	    (rc = oci_manifest(spec, r->layout, &r->tag, &manifest)) < 0)
+		goto out;
+	rc = manifest_config_hex(spec, manifest, r->hex);
+out:
 	json_decref(manifest);
 	return rc;
 }
@@ -295,6 +306,103 @@ static int store_resolve(const char *spec, struct image_ref *r)
 	snprintf(id, sizeof id, "sha256:%.*s", (int)strcspn(out, "\n"), out);
 	free(out);
 	return digest_hex(spec, "podman's image ID", id, r->hex);
+}
+
+/* The image's settings commands take from it, its config's Env and User, as <hex>.json beside
+ * the root (written before the root is renamed into place, so a root always has one). */
+static int settings_save(const char *spec, int dfd, struct image_ref *r)
+{
+	char path[4200], chex[65], tmp[100], name[80];
+	json_t *manifest = NULL, *config = NULL, *out = json_object(), *env = json_array(), *v, *c;
+	size_t i;
+	int rc, fd = -1;
+
+	if (!out || !env) {
+		json_decref(env);
+		rc = cb_error_set(ENOMEM, "image %s: out of memory", spec);
+		goto out;
+	}
+	json_object_set_new(out, "env", env);
+	if ((rc = oci_manifest(spec, r->layout, &r->tag, &manifest)) < 0 ||
+	    (rc = manifest_config_hex(spec, manifest, chex)) < 0)
+		goto out;
+	snprintf(path, sizeof path, "%s/blobs/sha256/%s", r->layout, chex);
+	if ((rc = load_json(spec, path, "config", &config)) < 0)
+		goto out;
+	c = json_object_get(config, "config");
+	json_array_foreach(json_object_get(c, "Env"), i, v)
+	{
+		const char *e = json_string_value(v);
+
+		if (e && strchr(e, '=') && *e != '=')
+			json_array_append(env, v);
+	}
+	v = json_object_get(c, "User");
+	if (json_is_string(v) && *json_string_value(v))
+		json_object_set(out, "user", v);
+	snprintf(tmp, sizeof tmp, "%s.json.tmp", r->hex);
+	snprintf(name, sizeof name, "%s.json", r->hex);
+	fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0 || json_dumpfd(out, fd, 0) < 0 || renameat(dfd, tmp, dfd, name) < 0)
+		rc = cb_error_set(errno ? errno : EIO, "image %s: write its settings %s: %s", spec,
+				  name, strerror(errno ? errno : EIO));
+out:
+	if (fd >= 0)
+		close(fd);
+	json_decref(manifest);
+	json_decref(config);
+	json_decref(out);
+	return rc;
+}
+
+void cb_backend_image_config_free(struct cb_backend_image_config *c)
+{
+	if (!c)
+		return;
+	cb_exec_env_free(c->env);
+	free(c->user);
+	c->env = NULL;
+	c->user = NULL;
+}
+
+/* <hex>.json into cfg; none (a root unpacked before settings were kept) is no settings. */
+static int settings_load(const char *spec, int dfd, const char *hex,
+			 struct cb_backend_image_config *cfg)
+{
+	char name[80];
+	json_error_t jerr;
+	json_t *j = NULL, *v;
+	size_t i;
+	int rc = 0, fd;
+
+	snprintf(name, sizeof name, "%s.json", hex);
+	if ((fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+		return errno == ENOENT
+			   ? 0
+			   : cb_error_set(errno, "image %s: %s: %s", spec, name, strerror(errno));
+	if (!(j = json_loadfd(fd, 0, &jerr))) {
+		rc = cb_error_set(EINVAL, "image %s: %s: %s", spec, name, jerr.text);
+		goto out;
+	}
+	cfg->env = calloc(json_array_size(json_object_get(j, "env")) + 1, sizeof(char *));
+	v = json_object_get(j, "user");
+	if (!cfg->env || (json_is_string(v) && !(cfg->user = strdup(json_string_value(v))))) {
+		rc = cb_error_set(ENOMEM, "image %s: out of memory", spec);
+		goto out;
+	}
+	json_array_foreach(json_object_get(j, "env"), i, v)
+	{
+		if (json_is_string(v) && !(cfg->env[i] = strdup(json_string_value(v)))) {
+			rc = cb_error_set(ENOMEM, "image %s: out of memory", spec);
+			goto out;
+		}
+	}
+out:
+	if (rc)
+		cb_backend_image_config_free(cfg);
+	json_decref(j);
+	close(fd);
+	return rc;
 }
 
 /* Under the digest's lock, with <hex> absent: copy (a store image) and unpack into <hex>.tmp,
@@ -333,7 +441,8 @@ static int image_unpack(const char *spec, const char *images, int dfd, struct im
 		unpack[6] = unpack[5];
 		unpack[5] = "--rootless";
 	}
-	if ((rc = image_tool(spec, "umoci unpack failed", unpack, EIO, NULL)) < 0)
+	if ((rc = image_tool(spec, "umoci unpack failed", unpack, EIO, NULL)) < 0 ||
+	    (rc = settings_save(spec, dfd, r)) < 0)
 		goto out;
 	/* the root's files on disk before its name says it is complete */
 	if (syncfs(dfd) < 0) {
@@ -380,7 +489,7 @@ out:
 	return rc;
 }
 
-int cb_backend_image_root(const char *spec, char **root)
+int cb_backend_image_root(const char *spec, char **root, struct cb_backend_image_config *cfg)
 {
 	enum cb_backend_image_kind kind = cb_backend_image_kind(spec);
 	struct image_ref r = {0};
@@ -389,6 +498,8 @@ int cb_backend_image_root(const char *spec, char **root)
 	int rc, dfd = -1, lfd = -1;
 
 	*root = NULL;
+	if (cfg)
+		*cfg = (struct cb_backend_image_config){0};
 	if ((rc = cb_backend_image_check(spec)) < 0)
 		return rc;
 	if (kind == CB_BACKEND_IMAGE_DIR) {
@@ -411,6 +522,8 @@ int cb_backend_image_root(const char *spec, char **root)
 	}
 	if (fstatat(dfd, r.hex, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode))
 		rc = image_unpack(spec, images, dfd, &r);
+	if (!rc && cfg)
+		rc = settings_load(spec, dfd, r.hex, cfg);
 	if (!rc && asprintf(root, "%s/%s", images, r.hex) < 0) {
 		*root = NULL;
 		rc = cb_error_set(ENOMEM, "image %s: out of memory", spec);

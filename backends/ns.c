@@ -20,6 +20,7 @@ struct ns_state {
 	int netns_fd; /* the workspace's network namespace; -1: the host's or a fresh one each */
 	struct cb_pasta *pasta; /* network all: the user-mode networking of netns_fd */
 	char *image_root;	/* the image option's root directory (NULL: the host's) */
+	struct cb_backend_image_config image; /* an OCI image's Env and User */
 };
 
 static void ns_state_free(struct ns_state *s)
@@ -28,6 +29,7 @@ static void ns_state_free(struct ns_state *s)
 		return;
 	cb_pasta_stop(s->pasta);
 	free(s->image_root);
+	cb_backend_image_config_free(&s->image);
 	if (s->netns_fd >= 0)
 		close(s->netns_fd);
 	free(s);
@@ -43,8 +45,13 @@ static int ns_create(struct cb_backend *b)
 		return cb_error_set(ENOMEM, "ns backend: out of memory");
 	s->netns_fd = -1;
 	/* an OCI image is unpacked on the first workspace's boot, then reused from the cache */
-	if (b->opt.image && (rc = cb_backend_image_root(b->opt.image, &s->image_root)) < 0)
+	if (b->opt.image &&
+	    (rc = cb_backend_image_root(b->opt.image, &s->image_root, &s->image)) < 0)
 		goto out;
+	if (s->image.user && (rc = cb_backend_user_check("its User", s->image.user)) < 0) {
+		cb_error_wrap(rc, "image %s: ", b->opt.image);
+		goto out;
+	}
 	if (b->opt.net == CB_BACKEND_NET_HOST) {
 		fprintf(stderr,
 			"cowbox: warning: workspace %s: network host: its commands share the "
@@ -75,6 +82,7 @@ static int ns_create(struct cb_backend *b)
 		goto out;
 	}
 	b->priv = s;
+	b->image_env = s->image.env;
 	s = NULL;
 out:
 	ns_state_free(s);
@@ -112,6 +120,9 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	sb.limits_optional = !b->opt.memory_mb && !b->opt.pids;
 	sb.privileged = b->opt.privileged;
 	sb.user = cb_backend_user(b, cmd);
+	/* the image's User, as docker runs its commands (a privileged sandbox switches none) */
+	if (!sb.user && !sb.privileged)
+		sb.user = s->image.user;
 	snprintf(home, sizeof(home), "%s/home", b->dir);
 	binds[0] = (struct cb_sandbox_bind){.src = home, .dst = CB_BACKEND_HOME, .writable = 1};
 	for (size_t i = 0; i < b->opt.n_volumes; i++)
@@ -190,6 +201,7 @@ static int ns_host_url(struct cb_backend *b, int port, char **url)
 
 static void ns_close(struct cb_backend *b)
 {
+	b->image_env = NULL;
 	ns_state_free(b->priv);
 	b->priv = NULL;
 }

@@ -34,6 +34,7 @@ struct exec_opts {
 	char *ws_user, *ws_shell; /* the workspace's options user and shell (owned) */
 	char *ws_image;		  /* the workspace's ns image option (owned) */
 	char *image_root;	  /* the root directory of --image, else of ws_image (owned) */
+	struct cb_backend_image_config image_cfg; /* that image's Env and User (owned) */
 	/* a workspace's persistent home and volumes, bound as its daemon's commands get them */
 	struct cb_sandbox_bind binds[1 + CB_BACKEND_MAX_VOLUMES];
 	size_t n_binds;
@@ -354,10 +355,28 @@ out:
 
 /* The command's environment: built from scratch in the sandbox, the host's minus
  * credentials with the local backend; --env entries replace same-named ones. */
+/* entry ("KEY=VALUE") in env, replacing KEY's earlier one; a failed strdup leaves a NULL
+ * that build_env finds. */
+static void env_set(char **env, size_t *n, const char *entry)
+{
+	size_t klen = strcspn(entry, "=") + 1, j;
+
+	for (j = 0; j < *n; j++)
+		if (env[j] && !strncmp(env[j], entry, klen))
+			break;
+	if (j < *n)
+		free(env[j]);
+	else
+		j = (*n)++;
+	env[j] = strdup(entry);
+}
+
 static char **build_env(const struct exec_opts *o)
 {
 	char **host = NULL;
 	size_t n = 0, cap = (size_t)o->n_env + 8;
+	for (size_t i = 0; o->image_cfg.env && o->image_cfg.env[i]; i++)
+		cap++;
 	if (o->local) {
 		if (cb_exec_env_host_stripped(&host) < 0)
 			return NULL;
@@ -383,17 +402,12 @@ static char **build_env(const struct exec_opts *o)
 		env[n++] = strdup(buf);
 		env[n++] = strdup("LANG=C.UTF-8");
 	}
-	for (int i = 0; i < o->n_env; i++) {
-		size_t klen = strcspn(o->env[i], "=") + 1, j;
-		for (j = 0; j < n; j++)
-			if (env[j] && !strncmp(env[j], o->env[i], klen))
-				break;
-		if (j < n)
-			free(env[j]);
-		else
-			j = n++;
-		env[j] = strdup(o->env[i]);
-	}
+	/* the image's (its PATH, say) over the base but under --env; HOME stays the sandbox's */
+	for (size_t i = 0; o->image_cfg.env && o->image_cfg.env[i]; i++)
+		if (strncmp(o->image_cfg.env[i], "HOME=", 5))
+			env_set(env, &n, o->image_cfg.env[i]);
+	for (int i = 0; i < o->n_env; i++)
+		env_set(env, &n, o->env[i]);
 	for (size_t j = 0; j < n; j++)
 		if (!env[j]) {
 			cb_exec_env_free(env);
@@ -532,21 +546,22 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 			rc < 0 ? cb_error_message() : "out of memory");
 		goto out;
 	}
-	if (!(env = build_env(&o))) {
-		fprintf(stderr, "cowbox %s: %s\n", argv[0], "cannot build the environment");
-		goto out;
-	}
-	spec.env = env;
 	if ((rc = sandbox_setup(&o, ref, shell_mode, &sb, &lim)) < 0) {
 		fprintf(stderr, "cowbox %s: %s\n", argv[0], cb_error_message());
 		goto out;
 	}
 	/* an OCI image: unpacked once into the cache, shared with the workspace's daemon */
 	if (!o.local && (o.image || o.ws_image) &&
-	    (rc = cb_backend_image_root(o.image ? o.image : o.ws_image, &o.image_root)) < 0) {
+	    (rc = cb_backend_image_root(o.image ? o.image : o.ws_image, &o.image_root,
+					&o.image_cfg)) < 0) {
 		fprintf(stderr, "cowbox %s: %s\n", argv[0], cb_error_message());
 		goto out;
 	}
+	if (!(env = build_env(&o))) {
+		fprintf(stderr, "cowbox %s: %s\n", argv[0], "cannot build the environment");
+		goto out;
+	}
+	spec.env = env;
 	for (size_t i = 0; o.n_binds && env[i]; i++)
 		if (!strncmp(env[i], "HOME=", 5) && !o.env_home) {
 			free(env[i]);
@@ -591,6 +606,9 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 		sb.oom_score_adj = lim.oom_score_adj;
 		sb.limits_optional = !(o.set & (SET_MEMORY | SET_PIDS));
 		sb.user = o.user ? o.user : o.ws_user;
+		/* the image's User, as the daemon's commands get it */
+		if (!sb.user && !sb.privileged)
+			sb.user = o.image_cfg.user;
 		sb.binds = o.binds;
 		sb.n_binds = o.n_binds;
 		if (sb.privileged && geteuid() == 0)
@@ -678,6 +696,7 @@ out:
 	free(o.ws_shell);
 	free(o.ws_image);
 	free(o.image_root);
+	cb_backend_image_config_free(&o.image_cfg);
 	for (size_t i = 0; i < CB_BACKEND_MAX_VOLUMES; i++) {
 		free(o.vols[i].src);
 		free(o.vols[i].dst);

@@ -93,7 +93,7 @@ static int create_image(struct cb_backend_options *bo, const char *image)
 	char *root = NULL;
 	int rc;
 
-	if ((rc = cb_backend_image_root(image, &root)) < 0)
+	if ((rc = cb_backend_image_root(image, &root, NULL)) < 0)
 		return rc;
 	free(root);
 	free(bo->image);

@@ -133,7 +133,7 @@ int cb_api_configure(struct cb_daemon *d, json_t *options)
 	if (opt.image && !strcmp(opt.kind, "ns")) {
 		char *root = NULL;
 
-		rc = cb_backend_image_root(opt.image, &root);
+		rc = cb_backend_image_root(opt.image, &root, NULL);
 		free(root);
 		if (rc < 0)
 			goto out;

@@ -171,6 +171,9 @@ struct cb_backend {
 	void *net_record_arg;
 	const struct cb_backend_io *io; /* NULL: file I/O in this process */
 	struct cb_exec_keep *keep;	/* background jobs kept past their commands (ns, local) */
+	/* Set by create: the image's own environment, under the options' env (ns: an OCI
+	 * image's Env); owned by the backend's state, NULL: none. */
+	char *const *image_env;
 	void *io_arg;
 };
 

@@ -29,15 +29,26 @@ enum cb_backend_image_kind cb_backend_image_kind(const char *spec);
  * nothing on disk. */
 int cb_backend_image_check(const char *spec);
 
-/* The root directory for the ns image option spec, malloc'd in *root. A directory is itself.
- * An OCI image is unpacked (by umoci, which refuses paths out of the root, follows no symlink
- * out of it and applies whiteouts) into $COWBOX_HOME/images/<hex of the image's config digest>
- * on first use and reused after, by any workspace: a changed image has a new config digest and
- * so a new root. The unpack goes to a temporary directory renamed into place once complete,
- * under a lock per digest, so a process killed mid-unpack leaves nothing that looks complete
- * (the next one removes its leftover). Errors name the image and what went wrong (not found,
- * not an OCI layout, unpack failed); a name is looked up in the local store only, never
- * pulled. */
-int cb_backend_image_root(const char *spec, char **root);
+/* What commands take from an OCI image beyond its files: its config's Env ("KEY=VALUE",
+ * NULL-terminated; NULL: none) and User (NULL: none). A directory has neither. */
+struct cb_backend_image_config {
+	char **env;
+	char *user;
+};
+
+/* Free what c holds and zero it; safe on a zeroed one. */
+void cb_backend_image_config_free(struct cb_backend_image_config *c);
+
+/* The root directory for the ns image option spec, malloc'd in *root, and (cfg not NULL) the
+ * image's settings in *cfg (the caller frees them with cb_backend_image_config_free). A
+ * directory is itself, without settings. An OCI image is unpacked (by umoci, which refuses paths
+ * out of the root, follows no symlink out of it and applies whiteouts) into
+ * $COWBOX_HOME/images/<hex of the image's config digest> on first use and reused after, by any
+ * workspace: a changed image has a new config digest and so a new root. The unpack goes to a
+ * temporary directory renamed into place once complete, under a lock per digest, so a process
+ * killed mid-unpack leaves nothing that looks complete (the next one removes its leftover). Errors
+ * name the image and what went wrong (not found, not an OCI layout, unpack failed); a name is
+ * looked up in the local store only, never pulled. */
+int cb_backend_image_root(const char *spec, char **root, struct cb_backend_image_config *cfg);
 
 #endif

@@ -1,6 +1,7 @@
 """OCI image layouts for the image tests: one copied out of the local podman store (what
 scripts/setup-podman imports; no registry), and images made here a layer on top of it."""
 
+import atexit
 import hashlib
 import io
 import json
@@ -8,6 +9,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import tempfile
 
 STORE_IMAGE = os.environ.get("COWBOX_DOCKER_IMAGE", "cowbox-debian:bookworm")
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -72,9 +74,10 @@ def config_hex(layout, tag):
     raise KeyError(tag)
 
 
-def add_image(layout, base_tag, tag, entries):
+def add_image(layout, base_tag, tag, entries, settings=None):
     """A new image tagged tag in layout: base_tag's (None: no base) plus one layer of entries,
-    each a (tarfile.TarInfo, bytes or None). Returns the config digest's hex."""
+    each a (tarfile.TarInfo, bytes or None), and settings (e.g. {"Env": [...], "User": ...})
+    over its config's. Returns the config digest's hex."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
         for info, data in entries:
@@ -94,6 +97,7 @@ def add_image(layout, base_tag, tag, entries):
         config = {"architecture": "amd64", "os": "linux", "config": {},
                   "rootfs": {"type": "layers", "diff_ids": []}}
     config["rootfs"]["diff_ids"].append(layer["digest"])
+    config.setdefault("config", {}).update(settings or {})
     manifest["config"] = dict(_put_blob(layout, json.dumps(config).encode()),
                               mediaType="application/vnd.oci.image.config.v1+json")
     manifest["layers"].append(layer)
@@ -115,3 +119,32 @@ def entry(name, kind=tarfile.REGTYPE, data=None, mode=0o644, link="", dev=(0, 0)
     if kind == tarfile.DIRTYPE:
         info.mode = 0o755
     return info, data if kind == tarfile.REGTYPE else None
+
+
+_made = {}
+
+
+def _remove_made():
+    for name in _made.values():
+        subprocess.run(["podman", "rmi", "-f", name], capture_output=True)
+
+
+def store_image_with(name, settings):
+    """The store's image with settings over its config, in the local podman store as
+    localhost/name (layers shared with it), made once per process and removed at its exit;
+    returns that name."""
+    if name in _made:
+        return _made[name]
+    full = "localhost/" + name
+    with tempfile.TemporaryDirectory() as tmp:
+        layout = os.path.join(tmp, "layout")
+        copy_from_store(layout, "base")
+        add_image(layout, "base", "derived",
+                  [entry("etc/cowbox-derived", data=b"derived\n")], settings=settings)
+        subprocess.run(["skopeo", "copy", "--quiet", "oci:%s:derived" % layout,
+                        "containers-storage:" + full], check=True, capture_output=True,
+                       timeout=300)
+    if not _made:
+        atexit.register(_remove_made)
+    _made[name] = full
+    return full

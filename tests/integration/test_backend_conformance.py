@@ -258,6 +258,25 @@ class Conformance:
             self.run_with(body, image="cowbox-no-such:image")
         self.assertIn("cowbox-no-such:image", str(cm.exception))
 
+    def test_image_env_and_user(self):
+        # BoxLite: env is "on top of the image's" and commands "run as the image's user". An
+        # image in the local store whose config sets Env and User (made here from the store's
+        # Debian image plus a layer): ns and docker alike take both, the env option over Env.
+        if self.OPTIONS.get("backend") == "local":
+            self.skipTest("local has no image")
+        why = ociutil.why_not_ready()
+        if why:
+            self.skipTest(why)
+        # made once for the file (ns and docker use the same one), removed at its exit
+        name = ociutil.store_image_with("cowbox-test-settings:%d" % os.getpid(),
+                                        {"Env": ["MARK=image", "OVER=image"],
+                                         "User": "nobody"})
+
+        async def body(box):
+            r = await box.run(["sh", "-c", "echo $MARK $OVER; id -un"])
+            self.assertEqual(r.stdout, "image option\nnobody\n", r.stderr)
+        self.run_with(body, image=name, env={"OVER": "option"})
+
     def test_user_option(self):
         # BoxLite's user: commands run as that user inside; a command may name its own.
         if self.OPTIONS.get("backend") == "local":

@@ -113,11 +113,18 @@ class ImageTest(cbtest.CowboxTestCase):
         ociutil.clone_layout(self.layout, layout)
         hex2 = ociutil.add_image(layout, "base", "marked", [
             ociutil.entry("etc/cowbox-marker", data=b"marked image\n"),
-            ociutil.entry("usr/evil-null", kind=tarfile.CHRTYPE, mode=0o666, dev=(1, 3))])
+            ociutil.entry("usr/evil-null", kind=tarfile.CHRTYPE, mode=0o666, dev=(1, 3))],
+            settings={"Env": ["MARK=from-the-image", "OVER=image", "HOME=/root"],
+                      "User": "nobody"})
         r = self.exec_in("oci:%s:marked" % layout, "cat /etc/cowbox-marker; "
                          "cat /usr/evil-null 2>/dev/null && echo device-opened; true")
         # the image's file; a device node of the image opens nothing (its binds are nodev)
         self.assertEqual(r.stdout, "marked image\n")
+        # its config's Env under --env (HOME stays the sandbox's), its User
+        r = self.cowbox("exec", "--dir", self.ws, "--image", "oci:%s:marked" % layout,
+                        "--env", "OVER=flag", "--", "sh", "-c",
+                        "echo $MARK $OVER $HOME; id -un")
+        self.assertEqual(r.stdout, "from-the-image flag /tmp\nnobody\n")
         self.assertNotEqual(hex2, self.base_hex)
         self.assertTrue(os.path.isdir(os.path.join(self.images(), hex2)))
         self.assertFalse(os.path.exists(os.path.join(self.images(), self.base_hex,
@@ -214,7 +221,7 @@ class ImageTest(cbtest.CowboxTestCase):
         k = self.killed
         self.assertEqual((k["root"], k["leftover"]), (False, True))
         self.assertEqual(k["result"][:2], (0, "from the workspace\n"), k["result"][2])
-        self.assertEqual(k["after"], [self.base_hex, self.base_hex + ".lock"])
+        self.assertEqual(k["after"], [self.base_hex + s for s in ("", ".json", ".lock")])
 
 if __name__ == "__main__":
     unittest.main()

@@ -420,13 +420,18 @@ class ClientTest(cbtest.CowboxTestCase):
         layout = os.path.join(self.tmp, "layout")
         ociutil.copy_from_store(layout, "base")
         ociutil.add_image(layout, "base", "marked", [
-            ociutil.entry("etc/cowbox-marker", data=b"from the image\n")])
+            ociutil.entry("etc/cowbox-marker", data=b"from the image\n")],
+            settings={"Env": ["MARK=image", "OVER=image"], "User": "nobody"})
         missing = os.path.join(self.tmp, "missing")
 
         async def go():
-            box = await self.new_box(image="oci:%s:marked" % layout)
+            box = await self.new_box(image="oci:%s:marked" % layout, env={"OVER": "option"})
             r = await box.run(["sh", "-c", "cat /etc/cowbox-marker README"])
             self.assertEqual(r.stdout, "from the image\nhello\n", r.stderr)
+            # the image's Env under the env option, and its User (BoxLite: "commands run as
+            # the image's user"; env "on top of the image's")
+            r = await box.run(["sh", "-c", "echo $MARK $OVER $HOME; id -un"])
+            self.assertEqual(r.stdout, "image option /home/cowbox\nnobody\n", r.stderr)
             with self.assertRaises(cowbox.WorkspaceNotFoundError) as cm:
                 await self.new_box(image="oci:" + missing)
             self.assertIn("image oci:%s" % missing, str(cm.exception))

@@ -380,11 +380,12 @@ class ApplyTest(cbtest.CowboxTestCase):
         self.assertEqual(r["exit_code"], 0, r)
         turn = c.request("snapshot")["turn"]
         loop = subprocess.Popen(
-            [COWBOX, "exec", ref, "--", "python3", "-c", RACE_LOOP, outside, "8", "/vol"],
+            [COWBOX, "exec", ref, "--", "python3", "-c", cbtest.SWAP_LOOP, outside, "8",
+             "/vol"],
             env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.addCleanup(lambda: (loop.kill(), loop.communicate()))
         self.assertEqual(loop.stdout.readline().strip(), "ready", loop.stderr.read())
-        host = subprocess.Popen(["python3", "-c", RACE_LOOP, outside, "7", dst],
+        host = subprocess.Popen(["python3", "-c", cbtest.SWAP_LOOP, outside, "7", dst],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.addCleanup(lambda: (host.kill(), host.communicate()))
         self.assertEqual(host.stdout.readline().strip(), "ready", host.stderr.read())
@@ -418,23 +419,6 @@ class ApplyTest(cbtest.CowboxTestCase):
         print("apply under the swap: %d runs, %d done, refusals: %s" %
               (len(codes), codes.count(0), sorted(whys)), file=sys.stderr)
 
-
-# Swaps dir d and symlink x (to argv[1], a host directory) in directory argv[3] for argv[2]
-# seconds: inside the sandbox in the apply target (bound at /vol), and from the host too, so
-# that swaps land while apply runs whatever the scheduler does.
-RACE_LOOP = r"""
-import ctypes, os, sys, time
-libc = ctypes.CDLL(None, use_errno=True)
-os.chdir(sys.argv[3])
-if not os.path.lexists("x"):
-    os.symlink(sys.argv[1], "x")
-print("ready", flush=True)
-end, swaps = time.monotonic() + float(sys.argv[2]), 0
-while time.monotonic() < end:
-    if libc.renameat2(-100, b"d", -100, b"x", 2) == 0:
-        swaps += 1
-print("swaps", swaps, flush=True)
-"""
 
 
 if __name__ == "__main__":

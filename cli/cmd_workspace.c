@@ -18,13 +18,17 @@
 #include "cowbox/workspace.h"
 
 static const char create_usage[] =
-    "usage: cowbox create [--base DIR] [--name NAME] [--disk-mb N] [--disk-inodes N]\n"
+    "usage: cowbox create [--base DIR | --in-place DIR] [--name NAME] [--disk-mb N]\n"
+    "                     [--disk-inodes N]\n"
     "                     [--user NAME|UID[:GROUP]] [--shell sh|bash]\n"
     "                     [--background keep|kill] [--volume HOST_DIR:PATH[:ro|rw]]...\n"
     "                     [--access none|files|full] [--idle-timeout SECONDS]\n"
     "                     [--network none|all|host|public|allow [--allow ENTRY]...] [--json]\n"
     "Create a workspace over the read-only directory DIR (none: an empty workspace) and\n"
     "print its ref (cb- and 32 hex digits). NAME is an optional unique alias.\n"
+    "--in-place DIR: the agent's edits land in DIR itself (the mount's upper layer is DIR),\n"
+    "journaled as usual; DIR is recorded as turn 0 first (its files kept as blobs), so\n"
+    "snapshot, diff and rollback work. rm leaves DIR as it is.\n"
     "--disk-mb and --disk-inodes set the quota of the workspace's changes (its upper layer;\n"
     "default 10240 MiB and 1000000 inodes, 0: none): past it, writes fail with ENOSPC.\n"
     "--user runs the workspace's commands as that user inside the sandbox (ns, docker);\n"
@@ -154,6 +158,7 @@ int cmd_create(int argc, char **argv)
 {
 	static const struct option opts[] = {
 	    {"base", required_argument, NULL, 'b'},
+	    {"in-place", required_argument, NULL, 'P'},
 	    {"name", required_argument, NULL, 'n'},
 	    {"disk-mb", required_argument, NULL, 'D'},
 	    {"disk-inodes", required_argument, NULL, 'I'},
@@ -168,7 +173,7 @@ int cmd_create(int argc, char **argv)
 	    {NULL, 0, NULL, 0},
 	};
 	struct cli_common common = {0};
-	const char *base = NULL, *name = NULL;
+	const char *base = NULL, *name = NULL, *in_place = NULL;
 	char ref[CB_WS_REF_LEN + 1];
 	struct create_opts co = {.disk_mb = -1, .disk_inodes = -1, .access = -1, .idle = -1};
 	int c, status, rc;
@@ -176,6 +181,8 @@ int cmd_create(int argc, char **argv)
 	while ((c = cli_getopt(argc, argv, "b:n:", opts, &common, create_usage, &status)) > 0) {
 		if (c == 'b')
 			base = optarg;
+		else if (c == 'P')
+			in_place = optarg;
 		else if (c == 'D' && parse_count("--disk-mb", optarg, &co.disk_mb))
 			return CLI_USAGE;
 		else if (c == 'I' && parse_count("--disk-inodes", optarg, &co.disk_inodes))
@@ -216,7 +223,10 @@ int cmd_create(int argc, char **argv)
 	if (optind != argc)
 		return cli_usage_error(create_usage, "create takes no operand ('%s')",
 				       argv[optind]);
-	if (cb_ws_create(base, name, stderr, ref))
+	if (base && in_place)
+		return cli_usage_error(create_usage, "--base and --in-place exclude each other");
+	if (in_place ? cb_ws_create_in_place(in_place, name, stderr, ref)
+		     : cb_ws_create(base, name, stderr, ref))
 		return cli_fail("create", NULL);
 	if ((rc = create_options(ref, &co)) < 0) {
 		int st = cli_fail("create", NULL);
@@ -251,11 +261,11 @@ static json_t *info_allow(const struct cb_backend_options *bo)
 
 static json_t *info_json(const struct cb_ws_info *i)
 {
-	return json_pack("{s:s, s:s?, s:s?, s:s, s:s, s:s, s:I, s:I}", "ref", i->ref, "name",
+	return json_pack("{s:s, s:s?, s:s?, s:s, s:s, s:s, s:I, s:I, s:b}", "ref", i->ref, "name",
 			 i->name, "base", i->base, "dir", i->dir ? i->dir : "", "mountpoint",
 			 i->mountpoint ? i->mountpoint : "", "state", cb_ws_state_name(i->state),
 			 "pid", (json_int_t)(i->daemon_pid > 0 ? i->daemon_pid : 0), "upper_bytes",
-			 (json_int_t)i->upper_bytes);
+			 (json_int_t)i->upper_bytes, "in_place", i->in_place);
 }
 
 struct ls_state {
@@ -522,6 +532,9 @@ int cmd_info(int argc, char **argv)
 	printf("ref:         %s\n", i.ref);
 	printf("name:        %s\n", i.name ? i.name : "-");
 	printf("base:        %s\n", i.base ? i.base : "- (empty workspace)");
+	printf("mode:        %s\n", i.in_place ? "in place (the agent's edits land in the base "
+					       "folder; the journal keeps its turns)"
+					     : "copy-on-write (the base is never written)");
 	printf("state:       %s\n", cb_ws_state_name(i.state));
 	if (i.daemon_pid > 0)
 		printf("daemon pid:  %d\n", (int)i.daemon_pid);

@@ -81,7 +81,7 @@ struct fsck_ctx {
 };
 
 /* 1 if the base file at path holds exactly e's bytes now. */
-static int fsck_base_holds(struct cb_turns *t, const struct cb_entry *e)
+static int base_file_holds(struct cb_turns *t, const struct cb_entry *e)
 {
 	int fd, ok;
 
@@ -94,6 +94,13 @@ static int fsck_base_holds(struct cb_turns *t, const struct cb_entry *e)
 	close(fd);
 	cb_error_clear();
 	return ok;
+}
+
+/* base_file_holds for a recorded content: never in place, where the folder is live and a
+ * blob is the only good copy. */
+static int fsck_base_holds(struct cb_turns *t, const struct cb_entry *e)
+{
+	return !t->in_place && base_file_holds(t, e);
 }
 
 /* Is e's blob there and good? Sets ok and a reason; one read per distinct content. */
@@ -161,10 +168,12 @@ static int fsck_cache_row(const struct cb_db_cache_row *row, void *arg)
 	struct cb_entry e = {.path = (char *)row->path, .type = CB_ENTRY_FILE, .size = row->size};
 	const char *why = NULL;
 	struct stat st;
+	int stale = 1;
 
 	c->r->cache_rows++;
 	memcpy(e.sha256, row->sha256, CB_SHA256_LEN);
 	memcpy(e.xxh3, row->xxh3, CB_XXH128_LEN);
+
 	if (c->t->base_fd < 0 || cb_beneath_stat(c->t->base_fd, row->path, &st) < 0)
 		why = "the base file is gone";
 	else if (!S_ISREG(st.st_mode) || st.st_size != row->size ||
@@ -173,9 +182,11 @@ static int fsck_cache_row(const struct cb_db_cache_row *row, void *arg)
 		     row->mtime_ns ||
 		 (long long)st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec != row->ctime_ns)
 		why = "the base file changed since (the row is never used again)";
-	else if (!fsck_base_holds(c->t, &e))
+	else if (!(stale = 0) && !base_file_holds(c->t, &e))
 		why = "the base file has the row's key but other content";
-	if (!why)
+	/* In place the agent rewrites the folder: a row its key no longer matches is never
+	 * used again, not a problem. */
+	if (!why || (c->t->in_place && stale))
 		return 0;
 	return fsck_add(c->r, "base_cache", row->path, NULL, 0, -1, 0, "base cache row for %s: %s",
 			row->path, why);

@@ -232,7 +232,7 @@ class Sandbox:
                      disk_mb=None, disk_inodes=None, image=None,
                      on_create=(), on_destroy=(), setup_script=None, setup_timeout=None,
                      privileged=False, shell=None, user=None, background=None, volumes=None,
-                     access=None, idle_timeout=None, cowbox=None, home=None):
+                     access=None, idle_timeout=None, in_place=False, cowbox=None, home=None):
         """A new workspace over base (a directory, or None for an empty one) with these
         backend options; the backend itself boots on first use. network is "none" (the
         default of ns and docker), "all" (outbound through user-mode networking, not the
@@ -262,8 +262,15 @@ class Sandbox:
         (baseline_turn): the baseline, not the agent's first turn. A failing hook fails the
         create, which removes the workspace. idle_timeout (seconds, default 600, 0: never):
         the workspace's daemon, mount and container stop once no Sandbox object holds it
-        for that long, keeping its disk; the next use boots it again."""
+        for that long, keeping its disk; the next use boots it again.
+        in_place=True (LiteLLM's sandbox.local(path)): the agent's edits land in base
+        itself, the mount's upper layer being that folder; base is recorded as turn 0
+        first (its files kept as blobs in the workspace), every change is journaled as
+        usual, so snapshot, diff and rollback (which writes the old bytes back into base)
+        work; destroy leaves base's content as it is."""
         _check_access(access)
+        if in_place and not base:
+            raise ValueError("in_place=True needs base: the folder to work in")
         on_create = list(on_create)
         hooks = [h for h in on_create if not isinstance(h, str)]
         for h in hooks:
@@ -294,7 +301,8 @@ class Sandbox:
             options["privileged"] = True
         tmp = cls.__new__(cls)
         Sandbox.__init__(tmp, "cb-" + "0" * 32, cowbox=cowbox, home=home)
-        args = ["create"] + (["--base", str(base)] if base else []) + (
+        args = ["create"] + ([("--in-place" if in_place else "--base"), str(base)]
+                             if base else []) + (
             ["--name", name] if name else [])
         rc, out, err = await _cowbox(tmp.cowbox, tmp._env, *args)
         if rc != 0:

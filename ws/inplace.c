@@ -1,0 +1,112 @@
+/* In-place workspaces: the checks on the user's folder and its recording as turn 0 (a frozen
+ * base map and a blob of every file), done once when the workspace is created. */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cowbox/error.h"
+#include "cowbox/turn_store.h"
+#include "turns_int.h"
+#include "ws.h"
+
+/* 1 if path is dir or lies below it (both real paths). */
+static int path_within(const char *path, const char *dir)
+{
+	size_t n = strlen(dir);
+
+	if (n == 1 && dir[0] == '/')
+		return 1;
+	return !strncmp(path, dir, n) && (path[n] == '\0' || path[n] == '/');
+}
+
+int ws_in_place_check(const char *folder, const char *home)
+{
+	char *real_home = realpath(home, NULL);
+	const char *h = real_home ? real_home : home;
+	int rc = 0;
+
+	if (!strcmp(folder, "/"))
+		rc = cb_error_set(EINVAL, "in place: refusing / as the folder");
+	else if (path_within(folder, h) || path_within(h, folder))
+		rc = cb_error_set(EINVAL,
+				  "in place: %s %s cowbox's own state (%s); give a folder "
+				  "outside it",
+				  folder, path_within(folder, h) ? "is inside" : "holds", h);
+	free(real_home);
+	return rc;
+}
+
+/* Keep turn 0's bytes of one file as a blob, checked against the hashes the walk recorded:
+ * a file rewritten between the walk and this copy fails the creation, never records a
+ * content no blob holds. */
+static int keep_file(const struct cb_entry *e, long long from, long long until, void *arg)
+{
+	struct cb_turns *t = arg;
+	char tmp[64] = "", what[64];
+	int src = -1, dst = -1, ret;
+
+	(void)from;
+	(void)until;
+	if (cb_ws_blob_has(t->blob_fd, e->xxh3))
+		return 0;
+	src = cb_beneath_open(t->base_fd, e->path, O_RDONLY | O_NONBLOCK | O_NOCTTY, 0);
+	if (src < 0) {
+		ret = cb_error_wrap(src, "in place: keep %s", e->path);
+		goto out;
+	}
+	dst = cb_ws_blob_tmp(t->blob_fd, tmp);
+	if (dst < 0) {
+		ret = dst;
+		tmp[0] = '\0';
+		goto out;
+	}
+	snprintf(what, sizeof(what), "the folder's file");
+	ret = cb_ws_copy_checked(src, dst, e, what);
+	if (ret) {
+		ret = cb_error_wrap(ret, "in place: %s changed while it was recorded; create the "
+					 "workspace again",
+				    e->path);
+		goto out;
+	}
+	close(dst);
+	dst = -1;
+	ret = cb_ws_blob_publish(t->blob_fd, tmp, e->xxh3);
+	tmp[0] = '\0';
+out:
+	if (src >= 0)
+		close(src);
+	if (dst >= 0)
+		close(dst);
+	if (tmp[0])
+		unlinkat(t->blob_fd, tmp, 0);
+	return ret;
+}
+
+int ws_in_place_record(const char *dir, const char *folder)
+{
+	char *db = NULL, *blobs = NULL;
+	struct cb_turns *t = NULL;
+	int rc;
+
+	if ((rc = ws_pathf(&db, "%s/meta.db", dir)) || (rc = ws_pathf(&blobs, "%s/blobs", dir)))
+		goto out;
+	struct cb_turns_config cfg = {.db_path = db, .blob_dir = blobs, .base_dir = folder};
+
+	if ((rc = cb_turns_open(&cfg, &t)) || (rc = cb_db_turns_in_place_set(t->db)))
+		goto out;
+	t->in_place = 1;
+	/* The map of turn 0 (the base map, frozen): the first snapshot finds it built. */
+	if ((rc = ws_map_ensure(t)))
+		goto out;
+	rc = cb_db_turns_base_files(t->db, keep_file, t);
+out:
+	cb_turns_close(t);
+	free(blobs);
+	free(db);
+	return rc ? cb_error_wrap(rc, "record %s", folder) : 0;
+}

@@ -22,6 +22,19 @@ def git_set(key, value):
             "printf '[user]\\n\\t%s = %s\\n' >> ~/.gitconfig; fi" % (key, value, key, value))
 
 
+def tree_of(root):
+    """{relative path: bytes} of a folder's files, {"dir/": None} for its directories."""
+    out = {}
+    for dirpath, dirs, files in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        for d in dirs:
+            out[os.path.normpath(os.path.join(rel, d)) + "/"] = None
+        for f in files:
+            with open(os.path.join(dirpath, f), "rb") as fh:
+                out[os.path.normpath(os.path.join(rel, f))] = fh.read()
+    return out
+
+
 class Conformance:
     """Mixed into one TestCase per backend; OPTIONS are that backend's create options."""
 
@@ -164,6 +177,36 @@ class Conformance:
             self.assertEqual(snap["made.txt"], hashlib.sha256(b"made").hexdigest())
             self.assertEqual(snap["out/data.bin"], hashlib.sha256(data).hexdigest())
         self.arun(body)
+
+    def test_in_place(self):
+        # LiteLLM's sandbox.local(path): the agent's edits land in the folder itself, the
+        # turns still hash, diff and roll back what is there, and destroy leaves the folder.
+        folder = self.make_base({"keep.txt": "keep\n", "edit.txt": "old\n",
+                                 "sub/gone.txt": "bye\n"})
+        before = tree_of(folder)
+
+        async def main():
+            box = await cowbox.Sandbox.create(folder, in_place=True, cowbox=cbtest.COWBOX,
+                                              home=self.home, **self.OPTIONS)
+            try:
+                r = await box.run(["sh", "-c", "echo new > edit.txt; rm sub/gone.txt; "
+                                   "echo hi > made.txt"])
+                self.assertEqual(r.exit_code, 0, r.stderr)
+                self.assertEqual(tree_of(folder), {"keep.txt": b"keep\n", "edit.txt": b"new\n",
+                                                   "made.txt": b"hi\n", "sub/": None})
+                files = await box.snapshot()
+                self.assertEqual(files, {p: hashlib.sha256(b).hexdigest()
+                                         for p, b in tree_of(folder).items() if b is not None})
+                got = {c.path: c.kind for c in await box.diff(0, box.last_turn)}
+                self.assertEqual(got, {"edit.txt": "modified", "sub/gone.txt": "deleted",
+                                       "made.txt": "added"})
+                await box.rollback(0)
+                self.assertEqual(tree_of(folder), before)
+            finally:
+                await box.close()
+            await cowbox.Sandbox.destroy(box.ref, cowbox=cbtest.COWBOX, home=self.home)
+            self.assertEqual(tree_of(folder), before)
+        asyncio.run(asyncio.wait_for(main(), 180))
 
     def test_which(self):
         async def body(box):

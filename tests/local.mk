@@ -31,3 +31,5 @@ TESTS += tests/integration/test_basecache.py
 TESTS += tests/integration/test_lifecycle.py bindings/python/tests/test_lifecycle.py
 # the network policy and its egress proxy: allow entries, private ranges, the network log
 TESTS += tests/integration/test_network_policy.py
+# in-place workspaces (issue 11): the upper layer is the user's folder
+TESTS += tests/integration/test_in_place.py

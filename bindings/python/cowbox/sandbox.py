@@ -209,6 +209,9 @@ class Sandbox:
         self._sock = None
         self._lock = None
         self.mountpoint = None
+        # True when the workspace is in place (create(in_place=True)): its edits land in
+        # the base folder itself. Known once connected (None before).
+        self.in_place = None
         self.backend = "ns"
         self.workdir = "/workspace"
         self.last_turn = None
@@ -405,6 +408,7 @@ class Sandbox:
             info = json.loads(out)
             self.ref = info.get("ref", self.ref)
             self.mountpoint = info["mountpoint"]
+            self.in_place = bool(info.get("in_place"))
             self._sock = os.path.join(os.path.dirname(self.mountpoint), "control.sock")
             if not os.path.exists(self._sock):
                 home = self._env.get("COWBOX_HOME")

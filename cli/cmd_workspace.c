@@ -533,8 +533,8 @@ int cmd_info(int argc, char **argv)
 	printf("name:        %s\n", i.name ? i.name : "-");
 	printf("base:        %s\n", i.base ? i.base : "- (empty workspace)");
 	printf("mode:        %s\n", i.in_place ? "in place (the agent's edits land in the base "
-					       "folder; the journal keeps its turns)"
-					     : "copy-on-write (the base is never written)");
+						 "folder; the journal keeps its turns)"
+					       : "copy-on-write (the base is never written)");
 	printf("state:       %s\n", cb_ws_state_name(i.state));
 	if (i.daemon_pid > 0)
 		printf("daemon pid:  %d\n", (int)i.daemon_pid);

@@ -580,6 +580,7 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	    .db = d.db,
 	    .debug = opt->debug,
 	    .id_base = id_base,
+	    .owner_squash = d.in_place,
 	    .quota_bytes = lim.disk_bytes,
 	    .quota_inodes = lim.disk_inodes,
 	};

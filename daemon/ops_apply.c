@@ -94,8 +94,9 @@ static int op_apply(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *re
 	 * journaled, and the changes are there already. */
 	if (d->in_place && d->base &&
 	    (path_within(target, d->base) || path_within(d->base, target))) {
-		rc = cb_error_set(EINVAL, "apply: the workspace is in place: its changes are in %s "
-					  "already; give --to a folder outside it",
+		rc = cb_error_set(EINVAL,
+				  "apply: the workspace is in place: its changes are in %s "
+				  "already; give --to a folder outside it",
 				  d->base);
 		goto out;
 	}

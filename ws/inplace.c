@@ -68,8 +68,9 @@ static int keep_file(const struct cb_entry *e, long long from, long long until, 
 	snprintf(what, sizeof(what), "the folder's file");
 	ret = cb_ws_copy_checked(src, dst, e, what);
 	if (ret) {
-		ret = cb_error_wrap(ret, "in place: %s changed while it was recorded; create the "
-					 "workspace again",
+		ret = cb_error_wrap(ret,
+				    "in place: %s changed while it was recorded; create the "
+				    "workspace again",
 				    e->path);
 		goto out;
 	}

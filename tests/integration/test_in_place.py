@@ -165,6 +165,28 @@ class InPlaceTest(CowboxTestCase):
                          ["f%d" % i for i in range(8)])
         self.assertEqual(tree_state(outside), want)
 
+    def test_files_keep_the_folders_owner(self):
+        # The sandbox's root is the folder's owner: what it makes or rolls back in the
+        # user's folder stays the user's, not an id of the sandbox's host range.
+        for dirpath, dirs, files in os.walk(self.folder):
+            for name in [dirpath] + [os.path.join(dirpath, f) for f in files]:
+                os.lchown(name, 1234, 1235)
+        self.mount(self.ref)
+        r = self.sh("echo hi > made.txt; mkdir m; echo x > edit.txt; stat -c '%u:%g' made.txt "
+                    "keep.txt")
+        self.assertEqual(r.stdout.split(), ["0:0", "0:0"])
+        for name in ("made.txt", "m", "edit.txt"):
+            st = os.lstat(os.path.join(self.folder, name))
+            self.assertEqual((st.st_uid, st.st_gid), (1234, 1235), name)
+        self.snapshot()
+        self.cowbox("rollback", self.ref, "0")
+        for name in ("edit.txt", "sub/gone.txt"):
+            st = os.lstat(os.path.join(self.folder, name))
+            self.assertEqual((st.st_uid, st.st_gid), (1234, 1235), name)
+        # No set-id bit for an owner outside the sandbox's range.
+        self.sh("chmod u+s,g+s edit.txt")
+        self.assertFalse(os.stat(os.path.join(self.folder, "edit.txt")).st_mode & 0o6000)
+
     def test_rm_leaves_the_folder(self):
         self.mount(self.ref)
         self.sh("echo new > edit.txt; echo hi > made.txt")

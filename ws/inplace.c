@@ -24,6 +24,19 @@ static int path_within(const char *path, const char *dir)
 	return !strncmp(path, dir, n) && (path[n] == '\0' || path[n] == '/');
 }
 
+/* Stops the listing at an in-place workspace over the same folder (two mounts writing one
+ * folder would each see the other's changes as made behind its back). */
+static int same_folder(const struct cb_ws_info *info, void *arg)
+{
+	const char *folder = arg;
+
+	if (!info->in_place || !info->base || strcmp(info->base, folder))
+		return 0;
+	return cb_error_set(EBUSY, "in place: %s is already the folder of workspace %s%s%s%s",
+			    folder, info->ref, info->name ? " (" : "", info->name ? info->name : "",
+			    info->name ? ")" : "");
+}
+
 int ws_in_place_check(const char *folder, const char *home)
 {
 	char *real_home = realpath(home, NULL);
@@ -37,6 +50,8 @@ int ws_in_place_check(const char *folder, const char *home)
 				  "in place: %s %s cowbox's own state (%s); give a folder "
 				  "outside it",
 				  folder, path_within(folder, h) ? "is inside" : "holds", h);
+	else if (real_home)
+		rc = cb_ws_list(same_folder, (void *)folder);
 	free(real_home);
 	return rc;
 }

@@ -28,7 +28,8 @@ int ws_open_complete(const char *db_path, struct cb_db **out);
 char *ws_dead_mountpoint(const char *ref);
 
 /* 0 if folder (a real path) may be an in-place workspace's folder: not /, not inside home
- * ($COWBOX_HOME) and not holding it; else -EINVAL saying why. */
+ * ($COWBOX_HOME) and not holding it (-EINVAL), not another in-place workspace's (-EBUSY);
+ * else the error saying why. */
 int ws_in_place_check(const char *folder, const char *home);
 
 /* Record folder as turn 0 of the in-place workspace in dir (meta.db made): the turn store

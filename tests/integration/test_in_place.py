@@ -204,6 +204,8 @@ class InPlaceTest(CowboxTestCase):
                           "is inside cowbox's own state")
         self.assert_fails(["create", "--in-place", self.folder, "--base", self.folder],
                           "exclude each other", status=2)
+        self.assert_fails(["create", "--in-place", self.folder],
+                          "is already the folder of workspace %s (ip)" % self.ref)
         self.mount(self.ref)
         self.snapshot()
         # The folder is the live tree: apply onto it, or a fork over it, makes no sense.

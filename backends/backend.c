@@ -137,6 +137,17 @@ static int opt_volume(json_t *v, struct cb_backend_volume *out)
 	}
 	if (rc)
 		goto out;
+	char *folder = NULL;
+
+	if (out->writable && (rc = cb_ws_in_place_overlap(out->src, &folder)) == 1)
+		rc = cb_error_set(EINVAL,
+				  "backend option volumes: %s holds or is under %s, an in-place "
+				  "folder: it is written only through its workspace's mount "
+				  "(bind it read-only)",
+				  src, folder);
+	free(folder);
+	if (rc)
+		goto out;
 	if (strpbrk(out->src, ":,\n") || strpbrk(dst, ":,\n")) {
 		rc = cb_error_set(EINVAL,
 				  "backend option volumes: %s:%s: no ':', ',' or newline in "

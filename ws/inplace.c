@@ -37,6 +37,34 @@ static int same_folder(const struct cb_ws_info *info, void *arg)
 			    info->name ? ")" : "");
 }
 
+struct overlap {
+	const char *path;
+	char *found; /* "<folder> (workspace <ref>)", malloc'd */
+};
+
+static int folder_overlaps(const struct cb_ws_info *info, void *arg)
+{
+	struct overlap *o = arg;
+
+	if (!info->in_place || !info->base ||
+	    !(path_within(o->path, info->base) || path_within(info->base, o->path)))
+		return 0;
+	if (asprintf(&o->found, "%s (workspace %s)", info->base, info->ref) < 0)
+		o->found = NULL;
+	return 1;
+}
+
+int cb_ws_in_place_overlap(const char *path, char **found)
+{
+	struct overlap o = {.path = path};
+	int rc = cb_ws_list(folder_overlaps, &o);
+
+	*found = o.found;
+	if (rc == 1 && !o.found)
+		return cb_error_set(ENOMEM, "out of memory");
+	return rc;
+}
+
 int ws_in_place_check(const char *folder, const char *home)
 {
 	char *real_home = realpath(home, NULL);

@@ -53,6 +53,12 @@ int cb_ws_create(const char *base, const char *name, FILE *log, char ref[CB_WS_R
 int cb_ws_create_in_place(const char *folder, const char *name, FILE *log,
 			  char ref[CB_WS_REF_LEN + 1]);
 
+/* 1 and *found ("FOLDER (workspace REF)", malloc'd) if path (a real path) holds or lies in
+ * the folder of an in-place workspace: that folder is written only through its mount, by
+ * the daemon that journals it (a sandbox writing it directly could race the daemon's paths
+ * there). 0 and NULL if none; -errno. */
+int cb_ws_in_place_overlap(const char *path, char **found);
+
 /* A workspace built in a hidden directory (*dir, malloc'd) that nothing lists, resolves or
  * mounts until cb_ws_publish: what a fork fills. name is only checked here; it is claimed
  * by publishing. */

@@ -83,6 +83,10 @@ class InPlaceTest(CowboxTestCase):
         self.assertEqual(tree_state(self.folder), now)
         fsck = json.loads(self.cowbox("fsck", self.ref, "--json").stdout)
         self.assertEqual(fsck["problems"], [])
+        # Turn 0's bytes live only in blobs: a prune keeps them, and turn 0 still restores.
+        self.cowbox("prune", self.ref, "--keep", "1")
+        self.cowbox("rollback", self.ref, "0")
+        self.assertEqual(tree_state(self.folder), self.before)
 
     def test_changes_behind_the_mounts_back_are_found(self):
         self.mount(self.ref)

@@ -173,7 +173,6 @@ static int fsck_cache_row(const struct cb_db_cache_row *row, void *arg)
 	c->r->cache_rows++;
 	memcpy(e.sha256, row->sha256, CB_SHA256_LEN);
 	memcpy(e.xxh3, row->xxh3, CB_XXH128_LEN);
-
 	if (c->t->base_fd < 0 || cb_beneath_stat(c->t->base_fd, row->path, &st) < 0)
 		why = "the base file is gone";
 	else if (!S_ISREG(st.st_mode) || st.st_size != row->size ||

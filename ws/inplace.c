@@ -90,7 +90,7 @@ int ws_in_place_check(const char *folder, const char *home)
 static int keep_file(const struct cb_entry *e, long long from, long long until, void *arg)
 {
 	struct cb_turns *t = arg;
-	char tmp[64] = "", what[64];
+	char tmp[64] = "";
 	int src = -1, dst = -1, ret;
 
 	(void)from;
@@ -108,8 +108,7 @@ static int keep_file(const struct cb_entry *e, long long from, long long until, 
 		tmp[0] = '\0';
 		goto out;
 	}
-	snprintf(what, sizeof(what), "the folder's file");
-	ret = cb_ws_copy_checked(src, dst, e, what);
+	ret = cb_ws_copy_checked(src, dst, e, "the folder's file");
 	if (ret) {
 		ret = cb_error_wrap(ret,
 				    "in place: %s changed while it was recorded; create the "

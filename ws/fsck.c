@@ -372,6 +372,18 @@ static int fsck_rebuild(const char *ref, const char *dir, const char *db_path, c
 		goto out;
 	if (name && (ret = cb_db_meta_set(db, "name", name)))
 		goto out;
+	/* In place, the folder is the upper layer: it becomes turn 0 again, as it is now. */
+	if (ws_in_place_marked(dir) && base) {
+		if (!(ret = cb_db_meta_set(db, "in_place", "1")) &&
+		    !(ret = ws_in_place_record(dir, base)) &&
+		    !(ret = cb_db_meta_set(db, "created", "1")))
+			ret = fsck_add(r, "meta.db", db_path, kept, 0, -1, 1,
+				       "%s; rebuilt as an in-place workspace whose turn 0 is %s as "
+				       "it is now%s%s",
+				       why, base, kept ? "; the old file is kept as " : "",
+				       kept ? kept : "");
+		goto out;
+	}
 	if ((ret = ws_pathf(&upper, "%s/upper", dir)))
 		goto out;
 	rb.db = db;

@@ -130,6 +130,36 @@ out:
 	return ret;
 }
 
+int ws_in_place_mark(const char *dir)
+{
+	char *p = NULL;
+	int rc = ws_pathf(&p, "%s/in_place", dir), fd;
+
+	if (rc)
+		return rc;
+	fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		rc = cb_error_set(errno, "write %s: %s", p, strerror(errno));
+	else
+		close(fd);
+	free(p);
+	return rc;
+}
+
+int ws_in_place_marked(const char *dir)
+{
+	char *p = NULL;
+	int marked;
+
+	if (ws_pathf(&p, "%s/in_place", dir)) {
+		cb_error_clear();
+		return 0;
+	}
+	marked = access(p, F_OK) == 0;
+	free(p);
+	return marked;
+}
+
 int ws_in_place_record(const char *dir, const char *folder)
 {
 	char *db = NULL, *blobs = NULL;

@@ -244,7 +244,8 @@ static int ws_fill(const char *dir, const char *base, const char *name, int in_p
 	if (name && (rc = cb_db_meta_set(db, "name", name)))
 		goto out;
 	if (in_place &&
-	    ((rc = cb_db_meta_set(db, "in_place", "1")) || (rc = ws_in_place_record(dir, base))))
+	    ((rc = ws_in_place_mark(dir)) || (rc = cb_db_meta_set(db, "in_place", "1")) ||
+	     (rc = ws_in_place_record(dir, base))))
 		goto out;
 	/* Written last: a workspace without it is an interrupted creation. */
 	rc = cb_db_meta_set(db, "created", "1");

@@ -38,4 +38,9 @@ int ws_in_place_check(const char *folder, const char *home);
  * while it is read fails it. */
 int ws_in_place_record(const char *dir, const char *folder);
 
+/* The file dir/in_place, beside base.path: what says so when meta.db is lost (fsck --repair
+ * then records the folder as turn 0 again). ws_in_place_marked: 1 if dir has it, else 0. */
+int ws_in_place_mark(const char *dir);
+int ws_in_place_marked(const char *dir);
+
 #endif

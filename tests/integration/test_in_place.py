@@ -61,8 +61,7 @@ class InPlaceTest(CowboxTestCase):
                 "echo z > n/m/z.txt; rm -r sub/deep; ln -sf made.txt link")
         now = tree_state(self.folder)
         self.assertEqual(now, tree_state(self.mountpoint(self.ref)))
-        with open(os.path.join(self.folder, "edit.txt")) as f:
-            self.assertEqual(f.read(), "new\n")
+        self.assertEqual(open_text(self.folder, "edit.txt"), "new\n")
         self.assertFalse(os.path.exists(os.path.join(self.folder, "sub/gone.txt")))
         reply = self.snapshot()
         self.assertEqual(reply["files"], files_of(now))
@@ -191,6 +190,24 @@ class InPlaceTest(CowboxTestCase):
         self.sh("chmod u+s,g+s edit.txt")
         self.assertFalse(os.stat(os.path.join(self.folder, "edit.txt")).st_mode & 0o6000)
 
+    def test_lost_database_is_rebuilt_in_place(self):
+        # fsck --repair of a lost meta.db: still in place, turn 0 the folder as it is now.
+        self.mount(self.ref)
+        self.sh("echo new > edit.txt")
+        self.snapshot()
+        self.cowbox("umount", self.ref)
+        now = tree_state(self.folder)
+        os.unlink(os.path.join(self.ws_dir(self.ref), "meta.db"))
+        self.assertIn("rebuilt as an in-place workspace",
+                      self.cowbox("fsck", self.ref, "--repair").stdout)
+        self.assertTrue(json.loads(self.cowbox("info", self.ref, "--json").stdout)["in_place"])
+        self.mount(self.ref)
+        self.sh("echo again > edit.txt; echo more > more.txt")
+        self.assertEqual(open_text(self.folder, "edit.txt"), "again\n")
+        self.snapshot()
+        self.cowbox("rollback", self.ref, "0")
+        self.assertEqual(tree_state(self.folder), now)
+
     def test_rm_leaves_the_folder(self):
         self.mount(self.ref)
         self.sh("echo new > edit.txt; echo hi > made.txt")
@@ -223,6 +240,11 @@ class InPlaceTest(CowboxTestCase):
         os.mkdir(other)
         shutil.copy(os.path.join(self.folder, "keep.txt"), other)
         self.cowbox("apply", self.ref, "--turn", "1", "--to", other)
+
+
+def open_text(root, name):
+    with open(os.path.join(root, name)) as f:
+        return f.read()
 
 
 RACER = r"""

@@ -22,7 +22,9 @@ static const char create_usage[] =
     "                     [--user NAME|UID[:GROUP]] [--shell sh|bash]\n"
     "                     [--background keep|kill] [--volume HOST_DIR:PATH[:ro|rw]]...\n"
     "                     [--access none|files|full] [--idle-timeout SECONDS]\n"
-    "                     [--network none|all|host|public|allow [--allow ENTRY]...] [--json]\n"
+    "                     [--network none|all|host|public|allow [--allow ENTRY]...]\n"
+    "                     [--secret HOST:HEADER:env:VAR|file:PATH[:PATH_PREFIX]\n"
+    "                      [--secret-prefix TEXT] [--secret-suffix TEXT]]... [--json]\n"
     "Create a workspace over the read-only directory DIR (none: an empty workspace) and\n"
     "print its ref (cb- and 32 hex digits). NAME is an optional unique alias.\n"
     "--disk-mb and --disk-inodes set the quota of the workspace's changes (its upper layer;\n"
@@ -40,7 +42,11 @@ static const char create_usage[] =
     "held it that long (default 600, 0: never); `cowbox mount` keeps it until umount.\n"
     "--network public or allow: commands reach the network only through the workspace's\n"
     "egress proxy (public addresses, or what the --allow entries name: host, host:port,\n"
-    "*.domain, an address or a CIDR; see docs/network.md).\n";
+    "*.domain, an address or a CIDR; see docs/network.md).\n"
+    "--secret (public or allow): HTTPS requests to HOST whose path starts with PATH_PREFIX\n"
+    "(default /) get HEADER set by the proxy to the secret (between --secret-prefix and\n"
+    "--secret-suffix, e.g. 'Bearer '), which never enters the sandbox: env:VAR is read now\n"
+    "and kept 0600 outside the workspace, file:PATH is read each time the proxy starts.\n";
 
 /* --allow entries one create takes (more belong in a policy file, not a command line) */
 #define CREATE_MAX_ALLOW 256
@@ -57,6 +63,7 @@ struct create_opts {
 	const char *net; /* --network */
 	const char *allow[CREATE_MAX_ALLOW]; /* the --allow entries */
 	int n_allow;
+	json_t *secrets; /* the --secret entries (backend option secrets), or NULL */
 };
 
 /* --network / --allow: checked as the options of any client are (backend.c). */
@@ -65,9 +72,11 @@ static int create_network(struct cb_backend_options *bo, const struct create_opt
 	json_t *j, *allow;
 	int rc;
 
-	if (!co->net && !co->n_allow)
+	if (!co->net && !co->n_allow && !co->secrets)
 		return 0;
 	j = cb_backend_options_to_json(bo);
+	if (co->secrets)
+		json_object_set(j, "secrets", co->secrets);
 	if (co->net)
 		json_object_set_new(j, "network", json_string(co->net));
 	if (co->n_allow) {
@@ -97,7 +106,7 @@ static int create_options(const char *ref, const struct create_opts *co)
 	    (co->idle >= 0 && (rc = cb_daemon_idle_save(dir, (double)co->idle)) < 0))
 		goto out;
 	if (mb < 0 && inodes < 0 && !co->user && !co->shell && !co->background && !co->n_volumes &&
-	    !co->net && !co->n_allow)
+	    !co->net && !co->n_allow && !co->secrets)
 		goto out;
 	if ((rc = cb_backend_options_load(dir, &bo)) < 0)
 		goto out;
@@ -138,6 +147,30 @@ out:
 	return rc;
 }
 
+/* --secret adds an entry; --secret-prefix and --secret-suffix belong to the one before. */
+static int create_secret(struct create_opts *co, int c, const char *arg)
+{
+	json_t *e = NULL, *last;
+
+	if (c == 'K') {
+		if (!co->secrets)
+			co->secrets = json_array();
+		if (cli_secret_json(arg, NULL, NULL, &e) < 0) {
+			json_decref(co->secrets);
+			return cli_usage_error(create_usage, "%s", cb_error_message());
+		}
+		json_array_append_new(co->secrets, e);
+		return CLI_OK;
+	}
+	last = co->secrets ? json_array_get(co->secrets, json_array_size(co->secrets) - 1) : NULL;
+	if (!last) {
+		return cli_usage_error(create_usage, "%s comes after the --secret it belongs to",
+				       c == 'P' ? "--secret-prefix" : "--secret-suffix");
+	}
+	json_object_set_new(last, c == 'P' ? "prefix" : "suffix", json_string(arg));
+	return CLI_OK;
+}
+
 static int parse_count(const char *opt, const char *s, long long *out)
 {
 	char *end;
@@ -165,6 +198,9 @@ int cmd_create(int argc, char **argv)
 	    {"idle-timeout", required_argument, NULL, 'T'},
 	    {"network", required_argument, NULL, 'N'},
 	    {"allow", required_argument, NULL, 'W'},
+	    {"secret", required_argument, NULL, 'K'},
+	    {"secret-prefix", required_argument, NULL, 'P'},
+	    {"secret-suffix", required_argument, NULL, 'X'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct cli_common common = {0};
@@ -210,15 +246,26 @@ int cmd_create(int argc, char **argv)
 					       CREATE_MAX_ALLOW);
 		else if (c == 'W')
 			co.allow[co.n_allow++] = optarg;
+		else if ((c == 'K' || c == 'P' || c == 'X') &&
+			 (rc = create_secret(&co, c, optarg)) != CLI_OK)
+			return rc;
 	}
-	if (c < 0)
+	if (c < 0) {
+		json_decref(co.secrets);
 		return status;
-	if (optind != argc)
+	}
+	if (optind != argc) {
+		json_decref(co.secrets);
 		return cli_usage_error(create_usage, "create takes no operand ('%s')",
 				       argv[optind]);
-	if (cb_ws_create(base, name, stderr, ref))
+	}
+	if (cb_ws_create(base, name, stderr, ref)) {
+		json_decref(co.secrets);
 		return cli_fail("create", NULL);
-	if ((rc = create_options(ref, &co)) < 0) {
+	}
+	rc = create_options(ref, &co);
+	json_decref(co.secrets);
+	if (rc < 0) {
 		int st = cli_fail("create", NULL);
 
 		cb_ws_remove(ref);

@@ -12,3 +12,9 @@ TESTS += net/test_policy
 net_test_policy_SOURCES = net/test_policy.c
 net_test_policy_CFLAGS = $(CRITERION_TEST_CFLAGS)
 net_test_policy_LDADD = net/libcb_net.la util/libcb_util.la $(CRITERION_TEST_LIBS)
+
+check_PROGRAMS += net/test_intercept
+TESTS += net/test_intercept
+net_test_intercept_SOURCES = net/test_intercept.c
+net_test_intercept_CFLAGS = $(CRITERION_TEST_CFLAGS)
+net_test_intercept_LDADD = net/libcb_net.la util/libcb_util.la $(DEPS_LIBS) $(CRITERION_TEST_LIBS)

@@ -511,7 +511,7 @@ int cmd_info(int argc, char **argv)
 	struct cb_backend_options bo;
 	struct cb_backend_limits lim;
 	const char *net = NULL, *kind = NULL;
-	json_t *limits = NULL, *allow = NULL;
+	json_t *limits = NULL, *allow = NULL, *secrets = NULL;
 
 	if (cb_backend_options_load(i.dir, &bo) == 0) {
 		/* the daemon's answer also says what the upper layer holds against its quota */
@@ -522,6 +522,7 @@ int cmd_info(int argc, char **argv)
 		net = cb_backend_net_name(bo.net);
 		kind = cb_backend_find(bo.kind)->name;
 		allow = info_allow(&bo);
+		secrets = bo.n_secrets ? cb_backend_secrets_to_json(&bo) : NULL; /* no values */
 		if (bo.net == CB_BACKEND_NET_HOST)
 			fprintf(stderr, "cowbox info: warning: network host: the workspace's "
 					"commands share the host's network namespace (its "
@@ -560,6 +561,8 @@ int cmd_info(int argc, char **argv)
 			json_object_set_new(j, "network", json_string(net));
 			if (allow)
 				json_object_set_new(j, "allow", allow);
+			if (secrets)
+				json_object_set_new(j, "secrets", secrets);
 		}
 		if (limits)
 			json_object_set_new(j, "limits", limits);
@@ -580,6 +583,17 @@ int cmd_info(int argc, char **argv)
 	for (size_t k = 0; k < json_array_size(allow); k++)
 		printf("allow:       %s\n", json_string_value(json_array_get(allow, k)));
 	json_decref(allow);
+	for (size_t k = 0; k < json_array_size(secrets); k++) {
+		json_t *e = json_array_get(secrets, k);
+
+		printf("secret:      %s on https://%s%s* (%s)\n",
+		       json_string_value(json_object_get(e, "header")),
+		       json_string_value(json_object_get(e, "host")),
+		       json_string_value(json_object_get(e, "path_prefix")),
+		       json_object_get(e, "file") ? json_string_value(json_object_get(e, "file"))
+						  : "stored 0600 in its directory");
+	}
+	json_decref(secrets);
 	if (limits) {
 		info_limits_print(limits);
 		json_decref(limits);

@@ -298,6 +298,14 @@ class NetworkSecretsTest(cbtest.CowboxTestCase):
         # info shows the bindings, never the value
         info = self.cowbox("info", ref, "--json").stdout
         self.assertNotIn(self.secret, info)
+        self.assertEqual([(x["host"], x["header"], x["path_prefix"])
+                          for x in json.loads(info)["secrets"]],
+                         [("api.example.test", "Authorization", "/v1/"),
+                          ("api.example.test", "Authorization", "/git/"),
+                          ("api.example.test", "X-Api-Key", "/"),
+                          ("bad.example.test", "X-Api-Key", "/")])
+        self.assertIn("secret:      Authorization on https://api.example.test/v1/*",
+                      self.cowbox("info", ref).stdout)
 
     def test_secret_nowhere_inside(self):
         ref, c = self.workspace()

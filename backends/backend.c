@@ -588,7 +588,8 @@ int cb_backend_options_save(const char *dir, const struct cb_backend_options *o)
 	json_decref(j);
 	/* the values beside it (or a stale secrets.json removed) */
 	if (!rc)
-		rc = cb_backend_secrets_save(dir, strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir, o);
+		rc = cb_backend_secrets_save(dir, strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir,
+					     o);
 	return rc;
 }
 
@@ -775,8 +776,8 @@ int cb_backend_env(const struct cb_backend *b, char *const *extra, char ***out)
 	/* header secrets: TLS clients trust the workspace's CA (in the bundle at the standard
 	 * path), also those that read no system store by default */
 	static const char *const trust_env[] = {
-	    "SSL_CERT_FILE=" CB_BACKEND_SYSTEM_CA,	  "REQUESTS_CA_BUNDLE=" CB_BACKEND_SYSTEM_CA,
-	    "CURL_CA_BUNDLE=" CB_BACKEND_SYSTEM_CA,	  "NODE_EXTRA_CA_CERTS=" CB_BACKEND_SYSTEM_CA,
+	    "SSL_CERT_FILE=" CB_BACKEND_SYSTEM_CA,  "REQUESTS_CA_BUNDLE=" CB_BACKEND_SYSTEM_CA,
+	    "CURL_CA_BUNDLE=" CB_BACKEND_SYSTEM_CA, "NODE_EXTRA_CA_CERTS=" CB_BACKEND_SYSTEM_CA,
 	    "GIT_SSL_CAINFO=" CB_BACKEND_SYSTEM_CA, NULL,
 	};
 	char **host = NULL, **env;

@@ -164,8 +164,8 @@ static int docker_create(struct cb_backend *b)
 	if (b->opt.n_secrets) {
 		if ((rc = cb_backend_trust_prepare(b)) < 0)
 			goto out;
-		snprintf(cavol, sizeof(cavol), "%s/" CB_NET_CA_BUNDLE ":" CB_BACKEND_SYSTEM_CA ":ro",
-			 b->dir);
+		snprintf(cavol, sizeof(cavol),
+			 "%s/" CB_NET_CA_BUNDLE ":" CB_BACKEND_SYSTEM_CA ":ro", b->dir);
 		argv[n++] = "-v";
 		argv[n++] = cavol;
 	}

@@ -20,7 +20,7 @@
 
 /* Headers that frame or route the request: setting one would break what the proxy parses. */
 static const char *const reserved_headers[] = {
-    "host",    "content-length", "transfer-encoding", "connection",	  "upgrade", "te",
+    "host",    "content-length", "transfer-encoding", "connection",	     "upgrade", "te",
     "trailer", "keep-alive",	 "proxy-connection",  "proxy-authorization", "expect"};
 
 static void secret_free(struct cb_backend_secret *s)
@@ -62,10 +62,11 @@ static int text_field(json_t *e, size_t i, const char *key, char **out)
 	s = json_string_value(v);
 	n = json_string_length(v);
 	if (n > VALUE_MAX || strlen(s) != n || strpbrk(s, "\r\n"))
-		return cb_error_set(EINVAL,
-				    "backend option secrets: entry %zu: %s holds a line break or NUL, "
-				    "or is longer than %d bytes",
-				    i, key, VALUE_MAX);
+		return cb_error_set(
+		    EINVAL,
+		    "backend option secrets: entry %zu: %s holds a line break or NUL, "
+		    "or is longer than %d bytes",
+		    i, key, VALUE_MAX);
 	if (!(*out = strdup(s)))
 		return cb_error_set(ENOMEM, "backend option secrets: out of memory");
 	return 0;
@@ -78,8 +79,9 @@ static int check_host(size_t i, char *h)
 	if (n && h[n - 1] == '.')
 		h[--n] = 0;
 	if (!n || n > 253)
-		return cb_error_set(EINVAL, "backend option secrets: entry %zu: host is empty or "
-					    "too long",
+		return cb_error_set(EINVAL,
+				    "backend option secrets: entry %zu: host is empty or "
+				    "too long",
 				    i);
 	for (size_t k = 0; k < n; k++) {
 		if (!isalnum((unsigned char)h[k]) && !strchr(".-_:", h[k]))
@@ -94,31 +96,34 @@ static int check_host(size_t i, char *h)
 
 static int check_header(size_t i, const char *h)
 {
-	if (!*h || strlen(h) > 128 || strspn(h, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-						"0123456789!#$%&'*+-.^_`|~") != strlen(h))
+	if (!*h || strlen(h) > 128 ||
+	    strspn(h, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+		      "0123456789!#$%&'*+-.^_`|~") != strlen(h))
 		return cb_error_set(EINVAL,
 				    "backend option secrets: entry %zu: header '%s' is not an HTTP "
 				    "header name",
 				    i, h);
 	for (size_t k = 0; k < sizeof reserved_headers / sizeof *reserved_headers; k++)
 		if (!strcasecmp(h, reserved_headers[k]))
-			return cb_error_set(EINVAL,
-					    "backend option secrets: entry %zu: header %s frames or "
-					    "routes the request; the proxy does not set it",
-					    i, h);
+			return cb_error_set(
+			    EINVAL,
+			    "backend option secrets: entry %zu: header %s frames or "
+			    "routes the request; the proxy does not set it",
+			    i, h);
 	return 0;
 }
 
 static int secret_from_json(json_t *e, size_t i, struct cb_backend_secret *s)
 {
-	static const char *const keys[] = {"host",   "header", "value",	 "file", "stored",
-					   "prefix", "suffix", "path_prefix"};
+	static const char *const keys[] = {"host",   "header", "value",	 "file",
+					   "stored", "prefix", "suffix", "path_prefix"};
 	const char *key;
 	json_t *v;
 	int rc, forms;
 
 	if (!json_is_object(e))
-		return cb_error_set(EINVAL, "backend option secrets: entry %zu is not an object", i);
+		return cb_error_set(EINVAL, "backend option secrets: entry %zu is not an object",
+				    i);
 	json_object_foreach(e, key, v)
 	{
 		size_t k = 0;
@@ -126,29 +131,30 @@ static int secret_from_json(json_t *e, size_t i, struct cb_backend_secret *s)
 		while (k < sizeof keys / sizeof *keys && strcmp(keys[k], key))
 			k++;
 		if (k == sizeof keys / sizeof *keys)
-			return cb_error_set(EINVAL,
-					    "backend option secrets: entry %zu: unknown key '%s'", i,
-					    key);
+			return cb_error_set(
+			    EINVAL, "backend option secrets: entry %zu: unknown key '%s'", i, key);
 	}
-	if ((rc = text_field(e, i, "host", &s->host)) || (rc = text_field(e, i, "header", &s->header)) ||
-	    (rc = text_field(e, i, "value", &s->value)) || (rc = text_field(e, i, "file", &s->file)) ||
+	if ((rc = text_field(e, i, "host", &s->host)) ||
+	    (rc = text_field(e, i, "header", &s->header)) ||
+	    (rc = text_field(e, i, "value", &s->value)) ||
+	    (rc = text_field(e, i, "file", &s->file)) ||
 	    (rc = text_field(e, i, "path_prefix", &s->path_prefix)) ||
 	    (rc = text_field(e, i, "prefix", &s->prefix)) ||
 	    (rc = text_field(e, i, "suffix", &s->suffix)))
 		return rc;
 	s->stored = json_is_true(json_object_get(e, "stored"));
 	if (!s->host || !s->header)
-		return cb_error_set(EINVAL, "backend option secrets: entry %zu needs host and header",
-				    i);
+		return cb_error_set(EINVAL,
+				    "backend option secrets: entry %zu needs host and header", i);
 	if ((rc = check_host(i, s->host)) || (rc = check_header(i, s->header)))
 		return rc;
 	forms = !!s->value + !!s->file + s->stored;
 	if (forms != 1)
-		return cb_error_set(EINVAL,
-				    "backend option secrets: entry %zu needs one of value or file", i);
+		return cb_error_set(
+		    EINVAL, "backend option secrets: entry %zu needs one of value or file", i);
 	if (s->file && s->file[0] != '/')
-		return cb_error_set(EINVAL,
-				    "backend option secrets: entry %zu: file needs an absolute path", i);
+		return cb_error_set(
+		    EINVAL, "backend option secrets: entry %zu: file needs an absolute path", i);
 	if (s->path_prefix && (s->path_prefix[0] != '/' || strpbrk(s->path_prefix, " \t?#")))
 		return cb_error_set(EINVAL,
 				    "backend option secrets: entry %zu: path_prefix is a path "
@@ -183,10 +189,10 @@ json_t *cb_backend_secrets_to_json(const struct cb_backend_options *o)
 
 	for (size_t i = 0; i < o->n_secrets; i++) {
 		const struct cb_backend_secret *s = &o->secrets[i];
-		json_t *e = json_pack("{s:s, s:s, s:s, s:s, s:s}", "host", s->host, "header",
-				      s->header, "path_prefix", s->path_prefix ? s->path_prefix : "/",
-				      "prefix", s->prefix ? s->prefix : "", "suffix",
-				      s->suffix ? s->suffix : "");
+		json_t *e =
+		    json_pack("{s:s, s:s, s:s, s:s, s:s}", "host", s->host, "header", s->header,
+			      "path_prefix", s->path_prefix ? s->path_prefix : "/", "prefix",
+			      s->prefix ? s->prefix : "", "suffix", s->suffix ? s->suffix : "");
 
 		/* never the value: these options are shown (info, configure) and saved */
 		if (s->file)
@@ -198,8 +204,7 @@ json_t *cb_backend_secrets_to_json(const struct cb_backend_options *o)
 	return a;
 }
 
-int cb_backend_secrets_save(const char *dir, const char *label,
-			    const struct cb_backend_options *o)
+int cb_backend_secrets_save(const char *dir, const char *label, const struct cb_backend_options *o)
 {
 	char path[4096], tmp[4200];
 	json_t *vals = json_array();
@@ -212,10 +217,11 @@ int cb_backend_secrets_save(const char *dir, const char *label,
 		const struct cb_backend_secret *s = &o->secrets[i];
 
 		if (!s->value && !s->file) {
-			rc = cb_error_set(EINVAL,
-					  "backend option secrets: entry %zu (%s) has no value: give "
-					  "value or file",
-					  i, s->host);
+			rc = cb_error_set(
+			    EINVAL,
+			    "backend option secrets: entry %zu (%s) has no value: give "
+			    "value or file",
+			    i, s->host);
 			goto out;
 		}
 		any |= !!s->value;
@@ -229,9 +235,11 @@ int cb_backend_secrets_save(const char *dir, const char *label,
 	text = json_dumps(vals, JSON_COMPACT);
 	unlink(tmp);
 	/* 0600 from its first byte, and renamed in place: never readable by others */
-	if (!text || (fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600)) < 0 ||
+	if (!text ||
+	    (fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600)) < 0 ||
 	    write(fd, text, strlen(text)) != (ssize_t)strlen(text) || fsync(fd) < 0) {
-		rc = cb_error_set(text ? errno : ENOMEM, "%s: %s", tmp, strerror(text ? errno : ENOMEM));
+		rc = cb_error_set(text ? errno : ENOMEM, "%s: %s", tmp,
+				  strerror(text ? errno : ENOMEM));
 		goto out;
 	}
 	if (rename(tmp, path) < 0)

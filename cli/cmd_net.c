@@ -177,8 +177,9 @@ int cli_secret_json(const char *spec, const char *prefix, const char *suffix, js
 	kind = header ? strtok_r(NULL, ":", &save) : NULL;
 	rest = kind ? save : NULL;
 	if (!rest || !*rest) {
-		rc = cb_error_set(EINVAL, "--secret %s: needs HOST:HEADER:env:VAR or "
-					  "HOST:HEADER:file:PATH, then :PATH_PREFIX if any",
+		rc = cb_error_set(EINVAL,
+				  "--secret %s: needs HOST:HEADER:env:VAR or "
+				  "HOST:HEADER:file:PATH, then :PATH_PREFIX if any",
 				  spec);
 		goto out;
 	}

@@ -644,8 +644,8 @@ int cb_ns_setup_root(const struct cb_ns_plan *p, int ctl)
 				if (strchr(e->dst, '/') && make_parents(rootfd, e->dst) < 0)
 					FAIL("make the parents of", e->dst);
 				if (e->is_file) {
-					int f =
-					    openat(rootfd, e->dst, O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
+					int f = openat(rootfd, e->dst,
+						       O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
 					if (f < 0)
 						FAIL("make the mount point", e->dst);
 					close(f);

@@ -15,7 +15,7 @@
 #include "net/intercept.h"
 #include "net/proxy_util.h"
 
-#define HEAD_MAX 16384 /* a request head or a trailer, in bytes */
+#define HEAD_MAX       16384 /* a request head or a trailer, in bytes */
 #define CHUNK_LINE_MAX 1024  /* a chunk-size line */
 
 enum { RW_HEAD, RW_BODY, RW_CHUNK_SIZE, RW_CHUNK_DATA, RW_CHUNK_END, RW_TRAILER, RW_RAW };
@@ -112,7 +112,8 @@ int cb_net_icpt_new(const struct cb_net_proxy_config *cfg, struct cb_net_icpt **
 		goto out;
 	}
 	for (size_t i = 0; i < ic->n_hosts; i++)
-		if (!(ic->hosts[i].leaf = cb_net_ca_leaf(ca, ca_key, ic->leaf_key, ic->hosts[i].name))) {
+		if (!(ic->hosts[i].leaf =
+			  cb_net_ca_leaf(ca, ca_key, ic->leaf_key, ic->hosts[i].name))) {
 			rc = ssl_fail(ic->hosts[i].name);
 			goto out;
 		}
@@ -379,8 +380,7 @@ static int take_head(struct cb_net_rewriter *rw, struct evbuffer *in, struct evb
 	int rc;
 
 	if (end.pos < 0)
-		return evbuffer_get_length(in) > HEAD_MAX ? refuse(rw, "request head too long")
-							  : 1;
+		return evbuffer_get_length(in) > HEAD_MAX ? refuse(rw, "request head too long") : 1;
 	if ((size_t)end.pos + 4 > HEAD_MAX)
 		return refuse(rw, "request head too long");
 	if (!(head = malloc((size_t)end.pos + 4)))

@@ -14,9 +14,17 @@
 #include "net/intercept.h"
 
 static struct cb_net_binding binds[2] = {
-    {.host = "api.test", .header = "Authorization", .value = "S3CRET", .path_prefix = "/v1/",
-     .prefix = "Bearer ", .suffix = ""},
-    {.host = "api.test", .header = "X-Key", .value = "K", .path_prefix = "/", .prefix = "",
+    {.host = "api.test",
+     .header = "Authorization",
+     .value = "S3CRET",
+     .path_prefix = "/v1/",
+     .prefix = "Bearer ",
+     .suffix = ""},
+    {.host = "api.test",
+     .header = "X-Key",
+     .value = "K",
+     .path_prefix = "/",
+     .prefix = "",
      .suffix = "!"},
 };
 static struct cb_net_icpt_host host = {.name = "api.test", .n = 2, .b = binds};
@@ -75,10 +83,20 @@ Test(rewrite, path_prefix_needs_a_clean_path)
 		const char *target;
 		int set;
 	} cases[] = {
-	    {"/v1/x", 1},	       {"/v1/", 1},	     {"/v1", 0},	 {"/v10/x", 0},
-	    {"/v1/../admin", 0},       {"/v1/./x", 0},	     {"/v1/%2e%2e/x", 0}, {"/v1/..%2fx", 0},
-	    {"/v1/a\\b", 0},	       {"/v1/x?y=/../", 1},  {"/v1/..a/b", 1},	 {"*", 0},
-	    {"https://api.test/v1/x", 1}, {"/V1/x", 0},
+	    {"/v1/x", 1},
+	    {"/v1/", 1},
+	    {"/v1", 0},
+	    {"/v10/x", 0},
+	    {"/v1/../admin", 0},
+	    {"/v1/./x", 0},
+	    {"/v1/%2e%2e/x", 0},
+	    {"/v1/..%2fx", 0},
+	    {"/v1/a\\b", 0},
+	    {"/v1/x?y=/../", 1},
+	    {"/v1/..a/b", 1},
+	    {"*", 0},
+	    {"https://api.test/v1/x", 1},
+	    {"/V1/x", 0},
 	};
 	char req[256];
 	const char *err;

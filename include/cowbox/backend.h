@@ -56,11 +56,11 @@ enum cb_backend_bg {
  * from file (a host path, read by the daemon each time the proxy starts). */
 struct cb_backend_secret {
 	char *host, *header;
-	char *value;		     /* NULL: from file */
-	char *file;		     /* absolute host path, or NULL */
-	char *path_prefix;	     /* NULL: "/" */
-	char *prefix, *suffix;	     /* NULL: "" */
-	int stored;		     /* parsed from backend.json: value still to be read */
+	char *value;	       /* NULL: from file */
+	char *file;	       /* absolute host path, or NULL */
+	char *path_prefix;     /* NULL: "/" */
+	char *prefix, *suffix; /* NULL: "" */
+	int stored;	       /* parsed from backend.json: value still to be read */
 };
 
 /* Where the system's CA bundle is, in a root (the host's, or an image), and where the sandbox
@@ -339,8 +339,7 @@ json_t *cb_backend_secrets_to_json(const struct cb_backend_options *o);
 void cb_backend_secrets_free(struct cb_backend_options *o);
 /* Beside backend.json in dir: the values in secrets.json (mode 0600 from its first byte;
  * removed when none), and the workspace's CA (cb_net_ca_ensure, named after label). */
-int cb_backend_secrets_save(const char *dir, const char *label,
-			    const struct cb_backend_options *o);
+int cb_backend_secrets_save(const char *dir, const char *label, const struct cb_backend_options *o);
 /* The stored values of options loaded from dir's backend.json, from its secrets.json. */
 int cb_backend_secrets_load(const char *dir, struct cb_backend_options *o);
 /* The proxy's bindings of o, with file secrets read now: *out (free) points into o and into

@@ -429,6 +429,41 @@ http.request({host: "127.0.0.1", port: 3128, method: "CONNECT", path: "api.examp
                 else:
                     os.environ[k] = v
 
+    def test_docker_bundle_and_interception(self):
+        """docker: the bundle at the standard path and the variables in the container, and the
+        proxy in its namespace intercepting (the image has no TLS client: the host's curl
+        runs in the container's network namespace)."""
+        image = os.environ.get("COWBOX_DOCKER_IMAGE", "cowbox-debian:bookworm")
+        try:
+            ready = subprocess.run(["docker", "image", "inspect", image], capture_output=True,
+                                   timeout=20).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            ready = False
+        if not ready:
+            self.skipTest("no docker engine with image %s (scripts/setup-podman)" % image)
+        ref = self.cowbox("create").stdout.strip()
+        self.addCleanup(subprocess.run, ["docker", "rm", "-f", "cowbox-" + ref],
+                        capture_output=True)
+        self.mount(ref)
+        c = self.client(ref, timeout=180)
+        self.ok(c, "configure", options={
+            "backend": "docker", "image": image, "network": "allow",
+            "allow": ["api.example.test"],
+            "secrets": [{"host": "api.example.test", "header": "Authorization",
+                         "value": self.secret, "prefix": "Bearer "}]})
+        code, out, err = self.run_in(c, "cat /etc/ssl/certs/ca-certificates.crt; env", 180)
+        self.assertEqual(code, 0, err)
+        with open(os.path.join(self.home, "workspaces", ref, "ca.pem")) as f:
+            self.assertIn(f.read().strip(), out)
+        self.assertIn("GIT_SSL_CAINFO=/etc/ssl/certs/ca-certificates.crt", out)
+        self.assertNotIn(self.secret, out)
+        pid = subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", "cowbox-" + ref],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        out = sh("nsenter", "--net=/proc/%s/ns/net" % pid, "curl", "-sS", "-m", "20",
+                 "--cacert", os.path.join(self.home, "workspaces", ref, "ca.pem"),
+                 "-x", "http://127.0.0.1:3128", "https://api.example.test/v1/d").stdout
+        self.assertEqual(json.loads(out)["headers"]["Authorization"], "Bearer " + self.secret)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -242,6 +242,8 @@ class NetworkSecretsTest(cbtest.CowboxTestCase):
         for k in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
                   "GIT_SSL_CAINFO"):
             self.assertIn(k + "=/etc/ssl/certs/ca-certificates.crt", out)
+        pid = self.daemon_pid(ref)
+        fds = cbtest.fd_count(pid)
         # bound host, bound prefix: set, replacing the sandbox's own value
         s, err = self.seen(c, "https://api.example.test/v1/models?x=1",
                            "-H 'Authorization: Bearer mine'", "-v")
@@ -249,6 +251,9 @@ class NetworkSecretsTest(cbtest.CowboxTestCase):
         self.assertEqual(s["headers"]["Authorization"], "Bearer " + self.secret)
         self.assertEqual(s["headers"]["X-Api-Key"], self.file_secret + ";v=1")
         self.assertIn("CN=cowbox workspace %s CA" % ref, err)  # our leaf
+        # through SOCKS5 as well
+        s, _ = self.seen(c, "https://api.example.test/v1/s", "--proxy socks5h://127.0.0.1:3128")
+        self.assertEqual(s["headers"]["Authorization"], "Bearer " + self.secret)
         # another path: the prefix-less binding only; the sandbox's own Authorization stays
         s, _ = self.seen(c, "https://api.example.test/v2/x", "-H 'Authorization: mine'")
         self.assertEqual(s["headers"]["Authorization"], "mine")
@@ -295,6 +300,9 @@ class NetworkSecretsTest(cbtest.CowboxTestCase):
         self.assertEqual(by["bad.example.test"], {False})
         self.assertTrue(any("certificate verify failed" in r["rule"] for r in rows), rows)
         self.assertNotIn(self.secret, json.dumps(rows))
+        # every intercepted connection's sockets are closed
+        cbtest.wait_for(lambda: cbtest.fd_count(pid) <= fds + 2, 30,
+                        what="the daemon's fds to come back to %d" % fds)
         # info shows the bindings, never the value
         info = self.cowbox("info", ref, "--json").stdout
         self.assertNotIn(self.secret, info)

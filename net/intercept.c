@@ -238,6 +238,18 @@ static int refuse(struct cb_net_rewriter *rw, const char *why)
 	return -1;
 }
 
+/* Whether s[0..n) is an HTTP token (a header name): a name with a space before its ':' is
+ * one the server and the proxy could see differently, so it is refused. */
+static int token_len(const char *s, size_t n)
+{
+	static const char tchar[] = "!#$%&'*+-.^_`|~";
+
+	for (size_t i = 0; i < n; i++)
+		if (!isalnum((unsigned char)s[i]) && !strchr(tchar, s[i]))
+			return 0;
+	return n > 0;
+}
+
 /* A header line's name is name (case-insensitive). */
 static int is_header(const char *line, size_t len, const char *name)
 {
@@ -328,8 +340,8 @@ static int rewrite_head(struct cb_net_rewriter *rw, const char *head, size_t len
 
 		if (*l == ' ' || *l == '\t')
 			return refuse(rw, "folded header line");
-		if (!memchr(l, ':', n))
-			return refuse(rw, "header line without ':'");
+		if (!memchr(l, ':', n) || !token_len(l, (size_t)((char *)memchr(l, ':', n) - l)))
+			return refuse(rw, "header line without a name and ':'");
 		v = header_value(l, n, &vlen);
 		if (is_header(l, n, "content-length")) {
 			unsigned long long x = 0;

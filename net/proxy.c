@@ -14,6 +14,7 @@
 #include <event2/thread.h>
 #include <event2/util.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -295,6 +296,15 @@ static void relay_event(struct bufferevent *bev, short what, void *arg)
 	bufferevent_setcb(other, NULL, close_when_flushed, close_event, c);
 }
 
+/* TLS writes its flights as records of their own: Nagle would hold the last one back for the
+ * peer's delayed ACK (~40 ms a handshake). */
+static void no_delay(struct bufferevent *bev)
+{
+	int one = 1;
+
+	setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
 /* The sandbox's side of an intercepted connection: TLS with the bound host's leaf, over the
  * answer (200, or the SOCKS5 reply) already queued in the clear. */
 static int intercept_client(struct pconn *c)
@@ -311,6 +321,7 @@ static int intercept_client(struct pconn *c)
 		return -1;
 	}
 	bufferevent_openssl_set_allow_dirty_shutdown(tls, 1);
+	no_delay(c->cli);
 	c->cli = tls;
 	c->cli_tls = 1;
 	c->rw.host = c->bound;
@@ -362,6 +373,7 @@ static void intercept_upstream(struct pconn *c)
 		return;
 	}
 	bufferevent_openssl_set_allow_dirty_shutdown(tls, 1);
+	no_delay(c->up);
 	c->up = tls;
 	c->up_tls = 1;
 	bufferevent_setcb(tls, NULL, NULL, up_connected, c);

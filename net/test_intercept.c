@@ -122,6 +122,8 @@ Test(rewrite, ambiguous_requests_refused)
 	    "GET / HTTP/1.1\r\nX: a\nY: b\r\n\r\n",
 	    "GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
 	    "GET / HTTP/1.1\r\nnocolon\r\n\r\n",
+	    "GET /v1/ HTTP/1.1\r\nAuthorization : mine\r\n\r\n",
+	    "GET / HTTP/1.1\r\n: empty\r\n\r\n",
 	    "GET /\r\n\r\n",
 	    "CONNECT a:443 HTTP/1.1\r\n\r\n",
 	    "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",

@@ -491,7 +491,9 @@ static void resolve(struct pconn *c)
 
 	c->st = ST_RESOLVE;
 	bufferevent_setwatermark(c->cli, EV_READ, 0, HEAD_MAX);
-	if (strcmp(c->proto, "http"))
+	/* a bound host through CONNECT or SOCKS5 is intercepted, but on port 80, where what
+	 * goes through is plain HTTP, which never gets a secret */
+	if (strcmp(c->proto, "http") && c->port != 80)
 		c->bound = cb_net_icpt_find(c->p->icpt, c->name);
 	cb_net_check_name(c->p->policy, c->name, c->port, &c->v);
 	if (!c->v.allowed) {

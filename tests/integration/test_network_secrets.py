@@ -86,6 +86,8 @@ ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
 ctx.load_cert_chain(sys.argv[1] + "/srv.pem", sys.argv[1] + "/srv.key")
 srv = S(("0.0.0.0", 443), H)
 srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+import threading
+threading.Thread(target=S(("0.0.0.0", 80), H).serve_forever, daemon=True).start()
 print("ready", flush=True)
 srv.serve_forever()
 '''
@@ -254,6 +256,11 @@ class NetworkSecretsTest(cbtest.CowboxTestCase):
         # through SOCKS5 as well
         s, _ = self.seen(c, "https://api.example.test/v1/s", "--proxy socks5h://127.0.0.1:3128")
         self.assertEqual(s["headers"]["Authorization"], "Bearer " + self.secret)
+        # plain HTTP to a bound host, forwarded or tunnelled to port 80: no secret
+        for how in ("", "-p"):
+            s, _ = self.seen(c, "http://api.example.test/v1/plain", how)
+            self.assertNotIn("Authorization", s["headers"])
+            self.assertNotIn("X-Api-Key", s["headers"])
         # another path: the prefix-less binding only; the sandbox's own Authorization stays
         s, _ = self.seen(c, "https://api.example.test/v2/x", "-H 'Authorization: mine'")
         self.assertEqual(s["headers"]["Authorization"], "mine")
@@ -295,7 +302,11 @@ class NetworkSecretsTest(cbtest.CowboxTestCase):
         by = {}
         for r in rows:
             by.setdefault(r["name"], set()).add(r["secret"])
-        self.assertEqual(by["api.example.test"], {True})
+        tls = [r["secret"] for r in rows if r["name"] == "api.example.test" and r["port"] == 443]
+        self.assertGreaterEqual(len(tls), 5)
+        self.assertTrue(all(tls), rows)
+        self.assertEqual([r["secret"] for r in rows if r["name"] == "api.example.test"
+                          and r["port"] == 80], [False] * 2)
         self.assertEqual(by["other.example.test"], {False})
         self.assertEqual(by["bad.example.test"], {False})
         self.assertTrue(any("certificate verify failed" in r["rule"] for r in rows), rows)

@@ -311,6 +311,9 @@ class NetworkSecretsTest(cbtest.CowboxTestCase):
         self.assertEqual(by["bad.example.test"], {False})
         self.assertTrue(any("certificate verify failed" in r["rule"] for r in rows), rows)
         self.assertNotIn(self.secret, json.dumps(rows))
+        text = self.cowbox("net-log", ref).stdout
+        self.assertIn("[secret]", text)
+        self.assertNotIn(self.secret, text)
         # every intercepted connection's sockets are closed
         cbtest.wait_for(lambda: cbtest.fd_count(pid) <= fds + 2, 30,
                         what="the daemon's fds to come back to %d" % fds)

@@ -17,7 +17,10 @@ import unittest
 
 import cbtest
 
-PUB, PUB_HOST = "203.0.113.2", "203.0.113.1"
+# A /30 of TEST-NET-2 of this run's own (test_network_policy uses TEST-NET-3): runs in
+# parallel, of this test and that one, do not take each other's addresses.
+_NET = 4 * (os.getpid() % 63)
+PUB, PUB_HOST = "198.51.100.%d" % (_NET + 2), "198.51.100.%d" % (_NET + 1)
 
 SERVER = r'''
 import http.server, json, os, socket, ssl, subprocess, sys
@@ -131,6 +134,16 @@ class NetworkSecretsTest(cbtest.CowboxTestCase):
     def setUpClass(cls):
         if os.geteuid() != 0:
             raise unittest.SkipTest("needs root (network namespaces)")
+        cls.server = None
+        cls.ns = "cbst%d" % os.getpid()
+        try:
+            cls._set_up()
+        except BaseException:
+            cls.tearDownClass()  # unittest does not when setUpClass fails
+            raise
+
+    @classmethod
+    def _set_up(cls):
         cls.dir = tempfile.mkdtemp(prefix="cbsec")
         os.chmod(cls.dir, 0o755)
         d = cls.dir
@@ -153,15 +166,14 @@ class NetworkSecretsTest(cbtest.CowboxTestCase):
            "git -c user.name=t -c user.email=t@t commit -qm one && "
            "git push -q ../repo.git HEAD:refs/heads/main" % d)
         sh("git", "--git-dir", d + "/repo.git", "symbolic-ref", "HEAD", "refs/heads/main")
-        cls.ns = "cbst%d" % os.getpid()
         host_if, ns_if = "cbsh%d" % os.getpid(), "cbsn%d" % os.getpid()
         sh("ip", "netns", "add", cls.ns)
         sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
         sh("ip", "link", "set", ns_if, "netns", cls.ns)
-        sh("ip", "addr", "add", PUB_HOST + "/24", "dev", host_if)
+        sh("ip", "addr", "add", PUB_HOST + "/30", "dev", host_if)
         sh("ip", "link", "set", host_if, "up")
         nse = ["ip", "netns", "exec", cls.ns]
-        sh(*nse, "ip", "addr", "add", PUB + "/24", "dev", ns_if)
+        sh(*nse, "ip", "addr", "add", PUB + "/30", "dev", ns_if)
         sh(*nse, "ip", "link", "set", ns_if, "up")
         sh(*nse, "ip", "link", "set", "lo", "up")
         cls.server = subprocess.Popen(nse + ["python3", "-c", SERVER, d, d],
@@ -178,11 +190,13 @@ class NetworkSecretsTest(cbtest.CowboxTestCase):
 
     @classmethod
     def tearDownClass(cls):
-        cls.server.kill()
-        cls.server.wait()
-        cls.server.stdout.close()
+        if cls.server:
+            cls.server.kill()
+            cls.server.wait()
+            cls.server.stdout.close()
         sh("ip", "netns", "del", cls.ns, check=False)
-        shutil.rmtree(cls.dir, ignore_errors=True)
+        if getattr(cls, "dir", None):
+            shutil.rmtree(cls.dir, ignore_errors=True)
 
     @staticmethod
     def _reachable(addr, port):
@@ -297,12 +311,17 @@ class NetworkSecretsTest(cbtest.CowboxTestCase):
                                    "print(s.recv(4096).decode())'")
         self.assertIn("502 Bad Gateway", out)
         self.assertIn("upstream TLS: certificate verify failed: hostname mismatch", out)
+        # a sandbox that does not trust the workspace's CA gets no further than its handshake
+        code, _, err = self.run_in(c, "curl -sS -m 20 --cacert /workspace/upstream-ca.pem "
+                                   "https://api.example.test/v1/")
+        self.assertEqual(code, 60, err)
         # the network log: which connections had a secret injected
         rows = self.ok(c, "net_log")["rows"]
         by = {}
         for r in rows:
             by.setdefault(r["name"], set()).add(r["secret"])
-        tls = [r["secret"] for r in rows if r["name"] == "api.example.test" and r["port"] == 443]
+        tls = [r["secret"] for r in rows if r["name"] == "api.example.test" and r["port"] == 443
+               and not r["rule"].startswith("TLS from the sandbox failed")]
         self.assertGreaterEqual(len(tls), 5)
         self.assertTrue(all(tls), rows)
         self.assertEqual([r["secret"] for r in rows if r["name"] == "api.example.test"
@@ -310,6 +329,8 @@ class NetworkSecretsTest(cbtest.CowboxTestCase):
         self.assertEqual(by["other.example.test"], {False})
         self.assertEqual(by["bad.example.test"], {False})
         self.assertTrue(any("certificate verify failed" in r["rule"] for r in rows), rows)
+        self.assertTrue(any(r["rule"].startswith("TLS from the sandbox failed")
+                            and not r["secret"] for r in rows), rows)
         self.assertNotIn(self.secret, json.dumps(rows))
         text = self.cowbox("net-log", ref).stdout
         self.assertIn("[secret]", text)

@@ -235,13 +235,16 @@ class Sandbox:
                      disk_mb=None, disk_inodes=None, image=None,
                      on_create=(), on_destroy=(), setup_script=None, setup_timeout=None,
                      privileged=False, shell=None, user=None, background=None, volumes=None,
-                     access=None, idle_timeout=None, in_place=False, cowbox=None, home=None):
+                     access=None, idle_timeout=None, in_place=False, cowbox=None, home=None,
+                     header_bindings=None):
         """A new workspace over base (a directory, or None for an empty one) with these
         backend options; the backend itself boots on first use. network is "none" (the
         default of ns and docker), "all" (outbound through user-mode networking, not the
         host's loopback) or "host" (the host's own namespace; what local always is), or a
         cowbox.Network: Network.public() or Network.allow(hosts=[...]) reach the network
-        only through the workspace's egress proxy (docs/network.md).
+        only through the workspace's egress proxy (docs/network.md); there,
+        header_bindings (cowbox.HeaderBinding) set secret headers on HTTPS requests to
+        their hosts without the secret entering the sandbox.
         shell is "sh" (the default) or "bash": what runs command strings and hooks. user
         (ns, docker) runs commands as that user inside: a name, a uid, or "NAME:GROUP".
         background "keep" (the default) lets jobs a command starts with &, nohup or setsid
@@ -294,6 +297,8 @@ class Sandbox:
                            ("shell", shell), ("user", user), ("background", background)):
             if value is not None:
                 options[key] = value
+        if header_bindings:
+            options["secrets"] = [b.option() for b in header_bindings]
         if volumes:
             options["volumes"] = [[str(v[0]), str(v[1])] + ([str(v[2])] if len(v) > 2 else [])
                                   for v in volumes]

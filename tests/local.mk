@@ -30,7 +30,9 @@ TESTS += tests/integration/test_basecache.py
 # a workspace's lifecycle: access levels, hooks at create, idle stop, apply
 TESTS += tests/integration/test_lifecycle.py bindings/python/tests/test_lifecycle.py
 # the network policy and its egress proxy: allow entries, private ranges, the network log
-TESTS += tests/integration/test_network_policy.py
+TESTS += tests/integration/test_network_policy.py tests/integration/test_network_secrets.py
+# in-place workspaces (issue 11): the upper layer is the user's folder
+TESTS += tests/integration/test_in_place.py
 # the ns backend's OCI images (issue 11's image): layouts, the local store, the cache
 TESTS += tests/integration/test_image.py
 EXTRA_DIST += tests/integration/ociutil.py

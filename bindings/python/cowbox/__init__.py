@@ -4,13 +4,13 @@ Sandbox satisfies the LiteLLM harness Sandbox protocol."""
 from .errors import (AccessDeniedError, ConflictError, InvalidPathError, InvalidRequestError, WorkspaceError,
                      WorkspaceInUseError, WorkspaceNotFoundError, WorkspaceOutputLimitError,
                      WorkspaceTimeoutError, WorkspaceUnavailableError)
-from .network import Network
+from .network import HeaderBinding, Network
 from .sandbox import CompletedRun, FileChange, Process, Sandbox, file_changes
 
 CowboxSandbox = Sandbox
 
 __all__ = [
-    "Sandbox", "CowboxSandbox", "Network", "Process", "CompletedRun", "FileChange", "file_changes",
+    "Sandbox", "CowboxSandbox", "Network", "HeaderBinding", "Process", "CompletedRun", "FileChange", "file_changes",
     "WorkspaceError", "WorkspaceNotFoundError", "InvalidPathError", "WorkspaceInUseError",
     "WorkspaceUnavailableError", "WorkspaceTimeoutError", "WorkspaceOutputLimitError",
     "InvalidRequestError", "AccessDeniedError", "ConflictError",

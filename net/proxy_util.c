@@ -137,8 +137,15 @@ int cb_net_http_parse(const char *head, struct cb_net_http_req *r)
 				   8, sp2 + 1);
 	for (const char *l = eol + 2; *l && strncmp(l, "\r\n", 2);) {
 		const char *le = strstr(l, "\r\n");
-		size_t n = (size_t)(le - l) + 2;
+		size_t n;
 
+		/* A header line that does not end in CRLF (a bare LF, or the head cut short):
+		 * refused, never read past. */
+		if (!le) {
+			free(out);
+			return bad(r, "a header line without CRLF");
+		}
+		n = (size_t)(le - l) + 2;
 		if (!hop_by_hop(l, n)) {
 			memcpy(out + out_len, l, n);
 			out_len += n;

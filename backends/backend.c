@@ -618,6 +618,7 @@ int cb_backend_open(const char *ref, const char *dir, const char *root, const ch
 	if (!b)
 		return cb_error_set(ENOMEM, "backend: out of memory");
 	pthread_mutex_init(&b->lock, NULL);
+	b->netns_fd = -1;
 	if ((rc = cb_backend_options_load(dir, &b->opt)) < 0)
 		goto out;
 	if ((rc = cb_exec_keep_new(&b->keep)) < 0)
@@ -646,6 +647,7 @@ void cb_backend_free(struct cb_backend *b)
 	cb_exec_keep_free(b->keep);
 	/* Forwarders and the proxy next: they listen in the namespace that close lets go of. */
 	cb_forwarder_stop_all(b);
+	cb_publish_stop_all(b);
 	cb_backend_proxy_stop(b);
 	if (b->created && b->ops)
 		b->ops->close(b);

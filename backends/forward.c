@@ -106,6 +106,23 @@ out:
 	return NULL;
 }
 
+int cb_relay_start(int a, int b)
+{
+	struct relay *r = malloc(sizeof(*r));
+	pthread_t t;
+
+	if (!r)
+		return -1;
+	r->a = a;
+	r->b = b;
+	if (pthread_create(&t, NULL, relay_main, r)) {
+		free(r);
+		return -1;
+	}
+	pthread_detach(t);
+	return 0;
+}
+
 static void *forwarder_main(void *arg)
 {
 	struct cb_forwarder *f = arg;

@@ -69,6 +69,7 @@ static int ns_create(struct cb_backend *b)
 		goto out;
 	}
 	b->priv = s;
+	b->netns_fd = s->netns_fd;
 	s = NULL;
 out:
 	ns_state_free(s);
@@ -184,6 +185,7 @@ static int ns_host_url(struct cb_backend *b, int port, char **url)
 
 static void ns_close(struct cb_backend *b)
 {
+	b->netns_fd = -1;
 	ns_state_free(b->priv);
 	b->priv = NULL;
 }

@@ -127,3 +127,38 @@ int cmd_net_log(int argc, char **argv)
 	json_decref(reply);
 	return CLI_OK;
 }
+
+static const char publish_usage[] =
+    "usage: cowbox publish REF PORT [--json]\n"
+    "Make a server listening on 127.0.0.1:PORT inside the workspace's sandbox reachable from\n"
+    "the host; prints the host address (127.0.0.1:HOSTPORT). It stays open as long as the\n"
+    "workspace's daemon runs.\n";
+
+int cmd_publish(int argc, char **argv)
+{
+	struct cli_common common = {0};
+	json_t *reply;
+	char *end;
+	long port;
+	int c, status;
+
+	while ((c = cli_getopt(argc, argv, "", NULL, &common, publish_usage, &status)) > 0)
+		;
+	if (c < 0)
+		return status;
+	if (argc - optind != 2)
+		return cli_usage_error(publish_usage, "publish takes REF and PORT");
+	port = strtol(argv[optind + 1], &end, 10);
+	if (!*argv[optind + 1] || *end || port < 1 || port > 65535)
+		return cli_usage_error(publish_usage, "PORT is 1-65535, not '%s'",
+				       argv[optind + 1]);
+	status = net_request("publish", argv[optind],
+			     json_pack("{s:s, s:i}", "op", "publish", "port", (int)port), &reply);
+	if (status)
+		return status;
+	if (common.json)
+		return cli_print_reply_json(reply);
+	printf("%s\n", json_string_value(json_object_get(reply, "address")));
+	json_decref(reply);
+	return CLI_OK;
+}

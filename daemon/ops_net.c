@@ -1,5 +1,5 @@
-/* The network ops: reaches (what the workspace's policy opens) and net_log (what its egress
- * proxy did, per turn), and the hook that writes each proxied connection to the log. */
+/* The network ops: reaches (what the workspace's policy opens), net_log (what its egress proxy
+ * did, per turn), publish/unpublish, and the hook that writes each connection to the log. */
 #include "config.h"
 
 #include <errno.h>
@@ -109,8 +109,51 @@ static int op_net_log(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *
 	return cb_daemon_reply(conn, json_object_get(req, "id"), json_pack("{s:o}", "rows", rows));
 }
 
+static int port_arg(json_t *req, const char *op, int *port)
+{
+	json_t *v = json_object_get(req, "port");
+
+	if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 65535)
+		return cb_error_set(EINVAL, "%s: needs \"port\", an integer 1-65535", op);
+	*port = (int)json_integer_value(v);
+	return 0;
+}
+
+/* publish {"port"} -> {"address": "127.0.0.1:HOSTPORT", "host_port"}: the host reaches a
+ * server listening on that port inside the sandbox (ns, docker). */
+static int op_publish(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
+{
+	struct cb_backend *b;
+	char addr[32];
+	int rc, port, host_port = 0;
+
+	if ((rc = port_arg(req, "publish", &port)) < 0 || (rc = cb_api_backend(d, 1, &b)) < 0)
+		return rc;
+	rc = cb_publish_add(b, b->netns_fd, port, &host_port);
+	cb_api_backend_put(b);
+	if (rc < 0)
+		return rc;
+	snprintf(addr, sizeof addr, "127.0.0.1:%d", host_port);
+	return cb_daemon_reply(conn, json_object_get(req, "id"),
+			       json_pack("{s:s, s:i}", "address", addr, "host_port", host_port));
+}
+
+static int op_unpublish(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
+{
+	struct cb_backend *b;
+	int rc, port;
+
+	if ((rc = port_arg(req, "unpublish", &port)) < 0 || (rc = cb_api_backend(d, 1, &b)) < 0)
+		return rc;
+	rc = cb_publish_remove(b, port);
+	cb_api_backend_put(b);
+	return rc < 0 ? rc : cb_daemon_reply(conn, json_object_get(req, "id"), NULL);
+}
+
 const struct cb_daemon_op cb_daemon_ops_net[] = {
     {"reaches", op_reaches},
     {"net_log", op_net_log},
+    {"publish", op_publish},
+    {"unpublish", op_unpublish},
     {NULL, NULL},
 };

@@ -290,6 +290,19 @@ int cb_forwarder_add(struct cb_backend *b, int netns_fd, int port);
 /* Stop every forwarder of b. */
 void cb_forwarder_stop_all(struct cb_backend *b);
 
+/* Relay two connected sockets both ways on a detached thread that closes both at the end;
+ * -1 (nothing started, nothing closed) on failure. */
+int cb_relay_start(int a, int b);
+
+/* ---- published ports (backends/publish.c) ---- */
+
+/* publish: listen on a free port of the host's 127.0.0.1 and relay each connection to
+ * 127.0.0.1:port inside netns_fd; *host_port says which. Idempotent per port. */
+int cb_publish_add(struct cb_backend *b, int netns_fd, int port, int *host_port);
+/* Close one published port (-ENOENT if it is not), or all (with the backend). */
+int cb_publish_remove(struct cb_backend *b, int port);
+void cb_publish_stop_all(struct cb_backend *b);
+
 /* A fresh network namespace with loopback up, as an fd; -errno with a message. */
 int cb_netns_new(int *out);
 /* A TCP socket listening on 127.0.0.1:port inside the namespace netns_fd. */

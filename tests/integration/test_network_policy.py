@@ -2,7 +2,8 @@
 urllib and SOCKS5 inside the sandbox against real servers in a network namespace the test
 makes (veth, a public-looking and a private address), names resolved through
 COWBOX_PROXY_HOSTS; every entry kind, private and rebinding refusals, no route around the
-proxy, the refusal's words, the network log, reaches, a restart, fuzzed input and load."""
+proxy, the refusal's words, the network log, reaches, a restart, fuzzed input and load; published
+ports."""
 
 import json
 import os
@@ -64,8 +65,8 @@ def sh(*args, check=True):
     return subprocess.run(args, check=check, capture_output=True, text=True)
 
 
-class NetworkPolicyTest(cbtest.CowboxTestCase):
-    backend = "ns"
+class ServersCase(cbtest.CowboxTestCase):
+    """The test servers in a network namespace of their own, and the resolver map."""
 
     @classmethod
     def setUpClass(cls):
@@ -120,13 +121,10 @@ class NetworkPolicyTest(cbtest.CowboxTestCase):
         super().setUp()
         self.env["COWBOX_PROXY_HOSTS"] = self.hosts
 
-    def workspace(self, network, *allow):
-        args = ["create", "--network", network]
-        for a in allow:
-            args += ["--allow", a]
-        ref = self.cowbox(*args).stdout.strip()
-        self.mount(ref)
-        return ref, self.client(ref, timeout=120)
+    def ok(self, c, op, **args):
+        r = c.request(op, **args)
+        self.assertTrue(r.get("ok"), r)
+        return r
 
     def run_in(self, c, script, timeout=60):
         r = c.request("run", cmd=["sh", "-c", script], timeout=timeout)
@@ -134,6 +132,18 @@ class NetworkPolicyTest(cbtest.CowboxTestCase):
         import base64
         return (r["exit_code"], base64.b64decode(r["stdout"]).decode(errors="replace"),
                 base64.b64decode(r["stderr"]).decode(errors="replace"))
+
+
+class NetworkPolicyTest(ServersCase):
+    """The ns backend, with curl and Python from the host's tree."""
+
+    def workspace(self, network, *allow):
+        args = ["create", "--network", network]
+        for a in allow:
+            args += ["--allow", a]
+        ref = self.cowbox(*args).stdout.strip()
+        self.mount(ref)
+        return ref, self.client(ref, timeout=120)
 
     def curl(self, c, url, *extra):
         """curl through the proxy as the environment says: (http code, body)."""
@@ -366,6 +376,41 @@ print(ok, done)
 
     requests = int(os.environ.get("COWBOX_NET_REQUESTS", "2000"))
 
+    def test_publish(self):
+        ref, c = self.workspace("allow", "api.example.test:%d" % PORT)
+        server = self.client(ref, timeout=60)
+        # a server inside the sandbox on its own loopback, kept up by a running command
+        server.send({"id": "srv", "op": "run", "timeout": 120, "cmd": [
+            "sh", "-c", "cd /tmp && echo inside > hello.txt && "
+            "exec python3 -m http.server 8000 --bind 127.0.0.1"]})
+        addr = self.ok(c, "publish", port=8000)["address"]
+        self.assertRegex(addr, r"^127\.0\.0\.1:\d+$")
+        self.assertEqual(self.ok(c, "publish", port=8000)["address"], addr)  # idempotent
+        host, port = addr.split(":")
+        import urllib.request
+
+        def fetch():
+            try:
+                return urllib.request.urlopen("http://%s/hello.txt" % addr, timeout=5).read()
+            except OSError:
+                return None
+        cbtest.wait_for(lambda: fetch() == b"inside\n", 30, what="the published server")
+        self.assertEqual(self.cowbox("publish", ref, "8000").stdout.strip(), addr)
+        self.ok(c, "unpublish", port=8000)
+        self.assertFalse(self._reachable(host, int(port)))
+        r = c.request("unpublish", port=8000)
+        self.assertEqual(r["error"]["code"], "not_found", r)
+        r = c.request("publish", port=0)
+        self.assertEqual(r["error"]["code"], "invalid_request", r)
+        # the next one closes with the workspace's daemon
+        addr = self.ok(c, "publish", port=8000)["address"]
+        cbtest.wait_for(lambda: fetch() == b"inside\n", 30, what="the published server")
+        pid = self.daemon_pid(ref)
+        server.close()
+        self.ok(c, "close")
+        cbtest.wait_for(lambda: not cbtest.pid_alive(pid), 15, what="the daemon to stop")
+        self.assertFalse(self._reachable("127.0.0.1", int(addr.split(":")[1])))
+
     def test_local_backend_refuses_a_policy(self):
         ref = self.create()
         self.mount(ref)
@@ -418,10 +463,53 @@ print(ok, done)
             else:
                 os.environ["COWBOX_PROXY_HOSTS"] = saved
 
-    def ok(self, c, op, **args):
-        r = c.request(op, **args)
-        self.assertTrue(r.get("ok"), r)
-        return r
+
+
+DOCKER_IMAGE = os.environ.get("COWBOX_DOCKER_IMAGE", "cowbox-debian:bookworm")
+
+
+def _docker_ready():
+    try:
+        return subprocess.run(["docker", "image", "inspect", DOCKER_IMAGE],
+                              capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@unittest.skipUnless(_docker_ready(), "no docker engine with image %s; scripts/setup-podman "
+                     "sets one up" % DOCKER_IMAGE)
+class DockerNetworkPolicyTest(ServersCase):
+    """The docker backend (podman): the container runs with --network none and the proxy
+    listens in its namespace. Its Debian image has no curl or Python: bash's /dev/tcp."""
+
+    def request(self, c, line):
+        code, out, err = self.run_in(c, "bash -c 'exec 3<>/dev/tcp/127.0.0.1/3128 && "
+                                     "printf \"%s\" >&3 && cat <&3'" % line)
+        return out
+
+    def test_policy_in_a_container(self):
+        ref = self.create()
+        self.mount(ref)
+        c = self.client(ref, timeout=180)
+        self.addCleanup(subprocess.run, ["docker", "rm", "-f", "cowbox-" + ref],
+                        capture_output=True)
+        self.ok(c, "configure", options={"backend": "docker", "image": DOCKER_IMAGE,
+                                         "network": "allow",
+                                         "allow": ["api.example.test:%d" % PORT]})
+        code, out, _ = self.run_in(c, "env | grep _PROXY | sort")
+        self.assertIn("HTTP_PROXY=http://127.0.0.1:3128", out)
+        get = "GET http://%s:%d/docker HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n"
+        out = self.request(c, get % ("api.example.test", PORT))
+        self.assertTrue(out.startswith("HTTP/1.1 200"), out)
+        self.assertIn('"path": "/docker"', out)
+        out = self.request(c, get % ("other.example.test", PORT))
+        self.assertTrue(out.startswith("HTTP/1.1 403"), out)
+        out = self.request(c, get % ("rebind.example.test", PORT))
+        self.assertIn("loopback", out)
+        code, _, _ = self.run_in(c, "bash -c 'exec 3<>/dev/tcp/%s/%d'" % (PUB, PORT))
+        self.assertNotEqual(code, 0)
+        rows = self.ok(c, "net_log")["rows"]
+        self.assertEqual([r["allowed"] for r in rows], [True, False, False])
 
 
 if __name__ == "__main__":

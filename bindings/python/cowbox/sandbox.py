@@ -696,6 +696,14 @@ class Sandbox:
         args = {} if turn is None else {"turn": turn}
         return (await self._request("net_log", **args))["rows"]
 
+    async def publish(self, port):
+        """A host address ("127.0.0.1:PORT") that reaches a server listening on port inside
+        the sandbox (ns, docker); open until unpublish(port) or the workspace closes."""
+        return (await self._request("publish", port=port))["address"]
+
+    async def unpublish(self, port):
+        await self._request("unpublish", port=port)
+
     async def rollback(self, turn):
         """Make the live workspace what it was at turn."""
         return await self._request("rollback", turn=turn)

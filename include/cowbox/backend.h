@@ -165,6 +165,8 @@ struct cb_backend {
 	void *priv;		    /* the backend's own state */
 	struct cb_forwarder *fwd;   /* host_url forwarders, one per port */
 	struct cb_net_proxy *proxy; /* network public or allow: the egress proxy */
+	struct cb_published *pub;   /* published ports */
+	int netns_fd; /* the workspace's network namespace while created (the backend's); -1 */
 	/* Set by the owner before the backend is created: each proxied connection, recorded. */
 	void (*net_record)(void *arg, const struct cb_net_record *r);
 	void *net_record_arg;

@@ -129,7 +129,7 @@ static int op_publish(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *
 
 	if ((rc = port_arg(req, "publish", &port)) < 0 || (rc = cb_api_backend(d, 1, &b)) < 0)
 		return rc;
-	rc = cb_publish_add(b, b->netns_fd, port, &host_port);
+	rc = cb_publish_add(b, port, &host_port);
 	cb_api_backend_put(b);
 	if (rc < 0)
 		return rc;

@@ -166,7 +166,7 @@ struct cb_backend {
 	struct cb_forwarder *fwd;   /* host_url forwarders, one per port */
 	struct cb_net_proxy *proxy; /* network public or allow: the egress proxy */
 	struct cb_published *pub;   /* published ports */
-	int netns_fd; /* the workspace's network namespace while created (the backend's); -1 */
+	int netns_fd; /* its own network namespace while created (the backend's fd); -1 */
 	/* Set by the owner before the backend is created: each proxied connection, recorded. */
 	void (*net_record)(void *arg, const struct cb_net_record *r);
 	void *net_record_arg;
@@ -292,16 +292,15 @@ int cb_forwarder_add(struct cb_backend *b, int netns_fd, int port);
 /* Stop every forwarder of b. */
 void cb_forwarder_stop_all(struct cb_backend *b);
 
-/* Relay two connected sockets both ways on a detached thread that closes both at the end;
- * -1 (nothing started, nothing closed) on failure. */
-int cb_relay_start(int a, int b);
-
 /* ---- published ports (backends/publish.c) ---- */
 
 /* publish: listen on a free port of the host's 127.0.0.1 and relay each connection to
- * 127.0.0.1:port inside netns_fd; *host_port says which. Idempotent per port. */
-int cb_publish_add(struct cb_backend *b, int netns_fd, int port, int *host_port);
-/* Close one published port (-ENOENT if it is not), or all (with the backend). */
+ * 127.0.0.1:port inside the workspace's own network namespace (b created; never the host's:
+ * -EOPNOTSUPP under network host, the local backend or without root); *host_port says which.
+ * Idempotent per port. */
+int cb_publish_add(struct cb_backend *b, int port, int *host_port);
+/* Close one published port and its connections (-ENOENT if it is not), or all (with the
+ * backend, before its namespace goes). */
 int cb_publish_remove(struct cb_backend *b, int port);
 void cb_publish_stop_all(struct cb_backend *b);
 

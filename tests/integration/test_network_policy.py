@@ -72,8 +72,10 @@ class ServersCase(cbtest.CowboxTestCase):
     def setUpClass(cls):
         if os.geteuid() != 0:
             raise unittest.SkipTest("needs root (network namespaces)")
-        cls.ns = "cbnt%d" % os.getpid()
-        host_if, ns_if = "cbh%d" % os.getpid(), "cbn%d" % os.getpid()
+        # one set per class: a veth pair goes with its namespace asynchronously
+        tag = "%d%s" % (os.getpid(), cls.__name__[0].lower())
+        cls.ns = "cbnt" + tag
+        host_if, ns_if = "cbh" + tag, "cbn" + tag
         sh("ip", "netns", "add", cls.ns)
         sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
         sh("ip", "link", "set", ns_if, "netns", cls.ns)
@@ -92,7 +94,7 @@ class ServersCase(cbtest.CowboxTestCase):
         assert cls.server.stdout.readline().strip() == "ready"
         cbtest.wait_for(lambda: cls._reachable(PUB, PORT), 20, what="the test server")
         cls.hosts_dir = os.path.realpath(os.environ.get("TMPDIR", "/tmp"))
-        cls.hosts = os.path.join(cls.hosts_dir, "cbnt-hosts-%d" % os.getpid())
+        cls.hosts = os.path.join(cls.hosts_dir, "cbnt-hosts-" + tag)
         with open(cls.hosts, "w") as f:
             f.write("# test resolver map\n"
                     "%s api.example.test other.example.test a.pkg.test pkg.test\n" % PUB +
@@ -402,6 +404,45 @@ print(ok, done)
         self.assertEqual(r["error"]["code"], "not_found", r)
         r = c.request("publish", port=0)
         self.assertEqual(r["error"]["code"], "invalid_request", r)
+        # a port nothing listens on inside, while the host's loopback has one: the relay
+        # connects inside the sandbox only, never to the host's
+        decoy = socket.socket()
+        decoy.bind(("127.0.0.1", 0))
+        decoy.listen(4)
+        self.addCleanup(decoy.close)
+        dport = decoy.getsockname()[1]
+        daddr = self.ok(c, "publish", port=dport)["address"].split(":")
+        with socket.create_connection((daddr[0], int(daddr[1])), timeout=5) as s:
+            s.settimeout(5)
+            self.assertEqual(s.recv(10), b"")  # closed at once: nothing inside
+        decoy.settimeout(0.5)
+        with self.assertRaises(socket.timeout):
+            decoy.accept()
+        self.ok(c, "unpublish", port=dport)
+        # a connection open at unpublish is closed with it (the server inside keeps it)
+        holder = self.client(ref, timeout=60)
+        holder.send({"id": "hold", "op": "run", "timeout": 120, "cmd": ["python3", "-c",
+                     "import socket, time\ns = socket.socket()\n"
+                     "s.bind(('127.0.0.1', 8003))\ns.listen()\nc, _ = s.accept()\n"
+                     "c.sendall(b'hi\\n')\ntime.sleep(100)\n"]})
+        haddr = self.ok(c, "publish", port=8003)["address"].split(":")
+
+        def hold():
+            try:
+                h = socket.create_connection((haddr[0], int(haddr[1])), timeout=10)
+            except OSError:
+                return None
+            if h.recv(3) == b"hi\n":
+                return h
+            h.close()
+        held = cbtest.wait_for(hold, 30, what="the holding server")
+        self.addCleanup(held.close)
+        self.ok(c, "unpublish", port=8003)
+        try:
+            self.assertEqual(held.recv(4096), b"")
+        except ConnectionResetError:
+            pass
+        holder.close()
         # the next one closes with the workspace's daemon
         addr = self.ok(c, "publish", port=8000)["address"]
         cbtest.wait_for(lambda: fetch() == b"inside\n", 30, what="the published server")
@@ -410,6 +451,19 @@ print(ok, done)
         self.ok(c, "close")
         cbtest.wait_for(lambda: not cbtest.pid_alive(pid), 15, what="the daemon to stop")
         self.assertFalse(self._reachable("127.0.0.1", int(addr.split(":")[1])))
+
+    def test_publish_refused_without_a_namespace(self):
+        for net in ("host",):
+            ref, c = self.workspace(net)
+            r = c.request("publish", port=22)
+            self.assertFalse(r.get("ok"), r)
+            self.assertIn("no network namespace of its own", r["error"]["message"])
+        ref = self.create()
+        self.mount(ref)
+        c = self.client(ref, timeout=60)
+        self.ok(c, "configure", options={"backend": "local"})
+        r = c.request("publish", port=22)
+        self.assertIn("no network namespace of its own", r["error"]["message"])
 
     def test_local_backend_refuses_a_policy(self):
         ref = self.create()
@@ -495,7 +549,8 @@ class DockerNetworkPolicyTest(ServersCase):
                         capture_output=True)
         self.ok(c, "configure", options={"backend": "docker", "image": DOCKER_IMAGE,
                                          "network": "allow",
-                                         "allow": ["api.example.test:%d" % PORT]})
+                                         "allow": ["api.example.test:%d" % PORT,
+                                                   "rebind.example.test:%d" % PORT]})
         code, out, _ = self.run_in(c, "env | grep _PROXY | sort")
         self.assertIn("HTTP_PROXY=http://127.0.0.1:3128", out)
         get = "GET http://%s:%d/docker HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n"
@@ -510,6 +565,62 @@ class DockerNetworkPolicyTest(ServersCase):
         self.assertNotEqual(code, 0)
         rows = self.ok(c, "net_log")["rows"]
         self.assertEqual([r["allowed"] for r in rows], [True, False, False])
+
+    def test_publish_from_a_container(self):
+        """A server on the container's own loopback (perl: the image has no Python) reached
+        from the host's 127.0.0.1; closed by unpublish; none under network host."""
+        ref = self.create()
+        self.mount(ref)
+        c = self.client(ref, timeout=180)
+        self.addCleanup(subprocess.run, ["docker", "rm", "-f", "cowbox-" + ref],
+                        capture_output=True)
+        self.ok(c, "configure", options={"backend": "docker", "image": DOCKER_IMAGE,
+                                         "network": "none"})
+        server = self.client(ref, timeout=120)
+        server.send({"id": "srv", "op": "run", "timeout": 120, "cmd": ["perl", "-e", PERL_ECHO]})
+        addr = self.ok(c, "publish", port=8001)["address"]
+        host, port = addr.split(":")
+        cbtest.wait_for(lambda: _echo(host, int(port), b"ping") == b"echo ping", 30,
+                        what="the published server in the container")
+        self.ok(c, "unpublish", port=8001)
+        self.assertFalse(self._reachable(host, int(port)))
+        server.close()
+
+    def test_publish_refused_under_network_host(self):
+        ref = self.create()
+        self.mount(ref)
+        c = self.client(ref, timeout=180)
+        self.addCleanup(subprocess.run, ["docker", "rm", "-f", "cowbox-" + ref],
+                        capture_output=True)
+        self.ok(c, "configure", options={"backend": "docker", "image": DOCKER_IMAGE,
+                                         "network": "host"})
+        r = c.request("publish", port=22)
+        self.assertFalse(r.get("ok"), r)
+        self.assertIn("host", r["error"]["message"])
+
+
+# One line in, "echo LINE" out, per connection, on the sandbox's 127.0.0.1:8001.
+PERL_ECHO = r"""
+use IO::Socket::INET;
+my $s = IO::Socket::INET->new(LocalAddr => "127.0.0.1", LocalPort => 8001, Listen => 16,
+                              ReuseAddr => 1) or die "listen: $!";
+while (my $c = $s->accept) { my $l = <$c>; print $c "echo $l"; close $c; }
+"""
+
+
+def _echo(host, port, line):
+    try:
+        with socket.create_connection((host, port), timeout=5) as s:
+            s.sendall(line + b"\n")
+            s.shutdown(socket.SHUT_WR)
+            out = b""
+            while True:
+                b = s.recv(4096)
+                if not b:
+                    return out.strip()
+                out += b
+    except OSError:
+        return None
 
 
 if __name__ == "__main__":

@@ -748,19 +748,6 @@ int cb_backend_env(const struct cb_backend *b, char *const *extra, char ***out)
 	    "LANG=C.UTF-8",
 	    NULL,
 	};
-#define PROXY_URL "127.0.0.1:" CB_NET_PROXY_PORT_TEXT
-	/* the egress proxy: the only way out under network public or allow */
-	static const char *const proxy_env[] = {
-	    "HTTP_PROXY=http://" PROXY_URL,
-	    "HTTPS_PROXY=http://" PROXY_URL,
-	    "ALL_PROXY=socks5h://" PROXY_URL,
-	    "http_proxy=http://" PROXY_URL,
-	    "https_proxy=http://" PROXY_URL,
-	    "all_proxy=socks5h://" PROXY_URL,
-	    "NO_PROXY=localhost,127.0.0.1,::1",
-	    "no_proxy=localhost,127.0.0.1,::1",
-	    NULL,
-	};
 	char **host = NULL, **env;
 	size_t n = 0, cap = 8;
 	int rc = 0;
@@ -773,15 +760,16 @@ int cb_backend_env(const struct cb_backend *b, char *const *extra, char ***out)
 		cap++;
 	for (size_t i = 0; extra && extra[i]; i++)
 		cap++;
-	cap += sizeof proxy_env / sizeof *proxy_env;
+	for (size_t i = 0; cb_backend_proxy_env[i]; i++)
+		cap++;
 	env = calloc(cap + 1, sizeof(*env));
 	rc = env ? 0 : -ENOMEM;
 	for (size_t i = 0; !rc && host && host[i]; i++)
 		rc = env_put(env, &n, host[i]);
 	for (size_t i = 0; !rc && !host && base[i]; i++)
 		rc = env_put(env, &n, base[i]);
-	for (size_t i = 0; !rc && cb_backend_net_proxied(&b->opt) && proxy_env[i]; i++)
-		rc = env_put(env, &n, proxy_env[i]);
+	for (size_t i = 0; !rc && cb_backend_net_proxied(&b->opt) && cb_backend_proxy_env[i]; i++)
+		rc = env_put(env, &n, cb_backend_proxy_env[i]);
 	for (size_t i = 0; !rc && b->opt.env && b->opt.env[i]; i++)
 		rc = env_put(env, &n, b->opt.env[i]);
 	for (size_t i = 0; !rc && extra && extra[i]; i++)

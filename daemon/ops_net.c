@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "api.h"
 #include "cowbox/error.h"
@@ -150,10 +152,34 @@ static int op_unpublish(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t
 	return rc < 0 ? rc : cb_daemon_reply(conn, json_object_get(req, "id"), NULL);
 }
 
+/* netns -> {"pid", "fd", "inode"}: where `cowbox exec REF` finds the workspace's network
+ * namespace (/proc/PID/fd/FD, checked against inode, since the fd may be closed and its number
+ * reused by then), so that its commands go through the same egress proxy as the API's. */
+static int op_netns(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
+{
+	struct cb_backend *b;
+	struct stat st;
+	int rc, fd;
+
+	if ((rc = cb_api_backend(d, 1, &b)) < 0)
+		return rc;
+	pthread_mutex_lock(&b->lock);
+	fd = b->netns_fd;
+	if (fd < 0)
+		rc = cb_error_set(EOPNOTSUPP, "netns: the workspace has no network namespace of "
+					      "its own (network host, or the local backend)");
+	else if (fstat(fd, &st) < 0)
+		rc = cb_error_set(errno, "netns: %s", strerror(errno));
+	pthread_mutex_unlock(&b->lock);
+	cb_api_backend_put(b);
+	if (rc < 0)
+		return rc;
+	return cb_daemon_reply(conn, json_object_get(req, "id"),
+			       json_pack("{s:i, s:i, s:I}", "pid", (int)getpid(), "fd", fd, "inode",
+					 (json_int_t)st.st_ino));
+}
+
 const struct cb_daemon_op cb_daemon_ops_net[] = {
-    {"reaches", op_reaches},
-    {"net_log", op_net_log},
-    {"publish", op_publish},
-    {"unpublish", op_unpublish},
-    {NULL, NULL},
+    {"reaches", op_reaches},	 {"net_log", op_net_log}, {"publish", op_publish},
+    {"unpublish", op_unpublish}, {"netns", op_netns},	  {NULL, NULL},
 };

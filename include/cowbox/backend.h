@@ -318,6 +318,9 @@ int cb_backend_proxy_start(struct cb_backend *b, int netns_fd);
 void cb_backend_proxy_stop(struct cb_backend *b);
 /* The policy the options give (NULL for none, all and host): -EINVAL naming a bad entry. */
 int cb_backend_policy(const struct cb_backend_options *o, struct cb_net_policy **out);
+/* The environment that points a command's clients at the proxy (HTTP_PROXY, ALL_PROXY, their
+ * lower-case forms, NO_PROXY for loopback), "NAME=value", NULL-terminated. */
+extern const char *const cb_backend_proxy_env[];
 /* Whether the options' network goes through the proxy. */
 int cb_backend_net_proxied(const struct cb_backend_options *o);
 

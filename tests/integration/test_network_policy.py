@@ -452,6 +452,37 @@ print(ok, done)
         cbtest.wait_for(lambda: not cbtest.pid_alive(pid), 15, what="the daemon to stop")
         self.assertFalse(self._reachable("127.0.0.1", int(addr.split(":")[1])))
 
+    def test_cli_exec_joins_the_policy(self):
+        """cowbox exec REF (the CLI's own sandbox, no daemon command) gets the workspace's
+        namespace and proxy: allowed, refused, no route around it, in the network log."""
+        ref, c = self.workspace("allow", "api.example.test:%d" % PORT)
+        curl = "curl -sS -m 10 -w ' %%{http_code}' http://%s:%d/%s"
+        r = self.cowbox("exec", ref, "--", "sh", "-c",
+                        curl % ("api.example.test", PORT, "cli"), check=False)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn('"path": "/cli"', r.stdout)
+        self.assertTrue(r.stdout.endswith(" 200"), r.stdout)
+        r = self.cowbox("exec", ref, "--", "sh", "-c",
+                        curl % ("other.example.test", PORT, ""), check=False)
+        self.assertIn("cowbox: refused other.example.test", r.stdout)
+        self.assertTrue(r.stdout.endswith(" 403"), r.stdout)
+        r = self.cowbox("exec", ref, "--", "curl", "-sS", "-m", "5", "--noproxy", "*",
+                        "http://%s:%d/" % (PUB, PORT), check=False)
+        self.assertNotEqual(r.returncode, 0, r.stdout)
+        # an --env of the proxy's names wins (and then nothing is reached)
+        r = self.cowbox("exec", ref, "--env", "HTTP_PROXY=http://127.0.0.1:1", "--", "sh",
+                        "-c", "echo $HTTP_PROXY $ALL_PROXY")
+        self.assertEqual(r.stdout.split(), ["http://127.0.0.1:1", "socks5h://127.0.0.1:3128"])
+        rows = self.ok(c, "net_log")["rows"]
+        self.assertEqual([(x["name"], x["allowed"]) for x in rows],
+                         [("api.example.test", True), ("other.example.test", False)])
+        # and what the API runs meets the same namespace: a server started from the CLI
+        # is on the loopback the API's commands see
+        self.assertEqual(self.cowbox("exec", ref, "--", "sh", "-c",
+                                     "cat /proc/self/ns/net >/dev/null; readlink "
+                                     "/proc/self/ns/net").stdout.strip(),
+                         self.run_in(c, "readlink /proc/self/ns/net")[1].strip())
+
     def test_publish_refused_without_a_namespace(self):
         for net in ("host",):
             ref, c = self.workspace(net)

@@ -45,6 +45,9 @@ int cli_print_reply_json(json_t *reply);
 /* A human size: "0 B", "12.3 KiB", ... into buf. */
 const char *cli_size(long long bytes, char *buf, size_t size);
 
+/* net_log's rows as net-log prints them (cli/cmd_net.c): a header, then one line each. */
+void cli_print_net_rows(json_t *rows);
+
 /* ---- cowbox exec REF under network public or allow (cli/exec_net.c) ---- */
 
 /* The workspace's network namespace as an fd of this process (its daemon started if need

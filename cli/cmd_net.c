@@ -64,6 +64,34 @@ int cmd_reaches(int argc, char **argv)
 	return allowed ? CLI_OK : CLI_FAIL;
 }
 
+void cli_print_net_rows(json_t *rows)
+{
+	json_t *r;
+	size_t i;
+
+	printf("%4s  %-19s  %-7s  %-8s  %-30s  %-15s  %5s  %9s  %9s  %s\n", "turn", "time (UTC)",
+	       "proto", "verdict", "destination", "address", "port", "up", "down", "rule");
+	json_array_foreach(rows, i, r)
+	{
+		time_t secs = (time_t)json_real_value(json_object_get(r, "time"));
+		char when[32];
+		struct tm tm;
+
+		strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", gmtime_r(&secs, &tm));
+		printf("%4lld  %s  %-7s  %-8s  %-30s  %-15s  %5lld  %9lld  %9lld  %s%s\n",
+		       (long long)json_integer_value(json_object_get(r, "turn")), when,
+		       json_string_value(json_object_get(r, "proto")),
+		       json_is_true(json_object_get(r, "allowed")) ? "allowed" : "refused",
+		       json_string_value(json_object_get(r, "name")),
+		       json_string_value(json_object_get(r, "address")),
+		       (long long)json_integer_value(json_object_get(r, "port")),
+		       (long long)json_integer_value(json_object_get(r, "bytes_up")),
+		       (long long)json_integer_value(json_object_get(r, "bytes_down")),
+		       json_string_value(json_object_get(r, "rule")),
+		       json_is_true(json_object_get(r, "secret")) ? " [secret]" : "");
+	}
+}
+
 static const char net_log_usage[] =
     "usage: cowbox net-log REF [--turn N] [--json]\n"
     "Every connection the workspace's egress proxy saw (oldest first): turn, time, protocol,\n"
@@ -77,10 +105,9 @@ int cmd_net_log(int argc, char **argv)
 	    {NULL, 0, NULL, 0},
 	};
 	struct cli_common common = {0};
-	json_t *reply, *req, *r;
+	json_t *reply, *req;
 	long long turn = 0;
 	int c, status;
-	size_t i;
 
 	while ((c = cli_getopt(argc, argv, "", opts, &common, net_log_usage, &status)) > 0)
 		if (c == 't') {
@@ -103,27 +130,7 @@ int cmd_net_log(int argc, char **argv)
 		json_decref(reply);
 		return status;
 	}
-	printf("%4s  %-19s  %-7s  %-8s  %-30s  %-15s  %5s  %9s  %9s  %s\n", "turn", "time (UTC)",
-	       "proto", "verdict", "destination", "address", "port", "up", "down", "rule");
-	json_array_foreach(json_object_get(reply, "rows"), i, r)
-	{
-		time_t secs = (time_t)json_real_value(json_object_get(r, "time"));
-		char when[32];
-		struct tm tm;
-
-		strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", gmtime_r(&secs, &tm));
-		printf("%4lld  %s  %-7s  %-8s  %-30s  %-15s  %5lld  %9lld  %9lld  %s%s\n",
-		       (long long)json_integer_value(json_object_get(r, "turn")), when,
-		       json_string_value(json_object_get(r, "proto")),
-		       json_is_true(json_object_get(r, "allowed")) ? "allowed" : "refused",
-		       json_string_value(json_object_get(r, "name")),
-		       json_string_value(json_object_get(r, "address")),
-		       (long long)json_integer_value(json_object_get(r, "port")),
-		       (long long)json_integer_value(json_object_get(r, "bytes_up")),
-		       (long long)json_integer_value(json_object_get(r, "bytes_down")),
-		       json_string_value(json_object_get(r, "rule")),
-		       json_is_true(json_object_get(r, "secret")) ? " [secret]" : "");
-	}
+	cli_print_net_rows(json_object_get(reply, "rows"));
 	json_decref(reply);
 	return CLI_OK;
 }

@@ -21,6 +21,9 @@ int cb_api_configure(struct cb_daemon *d, json_t *options);
  * network log under the open turn. */
 struct cb_net_record;
 void cb_daemon_net_record(void *arg, const struct cb_net_record *r);
+/* The network log's rows of the turns after < turn <= upto (upto < 0: up to now) as a new JSON
+ * array (net_log's form), for net_log and diff's "network". */
+int cb_daemon_net_rows(struct cb_daemon *d, long long after, long long upto, json_t **out);
 
 /* Close the backend (forwarders, the container) once no command of the API runs. */
 void cb_api_backend_release(void);

@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,23 +92,32 @@ static int row_json(const struct cb_netlog_row *r, void *arg)
 		   : cb_error_set(ENOMEM, "net_log: out of memory");
 }
 
+int cb_daemon_net_rows(struct cb_daemon *d, long long after, long long upto, json_t **out)
+{
+	json_t *rows = json_array();
+	int rc = rows ? cb_db_netlog_range(d->db, after, upto, row_json, rows)
+		      : cb_error_set(ENOMEM, "net_log: out of memory");
+
+	if (rc) {
+		json_decref(rows);
+		rows = NULL;
+	}
+	*out = rows;
+	return rc;
+}
+
 /* net_log {"turn": N (optional)} -> {"rows": [...]}, oldest first. */
 static int op_net_log(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
-	json_t *turn = json_object_get(req, "turn"), *rows = json_array();
+	json_t *turn = json_object_get(req, "turn"), *rows = NULL;
+	long long t;
 	int rc;
 
-	if (turn && !json_is_null(turn) &&
-	    (!json_is_integer(turn) || json_integer_value(turn) < 1)) {
-		json_decref(rows);
+	if (turn && !json_is_null(turn) && (!json_is_integer(turn) || json_integer_value(turn) < 1))
 		return cb_error_set(EINVAL, "net_log: \"turn\" is a turn number (1 or more)");
-	}
-	rc = cb_db_netlog_list(d->db, json_is_integer(turn) ? json_integer_value(turn) : -1,
-			       row_json, rows);
-	if (rc) {
-		json_decref(rows);
+	t = json_is_integer(turn) ? json_integer_value(turn) : -1;
+	if ((rc = cb_daemon_net_rows(d, t < 0 ? LLONG_MIN : t - 1, t, &rows)) < 0)
 		return rc;
-	}
 	return cb_daemon_reply(conn, json_object_get(req, "id"), json_pack("{s:o}", "rows", rows));
 }
 

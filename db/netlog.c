@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 
 #include "cowbox/error.h"
@@ -66,9 +67,16 @@ static const char *text(sqlite3_stmt *st, int col)
 int cb_db_netlog_list(struct cb_db *db, long long turn,
 		      int (*fn)(const struct cb_netlog_row *row, void *arg), void *arg)
 {
+	return cb_db_netlog_range(db, turn < 0 ? LLONG_MIN : turn - 1, turn < 0 ? -1 : turn, fn,
+				  arg);
+}
+
+int cb_db_netlog_range(struct cb_db *db, long long after, long long upto,
+		       int (*fn)(const struct cb_netlog_row *row, void *arg), void *arg)
+{
 	static const char sql[] = "SELECT id, turn, time, proto, name, address, port, allowed, "
 				  "rule, bytes_up, bytes_down, duration, secret FROM net_log "
-				  "WHERE ?1 < 0 OR turn = ?1 ORDER BY id";
+				  "WHERE turn > ?1 AND (?2 < 0 OR turn <= ?2) ORDER BY id";
 	sqlite3_stmt *st = NULL;
 	int rc;
 
@@ -78,7 +86,8 @@ int cb_db_netlog_list(struct cb_db *db, long long turn,
 		rc = cb_db_error(db, rc, "read the network log");
 		goto out;
 	}
-	sqlite3_bind_int64(st, 1, turn);
+	sqlite3_bind_int64(st, 1, after);
+	sqlite3_bind_int64(st, 2, upto);
 	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
 		struct cb_netlog_row r = {
 		    .id = sqlite3_column_int64(st, 0),

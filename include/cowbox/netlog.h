@@ -30,4 +30,9 @@ int cb_db_netlog_add(struct cb_db *db, const struct cb_netlog_row *row);
 int cb_db_netlog_list(struct cb_db *db, long long turn,
 		      int (*fn)(const struct cb_netlog_row *row, void *arg), void *arg);
 
+/* The same for the turns after < turn <= upto (upto < 0: no upper bound): the network activity
+ * a diff from turn after to turn upto (or the live tree) spans. */
+int cb_db_netlog_range(struct cb_db *db, long long after, long long upto,
+		       int (*fn)(const struct cb_netlog_row *row, void *arg), void *arg);
+
 #endif

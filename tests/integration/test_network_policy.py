@@ -476,6 +476,18 @@ print(ok, done)
         rows = self.ok(c, "net_log")["rows"]
         self.assertEqual([(x["name"], x["allowed"]) for x in rows],
                          [("api.example.test", True), ("other.example.test", False)])
+        # diff --net lists them with the changes (and the network log is full access's)
+        out = self.cowbox("diff", ref, "0", "--net").stdout
+        self.assertIn("network:", out)
+        self.assertRegex(out, r"refused +other\.example\.test")
+        self.assertEqual(self.cowbox_json("diff", ref, "0", "--net")["network"], rows)
+        self.assertNotIn("network", self.cowbox_json("diff", ref, "0"))
+        low = self.client(ref, timeout=60)
+        self.ok(low, "access", level="files")
+        r = low.request("diff", a=0, network=True)
+        self.assertEqual(r["error"]["code"], "access_denied", r)
+        self.ok(low, "diff", a=0)
+        low.close()
         # and what the API runs meets the same namespace: a server started from the CLI
         # is on the loopback the API's commands see
         self.assertEqual(self.cowbox("exec", ref, "--", "sh", "-c",
@@ -529,6 +541,36 @@ print(ok, done)
                 self.assertEqual(await box.net_log(turn=1), rows)
                 await box.snapshot()
                 self.assertEqual(await box.net_log(turn=2), [])
+                # diff(network=True): the rows of the turns the diff spans
+                r = await box.run(["curl", "-sS", "-m", "10", "http://pkg.test:%d/" % PORT])
+                await box.write("made.txt", b"x")
+                await box.snapshot()
+                d = await box.diff(0, 1, network=True)
+                self.assertEqual(d.network, rows)
+                d = await box.diff(1, 2, network=True)
+                self.assertEqual([x.path for x in d], ["made.txt"])
+                self.assertEqual([(x["name"], x["turn"]) for x in d.network], [("pkg.test", 2)])
+                self.assertEqual((await box.diff(2, 1, network=True)).network, d.network)
+                self.assertEqual((await box.diff(1, network=True)).network, d.network)
+                self.assertEqual((await box.diff(2, network=True)).network, [])
+                self.assertIsNone((await box.diff(1, 2)).network)
+                # publish: a server the sandbox keeps, reached from here
+                await box.run(["sh", "-c", "mkdir -p /tmp/www && echo py > /tmp/www/p.txt && "
+                               "cd /tmp/www && (python3 -m http.server 8002 --bind 127.0.0.1 "
+                               ">/dev/null 2>&1 &)"])
+                addr = await box.publish(8002)
+                self.assertEqual(await box.publish(8002), addr)
+                import urllib.request
+
+                def fetch():
+                    try:
+                        return urllib.request.urlopen("http://%s/p.txt" % addr,
+                                                      timeout=5).read()
+                    except OSError:
+                        return None
+                cbtest.wait_for(lambda: fetch() == b"py\n", 30, what="the published server")
+                await box.unpublish(8002)
+                self.assertIsNone(fetch())
             finally:
                 await box.close()
             with self.assertRaises(ValueError):

@@ -5,12 +5,12 @@ from .errors import (AccessDeniedError, ConflictError, InvalidPathError, Invalid
                      WorkspaceInUseError, WorkspaceNotFoundError, WorkspaceOutputLimitError,
                      WorkspaceTimeoutError, WorkspaceUnavailableError)
 from .network import Network
-from .sandbox import CompletedRun, FileChange, Process, Sandbox, file_changes
+from .sandbox import Changes, CompletedRun, FileChange, Process, Sandbox, file_changes
 
 CowboxSandbox = Sandbox
 
 __all__ = [
-    "Sandbox", "CowboxSandbox", "Network", "Process", "CompletedRun", "FileChange", "file_changes",
+    "Sandbox", "CowboxSandbox", "Network", "Process", "CompletedRun", "Changes", "FileChange", "file_changes",
     "WorkspaceError", "WorkspaceNotFoundError", "InvalidPathError", "WorkspaceInUseError",
     "WorkspaceUnavailableError", "WorkspaceTimeoutError", "WorkspaceOutputLimitError",
     "InvalidRequestError", "AccessDeniedError", "ConflictError",

@@ -56,6 +56,13 @@ class FileChange:
     new_sha256: str = None
 
 
+class Changes(list):
+    """The FileChange events of diff(); with diff(..., network=True), network holds the
+    egress proxy's rows (as net_log gives them) of the turns the diff spans, else None."""
+
+    network = None
+
+
 def file_changes(before, after):
     """The FileChange events between two snapshot() maps, sorted by path."""
     out = []
@@ -669,14 +676,20 @@ class Sandbox:
 
     # --- turns ---
 
-    async def diff(self, a, b=None):
-        """The FileChange events from turn a to turn b (None: the live tree now)."""
+    async def diff(self, a, b=None, network=False):
+        """The FileChange events from turn a to turn b (None: the live tree now), a list
+        (Changes); network=True also fetches what the egress proxy let through or refused
+        in those turns (a < turn <= b) into its .network (needs access full)."""
         args = {"a": a}
         if b is not None:
             args["b"] = b
+        if network:
+            args["network"] = True
         msg = await self._request("diff", **args)
         kinds = {"created": "added", "deleted": "deleted"}
-        out = []
+        out = Changes()
+        if network:
+            out.network = msg.get("network", [])
         for ev in msg.get("events", []):
             kind = kinds.get(ev["event"], "modified" if ev["event"] == "modified"
                              else ev["event"])

@@ -136,16 +136,135 @@ class ServersCase(cbtest.CowboxTestCase):
                 base64.b64decode(r["stderr"]).decode(errors="replace"))
 
 
-class NetworkPolicyTest(ServersCase):
+# An HTTP client through the proxy in perl (the docker image has no curl or Python; the ns
+# sandbox has the host's perl): MODE http (absolute URI), connect (a CONNECT tunnel, then the
+# request inside) or socks (SOCKS5, the name resolved by the proxy); prints what came back.
+PERL_CLIENT = r"""
+use strict; use IO::Socket::INET;
+my ($mode, $host, $port, $path) = @ARGV;
+my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1", PeerPort => 3128, Timeout => 10)
+    or die "proxy: $!\n";
+binmode $s;
+my $req = "GET %s HTTP/1.1\r\nHost: $host:$port\r\nConnection: close\r\n\r\n";
+if ($mode eq "http") {
+    printf $s $req, "http://$host:$port$path";
+} elsif ($mode eq "connect") {
+    print $s "CONNECT $host:$port HTTP/1.1\r\nHost: $host:$port\r\n\r\n";
+    my $l = <$s>;
+    print "CONNECT $l";
+    if ($l !~ m{^HTTP/1\.[01] 200}) { local $/; print <$s> // ""; exit 0 }
+    while (my $h = <$s>) { last if $h =~ /^\r?\n$/ }
+    printf $s $req, $path;
+} else {
+    print $s "\x05\x01\x00";
+    read($s, my $m, 2);
+    print $s pack("C4", 5, 1, 0, 3) . pack("C", length $host) . $host . pack("n", $port);
+    read($s, my $r, 4);
+    my $code = ord(substr($r, 1, 1));
+    if ($code) { print "SOCKS $code\n"; exit 0 }
+    my $atyp = ord(substr($r, 3, 1));
+    my $len = $atyp == 1 ? 4 : $atyp == 4 ? 16 : do { read($s, my $n, 1); ord $n };
+    read($s, my $skip, $len + 2);
+    printf $s $req, $path;
+}
+local $/;
+print <$s> // "";
+"""
+
+
+class PolicyConformance:
+    """The same policy checks on each backend (ns, docker), through the perl client: each
+    class gives policy_workspace(network, *allow) -> (ref, client) with client.pl at the
+    workspace's root."""
+
+    def via(self, c, mode, host, port, path="/"):
+        """(status, body) of a request through the proxy: status "200", "403", ... or
+        "SOCKS n" for a SOCKS5 refusal."""
+        _, out, err = self.run_in(c, "perl /workspace/client.pl %s %s %d %s"
+                                  % (mode, host, port, path))
+        if out.startswith("SOCKS "):
+            return out.strip(), ""
+        if out.startswith("CONNECT "):
+            line, _, out = out.partition("\n")
+            if " 200" not in line:
+                return line.split()[2], out
+        head, _, body = out.partition("\r\n\r\n")
+        parts = head.split()
+        return (parts[1] if len(parts) > 1 else "error: " + out + err), body
+
+    def test_conformance_allow(self):
+        ref, c = self.policy_workspace("allow", "api.example.test:%d" % PORT,
+                                       "*.pkg.test:%d" % PORT, "private.example.test:%d" % PORT,
+                                       "rebind.example.test:%d" % PORT,
+                                       "%s:%d" % (PUB, OTHER_PORT))
+        # allowed: each protocol, the path as asked
+        for mode in ("http", "connect", "socks"):
+            status, body = self.via(c, mode, "api.example.test", PORT, "/%s?x=1" % mode)
+            self.assertEqual(status, "200", (mode, body))
+            self.assertEqual(json.loads(body)["path"], "/%s?x=1" % mode)
+        self.assertEqual(self.via(c, "http", "a.pkg.test", PORT)[0], "200")
+        self.assertEqual(self.via(c, "http", PUB, OTHER_PORT)[0], "200")
+        # refused: a name not listed, the wildcard's own domain, a port not named, an
+        # address entry's address on another port
+        status, body = self.via(c, "http", "pkg.test", PORT)
+        self.assertEqual(status, "403")
+        self.assertEqual(body.strip(), "cowbox: refused pkg.test:%d: no allow entry matches "
+                         "pkg.test:%d" % (PORT, PORT))
+        self.assertEqual(self.via(c, "http", "other.example.test", PORT)[0], "403")
+        self.assertEqual(self.via(c, "connect", "other.example.test", PORT)[0], "403")
+        self.assertEqual(self.via(c, "socks", "other.example.test", PORT)[0], "SOCKS 2")
+        self.assertEqual(self.via(c, "http", "api.example.test", 80)[0], "403")
+        self.assertEqual(self.via(c, "http", PUB, PORT)[0], "403")
+        # allowed names at a private or loopback address: refused on the address
+        status, body = self.via(c, "http", "private.example.test", PORT)
+        self.assertEqual(status, "403")
+        self.assertIn("private 10.0.0.0/8", body)
+        status, body = self.via(c, "connect", "rebind.example.test", PORT)
+        self.assertEqual(status, "403")
+        self.assertIn("loopback 127.0.0.0/8", body)
+        # no way around the proxy
+        code, out, err = self.run_in(c, "perl -MIO::Socket::INET -e 'IO::Socket::INET->new("
+                                     "PeerAddr => \"%s\", PeerPort => %d, Timeout => 3) "
+                                     "and print \"connected\"'" % (PUB, PORT))
+        self.assertNotIn("connected", out)
+        # reaches, and the log of it all
+        self.assertTrue(self.ok(c, "reaches", dest="api.example.test:%d" % PORT)["allowed"])
+        self.assertFalse(self.ok(c, "reaches", dest="other.example.test")["allowed"])
+        rows = self.ok(c, "net_log")["rows"]
+        self.assertEqual(len(rows), 13, rows)
+        self.assertEqual({r["proto"] for r in rows if r["allowed"]}, {"http", "connect", "socks5"})
+        self.assertEqual(sum(1 for r in rows if r["allowed"]), 5, rows)
+        self.assertTrue(all(r["bytes_down"] > 0 for r in rows if r["allowed"]), rows)
+
+    def test_conformance_public(self):
+        ref, c = self.policy_workspace("public")
+        self.assertEqual(self.via(c, "http", "api.example.test", PORT)[0], "200")
+        self.assertEqual(self.via(c, "socks", PUB, OTHER_PORT)[0], "200")
+        status, body = self.via(c, "http", "private.example.test", PORT)
+        self.assertEqual(status, "403")
+        self.assertIn("private", body)
+        self.assertEqual(self.via(c, "connect", "rebind.example.test", PORT)[0], "403")
+        self.assertEqual(self.via(c, "http", "169.254.169.254", 80)[0], "403")
+        self.assertEqual(self.via(c, "http", "dual.example.test", PORT)[0], "200")
+        rows = self.ok(c, "net_log")["rows"]
+        self.assertEqual([r["address"] for r in rows if r["name"] == "dual.example.test"], [PUB])
+
+
+class NetworkPolicyTest(PolicyConformance, ServersCase):
     """The ns backend, with curl and Python from the host's tree."""
 
-    def workspace(self, network, *allow):
+    def workspace(self, network, *allow, base=None):
         args = ["create", "--network", network]
         for a in allow:
             args += ["--allow", a]
+        if base:
+            args += ["--base", base]
         ref = self.cowbox(*args).stdout.strip()
         self.mount(ref)
         return ref, self.client(ref, timeout=120)
+
+    def policy_workspace(self, network, *allow):
+        return self.workspace(network, *allow, base=self.make_base({"client.pl": PERL_CLIENT}))
 
     def curl(self, c, url, *extra):
         """curl through the proxy as the environment says: (http code, body)."""
@@ -605,9 +724,21 @@ def _docker_ready():
 
 @unittest.skipUnless(_docker_ready(), "no docker engine with image %s; scripts/setup-podman "
                      "sets one up" % DOCKER_IMAGE)
-class DockerNetworkPolicyTest(ServersCase):
+class DockerNetworkPolicyTest(PolicyConformance, ServersCase):
     """The docker backend (podman): the container runs with --network none and the proxy
-    listens in its namespace. Its Debian image has no curl or Python: bash's /dev/tcp."""
+    listens in its namespace. Its Debian image has no curl or Python: perl and bash."""
+
+    def policy_workspace(self, network, *allow):
+        ref = self.create(base=self.make_base({"client.pl": PERL_CLIENT}))
+        self.mount(ref)
+        c = self.client(ref, timeout=180)
+        self.addCleanup(subprocess.run, ["docker", "rm", "-f", "cowbox-" + ref],
+                        capture_output=True)
+        options = {"backend": "docker", "image": DOCKER_IMAGE, "network": network}
+        if allow:
+            options["allow"] = list(allow)
+        self.ok(c, "configure", options=options)
+        return ref, c
 
     def request(self, c, line):
         code, out, err = self.run_in(c, "bash -c 'exec 3<>/dev/tcp/127.0.0.1/3128 && "

@@ -268,6 +268,10 @@ static void relay_event(struct bufferevent *bev, short what, void *arg)
 	bufferevent_setcb(other, NULL, close_when_flushed, close_event, c);
 }
 
+/* Bytes per read or write call while relaying: libevent's default, 16 KiB, costs a loop
+ * iteration each 16 KiB of a bulk transfer. */
+#define RELAY_CHUNK (256 << 10)
+
 static void start_relay(struct pconn *c)
 {
 	c->st = ST_RELAY;
@@ -285,6 +289,10 @@ static void start_relay(struct pconn *c)
 	}
 	bufferevent_setcb(c->cli, relay_read, NULL, relay_event, c);
 	bufferevent_setcb(c->up, relay_read, NULL, relay_event, c);
+	for (int i = 0; i < 2; i++) {
+		bufferevent_set_max_single_read(i ? c->up : c->cli, RELAY_CHUNK);
+		bufferevent_set_max_single_write(i ? c->up : c->cli, RELAY_CHUNK);
+	}
 	bufferevent_enable(c->cli, EV_READ);
 	bufferevent_enable(c->up, EV_READ);
 	if (evbuffer_get_length(bufferevent_get_input(c->cli)))

@@ -1,5 +1,5 @@
 /* The network commands: reaches (does the workspace's policy open a destination, by which
- * rule) and net-log (what its egress proxy did, per turn). */
+ * rule), net-log (what its egress proxy did, per turn), publish and unpublish. */
 #include "config.h"
 
 #include <stdio.h>
@@ -138,10 +138,14 @@ int cmd_net_log(int argc, char **argv)
 static const char publish_usage[] =
     "usage: cowbox publish REF PORT [--json]\n"
     "Make a server listening on 127.0.0.1:PORT inside the workspace's sandbox reachable from\n"
-    "the host; prints the host address (127.0.0.1:HOSTPORT). It stays open as long as the\n"
-    "workspace's daemon runs.\n";
+    "the host; prints the host address (127.0.0.1:HOSTPORT). It stays open until `cowbox\n"
+    "unpublish REF PORT` or as long as the workspace's daemon runs.\n";
 
-int cmd_publish(int argc, char **argv)
+static const char unpublish_usage[] = "usage: cowbox unpublish REF PORT [--json]\n"
+				      "Close a port cowbox publish opened, and its connections.\n";
+
+/* publish and unpublish: REF PORT to op. */
+static int port_command(int argc, char **argv, const char *op, const char *usage)
 {
 	struct cli_common common = {0};
 	json_t *reply;
@@ -149,23 +153,33 @@ int cmd_publish(int argc, char **argv)
 	long port;
 	int c, status;
 
-	while ((c = cli_getopt(argc, argv, "", NULL, &common, publish_usage, &status)) > 0)
+	while ((c = cli_getopt(argc, argv, "", NULL, &common, usage, &status)) > 0)
 		;
 	if (c < 0)
 		return status;
 	if (argc - optind != 2)
-		return cli_usage_error(publish_usage, "publish takes REF and PORT");
+		return cli_usage_error(usage, "%s takes REF and PORT", op);
 	port = strtol(argv[optind + 1], &end, 10);
 	if (!*argv[optind + 1] || *end || port < 1 || port > 65535)
-		return cli_usage_error(publish_usage, "PORT is 1-65535, not '%s'",
-				       argv[optind + 1]);
-	status = net_request("publish", argv[optind],
-			     json_pack("{s:s, s:i}", "op", "publish", "port", (int)port), &reply);
+		return cli_usage_error(usage, "PORT is 1-65535, not '%s'", argv[optind + 1]);
+	status = net_request(op, argv[optind], json_pack("{s:s, s:i}", "op", op, "port", (int)port),
+			     &reply);
 	if (status)
 		return status;
 	if (common.json)
 		return cli_print_reply_json(reply);
-	printf("%s\n", json_string_value(json_object_get(reply, "address")));
+	if (json_object_get(reply, "address"))
+		printf("%s\n", json_string_value(json_object_get(reply, "address")));
 	json_decref(reply);
 	return CLI_OK;
+}
+
+int cmd_publish(int argc, char **argv)
+{
+	return port_command(argc, argv, "publish", publish_usage);
+}
+
+int cmd_unpublish(int argc, char **argv)
+{
+	return port_command(argc, argv, "unpublish", unpublish_usage);
 }

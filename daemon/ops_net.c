@@ -1,5 +1,5 @@
 /* The network ops: reaches (what the workspace's policy opens), net_log (what its egress proxy
- * did, per turn), publish/unpublish, and the hook that writes each connection to the log. */
+ * did, per turn), publish/unpublish and netns (for cowbox exec REF). */
 #include "config.h"
 
 #include <errno.h>
@@ -15,31 +15,6 @@
 #include "cowbox/net.h"
 #include "cowbox/netlog.h"
 #include "daemon.h"
-
-void cb_daemon_net_record(void *arg, const struct cb_net_record *r)
-{
-	struct cb_daemon *d = arg;
-	struct cb_netlog_row row = {
-	    .turn = cb_journal_turn(d->db),
-	    .time = r->time,
-	    .proto = r->proto,
-	    .name = r->name,
-	    .address = r->address,
-	    .port = r->port,
-	    .allowed = r->allowed,
-	    .rule = r->rule,
-	    .bytes_up = (long long)r->bytes_up,
-	    .bytes_down = (long long)r->bytes_down,
-	    .duration = r->duration,
-	    .secret = r->secret,
-	};
-
-	/* The proxy's thread cannot fail the connection over its log: say it in the log file. */
-	if (cb_db_netlog_add(d->db, &row) < 0) {
-		fprintf(stderr, "cowbox: network log: %s\n", cb_error_message());
-		cb_error_clear();
-	}
-}
 
 /* reaches {"dest": "host[:port]"} -> {"allowed": bool, "rule": "...", "network": mode} */
 static int op_reaches(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
@@ -94,9 +69,13 @@ static int row_json(const struct cb_netlog_row *r, void *arg)
 
 int cb_daemon_net_rows(struct cb_daemon *d, long long after, long long upto, json_t **out)
 {
-	json_t *rows = json_array();
-	int rc = rows ? cb_db_netlog_range(d->db, after, upto, row_json, rows)
-		      : cb_error_set(ENOMEM, "net_log: out of memory");
+	json_t *rows;
+	int rc;
+
+	cb_daemon_net_flush(); /* what the proxy recorded so far is read too */
+	rows = json_array();
+	rc = rows ? cb_db_netlog_range(d->db, after, upto, row_json, rows)
+		  : cb_error_set(ENOMEM, "net_log: out of memory");
 
 	if (rc) {
 		json_decref(rows);

@@ -3,6 +3,8 @@
 #ifndef COWBOX_NETLOG_H
 #define COWBOX_NETLOG_H
 
+#include <stddef.h>
+
 #include "cowbox/journal.h"
 
 struct cb_netlog_row {
@@ -24,6 +26,8 @@ extern const char cb_db_netlog_schema_sql[];
 
 /* Append a row (id ignored): 0 or -errno with a message naming the database. */
 int cb_db_netlog_add(struct cb_db *db, const struct cb_netlog_row *row);
+/* Append n rows in one transaction (all or none). */
+int cb_db_netlog_add_many(struct cb_db *db, const struct cb_netlog_row *rows, size_t n);
 
 /* Each row of turn (< 0: every turn), oldest first, to fn; fn's non-zero return stops the walk
  * and is returned. The row's strings live until fn returns. */

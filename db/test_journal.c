@@ -1,5 +1,5 @@
-/* Unit tests of db/: migration, marks and their deduplication, marks from many
- * threads, durability across a kill -9 and the errors for bad files; the network log's batches and turn ranges. */
+/* Unit tests of db/: migration, marks and their deduplication, marks from many threads,
+ * durability across a kill -9, the errors for bad files, the network log's batches and ranges. */
 #include "config.h"
 
 #include <criterion/criterion.h>

@@ -42,9 +42,6 @@ int cli_print_json(json_t *value);
  * CLI_OK. */
 int cli_print_reply_json(json_t *reply);
 
-/* A human size: "0 B", "12.3 KiB", ... into buf. */
-const char *cli_size(long long bytes, char *buf, size_t size);
-
 /* net_log's rows as net-log prints them (cli/cmd_net.c): a header, then one line each. */
 void cli_print_net_rows(json_t *rows);
 
@@ -56,5 +53,8 @@ int cli_workspace_netns(const char *ref, int *out);
 /* Put the egress proxy's variables (HTTP_PROXY, ...) into env (NULL-terminated, malloc'd, of
  * malloc'd strings), except those env sets already. */
 int cli_env_add_proxy(char ***env);
+
+/* A human size: "0 B", "12.3 KiB", ... into buf. */
+const char *cli_size(long long bytes, char *buf, size_t size);
 
 #endif

@@ -92,49 +92,6 @@ void cli_print_net_rows(json_t *rows)
 	}
 }
 
-static const char net_log_usage[] =
-    "usage: cowbox net-log REF [--turn N] [--json]\n"
-    "Every connection the workspace's egress proxy saw (oldest first): turn, time, protocol,\n"
-    "destination and address, port, allowed or refused with the rule, bytes each way,\n"
-    "duration, and whether a secret was injected. --turn: that turn's only.\n";
-
-int cmd_net_log(int argc, char **argv)
-{
-	static const struct option opts[] = {
-	    {"turn", required_argument, NULL, 't'},
-	    {NULL, 0, NULL, 0},
-	};
-	struct cli_common common = {0};
-	json_t *reply, *req;
-	long long turn = 0;
-	int c, status;
-
-	while ((c = cli_getopt(argc, argv, "", opts, &common, net_log_usage, &status)) > 0)
-		if (c == 't') {
-			char *end;
-
-			turn = strtoll(optarg, &end, 10);
-			if (!*optarg || *end || turn < 1)
-				return cli_usage_error(
-				    net_log_usage, "--turn needs a turn number, not '%s'", optarg);
-		}
-	if (cli_one_ref(c, argc, argv, net_log_usage, &status))
-		return status;
-	req = json_pack("{s:s}", "op", "net_log");
-	if (turn)
-		json_object_set_new(req, "turn", json_integer(turn));
-	if ((status = net_request("net-log", argv[optind], req, &reply)))
-		return status;
-	if (common.json) {
-		status = cli_print_json(json_incref(json_object_get(reply, "rows")));
-		json_decref(reply);
-		return status;
-	}
-	cli_print_net_rows(json_object_get(reply, "rows"));
-	json_decref(reply);
-	return CLI_OK;
-}
-
 static const char publish_usage[] =
     "usage: cowbox publish REF PORT [--json]\n"
     "Make a server listening on 127.0.0.1:PORT inside the workspace's sandbox reachable from\n"
@@ -182,4 +139,47 @@ int cmd_publish(int argc, char **argv)
 int cmd_unpublish(int argc, char **argv)
 {
 	return port_command(argc, argv, "unpublish", unpublish_usage);
+}
+
+static const char net_log_usage[] =
+    "usage: cowbox net-log REF [--turn N] [--json]\n"
+    "Every connection the workspace's egress proxy saw (oldest first): turn, time, protocol,\n"
+    "destination and address, port, allowed or refused with the rule, bytes each way,\n"
+    "duration, and whether a secret was injected. --turn: that turn's only.\n";
+
+int cmd_net_log(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"turn", required_argument, NULL, 't'},
+	    {NULL, 0, NULL, 0},
+	};
+	struct cli_common common = {0};
+	json_t *reply, *req;
+	long long turn = 0;
+	int c, status;
+
+	while ((c = cli_getopt(argc, argv, "", opts, &common, net_log_usage, &status)) > 0)
+		if (c == 't') {
+			char *end;
+
+			turn = strtoll(optarg, &end, 10);
+			if (!*optarg || *end || turn < 1)
+				return cli_usage_error(
+				    net_log_usage, "--turn needs a turn number, not '%s'", optarg);
+		}
+	if (cli_one_ref(c, argc, argv, net_log_usage, &status))
+		return status;
+	req = json_pack("{s:s}", "op", "net_log");
+	if (turn)
+		json_object_set_new(req, "turn", json_integer(turn));
+	if ((status = net_request("net-log", argv[optind], req, &reply)))
+		return status;
+	if (common.json) {
+		status = cli_print_json(json_incref(json_object_get(reply, "rows")));
+		json_decref(reply);
+		return status;
+	}
+	cli_print_net_rows(json_object_get(reply, "rows"));
+	json_decref(reply);
+	return CLI_OK;
 }

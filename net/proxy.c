@@ -205,6 +205,10 @@ static void fail(struct pconn *c, int allowed, int code, unsigned char rep, cons
 	answer_error(c, code, code == 400 ? "Bad Request" : "Bad Gateway", rep);
 }
 
+/* Bytes per read or write call while relaying: libevent's default, 16 KiB, costs a loop
+ * iteration each 16 KiB of a bulk transfer. */
+#define RELAY_CHUNK (256 << 10)
+
 static void relay_read(struct bufferevent *bev, void *arg);
 static void relay_event(struct bufferevent *bev, short what, void *arg);
 
@@ -267,10 +271,6 @@ static void relay_event(struct bufferevent *bev, short what, void *arg)
 	bufferevent_setwatermark(other, EV_WRITE, 0, 0);
 	bufferevent_setcb(other, NULL, close_when_flushed, close_event, c);
 }
-
-/* Bytes per read or write call while relaying: libevent's default, 16 KiB, costs a loop
- * iteration each 16 KiB of a bulk transfer. */
-#define RELAY_CHUNK (256 << 10)
 
 static void start_relay(struct pconn *c)
 {

@@ -74,8 +74,17 @@ class ServersCase(cbtest.CowboxTestCase):
             raise unittest.SkipTest("needs root (network namespaces)")
         # one set per class: a veth pair goes with its namespace asynchronously
         tag = "%d%s" % (os.getpid(), cls.__name__[0].lower())
-        cls.ns = "cbnt" + tag
-        host_if, ns_if = "cbh" + tag, "cbn" + tag
+        cls.ns, cls.host_if = "cbnt" + tag, "cbh" + tag
+        cls.server, cls.hosts = None, None
+        try:
+            cls._setup_servers(tag)
+        except BaseException:
+            cls.tearDownClass()  # a failed set-up leaves no server, namespace or file behind
+            raise
+
+    @classmethod
+    def _setup_servers(cls, tag):
+        host_if, ns_if = cls.host_if, "cbn" + tag
         sh("ip", "netns", "add", cls.ns)
         sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
         sh("ip", "link", "set", ns_if, "netns", cls.ns)
@@ -105,11 +114,14 @@ class ServersCase(cbtest.CowboxTestCase):
 
     @classmethod
     def tearDownClass(cls):
-        cls.server.kill()
-        cls.server.wait()
-        cls.server.stdout.close()
+        if cls.server:
+            cls.server.kill()
+            cls.server.wait()
+            cls.server.stdout.close()
         sh("ip", "netns", "del", cls.ns, check=False)
-        os.unlink(cls.hosts)
+        sh("ip", "link", "del", cls.host_if, check=False)  # if it never reached the namespace
+        if cls.hosts and os.path.exists(cls.hosts):
+            os.unlink(cls.hosts)
 
     @staticmethod
     def _reachable(addr, port):

@@ -50,6 +50,7 @@ void cb_backend_options_free(struct cb_backend_options *o)
 		free(o->volumes[i].dst);
 	}
 	cb_exec_env_free(o->allow);
+	cb_backend_secrets_free(o);
 	memset(o, 0, sizeof(*o));
 }
 
@@ -135,6 +136,17 @@ static int opt_volume(json_t *v, struct cb_backend_volume *out)
 	} else {
 		cb_error_clear(); /* no home to find: nothing of it to keep out either */
 	}
+	if (rc)
+		goto out;
+	char *folder = NULL;
+
+	if (out->writable && (rc = cb_ws_in_place_overlap(out->src, &folder)) == 1)
+		rc = cb_error_set(EINVAL,
+				  "backend option volumes: %s holds or is under %s, an in-place "
+				  "folder: it is written only through its workspace's mount "
+				  "(bind it read-only)",
+				  src, folder);
+	free(folder);
 	if (rc)
 		goto out;
 	if (strpbrk(out->src, ":,\n") || strpbrk(dst, ":,\n")) {
@@ -414,6 +426,8 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 			rc = cb_backend_net_parse(json_string_value(v), &out->net);
 		} else if (!strcmp(key, "allow"))
 			rc = opt_allow(v, &out->allow);
+		else if (!strcmp(key, "secrets"))
+			rc = cb_backend_secrets_from_json(v, out);
 		else if (!strcmp(key, "on_create"))
 			rc = opt_hooks(v, key, out->on_create);
 		else if (!strcmp(key, "on_destroy"))
@@ -473,6 +487,9 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 					  "capability to switch users with");
 	if (!rc && out->allow && out->net != CB_BACKEND_NET_ALLOW)
 		rc = cb_error_set(EINVAL, "backend option allow: only with network allow");
+	if (!rc && out->n_secrets && !cb_backend_net_proxied(out))
+		rc = cb_error_set(EINVAL, "backend option secrets: only with network public or "
+					  "allow (the egress proxy sets them)");
 	if (!rc && out->privileged && strcmp(out->kind, "ns"))
 		rc = cb_error_set(EINVAL, "backend option privileged: only the ns backend has a "
 					  "user namespace to leave out");
@@ -525,6 +542,8 @@ json_t *cb_backend_options_to_json(const struct cb_backend_options *o)
 			json_array_append_new(a, json_string(o->allow[i]));
 		json_object_set_new(j, "allow", a);
 	}
+	if (o->n_secrets)
+		json_object_set_new(j, "secrets", cb_backend_secrets_to_json(o));
 	/* the limits in effect, 0 for none: loading this again gives the same ones */
 	cb_backend_limits_of(o, &lim);
 	json_object_set_new(j, "timeout", json_real(lim.timeout));
@@ -578,6 +597,10 @@ int cb_backend_options_save(const char *dir, const struct cb_backend_options *o)
 	if (rc)
 		unlink(tmp);
 	json_decref(j);
+	/* the values beside it (or a stale secrets.json removed) */
+	if (!rc)
+		rc = cb_backend_secrets_save(dir, strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir,
+					     o);
 	return rc;
 }
 
@@ -603,6 +626,8 @@ int cb_backend_options_load(const char *dir, struct cb_backend_options *out)
 		json_object_set_new(j, "network", json_string("host"));
 	rc = cb_backend_options_from_json(j, out);
 	json_decref(j);
+	if (!rc && (rc = cb_backend_secrets_load(dir, out)) < 0)
+		cb_backend_options_free(out);
 	if (rc)
 		cb_error_wrap(rc, "%s", path);
 	return rc;
@@ -748,6 +773,13 @@ int cb_backend_env(const struct cb_backend *b, char *const *extra, char ***out)
 	    "LANG=C.UTF-8",
 	    NULL,
 	};
+	/* header secrets: TLS clients trust the workspace's CA (in the bundle at the standard
+	 * path), also those that read no system store by default */
+	static const char *const trust_env[] = {
+	    "SSL_CERT_FILE=" CB_BACKEND_SYSTEM_CA,  "REQUESTS_CA_BUNDLE=" CB_BACKEND_SYSTEM_CA,
+	    "CURL_CA_BUNDLE=" CB_BACKEND_SYSTEM_CA, "NODE_EXTRA_CA_CERTS=" CB_BACKEND_SYSTEM_CA,
+	    "GIT_SSL_CAINFO=" CB_BACKEND_SYSTEM_CA, NULL,
+	};
 	char **host = NULL, **env;
 	size_t n = 0, cap = 8;
 	int rc = 0;
@@ -762,6 +794,7 @@ int cb_backend_env(const struct cb_backend *b, char *const *extra, char ***out)
 		cap++;
 	for (size_t i = 0; cb_backend_proxy_env[i]; i++)
 		cap++;
+	cap += sizeof trust_env / sizeof *trust_env;
 	env = calloc(cap + 1, sizeof(*env));
 	rc = env ? 0 : -ENOMEM;
 	for (size_t i = 0; !rc && host && host[i]; i++)
@@ -770,6 +803,8 @@ int cb_backend_env(const struct cb_backend *b, char *const *extra, char ***out)
 		rc = env_put(env, &n, base[i]);
 	for (size_t i = 0; !rc && cb_backend_net_proxied(&b->opt) && cb_backend_proxy_env[i]; i++)
 		rc = env_put(env, &n, cb_backend_proxy_env[i]);
+	for (size_t i = 0; !rc && b->opt.n_secrets && trust_env[i]; i++)
+		rc = env_put(env, &n, trust_env[i]);
 	for (size_t i = 0; !rc && b->opt.env && b->opt.env[i]; i++)
 		rc = env_put(env, &n, b->opt.env[i]);
 	for (size_t i = 0; !rc && extra && extra[i]; i++)

@@ -100,10 +100,11 @@ static int docker_create(struct cb_backend *b)
 	struct docker_state *s = calloc(1, sizeof(*s));
 	const char *image = b->opt.image ? b->opt.image : getenv("COWBOX_DOCKER_IMAGE");
 	char vol[4200], homevol[4200], cpus[32], mem[32], pids[32], oom[16], nspath[64];
+	char cavol[4300];
 	char *pid = NULL;
 	struct cb_backend_limits lim;
 	char vols[CB_BACKEND_MAX_VOLUMES][2200];
-	char *argv[40 + 2 * CB_BACKEND_MAX_VOLUMES];
+	char *argv[42 + 2 * CB_BACKEND_MAX_VOLUMES];
 	int n = 0, rc;
 
 	if (!s)
@@ -158,6 +159,16 @@ static int docker_create(struct cb_backend *b)
 	snprintf(homevol, sizeof(homevol), "%s/home:" CB_BACKEND_HOME, b->dir);
 	argv[n++] = "-v";
 	argv[n++] = homevol;
+	/* header secrets: the container's TLS clients trust the workspace's CA (the bundle is
+	 * the host's system CAs and that CA, over the image's own) */
+	if (b->opt.n_secrets) {
+		if ((rc = cb_backend_trust_prepare(b)) < 0)
+			goto out;
+		snprintf(cavol, sizeof(cavol),
+			 "%s/" CB_NET_CA_BUNDLE ":" CB_BACKEND_SYSTEM_CA ":ro", b->dir);
+		argv[n++] = "-v";
+		argv[n++] = cavol;
+	}
 	for (size_t i = 0; i < b->opt.n_volumes; i++) {
 		snprintf(vols[i], sizeof(vols[i]), "%s:%s:%s", b->opt.volumes[i].src,
 			 b->opt.volumes[i].dst, b->opt.volumes[i].writable ? "rw" : "ro");

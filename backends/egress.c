@@ -1,5 +1,6 @@
 /* The egress proxy of a backend under network public or allow: a listener inside the
- * workspace's network namespace (loopback only there) served by net/proxy.c from the daemon. */
+ * workspace's network namespace (loopback only there) served by net/proxy.c from the daemon,
+ * with the options' header secrets. */
 #include "config.h"
 
 #include <errno.h>
@@ -47,12 +48,22 @@ int cb_backend_proxy_start(struct cb_backend *b, int netns_fd)
 {
 	struct cb_net_proxy_config cfg = {.listen_fd = -1};
 	struct cb_net_policy *pol = NULL;
+	struct cb_net_binding *bindings = NULL;
+	char **values = NULL;
 	int rc;
 
 	if (!cb_backend_net_proxied(&b->opt))
 		return 0;
 	if ((rc = cb_backend_policy(&b->opt, &pol)) < 0)
 		return rc;
+	/* header secrets: values read now, on the host, for the proxy alone */
+	if (b->opt.n_secrets &&
+	    ((rc = cb_backend_trust_prepare(b)) < 0 ||
+	     (rc = cb_backend_secrets_resolve(&b->opt, &bindings, &values)) < 0))
+		goto out;
+	cfg.bindings = bindings;
+	cfg.n_bindings = b->opt.n_secrets;
+	cfg.ca_dir = b->dir;
 	if ((rc = cb_netns_listen(netns_fd, CB_NET_PROXY_PORT, &cfg.listen_fd)) < 0) {
 		cb_error_wrap(rc, "network %s: the egress proxy", cb_backend_net_name(b->opt.net));
 		goto out;
@@ -63,6 +74,8 @@ int cb_backend_proxy_start(struct cb_backend *b, int netns_fd)
 	rc = cb_net_proxy_start(&cfg, &b->proxy);
 out:
 	cb_net_policy_free(pol);
+	free(bindings);
+	cb_backend_secrets_values_free(values);
 	return rc;
 }
 

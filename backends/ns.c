@@ -84,7 +84,7 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	struct cb_exec_spec spec = {0};
 	struct cb_backend_limits lim;
 	struct cb_sandbox_bind binds[1 + CB_BACKEND_MAX_VOLUMES];
-	char **env = NULL, *cwd = NULL, home[4200];
+	char **env = NULL, *cwd = NULL, home[4200], bundle[4200];
 	int rc;
 
 	if ((rc = cb_backend_env(b, cmd->env, &env)) < 0)
@@ -115,6 +115,9 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 							.writable = b->opt.volumes[i].writable};
 	sb.binds = binds;
 	sb.n_binds = 1 + b->opt.n_volumes;
+	/* header secrets: the sandbox's TLS clients trust the workspace's CA */
+	snprintf(bundle, sizeof(bundle), "%s/" CB_NET_CA_BUNDLE, b->dir);
+	sb.ca_bundle = b->opt.n_secrets ? bundle : NULL;
 	/* the range the daemon's mount shows the workspace's files in (none: not root, or a
 	 * plain directory, which the sandbox binds through an idmapped mount) */
 	if (!sb.privileged && geteuid() == 0 && (rc = cb_ws_ids_get(b->dir, &sb.id_base)) < 0 &&

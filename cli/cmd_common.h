@@ -57,4 +57,9 @@ int cli_env_add_proxy(char ***env);
 /* A human size: "0 B", "12.3 KiB", ... into buf. */
 const char *cli_size(long long bytes, char *buf, size_t size);
 
+/* create's --secret HOST:HEADER:env:VAR|file:PATH[:PATH_PREFIX] as an entry of the backend
+ * option secrets (env read now, file made absolute), with prefix and suffix if not NULL:
+ * 0, or -EINVAL with a message naming spec. */
+int cli_secret_json(const char *spec, const char *prefix, const char *suffix, json_t **out);
+
 #endif

@@ -70,8 +70,9 @@ int cmd_mount(int argc, char **argv)
 	    cb_ws_info(ref, &info))
 		return cli_fail("mount", NULL);
 	if (common.json) {
-		json_t *j = json_pack("{s:s, s:s, s:I}", "ref", info.ref, "mountpoint",
-				      info.mountpoint, "pid", (json_int_t)pid);
+		json_t *j =
+		    json_pack("{s:s, s:s, s:I, s:b}", "ref", info.ref, "mountpoint",
+			      info.mountpoint, "pid", (json_int_t)pid, "in_place", info.in_place);
 
 		cb_ws_info_free(&info);
 		return cli_print_json(j);

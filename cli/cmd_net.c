@@ -1,7 +1,10 @@
 /* The network commands: reaches (does the workspace's policy open a destination, by which
- * rule), net-log (what its egress proxy did, per turn), publish and unpublish. */
+ * rule), net-log (what its egress proxy did, per turn), publish and unpublish; create's
+ * --secret specs. */
 #include "config.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,4 +185,73 @@ int cmd_net_log(int argc, char **argv)
 	cli_print_net_rows(json_object_get(reply, "rows"));
 	json_decref(reply);
 	return CLI_OK;
+}
+
+/* The value of an env: secret, read here (the daemon may be started later, by another
+ * process, without it): kept in the workspace's secrets.json, never on the command line. */
+static int secret_source(json_t *e, const char *spec, const char *kind, char *rest)
+{
+	char *pp = strrchr(rest, ':');
+
+	/* a path prefix last: the source ends at the last ':' before a '/' */
+	if (pp && pp[1] == '/') {
+		json_object_set_new(e, "path_prefix", json_string(pp + 1));
+		*pp = 0;
+	}
+	if (!strcmp(kind, "env")) {
+		const char *v = *rest ? getenv(rest) : NULL;
+
+		if (!v)
+			return cb_error_set(EINVAL, "--secret %s: $%s is not set", spec, rest);
+		json_object_set_new(e, "value", json_string(v));
+	} else if (!strcmp(kind, "file")) {
+		char *abs = realpath(rest, NULL);
+
+		if (!abs)
+			return cb_error_set(EINVAL, "--secret %s: %s: %s", spec, rest,
+					    strerror(errno));
+		json_object_set_new(e, "file", json_string(abs));
+		free(abs);
+	} else {
+		return cb_error_set(EINVAL, "--secret %s: the value is env:VAR or file:PATH", spec);
+	}
+	return 0;
+}
+
+int cli_secret_json(const char *spec, const char *prefix, const char *suffix, json_t **out)
+{
+	char *copy = strdup(spec), *host, *header, *kind, *rest, *save = NULL;
+	json_t *e = json_object();
+	int rc = 0;
+
+	*out = NULL;
+	if (!copy || !e) {
+		rc = cb_error_set(ENOMEM, "out of memory");
+		goto out;
+	}
+	host = strtok_r(copy, ":", &save);
+	header = host ? strtok_r(NULL, ":", &save) : NULL;
+	kind = header ? strtok_r(NULL, ":", &save) : NULL;
+	rest = kind ? save : NULL;
+	if (!rest || !*rest) {
+		rc = cb_error_set(EINVAL,
+				  "--secret %s: needs HOST:HEADER:env:VAR or "
+				  "HOST:HEADER:file:PATH, then :PATH_PREFIX if any",
+				  spec);
+		goto out;
+	}
+	json_object_set_new(e, "host", json_string(host));
+	json_object_set_new(e, "header", json_string(header));
+	if (prefix)
+		json_object_set_new(e, "prefix", json_string(prefix));
+	if (suffix)
+		json_object_set_new(e, "suffix", json_string(suffix));
+	if ((rc = secret_source(e, spec, kind, rest)) == 0) {
+		*out = e;
+		e = NULL;
+	}
+out:
+	json_decref(e);
+	free(copy);
+	return rc;
 }

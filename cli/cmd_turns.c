@@ -13,6 +13,7 @@
 
 #include "cmd_common.h"
 #include "commands.h"
+#include "map_print.h"
 #include "cowbox/client.h"
 #include "cowbox/error.h"
 #include "cowbox/workspace.h"
@@ -33,9 +34,12 @@ static void draw_progress(json_t *f)
 	fflush(stderr);
 }
 
-/* What the frames of a request other than progress go to (the rows of a streamed map). */
+/* What the frames of a request other than progress go to (the rows of a streamed map):
+ * text, if set, gets each stream frame's line first and returns 1 when it handled it, 0 to
+ * have it parsed and given to fn, or -errno to fail the request. */
 struct frame_sink {
 	void (*fn)(json_t *frame, void *arg);
+	int (*text)(char *line, void *arg);
 	void *arg;
 };
 
@@ -44,12 +48,32 @@ struct frame_sink {
 static int wait_reply(const char *cmd, struct cb_client *c, long long id,
 		      const struct frame_sink *sink, json_t **reply)
 {
+	char head[64], *line;
 	int drawn = 0, rc;
 	json_t *msg, *err;
+	json_error_t jerr;
+	size_t len;
 
+	snprintf(head, sizeof(head), "{\"id\":%lld,\"stream\":", id);
 	for (;;) {
-		if ((rc = cb_client_recv(c, -1, &msg)))
+		if ((rc = cb_client_recv_line(c, -1, &line, &len)))
 			break;
+		if (sink && sink->text && !strncmp(line, head, strlen(head))) {
+			rc = sink->text(line, sink->arg);
+			if (rc < 0)
+				break;
+			if (rc > 0) {
+				if (drawn)
+					fputc('\n', stderr);
+				drawn = 0;
+				rc = 0;
+				continue;
+			}
+		}
+		if (!(msg = json_loadb(line, len, 0, &jerr))) {
+			rc = cb_error_set(EPROTO, "daemon sent bad JSON: %s", jerr.text);
+			break;
+		}
 		if (json_integer_value(json_object_get(msg, "id")) != id) {
 			json_decref(msg);
 			continue;
@@ -130,136 +154,20 @@ static int parse_turn(const char *s, long long *out)
 	return errno || end == s || *end || *out < 0 ? -1 : 0;
 }
 
-static int key_cmp(const void *a, const void *b)
-{
-	return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* What `sha256sum` prints for a name: names with \, newline or CR get a leading backslash on
- * the line and those bytes escaped (coreutils 9). */
-static void print_sha256sum(const char *hash, const char *name)
-{
-	int esc = strpbrk(name, "\\\n\r") != NULL;
-
-	if (!esc) {
-		fputs_unlocked(hash, stdout);
-		fputs_unlocked("  ", stdout);
-		fputs_unlocked(name, stdout);
-		putchar_unlocked('\n');
-		return;
-	}
-	printf("\\%s  ", hash);
-	for (const char *p = name; *p; p++) {
-		if (esc && *p == '\\')
-			fputs("\\\\", stdout);
-		else if (esc && *p == '\n')
-			fputs("\\n", stdout);
-		else if (esc && *p == '\r')
-			fputs("\\r", stdout);
-		else
-			putchar(*p);
-	}
-	putchar('\n');
-}
-
-/* Writes a map as its frames come: each frame's rows sorted (the frames themselves come in
- * path order), so the whole output is sorted without holding the map. */
-struct files_printer {
-	int json, sha256sum, started;
-	long long rows;
-};
-
-static void print_json_string(const char *text)
-{
-	json_t *j;
-	char *out;
-
-	/* Most names need no escape (jansson writes UTF-8 as it is): print them as they are
-	 * instead of an allocation and an encoder run per row. */
-	if (!text[strcspn(text, "\"\\\x01\x02\x03\x04\x05\x06\x07\x08\t\n\x0b\x0c\r\x0e\x0f"
-				"\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e"
-				"\x1f\x7f")]) {
-		putchar_unlocked('"');
-		fputs_unlocked(text, stdout);
-		putchar_unlocked('"');
-		return;
-	}
-	j = json_string(text);
-	out = j ? json_dumps(j, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
-
-	fputs(out ? out : "\"\"", stdout);
-	free(out);
-	json_decref(j);
-}
-
-static void files_begin(struct files_printer *p, long long turn)
-{
-	if (p->started)
-		return;
-	p->started = 1;
-	if (p->json)
-		printf("{\"turn\":%lld,\"files\":{", turn);
-	else if (!p->sha256sum)
-		printf("turn %lld\n", turn);
-}
-
-/* A frame's rows in path order: the daemon sends them so (and jansson keeps the order it
- * read), so they are only sorted when they are not. */
-static void files_rows(struct files_printer *p, json_t *files)
-{
-	size_t n = json_object_size(files), i = 0;
-	const char **keys = calloc(n ? n : 1, sizeof(*keys));
-	const char **hashes = calloc(n ? n : 1, sizeof(*hashes));
-	int sorted = 1;
-	const char *k;
-	json_t *v;
-
-	if (!keys || !hashes)
-		goto out;
-	json_object_foreach(files, k, v)
-	{
-		keys[i] = k;
-		hashes[i] = json_string_value(v);
-		if (i && strcmp(keys[i - 1], k) > 0)
-			sorted = 0;
-		i++;
-	}
-	if (!sorted) {
-		qsort(keys, n, sizeof(*keys), key_cmp);
-		for (i = 0; i < n; i++)
-			hashes[i] = json_string_value(json_object_get(files, keys[i]));
-	}
-	for (i = 0; i < n; i++) {
-		const char *h = hashes[i] ? hashes[i] : "";
-
-		if (p->json) {
-			if (p->rows++)
-				putchar_unlocked(',');
-			print_json_string(keys[i]);
-			putchar_unlocked(':');
-			print_json_string(h);
-		} else if (p->sha256sum) {
-			print_sha256sum(h, keys[i]);
-		} else {
-			fputs_unlocked(keys[i], stdout);
-			fputs_unlocked("  ", stdout);
-			fputs_unlocked(h, stdout);
-			putchar_unlocked('\n');
-		}
-	}
-out:
-	free(keys);
-	free(hashes);
-}
-
+/* A map frame that came parsed (not in the daemon's own text form). */
 static void files_frame(json_t *frame, void *arg)
 {
-	struct files_printer *p = arg;
+	struct cli_map_printer *p = arg;
 
 	if (strcmp(json_string_value(json_object_get(frame, "stream")) ?: "", "files"))
 		return;
-	files_begin(p, json_integer_value(json_object_get(frame, "turn")));
-	files_rows(p, json_object_get(frame, "files"));
+	cli_map_begin(p, json_integer_value(json_object_get(frame, "turn")));
+	cli_map_rows(p, json_object_get(frame, "files"));
+}
+
+static int files_text(char *line, void *arg)
+{
+	return cli_map_frame_text(arg, line);
 }
 
 static const char *short_hash(json_t *e)
@@ -334,8 +242,8 @@ int cmd_snapshot(int argc, char **argv)
 				       "--format sha256sum goes with neither --json nor --changes");
 	if (!changes) {
 		/* The map is written as it streams in: the CLI never holds it whole. */
-		struct files_printer p = {.json = common.json, .sha256sum = sha256sum};
-		struct frame_sink sink = {files_frame, &p};
+		struct cli_map_printer p = {.json = common.json, .sha256sum = sha256sum};
+		struct frame_sink sink = {files_frame, files_text, &p};
 		static char outbuf[1 << 16];
 
 		setvbuf(stdout, outbuf, _IOFBF, sizeof(outbuf));
@@ -344,13 +252,14 @@ int cmd_snapshot(int argc, char **argv)
 					  json_pack("{s:s, s:s?, s:b, s:b}", "op", "snapshot",
 						    "label", label, "files", 1, "stream", 1),
 					  1, &sink, &reply);
-		if (status)
+		if (status) {
+			cli_map_end(&p);
 			return status;
-		files_begin(&p, json_integer_value(json_object_get(reply, "turn")));
+		}
+		cli_map_begin(&p, json_integer_value(json_object_get(reply, "turn")));
 		/* An older daemon that does not stream sends the map in the reply. */
-		files_rows(&p, json_object_get(reply, "files"));
-		if (p.json)
-			puts("}}");
+		cli_map_rows(&p, json_object_get(reply, "files"));
+		cli_map_end(&p);
 		json_decref(reply);
 		return fflush(stdout) ? cli_fail("snapshot", "write: %s", strerror(errno)) : CLI_OK;
 	}

@@ -18,13 +18,19 @@
 #include "cowbox/workspace.h"
 
 static const char create_usage[] =
-    "usage: cowbox create [--base DIR] [--name NAME] [--disk-mb N] [--disk-inodes N]\n"
+    "usage: cowbox create [--base DIR | --in-place DIR] [--name NAME] [--disk-mb N]\n"
+    "                     [--disk-inodes N]\n"
     "                     [--user NAME|UID[:GROUP]] [--shell sh|bash]\n"
     "                     [--background keep|kill] [--volume HOST_DIR:PATH[:ro|rw]]...\n"
     "                     [--access none|files|full] [--idle-timeout SECONDS]\n"
-    "                     [--network none|all|host|public|allow [--allow ENTRY]...] [--json]\n"
+    "                     [--network none|all|host|public|allow [--allow ENTRY]...]\n"
+    "                     [--secret HOST:HEADER:env:VAR|file:PATH[:PATH_PREFIX]\n"
+    "                      [--secret-prefix TEXT] [--secret-suffix TEXT]]... [--json]\n"
     "Create a workspace over the read-only directory DIR (none: an empty workspace) and\n"
     "print its ref (cb- and 32 hex digits). NAME is an optional unique alias.\n"
+    "--in-place DIR: the agent's edits land in DIR itself (the mount's upper layer is DIR),\n"
+    "journaled as usual; DIR is recorded as turn 0 first (its files kept as blobs), so\n"
+    "snapshot, diff and rollback work. rm leaves DIR as it is.\n"
     "--disk-mb and --disk-inodes set the quota of the workspace's changes (its upper layer;\n"
     "default 10240 MiB and 1000000 inodes, 0: none): past it, writes fail with ENOSPC.\n"
     "--user runs the workspace's commands as that user inside the sandbox (ns, docker);\n"
@@ -40,7 +46,11 @@ static const char create_usage[] =
     "held it that long (default 600, 0: never); `cowbox mount` keeps it until umount.\n"
     "--network public or allow: commands reach the network only through the workspace's\n"
     "egress proxy (public addresses, or what the --allow entries name: host, host:port,\n"
-    "*.domain, an address or a CIDR; see docs/network.md).\n";
+    "*.domain, an address or a CIDR; see docs/network.md).\n"
+    "--secret (public or allow): HTTPS requests to HOST whose path starts with PATH_PREFIX\n"
+    "(default /) get HEADER set by the proxy to the secret (between --secret-prefix and\n"
+    "--secret-suffix, e.g. 'Bearer '), which never enters the sandbox: env:VAR is read now\n"
+    "and kept 0600 outside the workspace, file:PATH is read each time the proxy starts.\n";
 
 /* --allow entries one create takes (more belong in a policy file, not a command line) */
 #define CREATE_MAX_ALLOW 256
@@ -57,6 +67,7 @@ struct create_opts {
 	const char *net; /* --network */
 	const char *allow[CREATE_MAX_ALLOW]; /* the --allow entries */
 	int n_allow;
+	json_t *secrets; /* the --secret entries (backend option secrets), or NULL */
 };
 
 /* --network / --allow: checked as the options of any client are (backend.c). */
@@ -65,9 +76,11 @@ static int create_network(struct cb_backend_options *bo, const struct create_opt
 	json_t *j, *allow;
 	int rc;
 
-	if (!co->net && !co->n_allow)
+	if (!co->net && !co->n_allow && !co->secrets)
 		return 0;
 	j = cb_backend_options_to_json(bo);
+	if (co->secrets)
+		json_object_set(j, "secrets", co->secrets);
 	if (co->net)
 		json_object_set_new(j, "network", json_string(co->net));
 	if (co->n_allow) {
@@ -97,7 +110,7 @@ static int create_options(const char *ref, const struct create_opts *co)
 	    (co->idle >= 0 && (rc = cb_daemon_idle_save(dir, (double)co->idle)) < 0))
 		goto out;
 	if (mb < 0 && inodes < 0 && !co->user && !co->shell && !co->background && !co->n_volumes &&
-	    !co->net && !co->n_allow)
+	    !co->net && !co->n_allow && !co->secrets)
 		goto out;
 	if ((rc = cb_backend_options_load(dir, &bo)) < 0)
 		goto out;
@@ -138,6 +151,30 @@ out:
 	return rc;
 }
 
+/* --secret adds an entry; --secret-prefix and --secret-suffix belong to the one before. */
+static int create_secret(struct create_opts *co, int c, const char *arg)
+{
+	json_t *e = NULL, *last;
+
+	if (c == 'K') {
+		if (!co->secrets)
+			co->secrets = json_array();
+		if (cli_secret_json(arg, NULL, NULL, &e) < 0) {
+			json_decref(co->secrets);
+			return cli_usage_error(create_usage, "%s", cb_error_message());
+		}
+		json_array_append_new(co->secrets, e);
+		return CLI_OK;
+	}
+	last = co->secrets ? json_array_get(co->secrets, json_array_size(co->secrets) - 1) : NULL;
+	if (!last) {
+		return cli_usage_error(create_usage, "%s comes after the --secret it belongs to",
+				       c == 'P' ? "--secret-prefix" : "--secret-suffix");
+	}
+	json_object_set_new(last, c == 'P' ? "prefix" : "suffix", json_string(arg));
+	return CLI_OK;
+}
+
 static int parse_count(const char *opt, const char *s, long long *out)
 {
 	char *end;
@@ -154,6 +191,7 @@ int cmd_create(int argc, char **argv)
 {
 	static const struct option opts[] = {
 	    {"base", required_argument, NULL, 'b'},
+	    {"in-place", required_argument, NULL, 'i'},
 	    {"name", required_argument, NULL, 'n'},
 	    {"disk-mb", required_argument, NULL, 'D'},
 	    {"disk-inodes", required_argument, NULL, 'I'},
@@ -165,10 +203,13 @@ int cmd_create(int argc, char **argv)
 	    {"idle-timeout", required_argument, NULL, 'T'},
 	    {"network", required_argument, NULL, 'N'},
 	    {"allow", required_argument, NULL, 'W'},
+	    {"secret", required_argument, NULL, 'K'},
+	    {"secret-prefix", required_argument, NULL, 'P'},
+	    {"secret-suffix", required_argument, NULL, 'X'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct cli_common common = {0};
-	const char *base = NULL, *name = NULL;
+	const char *base = NULL, *name = NULL, *in_place = NULL;
 	char ref[CB_WS_REF_LEN + 1];
 	struct create_opts co = {.disk_mb = -1, .disk_inodes = -1, .access = -1, .idle = -1};
 	int c, status, rc;
@@ -176,6 +217,8 @@ int cmd_create(int argc, char **argv)
 	while ((c = cli_getopt(argc, argv, "b:n:", opts, &common, create_usage, &status)) > 0) {
 		if (c == 'b')
 			base = optarg;
+		else if (c == 'i')
+			in_place = optarg;
 		else if (c == 'D' && parse_count("--disk-mb", optarg, &co.disk_mb))
 			return CLI_USAGE;
 		else if (c == 'I' && parse_count("--disk-inodes", optarg, &co.disk_inodes))
@@ -210,15 +253,31 @@ int cmd_create(int argc, char **argv)
 					       CREATE_MAX_ALLOW);
 		else if (c == 'W')
 			co.allow[co.n_allow++] = optarg;
+		else if ((c == 'K' || c == 'P' || c == 'X') &&
+			 (rc = create_secret(&co, c, optarg)) != CLI_OK)
+			return rc;
 	}
-	if (c < 0)
+	if (c < 0) {
+		json_decref(co.secrets);
 		return status;
-	if (optind != argc)
+	}
+	if (optind != argc) {
+		json_decref(co.secrets);
 		return cli_usage_error(create_usage, "create takes no operand ('%s')",
 				       argv[optind]);
-	if (cb_ws_create(base, name, stderr, ref))
+	}
+	if (base && in_place) {
+		json_decref(co.secrets);
+		return cli_usage_error(create_usage, "--base and --in-place exclude each other");
+	}
+	if (in_place ? cb_ws_create_in_place(in_place, name, stderr, ref)
+		     : cb_ws_create(base, name, stderr, ref)) {
+		json_decref(co.secrets);
 		return cli_fail("create", NULL);
-	if ((rc = create_options(ref, &co)) < 0) {
+	}
+	rc = create_options(ref, &co);
+	json_decref(co.secrets);
+	if (rc < 0) {
 		int st = cli_fail("create", NULL);
 
 		cb_ws_remove(ref);
@@ -251,11 +310,11 @@ static json_t *info_allow(const struct cb_backend_options *bo)
 
 static json_t *info_json(const struct cb_ws_info *i)
 {
-	return json_pack("{s:s, s:s?, s:s?, s:s, s:s, s:s, s:I, s:I}", "ref", i->ref, "name",
+	return json_pack("{s:s, s:s?, s:s?, s:s, s:s, s:s, s:I, s:I, s:b}", "ref", i->ref, "name",
 			 i->name, "base", i->base, "dir", i->dir ? i->dir : "", "mountpoint",
 			 i->mountpoint ? i->mountpoint : "", "state", cb_ws_state_name(i->state),
 			 "pid", (json_int_t)(i->daemon_pid > 0 ? i->daemon_pid : 0), "upper_bytes",
-			 (json_int_t)i->upper_bytes);
+			 (json_int_t)i->upper_bytes, "in_place", i->in_place);
 }
 
 struct ls_state {
@@ -464,7 +523,7 @@ int cmd_info(int argc, char **argv)
 	struct cb_backend_options bo;
 	struct cb_backend_limits lim;
 	const char *net = NULL, *kind = NULL;
-	json_t *limits = NULL, *allow = NULL;
+	json_t *limits = NULL, *allow = NULL, *secrets = NULL;
 
 	if (cb_backend_options_load(i.dir, &bo) == 0) {
 		/* the daemon's answer also says what the upper layer holds against its quota */
@@ -475,6 +534,7 @@ int cmd_info(int argc, char **argv)
 		net = cb_backend_net_name(bo.net);
 		kind = cb_backend_find(bo.kind)->name;
 		allow = info_allow(&bo);
+		secrets = bo.n_secrets ? cb_backend_secrets_to_json(&bo) : NULL; /* no values */
 		if (bo.net == CB_BACKEND_NET_HOST)
 			fprintf(stderr, "cowbox info: warning: network host: the workspace's "
 					"commands share the host's network namespace (its "
@@ -513,6 +573,8 @@ int cmd_info(int argc, char **argv)
 			json_object_set_new(j, "network", json_string(net));
 			if (allow)
 				json_object_set_new(j, "allow", allow);
+			if (secrets)
+				json_object_set_new(j, "secrets", secrets);
 		}
 		if (limits)
 			json_object_set_new(j, "limits", limits);
@@ -522,6 +584,9 @@ int cmd_info(int argc, char **argv)
 	printf("ref:         %s\n", i.ref);
 	printf("name:        %s\n", i.name ? i.name : "-");
 	printf("base:        %s\n", i.base ? i.base : "- (empty workspace)");
+	printf("mode:        %s\n", i.in_place ? "in place (the agent's edits land in the base "
+						 "folder; the journal keeps its turns)"
+					       : "copy-on-write (the base is never written)");
 	printf("state:       %s\n", cb_ws_state_name(i.state));
 	if (i.daemon_pid > 0)
 		printf("daemon pid:  %d\n", (int)i.daemon_pid);
@@ -533,6 +598,17 @@ int cmd_info(int argc, char **argv)
 	for (size_t k = 0; k < json_array_size(allow); k++)
 		printf("allow:       %s\n", json_string_value(json_array_get(allow, k)));
 	json_decref(allow);
+	for (size_t k = 0; k < json_array_size(secrets); k++) {
+		json_t *e = json_array_get(secrets, k);
+
+		printf("secret:      %s on https://%s%s* (%s)\n",
+		       json_string_value(json_object_get(e, "header")),
+		       json_string_value(json_object_get(e, "host")),
+		       json_string_value(json_object_get(e, "path_prefix")),
+		       json_object_get(e, "file") ? json_string_value(json_object_get(e, "file"))
+						  : "stored 0600 in its directory");
+	}
+	json_decref(secrets);
 	if (limits) {
 		info_limits_print(limits);
 		json_decref(limits);

@@ -428,7 +428,8 @@ int cb_box_create(const struct cb_box_options *opts, struct cb_box **out)
 		cb_box_set_code("invalid_request");
 		return cb_box_finish(cb_error_wrap(rc, "create"));
 	}
-	if ((rc = cb_ws_create(opts->base, opts->name, NULL, ref))) {
+	if ((rc = opts->in_place ? cb_ws_create_in_place(opts->base, opts->name, NULL, ref)
+				 : cb_ws_create(opts->base, opts->name, NULL, ref))) {
 		json_decref(options);
 		return cb_box_finish(cb_error_wrap(rc, "create"));
 	}

@@ -28,6 +28,7 @@ struct cb_client {
 	long long next_id;
 	char *buf;
 	size_t len, cap;
+	size_t taken; /* the head of buf that the last line handed out occupies */
 };
 
 int cb_daemon_sockaddr(const char *path, struct sockaddr_un *sa, socklen_t *len, int *dirfd)
@@ -83,25 +84,30 @@ int cb_client_code_errno(const char *code)
 	return EIO;
 }
 
-int cb_client_recv(struct cb_client *c, int timeout_ms, json_t **msg)
+int cb_client_recv_line(struct cb_client *c, int timeout_ms, char **line, size_t *len)
 {
 	long long deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
-	json_error_t jerr;
 
-	*msg = NULL;
-	for (;;) {
-		char *nl = c->len ? memchr(c->buf, '\n', c->len) : NULL;
+	*line = NULL;
+	*len = 0;
+	/* The line handed out last time was valid until now. */
+	if (c->taken) {
+		memmove(c->buf, c->buf + c->taken, c->len - c->taken);
+		c->len -= c->taken;
+		c->taken = 0;
+	}
+	for (size_t scanned = 0;;) {
+		char *nl =
+		    c->len > scanned ? memchr(c->buf + scanned, '\n', c->len - scanned) : NULL;
 
 		if (nl) {
-			size_t line = (size_t)(nl - c->buf);
-
-			*msg = json_loadb(c->buf, line, 0, &jerr);
-			memmove(c->buf, nl + 1, c->len - line - 1);
-			c->len -= line + 1;
-			if (!*msg)
-				return cb_error_set(EPROTO, "daemon sent bad JSON: %s", jerr.text);
+			*nl = '\0';
+			*line = c->buf;
+			*len = (size_t)(nl - c->buf);
+			c->taken = *len + 1;
 			return 0;
 		}
+		scanned = c->len; /* no newline up to here: look only at what comes next */
 		int rc = cb_grow(&c->buf, &c->cap, c->len, 1, 65536, "daemon reply");
 
 		if (rc)
@@ -128,6 +134,22 @@ int cb_client_recv(struct cb_client *c, int timeout_ms, json_t **msg)
 			return cb_error_set(ECONNRESET, "the daemon closed the connection");
 		c->len += (size_t)n;
 	}
+}
+
+int cb_client_recv(struct cb_client *c, int timeout_ms, json_t **msg)
+{
+	json_error_t jerr;
+	size_t len;
+	char *line;
+	int rc = cb_client_recv_line(c, timeout_ms, &line, &len);
+
+	*msg = NULL;
+	if (rc)
+		return rc;
+	*msg = json_loadb(line, len, 0, &jerr);
+	if (!*msg)
+		return cb_error_set(EPROTO, "daemon sent bad JSON: %s", jerr.text);
+	return 0;
 }
 
 int cb_client_send(struct cb_client *c, json_t *msg, long long *id)

@@ -309,6 +309,29 @@ void cb_daemon_request_stop(struct cb_daemon *d)
 	cb_overlay_stop(d->ov);
 }
 
+/* The upper layer: <dir>/upper, or in place the folder itself (the base), read now since a
+ * rollback's leftovers are cleaned from it before anything else is opened. */
+static int daemon_upper(struct cb_daemon *d)
+{
+	struct cb_db *db = NULL;
+	char *v = NULL, *base = NULL;
+	int rc = cb_db_open(d->db_path, &db);
+
+	if (!rc && cb_db_meta_get(db, "in_place", &v) == 0 && !strcmp(v, "1")) {
+		rc = cb_db_meta_get(db, "base", &base);
+		d->in_place = !rc;
+		d->upper = base;
+		base = NULL;
+	}
+	cb_error_clear();
+	if (!rc && !d->upper && !(d->upper = path_join(d->dir, "upper")))
+		rc = cb_error_set(ENOMEM, "out of memory");
+	cb_db_close(db);
+	free(base);
+	free(v);
+	return rc;
+}
+
 static int daemon_load(struct cb_daemon *d, const struct cb_daemon_options *opt)
 {
 	char *dir = NULL;
@@ -321,11 +344,12 @@ static int daemon_load(struct cb_daemon *d, const struct cb_daemon_options *opt)
 	free(dir);
 	if (!d->dir)
 		return cb_error_set(errno, "workspace %s: %s", d->ref, strerror(errno));
-	d->upper = path_join(d->dir, "upper");
 	d->sock_path = path_join(d->dir, "control.sock");
 	d->db_path = path_join(d->dir, "meta.db");
-	if (!d->upper || !d->sock_path || !d->db_path)
+	if (!d->sock_path || !d->db_path)
 		return cb_error_set(ENOMEM, "out of memory");
+	if ((rc = daemon_upper(d)))
+		return rc;
 	if ((d->access = cb_ws_access_load(d->dir)) < 0)
 		return d->access;
 	if ((rc = cb_daemon_idle_load(d->dir, &idle)) < 0)
@@ -373,8 +397,11 @@ static int daemon_base_changed(void *arg, const char *path)
 	if (!(s->paths[s->n] = strdup(path)))
 		return cb_error_set(ENOMEM, "base check: out of memory");
 	s->n++;
-	daemon_log("base %s/%s changed behind cowbox's back; the next snapshot records it",
-		   s->d->base, path);
+	/* In place the watch also sees the mount's own writes (the folder is the upper layer),
+	 * already journaled: marked again, harmless, but not reported as someone else's. */
+	if (!s->d->in_place)
+		daemon_log("base %s/%s changed behind cowbox's back; the next snapshot records it",
+			   s->d->base, path);
 	return cb_journal_mark(s->d->db, &c, 1);
 }
 
@@ -546,13 +573,15 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	cb_backend_options_free(&bo);
 	char fsname[64];
 	struct cb_overlay_config cfg = {
-	    .base_dir = d.base,
+	    /* In place the folder is the upper layer, with nothing below it. */
+	    .base_dir = d.in_place ? NULL : d.base,
 	    .upper_dir = d.upper,
 	    .mountpoint = d.mountpoint,
 	    .fsname = fsname,
 	    .db = d.db,
 	    .debug = opt->debug,
 	    .id_base = id_base,
+	    .owner_squash = d.in_place,
 	    .quota_bytes = lim.disk_bytes,
 	    .quota_inodes = lim.disk_inodes,
 	};

@@ -43,7 +43,8 @@ struct cb_daemon {
 	char *dir;	  /* $COWBOX_HOME/workspaces/<ref> (realpath) */
 	char *base;	  /* the read-only lower layer; NULL for an empty workspace */
 	char *name;	  /* NULL if the workspace has none */
-	char *upper;	  /* <dir>/upper */
+	char *upper;	  /* <dir>/upper; in place, the base folder itself */
+	int in_place;	  /* the workspace is in place (cb_ws_create_in_place) */
 	char *mountpoint; /* where the overlay is mounted */
 	char *sock_path;  /* <dir>/control.sock */
 	char *db_path;	  /* <dir>/meta.db */

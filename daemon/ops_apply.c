@@ -90,6 +90,16 @@ static int op_apply(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *re
 		return cb_error_set(EINVAL, "apply: \"turn\" needs a turn number >= 1");
 	if ((rc = apply_target(d, json_object_get(req, "to"), &target)) < 0)
 		return rc;
+	/* In place the folder is the live tree: writing it past the mount would not be
+	 * journaled, and the changes are there already. */
+	if (d->in_place && d->base &&
+	    (path_within(target, d->base) || path_within(d->base, target))) {
+		rc = cb_error_set(EINVAL,
+				  "apply: the workspace is in place: its changes are in %s "
+				  "already; give --to a folder outside it",
+				  d->base);
+		goto out;
+	}
 	if (jt && !json_is_null(jt)) {
 		b = json_integer_value(jt);
 		a = b - 1;

@@ -90,6 +90,7 @@ static int op_info(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 	if (r) {
 		json_object_set_new(r, "name", d->name ? json_string(d->name) : json_null());
 		json_object_set_new(r, "base", d->base ? json_string(d->base) : json_null());
+		json_object_set_new(r, "in_place", json_boolean(d->in_place));
 		info_network(d, r);
 		info_fs(d, req, r);
 		cb_daemon_basehash_info(d, r);

@@ -1,5 +1,6 @@
 /* Unit tests of libcowbox's lifecycle calls against real daemons: access levels
- * (cb_box_options.access, cb_box_set_access), hooks at create and apply (cb_box_apply). */
+ * (cb_box_options.access, cb_box_set_access), hooks at create and apply (cb_box_apply), the
+ * in-place mode (cb_box_options.in_place). */
 #include "config.h"
 
 #include <criterion/criterion.h>
@@ -116,4 +117,52 @@ Test(boxlife, hooks_and_apply)
 	cr_assert_eq(json_array_size(json_object_get(report, "conflicts")), 1);
 	json_decref(report);
 	cb_box_close(box);
+}
+
+/* Text of the file at target/name, or "" if it cannot be read. */
+static void read_target(const char *name, char *buf, size_t size)
+{
+	char path[4300];
+	FILE *f;
+
+	buf[0] = '\0';
+	snprintf(path, sizeof(path), "%s/%s", target, name);
+	if ((f = fopen(path, "r"))) {
+		if (!fgets(buf, (int)size, f))
+			buf[0] = '\0';
+		fclose(f);
+	}
+}
+
+Test(boxlife, in_place)
+{
+	struct cb_box_options o = {.base = target, .in_place = true, .idle_timeout = -1};
+	struct cb_box *box = NULL;
+	char buf[64], path[4300];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/a.txt", target);
+	cr_assert_not_null(f = fopen(path, "w"));
+	fputs("before\n", f);
+	fclose(f);
+	cr_assert_eq(cb_box_create(&o, &box), 0, "%s", cb_error_message());
+	/* The write lands in the folder itself, and a rollback to turn 0 puts it back. */
+	cr_assert_eq(cb_box_write(box, "a.txt", "after\n", 6), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_box_write(box, "b.txt", "new\n", 4), 0, "%s", cb_error_message());
+	read_target("a.txt", buf, sizeof(buf));
+	cr_assert_str_eq(buf, "after\n");
+	cr_assert_eq(cb_box_snapshot(box, NULL, NULL), 1, "%s", cb_error_message());
+	cr_assert_eq(cb_box_rollback(box, 0), 2, "%s", cb_error_message());
+	read_target("a.txt", buf, sizeof(buf));
+	cr_assert_str_eq(buf, "before\n");
+	snprintf(path, sizeof(path), "%s/b.txt", target);
+	cr_assert_eq(access(path, F_OK), -1);
+	/* Destroy leaves the folder. */
+	cr_assert_eq(cb_box_write(box, "c.txt", "kept\n", 5), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_box_destroy(cb_box_ref(box)), 0, "%s", cb_error_message());
+	cb_box_close(box);
+	read_target("c.txt", buf, sizeof(buf));
+	cr_assert_str_eq(buf, "kept\n");
+	read_target("a.txt", buf, sizeof(buf));
+	cr_assert_str_eq(buf, "before\n");
 }

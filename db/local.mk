@@ -20,6 +20,8 @@ db_test_marklog_LDADD = db/libcb_db.la util/libcb_util.la $(SQLITE3_LIBS) $(CRIT
 db_libcb_db_la_SOURCES += db/turns.c db/turn_entry.c db/turn_scratch.c
 # the base hash cache shared by the workspaces over one base directory
 db_libcb_db_la_SOURCES += db/basecache.c db/turns_read.c
+# the in-place mark (issue 11)
+db_libcb_db_la_SOURCES += db/turn_inplace.c
 # the network log of the egress proxy
 db_libcb_db_la_SOURCES += db/netlog.c
 pkginclude_HEADERS += include/cowbox/netlog.h

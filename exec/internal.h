@@ -35,6 +35,7 @@ struct cb_ns_entry {
 	char *dst;   /* path relative to the new root, e.g. "usr", "dev/null" */
 	dev_t rdev;  /* CB_NS_DEV: the host node's device number (mknod without userns) */
 	int is_file; /* bind of a file (device node) rather than a directory */
+	int over;    /* onto a file the root has already (no mount point made) */
 	int tree;    /* detached clone opened by a privileged caller before clone, else -1 */
 	int idmap;   /* bind through an idmapped mount (plan->idmap_*) */
 };

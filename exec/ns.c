@@ -75,6 +75,24 @@ static int add_root_dir(struct cb_ns_plan *p, const char *prefix, const char *na
 	return add_entry(p, CB_NS_BIND_RO, path, name);
 }
 
+/* The trust bundle over the root's own (a regular file, not a link that could lead the bind
+ * elsewhere); a root without one gets none. */
+static int add_ca_bundle(struct cb_ns_plan *p, const char *prefix, const char *bundle)
+{
+	static const char rel[] = "etc/ssl/certs/ca-certificates.crt";
+	char path[PATH_MAX];
+	struct stat st;
+	snprintf(path, sizeof path, "%s/%s", prefix, rel);
+	if (lstat(path, &st) < 0 || !S_ISREG(st.st_mode))
+		return 0;
+	int rc = add_entry(p, CB_NS_BIND_RO, bundle, rel);
+	if (rc == 0) {
+		p->entries[p->n_entries - 1].is_file = 1;
+		p->entries[p->n_entries - 1].over = 1;
+	}
+	return rc;
+}
+
 static int add_mask(struct cb_ns_plan *p, const char *prefix, const char *rel)
 {
 	char path[PATH_MAX];
@@ -258,6 +276,8 @@ int cb_ns_plan_build(const struct cb_sandbox *sb, struct cb_ns_plan **out)
 	for (size_t i = 0; i < sizeof root_dirs / sizeof *root_dirs; i++)
 		if ((rc = add_root_dir(p, prefix, root_dirs[i])) < 0)
 			goto out;
+	if (sb->ca_bundle && (rc = add_ca_bundle(p, prefix, sb->ca_bundle)) < 0)
+		goto out;
 	if ((rc = add_masks(p, prefix)) < 0)
 		goto out;
 	if ((rc = add_entry(p, CB_NS_BIND_RW, sb->workspace, "workspace")) < 0)
@@ -620,16 +640,18 @@ int cb_ns_setup_root(const struct cb_ns_plan *p, int ctl)
 		case CB_NS_MASK:
 			break; /* below, once /etc is in place */
 		default:
-			if (strchr(e->dst, '/') && make_parents(rootfd, e->dst) < 0)
-				FAIL("make the parents of", e->dst);
-			if (e->is_file) {
-				int f =
-				    openat(rootfd, e->dst, O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
-				if (f < 0)
+			if (!e->over) { /* else onto the root's own file */
+				if (strchr(e->dst, '/') && make_parents(rootfd, e->dst) < 0)
+					FAIL("make the parents of", e->dst);
+				if (e->is_file) {
+					int f = openat(rootfd, e->dst,
+						       O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
+					if (f < 0)
+						FAIL("make the mount point", e->dst);
+					close(f);
+				} else if (mkdirat(rootfd, e->dst, 0755) < 0) {
 					FAIL("make the mount point", e->dst);
-				close(f);
-			} else if (mkdirat(rootfd, e->dst, 0755) < 0) {
-				FAIL("make the mount point", e->dst);
+				}
 			}
 			if (syscall(SYS_move_mount, e->tree >= 0 ? e->tree : trees[i], "", rootfd,
 				    e->dst, MOVE_MOUNT_F_EMPTY_PATH) < 0)

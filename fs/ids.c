@@ -18,10 +18,41 @@ uid_t ov_id_store(const struct cb_overlay *ov, uid_t id)
 	return (uid_t)(base + id);
 }
 
+/* With owner_squash, the sandbox's root (host id_base) and the folder's owner are one owner:
+ * stored as the owner, so that the user's folder keeps the user's files; shown as root, so
+ * that the sandbox may change them. Only in place (the upper layer is the user's folder). */
+static int ov_squashing(const struct cb_overlay *ov, unsigned long *base)
+{
+	*base = atomic_load_explicit(&ov->id_base, memory_order_relaxed);
+	return ov->owner_squash && *base;
+}
+
+uid_t ov_uid_disk(const struct cb_overlay *ov, uid_t id)
+{
+	unsigned long base;
+	uid_t host = ov_id_store(ov, id);
+
+	return ov_squashing(ov, &base) && host == (uid_t)base ? ov->owner_uid : host;
+}
+
+gid_t ov_gid_disk(const struct cb_overlay *ov, gid_t id)
+{
+	unsigned long base;
+	gid_t host = (gid_t)ov_id_store(ov, (uid_t)id);
+
+	return ov_squashing(ov, &base) && host == (gid_t)base ? ov->owner_gid : host;
+}
+
 void ov_ids_present(const struct cb_overlay *ov, struct stat *st)
 {
-	st->st_uid = ov_id_store(ov, st->st_uid);
-	st->st_gid = (gid_t)ov_id_store(ov, (uid_t)st->st_gid);
+	unsigned long base;
+	int squash = ov_squashing(ov, &base);
+
+	st->st_uid =
+	    squash && st->st_uid == ov->owner_uid ? (uid_t)base : ov_id_store(ov, st->st_uid);
+	st->st_gid = squash && st->st_gid == ov->owner_gid
+			 ? (gid_t)base
+			 : (gid_t)ov_id_store(ov, (uid_t)st->st_gid);
 }
 
 mode_t ov_mode_allowed(const struct cb_overlay *ov, mode_t mode, uid_t uid, gid_t gid)

@@ -178,34 +178,52 @@ int ov_mark_child(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *parent
 }
 
 /* Records a content (CB_CHANGE_WRITE) or metadata (CB_CHANGE_META) change of in under every
- * name it is known by, unless already done in this turn. Caller holds ns (read or write). */
+ * name it is known by (a file may have any number of hard links: each name's hash changes),
+ * unless already done in this turn. Caller holds ns (read or write). */
 int ov_mark_inode(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *in,
 		  enum cb_change_kind kind)
 {
 	_Atomic uint64_t *gen = kind == CB_CHANGE_META ? &in->meta_gen : &in->write_gen;
 	uint64_t g = atomic_load(&ov->gen);
-	struct cb_change c[16];
-	char *paths[16];
+	struct cb_change *c = NULL;
+	char **paths = NULL;
 	struct ov_name *nm;
-	size_t n = 0, i;
-	int r;
+	size_t n = 0, names = 0, i;
+	int r = 0;
 
 	if (atomic_load(gen) == g)
 		return 0;
 	if (ov->db) {
 		pthread_mutex_lock(&ov->tab_lock);
-		for (nm = in->names; nm && n < 16; nm = nm->next) {
-			if (ov_path_of_name(nm, &paths[n]) < 0)
+		for (nm = in->names; nm; nm = nm->next)
+			names++;
+		c = calloc(names ? names : 1, sizeof(*c));
+		paths = calloc(names ? names : 1, sizeof(*paths));
+		for (nm = in->names; nm && c && paths; nm = nm->next) {
+			int len = ov_path_of_name(nm, &paths[n]);
+
+			/* A name under a directory removed meanwhile has no path to mark; without
+			 * memory a name would go unmarked, so the change is refused instead. */
+			if (len == -ENOENT)
 				continue;
+			if (len < 0) {
+				r = len;
+				break;
+			}
 			c[n] = (struct cb_change){.path = paths[n], .kind = kind};
 			n++;
 		}
 		pthread_mutex_unlock(&ov->tab_lock);
-		r = ov_mark(ov, req, c, n);
-		for (i = 0; i < n; i++)
+		if (!c || !paths)
+			r = -ENOMEM;
+		if (!r)
+			r = ov_mark(ov, req, c, n);
+		for (i = 0; paths && i < n; i++)
 			free(paths[i]);
+		free(paths);
+		free(c);
 		if (r < 0)
-			return r;
+			return r == -ENOMEM ? -EIO : r;
 	}
 	atomic_store(gen, g);
 	return 0;

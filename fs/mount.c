@@ -254,6 +254,9 @@ static int ov_setup(const struct cb_overlay_config *cfg, struct cb_overlay *ov)
 	ov->db = cfg->db;
 	ov->debug = cfg->debug;
 	atomic_init(&ov->id_base, cfg->id_base);
+	ov->owner_squash = cfg->owner_squash;
+	ov->owner_uid = ust.st_uid;
+	ov->owner_gid = ust.st_gid;
 	ov->max_threads = cfg->max_threads ? cfg->max_threads : 8;
 	ov->stats = ov_stats_new();
 	ov->mountpoint = strdup(cfg->mountpoint);

@@ -41,8 +41,8 @@ static int ov_finish_new(struct cb_overlay *ov, fuse_req_t req, const char *path
 			 int fd)
 {
 	const struct fuse_ctx *ctx = fuse_req_ctx(req);
-	uid_t uid = ov_id_store(ov, ctx->uid);
-	gid_t gid = (gid_t)ov_id_store(ov, ctx->gid), set_gid = gid;
+	uid_t uid = ov_uid_disk(ov, ctx->uid);
+	gid_t gid = ov_gid_disk(ov, ctx->gid), set_gid = gid;
 	struct stat st;
 	int r = ov_lstat(ov->upper_fd, path, &st);
 

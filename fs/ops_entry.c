@@ -222,8 +222,8 @@ static int ov_apply_setattr_at(struct cb_overlay *ov, struct ov_inode *in, struc
 	if (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
 		uid_t uid = (to_set & FUSE_SET_ATTR_UID) ? attr->st_uid : (uid_t)-1;
 		gid_t gid = (to_set & FUSE_SET_ATTR_GID) ? attr->st_gid : (gid_t)-1;
-		if (ov_fchownat(dirfd, path, ov_id_store(ov, uid), (gid_t)ov_id_store(ov, gid),
-				nofollow) < 0)
+		if (ov_fchownat(dirfd, path, ov_uid_disk(ov, uid), ov_gid_disk(ov, gid), nofollow) <
+		    0)
 			return -errno;
 	}
 	if (to_set & FUSE_SET_ATTR_MODE) {

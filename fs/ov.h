@@ -89,10 +89,13 @@ struct cb_overlay {
 	pthread_rwlock_t ns_lock; /* names and parents: read to build paths, write to change */
 	mode_t umask;		  /* the process umask, so created files get their exact mode */
 	_Atomic unsigned long id_base; /* see cb_overlay_config; 0: no translation */
-	_Atomic uint64_t gen;	       /* turn generation; starts at 1 */
-	pthread_rwlock_t fence;	       /* shared: a change in flight; exclusive: a turn advance */
-	long stall_us;		       /* tests: hold each change this long after its mark */
-	_Atomic int advancing;	       /* a turn advance waits for the fence */
+	int owner_squash;	       /* cb_overlay_config.owner_squash: the ids below */
+	uid_t owner_uid;	       /* the upper directory's owner, as the sandbox's root */
+	gid_t owner_gid;
+	_Atomic uint64_t gen;	/* turn generation; starts at 1 */
+	pthread_rwlock_t fence; /* shared: a change in flight; exclusive: a turn advance */
+	long stall_us;		/* tests: hold each change this long after its mark */
+	_Atomic int advancing;	/* a turn advance waits for the fence */
 	pthread_mutex_t carry_lock;
 	struct cb_change *carry; /* marks of changes in flight at the advance */
 	size_t ncarry, capcarry;
@@ -206,6 +209,10 @@ const char *ov_base_name(const char *path);
 
 /* ids.c: the sandbox's id range (cb_overlay_config.id_base). */
 uid_t ov_id_store(const struct cb_overlay *ov, uid_t id);
+/* The host ids a new owner (a creation's caller, a chown) is stored as: ov_id_store, and with
+ * owner_squash the sandbox's root becomes the upper directory's owner. */
+uid_t ov_uid_disk(const struct cb_overlay *ov, uid_t id);
+gid_t ov_gid_disk(const struct cb_overlay *ov, gid_t id);
 void ov_ids_present(const struct cb_overlay *ov, struct stat *st);
 mode_t ov_mode_allowed(const struct cb_overlay *ov, mode_t mode, uid_t uid, gid_t gid);
 int ov_acl_xattr(const char *name);

@@ -1,17 +1,20 @@
 /* The egress proxy of a workspace: HTTP CONNECT, plain HTTP and SOCKS5 on one listener, names
- * resolved here (libevent's evdns), every destination checked by the policy on its address. */
+ * resolved here (libevent's evdns), every destination checked by the policy on its address;
+ * a host with header secrets is intercepted (net/intercept.c), every other one tunnelled. */
 #include "config.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/dns.h>
 #include <event2/event.h>
 #include <event2/listener.h>
 #include <event2/thread.h>
 #include <event2/util.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +25,7 @@
 
 #include "cowbox/error.h"
 #include "cowbox/net.h"
+#include "net/intercept.h"
 #include "net/proxy_util.h"
 
 #define HEAD_MAX	 16384	   /* an HTTP request head or a SOCKS5 request, in bytes */
@@ -46,6 +50,10 @@ struct pconn {
 	struct cb_net_verdict v;
 	double t0_wall, t0;
 	unsigned long long bytes_up, bytes_down;
+	const struct cb_net_icpt_host *bound; /* header secrets: intercepted */
+	int up_tls, cli_tls;		      /* their TLS layers are on */
+	int cli_tls_ok;			      /* the sandbox's handshake succeeded */
+	struct cb_net_rewriter rw;
 };
 
 struct cb_net_proxy {
@@ -60,6 +68,7 @@ struct cb_net_proxy {
 	void *record_arg;
 	struct pconn *conns;
 	size_t open;
+	struct cb_net_icpt *icpt; /* NULL: no header secrets */
 };
 
 static double now_mono(void)
@@ -94,6 +103,7 @@ static void conn_free(struct pconn *c)
 		    .bytes_up = c->bytes_up,
 		    .bytes_down = c->bytes_down,
 		    .duration = now_mono() - c->t0,
+		    .secret = c->rw.injected,
 		};
 		p->record(p->record_arg, &r);
 	}
@@ -239,7 +249,17 @@ static void relay_read(struct bufferevent *bev, void *arg)
 	else
 		c->bytes_down += n;
 	out = bufferevent_get_output(other);
-	evbuffer_add_buffer(out, in);
+	if (bev == c->cli && c->bound) {
+		if (cb_net_rewrite(&c->rw, in, out) < 0) {
+			c->v.allowed = 1;
+			snprintf(c->v.rule, sizeof c->v.rule, "intercepted request refused: %s",
+				 c->rw.error);
+			http_answer(c, 400, "Bad Request", c->v.rule);
+			return;
+		}
+	} else {
+		evbuffer_add_buffer(out, in);
+	}
 	if (evbuffer_get_length(out) >= RELAY_HIGH_WATER) {
 		bufferevent_setcb(other, relay_read, drained, relay_event, c);
 		bufferevent_setwatermark(other, EV_WRITE, RELAY_HIGH_WATER / 2, RELAY_HIGH_WATER);
@@ -253,10 +273,18 @@ static void relay_event(struct bufferevent *bev, short what, void *arg)
 	struct pconn *c = arg;
 	struct bufferevent *other = bev == c->cli ? c->up : c->cli;
 
+	if (bev == c->cli && c->cli_tls && (what & BEV_EVENT_CONNECTED))
+		c->cli_tls_ok = 1;
 	if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)))
 		return;
-	if (other)
-		relay_read(bev, c);
+	if (bev == c->cli && c->cli_tls && !c->cli_tls_ok) {
+		char why[200];
+
+		cb_net_icpt_tls_error(NULL, bufferevent_get_openssl_error(bev), why, sizeof why);
+		snprintf(c->v.rule, sizeof c->v.rule, "TLS from the sandbox failed: %s", why);
+	}
+	if (other && !(bev == c->cli && c->bound))
+		relay_read(bev, c); /* (an intercepted request is whole when it is read) */
 	if (bev == c->cli)
 		c->cli = NULL;
 	else
@@ -270,6 +298,38 @@ static void relay_event(struct bufferevent *bev, short what, void *arg)
 	bufferevent_disable(other, EV_READ);
 	bufferevent_setwatermark(other, EV_WRITE, 0, 0);
 	bufferevent_setcb(other, NULL, close_when_flushed, close_event, c);
+}
+
+/* TLS writes its flights as records of their own: Nagle would hold the last one back for the
+ * peer's delayed ACK (~40 ms a handshake). */
+static void no_delay(struct bufferevent *bev)
+{
+	int one = 1;
+
+	setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+/* The sandbox's side of an intercepted connection: TLS with the bound host's leaf, over the
+ * answer (200, or the SOCKS5 reply) already queued in the clear. */
+static int intercept_client(struct pconn *c)
+{
+	SSL *ssl = cb_net_icpt_downstream(c->p->icpt, c->bound);
+	struct bufferevent *tls =
+	    ssl ? bufferevent_openssl_filter_new(c->p->base, c->cli, ssl, BUFFEREVENT_SSL_ACCEPTING,
+						 BEV_OPT_CLOSE_ON_FREE)
+		: NULL;
+
+	if (!tls) {
+		SSL_free(ssl);
+		fail(c, 1, 502, 0x01, "%s", "out of memory");
+		return -1;
+	}
+	bufferevent_openssl_set_allow_dirty_shutdown(tls, 1);
+	no_delay(c->cli);
+	c->cli = tls;
+	c->cli_tls = 1;
+	c->rw.host = c->bound;
+	return 0;
 }
 
 static void start_relay(struct pconn *c)
@@ -287,6 +347,8 @@ static void start_relay(struct pconn *c)
 		c->bytes_up += evbuffer_get_length(c->head);
 		evbuffer_add_buffer(bufferevent_get_output(c->up), c->head);
 	}
+	if (c->bound && intercept_client(c) < 0)
+		return;
 	bufferevent_setcb(c->cli, relay_read, NULL, relay_event, c);
 	bufferevent_setcb(c->up, relay_read, NULL, relay_event, c);
 	for (int i = 0; i < 2; i++) {
@@ -299,13 +361,57 @@ static void start_relay(struct pconn *c)
 		relay_read(c->cli, c);
 }
 
+static void up_connected(struct bufferevent *bev, short what, void *arg);
+
+/* The destination's side of an intercepted connection: TLS, its certificate verified, before
+ * the sandbox is answered, so that a failure is a clear 502 rather than a broken handshake. */
+static void intercept_upstream(struct pconn *c)
+{
+	struct timeval tv = {CONNECT_TIMEOUT, 0};
+	SSL *ssl = cb_net_icpt_upstream(c->p->icpt, c->name);
+	struct bufferevent *tls =
+	    ssl ? bufferevent_openssl_filter_new(c->p->base, c->up, ssl, BUFFEREVENT_SSL_CONNECTING,
+						 BEV_OPT_CLOSE_ON_FREE)
+		: NULL;
+
+	bufferevent_set_timeouts(c->up, NULL, NULL); /* the TLS layer's own from now */
+	if (!tls) {
+		SSL_free(ssl);
+		fail(c, 1, 502, 0x01, "%s", "upstream TLS: out of memory");
+		return;
+	}
+	bufferevent_openssl_set_allow_dirty_shutdown(tls, 1);
+	no_delay(c->up);
+	c->up = tls;
+	c->up_tls = 1;
+	bufferevent_setcb(tls, NULL, NULL, up_connected, c);
+	bufferevent_set_timeouts(tls, &tv, &tv);
+	bufferevent_enable(tls, EV_READ | EV_WRITE);
+}
+
 static void up_connected(struct bufferevent *bev, short what, void *arg)
 {
 	struct pconn *c = arg;
 
 	(void)bev;
+	if ((what & BEV_EVENT_CONNECTED) && c->bound && !c->up_tls) {
+		intercept_upstream(c);
+		return;
+	}
 	if (what & BEV_EVENT_CONNECTED) {
 		start_relay(c);
+		return;
+	}
+	if (c->up_tls) {
+		char why[200];
+
+		if (what & BEV_EVENT_TIMEOUT)
+			snprintf(why, sizeof why, "handshake timed out");
+		else
+			cb_net_icpt_tls_error(bufferevent_openssl_get_ssl(c->up),
+					      bufferevent_get_openssl_error(c->up), why,
+					      sizeof why);
+		fail(c, 1, 502, 0x05, "upstream TLS: %s", why);
 		return;
 	}
 	fail(c, 1, 502, 0x05, "%s",
@@ -393,6 +499,10 @@ static void resolve(struct pconn *c)
 
 	c->st = ST_RESOLVE;
 	bufferevent_setwatermark(c->cli, EV_READ, 0, HEAD_MAX);
+	/* a bound host through CONNECT or SOCKS5 is intercepted, but on port 80, where what
+	 * goes through is plain HTTP, which never gets a secret */
+	if (strcmp(c->proto, "http") && c->port != 80)
+		c->bound = cb_net_icpt_find(c->p->icpt, c->name);
 	cb_net_check_name(c->p->policy, c->name, c->port, &c->v);
 	if (!c->v.allowed) {
 		refuse(c);
@@ -634,6 +744,7 @@ static void proxy_free(struct cb_net_proxy *p)
 		event_base_free(p->base);
 	cb_net_hosts_free(&p->hosts);
 	cb_net_policy_free(p->policy);
+	cb_net_icpt_free(p->icpt);
 	free(p);
 }
 
@@ -657,6 +768,8 @@ int cb_net_proxy_start(const struct cb_net_proxy_config *cfg, struct cb_net_prox
 	if ((rc = cb_net_policy_copy(cfg->policy, &p->policy)) < 0)
 		goto out;
 	if (hosts && *hosts && (rc = cb_net_hosts_load(hosts, &p->hosts)) < 0)
+		goto out;
+	if ((rc = cb_net_icpt_new(cfg, &p->icpt)) < 0)
 		goto out;
 	p->record = cfg->record;
 	p->record_arg = cfg->record_arg;

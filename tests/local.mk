@@ -30,4 +30,6 @@ TESTS += tests/integration/test_basecache.py
 # a workspace's lifecycle: access levels, hooks at create, idle stop, apply
 TESTS += tests/integration/test_lifecycle.py bindings/python/tests/test_lifecycle.py
 # the network policy and its egress proxy: allow entries, private ranges, the network log
-TESTS += tests/integration/test_network_policy.py
+TESTS += tests/integration/test_network_policy.py tests/integration/test_network_secrets.py
+# in-place workspaces (issue 11): the upper layer is the user's folder
+TESTS += tests/integration/test_in_place.py

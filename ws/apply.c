@@ -105,27 +105,32 @@ static int apply_content(struct cb_turns *t, const struct cb_entry *e, int fd)
 	return rc;
 }
 
-/* e's file or symlink made under a temporary name beside path, then renamed over it. */
+/* e's file or symlink made under a temporary name beside path, then renamed over it. The
+ * name is the same on every run (not per process), so that a run killed between the two
+ * leaves at most one such file per path, removed by the next run over that path. */
 static int apply_write(struct cb_turns *t, int root, const struct cb_entry *e)
 {
-	char tmp[4200];
-	const char *slash = strrchr(e->path, '/');
+	char *tmp = NULL;
 	int fd, rc;
 
-	snprintf(tmp, sizeof(tmp), "%.*s.cowbox-apply-%d", slash ? (int)(slash - e->path + 1) : 0,
-		 e->path, (int)getpid());
+	/* On the heap: a path may be longer than PATH_MAX (util/beneath resolves it in pieces). */
+	if (asprintf(&tmp, "%s.cowbox-apply", e->path) < 0)
+		return cb_error_set(ENOMEM, "apply %s: out of memory", e->path);
 	cb_beneath_remove_tree(root, tmp);
+	cb_error_clear();
 	if (e->type == CB_ENTRY_SYMLINK) {
 		rc = cb_beneath_symlink(root, e->target ? e->target : "", tmp);
 	} else {
 		fd = cb_beneath_open(root, tmp, O_RDWR | O_CREAT | O_EXCL, 0600);
-		if (fd < 0)
-			return cb_error_wrap(fd, "apply %s", e->path);
+		if (fd < 0) {
+			rc = fd;
+			goto out;
+		}
 		rc = apply_content(t, e, fd);
 		if (!rc)
 			rc = cb_beneath_fchmod(fd, e->path, e->mode, NULL);
 		if (!rc && fsync(fd) < 0)
-			rc = cb_error_set(errno, "apply %s: fsync: %s", e->path, strerror(errno));
+			rc = cb_error_set(errno, "fsync: %s", strerror(errno));
 		close(fd);
 	}
 	/* A directory in the way (a type change) goes first: rename cannot replace it. */
@@ -134,15 +139,20 @@ static int apply_write(struct cb_turns *t, int root, const struct cb_entry *e)
 
 		if (cb_beneath_stat(root, e->path, &st) == 0 && S_ISDIR(st.st_mode))
 			rc = cb_beneath_remove_tree(root, e->path);
-		cb_error_clear();
+		else
+			cb_error_clear();
 	}
 	if (!rc)
 		rc = cb_beneath_rename(root, tmp, e->path, 0);
 	if (rc) {
+		int keep = rc;
+
 		cb_beneath_remove_tree(root, tmp);
-		return cb_error_wrap(rc, "apply %s", e->path);
+		rc = keep;
 	}
-	return 0;
+out:
+	free(tmp);
+	return rc ? cb_error_wrap(rc, "apply %s", e->path) : 0;
 }
 
 void cb_ws_apply_result_free(struct cb_ws_apply_result *res)

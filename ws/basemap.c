@@ -405,7 +405,8 @@ static int base_visible(struct cb_turns *t, const char *path)
 {
 	struct stat st;
 
-	return cb_beneath_stat(t->root_fd, path, &st) == -ENOENT;
+	/* In place, the base is the upper layer: the mount shows it everywhere. */
+	return t->in_place || cb_beneath_stat(t->root_fd, path, &st) == -ENOENT;
 }
 
 /* The base's entry for a walked item now (absent if it went away meanwhile). */

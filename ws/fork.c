@@ -203,6 +203,11 @@ int cb_ws_fork(struct cb_turns *t, long long turn, const char *new_upper, const 
 	struct timespec ts;
 	int ret, intx = 0;
 
+	/* A fork's base would be the folder the in-place workspace keeps rewriting. */
+	if (t->in_place)
+		return cb_error_set(EINVAL, "fork: the workspace is in place (its base is the live "
+					    "folder); cowbox apply REF --turn N --to DIR copies a "
+					    "turn out instead");
 	ret = ws_turn_check(t, turn);
 	if (ret)
 		return ret;

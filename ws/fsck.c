@@ -81,7 +81,7 @@ struct fsck_ctx {
 };
 
 /* 1 if the base file at path holds exactly e's bytes now. */
-static int fsck_base_holds(struct cb_turns *t, const struct cb_entry *e)
+static int base_file_holds(struct cb_turns *t, const struct cb_entry *e)
 {
 	int fd, ok;
 
@@ -94,6 +94,13 @@ static int fsck_base_holds(struct cb_turns *t, const struct cb_entry *e)
 	close(fd);
 	cb_error_clear();
 	return ok;
+}
+
+/* base_file_holds for a recorded content: never in place, where the folder is live and a
+ * blob is the only good copy. */
+static int fsck_base_holds(struct cb_turns *t, const struct cb_entry *e)
+{
+	return !t->in_place && base_file_holds(t, e);
 }
 
 /* Is e's blob there and good? Sets ok and a reason; one read per distinct content. */
@@ -161,6 +168,7 @@ static int fsck_cache_row(const struct cb_db_cache_row *row, void *arg)
 	struct cb_entry e = {.path = (char *)row->path, .type = CB_ENTRY_FILE, .size = row->size};
 	const char *why = NULL;
 	struct stat st;
+	int stale = 1;
 
 	c->r->cache_rows++;
 	memcpy(e.sha256, row->sha256, CB_SHA256_LEN);
@@ -173,9 +181,11 @@ static int fsck_cache_row(const struct cb_db_cache_row *row, void *arg)
 		     row->mtime_ns ||
 		 (long long)st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec != row->ctime_ns)
 		why = "the base file changed since (the row is never used again)";
-	else if (!fsck_base_holds(c->t, &e))
+	else if (!(stale = 0) && !base_file_holds(c->t, &e))
 		why = "the base file has the row's key but other content";
-	if (!why)
+	/* In place the agent rewrites the folder: a row its key no longer matches is never
+	 * used again, not a problem. */
+	if (!why || (c->t->in_place && stale))
 		return 0;
 	return fsck_add(c->r, "base_cache", row->path, NULL, 0, -1, 0, "base cache row for %s: %s",
 			row->path, why);
@@ -362,6 +372,18 @@ static int fsck_rebuild(const char *ref, const char *dir, const char *db_path, c
 		goto out;
 	if (name && (ret = cb_db_meta_set(db, "name", name)))
 		goto out;
+	/* In place, the folder is the upper layer: it becomes turn 0 again, as it is now. */
+	if (ws_in_place_marked(dir) && base) {
+		if (!(ret = cb_db_meta_set(db, "in_place", "1")) &&
+		    !(ret = ws_in_place_record(dir, base)) &&
+		    !(ret = cb_db_meta_set(db, "created", "1")))
+			ret = fsck_add(r, "meta.db", db_path, kept, 0, -1, 1,
+				       "%s; rebuilt as an in-place workspace whose turn 0 is %s as "
+				       "it is now%s%s",
+				       why, base, kept ? "; the old file is kept as " : "",
+				       kept ? kept : "");
+		goto out;
+	}
 	if ((ret = ws_pathf(&upper, "%s/upper", dir)))
 		goto out;
 	rb.db = db;

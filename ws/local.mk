@@ -8,6 +8,8 @@ pkginclude_HEADERS += include/cowbox/workspace.h
 # turns: snapshot, diff, rollback, prune, fork over the live tree (issue 3)
 ws_libcb_ws_la_SOURCES += ws/turns_int.h ws/turns.c ws/hash.c ws/blobs.c ws/basemap.c \
 	ws/snapshot.c ws/diff.c ws/rollback.c ws/prune.c ws/fork.c ws/fsck.c
+# in-place workspaces (issue 11)
+ws_libcb_ws_la_SOURCES += ws/inplace.c
 pkginclude_HEADERS += include/cowbox/turns.h include/cowbox/fsck.h
 
 check_PROGRAMS += ws/test_turns

@@ -9,7 +9,13 @@
 
 static int prune_needed(const unsigned char *xxh3, void *arg)
 {
-	return cb_db_turns_blob_needed(arg, xxh3);
+	struct cb_turns *t = arg;
+	int ret = cb_db_turns_blob_needed(t->db, xxh3);
+
+	/* In place, turn 0's bytes live only in blobs (the folder is live): they stay. */
+	if (ret == 0 && t->in_place)
+		ret = cb_db_turns_base_blob_needed(t->db, xxh3);
+	return ret;
 }
 
 int cb_ws_prune(struct cb_turns *t, long long keep, long long *dropped, long long *freed)
@@ -35,6 +41,6 @@ int cb_ws_prune(struct cb_turns *t, long long keep, long long *dropped, long lon
 	*dropped = keep_from - oldest;
 gc:
 	/* Also after a prune that dropped nothing: blobs a crash left behind go too. */
-	ret = cb_ws_blob_gc(t->blob_fd, prune_needed, t->db, &removed, freed);
+	ret = cb_ws_blob_gc(t->blob_fd, prune_needed, t, &removed, freed);
 	return ret ? cb_error_wrap(ret, "prune: blob store") : 0;
 }

@@ -57,6 +57,10 @@ int cb_turns_open(const struct cb_turns_config *cfg, struct cb_turns **out)
 		goto out;
 	}
 	ret = cb_db_turns_open(cfg->db_path, &t->db);
+	if (!ret && (ret = cb_db_turns_in_place(t->db)) >= 0) {
+		t->in_place = ret;
+		ret = 0;
+	}
 out:
 	if (ret)
 		cb_turns_close(t);
@@ -239,8 +243,13 @@ int ws_base_entry(struct cb_turns *t, const char *path, struct cb_entry *out)
 int ws_base_holds(struct cb_turns *t, const char *path, const unsigned char *xxh3)
 {
 	struct cb_entry now = {0};
-	int ret = ws_base_now(t, path, &now);
+	int ret;
 
+	/* In place, the folder holds the live bytes, which a sandbox may be rewriting: the
+	 * blob, kept since the content was recorded, is the only source. */
+	if (t->in_place)
+		return 0;
+	ret = ws_base_now(t, path, &now);
 	if (ret == 0)
 		ret = now.type == CB_ENTRY_FILE && !memcmp(now.xxh3, xxh3, CB_XXH128_LEN);
 	cb_entry_clear(&now);
@@ -331,7 +340,8 @@ static int live_file(struct cb_turns *t, const char *path, int fd, int keep_blob
 		t->read_left -= out->size;
 		t->read_done += out->size;
 	}
-	if (keep_blob && (ret = ws_base_now(t, path, &base)) < 0)
+	/* In place, the base is this very file: its content needs a blob like any other. */
+	if (keep_blob && !t->in_place && (ret = ws_base_now(t, path, &base)) < 0)
 		goto out;
 	if (keep_blob && (base.type != CB_ENTRY_FILE || base.size != out->size)) {
 		copy_fd = cb_ws_blob_tmp(t->blob_fd, tmp);

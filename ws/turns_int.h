@@ -31,6 +31,9 @@ struct cb_turns {
 	long long read_done;
 	struct ws_basecache *bc; /* the shared base cache (ws/basecache.c), NULL if none */
 	int base_prepared_ok;	 /* cb_ws_base_trust_prepared was called */
+	/* In place (cb_db_turns_in_place): the base is the live upper layer, never a source of
+	 * recorded bytes; every recorded content is kept as a blob. */
+	int in_place;
 };
 
 /* Remember files just written (takes ownership of the array), forget them. */

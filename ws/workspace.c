@@ -208,8 +208,9 @@ int ws_name_lookup(const char *home, const char *name, char ref[CB_WS_REF_LEN + 
 	return rc;
 }
 
-/* Steps after the ref directory exists; the caller deletes it again on failure. */
-static int ws_fill(const char *dir, const char *base, const char *name)
+/* Steps after the ref directory exists; the caller deletes it again on failure. In place,
+ * base is the user's folder, recorded as turn 0 before the creation mark. */
+static int ws_fill(const char *dir, const char *base, const char *name, int in_place)
 {
 	struct cb_db *db = NULL;
 	char *p = NULL;
@@ -242,6 +243,10 @@ static int ws_fill(const char *dir, const char *base, const char *name)
 		goto out;
 	if (name && (rc = cb_db_meta_set(db, "name", name)))
 		goto out;
+	if (in_place &&
+	    ((rc = ws_in_place_mark(dir)) || (rc = cb_db_meta_set(db, "in_place", "1")) ||
+	     (rc = ws_in_place_record(dir, base))))
+		goto out;
 	/* Written last: a workspace without it is an interrupted creation. */
 	rc = cb_db_meta_set(db, "created", "1");
 out:
@@ -266,7 +271,8 @@ static int ws_create_begin(const char *name, char **home)
 	return 0;
 }
 
-int cb_ws_create(const char *base, const char *name, FILE *log, char ref[CB_WS_REF_LEN + 1])
+static int ws_create(const char *base, const char *name, int in_place, FILE *log,
+		     char ref[CB_WS_REF_LEN + 1])
 {
 	char *home = NULL, *dir = NULL, *link = NULL, *base_abs = NULL;
 	struct stat st;
@@ -275,6 +281,10 @@ int cb_ws_create(const char *base, const char *name, FILE *log, char ref[CB_WS_R
 	ref[0] = '\0';
 	if ((rc = ws_create_begin(name, &home)))
 		goto out;
+	if (in_place && !base) {
+		rc = cb_error_set(EINVAL, "in place: which folder?");
+		goto out;
+	}
 	if (base) {
 		base_abs = realpath(base, NULL);
 		if (!base_abs) {
@@ -286,6 +296,8 @@ int cb_ws_create(const char *base, const char *name, FILE *log, char ref[CB_WS_R
 			goto out;
 		}
 	}
+	if (in_place && (rc = ws_in_place_check(base_abs, home)))
+		goto out;
 	if ((rc = ws_mkdir_home(home)) || (rc = ws_new_ref(ref)))
 		goto out;
 	if ((rc = ws_pathf(&dir, "%s/workspaces/%s", home, ref)))
@@ -298,7 +310,12 @@ int cb_ws_create(const char *base, const char *name, FILE *log, char ref[CB_WS_R
 		fprintf(log, "cowbox: creating workspace %s in %s\n", ref, dir);
 		fflush(log);
 	}
-	rc = ws_fill(dir, base_abs, name);
+	if (log && in_place) {
+		fprintf(log, "cowbox: recording %s as turn 0 (hashed, and kept as blobs)\n",
+			base_abs);
+		fflush(log);
+	}
+	rc = ws_fill(dir, base_abs, name, in_place);
 	if (!rc && name) {
 		/* The link claims the name atomically: of two racing creates one gets EEXIST. */
 		if ((rc = ws_pathf(&link, "%s/names/%s", home, name)))
@@ -321,6 +338,17 @@ out:
 	free(base_abs);
 	free(home);
 	return rc;
+}
+
+int cb_ws_create(const char *base, const char *name, FILE *log, char ref[CB_WS_REF_LEN + 1])
+{
+	return ws_create(base, name, 0, log, ref);
+}
+
+int cb_ws_create_in_place(const char *folder, const char *name, FILE *log,
+			  char ref[CB_WS_REF_LEN + 1])
+{
+	return ws_create(folder, name, 1, log, ref);
 }
 
 #define WS_UNPUBLISHED ".unpublished-"
@@ -350,7 +378,7 @@ int cb_ws_create_unpublished(const char *base, const char *name, char ref[CB_WS_
 	}
 	/* The name goes into meta.db when the link exists (cb_ws_publish), so that a workspace
 	 * is never shown under a name that does not resolve to it. */
-	if ((rc = ws_fill(*dir, base_abs, NULL)))
+	if ((rc = ws_fill(*dir, base_abs, NULL, 0)))
 		ws_delete_tree(*dir);
 out:
 	if (rc) {

@@ -187,6 +187,11 @@ static int ws_describe(const char *ref, struct cb_ws_info *out)
 	}
 	cb_db_meta_get(db, "name", &out->name);
 	cb_db_meta_get(db, "base", &out->base);
+	char *in_place = NULL;
+
+	if (cb_db_meta_get(db, "in_place", &in_place) == 0)
+		out->in_place = !strcmp(in_place, "1");
+	free(in_place);
 	cb_error_clear();
 	if ((rc = cb_ws_daemon(ref, &out->daemon_pid, &out->mountpoint)))
 		goto out;

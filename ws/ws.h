@@ -27,4 +27,20 @@ int ws_open_complete(const char *db_path, struct cb_db **out);
  * there (malloc'd), else NULL. */
 char *ws_dead_mountpoint(const char *ref);
 
+/* 0 if folder (a real path) may be an in-place workspace's folder: not /, not inside home
+ * ($COWBOX_HOME) and not holding it (-EINVAL), not another in-place workspace's (-EBUSY);
+ * else the error saying why. */
+int ws_in_place_check(const char *folder, const char *home);
+
+/* Record folder as turn 0 of the in-place workspace in dir (meta.db made): the turn store
+ * marked in place, the base map frozen from a walk of folder, and every file's bytes kept as
+ * a blob, so that a rollback never needs the folder to still hold them. A file that changes
+ * while it is read fails it. */
+int ws_in_place_record(const char *dir, const char *folder);
+
+/* The file dir/in_place, beside base.path: what says so when meta.db is lost (fsck --repair
+ * then records the folder as turn 0 again). ws_in_place_marked: 1 if dir has it, else 0. */
+int ws_in_place_mark(const char *dir);
+int ws_in_place_marked(const char *dir);
+
 #endif

@@ -48,6 +48,24 @@ enum cb_backend_bg {
 #define CB_BACKEND_NO_LIMIT (~0UL)
 
 #define CB_BACKEND_MAX_VOLUMES 8
+#define CB_BACKEND_MAX_SECRETS 64
+
+/* A header secret (docs/network.md#header-secrets): the egress proxy sets header to
+ * prefix + the secret + suffix on HTTPS requests to host under path_prefix. The secret comes
+ * from value (kept in the workspace directory's secrets.json, 0600, never in backend.json) or
+ * from file (a host path, read by the daemon each time the proxy starts). */
+struct cb_backend_secret {
+	char *host, *header;
+	char *value;	       /* NULL: from file */
+	char *file;	       /* absolute host path, or NULL */
+	char *path_prefix;     /* NULL: "/" */
+	char *prefix, *suffix; /* NULL: "" */
+	int stored;	       /* parsed from backend.json: value still to be read */
+};
+
+/* Where the system's CA bundle is, in a root (the host's, or an image), and where the sandbox
+ * finds the bundle that also trusts the workspace's CA (bound over it). */
+#define CB_BACKEND_SYSTEM_CA "/etc/ssl/certs/ca-certificates.crt"
 
 /* A host directory bound into the sandbox (ns, docker). */
 struct cb_backend_volume {
@@ -91,6 +109,8 @@ struct cb_backend_options {
 	size_t n_volumes;
 	int privileged; /* ns as root: no user namespace, the sandbox's uid 0 is the host's
 			   (with no capabilities); the workspace's files keep their host ids */
+	struct cb_backend_secret *secrets; /* header secrets (network public or allow) */
+	size_t n_secrets;
 };
 
 /* One command for a backend. Only argv (or shell) is required. */
@@ -323,5 +343,29 @@ int cb_backend_policy(const struct cb_backend_options *o, struct cb_net_policy *
 extern const char *const cb_backend_proxy_env[];
 /* Whether the options' network goes through the proxy. */
 int cb_backend_net_proxied(const struct cb_backend_options *o);
+
+/* ---- header secrets (backends/secrets.c) ---- */
+
+/* The "secrets" option: a list of {host, header, value | file, path_prefix, prefix, suffix}
+ * (or "stored": true as backend.json has it), each checked: a name or address for host, an
+ * HTTP header name that does not frame the request, no line break in any text, an absolute
+ * file. -EINVAL naming the entry. */
+int cb_backend_secrets_from_json(json_t *v, struct cb_backend_options *out);
+/* Their JSON form without any value ("stored": true or "file"); a new reference. */
+json_t *cb_backend_secrets_to_json(const struct cb_backend_options *o);
+void cb_backend_secrets_free(struct cb_backend_options *o);
+/* Beside backend.json in dir: the values in secrets.json (mode 0600 from its first byte;
+ * removed when none), and the workspace's CA (cb_net_ca_ensure, named after label). */
+int cb_backend_secrets_save(const char *dir, const char *label, const struct cb_backend_options *o);
+/* The stored values of options loaded from dir's backend.json, from its secrets.json. */
+int cb_backend_secrets_load(const char *dir, struct cb_backend_options *o);
+/* The proxy's bindings of o, with file secrets read now: *out (free) points into o and into
+ * *values (free with cb_backend_secrets_values_free, which wipes them). */
+int cb_backend_secrets_resolve(const struct cb_backend_options *o, struct cb_net_binding **out,
+			       char ***values);
+void cb_backend_secrets_values_free(char **values);
+/* With secrets: b's CA made if missing and its trust bundle (the root's system CAs, then the
+ * CA) written in b->dir, for the sandbox to see at CB_BACKEND_SYSTEM_CA; 0 without. */
+int cb_backend_trust_prepare(struct cb_backend *b);
 
 #endif

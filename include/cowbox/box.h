@@ -78,6 +78,8 @@ struct cb_box_options {
 					* NULL/"full" (cowbox/access.h) */
 	double idle_timeout;	       /* seconds without a client before its daemon stops
 					* (keeping the disk); 0: 600; < 0: never */
+	bool in_place;		       /* the agent's edits land in base itself, which is
+					* recorded as turn 0 first (cb_ws_create_in_place) */
 };
 
 /* Per command; a NULL options pointer means all defaults. */

@@ -23,6 +23,12 @@ int cb_client_send(struct cb_client *c, json_t *msg, long long *id);
  * most timeout_ms (< 0: forever). -ETIMEDOUT, or -ECONNRESET once the daemon hung up. */
 int cb_client_recv(struct cb_client *c, int timeout_ms, json_t **msg);
 
+/* The next line from the daemon as it came, without its newline and NUL-terminated in place,
+ * for a reader that parses a large frame itself instead of building a JSON object of it
+ * (the CLI's whole map). *line stays valid, and may be changed in place, until the next
+ * receive on c. Errors as cb_client_recv. */
+int cb_client_recv_line(struct cb_client *c, int timeout_ms, char **line, size_t *len);
+
 /* Send req (consumed) and wait for its final reply, skipping stream frames. On an error
  * reply, returns -errno with the daemon's message and code set ("info: not_found: ..."); on
  * success *reply (if not NULL) is the reply object, which the caller frees. */

@@ -96,6 +96,17 @@ struct cb_net_record {
 	int secret;				 /* a header secret was injected */
 };
 
+/* A header secret (docs/network.md#header-secrets): requests to host (any port, through
+ * CONNECT or SOCKS5) whose path starts with path_prefix get "header: prefix value suffix",
+ * replacing what the sandbox sent. The value is resolved already (never stored here). */
+struct cb_net_binding {
+	const char *host; /* lower case, no trailing dot */
+	const char *header;
+	const char *value;
+	const char *path_prefix; /* "/" for every path */
+	const char *prefix, *suffix;
+};
+
 struct cb_net_proxy_config {
 	int listen_fd; /* a listening TCP socket (taken over, closed by the proxy) */
 	const struct cb_net_policy *policy; /* copied */
@@ -103,6 +114,12 @@ struct cb_net_proxy_config {
 	void (*record)(void *arg, const struct cb_net_record *r);
 	void *record_arg;
 	double dns_timeout; /* seconds; <= 0: 5 */
+	/* Header secrets: connections to a bound host are intercepted (TLS ended here with a
+	 * leaf of the CA in ca_dir, the upstream's certificate verified against the system
+	 * store and $COWBOX_PROXY_EXTRA_CA); every other host is tunnelled untouched. */
+	const struct cb_net_binding *bindings; /* copied */
+	size_t n_bindings;
+	const char *ca_dir; /* holds CB_NET_CA_KEY and CB_NET_CA_CERT; needed with bindings */
 };
 
 struct cb_net_proxy;
@@ -116,5 +133,20 @@ int cb_net_proxy_start(const struct cb_net_proxy_config *cfg, struct cb_net_prox
 void cb_net_proxy_stop(struct cb_net_proxy *p);
 /* Connections open now (tests, info). */
 size_t cb_net_proxy_open_count(struct cb_net_proxy *p);
+
+/* ---- the workspace's certificate authority (net/ca.c) ---- */
+
+/* The names in a workspace directory (outside the sandbox): the key (0600), its certificate,
+ * and the trust bundle the sandbox's TLS clients read (system CAs + the certificate). */
+#define CB_NET_CA_KEY	 "ca-key.pem"
+#define CB_NET_CA_CERT	 "ca.pem"
+#define CB_NET_CA_BUNDLE "ca-bundle.pem"
+
+/* Make dir's CA (an EC P-256 key, 0600, and a self-signed certificate for 10 years, named
+ * after label) unless both files exist: 0, or -errno with a message. */
+int cb_net_ca_ensure(const char *dir, const char *label);
+/* Write dir's bundle: system_bundle (skipped when missing or NULL), then dir's certificate,
+ * by a file renamed in place, mode 0644. */
+int cb_net_ca_bundle(const char *dir, const char *system_bundle);
 
 #endif

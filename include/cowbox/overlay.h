@@ -21,6 +21,9 @@ struct cb_overlay_config {
 				   shown as id_base + x and stored so (creations, chown, copy-up),
 				   and no setuid/setgid bit is kept on a file whose owner (group)
 				   is outside [id_base, id_base + 65536). */
+	int owner_squash;	/* in place (upper_dir is the user's folder): with
+				   id_base, the sandbox's root is stored as upper_dir's
+				   owner, and that owner is shown as its root */
 	unsigned long long quota_bytes;	 /* upper-layer quota (fs/quota.c); 0: none. A byte
 					    quota turns FUSE passthrough off for the mount
 					    (the writeback cache instead): docs/security.md */

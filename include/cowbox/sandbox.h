@@ -57,6 +57,8 @@ struct cb_sandbox {
 	unsigned long tmp_mb;	 /* size of the private /tmp, 0: 512 */
 	const struct cb_sandbox_bind *binds; /* extra binds (at most 16), in this order */
 	size_t n_binds;
+	const char *ca_bundle; /* a PEM file bound read-only over the root's
+				  etc/ssl/certs/ca-certificates.crt (when it has that file) */
 	const char *user;      /* run the command as NAME|UID[:GROUP|GID], looked up in the root's
 				  etc/passwd and etc/group (the image's, else the host's); a uid
 				  needs to be mapped (0-65535 as root). NULL: the sandbox's root.

@@ -172,6 +172,14 @@ int cb_db_turns_base_entries(struct cb_db_turns *t,
 				       void *arg),
 			     void *arg);
 
+/* 1 if the workspace is in place (its base is also its upper layer: the user's folder), 0
+ * if not, or -errno. Set once, when an in-place workspace is created. */
+int cb_db_turns_in_place(struct cb_db_turns *t);
+int cb_db_turns_in_place_set(struct cb_db_turns *t);
+/* 1 if a file of turn 0 (the base map) has the content xxh3, else 0, or -errno: in place,
+ * what keeps its blob from prune. */
+int cb_db_turns_base_blob_needed(struct cb_db_turns *t, const unsigned char *xxh3);
+
 /* A row of the base cache (ctime_ns -1: a row from before ctime was part of the key). */
 struct cb_db_cache_row {
 	const char *path;

@@ -25,7 +25,8 @@ struct cb_ws_info {
 	char *mountpoint; /* the daemon's mount point, else the default <dir>/mnt */
 	enum cb_ws_state state;
 	pid_t daemon_pid;      /* 0 when no daemon runs */
-	long long upper_bytes; /* disk used by upper/ */
+	long long upper_bytes; /* disk used by upper/ (0 in place: the folder is the user's) */
+	int in_place;	       /* the upper layer is the base folder itself */
 };
 
 /* The state directory: $COWBOX_HOME, else /var/lib/cowbox for root, else
@@ -43,6 +44,20 @@ int cb_ws_name_check(const char *name);
  * is made first and reported on log (if not NULL), so that a crash part-way leaves a ref that
  * `cowbox rm` cleans. Bad names, taken names and missing bases fail before anything is made. */
 int cb_ws_create(const char *base, const char *name, FILE *log, char ref[CB_WS_REF_LEN + 1]);
+
+/* Create an in-place workspace over folder: the mount's upper layer is folder itself, so the
+ * agent's edits land there, journaled as usual. folder is recorded as turn 0 (hashed and
+ * every file kept as a blob, which costs a copy of its files in $COWBOX_HOME), so snapshot,
+ * diff and rollback work as for any workspace; removing the workspace leaves folder as it
+ * is. Refused for /, a folder inside $COWBOX_HOME or one holding it. */
+int cb_ws_create_in_place(const char *folder, const char *name, FILE *log,
+			  char ref[CB_WS_REF_LEN + 1]);
+
+/* 1 and *found ("FOLDER (workspace REF)", malloc'd) if path (a real path) holds or lies in
+ * the folder of an in-place workspace: that folder is written only through its mount, by
+ * the daemon that journals it (a sandbox writing it directly could race the daemon's paths
+ * there). 0 and NULL if none; -errno. */
+int cb_ws_in_place_overlap(const char *path, char **found);
 
 /* A workspace built in a hidden directory (*dir, malloc'd) that nothing lists, resolves or
  * mounts until cb_ws_publish: what a fork fills. name is only checked here; it is claimed

@@ -31,6 +31,29 @@ def _become_subreaper():
 _become_subreaper()
 
 
+
+# A program (python3 -c SWAP_LOOP TARGET SECONDS DIR [CONTENT]) that swaps directory DIR/d
+# with DIR/x, a symlink to TARGET (a host directory), by rename-exchange for SECONDS, printing
+# "ready" first and "swaps N" at the end; with CONTENT it first writes DIR/d/f. Run inside a
+# sandbox (and from the host too) while the root daemon works on those paths.
+SWAP_LOOP = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+os.chdir(sys.argv[3])
+if len(sys.argv) > 4:
+    os.makedirs("d", exist_ok=True)
+    with open("d/f", "w") as f:
+        f.write(sys.argv[4])
+if not os.path.lexists("x"):
+    os.symlink(sys.argv[1], "x")
+print("ready", flush=True)
+end, swaps = time.monotonic() + float(sys.argv[2]), 0
+while time.monotonic() < end:
+    if libc.renameat2(-100, b"d", -100, b"x", 2) == 0:
+        swaps += 1
+print("swaps", swaps, flush=True)
+"""
+
 def reap_children():
     """Collect every exited child (including adopted daemons) so none stays a zombie."""
     while True:

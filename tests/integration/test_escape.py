@@ -13,7 +13,7 @@ import threading
 import time
 import unittest
 
-from cbtest import COWBOX, CowboxTestCase, pid_alive
+from cbtest import COWBOX, SWAP_LOOP, CowboxTestCase, pid_alive
 
 # Python probes run inside the sandbox; they print what happened instead of raising.
 SYSCALL_PROBE = r"""
@@ -567,24 +567,6 @@ class TestLimits(EscapeTestCase):
 
 # The daemon's own operations against what the sandbox plants: every workspace path the daemon
 # resolves as root goes through util/beneath (docs/security.md, "Paths the daemon touches").
-RACE_LOOP = r"""
-import ctypes, os, sys, time
-libc = ctypes.CDLL(None, use_errno=True)
-os.chdir("/workspace")
-os.makedirs("d", exist_ok=True)
-with open("d/f", "w") as f:
-    f.write("INSIDE")
-if not os.path.lexists("x"):
-    os.symlink(sys.argv[1], "x")
-print("ready", flush=True)
-end, swaps = time.monotonic() + float(sys.argv[2]), 0
-while time.monotonic() < end:
-    if libc.renameat2(-100, b"d", -100, b"x", 2) == 0:
-        swaps += 1
-print("swaps", swaps, flush=True)
-"""
-
-
 class TestDaemonPathsEscape(CowboxTestCase):
     """read, write, snapshot, diff --patch, rollback, fork and rm as root while the sandbox
     swaps a directory for a symlink out, plants FIFOs, or a turn says d is a symlink and d/x a
@@ -717,9 +699,9 @@ class TestDaemonPathsEscape(CowboxTestCase):
         from cowbox import directio, errors
         before = self.outside_state()
         c = self.client(self.ref)
-        loop = subprocess.Popen([COWBOX, "exec", self.ref, "--", "python3", "-c", RACE_LOOP,
-                                 self.outside, "12"], env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        loop = subprocess.Popen([COWBOX, "exec", self.ref, "--", "python3", "-c", SWAP_LOOP,
+                                 self.outside, "12", "/workspace", "INSIDE"], env=self.env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.addCleanup(lambda: (loop.kill(), loop.communicate()))
         self.assertEqual(loop.stdout.readline().strip(), "ready", loop.stderr)
         seen, turns, end = set(), [], time.monotonic() + 8

@@ -3,12 +3,17 @@ only lowered, bounded by the workspace's widest), hooks and the setup script run
 a baseline turn, idle stop, apply."""
 
 import base64
+import ctypes
 import json
 import os
+import signal
 import subprocess
+import sys
+import tempfile
 import time
 
 import cbtest
+from cbtest import COWBOX
 
 
 def b64(data):
@@ -321,6 +326,99 @@ class ApplyTest(cbtest.CowboxTestCase):
         # apply needs access full.
         self.c.request("access", level="files")
         self.assertEqual(self.c.request("apply")["error"]["code"], "access_denied")
+
+    def test_apply_killed_midway_is_finished_by_the_next_run(self):
+        # kill -9 of the daemon while apply writes: each file is whole or absent (written
+        # beside its path, then renamed), and the next apply finishes the rest, leaving no
+        # temporary file behind.
+        dst = self.copy_of_base()
+        n = 600
+        self.edit("mkdir many && i=0; while [ $i -lt %d ]; do echo $i > many/f$i.txt; "
+                  "i=$((i+1)); done; echo changed > a.txt" % n)
+        pid = self.daemon_pid(self.ref)
+        p = subprocess.Popen([COWBOX, "apply", self.ref, "--to", dst], env=self.env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        many = os.path.join(dst, "many")
+        cbtest.wait_for(lambda: os.path.isdir(many) and len(os.listdir(many)) >= 10,
+                        timeout=60, interval=0.002, what="apply's first files")
+        os.kill(pid, signal.SIGKILL)
+        at_kill = len(os.listdir(many))
+        out, err = p.communicate(timeout=60)
+        cbtest.wait_for(lambda: not cbtest.pid_alive(pid), what="the killed daemon gone")
+        if at_kill < n:
+            self.assertNotEqual(p.returncode, 0, "apply said done after its daemon was "
+                                "killed: %s %s" % (out, err))
+        for name in os.listdir(many):
+            if name.endswith(".cowbox-apply"):
+                continue  # the one in flight: never renamed into place
+            with open(os.path.join(many, name)) as f:
+                self.assertEqual(f.read(), "%s\n" % name[1:-4], name)
+        # The next run (its daemon started again on demand) finishes it.
+        self.cowbox_json("apply", self.ref, "--to", dst)
+        self.assertEqual(tree(dst), tree(self.mountpoint(self.ref)))
+        self.assertEqual([], [f for f in tree(dst) if ".cowbox-apply" in f])
+
+    def test_apply_races_a_directory_swapped_for_a_symlink_in_the_target(self):
+        # The target is bound into the sandbox read-write, so the agent swaps dst/d (where
+        # apply writes) with dst/x (a symlink to a host directory) in a loop while apply
+        # runs as root: nothing outside dst is ever written, every run ends (done, or
+        # refused with a message), and once the loop stops apply converges.
+        if os.geteuid() != 0:
+            self.skipTest("the daemon's paths are a root daemon's problem")
+        outside = tempfile.mkdtemp(prefix="cowbox-outside-", dir="/tmp")
+        self.addCleanup(subprocess.run, ["rm", "-rf", outside])
+        with open(os.path.join(outside, "b.txt"), "w") as f:
+            f.write("SECRET")
+        dst = self.copy_of_base()
+        os.chmod(dst, 0o777)  # the sandbox's root is a uid range of its own
+        ref = self.cowbox("create", "--base", self.base, "--volume",
+                          "%s:/vol:rw" % dst).stdout.strip()
+        self.mount(ref)
+        c = self.client(ref)
+        r = c.request("run", cmd=["sh", "-c", "i=0; while [ $i -lt 60 ]; do echo $i > "
+                                  "d/n$i.txt; i=$((i+1)); done; echo b2 > d/b.txt"])
+        self.assertEqual(r["exit_code"], 0, r)
+        turn = c.request("snapshot")["turn"]
+        loop = subprocess.Popen(
+            [COWBOX, "exec", ref, "--", "python3", "-c", cbtest.SWAP_LOOP, outside, "8",
+             "/vol"],
+            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: (loop.kill(), loop.communicate()))
+        self.assertEqual(loop.stdout.readline().strip(), "ready", loop.stderr.read())
+        host = subprocess.Popen(["python3", "-c", cbtest.SWAP_LOOP, outside, "7", dst],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: (host.kill(), host.communicate()))
+        self.assertEqual(host.stdout.readline().strip(), "ready", host.stderr.read())
+        codes, whys, end = [], set(), time.monotonic() + 6
+        while time.monotonic() < end:
+            a = subprocess.run([COWBOX, "apply", ref, "--turn", str(turn), "--to", dst],
+                               env=self.env, capture_output=True, text=True, timeout=60)
+            codes.append(a.returncode)
+            self.assertIn(a.returncode, (0, 1), a.stderr)
+            if a.returncode:
+                self.assertTrue(a.stderr.strip(), "a refusal without a message")
+                whys.add(a.stderr.strip()[:90])
+        out, err = loop.communicate(timeout=60)
+        self.assertGreater(int(out.split()[-1]), 100, out + err)
+        host.communicate(timeout=60)
+        with open(os.path.join(outside, "b.txt")) as f:
+            self.assertEqual(f.read(), "SECRET")
+        self.assertEqual(os.listdir(outside), ["b.txt"])
+        self.assertTrue(c.request("ping").get("ok"))
+        # Put d back as the directory if the loop ended swapped, then apply converges.
+        if os.path.islink(os.path.join(dst, "d")):
+            libc = ctypes.CDLL(None, use_errno=True)
+            self.assertEqual(libc.renameat2(-100, os.path.join(dst, "d").encode(), -100,
+                                            os.path.join(dst, "x").encode(), 2), 0)
+        a = subprocess.run([COWBOX, "apply", ref, "--turn", str(turn), "--to", dst],
+                           env=self.env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(a.returncode, 0, a.stderr)
+        want = {k: v for k, v in tree(self.mountpoint(ref)).items() if k.startswith("d")}
+        got = {k: v for k, v in tree(dst).items() if k.startswith("d")}
+        self.assertEqual(got, want)
+        print("apply under the swap: %d runs, %d done, refusals: %s" %
+              (len(codes), codes.count(0), sorted(whys)), file=sys.stderr)
+
 
 
 if __name__ == "__main__":

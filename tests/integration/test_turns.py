@@ -134,6 +134,27 @@ class TurnsTest(CowboxTestCase):
         self.assertEqual(text[0], "turn 4")
         self.assertEqual(text[1:], ["%s  %s" % (n, want[n]) for n in names])
 
+    def test_a_write_through_one_hard_link_changes_every_name(self):
+        # A file of 40 names (more than any fixed list would hold): a write through one
+        # changes the hash of all, in the same snapshot; also after a remount, when the
+        # daemon has seen only the name written through.
+        os.mkdir(self.path("links"))
+        self.write("links/n0", "v1\n")
+        for i in range(1, 40):
+            os.link(self.path("links/n0"), self.path("links/n%d" % i))
+        self.assertEqual(self.snapshot()["files"], files_of(tree_state(self.mnt)))
+        self.write("links/n7", "v2\n", "a")
+        snap = self.snapshot()["files"]
+        self.assertEqual(snap, files_of(tree_state(self.mnt)))
+        self.assertEqual(len({snap["links/n%d" % i] for i in range(40)}), 1)
+        self.cowbox("umount", "w")
+        self.mount(self.ref)
+        with open(self.path("links/n3"), "a") as f:
+            f.write("v3\n")
+        snap = self.snapshot()["files"]
+        self.assertEqual(snap, files_of(tree_state(self.mnt)))
+        self.assertEqual(snap["links/n39"], snap["links/n3"])
+
     def test_diff_events_attribution_and_patch(self):
         self.snapshot()
         before = tree_state(self.mnt)

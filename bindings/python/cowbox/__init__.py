@@ -4,13 +4,14 @@ Sandbox satisfies the LiteLLM harness Sandbox protocol."""
 from .errors import (AccessDeniedError, ConflictError, InvalidPathError, InvalidRequestError, WorkspaceError,
                      WorkspaceInUseError, WorkspaceNotFoundError, WorkspaceOutputLimitError,
                      WorkspaceTimeoutError, WorkspaceUnavailableError)
-from .network import Network
+from .network import HeaderBinding, Network
 from .sandbox import Changes, CompletedRun, FileChange, Process, Sandbox, file_changes
 
 CowboxSandbox = Sandbox
 
 __all__ = [
-    "Sandbox", "CowboxSandbox", "Network", "Process", "CompletedRun", "Changes", "FileChange", "file_changes",
+    "Sandbox", "CowboxSandbox", "Network", "HeaderBinding", "Process", "CompletedRun", "Changes",
+    "FileChange", "file_changes",
     "WorkspaceError", "WorkspaceNotFoundError", "InvalidPathError", "WorkspaceInUseError",
     "WorkspaceUnavailableError", "WorkspaceTimeoutError", "WorkspaceOutputLimitError",
     "InvalidRequestError", "AccessDeniedError", "ConflictError",

@@ -216,6 +216,9 @@ class Sandbox:
         self._sock = None
         self._lock = None
         self.mountpoint = None
+        # True when the workspace is in place (create(in_place=True)): its edits land in
+        # the base folder itself. Known once connected (None before).
+        self.in_place = None
         self.backend = "ns"
         self.workdir = "/workspace"
         self.last_turn = None
@@ -239,13 +242,16 @@ class Sandbox:
                      disk_mb=None, disk_inodes=None, image=None,
                      on_create=(), on_destroy=(), setup_script=None, setup_timeout=None,
                      privileged=False, shell=None, user=None, background=None, volumes=None,
-                     access=None, idle_timeout=None, cowbox=None, home=None):
+                     access=None, idle_timeout=None, in_place=False, cowbox=None, home=None,
+                     header_bindings=None):
         """A new workspace over base (a directory, or None for an empty one) with these
         backend options; the backend itself boots on first use. network is "none" (the
         default of ns and docker), "all" (outbound through user-mode networking, not the
         host's loopback) or "host" (the host's own namespace; what local always is), or a
         cowbox.Network: Network.public() or Network.allow(hosts=[...]) reach the network
-        only through the workspace's egress proxy (docs/network.md).
+        only through the workspace's egress proxy (docs/network.md); there,
+        header_bindings (cowbox.HeaderBinding) set secret headers on HTTPS requests to
+        their hosts without the secret entering the sandbox.
         shell is "sh" (the default) or "bash": what runs command strings and hooks. user
         (ns, docker) runs commands as that user inside: a name, a uid, or "NAME:GROUP".
         background "keep" (the default) lets jobs a command starts with &, nohup or setsid
@@ -269,8 +275,15 @@ class Sandbox:
         (baseline_turn): the baseline, not the agent's first turn. A failing hook fails the
         create, which removes the workspace. idle_timeout (seconds, default 600, 0: never):
         the workspace's daemon, mount and container stop once no Sandbox object holds it
-        for that long, keeping its disk; the next use boots it again."""
+        for that long, keeping its disk; the next use boots it again.
+        in_place=True (LiteLLM's sandbox.local(path)): the agent's edits land in base
+        itself, the mount's upper layer being that folder; base is recorded as turn 0
+        first (its files kept as blobs in the workspace), every change is journaled as
+        usual, so snapshot, diff and rollback (which writes the old bytes back into base)
+        work; destroy leaves base's content as it is."""
         _check_access(access)
+        if in_place and not base:
+            raise ValueError("in_place=True needs base: the folder to work in")
         on_create = list(on_create)
         hooks = [h for h in on_create if not isinstance(h, str)]
         for h in hooks:
@@ -291,6 +304,8 @@ class Sandbox:
                            ("shell", shell), ("user", user), ("background", background)):
             if value is not None:
                 options[key] = value
+        if header_bindings:
+            options["secrets"] = [b.option() for b in header_bindings]
         if volumes:
             options["volumes"] = [[str(v[0]), str(v[1])] + ([str(v[2])] if len(v) > 2 else [])
                                   for v in volumes]
@@ -301,7 +316,8 @@ class Sandbox:
             options["privileged"] = True
         tmp = cls.__new__(cls)
         Sandbox.__init__(tmp, "cb-" + "0" * 32, cowbox=cowbox, home=home)
-        args = ["create"] + (["--base", str(base)] if base else []) + (
+        args = ["create"] + ([("--in-place" if in_place else "--base"), str(base)]
+                             if base else []) + (
             ["--name", name] if name else [])
         rc, out, err = await _cowbox(tmp.cowbox, tmp._env, *args)
         if rc != 0:
@@ -404,6 +420,7 @@ class Sandbox:
             info = json.loads(out)
             self.ref = info.get("ref", self.ref)
             self.mountpoint = info["mountpoint"]
+            self.in_place = bool(info.get("in_place"))
             self._sock = os.path.join(os.path.dirname(self.mountpoint), "control.sock")
             if not os.path.exists(self._sock):
                 home = self._env.get("COWBOX_HOME")

@@ -169,6 +169,45 @@ class LifecycleTest(cbtest.CowboxTestCase):
                 self.assertEqual(f.read(), "agent\n")
         self.arun(go())
 
+    def test_in_place(self):
+        # LiteLLM's sandbox.local(path): what the agent writes is in the folder at once, the
+        # turns roll it back into the folder, and destroy leaves the folder.
+        with self.assertRaises(ValueError):
+            asyncio.run(cowbox.Sandbox.create(None, in_place=True, cowbox=cbtest.COWBOX,
+                                              home=self.home))
+
+        async def go():
+            box = await self.new_box(in_place=True)
+            self.assertTrue(box.in_place)
+            await box.write("src/a.py", b"x = 2\n")
+            await box.run(["sh", "-c", "echo made > made.txt; rm README"])
+            with open(os.path.join(self.base, "src/a.py")) as f:
+                self.assertEqual(f.read(), "x = 2\n")
+            with open(os.path.join(self.base, "made.txt")) as f:
+                self.assertEqual(f.read(), "made\n")
+            self.assertFalse(os.path.exists(os.path.join(self.base, "README")))
+            files = await box.snapshot()
+            self.assertEqual(sorted(files), ["made.txt", "src/a.py"])
+            self.assertEqual({c.path: c.kind for c in await box.diff(0, box.last_turn)},
+                             {"src/a.py": "modified", "made.txt": "added",
+                              "README": "deleted"})
+            # Applying onto the folder makes no sense: it holds the changes already.
+            with self.assertRaises(cowbox.WorkspaceError):
+                await box.apply()
+            await box.rollback(0)
+            with open(os.path.join(self.base, "README")) as f:
+                self.assertEqual(f.read(), "hello\n")
+            self.assertFalse(os.path.exists(os.path.join(self.base, "made.txt")))
+            again = await self.attach(box.ref)
+            await again.run(["true"])
+            self.assertTrue(again.in_place)
+            await box.write("kept.txt", b"kept")
+            await box.close()
+            await cowbox.Sandbox.destroy(box.ref, cowbox=cbtest.COWBOX, home=self.home)
+            with open(os.path.join(self.base, "kept.txt"), "rb") as f:
+                self.assertEqual(f.read(), b"kept")
+        self.arun(go())
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -1,0 +1,62 @@
+/* Private to net/: header secrets. The TLS contexts and leaf certificates of the bound hosts
+ * (net/intercept.c, net/ca.c) and the HTTP/1.1 request stream rewriter that injects them. */
+#ifndef COWBOX_NET_INTERCEPT_H
+#define COWBOX_NET_INTERCEPT_H
+
+#include <event2/buffer.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <stddef.h>
+
+#include "cowbox/net.h"
+
+/* CA files of dir as OpenSSL objects (the key matches the certificate): 0 or -errno. */
+int cb_net_ca_load(const char *dir, X509 **cert, EVP_PKEY **key);
+/* A leaf for host (a name, or an address literal as an IP SAN) with leaf_key, signed by ca. */
+X509 *cb_net_ca_leaf(X509 *ca, EVP_PKEY *ca_key, EVP_PKEY *leaf_key, const char *host);
+
+/* One bound host: its bindings and its leaf, made once when the proxy starts. */
+struct cb_net_icpt_host {
+	char *name;
+	X509 *leaf;
+	size_t n;
+	struct cb_net_binding *b; /* strings owned */
+};
+
+struct cb_net_icpt {
+	SSL_CTX *server; /* to the sandbox: our leaves, HTTP/1.1 by ALPN */
+	SSL_CTX *client; /* to the destination: verified, HTTP/1.1 by ALPN */
+	EVP_PKEY *leaf_key;
+	size_t n_hosts;
+	struct cb_net_icpt_host *hosts;
+};
+
+/* From the proxy's configuration: NULL in *out when it has no bindings; -errno with a message
+ * (an unreadable CA or $COWBOX_PROXY_EXTRA_CA). */
+int cb_net_icpt_new(const struct cb_net_proxy_config *cfg, struct cb_net_icpt **out);
+void cb_net_icpt_free(struct cb_net_icpt *ic);
+/* The bound host of name (case-insensitive), or NULL: that connection is tunnelled. */
+const struct cb_net_icpt_host *cb_net_icpt_find(const struct cb_net_icpt *ic, const char *name);
+/* A TLS session to the destination name: SNI, its name (or address) verified, HTTP/1.1. */
+SSL *cb_net_icpt_upstream(struct cb_net_icpt *ic, const char *name);
+/* A TLS session to serve the sandbox for h with h's leaf. */
+SSL *cb_net_icpt_downstream(struct cb_net_icpt *ic, const struct cb_net_icpt_host *h);
+/* Why a handshake failed, one line (the certificate check's reason when it was that). */
+void cb_net_icpt_tls_error(SSL *ssl, unsigned long err, char *buf, size_t size);
+
+/* The request stream of one intercepted connection, from the sandbox to the destination. */
+struct cb_net_rewriter {
+	const struct cb_net_icpt_host *host;
+	int state;
+	unsigned long long left; /* bytes of the body or chunk still to pass */
+	int injected;		 /* a secret went into at least one request */
+	const char *error;	 /* why the stream was refused (static text) */
+};
+
+/* Move what can be moved of in to out: each request head with the host's headers set where
+ * the path matches, bodies (Content-Length or chunked) untouched, anything after an Upgrade
+ * raw. An incomplete head waits in in. 0, or -1 with rw->error: a malformed or ambiguous
+ * request (both Content-Length and chunked, folded lines, bare LF, a head over 16 KiB). */
+int cb_net_rewrite(struct cb_net_rewriter *rw, struct evbuffer *in, struct evbuffer *out);
+
+#endif

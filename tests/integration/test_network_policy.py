@@ -15,9 +15,13 @@ import unittest
 
 import cbtest
 
-PUB, PUB_HOST = "203.0.113.2", "203.0.113.1"
-PRIV, PRIV_HOST = "10.251.77.2", "10.251.77.1"
-V6, V6_HOST = "2001:db8:cb::2", "2001:db8:cb::1"
+# A /30 of each test range (and a /64) per run: runs beside each other, or what another run
+# left, never take this one's addresses (the longest prefix wins).
+_NET = os.getpid() % 63 + 1
+PUB, PUB_HOST = "203.0.113.%d" % (4 * _NET + 2), "203.0.113.%d" % (4 * _NET + 1)
+PRIV, PRIV_HOST = "10.251.77.%d" % (4 * _NET + 2), "10.251.77.%d" % (4 * _NET + 1)
+V6, V6_HOST = "2001:db8:cb:%x::2" % _NET, "2001:db8:cb:%x::1" % _NET
+V6_NET = "2001:db8:cb:%x::/64" % _NET
 PORT, OTHER_PORT = 8080, 9090
 
 SERVER = r'''
@@ -88,12 +92,12 @@ class ServersCase(cbtest.CowboxTestCase):
         sh("ip", "netns", "add", cls.ns)
         sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
         sh("ip", "link", "set", ns_if, "netns", cls.ns)
-        for a in (PUB_HOST + "/24", PRIV_HOST + "/24"):
+        for a in (PUB_HOST + "/30", PRIV_HOST + "/30"):
             sh("ip", "addr", "add", a, "dev", host_if)
         sh("ip", "-6", "addr", "add", V6_HOST + "/64", "dev", host_if, "nodad")
         sh("ip", "link", "set", host_if, "up")
         nse = ["ip", "netns", "exec", cls.ns]
-        for a in (PUB + "/24", PRIV + "/24"):
+        for a in (PUB + "/30", PRIV + "/30"):
             sh(*nse, "ip", "addr", "add", a, "dev", ns_if)
         sh(*nse, "ip", "-6", "addr", "add", V6 + "/64", "dev", ns_if, "nodad")
         sh(*nse, "ip", "link", "set", ns_if, "up")
@@ -290,7 +294,7 @@ class NetworkPolicyTest(PolicyConformance, ServersCase):
 
     def test_allow_entries_through_http_connect_socks_and_urllib(self):
         ref, c = self.workspace("allow", "api.example.test:%d" % PORT,
-                                "*.pkg.test:%d" % PORT, "2001:db8:cb::/64",
+                                "*.pkg.test:%d" % PORT, V6_NET,
                                 "private.example.test:%d" % PORT,
                                 "rebind.example.test:%d" % PORT, "%s:%d" % (PUB, OTHER_PORT))
         code, out, _ = self.run_in(c, "env | grep -i _proxy | sort")

@@ -651,6 +651,7 @@ int cb_backend_open(const char *ref, const char *dir, const char *root, const ch
 	if (!b)
 		return cb_error_set(ENOMEM, "backend: out of memory");
 	pthread_mutex_init(&b->lock, NULL);
+	b->netns_fd = -1;
 	if ((rc = cb_backend_options_load(dir, &b->opt)) < 0)
 		goto out;
 	if ((rc = cb_exec_keep_new(&b->keep)) < 0)
@@ -679,6 +680,7 @@ void cb_backend_free(struct cb_backend *b)
 	cb_exec_keep_free(b->keep);
 	/* Forwarders and the proxy next: they listen in the namespace that close lets go of. */
 	cb_forwarder_stop_all(b);
+	cb_publish_stop_all(b);
 	cb_backend_proxy_stop(b);
 	if (b->created && b->ops)
 		b->ops->close(b);
@@ -779,19 +781,6 @@ int cb_backend_env(const struct cb_backend *b, char *const *extra, char ***out)
 	    "LANG=C.UTF-8",
 	    NULL,
 	};
-#define PROXY_URL "127.0.0.1:" CB_NET_PROXY_PORT_TEXT
-	/* the egress proxy: the only way out under network public or allow */
-	static const char *const proxy_env[] = {
-	    "HTTP_PROXY=http://" PROXY_URL,
-	    "HTTPS_PROXY=http://" PROXY_URL,
-	    "ALL_PROXY=socks5h://" PROXY_URL,
-	    "http_proxy=http://" PROXY_URL,
-	    "https_proxy=http://" PROXY_URL,
-	    "all_proxy=socks5h://" PROXY_URL,
-	    "NO_PROXY=localhost,127.0.0.1,::1",
-	    "no_proxy=localhost,127.0.0.1,::1",
-	    NULL,
-	};
 	/* header secrets: TLS clients trust the workspace's CA (in the bundle at the standard
 	 * path), also those that read no system store by default */
 	static const char *const trust_env[] = {
@@ -813,7 +802,9 @@ int cb_backend_env(const struct cb_backend *b, char *const *extra, char ***out)
 		cap++;
 	for (size_t i = 0; extra && extra[i]; i++)
 		cap++;
-	cap += sizeof proxy_env / sizeof *proxy_env + sizeof trust_env / sizeof *trust_env;
+	for (size_t i = 0; cb_backend_proxy_env[i]; i++)
+		cap++;
+	cap += sizeof trust_env / sizeof *trust_env;
 	env = calloc(cap + 1, sizeof(*env));
 	rc = env ? 0 : -ENOMEM;
 	for (size_t i = 0; !rc && host && host[i]; i++)
@@ -824,8 +815,8 @@ int cb_backend_env(const struct cb_backend *b, char *const *extra, char ***out)
 	for (size_t i = 0; !rc && b->image_env && b->image_env[i]; i++)
 		if (strncmp(b->image_env[i], "HOME=", 5))
 			rc = env_put(env, &n, b->image_env[i]);
-	for (size_t i = 0; !rc && cb_backend_net_proxied(&b->opt) && proxy_env[i]; i++)
-		rc = env_put(env, &n, proxy_env[i]);
+	for (size_t i = 0; !rc && cb_backend_net_proxied(&b->opt) && cb_backend_proxy_env[i]; i++)
+		rc = env_put(env, &n, cb_backend_proxy_env[i]);
 	for (size_t i = 0; !rc && b->opt.n_secrets && trust_env[i]; i++)
 		rc = env_put(env, &n, trust_env[i]);
 	for (size_t i = 0; !rc && b->opt.env && b->opt.env[i]; i++)

@@ -38,4 +38,16 @@ int cb_backend_which_result(struct cb_exec_result *res, const char *binary, cons
 	"case $1 in */*) exit 1;; esac; IFS=:; for d in $PATH; do "                                \
 	"if [ -f \"$d/$1\" ] && [ -x \"$d/$1\" ]; then echo \"$d/$1\"; exit 0; fi; done; exit 1"
 
+/* ---- relays (backends/relay.c) ---- */
+
+/* A set of relays, all shut down together (a forwarder's, a published port's). */
+struct cb_relays;
+int cb_relays_new(struct cb_relays **out);
+/* Relay the connected sockets a and b both ways (each end of file passed on as a half close)
+ * on a thread of the set's, which closes both at the end; on failure (-errno with a message,
+ * -ESHUTDOWN once the set closes) nothing is started and neither is closed. */
+int cb_relay_start(struct cb_relays *s, int a, int b);
+/* Shut every relay of the set down, wait until their threads let go, and free it; NULL: no-op. */
+void cb_relays_close(struct cb_relays *s);
+
 #endif

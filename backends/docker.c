@@ -208,6 +208,7 @@ static int docker_create(struct cb_backend *b)
 		goto out;
 	}
 	b->priv = s;
+	b->netns_fd = s->netns_fd;
 	s = NULL;
 out:
 	free(pid);
@@ -472,6 +473,7 @@ static void docker_close(struct cb_backend *b)
 	if (!s)
 		return;
 	docker_remove_quietly(s->name);
+	b->netns_fd = -1;
 	if (s->netns_fd >= 0)
 		close(s->netns_fd);
 	pthread_mutex_destroy(&s->lock);

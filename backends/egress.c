@@ -12,6 +12,19 @@
 #include "cowbox/error.h"
 #include "cowbox/net.h"
 
+#define PROXY_URL "127.0.0.1:" CB_NET_PROXY_PORT_TEXT
+const char *const cb_backend_proxy_env[] = {
+    "HTTP_PROXY=http://" PROXY_URL,
+    "HTTPS_PROXY=http://" PROXY_URL,
+    "ALL_PROXY=socks5h://" PROXY_URL,
+    "http_proxy=http://" PROXY_URL,
+    "https_proxy=http://" PROXY_URL,
+    "all_proxy=socks5h://" PROXY_URL,
+    "NO_PROXY=localhost,127.0.0.1,::1",
+    "no_proxy=localhost,127.0.0.1,::1",
+    NULL,
+};
+
 int cb_backend_net_proxied(const struct cb_backend_options *o)
 {
 	return o->net == CB_BACKEND_NET_PUBLIC || o->net == CB_BACKEND_NET_ALLOW;

@@ -7,7 +7,6 @@
 #include <fcntl.h>
 #include <net/if.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "backends/common.h"
 #include "cowbox/backend.h"
 #include "cowbox/error.h"
 
@@ -23,11 +23,8 @@ struct cb_forwarder {
 	int port;
 	int listen_fd;
 	pthread_t thread;
+	struct cb_relays *relays; /* its connections, shut down with it */
 	struct cb_forwarder *next;
-};
-
-struct relay {
-	int a, b;
 };
 
 static int loopback_up(void)
@@ -73,39 +70,6 @@ out:
 	return rc;
 }
 
-static void *relay_main(void *arg)
-{
-	struct relay *r = arg;
-	struct pollfd p[2] = {{r->a, POLLIN, 0}, {r->b, POLLIN, 0}};
-	char buf[65536];
-
-	for (;;) {
-		if (poll(p, 2, -1) < 0) {
-			if (errno == EINTR)
-				continue;
-			break;
-		}
-		int from = (p[0].revents & (POLLIN | POLLHUP | POLLERR)) ? 0 : 1;
-		ssize_t n = read(p[from].fd, buf, sizeof(buf));
-
-		if (n <= 0)
-			break;
-		for (ssize_t off = 0; off < n;) {
-			ssize_t w =
-			    send(p[1 - from].fd, buf + off, (size_t)(n - off), MSG_NOSIGNAL);
-
-			if (w <= 0)
-				goto out;
-			off += w;
-		}
-	}
-out:
-	close(r->a);
-	close(r->b);
-	free(r);
-	return NULL;
-}
-
 static void *forwarder_main(void *arg)
 {
 	struct cb_forwarder *f = arg;
@@ -113,8 +77,6 @@ static void *forwarder_main(void *arg)
 	for (;;) {
 		int c = accept4(f->listen_fd, NULL, NULL, SOCK_CLOEXEC), up;
 		struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(f->port)};
-		struct relay *r;
-		pthread_t t;
 
 		if (c < 0) {
 			if (errno == EINTR || errno == ECONNABORTED)
@@ -124,23 +86,12 @@ static void *forwarder_main(void *arg)
 		/* This thread lives in the daemon's namespace: the connect reaches the host. */
 		sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 		up = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		r = malloc(sizeof(*r));
-		if (up < 0 || !r || connect(up, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		if (up < 0 || connect(up, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+		    cb_relay_start(f->relays, c, up) < 0) {
 			close(c);
 			if (up >= 0)
 				close(up);
-			free(r);
-			continue;
 		}
-		r->a = c;
-		r->b = up;
-		if (pthread_create(&t, NULL, relay_main, r)) {
-			close(c);
-			close(up);
-			free(r);
-			continue;
-		}
-		pthread_detach(t);
 	}
 	return NULL;
 }
@@ -197,12 +148,18 @@ int cb_forwarder_add(struct cb_backend *b, int netns_fd, int port)
 		goto out;
 	}
 	f->port = port;
+	if ((rc = cb_relays_new(&f->relays)) < 0) {
+		free(f);
+		goto out;
+	}
 	if ((rc = listen_in(netns_fd, port, &f->listen_fd)) < 0) {
+		cb_relays_close(f->relays);
 		free(f);
 		goto out;
 	}
 	if ((rc = pthread_create(&f->thread, NULL, forwarder_main, f))) {
 		close(f->listen_fd);
+		cb_relays_close(f->relays);
 		free(f);
 		rc = cb_error_set(rc, "host_url: thread: %s", strerror(rc));
 		goto out;
@@ -227,6 +184,7 @@ void cb_forwarder_stop_all(struct cb_backend *b)
 		shutdown(f->listen_fd, SHUT_RDWR);
 		pthread_join(f->thread, NULL);
 		close(f->listen_fd);
+		cb_relays_close(f->relays);
 		free(f);
 	}
 }

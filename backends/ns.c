@@ -83,6 +83,7 @@ static int ns_create(struct cb_backend *b)
 	}
 	b->priv = s;
 	b->image_env = s->image.env;
+	b->netns_fd = s->netns_fd;
 	s = NULL;
 out:
 	ns_state_free(s);
@@ -205,6 +206,7 @@ static int ns_host_url(struct cb_backend *b, int port, char **url)
 static void ns_close(struct cb_backend *b)
 {
 	b->image_env = NULL;
+	b->netns_fd = -1;
 	ns_state_free(b->priv);
 	b->priv = NULL;
 }

@@ -42,6 +42,18 @@ int cli_print_json(json_t *value);
  * CLI_OK. */
 int cli_print_reply_json(json_t *reply);
 
+/* net_log's rows as net-log prints them (cli/cmd_net.c): a header, then one line each. */
+void cli_print_net_rows(json_t *rows);
+
+/* ---- cowbox exec REF under network public or allow (cli/exec_net.c) ---- */
+
+/* The workspace's network namespace as an fd of this process (its daemon started if need
+ * be), for the sandbox to join: -errno with a message (-ESTALE when it went away meanwhile). */
+int cli_workspace_netns(const char *ref, int *out);
+/* Put the egress proxy's variables (HTTP_PROXY, ...) into env (NULL-terminated, malloc'd, of
+ * malloc'd strings), except those env sets already. */
+int cli_env_add_proxy(char ***env);
+
 /* A human size: "0 B", "12.3 KiB", ... into buf. */
 const char *cli_size(long long bytes, char *buf, size_t size);
 

@@ -13,6 +13,7 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include "cmd_common.h"
 #include "commands.h"
 #include "cowbox/access.h"
 #include "cowbox/backend.h"
@@ -45,6 +46,7 @@ struct exec_opts {
 	unsigned long memory, pids;
 	int set;	 /* SET_*: the limits given on the command line (0 there means none) */
 	const char *net; /* --network: NULL (none), "none", "all" or "host" */
+	int ws_proxied;	 /* the workspace's network is public or allow */
 	int local, privileged;
 	const char *env[MAX_ENV];
 	int n_env;
@@ -68,7 +70,9 @@ static void exec_usage(FILE *out, const char *name)
 	    "                       workspace's user option, else the sandbox's root)\n"
 	    "  --network MODE       none (default): loopback only; all: outbound TCP/UDP/DNS\n"
 	    "                       through pasta, not the host's loopback or its abstract\n"
-	    "                       sockets; host: the host's own network namespace (warned)\n"
+	    "                       sockets; host: the host's own network namespace (warned).\n"
+	    "                       A workspace of network public or allow: its own namespace\n"
+	    "                       and egress proxy, as its API commands get, unless given\n"
 	    "  --cpus N             CPU quota (e.g. 0.5)\n"
 	    "  --memory MB          memory cap; exceeding it kills the command (exit 137);\n"
 	    "                       default 4096 (or the workspace's option), 0: none. The\n"
@@ -290,7 +294,8 @@ static int sandbox_setup(struct exec_opts *o, const char *ref, int shell_mode,
 		goto out;
 	}
 	rc = 0;
-	/* the workspace's user and shell apply to its commands from here too */
+	/* the workspace's user, shell and egress proxy apply to its commands from here too */
+	o->ws_proxied = !o->dir && cb_backend_net_proxied(&bo);
 	o->ws_user = bo.user;
 	o->ws_shell = bo.shell;
 	if (bo.kind && !strcmp(bo.kind, "ns")) {
@@ -595,6 +600,17 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 				fprintf(stderr, "cowbox %s: %s\n", argv[0], cb_error_message());
 				goto out;
 			}
+			sb.net = CB_NET_JOIN;
+			sb.netns_fd = net.netns_fd;
+		} else if (!o.net && o.ws_proxied) {
+			/* public, allow: the workspace's namespace, whose one way out is its proxy
+			 */
+			if ((rc = cli_workspace_netns(ref, &net.netns_fd)) < 0 ||
+			    (rc = cli_env_add_proxy(&env)) < 0) {
+				fprintf(stderr, "cowbox %s: %s\n", argv[0], cb_error_message());
+				goto out;
+			}
+			spec.env = env;
 			sb.net = CB_NET_JOIN;
 			sb.netns_fd = net.netns_fd;
 		} else {

@@ -1,5 +1,6 @@
 /* The network commands: reaches (does the workspace's policy open a destination, by which
- * rule) and net-log (what its egress proxy did, per turn); create's --secret specs. */
+ * rule), net-log (what its egress proxy did, per turn), publish and unpublish; create's
+ * --secret specs. */
 #include "config.h"
 
 #include <errno.h>
@@ -66,6 +67,83 @@ int cmd_reaches(int argc, char **argv)
 	return allowed ? CLI_OK : CLI_FAIL;
 }
 
+void cli_print_net_rows(json_t *rows)
+{
+	json_t *r;
+	size_t i;
+
+	printf("%4s  %-19s  %-7s  %-8s  %-30s  %-15s  %5s  %9s  %9s  %s\n", "turn", "time (UTC)",
+	       "proto", "verdict", "destination", "address", "port", "up", "down", "rule");
+	json_array_foreach(rows, i, r)
+	{
+		time_t secs = (time_t)json_real_value(json_object_get(r, "time"));
+		char when[32];
+		struct tm tm;
+
+		strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", gmtime_r(&secs, &tm));
+		printf("%4lld  %s  %-7s  %-8s  %-30s  %-15s  %5lld  %9lld  %9lld  %s%s\n",
+		       (long long)json_integer_value(json_object_get(r, "turn")), when,
+		       json_string_value(json_object_get(r, "proto")),
+		       json_is_true(json_object_get(r, "allowed")) ? "allowed" : "refused",
+		       json_string_value(json_object_get(r, "name")),
+		       json_string_value(json_object_get(r, "address")),
+		       (long long)json_integer_value(json_object_get(r, "port")),
+		       (long long)json_integer_value(json_object_get(r, "bytes_up")),
+		       (long long)json_integer_value(json_object_get(r, "bytes_down")),
+		       json_string_value(json_object_get(r, "rule")),
+		       json_is_true(json_object_get(r, "secret")) ? " [secret]" : "");
+	}
+}
+
+static const char publish_usage[] =
+    "usage: cowbox publish REF PORT [--json]\n"
+    "Make a server listening on 127.0.0.1:PORT inside the workspace's sandbox reachable from\n"
+    "the host; prints the host address (127.0.0.1:HOSTPORT). It stays open until `cowbox\n"
+    "unpublish REF PORT` or as long as the workspace's daemon runs.\n";
+
+static const char unpublish_usage[] = "usage: cowbox unpublish REF PORT [--json]\n"
+				      "Close a port cowbox publish opened, and its connections.\n";
+
+/* publish and unpublish: REF PORT to op. */
+static int port_command(int argc, char **argv, const char *op, const char *usage)
+{
+	struct cli_common common = {0};
+	json_t *reply;
+	char *end;
+	long port;
+	int c, status;
+
+	while ((c = cli_getopt(argc, argv, "", NULL, &common, usage, &status)) > 0)
+		;
+	if (c < 0)
+		return status;
+	if (argc - optind != 2)
+		return cli_usage_error(usage, "%s takes REF and PORT", op);
+	port = strtol(argv[optind + 1], &end, 10);
+	if (!*argv[optind + 1] || *end || port < 1 || port > 65535)
+		return cli_usage_error(usage, "PORT is 1-65535, not '%s'", argv[optind + 1]);
+	status = net_request(op, argv[optind], json_pack("{s:s, s:i}", "op", op, "port", (int)port),
+			     &reply);
+	if (status)
+		return status;
+	if (common.json)
+		return cli_print_reply_json(reply);
+	if (json_object_get(reply, "address"))
+		printf("%s\n", json_string_value(json_object_get(reply, "address")));
+	json_decref(reply);
+	return CLI_OK;
+}
+
+int cmd_publish(int argc, char **argv)
+{
+	return port_command(argc, argv, "publish", publish_usage);
+}
+
+int cmd_unpublish(int argc, char **argv)
+{
+	return port_command(argc, argv, "unpublish", unpublish_usage);
+}
+
 static const char net_log_usage[] =
     "usage: cowbox net-log REF [--turn N] [--json]\n"
     "Every connection the workspace's egress proxy saw (oldest first): turn, time, protocol,\n"
@@ -79,10 +157,9 @@ int cmd_net_log(int argc, char **argv)
 	    {NULL, 0, NULL, 0},
 	};
 	struct cli_common common = {0};
-	json_t *reply, *req, *r;
+	json_t *reply, *req;
 	long long turn = 0;
 	int c, status;
-	size_t i;
 
 	while ((c = cli_getopt(argc, argv, "", opts, &common, net_log_usage, &status)) > 0)
 		if (c == 't') {
@@ -105,27 +182,7 @@ int cmd_net_log(int argc, char **argv)
 		json_decref(reply);
 		return status;
 	}
-	printf("%4s  %-19s  %-7s  %-8s  %-30s  %-15s  %5s  %9s  %9s  %s\n", "turn", "time (UTC)",
-	       "proto", "verdict", "destination", "address", "port", "up", "down", "rule");
-	json_array_foreach(json_object_get(reply, "rows"), i, r)
-	{
-		time_t secs = (time_t)json_real_value(json_object_get(r, "time"));
-		char when[32];
-		struct tm tm;
-
-		strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", gmtime_r(&secs, &tm));
-		printf("%4lld  %s  %-7s  %-8s  %-30s  %-15s  %5lld  %9lld  %9lld  %s%s\n",
-		       (long long)json_integer_value(json_object_get(r, "turn")), when,
-		       json_string_value(json_object_get(r, "proto")),
-		       json_is_true(json_object_get(r, "allowed")) ? "allowed" : "refused",
-		       json_string_value(json_object_get(r, "name")),
-		       json_string_value(json_object_get(r, "address")),
-		       (long long)json_integer_value(json_object_get(r, "port")),
-		       (long long)json_integer_value(json_object_get(r, "bytes_up")),
-		       (long long)json_integer_value(json_object_get(r, "bytes_down")),
-		       json_string_value(json_object_get(r, "rule")),
-		       json_is_true(json_object_get(r, "secret")) ? " [secret]" : "");
-	}
+	cli_print_net_rows(json_object_get(reply, "rows"));
 	json_decref(reply);
 	return CLI_OK;
 }

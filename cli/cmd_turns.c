@@ -379,25 +379,28 @@ out:
 	return rc;
 }
 
-static const char diff_usage[] = "usage: cowbox diff REF A [B] [--json] [--patch]\n"
+static const char diff_usage[] = "usage: cowbox diff REF A [B] [--json] [--patch] [--net]\n"
 				 "What changed from turn A to turn B (default: the live tree): "
 				 "created, modified,\ndeleted, type_changed, mode_changed, with "
-				 "hashes, modes and who changed it.\n";
+				 "hashes, modes and who changed it.\n--net: then what the egress "
+				 "proxy let through or refused in those turns\n(net-log's table; "
+				 "\"network\" in --json).\n";
 
 int cmd_diff(int argc, char **argv)
 {
 	static const struct option opts[] = {
 	    {"patch", no_argument, NULL, 'p'},
+	    {"net", no_argument, NULL, 'n'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct cli_common common = {0};
-	int c, status, patch = 0;
+	int c, status, patch = 0, net = 0;
 	long long a, b = -1;
 	json_t *reply, *ev, *req;
 	size_t i;
 
 	while ((c = cli_getopt(argc, argv, "p", opts, &common, diff_usage, &status)) > 0)
-		patch = 1;
+		*(c == 'n' ? &net : &patch) = 1;
 	if (c < 0)
 		return status;
 	if (optind + 2 != argc && optind + 3 != argc)
@@ -406,6 +409,8 @@ int cmd_diff(int argc, char **argv)
 	    (optind + 3 == argc && parse_turn(argv[optind + 2], &b)))
 		return cli_usage_error(diff_usage, "a turn is a number (0 is the base)");
 	req = json_pack("{s:s, s:I, s:b}", "op", "diff", "a", (json_int_t)a, "sources", patch);
+	if (net)
+		json_object_set_new(req, "network", json_true());
 	if (b >= 0)
 		json_object_set_new(req, "b", json_integer(b));
 	status = turns_request("diff", argv[optind], req, &reply);
@@ -430,6 +435,10 @@ int cmd_diff(int argc, char **argv)
 			status = print_patch(ev) ? CLI_FAIL : status;
 		else
 			print_event(ev);
+	}
+	if (net) {
+		printf("\nnetwork:\n");
+		cli_print_net_rows(json_object_get(reply, "network"));
 	}
 	json_decref(reply);
 	return status;

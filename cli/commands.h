@@ -39,6 +39,8 @@ int cmd_apply(int argc, char **argv); /* cli/cmd_apply.c */
 /* The network (cli/cmd_net.c). */
 int cmd_reaches(int argc, char **argv);
 int cmd_net_log(int argc, char **argv);
+int cmd_publish(int argc, char **argv);
+int cmd_unpublish(int argc, char **argv);
 
 /* Checking and repairing stored state (cli/cmd_fsck.c). */
 int cmd_fsck(int argc, char **argv);

@@ -32,6 +32,8 @@ const struct cli_command cli_commands[] = {
     {"apply", cmd_apply, "write a turn's changes onto the base or another folder"},
     {"reaches", cmd_reaches, "whether the network policy opens a host[:port], by which rule"},
     {"net-log", cmd_net_log, "what the workspace's egress proxy let through or refused"},
+    {"publish", cmd_publish, "reach a server inside the sandbox from the host's 127.0.0.1"},
+    {"unpublish", cmd_unpublish, "close a port publish opened"},
     {"fsck", cmd_fsck, "check blobs, base and meta.db; --repair what can be repaired"},
     {NULL, NULL, NULL},
 };

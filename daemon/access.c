@@ -28,6 +28,9 @@ static int op_level(const char *op, json_t *req)
 	/* configure only reads the options unless it is given some */
 	if (!strcmp(op, "configure"))
 		return json_object_get(req, "options") ? CB_ACCESS_FULL : CB_ACCESS_NONE;
+	/* the network log is net_log's level (full) wherever it is read */
+	if (!strcmp(op, "diff") && json_is_true(json_object_get(req, "network")))
+		return CB_ACCESS_FULL;
 	for (size_t i = 0; i < sizeof(op_levels) / sizeof(op_levels[0]); i++)
 		if (!strcmp(op_levels[i].op, op))
 			return op_levels[i].level;

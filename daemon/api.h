@@ -17,10 +17,18 @@ void cb_api_backend_put(struct cb_backend *b);
 /* Replace the backend's options (configure op): refused with -EBUSY once it was created. */
 int cb_api_configure(struct cb_daemon *d, json_t *options);
 
-/* The egress proxy's record hook (daemon/ops_net.c): arg is the daemon; the row goes to the
- * network log under the open turn. */
+/* The egress proxy's record hook (daemon/netlog_queue.c): arg is the daemon; the row goes to
+ * the network log under the turn open now, written by the log's own thread (started on the
+ * first row). flush returns once every row recorded before it is in the database; stop
+ * writes what is left and ends the thread (before the database closes): rows recorded later
+ * are written by the caller's thread. */
 struct cb_net_record;
 void cb_daemon_net_record(void *arg, const struct cb_net_record *r);
+void cb_daemon_net_flush(void);
+void cb_daemon_net_stop(void);
+/* The network log's rows of the turns after < turn <= upto (upto < 0: up to now) as a new JSON
+ * array (net_log's form), for net_log and diff's "network". */
+int cb_daemon_net_rows(struct cb_daemon *d, long long after, long long upto, json_t **out);
 
 /* Close the backend (forwarders, the container) once no command of the API runs. */
 void cb_api_backend_release(void);

@@ -368,6 +368,8 @@ static int options_json(const struct cb_box_options *o, json_t **out)
 		json_object_set_new(j, "working_dir", json_string(o->working_dir));
 	if (o->network)
 		json_object_set_new(j, "network", json_string(o->network));
+	if (o->allow)
+		json_object_set_new(j, "allow", strings_json(o->allow));
 	if (o->cpus > 0)
 		json_object_set_new(j, "cpus", json_real(o->cpus));
 	limit_json(j, "memory_mb", o->memory_mb);

@@ -25,6 +25,7 @@
 #include "cowbox/journal.h"
 #include "cowbox/overlay.h"
 #include "cowbox/turns.h"
+#include "api.h"
 #include "daemon.h"
 
 /* A single-line, timestamped message in daemon.log (or on stderr in the foreground). */
@@ -650,6 +651,7 @@ out:
 	/* Only now: a worker still waiting on the mount is answered (ENOTCONN) once the FUSE
 	 * session is gone, never before. */
 	cb_daemon_worker_reap(&d);
+	cb_daemon_net_stop(); /* the proxy is gone with the backend: its last rows */
 	if (d.db) {
 		unsigned long long marks, rows, txs;
 

@@ -20,14 +20,15 @@ daemon_test_conn_SOURCES = daemon/test_conn.c daemon/conn.c
 daemon_test_conn_CFLAGS = $(CRITERION_TEST_CFLAGS)
 daemon_test_conn_LDADD = util/libcb_util.la $(JANSSON_LIBS) $(CRITERION_TEST_LIBS)
 # turns: snapshot, diff, rollback, prune, fork ops (issue 3)
-daemon_libcb_daemon_la_SOURCES += daemon/ops_turns.c daemon/ops_fsck.c daemon/ops_net.c
+daemon_libcb_daemon_la_SOURCES += daemon/ops_turns.c daemon/ops_fsck.c daemon/ops_net.c \
+	daemon/netlog_queue.c
 # api: exec/run/stdin/kill, read/write/which/host_url, configure/destroy (issue 5)
 daemon_libcb_daemon_la_SOURCES += daemon/api.h daemon/api_util.c daemon/ops_api.c \
 	daemon/ops_files.c
 # box: libcowbox's high-level C API (include/cowbox/box.h) over the client (issue 5)
 daemon_libcb_daemon_la_SOURCES += daemon/box_private.h daemon/box.c daemon/box_run.c \
-	daemon/box_ops.c daemon/box_proc.c daemon/box_direct.c
-pkginclude_HEADERS += include/cowbox/box.h
+	daemon/box_ops.c daemon/box_proc.c daemon/box_direct.c daemon/box_net.c
+pkginclude_HEADERS += include/cowbox/box.h include/cowbox/box_net.h
 check_PROGRAMS += daemon/test_box
 TESTS += daemon/test_box
 daemon_test_box_SOURCES = daemon/test_box.c
@@ -38,3 +39,8 @@ TESTS += daemon/test_box_lifecycle
 daemon_test_box_lifecycle_SOURCES = daemon/test_box_lifecycle.c
 daemon_test_box_lifecycle_CFLAGS = $(CRITERION_TEST_CFLAGS)
 daemon_test_box_lifecycle_LDADD = libcowbox.la $(DEPS_LIBS) $(CRITERION_TEST_LIBS)
+check_PROGRAMS += daemon/test_box_net
+TESTS += daemon/test_box_net
+daemon_test_box_net_SOURCES = daemon/test_box_net.c
+daemon_test_box_net_CFLAGS = $(CRITERION_TEST_CFLAGS)
+daemon_test_box_net_LDADD = libcowbox.la $(DEPS_LIBS) $(CRITERION_TEST_LIBS)

@@ -1,42 +1,20 @@
-/* The network ops: reaches (what the workspace's policy opens) and net_log (what its egress
- * proxy did, per turn), and the hook that writes each proxied connection to the log. */
+/* The network ops: reaches (what the workspace's policy opens), net_log (what its egress proxy
+ * did, per turn), publish/unpublish and netns (for cowbox exec REF). */
 #include "config.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "api.h"
 #include "cowbox/error.h"
 #include "cowbox/net.h"
 #include "cowbox/netlog.h"
 #include "daemon.h"
-
-void cb_daemon_net_record(void *arg, const struct cb_net_record *r)
-{
-	struct cb_daemon *d = arg;
-	struct cb_netlog_row row = {
-	    .turn = cb_journal_turn(d->db),
-	    .time = r->time,
-	    .proto = r->proto,
-	    .name = r->name,
-	    .address = r->address,
-	    .port = r->port,
-	    .allowed = r->allowed,
-	    .rule = r->rule,
-	    .bytes_up = (long long)r->bytes_up,
-	    .bytes_down = (long long)r->bytes_down,
-	    .duration = r->duration,
-	    .secret = r->secret,
-	};
-
-	/* The proxy's thread cannot fail the connection over its log: say it in the log file. */
-	if (cb_db_netlog_add(d->db, &row) < 0) {
-		fprintf(stderr, "cowbox: network log: %s\n", cb_error_message());
-		cb_error_clear();
-	}
-}
 
 /* reaches {"dest": "host[:port]"} -> {"allowed": bool, "rule": "...", "network": mode} */
 static int op_reaches(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
@@ -89,28 +67,108 @@ static int row_json(const struct cb_netlog_row *r, void *arg)
 		   : cb_error_set(ENOMEM, "net_log: out of memory");
 }
 
+int cb_daemon_net_rows(struct cb_daemon *d, long long after, long long upto, json_t **out)
+{
+	json_t *rows;
+	int rc;
+
+	cb_daemon_net_flush(); /* what the proxy recorded so far is read too */
+	rows = json_array();
+	rc = rows ? cb_db_netlog_range(d->db, after, upto, row_json, rows)
+		  : cb_error_set(ENOMEM, "net_log: out of memory");
+
+	if (rc) {
+		json_decref(rows);
+		rows = NULL;
+	}
+	*out = rows;
+	return rc;
+}
+
 /* net_log {"turn": N (optional)} -> {"rows": [...]}, oldest first. */
 static int op_net_log(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
-	json_t *turn = json_object_get(req, "turn"), *rows = json_array();
+	json_t *turn = json_object_get(req, "turn"), *rows = NULL;
+	long long t;
 	int rc;
 
-	if (turn && !json_is_null(turn) &&
-	    (!json_is_integer(turn) || json_integer_value(turn) < 1)) {
-		json_decref(rows);
+	if (turn && !json_is_null(turn) && (!json_is_integer(turn) || json_integer_value(turn) < 1))
 		return cb_error_set(EINVAL, "net_log: \"turn\" is a turn number (1 or more)");
-	}
-	rc = cb_db_netlog_list(d->db, json_is_integer(turn) ? json_integer_value(turn) : -1,
-			       row_json, rows);
-	if (rc) {
-		json_decref(rows);
+	t = json_is_integer(turn) ? json_integer_value(turn) : -1;
+	if ((rc = cb_daemon_net_rows(d, t < 0 ? LLONG_MIN : t - 1, t, &rows)) < 0)
 		return rc;
-	}
 	return cb_daemon_reply(conn, json_object_get(req, "id"), json_pack("{s:o}", "rows", rows));
 }
 
+static int port_arg(json_t *req, const char *op, int *port)
+{
+	json_t *v = json_object_get(req, "port");
+
+	if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 65535)
+		return cb_error_set(EINVAL, "%s: needs \"port\", an integer 1-65535", op);
+	*port = (int)json_integer_value(v);
+	return 0;
+}
+
+/* publish {"port"} -> {"address": "127.0.0.1:HOSTPORT", "host_port"}: the host reaches a
+ * server listening on that port inside the sandbox (ns, docker). */
+static int op_publish(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
+{
+	struct cb_backend *b;
+	char addr[32];
+	int rc, port, host_port = 0;
+
+	if ((rc = port_arg(req, "publish", &port)) < 0 || (rc = cb_api_backend(d, 1, &b)) < 0)
+		return rc;
+	rc = cb_publish_add(b, port, &host_port);
+	cb_api_backend_put(b);
+	if (rc < 0)
+		return rc;
+	snprintf(addr, sizeof addr, "127.0.0.1:%d", host_port);
+	return cb_daemon_reply(conn, json_object_get(req, "id"),
+			       json_pack("{s:s, s:i}", "address", addr, "host_port", host_port));
+}
+
+static int op_unpublish(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
+{
+	struct cb_backend *b;
+	int rc, port;
+
+	if ((rc = port_arg(req, "unpublish", &port)) < 0 || (rc = cb_api_backend(d, 1, &b)) < 0)
+		return rc;
+	rc = cb_publish_remove(b, port);
+	cb_api_backend_put(b);
+	return rc < 0 ? rc : cb_daemon_reply(conn, json_object_get(req, "id"), NULL);
+}
+
+/* netns -> {"pid", "fd", "inode"}: where `cowbox exec REF` finds the workspace's network
+ * namespace (/proc/PID/fd/FD, checked against inode, since the fd may be closed and its number
+ * reused by then), so that its commands go through the same egress proxy as the API's. */
+static int op_netns(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
+{
+	struct cb_backend *b;
+	struct stat st;
+	int rc, fd;
+
+	if ((rc = cb_api_backend(d, 1, &b)) < 0)
+		return rc;
+	pthread_mutex_lock(&b->lock);
+	fd = b->netns_fd;
+	if (fd < 0)
+		rc = cb_error_set(EOPNOTSUPP, "netns: the workspace has no network namespace of "
+					      "its own (network host, or the local backend)");
+	else if (fstat(fd, &st) < 0)
+		rc = cb_error_set(errno, "netns: %s", strerror(errno));
+	pthread_mutex_unlock(&b->lock);
+	cb_api_backend_put(b);
+	if (rc < 0)
+		return rc;
+	return cb_daemon_reply(conn, json_object_get(req, "id"),
+			       json_pack("{s:i, s:i, s:I}", "pid", (int)getpid(), "fd", fd, "inode",
+					 (json_int_t)st.st_ino));
+}
+
 const struct cb_daemon_op cb_daemon_ops_net[] = {
-    {"reaches", op_reaches},
-    {"net_log", op_net_log},
-    {NULL, NULL},
+    {"reaches", op_reaches},	 {"net_log", op_net_log}, {"publish", op_publish},
+    {"unpublish", op_unpublish}, {"netns", op_netns},	  {NULL, NULL},
 };

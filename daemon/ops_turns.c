@@ -16,6 +16,7 @@
 #include "cowbox/overlay.h"
 #include "cowbox/turns.h"
 #include "cowbox/workspace.h"
+#include "api.h"
 #include "daemon.h"
 
 /* The journal rows the worker is to read (it reads them from the database itself, so the
@@ -447,6 +448,17 @@ static int op_diff(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 		    NULL, NULL, &r, NULL);
 	pthread_mutex_unlock(&d->turn_lock);
 reply:
+	/* network: what the egress proxy did in the turns the diff spans (a < turn <= b) */
+	if (!ret && json_is_true(json_object_get(req, "network"))) {
+		json_t *rows = NULL;
+
+		ret = b >= 0 && b < a ? cb_daemon_net_rows(d, b, a, &rows)
+				      : cb_daemon_net_rows(d, a, b, &rows);
+		if (ret)
+			json_decref(r);
+		else
+			json_object_set_new(r, "network", rows);
+	}
 	if (ret)
 		return ret;
 	json_object_set_new(r, "a", json_integer(a));

@@ -1,5 +1,5 @@
-/* Unit tests of db/: migration, marks and their deduplication, marks from many
- * threads, durability across a kill -9 and the errors for bad files. */
+/* Unit tests of db/: migration, marks and their deduplication, marks from many threads,
+ * durability across a kill -9, the errors for bad files, the network log's batches and ranges. */
 #include "config.h"
 
 #include <criterion/criterion.h>
@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cowbox/error.h"
+#include "cowbox/netlog.h"
 #include "db.h"
 
 static char dir[64];
@@ -336,4 +337,46 @@ Test(journal, unwritable_file_is_a_clear_error)
 	cr_assert_null(db);
 	cr_assert(strstr(cb_error_message(), path), "%s", cb_error_message());
 	cr_assert(strstr(cb_error_message(), "not writable"), "%s", cb_error_message());
+}
+
+static int netlog_turns(const struct cb_netlog_row *row, void *arg)
+{
+	char *out = arg;
+	size_t len = strlen(out);
+
+	snprintf(out + len, 256 - len, "%s%lld:%s", len ? "," : "", row->turn, row->name);
+	return 0;
+}
+
+/* The network log: rows added one at a time and in a batch, read per turn and by range. */
+Test(journal, netlog_batches_and_ranges)
+{
+	struct cb_netlog_row rows[4] = {
+	    {.turn = 1, .proto = "http", .name = "a", .rule = "r"},
+	    {.turn = 2, .proto = "connect", .name = "b", .rule = "r", .allowed = 1},
+	    {.turn = 2, .proto = "socks5", .name = "c", .rule = "r"},
+	    {.turn = 3, .proto = "http", .name = "d", .rule = "r"},
+	};
+	struct cb_db *db;
+	char out[256];
+
+	cr_assert_eq(cb_db_open(path, &db), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_db_netlog_add(db, &rows[0]), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_db_netlog_add_many(db, rows + 1, 3), 0, "%s", cb_error_message());
+	out[0] = 0;
+	cr_assert_eq(cb_db_netlog_list(db, -1, netlog_turns, out), 0);
+	cr_assert_str_eq(out, "1:a,2:b,2:c,3:d");
+	out[0] = 0;
+	cr_assert_eq(cb_db_netlog_list(db, 2, netlog_turns, out), 0);
+	cr_assert_str_eq(out, "2:b,2:c");
+	out[0] = 0;
+	cr_assert_eq(cb_db_netlog_range(db, 1, 3, netlog_turns, out), 0);
+	cr_assert_str_eq(out, "2:b,2:c,3:d");
+	out[0] = 0;
+	cr_assert_eq(cb_db_netlog_range(db, 2, -1, netlog_turns, out), 0);
+	cr_assert_str_eq(out, "3:d");
+	out[0] = 0;
+	cr_assert_eq(cb_db_netlog_range(db, 3, 3, netlog_turns, out), 0);
+	cr_assert_str_eq(out, "");
+	cb_db_close(db);
 }

@@ -215,6 +215,10 @@ static void fail(struct pconn *c, int allowed, int code, unsigned char rep, cons
 	answer_error(c, code, code == 400 ? "Bad Request" : "Bad Gateway", rep);
 }
 
+/* Bytes per read or write call while relaying: libevent's default, 16 KiB, costs a loop
+ * iteration each 16 KiB of a bulk transfer. */
+#define RELAY_CHUNK (256 << 10)
+
 static void relay_read(struct bufferevent *bev, void *arg);
 static void relay_event(struct bufferevent *bev, short what, void *arg);
 
@@ -347,6 +351,10 @@ static void start_relay(struct pconn *c)
 		return;
 	bufferevent_setcb(c->cli, relay_read, NULL, relay_event, c);
 	bufferevent_setcb(c->up, relay_read, NULL, relay_event, c);
+	for (int i = 0; i < 2; i++) {
+		bufferevent_set_max_single_read(i ? c->up : c->cli, RELAY_CHUNK);
+		bufferevent_set_max_single_write(i ? c->up : c->cli, RELAY_CHUNK);
+	}
 	bufferevent_enable(c->cli, EV_READ);
 	bufferevent_enable(c->up, EV_READ);
 	if (evbuffer_get_length(bufferevent_get_input(c->cli)))

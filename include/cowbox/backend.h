@@ -186,6 +186,8 @@ struct cb_backend {
 	void *priv;		    /* the backend's own state */
 	struct cb_forwarder *fwd;   /* host_url forwarders, one per port */
 	struct cb_net_proxy *proxy; /* network public or allow: the egress proxy */
+	struct cb_published *pub;   /* published ports */
+	int netns_fd; /* its own network namespace while created (the backend's fd); -1 */
 	/* Set by the owner before the backend is created: each proxied connection, recorded. */
 	void (*net_record)(void *arg, const struct cb_net_record *r);
 	void *net_record_arg;
@@ -314,6 +316,18 @@ int cb_forwarder_add(struct cb_backend *b, int netns_fd, int port);
 /* Stop every forwarder of b. */
 void cb_forwarder_stop_all(struct cb_backend *b);
 
+/* ---- published ports (backends/publish.c) ---- */
+
+/* publish: listen on a free port of the host's 127.0.0.1 and relay each connection to
+ * 127.0.0.1:port inside the workspace's own network namespace (b created; never the host's:
+ * -EOPNOTSUPP under network host, the local backend or without root); *host_port says which.
+ * Idempotent per port. */
+int cb_publish_add(struct cb_backend *b, int port, int *host_port);
+/* Close one published port and its connections (-ENOENT if it is not), or all (with the
+ * backend, before its namespace goes). */
+int cb_publish_remove(struct cb_backend *b, int port);
+void cb_publish_stop_all(struct cb_backend *b);
+
 /* A fresh network namespace with loopback up, as an fd; -errno with a message. */
 int cb_netns_new(int *out);
 /* A TCP socket listening on 127.0.0.1:port inside the namespace netns_fd. */
@@ -328,6 +342,9 @@ int cb_backend_proxy_start(struct cb_backend *b, int netns_fd);
 void cb_backend_proxy_stop(struct cb_backend *b);
 /* The policy the options give (NULL for none, all and host): -EINVAL naming a bad entry. */
 int cb_backend_policy(const struct cb_backend_options *o, struct cb_net_policy **out);
+/* The environment that points a command's clients at the proxy (HTTP_PROXY, ALL_PROXY, their
+ * lower-case forms, NO_PROXY for loopback), "NAME=value", NULL-terminated. */
+extern const char *const cb_backend_proxy_env[];
 /* Whether the options' network goes through the proxy. */
 int cb_backend_net_proxied(const struct cb_backend_options *o);
 

@@ -54,7 +54,9 @@ struct cb_box_options {
 	const char *const *env;	       /* "KEY=VALUE" strings, NULL-terminated; nothing else
 					* of the host's environment reaches ns or docker */
 	const char *working_dir;       /* relative to the workspace root */
-	const char *network;	       /* "none" (default for ns/docker), "all" or "host" */
+	const char *network;	       /* "none" (default for ns/docker), "all", "host", "public"
+					* or "allow" (docs/network.md) */
+	const char *const *allow;      /* network allow: its entries, NULL-terminated */
 	double cpus;		       /* > 0: CPU limit */
 	unsigned long memory_mb;       /* memory cap; 0: 4096; CB_BOX_NO_LIMIT: none */
 	unsigned long pids;	       /* process+thread cap; 0: 1024; CB_BOX_NO_LIMIT: none */

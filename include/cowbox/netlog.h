@@ -3,6 +3,8 @@
 #ifndef COWBOX_NETLOG_H
 #define COWBOX_NETLOG_H
 
+#include <stddef.h>
+
 #include "cowbox/journal.h"
 
 struct cb_netlog_row {
@@ -24,10 +26,17 @@ extern const char cb_db_netlog_schema_sql[];
 
 /* Append a row (id ignored): 0 or -errno with a message naming the database. */
 int cb_db_netlog_add(struct cb_db *db, const struct cb_netlog_row *row);
+/* Append n rows in one transaction (all or none). */
+int cb_db_netlog_add_many(struct cb_db *db, const struct cb_netlog_row *rows, size_t n);
 
 /* Each row of turn (< 0: every turn), oldest first, to fn; fn's non-zero return stops the walk
  * and is returned. The row's strings live until fn returns. */
 int cb_db_netlog_list(struct cb_db *db, long long turn,
 		      int (*fn)(const struct cb_netlog_row *row, void *arg), void *arg);
+
+/* The same for the turns after < turn <= upto (upto < 0: no upper bound): the network activity
+ * a diff from turn after to turn upto (or the live tree) spans. */
+int cb_db_netlog_range(struct cb_db *db, long long after, long long upto,
+		       int (*fn)(const struct cb_netlog_row *row, void *arg), void *arg);
 
 #endif

@@ -2,7 +2,8 @@
 urllib and SOCKS5 inside the sandbox against real servers in a network namespace the test
 makes (veth, a public-looking and a private address), names resolved through
 COWBOX_PROXY_HOSTS; every entry kind, private and rebinding refusals, no route around the
-proxy, the refusal's words, the network log, reaches, a restart, fuzzed input and load."""
+proxy, the refusal's words, the network log, reaches, a restart, fuzzed input and load; published
+ports."""
 
 import json
 import os
@@ -14,9 +15,13 @@ import unittest
 
 import cbtest
 
-PUB, PUB_HOST = "203.0.113.2", "203.0.113.1"
-PRIV, PRIV_HOST = "10.251.77.2", "10.251.77.1"
-V6, V6_HOST = "2001:db8:cb::2", "2001:db8:cb::1"
+# A /30 of each test range (and a /64) per run: runs beside each other, or what another run
+# left, never take this one's addresses (the longest prefix wins).
+_NET = os.getpid() % 63 + 1
+PUB, PUB_HOST = "203.0.113.%d" % (4 * _NET + 2), "203.0.113.%d" % (4 * _NET + 1)
+PRIV, PRIV_HOST = "10.251.77.%d" % (4 * _NET + 2), "10.251.77.%d" % (4 * _NET + 1)
+V6, V6_HOST = "2001:db8:cb:%x::2" % _NET, "2001:db8:cb:%x::1" % _NET
+V6_NET = "2001:db8:cb:%x::/64" % _NET
 PORT, OTHER_PORT = 8080, 9090
 
 SERVER = r'''
@@ -64,24 +69,35 @@ def sh(*args, check=True):
     return subprocess.run(args, check=check, capture_output=True, text=True)
 
 
-class NetworkPolicyTest(cbtest.CowboxTestCase):
-    backend = "ns"
+class ServersCase(cbtest.CowboxTestCase):
+    """The test servers in a network namespace of their own, and the resolver map."""
 
     @classmethod
     def setUpClass(cls):
         if os.geteuid() != 0:
             raise unittest.SkipTest("needs root (network namespaces)")
-        cls.ns = "cbnt%d" % os.getpid()
-        host_if, ns_if = "cbh%d" % os.getpid(), "cbn%d" % os.getpid()
+        # one set per class: a veth pair goes with its namespace asynchronously
+        tag = "%d%s" % (os.getpid(), cls.__name__[0].lower())
+        cls.ns, cls.host_if = "cbnt" + tag, "cbh" + tag
+        cls.server, cls.hosts = None, None
+        try:
+            cls._setup_servers(tag)
+        except BaseException:
+            cls.tearDownClass()  # a failed set-up leaves no server, namespace or file behind
+            raise
+
+    @classmethod
+    def _setup_servers(cls, tag):
+        host_if, ns_if = cls.host_if, "cbn" + tag
         sh("ip", "netns", "add", cls.ns)
         sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
         sh("ip", "link", "set", ns_if, "netns", cls.ns)
-        for a in (PUB_HOST + "/24", PRIV_HOST + "/24"):
+        for a in (PUB_HOST + "/30", PRIV_HOST + "/30"):
             sh("ip", "addr", "add", a, "dev", host_if)
         sh("ip", "-6", "addr", "add", V6_HOST + "/64", "dev", host_if, "nodad")
         sh("ip", "link", "set", host_if, "up")
         nse = ["ip", "netns", "exec", cls.ns]
-        for a in (PUB + "/24", PRIV + "/24"):
+        for a in (PUB + "/30", PRIV + "/30"):
             sh(*nse, "ip", "addr", "add", a, "dev", ns_if)
         sh(*nse, "ip", "-6", "addr", "add", V6 + "/64", "dev", ns_if, "nodad")
         sh(*nse, "ip", "link", "set", ns_if, "up")
@@ -91,7 +107,7 @@ class NetworkPolicyTest(cbtest.CowboxTestCase):
         assert cls.server.stdout.readline().strip() == "ready"
         cbtest.wait_for(lambda: cls._reachable(PUB, PORT), 20, what="the test server")
         cls.hosts_dir = os.path.realpath(os.environ.get("TMPDIR", "/tmp"))
-        cls.hosts = os.path.join(cls.hosts_dir, "cbnt-hosts-%d" % os.getpid())
+        cls.hosts = os.path.join(cls.hosts_dir, "cbnt-hosts-" + tag)
         with open(cls.hosts, "w") as f:
             f.write("# test resolver map\n"
                     "%s api.example.test other.example.test a.pkg.test pkg.test\n" % PUB +
@@ -102,11 +118,14 @@ class NetworkPolicyTest(cbtest.CowboxTestCase):
 
     @classmethod
     def tearDownClass(cls):
-        cls.server.kill()
-        cls.server.wait()
-        cls.server.stdout.close()
+        if cls.server:
+            cls.server.kill()
+            cls.server.wait()
+            cls.server.stdout.close()
         sh("ip", "netns", "del", cls.ns, check=False)
-        os.unlink(cls.hosts)
+        sh("ip", "link", "del", cls.host_if, check=False)  # if it never reached the namespace
+        if cls.hosts and os.path.exists(cls.hosts):
+            os.unlink(cls.hosts)
 
     @staticmethod
     def _reachable(addr, port):
@@ -120,13 +139,10 @@ class NetworkPolicyTest(cbtest.CowboxTestCase):
         super().setUp()
         self.env["COWBOX_PROXY_HOSTS"] = self.hosts
 
-    def workspace(self, network, *allow):
-        args = ["create", "--network", network]
-        for a in allow:
-            args += ["--allow", a]
-        ref = self.cowbox(*args).stdout.strip()
-        self.mount(ref)
-        return ref, self.client(ref, timeout=120)
+    def ok(self, c, op, **args):
+        r = c.request(op, **args)
+        self.assertTrue(r.get("ok"), r)
+        return r
 
     def run_in(self, c, script, timeout=60):
         r = c.request("run", cmd=["sh", "-c", script], timeout=timeout)
@@ -134,6 +150,137 @@ class NetworkPolicyTest(cbtest.CowboxTestCase):
         import base64
         return (r["exit_code"], base64.b64decode(r["stdout"]).decode(errors="replace"),
                 base64.b64decode(r["stderr"]).decode(errors="replace"))
+
+
+# An HTTP client through the proxy in perl (the docker image has no curl or Python; the ns
+# sandbox has the host's perl): MODE http (absolute URI), connect (a CONNECT tunnel, then the
+# request inside) or socks (SOCKS5, the name resolved by the proxy); prints what came back.
+PERL_CLIENT = r"""
+use strict; use IO::Socket::INET;
+my ($mode, $host, $port, $path) = @ARGV;
+my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1", PeerPort => 3128, Timeout => 10)
+    or die "proxy: $!\n";
+binmode $s;
+my $req = "GET %s HTTP/1.1\r\nHost: $host:$port\r\nConnection: close\r\n\r\n";
+if ($mode eq "http") {
+    printf $s $req, "http://$host:$port$path";
+} elsif ($mode eq "connect") {
+    print $s "CONNECT $host:$port HTTP/1.1\r\nHost: $host:$port\r\n\r\n";
+    my $l = <$s>;
+    print "CONNECT $l";
+    if ($l !~ m{^HTTP/1\.[01] 200}) { local $/; print <$s> // ""; exit 0 }
+    while (my $h = <$s>) { last if $h =~ /^\r?\n$/ }
+    printf $s $req, $path;
+} else {
+    print $s "\x05\x01\x00";
+    read($s, my $m, 2);
+    print $s pack("C4", 5, 1, 0, 3) . pack("C", length $host) . $host . pack("n", $port);
+    read($s, my $r, 4);
+    my $code = ord(substr($r, 1, 1));
+    if ($code) { print "SOCKS $code\n"; exit 0 }
+    my $atyp = ord(substr($r, 3, 1));
+    my $len = $atyp == 1 ? 4 : $atyp == 4 ? 16 : do { read($s, my $n, 1); ord $n };
+    read($s, my $skip, $len + 2);
+    printf $s $req, $path;
+}
+local $/;
+print <$s> // "";
+"""
+
+
+class PolicyConformance:
+    """The same policy checks on each backend (ns, docker), through the perl client: each
+    class gives policy_workspace(network, *allow) -> (ref, client) with client.pl at the
+    workspace's root."""
+
+    def via(self, c, mode, host, port, path="/"):
+        """(status, body) of a request through the proxy: status "200", "403", ... or
+        "SOCKS n" for a SOCKS5 refusal."""
+        _, out, err = self.run_in(c, "perl /workspace/client.pl %s %s %d %s"
+                                  % (mode, host, port, path))
+        if out.startswith("SOCKS "):
+            return out.strip(), ""
+        if out.startswith("CONNECT "):
+            line, _, out = out.partition("\n")
+            if " 200" not in line:
+                return line.split()[2], out
+        head, _, body = out.partition("\r\n\r\n")
+        parts = head.split()
+        return (parts[1] if len(parts) > 1 else "error: " + out + err), body
+
+    def test_conformance_allow(self):
+        ref, c = self.policy_workspace("allow", "api.example.test:%d" % PORT,
+                                       "*.pkg.test:%d" % PORT, "private.example.test:%d" % PORT,
+                                       "rebind.example.test:%d" % PORT,
+                                       "%s:%d" % (PUB, OTHER_PORT))
+        # allowed: each protocol, the path as asked
+        for mode in ("http", "connect", "socks"):
+            status, body = self.via(c, mode, "api.example.test", PORT, "/%s?x=1" % mode)
+            self.assertEqual(status, "200", (mode, body))
+            self.assertEqual(json.loads(body)["path"], "/%s?x=1" % mode)
+        self.assertEqual(self.via(c, "http", "a.pkg.test", PORT)[0], "200")
+        self.assertEqual(self.via(c, "http", PUB, OTHER_PORT)[0], "200")
+        # refused: a name not listed, the wildcard's own domain, a port not named, an
+        # address entry's address on another port
+        status, body = self.via(c, "http", "pkg.test", PORT)
+        self.assertEqual(status, "403")
+        self.assertEqual(body.strip(), "cowbox: refused pkg.test:%d: no allow entry matches "
+                         "pkg.test:%d" % (PORT, PORT))
+        self.assertEqual(self.via(c, "http", "other.example.test", PORT)[0], "403")
+        self.assertEqual(self.via(c, "connect", "other.example.test", PORT)[0], "403")
+        self.assertEqual(self.via(c, "socks", "other.example.test", PORT)[0], "SOCKS 2")
+        self.assertEqual(self.via(c, "http", "api.example.test", 80)[0], "403")
+        self.assertEqual(self.via(c, "http", PUB, PORT)[0], "403")
+        # allowed names at a private or loopback address: refused on the address
+        status, body = self.via(c, "http", "private.example.test", PORT)
+        self.assertEqual(status, "403")
+        self.assertIn("private 10.0.0.0/8", body)
+        status, body = self.via(c, "connect", "rebind.example.test", PORT)
+        self.assertEqual(status, "403")
+        self.assertIn("loopback 127.0.0.0/8", body)
+        # no way around the proxy
+        code, out, err = self.run_in(c, "perl -MIO::Socket::INET -e 'IO::Socket::INET->new("
+                                     "PeerAddr => \"%s\", PeerPort => %d, Timeout => 3) "
+                                     "and print \"connected\"'" % (PUB, PORT))
+        self.assertNotIn("connected", out)
+        # reaches, and the log of it all
+        self.assertTrue(self.ok(c, "reaches", dest="api.example.test:%d" % PORT)["allowed"])
+        self.assertFalse(self.ok(c, "reaches", dest="other.example.test")["allowed"])
+        rows = self.ok(c, "net_log")["rows"]
+        self.assertEqual(len(rows), 13, rows)
+        self.assertEqual({r["proto"] for r in rows if r["allowed"]}, {"http", "connect", "socks5"})
+        self.assertEqual(sum(1 for r in rows if r["allowed"]), 5, rows)
+        self.assertTrue(all(r["bytes_down"] > 0 for r in rows if r["allowed"]), rows)
+
+    def test_conformance_public(self):
+        ref, c = self.policy_workspace("public")
+        self.assertEqual(self.via(c, "http", "api.example.test", PORT)[0], "200")
+        self.assertEqual(self.via(c, "socks", PUB, OTHER_PORT)[0], "200")
+        status, body = self.via(c, "http", "private.example.test", PORT)
+        self.assertEqual(status, "403")
+        self.assertIn("private", body)
+        self.assertEqual(self.via(c, "connect", "rebind.example.test", PORT)[0], "403")
+        self.assertEqual(self.via(c, "http", "169.254.169.254", 80)[0], "403")
+        self.assertEqual(self.via(c, "http", "dual.example.test", PORT)[0], "200")
+        rows = self.ok(c, "net_log")["rows"]
+        self.assertEqual([r["address"] for r in rows if r["name"] == "dual.example.test"], [PUB])
+
+
+class NetworkPolicyTest(PolicyConformance, ServersCase):
+    """The ns backend, with curl and Python from the host's tree."""
+
+    def workspace(self, network, *allow, base=None):
+        args = ["create", "--network", network]
+        for a in allow:
+            args += ["--allow", a]
+        if base:
+            args += ["--base", base]
+        ref = self.cowbox(*args).stdout.strip()
+        self.mount(ref)
+        return ref, self.client(ref, timeout=120)
+
+    def policy_workspace(self, network, *allow):
+        return self.workspace(network, *allow, base=self.make_base({"client.pl": PERL_CLIENT}))
 
     def curl(self, c, url, *extra):
         """curl through the proxy as the environment says: (http code, body)."""
@@ -147,7 +294,7 @@ class NetworkPolicyTest(cbtest.CowboxTestCase):
 
     def test_allow_entries_through_http_connect_socks_and_urllib(self):
         ref, c = self.workspace("allow", "api.example.test:%d" % PORT,
-                                "*.pkg.test:%d" % PORT, "2001:db8:cb::/64",
+                                "*.pkg.test:%d" % PORT, V6_NET,
                                 "private.example.test:%d" % PORT,
                                 "rebind.example.test:%d" % PORT, "%s:%d" % (PUB, OTHER_PORT))
         code, out, _ = self.run_in(c, "env | grep -i _proxy | sort")
@@ -366,6 +513,141 @@ print(ok, done)
 
     requests = int(os.environ.get("COWBOX_NET_REQUESTS", "2000"))
 
+    def test_publish(self):
+        ref, c = self.workspace("allow", "api.example.test:%d" % PORT)
+        server = self.client(ref, timeout=60)
+        # a server inside the sandbox on its own loopback, kept up by a running command
+        server.send({"id": "srv", "op": "run", "timeout": 120, "cmd": [
+            "sh", "-c", "cd /tmp && echo inside > hello.txt && "
+            "exec python3 -m http.server 8000 --bind 127.0.0.1"]})
+        addr = self.ok(c, "publish", port=8000)["address"]
+        self.assertRegex(addr, r"^127\.0\.0\.1:\d+$")
+        self.assertEqual(self.ok(c, "publish", port=8000)["address"], addr)  # idempotent
+        host, port = addr.split(":")
+        import urllib.request
+
+        def fetch():
+            try:
+                return urllib.request.urlopen("http://%s/hello.txt" % addr, timeout=5).read()
+            except OSError:
+                return None
+        cbtest.wait_for(lambda: fetch() == b"inside\n", 30, what="the published server")
+        self.assertEqual(self.cowbox("publish", ref, "8000").stdout.strip(), addr)
+        self.cowbox("unpublish", ref, "8000")
+        self.assertFalse(self._reachable(host, int(port)))
+        j = self.cowbox_json("publish", ref, "8000")
+        self.assertEqual(j["address"], "127.0.0.1:%d" % j["host_port"])
+        self.assertEqual(self.cowbox("publish", ref, "8000").stdout.strip(), j["address"])
+        self.assert_fails(["publish", ref, "70000"], "PORT is 1-65535", status=2)
+        self.ok(c, "unpublish", port=8000)
+        r = c.request("unpublish", port=8000)
+        self.assertEqual(r["error"]["code"], "not_found", r)
+        r = c.request("publish", port=0)
+        self.assertEqual(r["error"]["code"], "invalid_request", r)
+        # a port nothing listens on inside, while the host's loopback has one: the relay
+        # connects inside the sandbox only, never to the host's
+        decoy = socket.socket()
+        decoy.bind(("127.0.0.1", 0))
+        decoy.listen(4)
+        self.addCleanup(decoy.close)
+        dport = decoy.getsockname()[1]
+        daddr = self.ok(c, "publish", port=dport)["address"].split(":")
+        with socket.create_connection((daddr[0], int(daddr[1])), timeout=5) as s:
+            s.settimeout(5)
+            self.assertEqual(s.recv(10), b"")  # closed at once: nothing inside
+        decoy.settimeout(0.5)
+        with self.assertRaises(socket.timeout):
+            decoy.accept()
+        self.ok(c, "unpublish", port=dport)
+        # a connection open at unpublish is closed with it (the server inside keeps it)
+        holder = self.client(ref, timeout=60)
+        holder.send({"id": "hold", "op": "run", "timeout": 120, "cmd": ["python3", "-c",
+                     "import socket, time\ns = socket.socket()\n"
+                     "s.bind(('127.0.0.1', 8003))\ns.listen()\nc, _ = s.accept()\n"
+                     "c.sendall(b'hi\\n')\ntime.sleep(100)\n"]})
+        haddr = self.ok(c, "publish", port=8003)["address"].split(":")
+
+        def hold():
+            try:
+                h = socket.create_connection((haddr[0], int(haddr[1])), timeout=10)
+            except OSError:
+                return None
+            if h.recv(3) == b"hi\n":
+                return h
+            h.close()
+        held = cbtest.wait_for(hold, 30, what="the holding server")
+        self.addCleanup(held.close)
+        self.ok(c, "unpublish", port=8003)
+        try:
+            self.assertEqual(held.recv(4096), b"")
+        except ConnectionResetError:
+            pass
+        holder.close()
+        # the next one closes with the workspace's daemon
+        addr = self.ok(c, "publish", port=8000)["address"]
+        cbtest.wait_for(lambda: fetch() == b"inside\n", 30, what="the published server")
+        pid = self.daemon_pid(ref)
+        server.close()
+        self.ok(c, "close")
+        cbtest.wait_for(lambda: not cbtest.pid_alive(pid), 15, what="the daemon to stop")
+        self.assertFalse(self._reachable("127.0.0.1", int(addr.split(":")[1])))
+
+    def test_cli_exec_joins_the_policy(self):
+        """cowbox exec REF (the CLI's own sandbox, no daemon command) gets the workspace's
+        namespace and proxy: allowed, refused, no route around it, in the network log."""
+        ref, c = self.workspace("allow", "api.example.test:%d" % PORT)
+        curl = "curl -sS -m 10 -w ' %%{http_code}' http://%s:%d/%s"
+        r = self.cowbox("exec", ref, "--", "sh", "-c",
+                        curl % ("api.example.test", PORT, "cli"), check=False)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn('"path": "/cli"', r.stdout)
+        self.assertTrue(r.stdout.endswith(" 200"), r.stdout)
+        r = self.cowbox("exec", ref, "--", "sh", "-c",
+                        curl % ("other.example.test", PORT, ""), check=False)
+        self.assertIn("cowbox: refused other.example.test", r.stdout)
+        self.assertTrue(r.stdout.endswith(" 403"), r.stdout)
+        r = self.cowbox("exec", ref, "--", "curl", "-sS", "-m", "5", "--noproxy", "*",
+                        "http://%s:%d/" % (PUB, PORT), check=False)
+        self.assertNotEqual(r.returncode, 0, r.stdout)
+        # an --env of the proxy's names wins (and then nothing is reached)
+        r = self.cowbox("exec", ref, "--env", "HTTP_PROXY=http://127.0.0.1:1", "--", "sh",
+                        "-c", "echo $HTTP_PROXY $ALL_PROXY")
+        self.assertEqual(r.stdout.split(), ["http://127.0.0.1:1", "socks5h://127.0.0.1:3128"])
+        rows = self.ok(c, "net_log")["rows"]
+        self.assertEqual([(x["name"], x["allowed"]) for x in rows],
+                         [("api.example.test", True), ("other.example.test", False)])
+        # diff --net lists them with the changes (and the network log is full access's)
+        out = self.cowbox("diff", ref, "0", "--net").stdout
+        self.assertIn("network:", out)
+        self.assertRegex(out, r"refused +other\.example\.test")
+        self.assertEqual(self.cowbox_json("diff", ref, "0", "--net")["network"], rows)
+        self.assertNotIn("network", self.cowbox_json("diff", ref, "0"))
+        low = self.client(ref, timeout=60)
+        self.ok(low, "access", level="files")
+        r = low.request("diff", a=0, network=True)
+        self.assertEqual(r["error"]["code"], "access_denied", r)
+        self.ok(low, "diff", a=0)
+        low.close()
+        # and what the API runs meets the same namespace: a server started from the CLI
+        # is on the loopback the API's commands see
+        self.assertEqual(self.cowbox("exec", ref, "--", "sh", "-c",
+                                     "cat /proc/self/ns/net >/dev/null; readlink "
+                                     "/proc/self/ns/net").stdout.strip(),
+                         self.run_in(c, "readlink /proc/self/ns/net")[1].strip())
+
+    def test_publish_refused_without_a_namespace(self):
+        for net in ("host",):
+            ref, c = self.workspace(net)
+            r = c.request("publish", port=22)
+            self.assertFalse(r.get("ok"), r)
+            self.assertIn("no network namespace of its own", r["error"]["message"])
+        ref = self.create()
+        self.mount(ref)
+        c = self.client(ref, timeout=60)
+        self.ok(c, "configure", options={"backend": "local"})
+        r = c.request("publish", port=22)
+        self.assertIn("no network namespace of its own", r["error"]["message"])
+
     def test_local_backend_refuses_a_policy(self):
         ref = self.create()
         self.mount(ref)
@@ -399,6 +681,36 @@ print(ok, done)
                 self.assertEqual(await box.net_log(turn=1), rows)
                 await box.snapshot()
                 self.assertEqual(await box.net_log(turn=2), [])
+                # diff(network=True): the rows of the turns the diff spans
+                r = await box.run(["curl", "-sS", "-m", "10", "http://pkg.test:%d/" % PORT])
+                await box.write("made.txt", b"x")
+                await box.snapshot()
+                d = await box.diff(0, 1, network=True)
+                self.assertEqual(d.network, rows)
+                d = await box.diff(1, 2, network=True)
+                self.assertEqual([x.path for x in d], ["made.txt"])
+                self.assertEqual([(x["name"], x["turn"]) for x in d.network], [("pkg.test", 2)])
+                self.assertEqual((await box.diff(2, 1, network=True)).network, d.network)
+                self.assertEqual((await box.diff(1, network=True)).network, d.network)
+                self.assertEqual((await box.diff(2, network=True)).network, [])
+                self.assertIsNone((await box.diff(1, 2)).network)
+                # publish: a server the sandbox keeps, reached from here
+                await box.run(["sh", "-c", "mkdir -p /tmp/www && echo py > /tmp/www/p.txt && "
+                               "cd /tmp/www && (python3 -m http.server 8002 --bind 127.0.0.1 "
+                               ">/dev/null 2>&1 &)"])
+                addr = await box.publish(8002)
+                self.assertEqual(await box.publish(8002), addr)
+                import urllib.request
+
+                def fetch():
+                    try:
+                        return urllib.request.urlopen("http://%s/p.txt" % addr,
+                                                      timeout=5).read()
+                    except OSError:
+                        return None
+                cbtest.wait_for(lambda: fetch() == b"py\n", 30, what="the published server")
+                await box.unpublish(8002)
+                self.assertIsNone(fetch())
             finally:
                 await box.close()
             with self.assertRaises(ValueError):
@@ -418,10 +730,122 @@ print(ok, done)
             else:
                 os.environ["COWBOX_PROXY_HOSTS"] = saved
 
-    def ok(self, c, op, **args):
-        r = c.request(op, **args)
-        self.assertTrue(r.get("ok"), r)
-        return r
+
+
+DOCKER_IMAGE = os.environ.get("COWBOX_DOCKER_IMAGE", "cowbox-debian:bookworm")
+
+
+def _docker_ready():
+    try:
+        return subprocess.run(["docker", "image", "inspect", DOCKER_IMAGE],
+                              capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@unittest.skipUnless(_docker_ready(), "no docker engine with image %s; scripts/setup-podman "
+                     "sets one up" % DOCKER_IMAGE)
+class DockerNetworkPolicyTest(PolicyConformance, ServersCase):
+    """The docker backend (podman): the container runs with --network none and the proxy
+    listens in its namespace. Its Debian image has no curl or Python: perl and bash."""
+
+    def policy_workspace(self, network, *allow):
+        ref = self.create(base=self.make_base({"client.pl": PERL_CLIENT}))
+        self.mount(ref)
+        c = self.client(ref, timeout=180)
+        self.addCleanup(subprocess.run, ["docker", "rm", "-f", "cowbox-" + ref],
+                        capture_output=True)
+        options = {"backend": "docker", "image": DOCKER_IMAGE, "network": network}
+        if allow:
+            options["allow"] = list(allow)
+        self.ok(c, "configure", options=options)
+        return ref, c
+
+    def request(self, c, line):
+        code, out, err = self.run_in(c, "bash -c 'exec 3<>/dev/tcp/127.0.0.1/3128 && "
+                                     "printf \"%s\" >&3 && cat <&3'" % line)
+        return out
+
+    def test_policy_in_a_container(self):
+        ref = self.create()
+        self.mount(ref)
+        c = self.client(ref, timeout=180)
+        self.addCleanup(subprocess.run, ["docker", "rm", "-f", "cowbox-" + ref],
+                        capture_output=True)
+        self.ok(c, "configure", options={"backend": "docker", "image": DOCKER_IMAGE,
+                                         "network": "allow",
+                                         "allow": ["api.example.test:%d" % PORT,
+                                                   "rebind.example.test:%d" % PORT]})
+        code, out, _ = self.run_in(c, "env | grep _PROXY | sort")
+        self.assertIn("HTTP_PROXY=http://127.0.0.1:3128", out)
+        get = "GET http://%s:%d/docker HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n"
+        out = self.request(c, get % ("api.example.test", PORT))
+        self.assertTrue(out.startswith("HTTP/1.1 200"), out)
+        self.assertIn('"path": "/docker"', out)
+        out = self.request(c, get % ("other.example.test", PORT))
+        self.assertTrue(out.startswith("HTTP/1.1 403"), out)
+        out = self.request(c, get % ("rebind.example.test", PORT))
+        self.assertIn("loopback", out)
+        code, _, _ = self.run_in(c, "bash -c 'exec 3<>/dev/tcp/%s/%d'" % (PUB, PORT))
+        self.assertNotEqual(code, 0)
+        rows = self.ok(c, "net_log")["rows"]
+        self.assertEqual([r["allowed"] for r in rows], [True, False, False])
+
+    def test_publish_from_a_container(self):
+        """A server on the container's own loopback (perl: the image has no Python) reached
+        from the host's 127.0.0.1; closed by unpublish; none under network host."""
+        ref = self.create()
+        self.mount(ref)
+        c = self.client(ref, timeout=180)
+        self.addCleanup(subprocess.run, ["docker", "rm", "-f", "cowbox-" + ref],
+                        capture_output=True)
+        self.ok(c, "configure", options={"backend": "docker", "image": DOCKER_IMAGE,
+                                         "network": "none"})
+        server = self.client(ref, timeout=120)
+        server.send({"id": "srv", "op": "run", "timeout": 120, "cmd": ["perl", "-e", PERL_ECHO]})
+        addr = self.ok(c, "publish", port=8001)["address"]
+        host, port = addr.split(":")
+        cbtest.wait_for(lambda: _echo(host, int(port), b"ping") == b"echo ping", 30,
+                        what="the published server in the container")
+        self.ok(c, "unpublish", port=8001)
+        self.assertFalse(self._reachable(host, int(port)))
+        server.close()
+
+    def test_publish_refused_under_network_host(self):
+        ref = self.create()
+        self.mount(ref)
+        c = self.client(ref, timeout=180)
+        self.addCleanup(subprocess.run, ["docker", "rm", "-f", "cowbox-" + ref],
+                        capture_output=True)
+        self.ok(c, "configure", options={"backend": "docker", "image": DOCKER_IMAGE,
+                                         "network": "host"})
+        r = c.request("publish", port=22)
+        self.assertFalse(r.get("ok"), r)
+        self.assertIn("host", r["error"]["message"])
+
+
+# One line in, "echo LINE" out, per connection, on the sandbox's 127.0.0.1:8001.
+PERL_ECHO = r"""
+use IO::Socket::INET;
+my $s = IO::Socket::INET->new(LocalAddr => "127.0.0.1", LocalPort => 8001, Listen => 16,
+                              ReuseAddr => 1) or die "listen: $!";
+while (my $c = $s->accept) { my $l = <$c>; print $c "echo $l"; close $c; }
+"""
+
+
+def _echo(host, port, line):
+    try:
+        with socket.create_connection((host, port), timeout=5) as s:
+            s.sendall(line + b"\n")
+            s.shutdown(socket.SHUT_WR)
+            out = b""
+            while True:
+                b = s.recv(4096)
+                if not b:
+                    return out.strip()
+                out += b
+    except OSError:
+        return None
 
 
 if __name__ == "__main__":

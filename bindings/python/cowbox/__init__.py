@@ -5,12 +5,13 @@ from .errors import (AccessDeniedError, ConflictError, InvalidPathError, Invalid
                      WorkspaceInUseError, WorkspaceNotFoundError, WorkspaceOutputLimitError,
                      WorkspaceTimeoutError, WorkspaceUnavailableError)
 from .network import HeaderBinding, Network
-from .sandbox import CompletedRun, FileChange, Process, Sandbox, file_changes
+from .sandbox import Changes, CompletedRun, FileChange, Process, Sandbox, file_changes
 
 CowboxSandbox = Sandbox
 
 __all__ = [
-    "Sandbox", "CowboxSandbox", "Network", "HeaderBinding", "Process", "CompletedRun", "FileChange", "file_changes",
+    "Sandbox", "CowboxSandbox", "Network", "HeaderBinding", "Process", "CompletedRun", "Changes",
+    "FileChange", "file_changes",
     "WorkspaceError", "WorkspaceNotFoundError", "InvalidPathError", "WorkspaceInUseError",
     "WorkspaceUnavailableError", "WorkspaceTimeoutError", "WorkspaceOutputLimitError",
     "InvalidRequestError", "AccessDeniedError", "ConflictError",

@@ -56,6 +56,13 @@ class FileChange:
     new_sha256: str = None
 
 
+class Changes(list):
+    """The FileChange events of diff(); with diff(..., network=True), network holds the
+    egress proxy's rows (as net_log gives them) of the turns the diff spans, else None."""
+
+    network = None
+
+
 def file_changes(before, after):
     """The FileChange events between two snapshot() maps, sorted by path."""
     out = []
@@ -692,14 +699,20 @@ class Sandbox:
 
     # --- turns ---
 
-    async def diff(self, a, b=None):
-        """The FileChange events from turn a to turn b (None: the live tree now)."""
+    async def diff(self, a, b=None, network=False):
+        """The FileChange events from turn a to turn b (None: the live tree now), a list
+        (Changes); network=True also fetches what the egress proxy let through or refused
+        in those turns (a < turn <= b) into its .network (needs access full)."""
         args = {"a": a}
         if b is not None:
             args["b"] = b
+        if network:
+            args["network"] = True
         msg = await self._request("diff", **args)
         kinds = {"created": "added", "deleted": "deleted"}
-        out = []
+        out = Changes()
+        if network:
+            out.network = msg.get("network", [])
         for ev in msg.get("events", []):
             kind = kinds.get(ev["event"], "modified" if ev["event"] == "modified"
                              else ev["event"])
@@ -718,6 +731,14 @@ class Sandbox:
         address, port, allowed, rule, bytes_up, bytes_down, duration and secret."""
         args = {} if turn is None else {"turn": turn}
         return (await self._request("net_log", **args))["rows"]
+
+    async def publish(self, port):
+        """A host address ("127.0.0.1:PORT") that reaches a server listening on port inside
+        the sandbox (ns, docker); open until unpublish(port) or the workspace closes."""
+        return (await self._request("publish", port=port))["address"]
+
+    async def unpublish(self, port):
+        await self._request("unpublish", port=port)
 
     async def rollback(self, turn):
         """Make the live workspace what it was at turn."""

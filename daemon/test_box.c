@@ -18,63 +18,20 @@
 #include "cowbox/box.h"
 #include "cowbox/error.h"
 #include "cowbox/workspace.h"
+#include "test_box_home.h"
 
 static char home[] = "/tmp/cb-test-box-XXXXXX";
 
-static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)flag;
-	(void)ftw;
-	return remove(path) < 0 && errno != ENOENT ? -1 : 0;
-}
-
-static int remove_ws(const struct cb_ws_info *info, void *arg)
-{
-	(void)arg;
-	cb_ws_remove(info->ref);
-	return 0;
-}
-
 static void setup(void)
 {
-	const char *bin = getenv("COWBOX");
-
-	cr_assert(bin && *bin, "COWBOX must name the built cowbox binary (make check sets it)");
-	cr_assert_not_null(mkdtemp(home));
-	setenv("COWBOX_HOME", home, 1);
-	setenv("COWBOX_BIN", bin, 1);
-}
-
-/* Daemons run detached, so their ASan/UBSan findings only reach daemon.log. */
-static int sanitizer_report(const struct cb_ws_info *info, void *arg)
-{
-	static const char *markers[] = {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
-					"runtime error:"};
-	char path[4200], buf[65536];
-	FILE *f;
-	size_t n;
-
-	snprintf(path, sizeof(path), "%s/daemon.log", info->dir);
-	if (!(f = fopen(path, "re")))
-		return 0;
-	n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = '\0';
-	for (size_t i = 0; i < sizeof(markers) / sizeof(markers[0]); i++)
-		if (strstr(buf, markers[i]))
-			snprintf(arg, 4300, "%s: %s", path, strstr(buf, markers[i]));
-	return 0;
+	box_home_setup(home);
 }
 
 static void teardown(void)
 {
-	char report[4300] = "";
+	char report[4300];
 
-	cb_ws_list(sanitizer_report, report);
-	/* Whatever a failed test left: daemons stopped, mounts gone, then the files. */
-	cb_ws_list(remove_ws, NULL);
-	nftw(home, remove_one, 16, FTW_DEPTH | FTW_PHYS);
+	box_home_teardown(home, report, sizeof(report));
 	cr_assert_eq(report[0], '\0', "%s", report);
 }
 

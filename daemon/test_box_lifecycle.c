@@ -17,39 +17,24 @@
 #include "cowbox/box.h"
 #include "cowbox/error.h"
 #include "cowbox/workspace.h"
+#include "test_box_home.h"
 
 static char home[] = "/tmp/cb-test-boxlife-XXXXXX";
 static char target[] = "/tmp/cb-test-boxlife-to-XXXXXX"; /* outside COWBOX_HOME */
 
-static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st, (void)flag, (void)ftw;
-	return remove(path) < 0 && errno != ENOENT ? -1 : 0;
-}
-
-static int remove_ws(const struct cb_ws_info *info, void *arg)
-{
-	(void)arg;
-	cb_ws_remove(info->ref);
-	return 0;
-}
-
 static void setup(void)
 {
-	const char *bin = getenv("COWBOX");
-
-	cr_assert(bin && *bin, "COWBOX must name the built cowbox binary (make check sets it)");
-	cr_assert_not_null(mkdtemp(home));
-	setenv("COWBOX_HOME", home, 1);
-	setenv("COWBOX_BIN", bin, 1);
+	box_home_setup(home);
 	cr_assert_not_null(mkdtemp(target));
 }
 
 static void teardown(void)
 {
-	cb_ws_list(remove_ws, NULL);
-	nftw(home, remove_one, 16, FTW_DEPTH | FTW_PHYS);
-	nftw(target, remove_one, 16, FTW_DEPTH | FTW_PHYS);
+	char report[4300];
+
+	box_home_teardown(home, report, sizeof(report));
+	box_tree_remove(target);
+	cr_assert_eq(report[0], '\0', "%s", report);
 }
 
 TestSuite(boxlife, .init = setup, .fini = teardown);

@@ -62,31 +62,10 @@ int cb_box_net_log(struct cb_box *box, int turn, json_t **rows)
 
 int cb_box_publish(struct cb_box *box, int port, char **address)
 {
-	char what[64];
-	json_t *reply = NULL;
-	int rc;
-
-	cb_box_set_code("");
-	*address = NULL;
-	snprintf(what, sizeof(what), "publish %d", port);
-	rc = cb_box_request(box, what, json_pack("{s:s,s:i}", "op", "publish", "port", port),
-			    &reply, NULL);
-	if (!rc)
-		rc = dup_field(reply, "address", address);
-	json_decref(reply);
-	return cb_box_finish(rc);
+	return cb_box_port_op(box, "publish", port, "address", address);
 }
 
 int cb_box_unpublish(struct cb_box *box, int port)
 {
-	char what[64];
-	json_t *reply = NULL;
-	int rc;
-
-	cb_box_set_code("");
-	snprintf(what, sizeof(what), "unpublish %d", port);
-	rc = cb_box_request(box, what, json_pack("{s:s,s:i}", "op", "unpublish", "port", port),
-			    &reply, NULL);
-	json_decref(reply);
-	return cb_box_finish(rc);
+	return cb_box_port_op(box, "unpublish", port, NULL, NULL);
 }

@@ -169,21 +169,28 @@ int cb_box_which(struct cb_box *box, const char *binary, char **path)
 	return cb_box_finish(rc);
 }
 
-int cb_box_host_url(struct cb_box *box, int port, char **url)
+int cb_box_port_op(struct cb_box *box, const char *op, int port, const char *field, char **out)
 {
 	char what[64];
 	json_t *reply = NULL;
 	int rc;
 
 	cb_box_set_code("");
-	*url = NULL;
-	snprintf(what, sizeof(what), "host_url %d", port);
-	rc = cb_box_request(box, what, json_pack("{s:s,s:i}", "op", "host_url", "port", port),
-			    &reply, NULL);
-	if (!rc && !(*url = strdup(json_string_value(json_object_get(reply, "url")) ?: "")))
+	if (out)
+		*out = NULL;
+	snprintf(what, sizeof(what), "%s %d", op, port);
+	rc =
+	    cb_box_request(box, what, json_pack("{s:s,s:i}", "op", op, "port", port), &reply, NULL);
+	if (!rc && field &&
+	    !(*out = strdup(json_string_value(json_object_get(reply, field)) ?: "")))
 		rc = cb_error_set(ENOMEM, "out of memory");
 	json_decref(reply);
 	return cb_box_finish(rc);
+}
+
+int cb_box_host_url(struct cb_box *box, int port, char **url)
+{
+	return cb_box_port_op(box, "host_url", port, "url", url);
 }
 
 /* Apply a delta reply (changed, deleted) to map in place. */

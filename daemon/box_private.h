@@ -48,6 +48,11 @@ int cb_box_reply_error(const char *what, json_t *msg, json_t **result);
 int cb_box_request(struct cb_box *box, const char *what, json_t *req, json_t **reply,
 		   json_t **result);
 
+/* The ops that take a port (host_url, publish, unpublish): send {"op": op, "port": port} and,
+ * with field set, put a copy of the reply's string field in *out (the caller frees it).
+ * 0 or -errno, with the box's last code set. */
+int cb_box_port_op(struct cb_box *box, const char *op, int port, const char *field, char **out);
+
 /* Wait for the final reply to one of the n ids on c (replies may come in any order), skipping
  * stream frames and others' replies; *which (may be NULL) is the index of the one answered. */
 int cb_box_wait_reply(struct cb_client *c, const long long *ids, size_t n, size_t *which,

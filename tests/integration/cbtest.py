@@ -54,6 +54,15 @@ while time.monotonic() < end:
 print("swaps", swaps, flush=True)
 """
 
+def tcp_reachable(addr, port, timeout=1):
+    """True if a TCP connection to addr:port is accepted now."""
+    try:
+        socket.create_connection((addr, port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
 def reap_children():
     """Collect every exited child (including adopted daemons) so none stays a zombie."""
     while True:

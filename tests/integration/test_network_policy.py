@@ -105,7 +105,7 @@ class ServersCase(cbtest.CowboxTestCase):
         cls.server = subprocess.Popen(nse + ["python3", "-c", SERVER, str(PORT), str(OTHER_PORT),
                                              "80"], stdout=subprocess.PIPE, text=True)
         assert cls.server.stdout.readline().strip() == "ready"
-        cbtest.wait_for(lambda: cls._reachable(PUB, PORT), 20, what="the test server")
+        cbtest.wait_for(lambda: cbtest.tcp_reachable(PUB, PORT), 20, what="the test server")
         cls.hosts_dir = os.path.realpath(os.environ.get("TMPDIR", "/tmp"))
         cls.hosts = os.path.join(cls.hosts_dir, "cbnt-hosts-" + tag)
         with open(cls.hosts, "w") as f:
@@ -126,14 +126,6 @@ class ServersCase(cbtest.CowboxTestCase):
         sh("ip", "link", "del", cls.host_if, check=False)  # if it never reached the namespace
         if cls.hosts and os.path.exists(cls.hosts):
             os.unlink(cls.hosts)
-
-    @staticmethod
-    def _reachable(addr, port):
-        try:
-            socket.create_connection((addr, port), timeout=1).close()
-            return True
-        except OSError:
-            return False
 
     def setUp(self):
         super().setUp()
@@ -534,7 +526,7 @@ print(ok, done)
         cbtest.wait_for(lambda: fetch() == b"inside\n", 30, what="the published server")
         self.assertEqual(self.cowbox("publish", ref, "8000").stdout.strip(), addr)
         self.cowbox("unpublish", ref, "8000")
-        self.assertFalse(self._reachable(host, int(port)))
+        self.assertFalse(cbtest.tcp_reachable(host, int(port)))
         j = self.cowbox_json("publish", ref, "8000")
         self.assertEqual(j["address"], "127.0.0.1:%d" % j["host_port"])
         self.assertEqual(self.cowbox("publish", ref, "8000").stdout.strip(), j["address"])
@@ -590,7 +582,7 @@ print(ok, done)
         server.close()
         self.ok(c, "close")
         cbtest.wait_for(lambda: not cbtest.pid_alive(pid), 15, what="the daemon to stop")
-        self.assertFalse(self._reachable("127.0.0.1", int(addr.split(":")[1])))
+        self.assertFalse(cbtest.tcp_reachable("127.0.0.1", int(addr.split(":")[1])))
 
     def test_cli_exec_joins_the_policy(self):
         """cowbox exec REF (the CLI's own sandbox, no daemon command) gets the workspace's
@@ -766,16 +758,20 @@ class DockerNetworkPolicyTest(PolicyConformance, ServersCase):
                                      "printf \"%s\" >&3 && cat <&3'" % line)
         return out
 
-    def test_policy_in_a_container(self):
+    def docker_workspace(self, network, **options):
+        """A mounted workspace on the docker backend with that network policy: (ref, client)."""
         ref = self.create()
         self.mount(ref)
         c = self.client(ref, timeout=180)
         self.addCleanup(subprocess.run, ["docker", "rm", "-f", "cowbox-" + ref],
                         capture_output=True)
-        self.ok(c, "configure", options={"backend": "docker", "image": DOCKER_IMAGE,
-                                         "network": "allow",
-                                         "allow": ["api.example.test:%d" % PORT,
-                                                   "rebind.example.test:%d" % PORT]})
+        self.ok(c, "configure", options=dict(options, backend="docker", image=DOCKER_IMAGE,
+                                             network=network))
+        return ref, c
+
+    def test_policy_in_a_container(self):
+        _, c = self.docker_workspace("allow", allow=["api.example.test:%d" % PORT,
+                                                     "rebind.example.test:%d" % PORT])
         code, out, _ = self.run_in(c, "env | grep _PROXY | sort")
         self.assertIn("HTTP_PROXY=http://127.0.0.1:3128", out)
         get = "GET http://%s:%d/docker HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n"
@@ -794,13 +790,7 @@ class DockerNetworkPolicyTest(PolicyConformance, ServersCase):
     def test_publish_from_a_container(self):
         """A server on the container's own loopback (perl: the image has no Python) reached
         from the host's 127.0.0.1; closed by unpublish; none under network host."""
-        ref = self.create()
-        self.mount(ref)
-        c = self.client(ref, timeout=180)
-        self.addCleanup(subprocess.run, ["docker", "rm", "-f", "cowbox-" + ref],
-                        capture_output=True)
-        self.ok(c, "configure", options={"backend": "docker", "image": DOCKER_IMAGE,
-                                         "network": "none"})
+        ref, c = self.docker_workspace("none")
         server = self.client(ref, timeout=120)
         server.send({"id": "srv", "op": "run", "timeout": 120, "cmd": ["perl", "-e", PERL_ECHO]})
         addr = self.ok(c, "publish", port=8001)["address"]
@@ -808,17 +798,11 @@ class DockerNetworkPolicyTest(PolicyConformance, ServersCase):
         cbtest.wait_for(lambda: _echo(host, int(port), b"ping") == b"echo ping", 30,
                         what="the published server in the container")
         self.ok(c, "unpublish", port=8001)
-        self.assertFalse(self._reachable(host, int(port)))
+        self.assertFalse(cbtest.tcp_reachable(host, int(port)))
         server.close()
 
     def test_publish_refused_under_network_host(self):
-        ref = self.create()
-        self.mount(ref)
-        c = self.client(ref, timeout=180)
-        self.addCleanup(subprocess.run, ["docker", "rm", "-f", "cowbox-" + ref],
-                        capture_output=True)
-        self.ok(c, "configure", options={"backend": "docker", "image": DOCKER_IMAGE,
-                                         "network": "host"})
+        _, c = self.docker_workspace("host")
         r = c.request("publish", port=22)
         self.assertFalse(r.get("ok"), r)
         self.assertIn("host", r["error"]["message"])

@@ -180,7 +180,7 @@ class NetworkSecretsTest(cbtest.CowboxTestCase):
                                       stdout=subprocess.PIPE, text=True,
                                       env=dict(os.environ, GIT_SECRET=cls.git_secret))
         assert cls.server.stdout.readline().strip() == "ready"
-        cbtest.wait_for(lambda: cls._reachable(PUB, 443), 20, what="the test server")
+        cbtest.wait_for(lambda: cbtest.tcp_reachable(PUB, 443), 20, what="the test server")
         cls.hosts = d + "/hosts"
         with open(cls.hosts, "w") as f:
             f.write("%s api.example.test other.example.test bad.example.test\n" % PUB)
@@ -197,14 +197,6 @@ class NetworkSecretsTest(cbtest.CowboxTestCase):
         sh("ip", "netns", "del", cls.ns, check=False)
         if getattr(cls, "dir", None):
             shutil.rmtree(cls.dir, ignore_errors=True)
-
-    @staticmethod
-    def _reachable(addr, port):
-        try:
-            socket.create_connection((addr, port), timeout=1).close()
-            return True
-        except OSError:
-            return False
 
     def setUp(self):
         super().setUp()

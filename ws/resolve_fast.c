@@ -40,6 +40,28 @@ static char *name_of(const char *home, const char *ref)
 	return found;
 }
 
+/* 1 if pid runs and is not a zombie. A daemon killed -9 whose parent (PID 1 here) does not
+ * reap it stays a zombie: kill(pid, 0) still succeeds, while its mount is dead and its
+ * children may hold the lock a moment longer. */
+static int daemon_alive(pid_t pid)
+{
+	char path[64], buf[512];
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+		return 0;
+	n = read(fd, buf, sizeof buf - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	/* "pid (comm) S ...": the state follows the last ')' (comm may hold one) */
+	char *paren = strrchr(buf, ')');
+	return paren && paren[1] == ' ' && paren[2] && paren[2] != 'Z' && paren[2] != 'X';
+}
+
 /* The daemon's mount point when the lock is held exclusively by a live daemon (a `ls` probe
  * holds it shared, `rm` of a dead one holds it with no live pid) and a FUSE mount of this
  * workspace is at the recorded path. NULL otherwise. */
@@ -56,7 +78,7 @@ static char *served_mountpoint(const char *dir, const char *ref)
 	buf[n > 0 ? n : 0] = '\0';
 	long pid = strtol(buf, NULL, 10);
 	char *nl = strchr(buf, '\n'), *end = nl ? strchr(nl + 1, '\n') : NULL;
-	if (pid <= 0 || !end || nl[1] != '/' || (kill((pid_t)pid, 0) < 0 && errno == ESRCH))
+	if (pid <= 0 || !end || nl[1] != '/' || !daemon_alive((pid_t)pid))
 		goto out;
 	*end = '\0';
 	snprintf(ours, sizeof ours, "cowbox:%s", ref);

@@ -781,13 +781,6 @@ int cb_backend_env(const struct cb_backend *b, char *const *extra, char ***out)
 	    "LANG=C.UTF-8",
 	    NULL,
 	};
-	/* header secrets: TLS clients trust the workspace's CA (in the bundle at the standard
-	 * path), also those that read no system store by default */
-	static const char *const trust_env[] = {
-	    "SSL_CERT_FILE=" CB_BACKEND_SYSTEM_CA,  "REQUESTS_CA_BUNDLE=" CB_BACKEND_SYSTEM_CA,
-	    "CURL_CA_BUNDLE=" CB_BACKEND_SYSTEM_CA, "NODE_EXTRA_CA_CERTS=" CB_BACKEND_SYSTEM_CA,
-	    "GIT_SSL_CAINFO=" CB_BACKEND_SYSTEM_CA, NULL,
-	};
 	char **host = NULL, **env;
 	size_t n = 0, cap = 8;
 	int rc = 0;
@@ -804,7 +797,8 @@ int cb_backend_env(const struct cb_backend *b, char *const *extra, char ***out)
 		cap++;
 	for (size_t i = 0; cb_backend_proxy_env[i]; i++)
 		cap++;
-	cap += sizeof trust_env / sizeof *trust_env;
+	for (size_t i = 0; cb_backend_trust_env[i]; i++)
+		cap++;
 	env = calloc(cap + 1, sizeof(*env));
 	rc = env ? 0 : -ENOMEM;
 	for (size_t i = 0; !rc && host && host[i]; i++)
@@ -817,8 +811,9 @@ int cb_backend_env(const struct cb_backend *b, char *const *extra, char ***out)
 			rc = env_put(env, &n, b->image_env[i]);
 	for (size_t i = 0; !rc && cb_backend_net_proxied(&b->opt) && cb_backend_proxy_env[i]; i++)
 		rc = env_put(env, &n, cb_backend_proxy_env[i]);
-	for (size_t i = 0; !rc && b->opt.n_secrets && trust_env[i]; i++)
-		rc = env_put(env, &n, trust_env[i]);
+	/* header secrets: TLS clients trust the workspace's CA */
+	for (size_t i = 0; !rc && b->opt.n_secrets && cb_backend_trust_env[i]; i++)
+		rc = env_put(env, &n, cb_backend_trust_env[i]);
 	for (size_t i = 0; !rc && b->opt.env && b->opt.env[i]; i++)
 		rc = env_put(env, &n, b->opt.env[i]);
 	for (size_t i = 0; !rc && extra && extra[i]; i++)

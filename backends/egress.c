@@ -25,6 +25,12 @@ const char *const cb_backend_proxy_env[] = {
     NULL,
 };
 
+const char *const cb_backend_trust_env[] = {
+    "SSL_CERT_FILE=" CB_BACKEND_SYSTEM_CA,  "REQUESTS_CA_BUNDLE=" CB_BACKEND_SYSTEM_CA,
+    "CURL_CA_BUNDLE=" CB_BACKEND_SYSTEM_CA, "NODE_EXTRA_CA_CERTS=" CB_BACKEND_SYSTEM_CA,
+    "GIT_SSL_CAINFO=" CB_BACKEND_SYSTEM_CA, NULL,
+};
+
 int cb_backend_net_proxied(const struct cb_backend_options *o)
 {
 	return o->net == CB_BACKEND_NET_PUBLIC || o->net == CB_BACKEND_NET_ALLOW;

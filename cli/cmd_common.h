@@ -50,9 +50,10 @@ void cli_print_net_rows(json_t *rows);
 /* The workspace's network namespace as an fd of this process (its daemon started if need
  * be), for the sandbox to join: -errno with a message (-ESTALE when it went away meanwhile). */
 int cli_workspace_netns(const char *ref, int *out);
-/* Put the egress proxy's variables (HTTP_PROXY, ...) into env (NULL-terminated, malloc'd, of
- * malloc'd strings), except those env sets already. */
-int cli_env_add_proxy(char ***env);
+/* Put vars ("NAME=value", NULL-terminated: the egress proxy's, cb_backend_proxy_env, or the
+ * CA trust's, cb_backend_trust_env) into env (NULL-terminated, malloc'd, of malloc'd
+ * strings), except those env sets already. */
+int cli_env_add(char ***env, const char *const *vars);
 
 /* A human size: "0 B", "12.3 KiB", ... into buf. */
 const char *cli_size(long long bytes, char *buf, size_t size);

@@ -21,6 +21,7 @@
 #include "cowbox/error.h"
 #include "cowbox/exec.h"
 #include "cowbox/image.h"
+#include "cowbox/net.h"
 #include "cowbox/sandbox.h"
 #include "cowbox/workspace.h"
 #include "cowbox/workspace_fast.h"
@@ -47,6 +48,7 @@ struct exec_opts {
 	int set;	 /* SET_*: the limits given on the command line (0 there means none) */
 	const char *net; /* --network: NULL (none), "none", "all" or "host" */
 	int ws_proxied;	 /* the workspace's network is public or allow */
+	char *ws_bundle; /* with header secrets: the workspace's CA bundle (owned) */
 	int local, privileged;
 	const char *env[MAX_ENV];
 	int n_env;
@@ -296,6 +298,13 @@ static int sandbox_setup(struct exec_opts *o, const char *ref, int shell_mode,
 	rc = 0;
 	/* the workspace's user, shell and egress proxy apply to its commands from here too */
 	o->ws_proxied = !o->dir && cb_backend_net_proxied(&bo);
+	/* header secrets: the proxy answers bound hosts with the workspace CA's certificates */
+	if (o->ws_proxied && bo.n_secrets &&
+	    asprintf(&o->ws_bundle, "%s/" CB_NET_CA_BUNDLE, wsdir) < 0) {
+		o->ws_bundle = NULL;
+		rc = cb_error_set(ENOMEM, "out of memory");
+		goto out;
+	}
 	o->ws_user = bo.user;
 	o->ws_shell = bo.shell;
 	if (bo.kind && !strcmp(bo.kind, "ns")) {
@@ -606,13 +615,15 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 			/* public, allow: the workspace's namespace, whose one way out is its proxy
 			 */
 			if ((rc = cli_workspace_netns(ref, &net.netns_fd)) < 0 ||
-			    (rc = cli_env_add_proxy(&env)) < 0) {
+			    (rc = cli_env_add(&env, cb_backend_proxy_env)) < 0 ||
+			    (o.ws_bundle && (rc = cli_env_add(&env, cb_backend_trust_env)) < 0)) {
 				fprintf(stderr, "cowbox %s: %s\n", argv[0], cb_error_message());
 				goto out;
 			}
 			spec.env = env;
 			sb.net = CB_NET_JOIN;
 			sb.netns_fd = net.netns_fd;
+			sb.ca_bundle = o.ws_bundle;
 		} else {
 			sb.net = CB_NET_NONE;
 		}
@@ -709,6 +720,7 @@ out:
 	free(dir);
 	free(name);
 	free(o.ws_user);
+	free(o.ws_bundle);
 	free(o.ws_shell);
 	free(o.ws_image);
 	free(o.image_root);

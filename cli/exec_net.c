@@ -69,22 +69,22 @@ static int env_has(char **env, const char *entry)
 	return 0;
 }
 
-int cli_env_add_proxy(char ***env)
+int cli_env_add(char ***env, const char *const *vars)
 {
 	size_t n = 0, k = 0, m = 0;
 	char **e;
 
 	while ((*env)[n])
 		n++;
-	while (cb_backend_proxy_env[k])
+	while (vars[k])
 		k++;
 	if (!(e = calloc(n + k + 1, sizeof(*e))))
 		return cb_error_set(ENOMEM, "environment: out of memory");
 	/* An --env of the same name given on the command line wins. */
 	for (size_t i = 0; i < k; i++) {
-		if (env_has(*env, cb_backend_proxy_env[i]))
+		if (env_has(*env, vars[i]))
 			continue;
-		if (!(e[m++] = strdup(cb_backend_proxy_env[i]))) {
+		if (!(e[m++] = strdup(vars[i]))) {
 			cb_exec_env_free(e);
 			return cb_error_set(ENOMEM, "environment: out of memory");
 		}

@@ -345,6 +345,9 @@ int cb_backend_policy(const struct cb_backend_options *o, struct cb_net_policy *
 /* The environment that points a command's clients at the proxy (HTTP_PROXY, ALL_PROXY, their
  * lower-case forms, NO_PROXY for loopback), "NAME=value", NULL-terminated. */
 extern const char *const cb_backend_proxy_env[];
+/* With header secrets: the variables that make TLS clients trust the workspace's CA in the
+ * bundle at CB_BACKEND_SYSTEM_CA (also those that read no system store by default). */
+extern const char *const cb_backend_trust_env[];
 /* Whether the options' network goes through the proxy. */
 int cb_backend_net_proxied(const struct cb_backend_options *o);
 

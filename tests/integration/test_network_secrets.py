@@ -259,6 +259,11 @@ class NetworkSecretsTest(cbtest.CowboxTestCase):
         self.assertEqual(s["headers"]["Authorization"], "Bearer " + self.secret)
         self.assertEqual(s["headers"]["X-Api-Key"], self.file_secret + ";v=1")
         self.assertIn("CN=cowbox workspace %s CA" % ref, err)  # our leaf
+        # `cowbox exec REF` from the CLI: the same namespace, proxy, trust and header
+        p = self.cowbox("exec", ref, "--", "sh", "-c",
+                        "curl -sS -m 20 https://api.example.test/v1/cli")
+        self.assertEqual(json.loads(p.stdout)["headers"]["Authorization"],
+                         "Bearer " + self.secret, p.stderr)
         # through SOCKS5 as well
         s, _ = self.seen(c, "https://api.example.test/v1/s", "--proxy socks5h://127.0.0.1:3128")
         self.assertEqual(s["headers"]["Authorization"], "Bearer " + self.secret)

@@ -64,15 +64,16 @@ void box_home_setup(char *home)
 	setenv("COWBOX_BIN", bin, 1);
 }
 
-void box_home_teardown(const char *home, char *report, size_t size)
+void box_home_teardown(const char *home)
 {
-	struct report r = {report, size};
+	char report[4300] = "";
+	struct report r = {report, sizeof(report)};
 
-	report[0] = '\0';
 	cb_ws_list(sanitizer_report, &r);
 	/* Whatever a failed test left: daemons stopped, mounts gone, then the files. */
 	cb_ws_list(remove_ws, NULL);
 	box_tree_remove(home);
+	cr_assert_eq(report[0], '\0', "%s", report);
 }
 
 void box_tree_remove(const char *dir)

@@ -9,10 +9,9 @@
  * make check sets) at it and the built binary; asserts on failure. */
 void box_home_setup(char *home);
 
-/* Stop and remove every workspace of home, then its files. Daemons run detached, so their
- * ASan/UBSan findings reach only their daemon.log: the first one found is copied to report
- * ("" if none), for the caller to assert on. */
-void box_home_teardown(const char *home, char *report, size_t size);
+/* Stop and remove every workspace of home, then its files; asserts that no daemon's log holds
+ * an ASan/UBSan report (daemons run detached, so their findings reach only daemon.log). */
+void box_home_teardown(const char *home);
 
 /* rm -rf of dir (no symlink followed); a missing dir is fine. */
 void box_tree_remove(const char *dir);

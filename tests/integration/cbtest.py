@@ -63,6 +63,16 @@ def tcp_reachable(addr, port, timeout=1):
         return False
 
 
+def stop_netns_server(server, ns):
+    """End a test server (a Popen with stdout piped, or None) and delete its network
+    namespace ns, which may never have been made."""
+    if server:
+        server.kill()
+        server.wait()
+        server.stdout.close()
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
 def reap_children():
     """Collect every exited child (including adopted daemons) so none stays a zombie."""
     while True:

@@ -118,11 +118,7 @@ class ServersCase(cbtest.CowboxTestCase):
 
     @classmethod
     def tearDownClass(cls):
-        if cls.server:
-            cls.server.kill()
-            cls.server.wait()
-            cls.server.stdout.close()
-        sh("ip", "netns", "del", cls.ns, check=False)
+        cbtest.stop_netns_server(cls.server, cls.ns)
         sh("ip", "link", "del", cls.host_if, check=False)  # if it never reached the namespace
         if cls.hosts and os.path.exists(cls.hosts):
             os.unlink(cls.hosts)

@@ -190,11 +190,7 @@ class NetworkSecretsTest(cbtest.CowboxTestCase):
 
     @classmethod
     def tearDownClass(cls):
-        if cls.server:
-            cls.server.kill()
-            cls.server.wait()
-            cls.server.stdout.close()
-        sh("ip", "netns", "del", cls.ns, check=False)
+        cbtest.stop_netns_server(cls.server, cls.ns)
         if getattr(cls, "dir", None):
             shutil.rmtree(cls.dir, ignore_errors=True)
 

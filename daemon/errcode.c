@@ -23,12 +23,12 @@ static const struct code_row code_rows[] = {
     {"not_found", ENOENT, {ENOENT, ESRCH}},
     {"invalid_path", EINVAL, {EXDEV, ENAMETOOLONG, ELOOP}},
     {"access_denied", EACCES, {EACCES}},
-    {"in_use", EBUSY, {EBUSY, EEXIST, EWOULDBLOCK}},
+    {"in_use", EBUSY, {EBUSY, EEXIST, EWOULDBLOCK}}, /* EWOULDBLOCK is EAGAIN: a lock taken */
     {"timeout", ETIMEDOUT, {ETIMEDOUT}},
     {"output_limit", EFBIG, {EFBIG, ENOBUFS}},
     {"invalid_request", EPROTO, {EINVAL, EISDIR, EPROTO, EBADMSG}},
     {"conflict", EEXIST, {0}},
-    {"unavailable", EAGAIN, {EAGAIN}},
+    {"unavailable", EAGAIN, {0}}, /* and every errno not listed above */
 };
 
 #define CODE_ROWS (sizeof(code_rows) / sizeof(code_rows[0]))

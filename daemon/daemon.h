@@ -15,10 +15,10 @@
 
 #define CB_PROTOCOL_VERSION  1
 #define CB_PROTOCOL_MAX_LINE (16u << 20) /* a request line longer than this is refused */
-/* Requests running on their own threads (exec, run, ...) at once on one connection; one more
- * is refused with in_use. Inline ops run one at a time in order: the reader takes the next
- * line only after answering, so a client that never reads its replies is held back by the
- * socket buffers (backpressure), never cut off. */
+/* The API's commands (exec, run: on threads of their own) at once on one connection; one more
+ * is refused with in_use (daemon/ops_api.c). Inline ops run one at a time in order: the reader
+ * takes the next line only after answering, so a client that never reads its replies is held back
+ * by the socket buffers (backpressure), never cut off. */
 #define CB_PROTOCOL_MAX_IN_FLIGHT 64
 
 /* File workers (daemon/workproc.c): at most this many API reads and writes run at once. */

@@ -6,7 +6,7 @@ backends_libcb_backends_la_SOURCES = backends/common.h backends/common.c backend
 # relays (host_url's forwarders, published ports) and published ports (issue 10)
 backends_libcb_backends_la_SOURCES += backends/relay.c backends/publish.c
 COWBOX_LAYERS += backends/libcb_backends.la
-pkginclude_HEADERS += include/cowbox/backend.h include/cowbox/image.h
+noinst_HEADERS += include/cowbox/backend.h include/cowbox/image.h
 
 check_PROGRAMS += backends/test_backend
 TESTS += backends/test_backend

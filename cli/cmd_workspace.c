@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../daemon/daemon.h"
 #include "cmd_common.h"
 #include "commands.h"
 #include "cowbox/access.h"
@@ -15,6 +14,7 @@
 #include "cowbox/turns.h"
 #include "cowbox/backend.h"
 #include "cowbox/client.h"
+#include "cowbox/daemon.h"
 #include "cowbox/image.h"
 #include "cowbox/workspace.h"
 

@@ -326,9 +326,9 @@ out:
 	return cb_box_finish(rc);
 }
 
-int cb_box_diff(struct cb_box *box, int from, int to, json_t **events)
+int cb_box_diff(struct cb_box *box, long long from, long long to, json_t **events)
 {
-	json_t *req = json_pack("{s:s,s:i}", "op", "diff", "a", from), *reply = NULL;
+	json_t *req = json_pack("{s:s,s:I}", "op", "diff", "a", (json_int_t)from), *reply = NULL;
 	char what[64];
 	int rc;
 
@@ -336,7 +336,7 @@ int cb_box_diff(struct cb_box *box, int from, int to, json_t **events)
 	*events = NULL;
 	if (req && to >= 0)
 		json_object_set_new(req, "b", json_integer(to));
-	snprintf(what, sizeof(what), to >= 0 ? "diff %d %d" : "diff %d", from, to);
+	snprintf(what, sizeof(what), to >= 0 ? "diff %lld %lld" : "diff %lld", from, to);
 	rc = cb_box_request(box, what, req, &reply, NULL);
 	if (!rc) {
 		*events = json_incref(json_object_get(reply, "events"));
@@ -348,15 +348,16 @@ int cb_box_diff(struct cb_box *box, int from, int to, json_t **events)
 	return cb_box_finish(rc);
 }
 
-int cb_box_rollback(struct cb_box *box, int turn)
+int cb_box_rollback(struct cb_box *box, long long turn)
 {
 	json_t *reply = NULL;
 	char what[64];
 	int rc;
 
 	cb_box_set_code("");
-	snprintf(what, sizeof(what), "rollback %d", turn);
-	rc = cb_box_request(box, what, json_pack("{s:s,s:i}", "op", "rollback", "turn", turn),
+	snprintf(what, sizeof(what), "rollback %lld", turn);
+	rc = cb_box_request(box, what,
+			    json_pack("{s:s,s:I}", "op", "rollback", "turn", (json_int_t)turn),
 			    &reply, NULL);
 	if (!rc)
 		rc = (int)json_integer_value(json_object_get(reply, "turn"));
@@ -364,9 +365,9 @@ int cb_box_rollback(struct cb_box *box, int turn)
 	return cb_box_finish(rc);
 }
 
-int cb_box_fork(struct cb_box *box, int turn, const char *name, struct cb_box **out)
+int cb_box_fork(struct cb_box *box, long long turn, const char *name, struct cb_box **out)
 {
-	json_t *req = json_pack("{s:s,s:i}", "op", "fork", "turn", turn), *reply = NULL;
+	json_t *req = json_pack("{s:s,s:I}", "op", "fork", "turn", (json_int_t)turn), *reply = NULL;
 	char what[64];
 	int rc;
 
@@ -374,7 +375,7 @@ int cb_box_fork(struct cb_box *box, int turn, const char *name, struct cb_box **
 	*out = NULL;
 	if (req && name)
 		json_object_set_new(req, "name", json_string(name));
-	snprintf(what, sizeof(what), "fork %d", turn);
+	snprintf(what, sizeof(what), "fork %lld", turn);
 	rc = cb_box_request(box, what, req, &reply, NULL);
 	if (!rc)
 		rc = cb_box_attach(json_string_value(json_object_get(reply, "ref")) ?: "", NULL,

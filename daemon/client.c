@@ -67,23 +67,6 @@ static long long now_ms(void)
 	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int cb_client_code_errno(const char *code)
-{
-	static const struct {
-		const char *code;
-		int err;
-	} map[] = {
-	    {"not_found", ENOENT},	 {"invalid_path", EINVAL},  {"in_use", EBUSY},
-	    {"unavailable", EAGAIN},	 {"timeout", ETIMEDOUT},    {"output_limit", EFBIG},
-	    {"invalid_request", EPROTO}, {"access_denied", EACCES}, {"conflict", EEXIST},
-	};
-
-	for (size_t i = 0; code && i < sizeof(map) / sizeof(map[0]); i++)
-		if (!strcmp(code, map[i].code))
-			return map[i].err;
-	return EIO;
-}
-
 int cb_client_recv_line(struct cb_client *c, int timeout_ms, char **line, size_t *len)
 {
 	long long deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;

@@ -376,6 +376,10 @@ static void daemon_free(struct cb_daemon *d)
 	pthread_cond_destroy(&d->conns_cond);
 	pthread_mutex_destroy(&d->idle_lock);
 	pthread_cond_destroy(&d->idle_cond);
+	pthread_mutex_destroy(&d->api_lock);
+	pthread_mutex_destroy(&d->running_lock);
+	pthread_cond_destroy(&d->running_cond);
+	pthread_mutex_destroy(&d->api_stop_lock);
 }
 
 struct base_seen {
@@ -522,6 +526,10 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	pthread_cond_init(&d.conns_cond, NULL);
 	pthread_mutex_init(&d.idle_lock, NULL);
 	pthread_cond_init(&d.idle_cond, NULL);
+	pthread_mutex_init(&d.api_lock, NULL);
+	pthread_mutex_init(&d.running_lock, NULL);
+	pthread_cond_init(&d.running_cond, NULL);
+	pthread_mutex_init(&d.api_stop_lock, NULL);
 	d.started = now_seconds();
 	d.pinned = opt->pinned;
 	/* Our pid goes into the lock at once: a dead daemon's pid left there could meanwhile

@@ -2,7 +2,7 @@
 noinst_LTLIBRARIES += db/libcb_db.la
 db_libcb_db_la_SOURCES = db/db.h db/db.c db/schema.c db/journal.c db/marklog.c
 COWBOX_LAYERS += db/libcb_db.la
-pkginclude_HEADERS += include/cowbox/journal.h
+noinst_HEADERS += include/cowbox/journal.h
 
 check_PROGRAMS += db/test_journal
 TESTS += db/test_journal
@@ -24,9 +24,9 @@ db_libcb_db_la_SOURCES += db/basecache.c db/turns_read.c
 db_libcb_db_la_SOURCES += db/turn_inplace.c
 # the network log of the egress proxy
 db_libcb_db_la_SOURCES += db/netlog.c
-pkginclude_HEADERS += include/cowbox/netlog.h
-pkginclude_HEADERS += include/cowbox/basecache.h
-pkginclude_HEADERS += include/cowbox/turn_store.h
+noinst_HEADERS += include/cowbox/netlog.h
+noinst_HEADERS += include/cowbox/basecache.h
+noinst_HEADERS += include/cowbox/turn_store.h
 
 # scripts/bench/journal builds this on request (make db/bench_journal); not a test.
 EXTRA_PROGRAMS = db/bench_journal

@@ -5,7 +5,7 @@ net_libcb_net_la_SOURCES = net/policy.c net/proxy_util.h net/proxy_util.c net/pr
 	net/intercept.h net/intercept.c net/ca.c
 net_libcb_net_la_CFLAGS = $(AM_CFLAGS)
 COWBOX_LAYERS += net/libcb_net.la
-pkginclude_HEADERS += include/cowbox/net.h
+noinst_HEADERS += include/cowbox/net.h
 
 check_PROGRAMS += net/test_policy
 TESTS += net/test_policy

@@ -36,3 +36,7 @@ TESTS += tests/integration/test_in_place.py
 # the ns backend's OCI images (issue 11's image): layouts, the local store, the cache
 TESTS += tests/integration/test_image.py
 EXTRA_DIST += tests/integration/ociutil.py
+# issue 13: libcowbox's public line (exports, installed headers), the daemon's running table,
+# the one error table (C and Python)
+TESTS += tests/integration/test_public_api.py tests/integration/test_api_requests.py \
+	bindings/python/tests/test_errors.py

@@ -3,6 +3,10 @@
 #ifndef COWBOX_ACCESS_H
 #define COWBOX_ACCESS_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* none: only what the owner and hooks use (info, snapshot, diff, turns, close, destroy);
  * files: also read, write, rollback, fork, prune; full: also exec, run, which, host_url,
  * configure with options, apply. Ordered: a wider level is a larger number. */
@@ -32,5 +36,9 @@ struct cb_box;
  * it first): what needs more then fails with -EACCES, code access_denied. A level wider than
  * box has, or than the workspace serves, is refused the same way; box keeps its level. */
 int cb_box_set_access(struct cb_box *box, const char *level);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

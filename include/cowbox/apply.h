@@ -5,6 +5,10 @@
 
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 struct cb_turns;
 
 /* What an apply did, or why it refused: conflicts[] are "PATH: why" lines (the folder's
@@ -37,5 +41,9 @@ struct cb_box;
  * "to", "written", "deleted", "unchanged"} on success, or {"conflicts": ["PATH: why", ...]}
  * when refused with -EEXIST (code "conflict"; nothing was written). */
 int cb_box_apply(struct cb_box *box, long long turn, const char *to, json_t **report);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

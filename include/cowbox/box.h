@@ -208,13 +208,13 @@ int cb_box_snapshot_changes(struct cb_box *box, const char *label, json_t **chan
 /* The changes from turn `from` to turn `to` (< 0: the live tree) as a JSON array of events
  * ({"event":"created"|"modified"|"deleted"|..., "path", "old", "new"}: docs/protocol.md),
  * which the caller json_decref()s. Returns the number of events. */
-int cb_box_diff(struct cb_box *box, int from, int to, json_t **events);
+int cb_box_diff(struct cb_box *box, long long from, long long to, json_t **events);
 
 /* Make the live workspace what it was at turn; returns the new turn that records this. */
-int cb_box_rollback(struct cb_box *box, int turn);
+int cb_box_rollback(struct cb_box *box, long long turn);
 
 /* A new workspace starting at turn (named name, may be NULL), attached as *out. */
-int cb_box_fork(struct cb_box *box, int turn, const char *name, struct cb_box **out);
+int cb_box_fork(struct cb_box *box, long long turn, const char *name, struct cb_box **out);
 
 /* Check the workspace's stored state through its daemon (docs/reliability.md, `cowbox
  * fsck`): every blob and base file a recorded turn needs is read and hashed, every base-cache

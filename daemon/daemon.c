@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "cowbox/access.h"
+#include "cowbox/workspace.h"
 #include "cowbox/backend.h"
 #include "cowbox/error.h"
 #include "cowbox/grow.h"

@@ -22,14 +22,6 @@ int cb_access_parse(const char *name);
 /* The name of a level ("full" for anything out of range). */
 const char *cb_access_name(int level);
 
-/* The widest level the workspace in dir serves: what cb_ws_access_save wrote, or full when
- * nothing was; -errno with a message when the file is unreadable or holds no level. */
-int cb_ws_access_load(const char *dir);
-
-/* Record level as the widest the workspace in dir serves (written to a temporary file and
- * renamed, so a reader sees the old level or the new one). 0 or -errno with a message. */
-int cb_ws_access_save(const char *dir, int level);
-
 struct cb_box;
 
 /* Lower box to level (its connections, from now on and after a restart of the daemon, ask for

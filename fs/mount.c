@@ -115,7 +115,7 @@ static int ov_on_overlayfs(int fd)
 }
 
 /* See ov.h: what we ask of the kernel, given what it can do. */
-void ov_init(void *userdata, struct fuse_conn_info *conn)
+void ov_op_init(void *userdata, struct fuse_conn_info *conn)
 {
 	struct cb_overlay *ov = userdata;
 	int passthrough = 0;

@@ -76,7 +76,7 @@ static inline void ov_clock_stop(const struct ov_clock *c, enum ov_op op)
 		fence = (fenced);                                                                  \
 		if (fence)                                                                         \
 			ov_fence_enter(ov);                                                        \
-		ov_##op args;                                                                      \
+		ov_op_##op args;                                                                   \
 		if (fence)                                                                         \
 			ov_fence_leave(ov);                                                        \
 		ov_clock_stop(&c, OV_OP_##op);                                                     \
@@ -86,7 +86,7 @@ OV_OPS(OV_SERVE)
 #undef OV_SERVE
 
 /* The table: INIT (mount.c) and every OV_OPS entry through its serving wrapper. */
-static const struct fuse_lowlevel_ops ov_ops = {.init = ov_init,
+static const struct fuse_lowlevel_ops ov_ops = {.init = ov_op_init,
 #define OV_SLOT(op, name, fenced, params, args) .op = ov_serve_##op,
 						OV_OPS(OV_SLOT)
 #undef OV_SLOT

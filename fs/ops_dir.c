@@ -131,19 +131,19 @@ out:
 }
 
 /* MKDIR: a new directory in upper (opaque when it replaces a whiteout). */
-void ov_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
+void ov_op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
 {
 	ov_make_node(req, parent, name, S_IFDIR | (mode & 07777), 0, NULL);
 }
 
 /* MKNOD: a new node in upper; a 0/0 character device is refused (it is a whiteout). */
-void ov_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev)
+void ov_op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev)
 {
 	ov_make_node(req, parent, name, mode, rdev, NULL);
 }
 
 /* SYMLINK: a new symlink in upper. */
-void ov_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
+void ov_op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
 {
 	ov_make_node(req, parent, name, S_IFLNK | 0777, 0, link);
 }
@@ -160,8 +160,8 @@ int ov_open_flags(int flags)
 
 /* CREATE: a new regular file in upper, opened; the kernel sends this for open(O_CREAT) of a
  * missing name. */
-void ov_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mode_t mode,
-	       struct fuse_file_info *fi)
+void ov_op_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mode_t mode,
+		  struct fuse_file_info *fi)
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *parent = ov_inode_get(ov, parent_ino);
@@ -206,7 +206,7 @@ void ov_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mode_t m
 	fd = -1;
 	fi->fh = (uint64_t)(uintptr_t)f;
 	if (f->mode == OV_OPEN_CACHED && ov_space_low(ov))
-		fi->direct_io = 1; /* see ov_open: ENOSPC at write(2) on a nearly full disk */
+		fi->direct_io = 1; /* see ov_op_open: ENOSPC at write(2) on a nearly full disk */
 out:
 	cb_rwlock_unlock(&ov->tab.ns);
 	free(path);
@@ -222,7 +222,7 @@ out:
 }
 
 /* LINK: a new name for an inode, copied up first (a hard link lives in one layer). */
-void ov_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent_ino, const char *newname)
+void ov_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent_ino, const char *newname)
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *in = ov_inode_get(ov, ino), *parent = ov_inode_get(ov, newparent_ino);
@@ -441,22 +441,22 @@ out:
 }
 
 /* UNLINK: removes a non-directory; a name the base also has leaves a whiteout. */
-void ov_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+void ov_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	ov_remove(req, parent, name, 0);
 }
 
 /* RMDIR: removes an empty directory (merged with the base's view); a whiteout hides the
  * base's. */
-void ov_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
+void ov_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	ov_remove(req, parent, name, 1);
 }
 
 /* RENAME: renameat2 with NOREPLACE or EXCHANGE, under the names lock's write side
  * (rename.c). */
-void ov_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
-	       const char *newname, unsigned int flags)
+void ov_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
+		  const char *newname, unsigned int flags)
 {
 	struct cb_overlay *ov = ov_of(req);
 	int r;

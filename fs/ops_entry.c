@@ -141,7 +141,7 @@ int ov_stat_inode(struct cb_overlay *ov, struct ov_inode *in, struct stat *st)
 
 /* LOOKUP: parent/name's inode with one more kernel reference, or a negative entry the kernel
  * may cache (we are the tree's only writer). */
-void ov_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+void ov_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct fuse_entry_param e;
@@ -163,7 +163,7 @@ void ov_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 }
 
 /* FORGET: the kernel dropped nlookup references; an inode nothing refers to is freed. */
-void ov_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
+void ov_op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 {
 	struct cb_overlay *ov = ov_of(req);
 
@@ -172,7 +172,7 @@ void ov_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 }
 
 /* BATCH_FORGET: FORGET for many inodes in one request. */
-void ov_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets)
+void ov_op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets)
 {
 	struct cb_overlay *ov = ov_of(req);
 	size_t i;
@@ -183,7 +183,7 @@ void ov_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forg
 }
 
 /* GETATTR: the inode's stat as the mount shows it (ids shifted, the origin's inode number). */
-void ov_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+void ov_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct stat st;
@@ -294,8 +294,8 @@ static int ov_apply_setattr(struct cb_overlay *ov, struct ov_inode *in, struct s
 }
 
 /* SETATTR: chmod, chown, truncate, utimes: copies up and marks before it changes anything. */
-void ov_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
-		struct fuse_file_info *fi)
+void ov_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+		   struct fuse_file_info *fi)
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *in = ov_inode_get(ov, ino);
@@ -321,7 +321,7 @@ void ov_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
 }
 
 /* READLINK: a symlink's target, from whichever layer holds it. */
-void ov_readlink(fuse_req_t req, fuse_ino_t ino)
+void ov_op_readlink(fuse_req_t req, fuse_ino_t ino)
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *in = ov_inode_get(ov, ino);
@@ -348,7 +348,7 @@ void ov_readlink(fuse_req_t req, fuse_ino_t ino)
 }
 
 /* STATFS: the upper layer's filesystem, where every change lands. */
-void ov_statfs(fuse_req_t req, fuse_ino_t ino)
+void ov_op_statfs(fuse_req_t req, fuse_ino_t ino)
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct statvfs sv;

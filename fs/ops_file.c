@@ -187,7 +187,7 @@ void ov_file_free(struct ov_handle *h)
 
 /* OPEN: an open file; opened for writing or truncating, the inode is copied up and marked
  * first. Chooses passthrough or the page cache for it. */
-void ov_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+void ov_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *in = ov_inode_get(ov, ino);
@@ -258,7 +258,7 @@ out:
 }
 
 /* READ: spliced from the file's fd, not copied through us. */
-void ov_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
+void ov_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
 {
 	struct ov_file *f = (struct ov_file *)(uintptr_t)fi->fh;
 	struct fuse_bufvec buf = FUSE_BUFVEC_INIT(size);
@@ -288,8 +288,8 @@ static int ov_file_dirty(fuse_req_t req, struct ov_file *f)
 
 /* WRITE: marks the file, then writes (spliced when the kernel sends pages by pipe) within
  * the quota. */
-void ov_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_buf, off_t off,
-		  struct fuse_file_info *fi)
+void ov_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_buf, off_t off,
+		     struct fuse_file_info *fi)
 {
 	struct ov_file *f = (struct ov_file *)(uintptr_t)fi->fh;
 	struct fuse_bufvec out = FUSE_BUFVEC_INIT(fuse_buf_size(in_buf));
@@ -323,7 +323,7 @@ void ov_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_buf, of
 }
 
 /* RELEASE: the last close of an open file: its mode is given back and it is freed. */
-void ov_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+void ov_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct ov_file *f = (struct ov_file *)(uintptr_t)fi->fh;
 
@@ -334,7 +334,7 @@ void ov_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 }
 
 /* FSYNC: the file and then the journal reach the disk (the program asked for durability). */
-void ov_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+void ov_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
 	struct ov_file *f = (struct ov_file *)(uintptr_t)fi->fh;
 	int r;
@@ -347,8 +347,8 @@ void ov_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_inf
 }
 
 /* FALLOCATE: marks the file, then allocates or punches within the quota. */
-void ov_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len,
-		  struct fuse_file_info *fi)
+void ov_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len,
+		     struct fuse_file_info *fi)
 {
 	struct ov_file *f = (struct ov_file *)(uintptr_t)fi->fh;
 	struct ov_quota_resize q;
@@ -371,9 +371,9 @@ out:
 }
 
 /* COPY_FILE_RANGE: marks the destination, then copies between the two files in the kernel. */
-void ov_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
-			struct fuse_file_info *fi_in, fuse_ino_t ino_out, off_t off_out,
-			struct fuse_file_info *fi_out, size_t len, int flags)
+void ov_op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
+			   struct fuse_file_info *fi_in, fuse_ino_t ino_out, off_t off_out,
+			   struct fuse_file_info *fi_out, size_t len, int flags)
 {
 	struct ov_file *fin = (struct ov_file *)(uintptr_t)fi_in->fh;
 	struct ov_file *fout = (struct ov_file *)(uintptr_t)fi_out->fh;
@@ -402,7 +402,7 @@ void ov_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
 }
 
 /* LSEEK: SEEK_DATA and SEEK_HOLE answered by the file's own layer. */
-void ov_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, struct fuse_file_info *fi)
+void ov_op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, struct fuse_file_info *fi)
 {
 	struct ov_file *f = (struct ov_file *)(uintptr_t)fi->fh;
 	off_t r;

@@ -199,7 +199,7 @@ static void ov_dir_free(struct ov_handle *h)
 }
 
 /* OPENDIR: a listing handle; the merged listing is read at the first READDIR. */
-void ov_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+void ov_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct ov_dir *d = calloc(1, sizeof(*d));
 
@@ -276,20 +276,21 @@ static void ov_readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t
 }
 
 /* READDIR: the merged listing of upper and base, whiteouts hidden. */
-void ov_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
+void ov_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		   struct fuse_file_info *fi)
 {
 	ov_readdir_common(req, ino, size, off, fi, 0);
 }
 
 /* READDIRPLUS: READDIR with each entry looked up (one kernel reference each). */
-void ov_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-		    struct fuse_file_info *fi)
+void ov_op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		       struct fuse_file_info *fi)
 {
 	ov_readdir_common(req, ino, size, off, fi, 1);
 }
 
 /* RELEASEDIR: frees the listing handle. */
-void ov_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+void ov_op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct ov_dir *d = (struct ov_dir *)(uintptr_t)fi->fh;
 
@@ -299,7 +300,7 @@ void ov_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 }
 
 /* FSYNCDIR: the upper directory reaches the disk, then the journal. */
-void ov_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+void ov_op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *in = ov_inode_get(ov, ino);

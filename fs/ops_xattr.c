@@ -39,7 +39,7 @@ static int ov_xattr_path(struct cb_overlay *ov, struct ov_inode *in, char **out,
 }
 
 /* GETXATTR: an extended attribute; overlayfs's private ones are never shown. */
-void ov_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
+void ov_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 {
 	struct cb_overlay *ov = ov_of(req);
 	char *path = NULL, *buf = NULL;
@@ -79,7 +79,7 @@ void ov_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 }
 
 /* LISTXATTR: the extended attributes' names, without overlayfs's private ones. */
-void ov_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+void ov_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 {
 	struct cb_overlay *ov = ov_of(req);
 	char *path = NULL, *buf = NULL, *p, *out;
@@ -171,14 +171,14 @@ static void ov_change_xattr(fuse_req_t req, fuse_ino_t ino, const char *name, co
 }
 
 /* SETXATTR: copies up and marks the inode (metadata) first; private names are refused. */
-void ov_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value, size_t size,
-		 int flags)
+void ov_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
+		    size_t size, int flags)
 {
 	ov_change_xattr(req, ino, name, value, size, flags, 0);
 }
 
 /* REMOVEXATTR: as SETXATTR, removing. */
-void ov_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
+void ov_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 {
 	ov_change_xattr(req, ino, name, NULL, 0, 0, 1);
 }

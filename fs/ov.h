@@ -331,11 +331,12 @@ int ov_stat_inode(struct cb_overlay *ov, struct ov_inode *in, struct stat *st);
 int ov_layer_fd(struct cb_overlay *ov, int layer);
 
 /* Every FUSE operation the overlay serves, once: its field of struct fuse_lowlevel_ops (the
- * handler is ov_FIELD, in ops_*.c), its opcode's name (cb_overlay_op_stats), whether it runs
- * inside the turn fence (OV_READS: never; OV_CHANGES: always; an expression: when true),
- * and its parameters. fs/ops.c builds the one table the kernel's requests go through from
- * this list. An operation missing here is one libfuse answers ENOSYS for, and the kernel
- * then stops asking (FLUSH: nothing to do on close(2); the kernel keeps posix locks
+ * handler is ov_op_FIELD, in ops_*.c: ov_op_, as plain ov_open or ov_read would be taken by
+ * libvorbisfile's in a process that loads both), its opcode's name (cb_overlay_op_stats),
+ * whether it runs inside the turn fence (OV_READS: never; OV_CHANGES: always; an expression:
+ * when true), and its parameters. fs/ops.c builds the one table the kernel's requests go
+ * through from this list. An operation missing here is one libfuse answers ENOSYS for, and the
+ * kernel then stops asking (FLUSH: nothing to do on close(2); the kernel keeps posix locks
  * itself and writes dirty pages before it asks). Adding one: docs/hacking.md. */
 /* clang-format off */
 #define OV_READS   0
@@ -417,7 +418,7 @@ int ov_layer_fd(struct cb_overlay *ov, int layer);
 
 /* The handlers, one per OV_OPS entry: each answers its request exactly once. Only the table
  * of ops.c calls them (with thread cancellation off, counted, fenced as the list says). */
-#define OV_HANDLER_DECL(op, name, fenced, params, args) void ov_##op params;
+#define OV_HANDLER_DECL(op, name, fenced, params, args) void ov_op_##op params;
 OV_OPS(OV_HANDLER_DECL)
 #undef OV_HANDLER_DECL
 
@@ -434,7 +435,7 @@ struct fuse_session *ov_session_new(struct fuse_args *args, struct cb_overlay *o
 struct ov_stats;
 struct ov_stats *ov_stats_new(void);
 /* mount.c: INIT, the kernel's offer of capabilities and ours of what we want. */
-void ov_init(void *userdata, struct fuse_conn_info *conn);
+void ov_op_init(void *userdata, struct fuse_conn_info *conn);
 
 static inline struct cb_overlay *ov_of(fuse_req_t req)
 {

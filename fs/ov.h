@@ -331,13 +331,13 @@ int ov_stat_inode(struct cb_overlay *ov, struct ov_inode *in, struct stat *st);
 int ov_layer_fd(struct cb_overlay *ov, int layer);
 
 /* Every FUSE operation the overlay serves, once: its field of struct fuse_lowlevel_ops (the
- * handler is ov_op_FIELD, in ops_*.c: ov_op_, as plain ov_open or ov_read would be taken by
- * libvorbisfile's in a process that loads both), its opcode's name (cb_overlay_op_stats),
- * whether it runs inside the turn fence (OV_READS: never; OV_CHANGES: always; an expression:
- * when true), and its parameters. fs/ops.c builds the one table the kernel's requests go
- * through from this list. An operation missing here is one libfuse answers ENOSYS for, and the
- * kernel then stops asking (FLUSH: nothing to do on close(2); the kernel keeps posix locks
- * itself and writes dirty pages before it asks). Adding one: docs/hacking.md. */
+ * handler is ov_op_FIELD, in ops_*.c: never a plain ov_open or ov_read, libvorbisfile's names,
+ * in a link that may hold both), its opcode's name (cb_overlay_op_stats), whether it runs
+ * inside the turn fence (OV_READS: never; OV_CHANGES: always; an expression: when true), and
+ * its parameters. fs/ops.c builds the one table the kernel's requests go through from this
+ * list. An operation missing here is one libfuse answers ENOSYS for, and the kernel then stops
+ * asking (FLUSH: nothing to do on close(2); the kernel keeps posix locks itself and writes
+ * dirty pages before it asks). Adding one: docs/hacking.md. */
 /* clang-format off */
 #define OV_READS   0
 #define OV_CHANGES 1

@@ -290,33 +290,6 @@ static int workspace_dir(const struct cli_exec_opts *o, char **dir, char **name,
 	return 0;
 }
 
-/* entry ("KEY=VALUE") in env, replacing KEY's earlier one; a failed strdup leaves a NULL
- * that dir_env finds. */
-static void env_set(char **env, size_t *n, const char *entry)
-{
-	size_t klen = strcspn(entry, "=") + 1, j;
-
-	for (j = 0; j < *n; j++)
-		if (env[j] && !strncmp(env[j], entry, klen))
-			break;
-	if (j < *n)
-		free(env[j]);
-	else
-		j = (*n)++;
-	env[j] = strdup(entry);
-}
-
-/* What one run needs to end cleanly, whichever path it took. */
-struct run {
-	struct cb_exec *h;
-	struct cb_backend *b; /* a workspace's backend, joined in this process; NULL: --dir */
-	struct cb_exec_result res;
-	double timeout; /* for the timed-out message */
-	unsigned long memory_mb;
-	int usage; /* the error is a usage error (exit 2) */
-	int done;  /* ran through the daemon: res only */
-};
-
 static int write_all(int fd, const void *buf, size_t len)
 {
 	while (len) {
@@ -331,7 +304,7 @@ static int write_all(int fd, const void *buf, size_t len)
 	return 0;
 }
 
-static int forward_output(void *arg, int stream, const void *buf, size_t len)
+int cli_exec_forward(void *arg, int stream, const void *buf, size_t len)
 {
 	(void)arg;
 	write_all(stream == 2 ? 2 : 1, buf, len);
@@ -353,7 +326,7 @@ void cli_exec_signals(sigset_t *set)
 struct signal_thread {
 	pthread_t thread;
 	sigset_t set;
-	struct run *r;
+	struct cli_run *r;
 	int tty;
 };
 
@@ -381,7 +354,7 @@ static void *signal_loop(void *arg)
 }
 
 /* The terminal's size now, for a shell's pty. */
-static void tty_size(unsigned short *rows, unsigned short *cols)
+void cli_tty_size(unsigned short *rows, unsigned short *cols)
 {
 	struct winsize ws;
 
@@ -392,7 +365,7 @@ static void tty_size(unsigned short *rows, unsigned short *cols)
 }
 
 /* Wait for r->h with the signals passed on (and a raw terminal for a pty): r->res filled. */
-static int run_wait(struct run *r, int tty)
+int cli_exec_wait(struct cli_run *r, int tty)
 {
 	struct signal_thread st = {.r = r, .tty = tty};
 	struct termios saved;
@@ -415,235 +388,9 @@ static int run_wait(struct run *r, int tty)
 	return rc;
 }
 
-/* --network all for one command: a namespace of its own served by pasta, whose files live
- * in a private directory, all gone when the command is. */
-struct user_net {
-	int netns_fd;
-	struct cb_pasta *pasta;
-	char dir[64];
-};
-
-static int user_net_start(struct user_net *n)
-{
-	char log[128], pid[128];
-	int rc;
-
-	snprintf(n->dir, sizeof n->dir, "/tmp/cowbox-net-XXXXXX");
-	if (!mkdtemp(n->dir)) {
-		n->dir[0] = 0;
-		return cb_error_set(errno, "network all: mkdtemp: %s", strerror(errno));
-	}
-	snprintf(log, sizeof log, "%s/pasta.log", n->dir);
-	snprintf(pid, sizeof pid, "%s/pasta.pid", n->dir);
-	if ((rc = cb_netns_new(&n->netns_fd)) < 0)
-		return rc;
-	return cb_pasta_start(n->netns_fd, log, pid, &n->pasta);
-}
-
-static void user_net_stop(struct user_net *n)
-{
-	char path[128];
-
-	cb_pasta_stop(n->pasta);
-	if (n->netns_fd >= 0)
-		close(n->netns_fd);
-	if (!n->dir[0])
-		return;
-	snprintf(path, sizeof path, "%s/pasta.log", n->dir);
-	unlink(path);
-	snprintf(path, sizeof path, "%s/pasta.pid", n->dir);
-	unlink(path);
-	rmdir(n->dir);
-}
-
-/* --dir: a plain directory, no workspace options: the sandbox built here (its ids through an
- * idmapped mount unless --privileged), or the host (--backend local). */
-static char **dir_env(const struct cli_exec_opts *o, int local,
-		      const struct cb_backend_image_config *cfg)
-{
-	char **host = NULL;
-	size_t n = 0, cap = (size_t)o->n_env + 8;
-	for (size_t i = 0; cfg->env && cfg->env[i]; i++)
-		cap++;
-	if (local) {
-		if (cb_exec_env_host_stripped(&host) < 0)
-			return NULL;
-		while (host[n])
-			n++;
-		cap += n;
-	}
-	char **env = calloc(cap + 1, sizeof *env);
-	if (!env) {
-		cb_exec_env_free(host);
-		return NULL;
-	}
-	if (local) {
-		memcpy(env, host, n * sizeof *env);
-		free(host);
-	} else {
-		const char *term = getenv("TERM");
-		char buf[256];
-		snprintf(buf, sizeof buf, "TERM=%s", term && *term ? term : "dumb");
-		env[n++] =
-		    strdup("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
-		env[n++] = strdup("HOME=/tmp");
-		env[n++] = strdup(buf);
-		env[n++] = strdup("LANG=C.UTF-8");
-	}
-	/* the image's (its PATH, say) over the base but under --env; HOME stays the sandbox's */
-	for (size_t i = 0; cfg->env && cfg->env[i]; i++)
-		if (strncmp(cfg->env[i], "HOME=", 5))
-			env_set(env, &n, cfg->env[i]);
-	for (int i = 0; i < o->n_env; i++)
-		env_set(env, &n, o->env[i]);
-	for (size_t j = 0; j < n; j++)
-		if (!env[j]) {
-			cb_exec_env_free(env);
-			return NULL;
-		}
-	return env;
-}
-
-/* --dir's usage errors (exit 2), said on stderr. */
-static int dir_usage(const struct cli_exec_opts *o, const char *cmd)
-{
-	int local = o->backend && !strcmp(o->backend, "local");
-
-	if (local && o->user) {
-		fprintf(stderr, "cowbox %s: --user needs the ns backend\n", cmd);
-		return 2;
-	}
-	if (local && (o->image || o->cpus > 0 || o->memory || o->pids || o->privileged ||
-		      (o->net && strcmp(o->net, "host")))) {
-		fprintf(stderr,
-			"cowbox %s: --image, --network, --cpus, --memory, --pids and "
-			"--privileged need the ns backend\n",
-			cmd);
-		return 2;
-	}
-	/* On the host nothing else keeps --cwd inside the directory: the workspace path rule. */
-	if (local && o->cwd && cb_beneath_check(o->cwd) < 0) {
-		fprintf(stderr, "cowbox %s: --cwd %s: must be a path inside the workspace (%s)\n",
-			cmd, o->cwd, cb_error_message());
-		return 2;
-	}
-	return 0;
-}
-
-static int run_dir(const struct cli_exec_opts *o, struct run *r)
-{
-	struct cb_sandbox sb = {0};
-	struct cb_exec_spec spec = {0};
-	struct cb_backend_limits lim = {0};
-	struct cb_backend_options defaults = {0};
-	struct cb_backend_image_config cfg = {0};
-	struct user_net net = {.netns_fd = -1};
-	static char *shell_argv[] = {"/bin/sh", "-i", NULL},
-		    *bash_argv[] = {"/bin/bash", "-i", NULL};
-	char *dir = NULL, *image_root = NULL, **env = NULL, *cwd = NULL, probe[4096];
-	int local = o->backend && !strcmp(o->backend, "local"), rc;
-	sigset_t set;
-
-	if (!(dir = realpath(o->dir, NULL)))
-		return cb_error_set(errno, "--dir %s: %s", o->dir, strerror(errno));
-	cb_backend_limits_of(&defaults, &lim);
-	if (local)
-		lim.pids = lim.memory_mb = 0, lim.oom_score_adj = 0;
-	if (o->set & CLI_SET_TIMEOUT)
-		lim.timeout = o->timeout;
-	else if (o->shell_mode)
-		lim.timeout = 0;
-	if (o->set & CLI_SET_MEMORY)
-		lim.memory_mb = o->memory;
-	if (o->set & CLI_SET_PIDS)
-		lim.pids = o->pids;
-	r->timeout = lim.timeout;
-	r->memory_mb = lim.memory_mb;
-	/* an OCI image: unpacked once into the cache */
-	if (!local && o->image && (rc = cb_backend_image_root(o->image, &image_root, &cfg)) < 0)
-		goto out;
-	rc = -ENOMEM;
-	if (!(env = dir_env(o, local, &cfg)))
-		goto out;
-	spec.env = env;
-	spec.timeout = lim.timeout;
-	if (local) {
-		fprintf(stderr,
-			"cowbox: warning: the local backend runs on the host in %s, NOT "
-			"isolated\n",
-			dir);
-		if (asprintf(&cwd, "%s/%s", dir, o->cwd ? o->cwd : "") < 0) {
-			cwd = NULL;
-			goto out;
-		}
-		spec.cwd = cwd;
-	} else {
-		const char *base = strrchr(dir, '/');
-
-		sb.workspace = dir;
-		sb.image = image_root;
-		sb.hostname = base && base[1] ? base + 1 : "cowbox";
-		sb.privileged = o->privileged;
-		if (o->net && !strcmp(o->net, "host")) {
-			fprintf(stderr, "cowbox: warning: --network host: the command shares the "
-					"host's network namespace (its loopback services, its "
-					"abstract unix sockets)\n");
-			sb.net = CB_NET_ALL;
-		} else if (o->net && !strcmp(o->net, "all")) {
-			if ((rc = user_net_start(&net)) < 0)
-				goto out;
-			sb.net = CB_NET_JOIN;
-			sb.netns_fd = net.netns_fd;
-		} else {
-			sb.net = CB_NET_NONE;
-		}
-		sb.cpus = o->cpus;
-		sb.memory_mb = lim.memory_mb;
-		sb.pids = lim.pids;
-		sb.oom_score_adj = lim.oom_score_adj;
-		sb.limits_optional = !(o->set & (CLI_SET_MEMORY | CLI_SET_PIDS));
-		sb.user = o->user;
-		if (!sb.user && !sb.privileged)
-			sb.user = cfg.user; /* the image's User */
-		if (sb.privileged && geteuid() == 0)
-			fprintf(stderr, "cowbox: warning: privileged: the command runs as host "
-					"uid 0 (no capabilities), not in a user namespace\n");
-		spec.sandbox = &sb;
-		spec.cwd = o->cwd;
-	}
-	if (o->shell_mode) {
-		snprintf(probe, sizeof probe, "%s/usr/bin/bash", image_root ? image_root : "");
-		spec.argv = access(probe, X_OK) == 0 ? bash_argv : shell_argv;
-		spec.tty = 1;
-		tty_size(&spec.tty_rows, &spec.tty_cols);
-	} else if (o->shell) {
-		spec.shell = o->shell;
-	} else if (o->n_cmd == 1 && strchr(o->cmd[0], ' ')) {
-		spec.shell = o->cmd[0];
-	} else {
-		spec.argv = o->cmd;
-	}
-	spec.stdin_kind = CB_EXEC_STDIN_FD;
-	spec.stdin_fd = 0;
-	cli_exec_signals(&set);
-	if ((rc = cb_exec_start(&spec,
-				o->json ? NULL : &(struct cb_exec_callbacks){forward_output, NULL},
-				&r->h)) < 0)
-		goto out;
-	rc = run_wait(r, spec.tty);
-out:
-	user_net_stop(&net);
-	cb_exec_env_free(env);
-	cb_backend_image_config_free(&cfg);
-	free(image_root);
-	free(cwd);
-	free(dir);
-	return rc;
-}
-
 /* The flags over a workspace's options, for this command only; the backend's validate
  * refuses what it cannot enforce (the local backend: --image, --memory, ...). */
-static int ref_overrides(const struct cli_exec_opts *o, struct cb_backend *b, struct run *r)
+static int ref_overrides(const struct cli_exec_opts *o, struct cb_backend *b, struct cli_run *r)
 {
 	json_t *given = json_object();
 	int rc = 0;
@@ -686,10 +433,10 @@ static int ref_overrides(const struct cli_exec_opts *o, struct cb_backend *b, st
 /* The namespace the command joins: its own served by pasta (--network all), the workspace's
  * (its daemon's, as the API's commands have it, under root), or none (a fresh one each). */
 static int ref_netns(const struct cli_exec_opts *o, const char *ref, struct cb_backend *b,
-		     struct user_net *net)
+		     struct cli_user_net *net)
 {
 	if (o->net && !strcmp(o->net, "all"))
-		return user_net_start(net);
+		return cli_user_net_start(net);
 	if (o->net && !strcmp(o->net, "host"))
 		fprintf(stderr, "cowbox: warning: --network host: the command shares the host's "
 				"network namespace (its loopback services, its abstract unix "
@@ -701,12 +448,12 @@ static int ref_netns(const struct cli_exec_opts *o, const char *ref, struct cb_b
 
 /* A workspace: its backend opened and joined in this process (ns, local), the flags over its
  * options, run as the API runs it; a backend only its daemon runs (docker) goes through it. */
-static int run_ref(const struct cli_exec_opts *o, struct run *r)
+static int run_ref(const struct cli_exec_opts *o, struct cli_run *r)
 {
 	struct cb_backend_cmd cmd = {.stdin_kind = CB_EXEC_STDIN_FD, .stdin_fd = 0};
-	struct cb_exec_callbacks cb = {forward_output, NULL};
+	struct cb_exec_callbacks cb = {cli_exec_forward, NULL};
 	struct cb_backend_limits lim;
-	struct user_net net = {.netns_fd = -1};
+	struct cli_user_net net = {.netns_fd = -1};
 	const char *env[CLI_EXEC_MAX_ENV + 2] = {0}, *term = getenv("TERM");
 	char *mount = NULL, *name = NULL, *wsdir = NULL, ref[CB_WS_REF_LEN + 1], tbuf[256];
 	int rc, level;
@@ -744,7 +491,6 @@ static int run_ref(const struct cli_exec_opts *o, struct run *r)
 		cb_backend_free(r->b);
 		r->b = NULL;
 		rc = cli_exec_daemon(o, &r->res);
-		r->done = 1;
 		goto out;
 	}
 	if ((rc = ref_overrides(o, r->b, r)) < 0 || (rc = ref_netns(o, ref, r->b, &net)) < 0 ||
@@ -763,7 +509,7 @@ static int run_ref(const struct cli_exec_opts *o, struct run *r)
 		env[0] = tbuf;
 		cmd.shell = "command -v bash >/dev/null 2>&1 && exec bash -i; exec sh -i";
 		cmd.tty = 1;
-		tty_size(&cmd.tty_rows, &cmd.tty_cols);
+		cli_tty_size(&cmd.tty_rows, &cmd.tty_cols);
 	} else if (o->shell) {
 		cmd.shell = o->shell;
 	} else if (o->n_cmd == 1 && strchr(o->cmd[0], ' ')) {
@@ -784,9 +530,9 @@ static int run_ref(const struct cli_exec_opts *o, struct run *r)
 	cli_exec_signals(&set);
 	if ((rc = r->b->ops->exec(r->b, &cmd, o->json ? NULL : &cb, &r->h)) < 0)
 		goto out;
-	rc = run_wait(r, cmd.tty);
+	rc = cli_exec_wait(r, cmd.tty);
 out:
-	user_net_stop(&net);
+	cli_user_net_stop(&net);
 	free(wsdir);
 	free(mount);
 	free(name);
@@ -794,7 +540,7 @@ out:
 }
 
 /* The result: for --json the API's run reply, else what went wrong said on stderr. */
-static int print_result(const struct cli_exec_opts *o, const struct run *r)
+static int print_result(const struct cli_exec_opts *o, const struct cli_run *r)
 {
 	const struct cb_exec_result *res = &r->res;
 
@@ -830,15 +576,15 @@ static int print_result(const struct cli_exec_opts *o, const struct run *r)
 static int run_in_workspace(int argc, char **argv, int shell_mode)
 {
 	struct cli_exec_opts o = {0};
-	struct run r = {0};
+	struct cli_run r = {0};
 	int status, rc;
 
 	status = parse_exec_args(argc, argv, !shell_mode, &o);
 	if (!status && o.dir)
-		status = dir_usage(&o, argv[0]);
+		status = cli_exec_dir_usage(&o, argv[0]);
 	if (status)
 		return status < 0 ? 0 : status;
-	rc = o.dir ? run_dir(&o, &r) : run_ref(&o, &r);
+	rc = o.dir ? cli_exec_dir(&o, &r) : run_ref(&o, &r);
 	if (rc < 0) {
 		fprintf(stderr, "cowbox %s: %s\n", argv[0], cb_error_message());
 		status = r.usage ? 2 : 125;

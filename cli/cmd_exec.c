@@ -46,8 +46,8 @@ static void exec_usage(FILE *out, const char *name)
 	    "  --network MODE       none (default): loopback only; all: outbound TCP/UDP/DNS\n"
 	    "                       through pasta, not the host's loopback or its abstract\n"
 	    "                       sockets; host: the host's own network namespace (warned).\n"
-	    "                       A workspace of network public or allow: its own namespace\n"
-	    "                       and egress proxy, as its API commands get, unless given\n"
+	    "                       Not given, a workspace's command is in the workspace's\n"
+	    "                       own namespace (its network option), as its API commands\n"
 	    "  --cpus N             CPU quota (e.g. 0.5)\n"
 	    "  --memory MB          memory cap; exceeding it kills the command (exit 137);\n"
 	    "                       default 4096 (or the workspace's option), 0: none. The\n"
@@ -204,7 +204,8 @@ static int parse_exec_args(int argc, char **argv, int want_cmd, struct cli_exec_
 			o->net = optarg;
 			break;
 		case 'b':
-			if (strcmp(optarg, "ns") && strcmp(optarg, "local")) {
+			/* what can run in this process: a sandbox of its own, or the host */
+			if (!cb_backend_find(optarg) || !cb_backend_find(optarg)->join) {
 				fprintf(stderr, "cowbox %s: --backend is ns or local, not '%s'\n",
 					argv[0], optarg);
 				status = 2;
@@ -213,7 +214,11 @@ static int parse_exec_args(int argc, char **argv, int want_cmd, struct cli_exec_
 			o->backend = optarg;
 			break;
 		default: /* the numbers */
-			if (parse_number(argv[optind - 1], optarg, &d) < 0) {
+			if (parse_number(c == 't'   ? "--timeout"
+					 : c == 'C' ? "--cpus"
+					 : c == 'm' ? "--memory"
+						    : "--pids",
+					 optarg, &d) < 0) {
 				status = 2;
 				goto out;
 			}

@@ -80,10 +80,16 @@ static char **dir_env(const struct cli_exec_opts *o, int local,
 	return env;
 }
 
+/* --backend local: the host, where a confined backend would build a sandbox. */
+static int dir_on_host(const struct cli_exec_opts *o)
+{
+	return o->backend && !cb_backend_find(o->backend)->confined;
+}
+
 /* --dir's usage errors (exit 2), said on stderr. */
 int cli_exec_dir_usage(const struct cli_exec_opts *o, const char *cmd)
 {
-	int local = o->backend && !strcmp(o->backend, "local");
+	int local = dir_on_host(o);
 
 	if (local && o->user) {
 		fprintf(stderr, "cowbox %s: --user needs the ns backend\n", cmd);
@@ -117,7 +123,7 @@ int cli_exec_dir(const struct cli_exec_opts *o, struct cli_run *r)
 	static char *shell_argv[] = {"/bin/sh", "-i", NULL},
 		    *bash_argv[] = {"/bin/bash", "-i", NULL};
 	char *dir = NULL, *image_root = NULL, **env = NULL, *cwd = NULL, probe[4096];
-	int local = o->backend && !strcmp(o->backend, "local"), rc;
+	int local = dir_on_host(o), rc;
 	sigset_t set;
 
 	if (!(dir = realpath(o->dir, NULL)))

@@ -32,7 +32,7 @@ int cli_workspace_netns(const char *ref, int *out)
 	*out = -1;
 	/* A served workspace's daemon answers at once (ensuring one would read its database);
 	 * else one is started. */
-	if (cb_daemon_connect(ref, &c) < 0) {
+	if (cb_daemon_connect_ref(ref, &c) < 0) {
 		cb_error_clear();
 		if ((rc = cb_daemon_ensure(ref, NULL, 30000, NULL)) < 0 ||
 		    (rc = cb_daemon_connect(ref, &c)) < 0)

@@ -279,6 +279,19 @@ int cb_daemon_connect(const char *arg, struct cb_client **out)
 	return rc;
 }
 
+int cb_daemon_connect_ref(const char *ref, struct cb_client **out)
+{
+	char *path = NULL;
+	int rc;
+
+	*out = NULL;
+	if ((rc = cb_ws_path(ref, "control.sock", &path)))
+		return rc;
+	rc = client_connect_path(ref, path, out);
+	free(path);
+	return rc;
+}
+
 /* The last line of daemon.log, so a failed start says why without another command. */
 static void log_tail(const char *log, char *out, size_t size)
 {

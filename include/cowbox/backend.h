@@ -128,7 +128,7 @@ struct cb_backend_cmd {
 	int tty;		       /* on a pseudo-terminal of tty_rows x tty_cols (0: 24x80) */
 	unsigned short tty_rows, tty_cols;
 	size_t output_limit;	       /* 0: 10 MiB */
-	enum cb_exec_stdin stdin_kind; /* CLOSED, BYTES or STREAM */
+	enum cb_exec_stdin stdin_kind; /* CLOSED, BYTES, STREAM or FD */
 	const void *stdin_data;
 	size_t stdin_len;
 };

@@ -446,7 +446,10 @@ static int ref_netns(const struct cli_exec_opts *o, const char *ref, struct cb_b
 		fprintf(stderr, "cowbox: warning: --network host: the command shares the host's "
 				"network namespace (its loopback services, its abstract unix "
 				"sockets)\n");
-	if (o->net || b->opt.net == CB_BACKEND_NET_HOST || geteuid() != 0)
+	/* without root the daemon has none either, but a proxied network needs its (and fails
+	 * there, saying why) */
+	if (o->net || b->opt.net == CB_BACKEND_NET_HOST ||
+	    (geteuid() != 0 && !cb_backend_net_proxied(&b->opt)))
 		return 0;
 	return cli_workspace_netns(ref, &net->netns_fd);
 }

@@ -16,6 +16,7 @@
 #include "cmd_common.h"
 #include "cowbox/backend.h"
 #include "cowbox/client.h"
+#include "cowbox/client_served.h"
 #include "cowbox/error.h"
 #include "cowbox/exec.h"
 #include "cowbox/sandbox.h"

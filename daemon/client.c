@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "cowbox/client.h"
+#include "cowbox/client_served.h"
 #include "cowbox/error.h"
 #include "cowbox/grow.h"
 #include "daemon.h"

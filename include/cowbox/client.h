@@ -15,9 +15,6 @@ struct cb_client;
 /* Connect to the running daemon of ref (a ref or name) and read its hello. -ECONNREFUSED or
  * -ENOENT with a message when no daemon serves it. */
 int cb_daemon_connect(const char *ref, struct cb_client **out);
-/* The same for a ref (never a name) without looking at its database: a served workspace's
- * daemon answers even while its meta.db is unreadable (cowbox exec of a served workspace). */
-int cb_daemon_connect_ref(const char *ref, struct cb_client **out);
 
 /* The daemon's pid, from its hello. */
 pid_t cb_client_daemon_pid(const struct cb_client *c);

@@ -3,6 +3,8 @@
 #include "config.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <openssl/evp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -25,7 +27,6 @@
 #include "cowbox/sandbox.h"
 #include "cowbox/workspace.h"
 #include "cowbox/workspace_fast.h"
-#include "daemon/api.h"
 #include "exec.h"
 #include "util/beneath.h"
 
@@ -547,6 +548,20 @@ out:
 	return rc;
 }
 
+/* Bytes as the protocol carries them: base64 (RFC 4648, padded) in a JSON string. */
+static json_t *b64_json(const void *data, size_t len)
+{
+	char *s = len <= INT_MAX / 2 ? malloc(4 * ((len + 2) / 3) + 1) : NULL;
+	json_t *j = NULL;
+
+	if (s) {
+		EVP_EncodeBlock((unsigned char *)s, data ? data : (const void *)"", (int)len);
+		j = json_string(s);
+	}
+	free(s);
+	return j;
+}
+
 /* The result: for --json the API's run reply, else what went wrong said on stderr. */
 static int print_result(const struct cli_exec_opts *o, const struct cli_run *r)
 {
@@ -557,8 +572,8 @@ static int print_result(const struct cli_exec_opts *o, const struct cli_run *r)
 		    "{s:i, s:i, s:b, s:b, s:b, s:b, s:f, s:o, s:o}", "exit_code", res->exit_code,
 		    "signal", res->term_signal, "timed_out", res->timed_out, "output_limited",
 		    res->output_limited, "killed", res->killed, "oom_killed", res->oom_killed,
-		    "duration", res->duration, "stdout", cb_api_b64_json(res->out, res->out_len),
-		    "stderr", cb_api_b64_json(res->err, res->err_len));
+		    "duration", res->duration, "stdout", b64_json(res->out, res->out_len), "stderr",
+		    b64_json(res->err, res->err_len));
 
 		if (!j) {
 			fprintf(stderr, "cowbox: out of memory\n");

@@ -628,7 +628,7 @@ int cmd_info(int argc, char **argv)
 		printf("backend:     %s, network %s\n", kind, net);
 	if (image)
 		printf("image:       %s\n", image);
-	else if (kind && !strcmp(kind, "ns"))
+	else if (kind && cb_backend_find(kind) && cb_backend_find(kind)->image_root)
 		printf("image:       - (the host's /usr, /etc, ...)\n");
 	free(image);
 	for (size_t k = 0; k < json_array_size(allow); k++)

@@ -125,7 +125,7 @@ int cb_api_configure(struct cb_daemon *d, json_t *options)
 		return rc;
 	/* ns: an OCI image is unpacked now (once: the cache keeps it), so that a bad image fails
 	 * the configure that names it rather than the first command */
-	if (opt.image && !strcmp(opt.kind, "ns")) {
+	if (opt.image && cb_backend_find(opt.kind)->image_root) {
 		char *root = NULL;
 
 		rc = cb_backend_image_root(opt.image, &root, NULL);

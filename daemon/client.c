@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "cowbox/client.h"
+#include "cowbox/client_served.h"
 #include "cowbox/error.h"
 #include "cowbox/grow.h"
 #include "daemon.h"
@@ -273,6 +274,19 @@ int cb_daemon_connect(const char *arg, struct cb_client **out)
 
 	*out = NULL;
 	if ((rc = cb_ws_resolve(arg, ref)) || (rc = cb_ws_path(ref, "control.sock", &path)))
+		return rc;
+	rc = client_connect_path(ref, path, out);
+	free(path);
+	return rc;
+}
+
+int cb_daemon_connect_ref(const char *ref, struct cb_client **out)
+{
+	char *path = NULL;
+	int rc;
+
+	*out = NULL;
+	if ((rc = cb_ws_path(ref, "control.sock", &path)))
 		return rc;
 	rc = client_connect_path(ref, path, out);
 	free(path);

@@ -6,6 +6,7 @@ daemon_libcb_daemon_la_SOURCES = daemon/daemon.h daemon/daemon.c daemon/conn.c \
 daemon_libcb_daemon_la_SOURCES += daemon/basehash.c daemon/basewatch.c daemon/access.c \
 	daemon/idle.c daemon/ops_apply.c
 COWBOX_LAYERS += daemon/libcb_daemon.la
+noinst_HEADERS += include/cowbox/client_served.h
 # The daemon's unit tests use its internals, which libcowbox.so does not export: they link
 # the layers' convenience libraries, highest first.
 DAEMON_TEST_LIBS = daemon/libcb_daemon.la backends/libcb_backends.la net/libcb_net.la \

@@ -154,6 +154,7 @@ static int op_host_url(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 static int op_configure(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
 	json_t *opt = json_object_get(req, "options"), *reply;
+	char *workdir = NULL;
 	long long baseline = -1;
 	struct cb_backend *b;
 	int rc, hooks;
@@ -165,10 +166,13 @@ static int op_configure(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t
 	hooks = b->opt.on_create[0] || b->opt.setup_script;
 	if (opt && hooks && !b->created && !(rc = cb_backend_ensure(b)))
 		rc = cb_daemon_snapshot_labelled(d, "on_create", &baseline);
+	if (!rc)
+		rc = cb_backend_workdir(b->opt.kind, b->root, b->opt.working_dir, &workdir);
 	reply = rc ? NULL
-		   : json_pack("{s:o, s:b}", "options", cb_backend_options_to_json(&b->opt),
-			       "created", b->created);
+		   : json_pack("{s:o, s:b, s:s}", "options", cb_backend_options_to_json(&b->opt),
+			       "created", b->created, "workdir", workdir);
 	cb_api_backend_put(d, b);
+	free(workdir);
 	if (rc)
 		return rc;
 	if (baseline >= 0)

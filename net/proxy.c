@@ -27,6 +27,7 @@
 #include "cowbox/net.h"
 #include "net/intercept.h"
 #include "net/proxy_util.h"
+#include "net/tunnel.h"
 
 #define HEAD_MAX	 16384	   /* an HTTP request head or a SOCKS5 request, in bytes */
 #define HEAD_TIMEOUT	 30	   /* seconds for the client to send it */
@@ -54,6 +55,7 @@ struct pconn {
 	int up_tls, cli_tls;		      /* their TLS layers are on */
 	int cli_tls_ok;			      /* the sandbox's handshake succeeded */
 	struct cb_net_rewriter rw;
+	struct cb_net_tunnel *tun; /* a plain tunnel relays in the kernel (net/tunnel.c) */
 };
 
 struct cb_net_proxy {
@@ -91,6 +93,13 @@ static void conn_free(struct pconn *c)
 {
 	struct cb_net_proxy *p = c->p;
 
+	if (c->tun) {
+		unsigned long long up, down;
+
+		cb_net_tunnel_bytes(c->tun, &up, &down);
+		c->bytes_up += up;
+		c->bytes_down += down;
+	}
 	if (p->record && c->proto) {
 		struct cb_net_record r = {
 		    .time = c->t0_wall,
@@ -107,6 +116,7 @@ static void conn_free(struct pconn *c)
 		};
 		p->record(p->record_arg, &r);
 	}
+	cb_net_tunnel_free(c->tun);
 	if (c->cli)
 		bufferevent_free(c->cli);
 	if (c->up)
@@ -185,6 +195,16 @@ static void socks_answer(struct pconn *c, unsigned char rep, int then_close)
 	bufferevent_write(c->cli, r, sizeof r);
 	if (then_close)
 		finish(c);
+}
+
+/* Both sides of every connection: TLS writes its flights as records of their own and a
+ * tunnel passes on each short message as it comes; Nagle would hold the last one back for the
+ * peer's delayed ACK (~40 ms a handshake). */
+static void no_delay(evutil_socket_t fd)
+{
+	int one = 1;
+
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
 /* A refusal or failure, in the client's protocol; rep is the SOCKS5 reply code. */
@@ -300,15 +320,6 @@ static void relay_event(struct bufferevent *bev, short what, void *arg)
 	bufferevent_setcb(other, NULL, close_when_flushed, close_event, c);
 }
 
-/* TLS writes its flights as records of their own: Nagle would hold the last one back for the
- * peer's delayed ACK (~40 ms a handshake). */
-static void no_delay(struct bufferevent *bev)
-{
-	int one = 1;
-
-	setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
 /* The sandbox's side of an intercepted connection: TLS with the bound host's leaf, over the
  * answer (200, or the SOCKS5 reply) already queued in the clear. */
 static int intercept_client(struct pconn *c)
@@ -325,10 +336,54 @@ static int intercept_client(struct pconn *c)
 		return -1;
 	}
 	bufferevent_openssl_set_allow_dirty_shutdown(tls, 1);
-	no_delay(c->cli);
 	c->cli = tls;
 	c->cli_tls = 1;
 	c->rw.host = c->bound;
+	return 0;
+}
+
+static void tunnel_done(void *arg)
+{
+	conn_close(arg);
+}
+
+/* A socket out of its bufferevent, which then closes nothing when freed. */
+static int take_fd(struct bufferevent *bev)
+{
+	int fd = bufferevent_getfd(bev);
+
+	bufferevent_setfd(bev, -1);
+	bufferevent_free(bev);
+	return fd;
+}
+
+/* A connection that is not intercepted goes to a spliced tunnel with what its buffers hold
+ * (the answers to the sandbox, the request head and the bytes read past it): 0, or -1 when no
+ * tunnel could be had (out of pipes or memory), the bufferevents then left to relay. */
+static int start_tunnel(struct pconn *c)
+{
+	struct evbuffer *to_cli = bufferevent_get_output(c->cli);
+	struct evbuffer *to_up = bufferevent_get_output(c->up);
+	struct evbuffer *cli_in = bufferevent_get_input(c->cli);
+	struct evbuffer *up_in = bufferevent_get_input(c->up);
+	size_t early_up = evbuffer_get_length(cli_in), early_down = evbuffer_get_length(up_in);
+	struct cb_net_tunnel_pre pre;
+
+	c->bytes_up += early_up;
+	c->bytes_down += early_down;
+	evbuffer_add_buffer(to_up, cli_in);
+	evbuffer_add_buffer(to_cli, up_in);
+	pre.to_up_len = evbuffer_get_length(to_up);
+	pre.to_cli_len = evbuffer_get_length(to_cli);
+	pre.to_up = evbuffer_pullup(to_up, -1);
+	pre.to_cli = evbuffer_pullup(to_cli, -1);
+	if ((pre.to_up_len && !pre.to_up) || (pre.to_cli_len && !pre.to_cli) ||
+	    cb_net_tunnel_new(c->p->base, bufferevent_getfd(c->cli), bufferevent_getfd(c->up), &pre,
+			      tunnel_done, c, &c->tun) < 0)
+		return -1;
+	take_fd(c->cli);
+	take_fd(c->up);
+	c->cli = c->up = NULL;
 	return 0;
 }
 
@@ -348,6 +403,8 @@ static void start_relay(struct pconn *c)
 		evbuffer_add_buffer(bufferevent_get_output(c->up), c->head);
 	}
 	if (c->bound && intercept_client(c) < 0)
+		return;
+	if (!c->bound && start_tunnel(c) == 0)
 		return;
 	bufferevent_setcb(c->cli, relay_read, NULL, relay_event, c);
 	bufferevent_setcb(c->up, relay_read, NULL, relay_event, c);
@@ -381,7 +438,6 @@ static void intercept_upstream(struct pconn *c)
 		return;
 	}
 	bufferevent_openssl_set_allow_dirty_shutdown(tls, 1);
-	no_delay(c->up);
 	c->up = tls;
 	c->up_tls = 1;
 	bufferevent_setcb(tls, NULL, NULL, up_connected, c);
@@ -457,7 +513,9 @@ static void connect_addrs(struct pconn *c, struct sockaddr **sas, size_t n)
 		bufferevent_free(c->up);
 		c->up = NULL;
 		fail(c, 1, 502, 0x05, "connect: %s", strerror(errno));
+		return;
 	}
+	no_delay(bufferevent_getfd(c->up));
 }
 
 static void dns_done(int result, struct evutil_addrinfo *res, void *arg)
@@ -680,6 +738,7 @@ static void on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct soc
 		evutil_closesocket(fd);
 		return;
 	}
+	no_delay(fd);
 	c->p = p;
 	c->t0 = now_mono();
 	c->t0_wall = now_wall();

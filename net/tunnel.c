@@ -1,0 +1,215 @@
+/* A plain (not intercepted) tunnel of the egress proxy: each direction spliced from one socket
+ * into a pipe and from the pipe into the other socket, so that its bytes never enter user space. */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "net/tunnel.h"
+
+/* A pipe starts with 16 slots (64 KiB at most, less when a TCP fragment fills a slot only in
+ * part); one that a read brought PIPE_GROW bytes grows to PIPE_BULK, so that a bulk transfer
+ * moves up to 1 MiB per splice pair while a short exchange never pays for the fcntl. */
+#define PIPE_START (64 << 10)
+#define PIPE_GROW  (16 << 10)
+#define PIPE_BULK  (1 << 20)
+
+struct dir {
+	int src, dst; /* indexes into fd[] */
+	int pipe[2];
+	size_t in_pipe;	  /* spliced in, not yet out */
+	size_t pipe_size; /* its capacity */
+	char *pre;	  /* bytes for dst before the stream */
+	size_t pre_len, pre_off;
+	int eof;  /* src ended */
+	int done; /* dst's writing side shut after everything */
+	unsigned long long bytes;
+};
+
+struct cb_net_tunnel {
+	int fd[2];		     /* 0: the sandbox's side, 1: the destination's */
+	struct event *rd[2], *wr[2]; /* rd[i] drives dir[i]; wr[i] drives dir[1 - i] */
+	struct dir dir[2];	     /* 0: cli to up, 1: up to cli */
+	void (*done)(void *arg);
+	void *arg;
+};
+
+enum step { WAIT_READ, WAIT_WRITE, FINISHED, FAILED };
+
+static int would_block(void)
+{
+	return errno == EAGAIN || errno == EWOULDBLOCK;
+}
+
+/* Everything that can move in one direction now; what it must wait for next. */
+static enum step pump(struct cb_net_tunnel *t, struct dir *d)
+{
+	int src = t->fd[d->src], dst = t->fd[d->dst];
+
+	if (d->done)
+		return FINISHED;
+	while (d->pre_off < d->pre_len) {
+		ssize_t n = send(dst, d->pre + d->pre_off, d->pre_len - d->pre_off, MSG_NOSIGNAL);
+
+		if (n < 0)
+			return would_block() ? WAIT_WRITE : FAILED;
+		d->pre_off += (size_t)n;
+	}
+	for (;;) {
+		while (d->in_pipe) {
+			ssize_t n = splice(d->pipe[0], NULL, dst, NULL, d->in_pipe,
+					   SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+
+			if (n < 0)
+				return would_block() ? WAIT_WRITE : FAILED;
+			d->in_pipe -= (size_t)n;
+		}
+		if (d->eof) {
+			/* the peer may have gone already: its own direction reports that */
+			shutdown(dst, SHUT_WR);
+			d->done = 1;
+			return FINISHED;
+		}
+		ssize_t n = splice(src, NULL, d->pipe[1], NULL, d->pipe_size,
+				   SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+
+		if (n < 0)
+			return would_block() ? WAIT_READ : FAILED;
+		if (n == 0) {
+			d->eof = 1;
+			continue;
+		}
+		d->in_pipe = (size_t)n;
+		d->bytes += (unsigned long long)n;
+		if ((size_t)n >= PIPE_GROW && d->pipe_size < PIPE_BULK) {
+			/* once: where it fails, a splice of more than fits only moves less */
+			fcntl(d->pipe[1], F_SETPIPE_SZ, PIPE_BULK);
+			d->pipe_size = PIPE_BULK;
+		}
+	}
+}
+
+static void on_io(evutil_socket_t fd, short what, void *arg);
+
+/* Run one direction and arm the one event it waits for; the end is reported once. */
+static void run(struct cb_net_tunnel *t, int i)
+{
+	struct dir *d = &t->dir[i];
+	enum step s = pump(t, d);
+
+	if (s == FAILED || (t->dir[0].done && t->dir[1].done)) {
+		for (int k = 0; k < 2; k++) {
+			event_del(t->rd[k]);
+			event_del(t->wr[k]);
+		}
+		t->done(t->arg);
+		return;
+	}
+	/* a direction waits either for its source to have bytes or for its sink to take them */
+	if (s == WAIT_READ) {
+		event_del(t->wr[d->dst]);
+		event_add(t->rd[d->src], NULL);
+	} else if (s == WAIT_WRITE) {
+		event_del(t->rd[d->src]);
+		event_add(t->wr[d->dst], NULL);
+	} else {
+		event_del(t->rd[d->src]);
+		event_del(t->wr[d->dst]);
+	}
+}
+
+static void on_io(evutil_socket_t fd, short what, void *arg)
+{
+	struct cb_net_tunnel *t = arg;
+	int side = fd == t->fd[0] ? 0 : 1;
+
+	/* reading side i moves direction i; writing side i moves the other one */
+	run(t, what & EV_READ ? side : 1 - side);
+}
+
+static int copy_pre(struct dir *d, const void *p, size_t n)
+{
+	if (!n)
+		return 0;
+	if (!(d->pre = malloc(n)))
+		return -ENOMEM;
+	memcpy(d->pre, p, n);
+	d->pre_len = n;
+	return 0;
+}
+
+int cb_net_tunnel_new(struct event_base *base, int cli, int up, const struct cb_net_tunnel_pre *pre,
+		      void (*done)(void *arg), void *arg, struct cb_net_tunnel **out)
+{
+	struct cb_net_tunnel *t = calloc(1, sizeof(*t));
+	int rc = -ENOMEM;
+
+	*out = NULL;
+	if (!t)
+		goto out;
+	t->fd[0] = cli;
+	t->fd[1] = up;
+	t->done = done;
+	t->arg = arg;
+	for (int i = 0; i < 2; i++) {
+		t->dir[i].src = i;
+		t->dir[i].dst = 1 - i;
+		t->dir[i].pipe[0] = t->dir[i].pipe[1] = -1;
+		t->dir[i].pipe_size = PIPE_START;
+		if (!(t->rd[i] = event_new(base, t->fd[i], EV_READ | EV_PERSIST, on_io, t)) ||
+		    !(t->wr[i] = event_new(base, t->fd[i], EV_WRITE | EV_PERSIST, on_io, t)))
+			goto out;
+	}
+	for (int i = 0; i < 2; i++)
+		if (pipe2(t->dir[i].pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
+			rc = -errno;
+			t->dir[i].pipe[0] = t->dir[i].pipe[1] = -1;
+			goto out;
+		}
+	if (copy_pre(&t->dir[0], pre->to_up, pre->to_up_len) < 0 ||
+	    copy_pre(&t->dir[1], pre->to_cli, pre->to_cli_len) < 0)
+		goto out;
+	/* both directions first run from the loop, so that done is never called from here;
+	 * activating costs no system call */
+	event_active(t->wr[1], EV_WRITE, 0);
+	event_active(t->wr[0], EV_WRITE, 0);
+	*out = t;
+	t = NULL;
+	rc = 0;
+out:
+	if (t) {
+		t->fd[0] = t->fd[1] = -1; /* the caller's still */
+		cb_net_tunnel_free(t);
+	}
+	return rc;
+}
+
+void cb_net_tunnel_bytes(const struct cb_net_tunnel *t, unsigned long long *up,
+			 unsigned long long *down)
+{
+	*up = t->dir[0].bytes;
+	*down = t->dir[1].bytes;
+}
+
+void cb_net_tunnel_free(struct cb_net_tunnel *t)
+{
+	if (!t)
+		return;
+	for (int i = 0; i < 2; i++) {
+		if (t->rd[i])
+			event_free(t->rd[i]);
+		if (t->wr[i])
+			event_free(t->wr[i]);
+		for (int k = 0; k < 2; k++)
+			if (t->dir[i].pipe[k] >= 0)
+				close(t->dir[i].pipe[k]);
+		if (t->fd[i] >= 0)
+			close(t->fd[i]);
+		free(t->dir[i].pre);
+	}
+	free(t);
+}

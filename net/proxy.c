@@ -347,46 +347,6 @@ static void tunnel_done(void *arg)
 	conn_close(arg);
 }
 
-/* A socket out of its bufferevent, which then closes nothing when freed. */
-static int take_fd(struct bufferevent *bev)
-{
-	int fd = bufferevent_getfd(bev);
-
-	bufferevent_setfd(bev, -1);
-	bufferevent_free(bev);
-	return fd;
-}
-
-/* A connection that is not intercepted goes to a spliced tunnel with what its buffers hold
- * (the answers to the sandbox, the request head and the bytes read past it): 0, or -1 when no
- * tunnel could be had (out of pipes or memory), the bufferevents then left to relay. */
-static int start_tunnel(struct pconn *c)
-{
-	struct evbuffer *to_cli = bufferevent_get_output(c->cli);
-	struct evbuffer *to_up = bufferevent_get_output(c->up);
-	struct evbuffer *cli_in = bufferevent_get_input(c->cli);
-	struct evbuffer *up_in = bufferevent_get_input(c->up);
-	size_t early_up = evbuffer_get_length(cli_in), early_down = evbuffer_get_length(up_in);
-	struct cb_net_tunnel_pre pre;
-
-	c->bytes_up += early_up;
-	c->bytes_down += early_down;
-	evbuffer_add_buffer(to_up, cli_in);
-	evbuffer_add_buffer(to_cli, up_in);
-	pre.to_up_len = evbuffer_get_length(to_up);
-	pre.to_cli_len = evbuffer_get_length(to_cli);
-	pre.to_up = evbuffer_pullup(to_up, -1);
-	pre.to_cli = evbuffer_pullup(to_cli, -1);
-	if ((pre.to_up_len && !pre.to_up) || (pre.to_cli_len && !pre.to_cli) ||
-	    cb_net_tunnel_new(c->p->base, bufferevent_getfd(c->cli), bufferevent_getfd(c->up), &pre,
-			      tunnel_done, c, &c->tun) < 0)
-		return -1;
-	take_fd(c->cli);
-	take_fd(c->up);
-	c->cli = c->up = NULL;
-	return 0;
-}
-
 static void start_relay(struct pconn *c)
 {
 	c->st = ST_RELAY;
@@ -404,7 +364,8 @@ static void start_relay(struct pconn *c)
 	}
 	if (c->bound && intercept_client(c) < 0)
 		return;
-	if (!c->bound && start_tunnel(c) == 0)
+	/* else the bufferevents relay: when no tunnel could be had, or to rewrite */
+	if (!c->bound && cb_net_tunnel_new(&c->cli, &c->up, tunnel_done, c, &c->tun) == 0)
 		return;
 	bufferevent_setcb(c->cli, relay_read, NULL, relay_event, c);
 	bufferevent_setcb(c->up, relay_read, NULL, relay_event, c);

@@ -9,6 +9,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <event2/buffer.h>
+#include <event2/event.h>
+
 #include "net/tunnel.h"
 
 /* A pipe starts with 16 slots (64 KiB at most, less when a TCP fragment fills a slot only in
@@ -131,28 +134,50 @@ static void on_io(evutil_socket_t fd, short what, void *arg)
 	run(t, what & EV_READ ? side : 1 - side);
 }
 
-static int copy_pre(struct dir *d, const void *p, size_t n)
+/* What a bufferevent's output holds, and what the other one read ahead, as dst's first bytes
+ * (the output keeps them until the tunnel is sure). */
+static int take_queued(struct dir *d, struct bufferevent *to, struct bufferevent *from)
 {
+	struct evbuffer *out = bufferevent_get_output(to), *ahead = bufferevent_get_input(from);
+	unsigned char *p;
+	size_t n;
+
+	d->bytes = evbuffer_get_length(ahead);
+	evbuffer_add_buffer(out, ahead);
+	n = evbuffer_get_length(out);
 	if (!n)
 		return 0;
-	if (!(d->pre = malloc(n)))
+	/* (not evbuffer_copyout: it refuses a buffer whose start is frozen) */
+	if (!(p = evbuffer_pullup(out, -1)) || !(d->pre = malloc(n)))
 		return -ENOMEM;
 	memcpy(d->pre, p, n);
 	d->pre_len = n;
 	return 0;
 }
 
-int cb_net_tunnel_new(struct event_base *base, int cli, int up, const struct cb_net_tunnel_pre *pre,
-		      void (*done)(void *arg), void *arg, struct cb_net_tunnel **out)
+/* A socket out of its bufferevent, which then closes nothing when freed. */
+static int take_fd(struct bufferevent **bev)
 {
+	int fd = bufferevent_getfd(*bev);
+
+	bufferevent_setfd(*bev, -1);
+	bufferevent_free(*bev);
+	*bev = NULL;
+	return fd;
+}
+
+int cb_net_tunnel_new(struct bufferevent **cli, struct bufferevent **up, void (*done)(void *arg),
+		      void *arg, struct cb_net_tunnel **out)
+{
+	struct event_base *base = bufferevent_get_base(*cli);
 	struct cb_net_tunnel *t = calloc(1, sizeof(*t));
 	int rc = -ENOMEM;
 
 	*out = NULL;
 	if (!t)
 		goto out;
-	t->fd[0] = cli;
-	t->fd[1] = up;
+	t->fd[0] = bufferevent_getfd(*cli);
+	t->fd[1] = bufferevent_getfd(*up);
 	t->done = done;
 	t->arg = arg;
 	for (int i = 0; i < 2; i++) {
@@ -170,9 +195,14 @@ int cb_net_tunnel_new(struct event_base *base, int cli, int up, const struct cb_
 			t->dir[i].pipe[0] = t->dir[i].pipe[1] = -1;
 			goto out;
 		}
-	if (copy_pre(&t->dir[0], pre->to_up, pre->to_up_len) < 0 ||
-	    copy_pre(&t->dir[1], pre->to_cli, pre->to_cli_len) < 0)
+	if (take_queued(&t->dir[0], *up, *cli) < 0 || take_queued(&t->dir[1], *cli, *up) < 0)
 		goto out;
+	/* emptied: the bufferevent whose callback this is (the connect's) still writes what is
+	 * left in its output to the socket it had */
+	evbuffer_drain(bufferevent_get_output(*up), t->dir[0].pre_len);
+	evbuffer_drain(bufferevent_get_output(*cli), t->dir[1].pre_len);
+	take_fd(cli);
+	take_fd(up);
 	/* both directions first run from the loop, so that done is never called from here;
 	 * activating costs no system call */
 	event_active(t->wr[1], EV_WRITE, 0);
@@ -182,7 +212,7 @@ int cb_net_tunnel_new(struct event_base *base, int cli, int up, const struct cb_
 	rc = 0;
 out:
 	if (t) {
-		t->fd[0] = t->fd[1] = -1; /* the caller's still */
+		t->fd[0] = t->fd[1] = -1; /* still the bufferevents' */
 		cb_net_tunnel_free(t);
 	}
 	return rc;

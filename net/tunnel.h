@@ -3,28 +3,24 @@
 #ifndef COWBOX_NET_TUNNEL_H
 #define COWBOX_NET_TUNNEL_H
 
-#include <event2/event.h>
+#include <event2/bufferevent.h>
 #include <stddef.h>
 
 struct cb_net_tunnel;
 
-/* What each end has still to receive before the spliced stream (the proxy's own answer, bytes
- * the head's parser had read past the request). */
-struct cb_net_tunnel_pre {
-	const void *to_up, *to_cli;
-	size_t to_up_len, to_cli_len;
-};
+/* A tunnel between the sockets of two connected socket bufferevents, which it takes over:
+ * on 0 they are freed (*cli and *up set to NULL) and what their buffers held goes first (the
+ * answer queued for the sandbox, a request head queued for the destination, bytes either had
+ * read ahead). An end's EOF is passed on as a shutdown of the other's writing side once what
+ * came before it is written; done(arg) is called from the loop (never from here) once both
+ * directions ended or either failed, and frees the tunnel (closing the sockets). -errno when
+ * no pipe or memory could be had: the bufferevents are kept and still relay correctly (bytes
+ * read ahead then queued on the other's output). */
+int cb_net_tunnel_new(struct bufferevent **cli, struct bufferevent **up, void (*done)(void *arg),
+		      void *arg, struct cb_net_tunnel **out);
 
-/* A tunnel between cli and up (non-blocking sockets, taken over: closed by
- * cb_net_tunnel_free, or left open on failure). The pre bytes are copied. An end's EOF is
- * passed on as a shutdown of the other's writing side once what came before it is written;
- * done(arg) is called on the loop's thread once both directions ended or either failed (then
- * free the tunnel). 0, or -errno (no pipe could be had, ENOMEM): the caller keeps the sockets
- * and relays another way. It may have written part of pre already only if it returns 0. */
-int cb_net_tunnel_new(struct event_base *base, int cli, int up, const struct cb_net_tunnel_pre *pre,
-		      void (*done)(void *arg), void *arg, struct cb_net_tunnel **out);
-
-/* Bytes moved so far from the sandbox to the destination, and back (pre bytes not counted). */
+/* Bytes from the sandbox to the destination, and back, read ahead ones included (not what
+ * the proxy itself had queued). */
 void cb_net_tunnel_bytes(const struct cb_net_tunnel *t, unsigned long long *up,
 			 unsigned long long *down);
 

@@ -71,6 +71,7 @@ struct cb_net_proxy {
 	struct pconn *conns;
 	size_t open;
 	struct cb_net_icpt *icpt; /* NULL: no header secrets */
+	struct cb_net_pipes pipes;
 };
 
 static double now_mono(void)
@@ -129,7 +130,8 @@ static void conn_free(struct pconn *c)
 		p->conns = c->next;
 	if (c->next)
 		c->next->prev = c->prev;
-	__atomic_sub_fetch(&p->open, 1, __ATOMIC_RELAXED);
+	if (!__atomic_sub_fetch(&p->open, 1, __ATOMIC_RELAXED))
+		cb_net_pipes_trim(&p->pipes, 2); /* one connection's */
 	free(c);
 }
 
@@ -365,7 +367,8 @@ static void start_relay(struct pconn *c)
 	if (c->bound && intercept_client(c) < 0)
 		return;
 	/* else the bufferevents relay: when no tunnel could be had, or to rewrite */
-	if (!c->bound && cb_net_tunnel_new(&c->cli, &c->up, tunnel_done, c, &c->tun) == 0)
+	if (!c->bound &&
+	    cb_net_tunnel_new(&c->cli, &c->up, &c->p->pipes, tunnel_done, c, &c->tun) == 0)
 		return;
 	bufferevent_setcb(c->cli, relay_read, NULL, relay_event, c);
 	bufferevent_setcb(c->up, relay_read, NULL, relay_event, c);
@@ -742,6 +745,21 @@ static void on_stop(evutil_socket_t fd, short what, void *arg)
 	event_base_loopexit(p->base, NULL);
 }
 
+/* An event loop whose epoll changes wait for its next poll, where they merge: a connection
+ * handed from its bufferevents to a tunnel re-registers its sockets for nothing otherwise
+ * (the fds are never dup'd, which that mode cannot follow). */
+static struct event_base *new_base(void)
+{
+	struct event_config *cfg = event_config_new();
+	struct event_base *base = NULL;
+
+	if (cfg && event_config_set_flag(cfg, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST) == 0)
+		base = event_base_new_with_config(cfg);
+	if (cfg)
+		event_config_free(cfg);
+	return base;
+}
+
 static pthread_once_t threads_once = PTHREAD_ONCE_INIT;
 static int threads_rc;
 
@@ -758,6 +776,7 @@ static void proxy_free(struct cb_net_proxy *p)
 		evdns_base_free(p->dns, 1); /* a pending lookup fails, its conn goes */
 	while (p->conns)
 		conn_free(p->conns);
+	cb_net_pipes_trim(&p->pipes, 0);
 	if (p->stop_ev)
 		event_free(p->stop_ev);
 	if (p->base)
@@ -794,7 +813,7 @@ int cb_net_proxy_start(const struct cb_net_proxy_config *cfg, struct cb_net_prox
 	p->record = cfg->record;
 	p->record_arg = cfg->record_arg;
 	snprintf(tmo, sizeof tmo, "%g", cfg->dns_timeout > 0 ? cfg->dns_timeout : 5.0);
-	if (!(p->base = event_base_new()) ||
+	if (!(p->base = new_base()) ||
 	    !(p->dns = evdns_base_new(p->base, EVDNS_BASE_INITIALIZE_NAMESERVERS)) ||
 	    !(p->stop_ev = event_new(p->base, -1, 0, on_stop, p))) {
 		rc = cb_error_set(ENOMEM, "proxy: cannot set up its event loop and resolver");

@@ -14,12 +14,10 @@
 
 #include "net/tunnel.h"
 
-/* A pipe starts with 16 slots (64 KiB at most, less when a TCP fragment fills a slot only in
- * part); one that a read brought PIPE_GROW bytes grows to PIPE_BULK, so that a bulk transfer
- * moves up to 1 MiB per splice pair while a short exchange never pays for the fcntl. */
-#define PIPE_START (64 << 10)
-#define PIPE_GROW  (16 << 10)
-#define PIPE_BULK  (1 << 20)
+/* A new pipe grows from 16 slots (64 KiB at most, less when a TCP fragment fills a slot only in
+ * part) to this, so that a bulk transfer moves up to 1 MiB per splice pair; the pool makes
+ * that fcntl rare. */
+#define PIPE_BULK (1 << 20)
 
 struct dir {
 	int src, dst; /* indexes into fd[] */
@@ -28,12 +26,14 @@ struct dir {
 	size_t pipe_size; /* its capacity */
 	char *pre;	  /* bytes for dst before the stream */
 	size_t pre_len, pre_off;
-	int eof;  /* src ended */
-	int done; /* dst's writing side shut after everything */
+	int try_read; /* src may have more: its last read filled what was asked */
+	int eof;      /* src ended */
+	int done;     /* dst's writing side shut after everything */
 	unsigned long long bytes;
 };
 
 struct cb_net_tunnel {
+	struct cb_net_pipes *pool;
 	int fd[2];		     /* 0: the sandbox's side, 1: the destination's */
 	struct event *rd[2], *wr[2]; /* rd[i] drives dir[i]; wr[i] drives dir[1 - i] */
 	struct dir dir[2];	     /* 0: cli to up, 1: up to cli */
@@ -72,27 +72,31 @@ static enum step pump(struct cb_net_tunnel *t, struct dir *d)
 			d->in_pipe -= (size_t)n;
 		}
 		if (d->eof) {
-			/* the peer may have gone already: its own direction reports that */
-			shutdown(dst, SHUT_WR);
+			/* (the peer may have gone already: its own direction reports that); when
+			 * the other direction has ended, the close that follows says it */
+			if (!t->dir[!(d - t->dir)].done)
+				shutdown(dst, SHUT_WR);
 			d->done = 1;
 			return FINISHED;
 		}
+		/* a short read most likely drained the socket: epoll (level-triggered) says when
+		 * there is more, which saves a read that would only fail with EAGAIN */
+		if (!d->try_read)
+			return WAIT_READ;
 		ssize_t n = splice(src, NULL, d->pipe[1], NULL, d->pipe_size,
 				   SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
 
-		if (n < 0)
+		if (n < 0) {
+			d->try_read = 0;
 			return would_block() ? WAIT_READ : FAILED;
+		}
 		if (n == 0) {
 			d->eof = 1;
 			continue;
 		}
+		d->try_read = (size_t)n == d->pipe_size;
 		d->in_pipe = (size_t)n;
 		d->bytes += (unsigned long long)n;
-		if ((size_t)n >= PIPE_GROW && d->pipe_size < PIPE_BULK) {
-			/* once: where it fails, a splice of more than fits only moves less */
-			fcntl(d->pipe[1], F_SETPIPE_SZ, PIPE_BULK);
-			d->pipe_size = PIPE_BULK;
-		}
 	}
 }
 
@@ -131,7 +135,29 @@ static void on_io(evutil_socket_t fd, short what, void *arg)
 	int side = fd == t->fd[0] ? 0 : 1;
 
 	/* reading side i moves direction i; writing side i moves the other one */
+	if (what & EV_READ)
+		t->dir[side].try_read = 1;
 	run(t, what & EV_READ ? side : 1 - side);
+}
+
+/* A pipe for a direction, from the pool or new (grown to PIPE_BULK where it can): 0, -errno. */
+static int get_pipe(struct cb_net_pipes *pool, struct dir *d)
+{
+	int sz;
+
+	if (pool && pool->n) {
+		pool->n--;
+		memcpy(d->pipe, pool->p[pool->n].fd, sizeof d->pipe);
+		d->pipe_size = pool->p[pool->n].size;
+		return 0;
+	}
+	if (pipe2(d->pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
+		d->pipe[0] = d->pipe[1] = -1;
+		return -errno;
+	}
+	sz = fcntl(d->pipe[1], F_SETPIPE_SZ, PIPE_BULK);
+	d->pipe_size = sz > 0 ? (size_t)sz : 65536;
+	return 0;
 }
 
 /* What a bufferevent's output holds, and what the other one read ahead, as dst's first bytes
@@ -166,8 +192,8 @@ static int take_fd(struct bufferevent **bev)
 	return fd;
 }
 
-int cb_net_tunnel_new(struct bufferevent **cli, struct bufferevent **up, void (*done)(void *arg),
-		      void *arg, struct cb_net_tunnel **out)
+int cb_net_tunnel_new(struct bufferevent **cli, struct bufferevent **up, struct cb_net_pipes *pool,
+		      void (*done)(void *arg), void *arg, struct cb_net_tunnel **out)
 {
 	struct event_base *base = bufferevent_get_base(*cli);
 	struct cb_net_tunnel *t = calloc(1, sizeof(*t));
@@ -178,23 +204,21 @@ int cb_net_tunnel_new(struct bufferevent **cli, struct bufferevent **up, void (*
 		goto out;
 	t->fd[0] = bufferevent_getfd(*cli);
 	t->fd[1] = bufferevent_getfd(*up);
+	t->pool = pool;
 	t->done = done;
 	t->arg = arg;
 	for (int i = 0; i < 2; i++) {
 		t->dir[i].src = i;
 		t->dir[i].dst = 1 - i;
 		t->dir[i].pipe[0] = t->dir[i].pipe[1] = -1;
-		t->dir[i].pipe_size = PIPE_START;
 		if (!(t->rd[i] = event_new(base, t->fd[i], EV_READ | EV_PERSIST, on_io, t)) ||
 		    !(t->wr[i] = event_new(base, t->fd[i], EV_WRITE | EV_PERSIST, on_io, t)))
 			goto out;
 	}
 	for (int i = 0; i < 2; i++)
-		if (pipe2(t->dir[i].pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
-			rc = -errno;
-			t->dir[i].pipe[0] = t->dir[i].pipe[1] = -1;
+		if ((rc = get_pipe(pool, &t->dir[i])) < 0)
 			goto out;
-		}
+	rc = -ENOMEM;
 	if (take_queued(&t->dir[0], *up, *cli) < 0 || take_queued(&t->dir[1], *cli, *up) < 0)
 		goto out;
 	/* emptied: the bufferevent whose callback this is (the connect's) still writes what is
@@ -225,6 +249,29 @@ void cb_net_tunnel_bytes(const struct cb_net_tunnel *t, unsigned long long *up,
 	*down = t->dir[1].bytes;
 }
 
+/* An empty pipe back to the pool while it has room; any other one closed. */
+static void put_pipe(struct cb_net_pipes *pool, struct dir *d)
+{
+	if (d->pipe[0] < 0)
+		return;
+	if (pool && !d->in_pipe && pool->n < CB_NET_PIPES_MAX) {
+		memcpy(pool->p[pool->n].fd, d->pipe, sizeof d->pipe);
+		pool->p[pool->n++].size = d->pipe_size;
+		return;
+	}
+	close(d->pipe[0]);
+	close(d->pipe[1]);
+}
+
+void cb_net_pipes_trim(struct cb_net_pipes *pool, size_t keep)
+{
+	while (pool->n > keep) {
+		pool->n--;
+		close(pool->p[pool->n].fd[0]);
+		close(pool->p[pool->n].fd[1]);
+	}
+}
+
 void cb_net_tunnel_free(struct cb_net_tunnel *t)
 {
 	if (!t)
@@ -234,9 +281,7 @@ void cb_net_tunnel_free(struct cb_net_tunnel *t)
 			event_free(t->rd[i]);
 		if (t->wr[i])
 			event_free(t->wr[i]);
-		for (int k = 0; k < 2; k++)
-			if (t->dir[i].pipe[k] >= 0)
-				close(t->dir[i].pipe[k]);
+		put_pipe(t->pool, &t->dir[i]);
 		if (t->fd[i] >= 0)
 			close(t->fd[i]);
 		free(t->dir[i].pre);

@@ -556,47 +556,23 @@ static void read_head(struct bufferevent *bev, void *arg);
 
 static void socks_request(struct pconn *c, struct evbuffer *in)
 {
-	unsigned char h[4 + 1 + 255 + 2];
-	size_t have = evbuffer_get_length(in), need = 4;
-	int port;
+	unsigned char h[CB_NET_SOCKS_REQ_MAX];
+	size_t have = evbuffer_get_length(in);
+	ev_ssize_t got = evbuffer_copyout(in, h, have < sizeof h ? have : sizeof h);
+	struct cb_net_socks_req r;
+	long n = got < 0 ? 0 : cb_net_socks_parse(h, (size_t)got, &r);
 
-	if (have < 5)
+	if (n == 0)
 		return;
-	evbuffer_copyout(in, h, have < sizeof h ? have : sizeof h);
-	if (h[0] != 5) {
-		fail(c, 0, 400, 0x01, "%s", "socks5: bad version in the request");
-		return;
+	if (n > 0) {
+		evbuffer_drain(in, (size_t)n);
+		snprintf(c->name, sizeof c->name, "%s", r.name);
+		c->port = r.port;
 	}
-	if (h[3] == 1)
-		need = 4 + 4 + 2;
-	else if (h[3] == 4)
-		need = 4 + 16 + 2;
-	else if (h[3] == 3)
-		need = 4 + 1 + (size_t)h[4] + 2;
-	else {
-		fail(c, 0, 400, 0x08, "%s", "socks5: address type not supported");
-		return;
-	}
-	if (have < need)
-		return;
-	evbuffer_drain(in, need);
-	port = h[need - 2] << 8 | h[need - 1];
-	c->port = port;
-	if (h[3] == 1)
-		inet_ntop(AF_INET, h + 4, c->name, sizeof c->name);
-	else if (h[3] == 4)
-		inet_ntop(AF_INET6, h + 4, c->name, sizeof c->name);
+	if (r.error)
+		fail(c, 0, 400, r.rep, "%s", r.error);
 	else
-		cb_net_proxy_copy_name(c->name, sizeof c->name, (char *)h + 5, h[4]);
-	if (h[1] != 1) {
-		fail(c, 0, 400, 0x07, "%s", "socks5: only CONNECT is supported");
-		return;
-	}
-	if (!port) {
-		fail(c, 0, 400, 0x01, "%s", "socks5: port 0");
-		return;
-	}
-	resolve(c);
+		resolve(c);
 }
 
 static void socks_greeting(struct pconn *c, struct evbuffer *in)

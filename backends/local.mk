@@ -4,7 +4,7 @@ backends_libcb_backends_la_SOURCES = backends/common.h backends/common.c backend
 	backends/options.c backends/env.c \
 	backends/pathio.c backends/forward.c backends/egress.c backends/secrets.c backends/image.c backends/ns.c \
 	backends/local.c backends/docker.c
-# relays (host_url's forwarders, published ports) and published ports (issue 10)
+# relays (host_url's forwarders, published ports) and published ports
 backends_libcb_backends_la_SOURCES += backends/relay.c backends/publish.c
 COWBOX_LAYERS += backends/libcb_backends.la
 noinst_HEADERS += include/cowbox/backend.h include/cowbox/image.h

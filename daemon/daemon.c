@@ -299,7 +299,7 @@ static void *daemon_signal_thread(void *arg)
 void cb_daemon_request_stop(struct cb_daemon *d)
 {
 	__atomic_store_n(&d->stopping, 1, __ATOMIC_RELEASE);
-	/* api (issue 5): commands and containers hold the mount; they go before the umount. */
+	/* Commands and containers hold the mount; they go before the umount. */
 	cb_daemon_api_stop(d);
 	if (!d->ov)
 		return;
@@ -633,7 +633,7 @@ out:
 	if (rc && d.lock_fd >= 0)
 		daemon_log("error: %s", cb_error_message());
 	__atomic_store_n(&d.stopping, 1, __ATOMIC_RELEASE);
-	/* api (issue 5): end the API's commands first; their threads hold connections. */
+	/* End the API's commands first; their threads hold connections. */
 	cb_daemon_api_stop(&d);
 	if (d.listen_fd >= 0)
 		shutdown(d.listen_fd, SHUT_RDWR);

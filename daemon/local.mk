@@ -24,13 +24,13 @@ TESTS += daemon/test_conn
 daemon_test_conn_SOURCES = daemon/test_conn.c daemon/conn.c daemon/errcode.c
 daemon_test_conn_CFLAGS = $(CRITERION_TEST_CFLAGS)
 daemon_test_conn_LDADD = util/libcb_util.la $(JANSSON_LIBS) $(CRITERION_TEST_LIBS)
-# turns: snapshot, diff, rollback, prune, fork ops (issue 3)
+# turns: snapshot, diff, rollback, prune, fork ops
 daemon_libcb_daemon_la_SOURCES += daemon/ops_turns.c daemon/ops_fsck.c daemon/ops_net.c \
 	daemon/netlog_queue.c
-# api: exec/run/stdin/kill, read/write/which/host_url, configure/destroy (issue 5)
+# api: exec/run/stdin/kill, read/write/which/host_url, configure/destroy
 daemon_libcb_daemon_la_SOURCES += daemon/api.h daemon/api_util.c daemon/ops_api.c \
 	daemon/ops_files.c
-# box: libcowbox's high-level C API (include/cowbox/box.h) over the client (issue 5)
+# box: libcowbox's high-level C API (include/cowbox/box.h) over the client
 daemon_libcb_daemon_la_SOURCES += daemon/box_private.h daemon/box.c daemon/box_run.c \
 	daemon/box_ops.c daemon/box_proc.c daemon/box_direct.c daemon/box_net.c
 check_PROGRAMS += daemon/test_box

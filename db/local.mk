@@ -16,11 +16,11 @@ db_test_marklog_SOURCES = db/test_marklog.c
 db_test_marklog_CFLAGS = $(CRITERION_TEST_CFLAGS)
 db_test_marklog_LDADD = db/libcb_db.la util/libcb_util.la $(SQLITE3_LIBS) $(CRITERION_TEST_LIBS)
 
-# turns: the turn store (turns, deltas, the map, the base hash cache) (issue 3)
+# turns: the turn store (turns, deltas, the map, the base hash cache)
 db_libcb_db_la_SOURCES += db/turns.c db/turns_walk.c db/turn_entry.c db/turn_scratch.c
 # the base hash cache shared by the workspaces over one base directory
 db_libcb_db_la_SOURCES += db/basecache.c db/turns_read.c
-# the in-place mark (issue 11)
+# the in-place mark
 db_libcb_db_la_SOURCES += db/turn_inplace.c
 # the network log of the egress proxy
 db_libcb_db_la_SOURCES += db/netlog.c

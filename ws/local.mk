@@ -5,10 +5,10 @@ ws_libcb_ws_la_SOURCES = ws/ws.h ws/workspace.c ws/workspace_state.c ws/workspac
 COWBOX_LAYERS += ws/libcb_ws.la
 noinst_HEADERS += include/cowbox/workspace.h
 
-# turns: snapshot, diff, rollback, prune, fork over the live tree (issue 3)
+# turns: snapshot, diff, rollback, prune, fork over the live tree
 ws_libcb_ws_la_SOURCES += ws/turns_int.h ws/turns.c ws/hash.c ws/blobs.c ws/basemap.c \
 	ws/snapshot.c ws/diff.c ws/rollback.c ws/prune.c ws/fork.c ws/fsck.c
-# in-place workspaces (issue 11)
+# in-place workspaces
 ws_libcb_ws_la_SOURCES += ws/inplace.c
 noinst_HEADERS += include/cowbox/turns.h include/cowbox/fsck.h
 
@@ -26,7 +26,7 @@ ws_test_workspace_CFLAGS = $(CRITERION_TEST_CFLAGS)
 ws_test_workspace_LDADD = ws/libcb_ws.la db/libcb_db.la util/libcb_util.la $(DEPS_LIBS) \
 	$(CRITERION_TEST_LIBS)
 
-# exec-fast: the exec path's look-up of a served workspace without SQLite (issue 4)
+# the exec path's look-up of a served workspace without SQLite
 ws_libcb_ws_la_SOURCES += ws/resolve_fast.c
 noinst_HEADERS += include/cowbox/workspace_fast.h
 check_PROGRAMS += ws/test_resolve_fast

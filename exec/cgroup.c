@@ -185,6 +185,26 @@ static int write_limit(const struct cb_sandbox *sb, int c, const char *dir, int 
 	return write_value(dir, "pids.max", value);
 }
 
+/* Makes the group DIR (a name under cowbox/ with our pid and a per-process counter in it).
+ * A group of that name can only be left by a dead process whose pid we now have: such a
+ * group is removed when empty, and skipped for a suffixed name when its processes linger, so
+ * a recycled pid never fails a command. Returns 0 with DIR holding the name made, or -errno. */
+static int claim_group(char *dir, size_t cap)
+{
+	size_t len = strlen(dir);
+	for (int attempt = 0; attempt < 8; attempt++) {
+		if (attempt)
+			snprintf(dir + len, cap - len, ".%d", attempt);
+		if (mkdir(dir, 0755) == 0)
+			return 0;
+		if (errno != EEXIST)
+			break;
+		if (rmdir(dir) == 0 && mkdir(dir, 0755) == 0)
+			return 0;
+	}
+	return -errno;
+}
+
 /* v2: one group for all controllers, under a cowbox/ that delegates them. */
 static int create_v2(const struct cb_sandbox *sb, const char *base, unsigned id,
 		     struct cb_cgroup *cg)
@@ -202,8 +222,8 @@ static int create_v2(const struct cb_sandbox *sb, const char *base, unsigned id,
 	if ((rc = write_value(dir, "cgroup.subtree_control", enable)) < 0)
 		return rc;
 	snprintf(dir, sizeof dir, "%s/cowbox/%d-%u", base, (int)getpid(), id);
-	if (mkdir(dir, 0755) < 0)
-		return cb_error_set(errno, "cgroup: mkdir %s: %s", dir, strerror(errno));
+	if ((rc = claim_group(dir, sizeof dir)) < 0)
+		return cb_error_set(-rc, "cgroup: mkdir %s: %s", dir, strerror(-rc));
 	if (!(cg->v2dir = strdup(dir))) {
 		rmdir(dir);
 		return cb_error_set(ENOMEM, "cgroup: out of memory");
@@ -247,8 +267,8 @@ int cb_cgroup_create(const struct cb_sandbox *sb, struct cb_cgroup **out)
 			goto out;
 		}
 		snprintf(dir, sizeof dir, "%s/cowbox/%d-%u", base, (int)getpid(), id);
-		if (mkdir(dir, 0755) < 0) {
-			rc = cb_error_set(errno, "cgroup: mkdir %s: %s", dir, strerror(errno));
+		if ((rc = claim_group(dir, sizeof dir)) < 0) {
+			rc = cb_error_set(-rc, "cgroup: mkdir %s: %s", dir, strerror(-rc));
 			goto out;
 		}
 		if (!(cg->dir[c] = strdup(dir))) {
@@ -357,7 +377,7 @@ int cb_cgroup_host_create(struct cb_cgroup **out)
 		return 0;
 	unsigned id = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
 	snprintf(dir, sizeof dir, "%s/host-%d-%u", host_base, (int)getpid(), id);
-	if (mkdir(dir, 0755) < 0)
+	if (claim_group(dir, sizeof dir) < 0)
 		return 0; /* not ours to manage (read-only, no permission): the /proc walk serves */
 	struct cb_cgroup *cg = calloc(1, sizeof *cg);
 	if (!cg || !(cg->v2dir = strdup(dir))) {

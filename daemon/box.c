@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "box_private.h"
+#include "errcode.h"
 #include "cowbox/access.h"
 #include "cowbox/client.h"
 #include "cowbox/backend.h"
@@ -33,34 +34,12 @@ void cb_box_set_code(const char *code)
 
 int cb_box_finish(int rc)
 {
-	static const struct {
-		int err;
-		const char *code;
-	} local[] = {
-	    {ENOENT, "not_found"},
-	    {EINVAL, "invalid_request"},
-	    {EBUSY, "in_use"},
-	    {ETIMEDOUT, "timeout"},
-	    {ECONNREFUSED, "unavailable"},
-	    {ECONNRESET, "unavailable"},
-	    {EPIPE, "unavailable"},
-	    {EAGAIN, "unavailable"},
-	    {EIO, "unavailable"},
-	    {EUCLEAN, "unavailable"},
-	    {EPROTO, "invalid_request"},
-	    {EEXIST, "in_use"},
-	    {ENOTDIR, "invalid_request"},
-	};
-
 	if (rc >= 0) {
 		cb_box_set_code("");
 		return rc;
 	}
-	if (last_code[0])
-		return rc;
-	for (size_t i = 0; i < sizeof(local) / sizeof(local[0]); i++)
-		if (-rc == local[i].err)
-			cb_box_set_code(local[i].code);
+	if (!last_code[0])
+		cb_box_set_code(cb_daemon_error_code_listed(rc));
 	return rc;
 }
 

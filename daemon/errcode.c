@@ -16,7 +16,7 @@
 struct code_row {
 	const char *code;
 	int client;
-	int daemon[5];
+	int daemon[6];
 };
 
 static const struct code_row code_rows[] = {
@@ -26,14 +26,14 @@ static const struct code_row code_rows[] = {
     {"in_use", EBUSY, {EBUSY, EEXIST, EWOULDBLOCK}}, /* EWOULDBLOCK is EAGAIN: a lock taken */
     {"timeout", ETIMEDOUT, {ETIMEDOUT}},
     {"output_limit", EFBIG, {EFBIG, ENOBUFS}},
-    {"invalid_request", EPROTO, {EINVAL, EISDIR, EPROTO, EBADMSG}},
+    {"invalid_request", EPROTO, {EINVAL, EISDIR, ENOTDIR, EPROTO, EBADMSG}},
     {"conflict", EEXIST, {0}},
     {"unavailable", EAGAIN, {0}}, /* and every errno not listed above */
 };
 
 #define CODE_ROWS (sizeof(code_rows) / sizeof(code_rows[0]))
 
-const char *cb_daemon_error_code(int err)
+const char *cb_daemon_error_code_listed(int err)
 {
 	if (err < 0)
 		err = -err;
@@ -41,7 +41,13 @@ const char *cb_daemon_error_code(int err)
 		for (const int *e = code_rows[i].daemon; *e; e++)
 			if (*e == err)
 				return code_rows[i].code;
-	return "unavailable";
+	return NULL;
+}
+
+const char *cb_daemon_error_code(int err)
+{
+	const char *code = cb_daemon_error_code_listed(err);
+	return code ? code : "unavailable";
 }
 
 int cb_client_code_errno(const char *code)

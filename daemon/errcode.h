@@ -7,4 +7,8 @@
  * EBUSY -> in_use, ...; any errno the table does not list is unavailable. */
 const char *cb_daemon_error_code(int err);
 
+/* The code the table lists for err (either sign), or NULL when it lists none: for callers
+ * whose unlisted failures are not the daemon's to name (cb_box_last_code gives "" then). */
+const char *cb_daemon_error_code_listed(int err);
+
 #endif

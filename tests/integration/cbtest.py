@@ -54,6 +54,15 @@ while time.monotonic() < end:
 print("swaps", swaps, flush=True)
 """
 
+def makefile_var(name):
+    """A variable of the configured build's Makefile (COWBOX_BUILDDIR; "" if it has none)."""
+    with open(os.path.join(os.environ.get("COWBOX_BUILDDIR", ""), "Makefile")) as f:
+        for line in f:
+            if line.startswith(name + " ="):
+                return line.split("=", 1)[1].strip()
+    return ""
+
+
 def tcp_reachable(addr, port, timeout=1):
     """True if a TCP connection to addr:port is accepted now."""
     try:

@@ -13,15 +13,6 @@ BUILDDIR = os.environ.get("COWBOX_BUILDDIR", "")
 CC = os.environ.get("CC", "cc")
 
 
-def makefile_var(name):
-    """A variable of the configured build's Makefile ("" if it has none)."""
-    with open(os.path.join(BUILDDIR, "Makefile")) as f:
-        for line in f:
-            if line.startswith(name + " ="):
-                return line.split("=", 1)[1].strip()
-    return ""
-
-
 def pkg_config(*args, env=None):
     out = subprocess.run(["pkg-config"] + list(args), env=env, capture_output=True, text=True,
                          check=True).stdout
@@ -62,7 +53,7 @@ class LibCowboxTest(cbtest.CowboxTestCase):
     def setUp(self):
         super().setUp()
         # A library built with the sanitizers needs programs linked with them as well.
-        self.san = makefile_var("SANITIZER_FLAGS").split()
+        self.san = cbtest.makefile_var("SANITIZER_FLAGS").split()
         self.env["COWBOX_BIN"] = cbtest.COWBOX
 
     def compile(self, sources, out, cflags, libs):
@@ -108,7 +99,7 @@ class LibCowboxTest(cbtest.CowboxTestCase):
         proc = subprocess.run(["make", "-s", "-C", BUILDDIR, "install", "DESTDIR=" + dest],
                               env=env, capture_output=True, text=True, timeout=300)
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        root = dest + makefile_var("prefix")
+        root = dest + cbtest.makefile_var("prefix")
         for rel in ("bin/cowbox", "include/cowbox/box.h", "include/cowbox/client.h",
                     "include/cowbox/error.h"):
             self.assertTrue(os.path.isfile(os.path.join(root, rel)), rel)
@@ -137,7 +128,7 @@ class LibCowboxTest(cbtest.CowboxTestCase):
         ver = subprocess.run([os.path.join(root, "bin/cowbox"), "--version"],
                              env=dict(self.env, LD_LIBRARY_PATH=os.path.dirname(lib)),
                              capture_output=True, text=True, timeout=30)
-        self.assertEqual(ver.stdout.strip(), "cowbox " + makefile_var("PACKAGE_VERSION"))
+        self.assertEqual(ver.stdout.strip(), "cowbox " + cbtest.makefile_var("PACKAGE_VERSION"))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ import subprocess
 import tempfile
 import unittest
 
+import cbtest
+
 SRCDIR = os.environ.get("COWBOX_SRCDIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILDDIR = os.environ.get("COWBOX_BUILDDIR", "")
 
@@ -42,14 +44,6 @@ def exported(lib):
     return names
 
 
-def makefile_var(name):
-    with open(os.path.join(BUILDDIR, "Makefile")) as f:
-        for line in f:
-            if line.startswith(name + " ="):
-                return line.split("=", 1)[1].strip()
-    return ""
-
-
 @unittest.skipUnless(BUILDDIR, "COWBOX_BUILDDIR names the build tree (make check sets it)")
 class PublicApiTest(unittest.TestCase):
     @classmethod
@@ -62,9 +56,9 @@ class PublicApiTest(unittest.TestCase):
                                "install-pkgincludeHEADERS", "DESTDIR=" + dest],
                               env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
-        cls.root = dest + makefile_var("prefix")
+        cls.root = dest + cbtest.makefile_var("prefix")
         cls.incdir = os.path.join(cls.root, "include")
-        cls.san = makefile_var("SANITIZER_FLAGS").split()
+        cls.san = cbtest.makefile_var("SANITIZER_FLAGS").split()
 
     @classmethod
     def tearDownClass(cls):

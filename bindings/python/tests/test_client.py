@@ -137,6 +137,12 @@ class ClientTest(cbtest.CowboxTestCase):
                     await box.read(bad)
                 with self.assertRaises(cowbox.InvalidPathError):
                     await box.write(bad, b"x")
+            # a file where a directory must be: the request's fault, not the daemon's
+            await box.write("plain.txt", b"x")
+            with self.assertRaises(cowbox.InvalidRequestError):
+                await box.read("plain.txt/x")
+            with self.assertRaises(cowbox.InvalidRequestError):
+                await box.write("plain.txt/x", b"x")
         self.arun(go())
 
     def test_what_ended_a_command(self):

@@ -38,7 +38,7 @@ static int op_level(const char *op, json_t *req)
 	return CB_ACCESS_FULL;
 }
 
-int cb_daemon_access_of(struct cb_daemon_conn *conn)
+static int cb_daemon_access_of(struct cb_daemon_conn *conn)
 {
 	struct cb_daemon *d = cb_daemon_conn_daemon(conn);
 	int own = cb_daemon_conn_level(conn);

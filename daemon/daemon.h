@@ -278,8 +278,6 @@ struct cb_daemon_lines {
 };
 /* The next line as JSON; NULL at EOF or on an error (message set). */
 json_t *cb_daemon_line_read(struct cb_daemon_lines *r);
-/* Exactly n bytes more into a malloc'd *data (NUL-terminated one past n). */
-int cb_daemon_line_read_data(struct cb_daemon_lines *r, size_t n, void **data);
 /* Write j (consumed), a newline, then len bytes of data (may be NULL), all of it. */
 int cb_daemon_line_write(int fd, json_t *j, const void *data, size_t len);
 /* In a worker: serve requests on fd until EOF (daemon/worker.c). */
@@ -305,7 +303,6 @@ extern const struct cb_daemon_op cb_daemon_ops_access[];
  * of it and the workspace's (cb_daemon_access_of). */
 int cb_daemon_conn_level(struct cb_daemon_conn *conn);
 void cb_daemon_conn_set_level(struct cb_daemon_conn *conn, int level);
-int cb_daemon_access_of(struct cb_daemon_conn *conn);
 /* 0 if conn may run op (req: its request), else -EACCES with a message saying which level
  * the op needs and which the connection has. */
 int cb_daemon_access_check(struct cb_daemon_conn *conn, const char *op, json_t *req);

@@ -64,7 +64,8 @@ json_t *cb_daemon_line_read(struct cb_daemon_lines *r)
 	}
 }
 
-int cb_daemon_line_read_data(struct cb_daemon_lines *r, size_t n, void **data)
+/* Exactly n bytes more into a malloc'd *data (NUL-terminated one past n). */
+static int cb_daemon_line_read_data(struct cb_daemon_lines *r, size_t n, void **data)
 {
 	char *buf = malloc(n + 1);
 	size_t got = r->len < n ? r->len : n;

@@ -51,7 +51,7 @@ static int db_exec(struct cb_db *db, const char *sql, const char *what)
 
 /* Each migration and its user_version bump commit together, so a crash leaves the file at
  * one version or the next, never between. */
-int cb_db_migrate(struct cb_db *db)
+static int cb_db_migrate(struct cb_db *db)
 {
 	sqlite3_stmt *st = NULL;
 	long long version;

@@ -52,9 +52,6 @@ struct cb_db {
 extern const char *const cb_db_migrations[];
 extern const size_t cb_db_migration_count;
 
-/* Run every migration past the file's user_version, each in its own transaction. Called with
- * sql_lock held (or before the handle is shared). */
-int cb_db_migrate(struct cb_db *db);
 
 /* Prepare the journal's statements and load the open turn; called once by cb_db_open. */
 int cb_journal_init(struct cb_db *db);
@@ -104,8 +101,6 @@ int cb_marklog_parse(const char *buf, size_t len, size_t *valid,
 /* The whole log file open on fd into *buf (malloc'd, NULL when empty); name is for errors. */
 int cb_marklog_read(int fd, const char *name, char **buf, size_t *len);
 
-/* fsync the WAL: every commit so far survives power loss (db/journal.c). */
-int cb_journal_sync_wal(struct cb_db *db);
 
 /* Set an error message from SQLite's last error on db, naming the file and the step. */
 int cb_db_error(struct cb_db *db, int rc, const char *what);

@@ -207,6 +207,24 @@ static int fold_row(const struct cb_journal_row *r, void *arg)
 	return journal_insert(f->db, r, &f->rows);
 }
 
+/* fsync the WAL: every commit so far survives power loss. With synchronous=NORMAL a commit is
+ * in the WAL but not fsynced; fsyncing the WAL does that without checkpointing. */
+static int cb_journal_sync_wal(struct cb_db *db)
+{
+	char wal[4200];
+	int fd, rc = 0;
+
+	snprintf(wal, sizeof(wal), "%s-wal", db->path);
+	fd = open(wal, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0
+				       : cb_error_set(errno, "open %s: %s", wal, strerror(errno));
+	if (fsync(fd) < 0)
+		rc = cb_error_set(errno, "fsync %s: %s", wal, strerror(errno));
+	close(fd);
+	return rc;
+}
+
 /* The log on fd into the journal table in one transaction, then emptied. A tail that is no
  * whole, valid record (a write torn by a crash, or damage) is reported and dropped, never
  * applied. Called with queue_lock held (no mark is appended meanwhile) and the log's flock. */
@@ -563,24 +581,6 @@ int cb_journal_fold(struct cb_db *db)
 	if (db->log_fd >= 0 && db->log_size)
 		rc = log_fold(db, db->log_fd);
 	cb_mutex_unlock(&db->queue_lock);
-	return rc;
-}
-
-/* See db.h. With synchronous=NORMAL a commit is in the WAL but not fsynced; fsyncing the WAL
- * makes every commit so far survive power loss without checkpointing. */
-int cb_journal_sync_wal(struct cb_db *db)
-{
-	char wal[4200];
-	int fd, rc = 0;
-
-	snprintf(wal, sizeof(wal), "%s-wal", db->path);
-	fd = open(wal, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return errno == ENOENT ? 0
-				       : cb_error_set(errno, "open %s: %s", wal, strerror(errno));
-	if (fsync(fd) < 0)
-		rc = cb_error_set(errno, "fsync %s: %s", wal, strerror(errno));
-	close(fd);
 	return rc;
 }
 

@@ -67,10 +67,6 @@ int cb_exec_pty_open(const struct cb_exec_spec *spec, int *master, int *slave);
 /* Wait for the sandbox's pty master from the shim and make it the handle's stdin/stdout. */
 int cb_exec_pty_receive(struct cb_exec *h);
 
-/* A chunk of output on stream 1 or 2: to the callback, and kept while under the cap (passing
- * the cap asks for a SIGKILL of the tree). */
-void cb_exec_take_output(struct cb_exec *h, struct stream *s, int stream, const char *buf,
-			 size_t n);
 
 /* Read what is there; 0 at end of file (or EIO on a pty whose slave is gone), else 1. */
 int cb_exec_pump_output(struct cb_exec *h, struct stream *s, int stream);

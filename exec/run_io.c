@@ -140,7 +140,8 @@ int cb_exec_pty_receive(struct cb_exec *h)
 }
 
 /* Take a chunk of output: hand it to the callback and keep it while under the cap. */
-void cb_exec_take_output(struct cb_exec *h, struct stream *s, int stream, const char *buf, size_t n)
+static void cb_exec_take_output(struct cb_exec *h, struct stream *s, int stream, const char *buf,
+				size_t n)
 {
 	if (h->cb.on_output && h->cb.on_output(h->cb.arg, stream, buf, n)) {
 		__atomic_store_n(&h->killed, 1, __ATOMIC_RELEASE);

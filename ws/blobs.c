@@ -19,7 +19,8 @@
 
 #define BLOB_TMP_PREFIX "tmp."
 
-void cb_ws_blob_name(const unsigned char *xxh3, char out[2 * CB_XXH128_LEN + 1])
+/* The blob's file name: 32 hex digits + NUL. */
+static void cb_ws_blob_name(const unsigned char *xxh3, char out[2 * CB_XXH128_LEN + 1])
 {
 	cb_hex(xxh3, CB_XXH128_LEN, out);
 }
@@ -93,7 +94,9 @@ static int copy_segment(int src, int dst, off_t off, off_t end)
 	return 0;
 }
 
-int cb_ws_copy_fd(int src_fd, int dst_fd)
+/* Copy all of src_fd into dst_fd (both from offset 0): reflink, else copy_file_range or
+ * read/write of the data segments only (holes stay holes). */
+static int cb_ws_copy_fd(int src_fd, int dst_fd)
 {
 	struct stat st;
 	off_t off = 0;

@@ -52,8 +52,10 @@ static int diff_live(struct cb_turns *t, const struct ws_pathset *live, long lon
 	return ret;
 }
 
-int ws_diff_paths(struct cb_turns *t, long long a, long long b, const struct cb_dirty *dirty,
-		  size_t n, struct ws_pathset *all, struct ws_pathset *live)
+/* The paths that may differ between turn a and b (b < 0: the live tree, whose journal-named
+ * paths also land in live), sorted. */
+static int ws_diff_paths(struct cb_turns *t, long long a, long long b, const struct cb_dirty *dirty,
+			 size_t n, struct ws_pathset *all, struct ws_pathset *live)
 {
 	long long latest = cb_db_turns_latest(t->db), to = b < 0 ? latest : b;
 	int ret;

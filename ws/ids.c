@@ -18,6 +18,13 @@
 #include "util/beneath.h"
 #include "util/smallfile.h"
 
+/* 1 if base is a slot of the id range (CB_WS_IDS_* in cowbox/workspace.h). */
+static int cb_ws_ids_valid(unsigned long base)
+{
+	return base >= CB_WS_IDS_FIRST && base % CB_WS_IDS_SIZE == 0 &&
+	       base + CB_WS_IDS_SIZE <= CB_WS_IDS_END;
+}
+
 /* Reads the base kept in dir: 0 with *base set, -ENOENT when there is none yet. */
 static int ids_read(const char *dir, unsigned long *base)
 {
@@ -32,12 +39,6 @@ static int ids_read(const char *dir, unsigned long *base)
 	if ((*end && *end != '\n') || !cb_ws_ids_valid(*base))
 		return cb_error_set(EINVAL, "%s/ids: '%s' is not an id range base", dir, buf);
 	return 0;
-}
-
-int cb_ws_ids_valid(unsigned long base)
-{
-	return base >= CB_WS_IDS_FIRST && base % CB_WS_IDS_SIZE == 0 &&
-	       base + CB_WS_IDS_SIZE <= CB_WS_IDS_END;
 }
 
 int cb_ws_ids_get(const char *dir, unsigned long *base)

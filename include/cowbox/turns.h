@@ -38,8 +38,6 @@ void cb_ws_hash_bytes(const void *data, size_t len, struct cb_hash *out);
 
 /* ---- ws/blobs.c: content-addressed copies under blobs/<xxh3 hex> ---- */
 
-/* The blob's file name: 32 hex digits + NUL. */
-void cb_ws_blob_name(const unsigned char *xxh3, char out[2 * CB_XXH128_LEN + 1]);
 /* 1 if present, 0 if not. */
 int cb_ws_blob_has(int blob_fd, const unsigned char *xxh3);
 /* Keep a copy of the regular file src_fd (read from offset 0) as the blob xxh3, unless one is
@@ -50,9 +48,6 @@ int cb_ws_blob_tmp(int blob_fd, char name[64]);
 int cb_ws_blob_publish(int blob_fd, const char *tmpname, const unsigned char *xxh3);
 /* Open the blob for reading. */
 int cb_ws_blob_open(int blob_fd, const unsigned char *xxh3);
-/* Copy all of src_fd into dst_fd (both from offset 0): reflink, else copy_file_range or
- * read/write of the data segments only (holes stay holes). */
-int cb_ws_copy_fd(int src_fd, int dst_fd);
 /* Copy src_fd into dst_fd (truncated first; holes kept) while hashing what is read, and fail
  * with -EBADMSG, naming what (the blob or base file) and want->path, unless the bytes are
  * exactly want's (size, xxh3 and SHA-256): nothing damaged is ever passed on as good.

@@ -72,6 +72,7 @@ static void ov_inode_free(struct ov_table *t, struct ov_inode *in)
 		}
 		close(in->keep_fd);
 	}
+	ov_listing_free(in->listing);
 	cb_mutex_destroy(&in->lock);
 	free(in);
 }

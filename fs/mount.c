@@ -165,6 +165,14 @@ void ov_op_init(void *userdata, struct fuse_conn_info *conn)
 	if (conn->capable & FUSE_CAP_DIRECT_IO_ALLOW_MMAP)
 		conn->want |= FUSE_CAP_DIRECT_IO_ALLOW_MMAP;
 #endif
+#ifdef FUSE_CAP_NO_OPENDIR_SUPPORT
+	/* the kernel opens directories without asking (and caches their listings as we would
+	 * ask it to): OPENDIR and RELEASEDIR cost two round trips per directory walked */
+	if (ov->want_no_opendir && (conn->capable & FUSE_CAP_NO_OPENDIR_SUPPORT)) {
+		conn->want |= FUSE_CAP_NO_OPENDIR_SUPPORT;
+		atomic_store(&ov->no_opendir, 1);
+	}
+#endif
 	/* a file's data changes only through us: no invalidation on mtime changes */
 	conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
 	conn->max_background = 64;
@@ -265,6 +273,8 @@ int cb_overlay_mount(const struct cb_overlay_config *cfg, struct cb_overlay **ou
 		return cb_error_set(ENOMEM, "overlay: out of memory");
 	}
 	pthread_mutex_init(&ov->handles_lock, NULL);
+	for (size_t i = 0; i < OV_LISTING_LOCKS; i++)
+		pthread_mutex_init(&ov->listing_locks[i], NULL);
 	pthread_mutex_init(&ov->carry_lock, NULL);
 	pthread_mutex_init(&ov->quota_lock, NULL);
 	ov_fence_setup(ov);
@@ -276,6 +286,7 @@ int cb_overlay_mount(const struct cb_overlay_config *cfg, struct cb_overlay **ou
 	r = cb_overlay_set_quota(ov, cfg->quota_bytes, cfg->quota_inodes);
 	if (r < 0)
 		goto fail;
+	ov->want_no_opendir = !ov_env_off("COWBOX_FUSE_NO_OPENDIR");
 	ov->layers_stacked = ov_on_overlayfs(ov->upper_fd) || ov_on_overlayfs(ov->base_fd);
 #ifdef HAVE_FUSE_URING
 	ov->want_uring = !ov_env_off("COWBOX_FUSE_URING") && ov_uring_allowed();
@@ -388,6 +399,8 @@ void cb_overlay_destroy(struct cb_overlay *ov)
 	}
 	free(ov->carry);
 	pthread_mutex_destroy(&ov->handles_lock);
+	for (size_t i = 0; i < OV_LISTING_LOCKS; i++)
+		pthread_mutex_destroy(&ov->listing_locks[i]);
 	pthread_mutex_destroy(&ov->quota_lock);
 	free(ov->stats);
 	free(ov->mountpoint);

@@ -17,15 +17,25 @@ struct ov_dirent {
 	unsigned char type;
 };
 
-struct ov_dir {
-	struct ov_handle h; /* first: a listing is its handle */
-	struct cb_overlay *overlay;
+/* One pass's merged listing of a directory, hung on its inode (no OPENDIR gives us a handle
+ * to keep it in: the kernel opens directories itself). A READDIR offset names the listing and
+ * the index in it, so a pass continues in the snapshot it started with even when another pass
+ * of the same directory began meanwhile. */
+struct ov_listing {
+	uint32_t id;
 	struct ov_dirent *ents;
 	size_t count, cap;
-	char **seen; /* names in upper (open addressing), for merging with the base */
+	char **seen; /* while loading: names in upper (open addressing), merged with the base */
 	size_t seen_cap, seen_count;
-	pthread_mutex_t lock;
+	struct ov_listing *older; /* the previous pass's listing, for a pass still reading it */
 };
+
+/* Offsets: the listing's id above bit 32, the index of the next entry below (0: start). */
+#define OV_OFF_ID(off)	  ((uint32_t)((uint64_t)(off) >> 32))
+#define OV_OFF_INDEX(off) ((size_t)((uint64_t)(off)&0xffffffffu))
+#define OV_OFF(id, i)	  ((off_t)(((uint64_t)(id) << 32) | (uint64_t)(i)))
+
+static _Atomic uint32_t ov_listing_ids;
 
 static uint64_t ov_str_hash(const char *s)
 {
@@ -36,7 +46,7 @@ static uint64_t ov_str_hash(const char *s)
 	return h;
 }
 
-static int ov_seen_add(struct ov_dir *d, const char *name)
+static int ov_seen_add(struct ov_listing *d, const char *name)
 {
 	size_t i;
 
@@ -66,7 +76,7 @@ static int ov_seen_add(struct ov_dir *d, const char *name)
 	return 0;
 }
 
-static int ov_seen_has(const struct ov_dir *d, const char *name)
+static int ov_seen_has(const struct ov_listing *d, const char *name)
 {
 	size_t i;
 
@@ -78,21 +88,34 @@ static int ov_seen_has(const struct ov_dir *d, const char *name)
 	return 0;
 }
 
-static void ov_dir_clear(struct ov_dir *d)
+static void ov_seen_clear(struct ov_listing *d)
 {
 	size_t i;
 
-	for (i = 0; i < d->count; i++)
-		free(d->ents[i].name);
 	for (i = 0; i < d->seen_cap; i++)
 		free(d->seen[i]);
 	free(d->seen);
 	d->seen = NULL;
 	d->seen_cap = d->seen_count = 0;
-	d->count = 0;
 }
 
-static int ov_dir_add(struct ov_dir *d, const char *name, ino_t ino, unsigned char type)
+/* See ov.h: frees l and the older listings it keeps. */
+void ov_listing_free(struct ov_listing *l)
+{
+	struct ov_listing *older;
+	size_t i;
+
+	for (; l; l = older) {
+		older = l->older;
+		for (i = 0; i < l->count; i++)
+			free(l->ents[i].name);
+		ov_seen_clear(l);
+		free(l->ents);
+		free(l);
+	}
+}
+
+static int ov_dir_add(struct ov_listing *d, const char *name, ino_t ino, unsigned char type)
 {
 	if (d->count == d->cap) {
 		size_t cap = d->cap ? d->cap * 2 : 32;
@@ -113,8 +136,8 @@ static int ov_dir_add(struct ov_dir *d, const char *name, ino_t ino, unsigned ch
 
 /* Reads one layer's directory at path into d; upper whiteouts and names are remembered so
  * the base pass skips them. */
-static int ov_dir_read_layer(struct cb_overlay *ov, struct ov_dir *d, int layer, const char *path,
-			     int merged)
+static int ov_dir_read_layer(struct cb_overlay *ov, struct ov_listing *d, int layer,
+			     const char *path, int merged)
 {
 	int fd = ov_openat(ov_layer_fd(ov, layer), path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
 	int r = 0;
@@ -163,16 +186,21 @@ static int ov_dir_read_layer(struct cb_overlay *ov, struct ov_dir *d, int layer,
 	return r;
 }
 
-/* (Re)reads the merged listing of in. Caller holds ns read and d->lock. */
-static int ov_dir_load(struct cb_overlay *ov, struct ov_inode *in, struct ov_dir *d)
+/* A new listing of in, the merged entries of its layers now. Caller holds ns read. */
+static int ov_dir_load(struct cb_overlay *ov, struct ov_inode *in, struct ov_listing **out)
 {
-	char *path;
+	struct ov_listing *d = calloc(1, sizeof(*d));
+	char *path = NULL;
 	int r;
 
-	ov_dir_clear(d);
+	*out = NULL;
+	if (!d)
+		return -ENOMEM;
+	while (!(d->id = atomic_fetch_add(&ov_listing_ids, 1) & 0x7fffffffu))
+		;
 	r = ov_path(&ov->tab, in, NULL, &path);
 	if (r < 0)
-		return r;
+		goto out;
 	/* glibc hides entries whose inode number is 0 */
 	if ((r = ov_dir_add(d, ".", in->st_ino, DT_DIR)) < 0 ||
 	    (r = ov_dir_add(d, "..", in->names ? in->names->parent->st_ino : in->st_ino, DT_DIR)) <
@@ -184,48 +212,72 @@ static int ov_dir_load(struct cb_overlay *ov, struct ov_inode *in, struct ov_dir
 		r = ov_dir_read_layer(ov, d, OV_BASE, path, 0);
 out:
 	free(path);
+	ov_seen_clear(d);
+	if (r < 0)
+		ov_listing_free(d);
+	else
+		*out = d;
 	return r;
 }
 
-static void ov_dir_free(struct ov_handle *h)
+/* The listing a pass at off reads: a new one at the start of a pass (the one before it kept
+ * for a pass still reading it), else the one off names; a listing gone meanwhile (a third pass
+ * began) is read again and continued at the same index, as if the directory had changed.
+ * Caller holds ns read and the inode's listing lock. */
+static int ov_listing_for(struct cb_overlay *ov, struct ov_inode *in, off_t off,
+			  struct ov_listing **out)
 {
-	struct ov_dir *d = (struct ov_dir *)h;
+	struct ov_listing *l = in->listing;
+	int r;
 
-	ov_handle_del(d->overlay, h);
-	ov_dir_clear(d);
-	free(d->ents);
-	pthread_mutex_destroy(&d->lock);
-	free(d);
-}
-
-/* OPENDIR: a listing handle; the merged listing is read at the first READDIR. */
-void ov_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
-{
-	struct ov_dir *d = calloc(1, sizeof(*d));
-
-	(void)ino;
-	if (!d) {
-		fuse_reply_err(req, ENOMEM);
-		return;
+	if (off != 0) {
+		for (; l; l = l->older)
+			if (l->id == OV_OFF_ID(off))
+				break;
+		if (l) {
+			*out = l;
+			return 0;
+		}
 	}
-	pthread_mutex_init(&d->lock, NULL);
-	d->overlay = ov_of(req);
-	ov_handle_add(d->overlay, &d->h, ov_dir_free);
-	fi->fh = (uint64_t)(uintptr_t)d;
-	/* every change to a directory goes through the kernel, which then drops its cached
-	 * listing: let it keep listings between opens */
-	fi->cache_readdir = 1;
-	fi->keep_cache = 1;
-	if (fuse_reply_open(req, fi) == -ENOENT)
-		ov_dir_free(&d->h);
+	r = ov_dir_load(ov, in, &l);
+	if (r < 0)
+		return r;
+	if (in->listing) {
+		ov_listing_free(in->listing->older);
+		in->listing->older = NULL;
+	}
+	l->older = in->listing;
+	in->listing = l;
+	*out = l;
+	return 0;
 }
 
-static void ov_readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-			      struct fuse_file_info *fi, int plus)
+/* Lets go of l, read to its end (a pass still reading an older one keeps that). A pass that
+ * stops early leaves its listing until the next pass of the directory or its FORGET. */
+static void ov_listing_done(struct ov_inode *in, struct ov_listing *l)
+{
+	struct ov_listing **p;
+
+	for (p = &in->listing; *p && *p != l; p = &(*p)->older)
+		;
+	if (*p) {
+		*p = l->older;
+		l->older = NULL;
+		ov_listing_free(l);
+	}
+}
+
+static pthread_mutex_t *ov_listing_lock(struct cb_overlay *ov, const struct ov_inode *in)
+{
+	return &ov->listing_locks[((uintptr_t)in >> 6) % OV_LISTING_LOCKS];
+}
+
+static void ov_readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, int plus)
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *in = ov_inode_get(ov, ino);
-	struct ov_dir *d = (struct ov_dir *)(uintptr_t)fi->fh;
+	pthread_mutex_t *lock = ov_listing_lock(ov, in);
+	struct ov_listing *d = NULL;
 	char *buf = malloc(size), *p = buf;
 	size_t rem = size, i;
 	int r = 0;
@@ -235,10 +287,9 @@ static void ov_readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t
 		return;
 	}
 	cb_rwlock_read(&ov->tab.ns);
-	pthread_mutex_lock(&d->lock);
-	if (off == 0 || d->count == 0)
-		r = ov_dir_load(ov, in, d);
-	for (i = (size_t)off; r == 0 && i < d->count; i++) {
+	pthread_mutex_lock(lock);
+	r = ov_listing_for(ov, in, off, &d);
+	for (i = off ? OV_OFF_INDEX(off) : 0; r == 0 && i < d->count; i++) {
 		struct ov_dirent *de = &d->ents[i];
 		size_t n;
 		if (plus) {
@@ -251,7 +302,7 @@ static void ov_readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t
 				if (!dot)
 					continue; /* gone since the listing was read */
 			}
-			n = fuse_add_direntry_plus(req, p, rem, de->name, &e, (off_t)i + 1);
+			n = fuse_add_direntry_plus(req, p, rem, de->name, &e, OV_OFF(d->id, i + 1));
 			if (n > rem) {
 				if (e.ino)
 					ov_forget_one(ov, ov_inode_get(ov, e.ino), 1);
@@ -259,14 +310,16 @@ static void ov_readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t
 			}
 		} else {
 			struct stat st = {.st_ino = de->ino, .st_mode = (mode_t)de->type << 12};
-			n = fuse_add_direntry(req, p, rem, de->name, &st, (off_t)i + 1);
+			n = fuse_add_direntry(req, p, rem, de->name, &st, OV_OFF(d->id, i + 1));
 			if (n > rem)
 				break;
 		}
 		p += n;
 		rem -= n;
 	}
-	pthread_mutex_unlock(&d->lock);
+	if (r == 0 && p == buf)
+		ov_listing_done(in, d); /* the end of the pass */
+	pthread_mutex_unlock(lock);
 	cb_rwlock_unlock(&ov->tab.ns);
 	if (r < 0 && p == buf)
 		fuse_reply_err(req, -r);
@@ -275,27 +328,45 @@ static void ov_readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t
 	free(buf);
 }
 
+/* OPENDIR: nothing to keep per open (listings hang on the inode). Where the kernel can open
+ * directories itself, ENOSYS tells it to, and it stops sending OPENDIR and RELEASEDIR (two
+ * round trips per directory a find or git status opens) and caches listings as below. */
+void ov_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	(void)ino;
+	if (atomic_load(&ov_of(req)->no_opendir)) {
+		fuse_reply_err(req, ENOSYS);
+		return;
+	}
+	fi->fh = 0;
+	/* every change to a directory goes through the kernel, which then drops its cached
+	 * listing: let it keep listings between opens */
+	fi->cache_readdir = 1;
+	fi->keep_cache = 1;
+	fuse_reply_open(req, fi);
+}
+
 /* READDIR: the merged listing of upper and base, whiteouts hidden. */
 void ov_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		   struct fuse_file_info *fi)
 {
-	ov_readdir_common(req, ino, size, off, fi, 0);
+	(void)fi;
+	ov_readdir_common(req, ino, size, off, 0);
 }
 
 /* READDIRPLUS: READDIR with each entry looked up (one kernel reference each). */
 void ov_op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		       struct fuse_file_info *fi)
 {
-	ov_readdir_common(req, ino, size, off, fi, 1);
+	(void)fi;
+	ov_readdir_common(req, ino, size, off, 1);
 }
 
-/* RELEASEDIR: frees the listing handle. */
+/* RELEASEDIR: nothing to free (a listing goes at the end of its pass, or with its inode). */
 void ov_op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-	struct ov_dir *d = (struct ov_dir *)(uintptr_t)fi->fh;
-
 	(void)ino;
-	ov_dir_free(&d->h);
+	(void)fi;
 	fuse_reply_err(req, 0);
 }
 

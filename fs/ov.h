@@ -19,7 +19,7 @@
  * mode, whose writes never reach us.
  *
  * LOCKS, outermost first: fence (shared: a change in flight) > tab.ns (names and parents;
- * write to remove or move a name, read for everything else) > ov_dir.lock or handles_lock >
+ * write to remove or move a name, read for everything else) > a listing lock or handles_lock >
  * an inode's lock (copy-up, open modes, size under quota) > tab.lock (the identity hash,
  * nlookup, refs, appending a name). A mark takes the journal's locks (db/journal.c) holding
  * tab.ns (and at most handles_lock), never an inode's lock or tab.lock. quota_lock and
@@ -54,6 +54,10 @@ enum ov_layer {
 #define OV_TIMEOUT	  86400.0
 
 struct ov_inode;
+struct ov_listing;
+/* ops_readdir.c: frees a directory's listings (its inode is going). */
+void ov_listing_free(struct ov_listing *l);
+#define OV_LISTING_LOCKS 64
 
 /* One name of an inode: the directory it is in and its name there. An inode has one name
  * (directories, most files) or several (hard links); an unlinked, still-open inode has none. */
@@ -89,6 +93,8 @@ struct ov_inode {
 	unsigned cached_opens;	/* opens in cached (page cache) mode */
 	int quota_deferred;	/* unlinked while open: its bytes leave the quota when the
 				   last reference (keep_fd) goes */
+	struct ov_listing *listing; /* directories: the listings of passes being read
+				       (ops_readdir.c), under the overlay's listing lock */
 };
 
 struct ov_table {
@@ -136,8 +142,12 @@ struct cb_overlay {
 	_Atomic int running;
 	struct ov_handle *handles;
 	pthread_mutex_t handles_lock;
+	/* a directory's listings (ov_inode.listing): one of these, by the inode's address */
+	pthread_mutex_t listing_locks[OV_LISTING_LOCKS];
+	_Atomic int no_opendir;	 /* the kernel opens directories itself (OPENDIR answered ENOSYS) */
 	int want_passthrough;	 /* not turned off by COWBOX_FUSE_PASSTHROUGH=0 */
 	int want_uring;		 /* not turned off by COWBOX_FUSE_URING=0, and the kernel allows */
+	int want_no_opendir;	 /* not turned off by COWBOX_FUSE_NO_OPENDIR=0 */
 	int layers_stacked;	 /* upper or base is on overlayfs */
 	_Atomic int passthrough; /* the kernel granted passthrough at init */
 	_Atomic int killpriv_v2; /* the kernel granted FUSE_HANDLE_KILLPRIV_V2 */

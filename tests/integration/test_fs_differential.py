@@ -385,12 +385,13 @@ class Differential(unittest.TestCase):
 
 
 class DifferentialNoFastPaths(Differential):
-    """The same sequence with passthrough and io_uring forced off (COWBOX_FUSE_PASSTHROUGH=0,
-    COWBOX_FUSE_URING=0): the writeback cache over /dev/fuse, the fallback on older kernels
-    and libfuse."""
+    """The same sequence with passthrough, io_uring and kernel-opened directories forced off
+    (COWBOX_FUSE_PASSTHROUGH=0, COWBOX_FUSE_URING=0, COWBOX_FUSE_NO_OPENDIR=0): the writeback
+    cache over /dev/fuse and OPENDIR answered, the fallback on older kernels and libfuse."""
 
     def setUp(self):
-        saved = {k: os.environ.get(k) for k in ("COWBOX_FUSE_PASSTHROUGH", "COWBOX_FUSE_URING")}
+        saved = {k: os.environ.get(k) for k in ("COWBOX_FUSE_PASSTHROUGH", "COWBOX_FUSE_URING",
+                                                 "COWBOX_FUSE_NO_OPENDIR")}
 
         def restore():
             for k, v in saved.items():

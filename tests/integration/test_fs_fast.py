@@ -25,7 +25,7 @@ class FastPathsTest(CowboxTestCase):
 
     def setUp(self):
         super().setUp()
-        for k in ("COWBOX_FUSE_PASSTHROUGH", "COWBOX_FUSE_URING"):
+        for k in ("COWBOX_FUSE_PASSTHROUGH", "COWBOX_FUSE_URING", "COWBOX_FUSE_NO_OPENDIR"):
             if self.fast:
                 self.env.pop(k, None)
             else:

@@ -80,7 +80,7 @@ class H(http.server.BaseHTTPRequestHandler):
             return self.git(body)
         self.reply(200, json.dumps({"path": self.path, "headers": dict(self.headers),
                                     "body": body.decode(errors="replace"),
-                                    "resumed": self.request.session_reused}).encode())
+                                    "resumed": getattr(self.request, "session_reused", None)}).encode())
     def do_POST(self):
         self.do_GET(self.body())
     def log_message(self, *a):

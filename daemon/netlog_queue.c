@@ -1,6 +1,6 @@
 /* The network log's writer: the egress proxy's thread hands each row over and goes on, and one
- * thread of the daemon writes them in batches, so that a slow commit (a WAL checkpoint's
- * fsync) never stalls the proxy's event loop. Readers flush it first. */
+ * thread of the daemon writes them in batches (one transaction each), so that a slow commit (a
+ * WAL checkpoint's fsync) never stalls the proxy's event loop. Readers flush it first. */
 #include "config.h"
 
 #include <errno.h>
@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "api.h"
 #include "cowbox/error.h"
@@ -16,6 +17,10 @@
 #include "daemon.h"
 
 #define BATCH_MAX 256 /* rows per transaction */
+/* How long the writer waits for more rows after the first of a batch: a commit per connection
+ * costs about ten system calls (the WAL's locks and writes), a batch's are shared. A kill -9
+ * loses the rows of at most this long (docs/network.md#network-log). */
+#define LINGER_NS (5 * 1000 * 1000)
 
 struct qrow {
 	struct cb_netlog_row r; /* its strings point into text */
@@ -27,8 +32,12 @@ struct qrow {
 static pthread_mutex_t q_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t q_more = PTHREAD_COND_INITIALIZER, q_idle = PTHREAD_COND_INITIALIZER;
 static struct qrow *q_head, **q_tail = &q_head;
-static int q_busy;  /* the writer holds rows taken off the queue */
-static int q_state; /* 0 no writer yet, 1 running, 2 stopped: rows are written at once */
+static size_t q_len;
+static int q_busy;    /* the writer holds rows taken off the queue */
+static int q_waiting; /* the writer sleeps for a first row: the only time it needs waking */
+static int q_linger;  /* the writer waits for a batch to fill: woken when it is full */
+static int q_flush;   /* a reader waits: no lingering */
+static int q_state;   /* 0 no writer yet, 1 running, 2 stopped: rows are written at once */
 static pthread_t q_thread;
 static struct cb_db *q_db;
 
@@ -64,13 +73,32 @@ static void *writer_main(void *arg)
 	(void)arg;
 	pthread_mutex_lock(&q_lock);
 	for (;;) {
+		q_waiting = 1;
 		while (!q_head && q_state == 1)
 			pthread_cond_wait(&q_more, &q_lock);
+		q_waiting = 0;
 		if (!q_head)
 			break; /* stopped, and nothing left */
+		if (q_len < BATCH_MAX && q_state == 1 && !q_flush) {
+			struct timespec until;
+
+			clock_gettime(CLOCK_MONOTONIC, &until);
+			until.tv_nsec += LINGER_NS;
+			if (until.tv_nsec >= 1000000000) {
+				until.tv_sec++;
+				until.tv_nsec -= 1000000000;
+			}
+			q_linger = 1;
+			while (q_len < BATCH_MAX && q_state == 1 && !q_flush &&
+			       pthread_cond_clockwait(&q_more, &q_lock, CLOCK_MONOTONIC, &until) ==
+				   0)
+				;
+			q_linger = 0;
+		}
 		list = q_head;
 		q_head = NULL;
 		q_tail = &q_head;
+		q_len = 0;
 		q_busy = 1;
 		pthread_mutex_unlock(&q_lock);
 		write_rows(q_db, list);
@@ -136,7 +164,10 @@ void cb_daemon_net_record(void *arg, const struct cb_net_record *r)
 		*q_tail = q;
 		q_tail = &q->next;
 		q->next = NULL;
-		pthread_cond_signal(&q_more);
+		/* a wake (a futex call) only where the writer waits for this row */
+		if ((q_waiting && !q_len) || (q_linger && q_len + 1 == BATCH_MAX))
+			pthread_cond_signal(&q_more);
+		q_len++;
 		q = NULL;
 	}
 	pthread_mutex_unlock(&q_lock);
@@ -149,8 +180,12 @@ void cb_daemon_net_record(void *arg, const struct cb_net_record *r)
 void cb_daemon_net_flush(void)
 {
 	pthread_mutex_lock(&q_lock);
+	q_flush++;
+	if (q_linger)
+		pthread_cond_signal(&q_more);
 	while (q_head || q_busy)
 		pthread_cond_wait(&q_idle, &q_lock);
+	q_flush--;
 	pthread_mutex_unlock(&q_lock);
 }
 

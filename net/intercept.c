@@ -1,9 +1,9 @@
-/* Header secrets in the egress proxy: TLS to the sandbox with the workspace CA's leaf of a bound
- * host, verified TLS to the destination, and the request stream rewriter that sets the headers. */
+/* Header secrets' TLS in the egress proxy: the contexts to the sandbox (the workspace CA's leaf of
+ * each bound host) and to the destination (verified, its sessions kept for resumption). */
 #include "config.h"
 
-#include <ctype.h>
 #include <errno.h>
+#include <pthread.h>
 #include <openssl/err.h>
 #include <openssl/x509v3.h>
 #include <stdio.h>
@@ -14,11 +14,6 @@
 #include "cowbox/error.h"
 #include "net/intercept.h"
 #include "net/proxy_util.h"
-
-#define HEAD_MAX       16384 /* a request head or a trailer, in bytes */
-#define CHUNK_LINE_MAX 1024  /* a chunk-size line */
-
-enum { RW_HEAD, RW_BODY, RW_CHUNK_SIZE, RW_CHUNK_DATA, RW_CHUNK_END, RW_TRAILER, RW_RAW };
 
 static const unsigned char alpn_h1[] = "\x08http/1.1";
 
@@ -85,6 +80,83 @@ static int add_binding(struct cb_net_icpt *ic, const struct cb_net_binding *src)
 	return b->header && b->value && b->path_prefix && b->prefix && b->suffix ? 0 : -ENOMEM;
 }
 
+/* The index of the SSL ex data naming the bound host and port of an upstream session. */
+static int ex_index = -1;
+static pthread_once_t ex_once = PTHREAD_ONCE_INIT;
+
+/* An upstream SSL's key goes with it (libevent frees the SSL with its bufferevent). */
+static void ex_free(void *parent, void *ptr, CRYPTO_EX_DATA *ad, int idx, long argl, void *argp)
+{
+	(void)parent;
+	(void)ad;
+	(void)idx;
+	(void)argl;
+	(void)argp;
+	free(ptr);
+}
+
+static void ex_init(void)
+{
+	ex_index = SSL_get_ex_new_index(0, NULL, NULL, NULL, ex_free);
+}
+
+/* Where an upstream connection's session goes: its host's slot for that port. */
+struct sess_key {
+	struct cb_net_icpt_host *h;
+	int port;
+};
+
+static struct cb_net_icpt_session *session_slot(struct cb_net_icpt_host *h, int port, int make)
+{
+	struct cb_net_icpt_session *s = NULL;
+
+	for (size_t i = 0; i < CB_NET_ICPT_PORTS; i++)
+		if (h->sess[i].port == port)
+			return &h->sess[i];
+		else if (!s && !h->sess[i].port)
+			s = &h->sess[i];
+	if (!make)
+		return NULL;
+	if (!s) { /* a host reached on more ports than slots: the first slot goes */
+		s = &h->sess[0];
+		SSL_SESSION_free(s->s);
+		s->s = NULL;
+	}
+	s->port = port;
+	return s;
+}
+
+/* OpenSSL hands over each new session (TLS 1.3: each ticket, after the handshake): the
+ * newest is the one resumed next, by every connection to that host and port. A copy is kept:
+ * OpenSSL marks the connection's own session not resumable when the connection ends without
+ * a close_notify, as the sandbox's or the destination's often does. */
+static int new_session(SSL *ssl, SSL_SESSION *sess)
+{
+	struct sess_key *k = SSL_get_ex_data(ssl, ex_index);
+	struct cb_net_icpt_session *s = k ? session_slot(k->h, k->port, 1) : NULL;
+	SSL_SESSION *copy = s ? SSL_SESSION_dup(sess) : NULL;
+
+	if (copy) {
+		SSL_SESSION_free(s->s);
+		s->s = copy;
+	}
+	return 0; /* sess stays OpenSSL's */
+}
+
+/* h's context to serve the sandbox: its leaf and key set once, not per connection. */
+static int host_server(struct cb_net_icpt_host *h, X509 *ca, EVP_PKEY *ca_key, EVP_PKEY *key)
+{
+	if (!(h->leaf = cb_net_ca_leaf(ca, ca_key, key, h->name)))
+		return ssl_fail(h->name);
+	if (!(h->server = SSL_CTX_new(TLS_server_method())) ||
+	    SSL_CTX_use_certificate(h->server, h->leaf) != 1 ||
+	    SSL_CTX_use_PrivateKey(h->server, key) != 1)
+		return ssl_fail("TLS contexts");
+	SSL_CTX_set_min_proto_version(h->server, TLS1_2_VERSION);
+	SSL_CTX_set_alpn_select_cb(h->server, alpn_select, NULL);
+	return 0;
+}
+
 int cb_net_icpt_new(const struct cb_net_proxy_config *cfg, struct cb_net_icpt **out)
 {
 	struct cb_net_icpt *ic = NULL;
@@ -96,6 +168,9 @@ int cb_net_icpt_new(const struct cb_net_proxy_config *cfg, struct cb_net_icpt **
 	*out = NULL;
 	if (!cfg->n_bindings)
 		return 0;
+	pthread_once(&ex_once, ex_init);
+	if (ex_index < 0)
+		return ssl_fail("SSL ex data");
 	if (!cfg->ca_dir)
 		return cb_error_set(EINVAL, "header secrets: no certificate authority");
 	if (!(ic = calloc(1, sizeof(*ic)))) {
@@ -111,21 +186,20 @@ int cb_net_icpt_new(const struct cb_net_proxy_config *cfg, struct cb_net_icpt **
 		rc = ssl_fail("make the leaf key");
 		goto out;
 	}
-	for (size_t i = 0; i < ic->n_hosts; i++)
-		if (!(ic->hosts[i].leaf =
-			  cb_net_ca_leaf(ca, ca_key, ic->leaf_key, ic->hosts[i].name))) {
-			rc = ssl_fail(ic->hosts[i].name);
-			goto out;
-		}
-	if (!(ic->server = SSL_CTX_new(TLS_server_method())) ||
-	    !(ic->client = SSL_CTX_new(TLS_client_method()))) {
+	for (size_t i = 0; i < ic->n_hosts && !rc; i++)
+		rc = host_server(&ic->hosts[i], ca, ca_key, ic->leaf_key);
+	if (rc)
+		goto out;
+	if (!(ic->client = SSL_CTX_new(TLS_client_method()))) {
 		rc = ssl_fail("TLS contexts");
 		goto out;
 	}
-	SSL_CTX_set_min_proto_version(ic->server, TLS1_2_VERSION);
 	SSL_CTX_set_min_proto_version(ic->client, TLS1_2_VERSION);
-	SSL_CTX_set_alpn_select_cb(ic->server, alpn_select, NULL);
 	SSL_CTX_set_verify(ic->client, SSL_VERIFY_PEER, NULL);
+	/* sessions kept by cb_net_icpt_host, not in OpenSSL's cache (keyed by nothing we use) */
+	SSL_CTX_set_session_cache_mode(ic->client,
+				       SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
+	SSL_CTX_sess_set_new_cb(ic->client, new_session);
 	if (SSL_CTX_set_default_verify_paths(ic->client) != 1) {
 		rc = ssl_fail("the system's trust store");
 		goto out;
@@ -164,15 +238,17 @@ void cb_net_icpt_free(struct cb_net_icpt *ic)
 		free(h->b);
 		free(h->name);
 		X509_free(h->leaf);
+		SSL_CTX_free(h->server);
+		for (size_t k = 0; k < CB_NET_ICPT_PORTS; k++)
+			SSL_SESSION_free(h->sess[k].s);
 	}
 	free(ic->hosts);
 	EVP_PKEY_free(ic->leaf_key);
-	SSL_CTX_free(ic->server);
 	SSL_CTX_free(ic->client);
 	free(ic);
 }
 
-const struct cb_net_icpt_host *cb_net_icpt_find(const struct cb_net_icpt *ic, const char *name)
+struct cb_net_icpt_host *cb_net_icpt_find(const struct cb_net_icpt *ic, const char *name)
 {
 	size_t n = strlen(name);
 
@@ -184,18 +260,29 @@ const struct cb_net_icpt_host *cb_net_icpt_find(const struct cb_net_icpt *ic, co
 	return NULL;
 }
 
-SSL *cb_net_icpt_upstream(struct cb_net_icpt *ic, const char *name)
+SSL *cb_net_icpt_upstream(struct cb_net_icpt *ic, struct cb_net_icpt_host *h, const char *name,
+			  int port)
 {
 	struct sockaddr_storage ss;
-	SSL *ssl = SSL_new(ic->client);
+	struct cb_net_icpt_session *s = session_slot(h, port, 0);
+	struct sess_key *k = malloc(sizeof(*k));
+	SSL *ssl = k ? SSL_new(ic->client) : NULL;
 	int ok;
 
-	if (!ssl)
+	if (!ssl || !SSL_set_ex_data(ssl, ex_index, k)) {
+		SSL_free(ssl);
+		free(k);
 		return NULL;
+	}
+	*k = (struct sess_key){h, port};
 	if (cb_net_proxy_literal(name, &ss) == 0)
 		ok = X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), name);
 	else
 		ok = SSL_set_tlsext_host_name(ssl, name) && SSL_set1_host(ssl, name);
+	/* a session of the same host and port was verified for this name when it was made; an
+	 * expired or refused one is a full handshake, verified again */
+	if (ok && s && s->s && SSL_SESSION_is_resumable(s->s))
+		ok = SSL_set_session(ssl, s->s);
 	if (!ok || SSL_set_alpn_protos(ssl, alpn_h1, sizeof alpn_h1 - 1) != 0) {
 		SSL_free(ssl);
 		return NULL;
@@ -203,16 +290,9 @@ SSL *cb_net_icpt_upstream(struct cb_net_icpt *ic, const char *name)
 	return ssl;
 }
 
-SSL *cb_net_icpt_downstream(struct cb_net_icpt *ic, const struct cb_net_icpt_host *h)
+SSL *cb_net_icpt_downstream(const struct cb_net_icpt_host *h)
 {
-	SSL *ssl = SSL_new(ic->server);
-
-	if (ssl && (SSL_use_certificate(ssl, h->leaf) != 1 ||
-		    SSL_use_PrivateKey(ssl, ic->leaf_key) != 1)) {
-		SSL_free(ssl);
-		ssl = NULL;
-	}
-	return ssl;
+	return SSL_new(h->server);
 }
 
 void cb_net_icpt_tls_error(SSL *ssl, unsigned long err, char *buf, size_t size)
@@ -228,252 +308,4 @@ void cb_net_icpt_tls_error(SSL *ssl, unsigned long err, char *buf, size_t size)
 	if (err)
 		ERR_error_string_n(err, e, sizeof e);
 	snprintf(buf, size, "%s", e);
-}
-
-/* ---- the request stream ---- */
-
-static int refuse(struct cb_net_rewriter *rw, const char *why)
-{
-	rw->error = why;
-	return -1;
-}
-
-/* Whether s[0..n) is an HTTP token (a header name): a name with a space before its ':' is
- * one the server and the proxy could see differently, so it is refused. */
-static int token_len(const char *s, size_t n)
-{
-	static const char tchar[] = "!#$%&'*+-.^_`|~";
-
-	for (size_t i = 0; i < n; i++)
-		if (!isalnum((unsigned char)s[i]) && !strchr(tchar, s[i]))
-			return 0;
-	return n > 0;
-}
-
-/* A header line's name is name (case-insensitive). */
-static int is_header(const char *line, size_t len, const char *name)
-{
-	size_t n = strlen(name);
-
-	return len > n && line[n] == ':' && !strncasecmp(line, name, n);
-}
-
-static const char *header_value(const char *line, size_t len, size_t *vlen)
-{
-	const char *v = memchr(line, ':', len), *end = line + len;
-
-	for (v++; v < end && (*v == ' ' || *v == '\t'); v++)
-		;
-	while (end > v && (end[-1] == ' ' || end[-1] == '\t'))
-		end--;
-	*vlen = (size_t)(end - v);
-	return v;
-}
-
-/* Whether a binding's path prefix covers the request target: its path (up to '?' or '#')
- * starts with the prefix and has no dot segment or encoded dot, slash or backslash, which a
- * server could resolve outside the prefix. */
-static int path_matches(const char *target, size_t tlen, const char *prefix)
-{
-	const char *p = target, *end = target + tlen;
-	size_t plen, pl = strlen(prefix);
-
-	if (tlen > 7 && (!strncasecmp(p, "http://", 7) || !strncasecmp(p, "https://", 8))) {
-		p = memchr(p, '/', tlen) + 2;
-		while (p < end && *p != '/')
-			p++;
-		if (p == end)
-			return !strcmp(prefix, "/");
-	}
-	for (plen = 0; p + plen < end && p[plen] != '?' && p[plen] != '#'; plen++)
-		;
-	if (!plen || *p != '/' || plen < pl || strncmp(p, prefix, pl))
-		return 0;
-	if (!strcmp(prefix, "/"))
-		return 1; /* every path of the host: nothing to escape from */
-	for (size_t i = 0; i < plen; i++) {
-		size_t seg = 0;
-
-		if (p[i] == '\\')
-			return 0;
-		if (p[i] == '%' && i + 2 < plen &&
-		    (!strncasecmp(p + i, "%2e", 3) || !strncasecmp(p + i, "%2f", 3) ||
-		     !strncasecmp(p + i, "%5c", 3)))
-			return 0;
-		if (p[i] != '/')
-			continue;
-		while (i + 1 + seg < plen && p[i + 1 + seg] != '/')
-			seg++;
-		if ((seg == 1 || seg == 2) && !strncmp(p + i + 1, "..", seg))
-			return 0; /* "/." or "/.." */
-	}
-	return 1;
-}
-
-/* One request head (ending in CRLF CRLF) checked and rewritten into out. */
-static int rewrite_head(struct cb_net_rewriter *rw, const char *head, size_t len,
-			struct evbuffer *out)
-{
-	const char *eol = memchr(head, '\n', len), *sp1, *sp2, *l, *end = head + len - 2;
-	int cl_seen = 0, chunked = 0, upgrade = 0, set[64] = {0};
-	unsigned long long cl = 0;
-	const struct cb_net_icpt_host *h = rw->host;
-
-	for (size_t i = 0; i < len; i++)
-		if (!head[i] || (head[i] == '\n' && (!i || head[i - 1] != '\r')) ||
-		    (head[i] == '\r' && (i + 1 == len || head[i + 1] != '\n')))
-			return refuse(rw, "bad request head (NUL, bare CR or LF)");
-	sp1 = memchr(head, ' ', (size_t)(eol - head));
-	sp2 = sp1 ? memchr(sp1 + 1, ' ', (size_t)(eol - sp1 - 1)) : NULL;
-	if (!sp1 || !sp2 || sp1 == head || strncmp(sp2 + 1, "HTTP/1.", 7))
-		return refuse(rw, "bad request line (METHOD TARGET HTTP/1.x)");
-	if (sp1 - head == 7 && !strncmp(head, "CONNECT", 7))
-		return refuse(rw, "CONNECT inside an intercepted connection");
-	for (size_t k = 0; k < h->n && k < 64; k++)
-		set[k] = path_matches(sp1 + 1, (size_t)(sp2 - sp1 - 1), h->b[k].path_prefix);
-	evbuffer_add(out, head, (size_t)(eol + 1 - head));
-	for (l = eol + 1; l < end;) {
-		const char *le = memchr(l, '\n', (size_t)(end - l + 2)) + 1;
-		size_t n = (size_t)(le - l) - 2, vlen;
-		const char *v;
-		int drop = 0;
-
-		if (*l == ' ' || *l == '\t')
-			return refuse(rw, "folded header line");
-		if (!memchr(l, ':', n) || !token_len(l, (size_t)((char *)memchr(l, ':', n) - l)))
-			return refuse(rw, "header line without a name and ':'");
-		v = header_value(l, n, &vlen);
-		if (is_header(l, n, "content-length")) {
-			unsigned long long x = 0;
-
-			if (!vlen || vlen > 18)
-				return refuse(rw, "bad Content-Length");
-			for (size_t i = 0; i < vlen; i++) {
-				if (!isdigit((unsigned char)v[i]))
-					return refuse(rw, "bad Content-Length");
-				x = x * 10 + (unsigned)(v[i] - '0');
-			}
-			if (cl_seen && x != cl)
-				return refuse(rw, "two different Content-Length");
-			cl_seen = 1;
-			cl = x;
-		} else if (is_header(l, n, "transfer-encoding")) {
-			if (chunked || vlen != 7 || strncasecmp(v, "chunked", 7))
-				return refuse(rw, "Transfer-Encoding other than one chunked");
-			chunked = 1;
-		} else if (is_header(l, n, "upgrade")) {
-			upgrade = 1;
-		}
-		for (size_t k = 0; k < h->n && k < 64; k++)
-			if (set[k] && is_header(l, n, h->b[k].header))
-				drop = 1; /* the sandbox's own value goes */
-		if (!drop)
-			evbuffer_add(out, l, n + 2);
-		l = le;
-	}
-	if (cl_seen && chunked)
-		return refuse(rw, "both Content-Length and Transfer-Encoding");
-	for (size_t k = 0; k < h->n && k < 64; k++)
-		if (set[k]) {
-			evbuffer_add_printf(out, "%s: %s%s%s\r\n", h->b[k].header, h->b[k].prefix,
-					    h->b[k].value, h->b[k].suffix);
-			rw->injected = 1;
-		}
-	evbuffer_add(out, "\r\n", 2);
-	rw->state = upgrade ? RW_RAW : chunked ? RW_CHUNK_SIZE : cl ? RW_BODY : RW_HEAD;
-	rw->left = cl;
-	return 0;
-}
-
-static int take_head(struct cb_net_rewriter *rw, struct evbuffer *in, struct evbuffer *out)
-{
-	struct evbuffer_ptr end = evbuffer_search(in, "\r\n\r\n", 4, NULL);
-	char *head;
-	int rc;
-
-	if (end.pos < 0)
-		return evbuffer_get_length(in) > HEAD_MAX ? refuse(rw, "request head too long") : 1;
-	if ((size_t)end.pos + 4 > HEAD_MAX)
-		return refuse(rw, "request head too long");
-	if (!(head = malloc((size_t)end.pos + 4)))
-		return refuse(rw, "out of memory");
-	evbuffer_remove(in, head, (size_t)end.pos + 4);
-	rc = rewrite_head(rw, head, (size_t)end.pos + 4, out);
-	free(head);
-	return rc;
-}
-
-/* A line ending in CRLF, moved to out (at most max bytes): 1 when it is not all there yet. */
-static int take_line(struct cb_net_rewriter *rw, struct evbuffer *in, struct evbuffer *out,
-		     size_t max, char *copy, size_t csize)
-{
-	struct evbuffer_ptr eol = evbuffer_search(in, "\r\n", 2, NULL);
-	size_t n;
-
-	if (eol.pos < 0)
-		return evbuffer_get_length(in) > max ? refuse(rw, "line too long") : 1;
-	n = (size_t)eol.pos + 2;
-	if (n > max)
-		return refuse(rw, "line too long");
-	evbuffer_copyout(in, copy, n < csize ? n : csize - 1);
-	copy[n < csize ? n : csize - 1] = 0;
-	evbuffer_remove_buffer(in, out, n);
-	return 0;
-}
-
-int cb_net_rewrite(struct cb_net_rewriter *rw, struct evbuffer *in, struct evbuffer *out)
-{
-	char line[CHUNK_LINE_MAX + 1];
-	int rc = 0;
-
-	while (!rc && evbuffer_get_length(in)) {
-		size_t have = evbuffer_get_length(in);
-
-		switch (rw->state) {
-		case RW_HEAD:
-			rc = take_head(rw, in, out);
-			break;
-		case RW_BODY:
-		case RW_CHUNK_DATA: {
-			size_t n = have < rw->left ? have : (size_t)rw->left;
-
-			evbuffer_remove_buffer(in, out, n);
-			if ((rw->left -= n) == 0)
-				rw->state = rw->state == RW_BODY ? RW_HEAD : RW_CHUNK_END;
-			break;
-		}
-		case RW_CHUNK_END:
-			if (have < 2)
-				return 0;
-			evbuffer_copyout(in, line, 2);
-			if (line[0] != '\r' || line[1] != '\n')
-				return refuse(rw, "chunk not followed by CRLF");
-			evbuffer_remove_buffer(in, out, 2);
-			rw->state = RW_CHUNK_SIZE;
-			break;
-		case RW_CHUNK_SIZE: {
-			char *e;
-
-			if ((rc = take_line(rw, in, out, CHUNK_LINE_MAX, line, sizeof line)))
-				break;
-			if (!isxdigit((unsigned char)line[0]))
-				return refuse(rw, "bad chunk size");
-			errno = 0;
-			rw->left = strtoull(line, &e, 16);
-			if (errno || (*e != ';' && *e != '\r' && *e != ' ' && *e != '\t'))
-				return refuse(rw, "bad chunk size");
-			rw->state = rw->left ? RW_CHUNK_DATA : RW_TRAILER;
-			break;
-		}
-		case RW_TRAILER:
-			if ((rc = take_line(rw, in, out, HEAD_MAX, line, sizeof line)))
-				break;
-			if (!strcmp(line, "\r\n"))
-				rw->state = RW_HEAD;
-			break;
-		default: /* RW_RAW */
-			evbuffer_add_buffer(out, in);
-		}
-	}
-	return rc < 0 ? -1 : 0;
 }

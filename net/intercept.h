@@ -1,5 +1,6 @@
 /* Private to net/: header secrets. The TLS contexts and leaf certificates of the bound hosts
- * (net/intercept.c, net/ca.c) and the HTTP/1.1 request stream rewriter that injects them. */
+ * (net/intercept.c, net/ca.c) and the HTTP/1.1 request stream rewriter that injects them
+ * (net/rewrite.c). */
 #ifndef COWBOX_NET_INTERCEPT_H
 #define COWBOX_NET_INTERCEPT_H
 
@@ -15,16 +16,25 @@ int cb_net_ca_load(const char *dir, X509 **cert, EVP_PKEY **key);
 /* A leaf for host (a name, or an address literal as an IP SAN) with leaf_key, signed by ca. */
 X509 *cb_net_ca_leaf(X509 *ca, EVP_PKEY *ca_key, EVP_PKEY *leaf_key, const char *host);
 
+/* The last TLS session the destination gave for one port of a bound host, resumed by the next
+ * connection there: no certificate chain to verify, no signature to check. */
+struct cb_net_icpt_session {
+	int port; /* 0: free */
+	SSL_SESSION *s;
+};
+#define CB_NET_ICPT_PORTS 4 /* ports a host keeps sessions for */
+
 /* One bound host: its bindings and its leaf, made once when the proxy starts. */
 struct cb_net_icpt_host {
 	char *name;
 	X509 *leaf;
+	SSL_CTX *server; /* to the sandbox: the leaf, HTTP/1.1 by ALPN */
 	size_t n;
-	struct cb_net_binding *b; /* strings owned */
+	struct cb_net_binding *b;			    /* strings owned */
+	struct cb_net_icpt_session sess[CB_NET_ICPT_PORTS]; /* the proxy's thread only */
 };
 
 struct cb_net_icpt {
-	SSL_CTX *server; /* to the sandbox: our leaves, HTTP/1.1 by ALPN */
 	SSL_CTX *client; /* to the destination: verified, HTTP/1.1 by ALPN */
 	EVP_PKEY *leaf_key;
 	size_t n_hosts;
@@ -36,11 +46,14 @@ struct cb_net_icpt {
 int cb_net_icpt_new(const struct cb_net_proxy_config *cfg, struct cb_net_icpt **out);
 void cb_net_icpt_free(struct cb_net_icpt *ic);
 /* The bound host of name (case-insensitive), or NULL: that connection is tunnelled. */
-const struct cb_net_icpt_host *cb_net_icpt_find(const struct cb_net_icpt *ic, const char *name);
-/* A TLS session to the destination name: SNI, its name (or address) verified, HTTP/1.1. */
-SSL *cb_net_icpt_upstream(struct cb_net_icpt *ic, const char *name);
-/* A TLS session to serve the sandbox for h with h's leaf. */
-SSL *cb_net_icpt_downstream(struct cb_net_icpt *ic, const struct cb_net_icpt_host *h);
+struct cb_net_icpt_host *cb_net_icpt_find(const struct cb_net_icpt *ic, const char *name);
+/* A TLS connection to the destination name (bound host h) on port: SNI, its name (or address)
+ * verified, HTTP/1.1, resuming h's last session on that port; the sessions it is given are
+ * kept in h for the next. On the proxy's thread only. */
+SSL *cb_net_icpt_upstream(struct cb_net_icpt *ic, struct cb_net_icpt_host *h, const char *name,
+			  int port);
+/* A TLS connection to serve the sandbox for h with h's leaf. */
+SSL *cb_net_icpt_downstream(const struct cb_net_icpt_host *h);
 /* Why a handshake failed, one line (the certificate check's reason when it was that). */
 void cb_net_icpt_tls_error(SSL *ssl, unsigned long err, char *buf, size_t size);
 

@@ -1,13 +1,12 @@
 /* The egress proxy of a workspace: HTTP CONNECT, plain HTTP and SOCKS5 on one listener, names
- * resolved here (libevent's evdns), every destination checked by the policy on its address;
- * a host with header secrets is intercepted (net/intercept.c), every other one tunnelled. */
+ * resolved here (libevent's evdns), every destination checked by the policy on its address,
+ * then connected; net/relay.c takes each connection from there. */
 #include "config.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
-#include <event2/bufferevent_ssl.h>
 #include <event2/dns.h>
 #include <event2/event.h>
 #include <event2/listener.h>
@@ -24,55 +23,10 @@
 #include <unistd.h>
 
 #include "cowbox/error.h"
-#include "cowbox/net.h"
-#include "net/intercept.h"
-#include "net/proxy_util.h"
-#include "net/tunnel.h"
+#include "net/proxy_conn.h"
 
-#define HEAD_MAX	 16384	   /* an HTTP request head or a SOCKS5 request, in bytes */
-#define HEAD_TIMEOUT	 30	   /* seconds for the client to send it */
-#define CONNECT_TIMEOUT	 10	   /* seconds for the destination to answer */
-#define RELAY_HIGH_WATER (1 << 20) /* bytes queued to one side before the other pauses */
-
-enum pconn_state { ST_HEAD, ST_SOCKS_REQ, ST_RESOLVE, ST_CONNECT, ST_RELAY, ST_CLOSING };
-
-struct pconn {
-	struct cb_net_proxy *p;
-	struct pconn *prev, *next;
-	struct bufferevent *cli, *up;
-	enum pconn_state st;
-	const char *proto;
-	char name[256];
-	char address[64];
-	int port;
-	struct evbuffer *head; /* plain HTTP: the request head rewritten for the destination */
-	struct evdns_getaddrinfo_request *dns;
-	int dns_pending, closing;
-	struct cb_net_verdict v;
-	double t0_wall, t0;
-	unsigned long long bytes_up, bytes_down;
-	const struct cb_net_icpt_host *bound; /* header secrets: intercepted */
-	int up_tls, cli_tls;		      /* their TLS layers are on */
-	int cli_tls_ok;			      /* the sandbox's handshake succeeded */
-	struct cb_net_rewriter rw;
-	struct cb_net_tunnel *tun; /* a plain tunnel relays in the kernel (net/tunnel.c) */
-};
-
-struct cb_net_proxy {
-	struct event_base *base;
-	struct evdns_base *dns;
-	struct evconnlistener *lis;
-	struct event *stop_ev;
-	pthread_t thread;
-	struct cb_net_policy *policy;
-	struct cb_net_hosts hosts;
-	void (*record)(void *arg, const struct cb_net_record *r);
-	void *record_arg;
-	struct pconn *conns;
-	size_t open;
-	struct cb_net_icpt *icpt; /* NULL: no header secrets */
-	struct cb_net_pipes pipes;
-};
+#define HEAD_MAX     16384 /* an HTTP request head or a SOCKS5 request, in bytes */
+#define HEAD_TIMEOUT 30	   /* seconds for the client to send it */
 
 static double now_mono(void)
 {
@@ -136,7 +90,7 @@ static void conn_free(struct pconn *c)
 }
 
 /* Close now, or once a pending lookup has called back (it must not meet a freed conn). */
-static void conn_close(struct pconn *c)
+void cb_net_conn_close(struct pconn *c)
 {
 	if (c->dns_pending) {
 		struct evdns_getaddrinfo_request *req = c->dns;
@@ -150,19 +104,19 @@ static void conn_close(struct pconn *c)
 	conn_free(c);
 }
 
-static void close_when_flushed(struct bufferevent *bev, void *arg)
+void cb_net_conn_close_when_flushed(struct bufferevent *bev, void *arg)
 {
 	struct pconn *c = arg;
 
 	if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
-		conn_close(c);
+		cb_net_conn_close(c);
 }
 
-static void close_event(struct bufferevent *bev, short what, void *arg)
+void cb_net_conn_close_event(struct bufferevent *bev, short what, void *arg)
 {
 	(void)bev;
 	(void)what;
-	conn_close(arg);
+	cb_net_conn_close(arg);
 }
 
 /* The client's last words are out once its buffer drains; nothing more is read. */
@@ -174,14 +128,14 @@ static void finish(struct pconn *c)
 		c->up = NULL;
 	}
 	bufferevent_disable(c->cli, EV_READ);
-	bufferevent_setcb(c->cli, NULL, close_when_flushed, close_event, c);
+	bufferevent_setcb(c->cli, NULL, cb_net_conn_close_when_flushed, cb_net_conn_close_event, c);
 	bufferevent_set_timeouts(c->cli, NULL, NULL);
 	if (evbuffer_get_length(bufferevent_get_output(c->cli)) == 0)
-		conn_close(c);
+		cb_net_conn_close(c);
 }
 
 /* An HTTP answer with a one-line body, then the close. */
-static void http_answer(struct pconn *c, int code, const char *reason, const char *line)
+void cb_net_conn_http_answer(struct pconn *c, int code, const char *reason, const char *line)
 {
 	evbuffer_add_printf(bufferevent_get_output(c->cli),
 			    "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\n"
@@ -190,7 +144,7 @@ static void http_answer(struct pconn *c, int code, const char *reason, const cha
 	finish(c);
 }
 
-static void socks_answer(struct pconn *c, unsigned char rep, int then_close)
+void cb_net_conn_socks_answer(struct pconn *c, unsigned char rep, int then_close)
 {
 	unsigned char r[10] = {5, rep, 0, 1};
 
@@ -215,12 +169,12 @@ static void answer_error(struct pconn *c, int code, const char *reason, unsigned
 	char line[1024];
 
 	if (!strcmp(c->proto, "socks5")) {
-		socks_answer(c, rep, 1);
+		cb_net_conn_socks_answer(c, rep, 1);
 		return;
 	}
 	snprintf(line, sizeof line, "cowbox: %s %s:%d: %s", code == 403 ? "refused" : "failed",
 		 *c->name ? c->name : "?", c->port, c->v.rule);
-	http_answer(c, code, reason, line);
+	cb_net_conn_http_answer(c, code, reason, line);
 }
 
 static void refuse(struct pconn *c)
@@ -229,220 +183,18 @@ static void refuse(struct pconn *c)
 }
 
 /* allowed: the policy let it through and something else failed (resolution, connect). */
-static void fail(struct pconn *c, int allowed, int code, unsigned char rep, const char *fmt,
-		 const char *a)
+void cb_net_conn_fail(struct pconn *c, int allowed, int code, unsigned char rep, const char *fmt,
+		      const char *a)
 {
 	c->v.allowed = allowed;
 	snprintf(c->v.rule, sizeof c->v.rule, fmt, a);
 	answer_error(c, code, code == 400 ? "Bad Request" : "Bad Gateway", rep);
 }
 
-/* Bytes per read or write call while relaying: libevent's default, 16 KiB, costs a loop
- * iteration each 16 KiB of a bulk transfer. */
-#define RELAY_CHUNK (256 << 10)
-
-static void relay_read(struct bufferevent *bev, void *arg);
-static void relay_event(struct bufferevent *bev, short what, void *arg);
-
-static void drained(struct bufferevent *bev, void *arg)
-{
-	struct pconn *c = arg;
-	struct bufferevent *other = bev == c->cli ? c->up : c->cli;
-
-	bufferevent_setcb(bev, relay_read, NULL, relay_event, c);
-	bufferevent_setwatermark(bev, EV_WRITE, 0, 0);
-	if (other)
-		bufferevent_enable(other, EV_READ);
-}
-
-static void relay_read(struct bufferevent *bev, void *arg)
-{
-	struct pconn *c = arg;
-	struct bufferevent *other = bev == c->cli ? c->up : c->cli;
-	struct evbuffer *in = bufferevent_get_input(bev), *out;
-	size_t n = evbuffer_get_length(in);
-
-	if (!other) {
-		evbuffer_drain(in, n);
-		return;
-	}
-	if (bev == c->cli)
-		c->bytes_up += n;
-	else
-		c->bytes_down += n;
-	out = bufferevent_get_output(other);
-	if (bev == c->cli && c->bound) {
-		if (cb_net_rewrite(&c->rw, in, out) < 0) {
-			c->v.allowed = 1;
-			snprintf(c->v.rule, sizeof c->v.rule, "intercepted request refused: %s",
-				 c->rw.error);
-			http_answer(c, 400, "Bad Request", c->v.rule);
-			return;
-		}
-	} else {
-		evbuffer_add_buffer(out, in);
-	}
-	if (evbuffer_get_length(out) >= RELAY_HIGH_WATER) {
-		bufferevent_setcb(other, relay_read, drained, relay_event, c);
-		bufferevent_setwatermark(other, EV_WRITE, RELAY_HIGH_WATER / 2, RELAY_HIGH_WATER);
-		bufferevent_disable(bev, EV_READ);
-	}
-}
-
-/* One side ended: what it sent goes to the other, which closes once that is written. */
-static void relay_event(struct bufferevent *bev, short what, void *arg)
-{
-	struct pconn *c = arg;
-	struct bufferevent *other = bev == c->cli ? c->up : c->cli;
-
-	if (bev == c->cli && c->cli_tls && (what & BEV_EVENT_CONNECTED))
-		c->cli_tls_ok = 1;
-	if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)))
-		return;
-	if (bev == c->cli && c->cli_tls && !c->cli_tls_ok) {
-		char why[200];
-
-		cb_net_icpt_tls_error(NULL, bufferevent_get_openssl_error(bev), why, sizeof why);
-		snprintf(c->v.rule, sizeof c->v.rule, "TLS from the sandbox failed: %s", why);
-	}
-	if (other && !(bev == c->cli && c->bound))
-		relay_read(bev, c); /* (an intercepted request is whole when it is read) */
-	if (bev == c->cli)
-		c->cli = NULL;
-	else
-		c->up = NULL;
-	bufferevent_free(bev);
-	if (!other || !evbuffer_get_length(bufferevent_get_output(other))) {
-		conn_close(c);
-		return;
-	}
-	c->st = ST_CLOSING;
-	bufferevent_disable(other, EV_READ);
-	bufferevent_setwatermark(other, EV_WRITE, 0, 0);
-	bufferevent_setcb(other, NULL, close_when_flushed, close_event, c);
-}
-
-/* The sandbox's side of an intercepted connection: TLS with the bound host's leaf, over the
- * answer (200, or the SOCKS5 reply) already queued in the clear. */
-static int intercept_client(struct pconn *c)
-{
-	SSL *ssl = cb_net_icpt_downstream(c->p->icpt, c->bound);
-	struct bufferevent *tls =
-	    ssl ? bufferevent_openssl_filter_new(c->p->base, c->cli, ssl, BUFFEREVENT_SSL_ACCEPTING,
-						 BEV_OPT_CLOSE_ON_FREE)
-		: NULL;
-
-	if (!tls) {
-		SSL_free(ssl);
-		fail(c, 1, 502, 0x01, "%s", "out of memory");
-		return -1;
-	}
-	bufferevent_openssl_set_allow_dirty_shutdown(tls, 1);
-	c->cli = tls;
-	c->cli_tls = 1;
-	c->rw.host = c->bound;
-	return 0;
-}
-
-static void tunnel_done(void *arg)
-{
-	conn_close(arg);
-}
-
-static void start_relay(struct pconn *c)
-{
-	c->st = ST_RELAY;
-	bufferevent_set_timeouts(c->cli, NULL, NULL);
-	bufferevent_set_timeouts(c->up, NULL, NULL);
-	bufferevent_setwatermark(c->cli, EV_READ, 0, 0);
-	if (!strcmp(c->proto, "connect"))
-		evbuffer_add_printf(bufferevent_get_output(c->cli),
-				    "HTTP/1.1 200 Connection established\r\n\r\n");
-	else if (!strcmp(c->proto, "socks5"))
-		socks_answer(c, 0, 0);
-	else {
-		c->bytes_up += evbuffer_get_length(c->head);
-		evbuffer_add_buffer(bufferevent_get_output(c->up), c->head);
-	}
-	if (c->bound && intercept_client(c) < 0)
-		return;
-	/* else the bufferevents relay: when no tunnel could be had, or to rewrite */
-	if (!c->bound &&
-	    cb_net_tunnel_new(&c->cli, &c->up, &c->p->pipes, tunnel_done, c, &c->tun) == 0)
-		return;
-	bufferevent_setcb(c->cli, relay_read, NULL, relay_event, c);
-	bufferevent_setcb(c->up, relay_read, NULL, relay_event, c);
-	for (int i = 0; i < 2; i++) {
-		bufferevent_set_max_single_read(i ? c->up : c->cli, RELAY_CHUNK);
-		bufferevent_set_max_single_write(i ? c->up : c->cli, RELAY_CHUNK);
-	}
-	bufferevent_enable(c->cli, EV_READ);
-	bufferevent_enable(c->up, EV_READ);
-	if (evbuffer_get_length(bufferevent_get_input(c->cli)))
-		relay_read(c->cli, c);
-}
-
-static void up_connected(struct bufferevent *bev, short what, void *arg);
-
-/* The destination's side of an intercepted connection: TLS, its certificate verified, before
- * the sandbox is answered, so that a failure is a clear 502 rather than a broken handshake. */
-static void intercept_upstream(struct pconn *c)
-{
-	struct timeval tv = {CONNECT_TIMEOUT, 0};
-	SSL *ssl = cb_net_icpt_upstream(c->p->icpt, c->name);
-	struct bufferevent *tls =
-	    ssl ? bufferevent_openssl_filter_new(c->p->base, c->up, ssl, BUFFEREVENT_SSL_CONNECTING,
-						 BEV_OPT_CLOSE_ON_FREE)
-		: NULL;
-
-	bufferevent_set_timeouts(c->up, NULL, NULL); /* the TLS layer's own from now */
-	if (!tls) {
-		SSL_free(ssl);
-		fail(c, 1, 502, 0x01, "%s", "upstream TLS: out of memory");
-		return;
-	}
-	bufferevent_openssl_set_allow_dirty_shutdown(tls, 1);
-	c->up = tls;
-	c->up_tls = 1;
-	bufferevent_setcb(tls, NULL, NULL, up_connected, c);
-	bufferevent_set_timeouts(tls, &tv, &tv);
-	bufferevent_enable(tls, EV_READ | EV_WRITE);
-}
-
-static void up_connected(struct bufferevent *bev, short what, void *arg)
-{
-	struct pconn *c = arg;
-
-	(void)bev;
-	if ((what & BEV_EVENT_CONNECTED) && c->bound && !c->up_tls) {
-		intercept_upstream(c);
-		return;
-	}
-	if (what & BEV_EVENT_CONNECTED) {
-		start_relay(c);
-		return;
-	}
-	if (c->up_tls) {
-		char why[200];
-
-		if (what & BEV_EVENT_TIMEOUT)
-			snprintf(why, sizeof why, "handshake timed out");
-		else
-			cb_net_icpt_tls_error(bufferevent_openssl_get_ssl(c->up),
-					      bufferevent_get_openssl_error(c->up), why,
-					      sizeof why);
-		fail(c, 1, 502, 0x05, "upstream TLS: %s", why);
-		return;
-	}
-	fail(c, 1, 502, 0x05, "%s",
-	     what & BEV_EVENT_TIMEOUT ? "connect: timed out"
-				      : evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
-}
-
 /* The first of the addresses the policy allows is connected to; the check is on it. */
 static void connect_addrs(struct pconn *c, struct sockaddr **sas, size_t n)
 {
-	struct timeval tv = {CONNECT_TIMEOUT, 0};
+	struct timeval tv = {CB_NET_CONNECT_TIMEOUT, 0};
 	struct cb_net_verdict first = {0};
 	struct sockaddr *use = NULL;
 
@@ -465,10 +217,10 @@ static void connect_addrs(struct pconn *c, struct sockaddr **sas, size_t n)
 	c->st = ST_CONNECT;
 	c->up = bufferevent_socket_new(c->p->base, -1, BEV_OPT_CLOSE_ON_FREE);
 	if (!c->up) {
-		fail(c, 0, 502, 0x01, "%s", "out of memory");
+		cb_net_conn_fail(c, 0, 502, 0x01, "%s", "out of memory");
 		return;
 	}
-	bufferevent_setcb(c->up, NULL, NULL, up_connected, c);
+	bufferevent_setcb(c->up, NULL, NULL, cb_net_conn_connected, c);
 	bufferevent_set_timeouts(c->up, &tv, &tv);
 	if (bufferevent_socket_connect(c->up, use,
 				       use->sa_family == AF_INET
@@ -476,7 +228,7 @@ static void connect_addrs(struct pconn *c, struct sockaddr **sas, size_t n)
 					   : sizeof(struct sockaddr_in6)) < 0) {
 		bufferevent_free(c->up);
 		c->up = NULL;
-		fail(c, 1, 502, 0x05, "connect: %s", strerror(errno));
+		cb_net_conn_fail(c, 1, 502, 0x05, "connect: %s", strerror(errno));
 		return;
 	}
 	no_delay(bufferevent_getfd(c->up));
@@ -497,7 +249,8 @@ static void dns_done(int result, struct evutil_addrinfo *res, void *arg)
 		return;
 	}
 	if (result) {
-		fail(c, 1, 502, 0x04, "cannot resolve: %s", evutil_gai_strerror(result));
+		cb_net_conn_fail(c, 1, 502, 0x04, "cannot resolve: %s",
+				 evutil_gai_strerror(result));
 		return;
 	}
 	for (struct evutil_addrinfo *ai = res; ai && n < 16; ai = ai->ai_next)
@@ -506,7 +259,7 @@ static void dns_done(int result, struct evutil_addrinfo *res, void *arg)
 	if (n)
 		connect_addrs(c, sas, n);
 	else
-		fail(c, 1, 502, 0x04, "%s", "cannot resolve: no address");
+		cb_net_conn_fail(c, 1, 502, 0x04, "%s", "cannot resolve: no address");
 	evutil_freeaddrinfo(res);
 }
 
@@ -570,7 +323,7 @@ static void socks_request(struct pconn *c, struct evbuffer *in)
 		c->port = r.port;
 	}
 	if (r.error)
-		fail(c, 0, 400, r.rep, "%s", r.error);
+		cb_net_conn_fail(c, 0, 400, r.rep, "%s", r.error);
 	else
 		resolve(c);
 }
@@ -610,16 +363,16 @@ static void http_head(struct pconn *c, struct evbuffer *in)
 
 	if (end.pos < 0) {
 		if (evbuffer_get_length(in) > HEAD_MAX)
-			fail(c, 0, 400, 0, "%s", "request head too long");
+			cb_net_conn_fail(c, 0, 400, 0, "%s", "request head too long");
 		return;
 	}
 	if ((size_t)end.pos + 4 > HEAD_MAX) {
-		fail(c, 0, 400, 0, "%s", "request head too long");
+		cb_net_conn_fail(c, 0, 400, 0, "%s", "request head too long");
 		return;
 	}
 	head = malloc((size_t)end.pos + 5);
 	if (!head) {
-		fail(c, 0, 502, 0, "%s", "out of memory");
+		cb_net_conn_fail(c, 0, 502, 0, "%s", "out of memory");
 		return;
 	}
 	evbuffer_remove(in, head, (size_t)end.pos + 4);
@@ -635,7 +388,7 @@ static void http_head(struct pconn *c, struct evbuffer *in)
 			evbuffer_add(c->head, r.rewritten, strlen(r.rewritten));
 	}
 	if (rc < 0)
-		fail(c, 0, 400, 0, "%s", r.error);
+		cb_net_conn_fail(c, 0, 400, 0, "%s", r.error);
 	else
 		resolve(c);
 	cb_net_http_req_free(&r);
@@ -687,7 +440,7 @@ static void on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct soc
 		p->conns->prev = c;
 	p->conns = c;
 	__atomic_add_fetch(&p->open, 1, __ATOMIC_RELAXED);
-	bufferevent_setcb(c->cli, read_head, NULL, close_event, c);
+	bufferevent_setcb(c->cli, read_head, NULL, cb_net_conn_close_event, c);
 	bufferevent_set_timeouts(c->cli, &tv, NULL);
 	bufferevent_enable(c->cli, EV_READ);
 }
@@ -716,7 +469,7 @@ static void on_stop(evutil_socket_t fd, short what, void *arg)
 			;
 		if (!c)
 			break;
-		conn_close(c);
+		cb_net_conn_close(c);
 	}
 	event_base_loopexit(p->base, NULL);
 }

@@ -79,7 +79,8 @@ class H(http.server.BaseHTTPRequestHandler):
         if self.path.startswith("/git/"):
             return self.git(body)
         self.reply(200, json.dumps({"path": self.path, "headers": dict(self.headers),
-                                    "body": body.decode(errors="replace")}).encode())
+                                    "body": body.decode(errors="replace"),
+                                    "resumed": getattr(self.request, "session_reused", None)}).encode())
     def do_POST(self):
         self.do_GET(self.body())
     def log_message(self, *a):
@@ -344,6 +345,27 @@ class NetworkSecretsTest(cbtest.CowboxTestCase):
                           ("bad.example.test", "X-Api-Key", "/")])
         self.assertIn("secret:      Authorization on https://api.example.test/v1/*",
                       self.cowbox("info", ref).stdout)
+
+    def test_upstream_session_resumed(self):
+        """The proxy's second connection to a bound host resumes the TLS session of its first
+        (no certificate chain to verify again), per host and port; every one still gets the
+        header, and a client's own keep-alive connection stays one upstream connection."""
+        ref, c = self.workspace()
+        first, _ = self.seen(c, "https://api.example.test/v1/a")
+        second, _ = self.seen(c, "https://api.example.test/v1/b")
+        self.assertFalse(first["resumed"])
+        self.assertTrue(second["resumed"])
+        for s in (first, second):
+            self.assertEqual(s["headers"]["Authorization"], "Bearer " + self.secret)
+        # two requests on one client connection: one upstream connection (one log row)
+        before = len(self.ok(c, "net_log")["rows"])
+        code, out, err = self.run_in(c, "curl -sS -m 20 https://api.example.test/v1/c "
+                                     "https://api.example.test/v1/d")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(out.count('"Bearer %s"' % self.secret), 2, out)
+        rows = self.ok(c, "net_log")["rows"][before:]
+        self.assertEqual(len(rows), 1, rows)
+        self.assertTrue(rows[0]["secret"])
 
     def test_secret_nowhere_inside(self):
         ref, c = self.workspace()

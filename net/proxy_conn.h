@@ -1,0 +1,78 @@
+/* Private to net/: one connection of the egress proxy and the proxy itself, shared by its front
+ * (net/proxy.c: heads, resolution, policy, connect) and its relays (net/relay.c). */
+#ifndef COWBOX_NET_PROXY_CONN_H
+#define COWBOX_NET_PROXY_CONN_H
+
+#include <event2/bufferevent.h>
+#include <event2/dns.h>
+#include <event2/listener.h>
+#include <pthread.h>
+#include <stddef.h>
+
+#include "cowbox/net.h"
+#include "net/intercept.h"
+#include "net/proxy_util.h"
+#include "net/tunnel.h"
+
+#define CB_NET_CONNECT_TIMEOUT 10 /* seconds for the destination to answer (and its TLS) */
+
+enum pconn_state { ST_HEAD, ST_SOCKS_REQ, ST_RESOLVE, ST_CONNECT, ST_RELAY, ST_CLOSING };
+
+struct pconn {
+	struct cb_net_proxy *p;
+	struct pconn *prev, *next;
+	struct bufferevent *cli, *up;
+	enum pconn_state st;
+	const char *proto;
+	char name[256];
+	char address[64];
+	int port;
+	struct evbuffer *head; /* plain HTTP: the request head rewritten for the destination */
+	struct evdns_getaddrinfo_request *dns;
+	int dns_pending, closing;
+	struct cb_net_verdict v;
+	double t0_wall, t0;
+	unsigned long long bytes_up, bytes_down;
+	struct cb_net_icpt_host *bound; /* header secrets: intercepted */
+	int up_tls, cli_tls;		/* their TLS layers are on */
+	int cli_tls_ok;			/* the sandbox's handshake succeeded */
+	struct cb_net_rewriter rw;
+	struct cb_net_tunnel *tun; /* a plain tunnel relays in the kernel (net/tunnel.c) */
+};
+
+struct cb_net_proxy {
+	struct event_base *base;
+	struct evdns_base *dns;
+	struct evconnlistener *lis;
+	struct event *stop_ev;
+	pthread_t thread;
+	struct cb_net_policy *policy;
+	struct cb_net_hosts hosts;
+	void (*record)(void *arg, const struct cb_net_record *r);
+	void *record_arg;
+	struct pconn *conns;
+	size_t open;
+	struct cb_net_icpt *icpt; /* NULL: no header secrets */
+	struct cb_net_pipes pipes;
+};
+
+/* Close c now, or once a pending lookup has called back. */
+void cb_net_conn_close(struct pconn *c);
+/* An HTTP answer with a one-line body to the sandbox, then the close. */
+void cb_net_conn_http_answer(struct pconn *c, int code, const char *reason, const char *line);
+/* A SOCKS5 reply (rep), then the close if then_close. */
+void cb_net_conn_socks_answer(struct pconn *c, unsigned char rep, int then_close);
+/* A failure in the client's protocol (code for HTTP, rep for SOCKS5), the rule fmt with a;
+ * allowed: the policy let it through and something else failed. */
+void cb_net_conn_fail(struct pconn *c, int allowed, int code, unsigned char rep, const char *fmt,
+		      const char *a);
+/* bufferevent callbacks that close c once bev's output is written, or at its event. */
+void cb_net_conn_close_when_flushed(struct bufferevent *bev, void *arg);
+void cb_net_conn_close_event(struct bufferevent *bev, short what, void *arg);
+
+/* net/relay.c: the destination's socket (bev) connected or failed: TLS to it for a bound host,
+ * then the answer to the sandbox and the relay (a spliced tunnel, or bufferevents that
+ * rewrite for a bound host); a failure answered in the client's protocol. */
+void cb_net_conn_connected(struct bufferevent *bev, short what, void *arg);
+
+#endif

@@ -106,35 +106,52 @@ static int base_hash_misses(struct base_walk *w)
 	return 0;
 }
 
+/* The base map's entry of a walked item into e: a file's borrows path (*owned 0); a
+ * directory's or a symlink's is read now by ws_base_now (the target; *owned 1), absent if
+ * it went away meanwhile. */
+static int base_entry_of(struct cb_turns *t, const char *path, const struct stat *st,
+			 const struct cb_hash *h, struct cb_entry *e, char *owned)
+{
+	memset(e, 0, sizeof(*e));
+	*owned = !S_ISREG(st->st_mode);
+	if (*owned)
+		return ws_base_now(t, path, e);
+	e->path = (char *)path;
+	e->type = CB_ENTRY_FILE;
+	e->mode = st->st_mode & 07777;
+	e->size = st->st_size;
+	memcpy(e->sha256, h->sha256, CB_SHA256_LEN);
+	memcpy(e->xxh3, h->xxh3, CB_XXH128_LEN);
+	return 0;
+}
+
 int ws_base_map_row(struct cb_turns *t, const char *path, const struct stat *st,
 		    const struct cb_hash *h)
 {
-	struct cb_entry e = {0};
-	int ret;
+	struct cb_entry e;
+	char owned;
+	int ret = base_entry_of(t, path, st, h, &e, &owned);
 
-	if (S_ISREG(st->st_mode)) {
-		e.path = (char *)path;
-		e.type = CB_ENTRY_FILE;
-		e.mode = st->st_mode & 07777;
-		e.size = st->st_size;
-		memcpy(e.sha256, h->sha256, CB_SHA256_LEN);
-		memcpy(e.xxh3, h->xxh3, CB_XXH128_LEN);
-		return cb_db_turns_base_map_put(t->db, &e);
-	}
-	/* dirs and symlinks: ws_base_now reads the target */
-	ret = ws_base_now(t, path, &e);
 	if (!ret && e.type != CB_ENTRY_ABSENT)
 		ret = cb_db_turns_base_map_put(t->db, &e);
-	cb_entry_clear(&e);
+	if (owned)
+		cb_entry_clear(&e);
 	return ret;
 }
 
+#define FILL_BATCH 1024
+
 /* Put every base entry, frozen, in the base map (and new hashes in the cache), in path
- * order: each insert lands beside the last instead of at a random page of the b-tree. The
- * map is then copied from it in one statement. Called in a transaction. */
+ * order: each insert lands beside the last instead of at a random page of the b-tree, and
+ * many rows go to one statement. The map is then copied from it in one statement. Called in
+ * a transaction. */
 static int base_fill(struct cb_turns *t, struct base_walk *w)
 {
-	int ret = cb_db_turns_base_map_clear(t->db);
+	struct cb_entry *e = calloc(FILL_BATCH, sizeof(*e));
+	char owned[FILL_BATCH];
+	size_t k = 0;
+	int ret =
+	    e ? cb_db_turns_base_map_clear(t->db) : cb_error_set(ENOMEM, "base map: out of memory");
 
 	for (size_t i = 0; i < w->n && !ret; i++) {
 		struct ws_base_file *it = &w->it[i];
@@ -144,8 +161,25 @@ static int base_fill(struct cb_turns *t, struct base_walk *w)
 		if (S_ISREG(it->st.st_mode) && !it->cached)
 			ret = ws_base_cache_put(t, it->path, &it->st, &it->h, 1);
 		if (!ret)
-			ret = ws_base_map_row(t, it->path, &it->st, &it->h);
+			ret = base_entry_of(t, it->path, &it->st, &it->h, &e[k], &owned[k]);
+		if (ret || e[k].type == CB_ENTRY_ABSENT) {
+			if (owned[k])
+				cb_entry_clear(&e[k]);
+			continue;
+		}
+		if (++k == FILL_BATCH) {
+			ret = cb_db_turns_base_map_put_many(t->db, e, k);
+			for (; k > 0; k--)
+				if (owned[k - 1])
+					cb_entry_clear(&e[k - 1]);
+		}
 	}
+	if (!ret && k)
+		ret = cb_db_turns_base_map_put_many(t->db, e, k);
+	for (; k > 0; k--)
+		if (owned[k - 1])
+			cb_entry_clear(&e[k - 1]);
+	free(e);
 	return ret;
 }
 

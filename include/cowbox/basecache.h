@@ -74,6 +74,12 @@ int cb_db_turns_base_map_clear(struct cb_db_turns *t);
 int cb_db_turns_base_prepared(struct cb_db_turns *t);
 int cb_db_turns_base_prepared_set(struct cb_db_turns *t, int on);
 
+/* ---- db/turns_bulk.c: the first map's rows in bulk ---- */
+
+/* The same as a cb_db_turns_base_map_put of each of e[0..n), many rows to a statement; in the
+ * caller's transaction. */
+int cb_db_turns_base_map_put_many(struct cb_db_turns *t, const struct cb_entry *e, size_t n);
+
 /* ---- ws/basecache.c: the workspace side ---- */
 
 struct cb_turns;

@@ -194,53 +194,46 @@ struct find_merge {
 	long long found;
 };
 
-/* Advance to path in the sorted files: the file if it is there and still to be found. */
-static struct ws_base_file *find_at(struct find_merge *m, const char *path)
+/* The file at path in the sorted files, if it is there, still to be found, and its stat is
+ * the row's key (a row says what the file was when hashed, not what it is): it takes the
+ * row's hashes. own: a row of meta.db's cache, whose rows are of this base (no device). */
+static void find_take(struct find_merge *m, const char *path, const struct cb_basecache_key *key,
+		      int own, const unsigned char *sha256, const unsigned char *xxh3)
 {
+	struct cb_basecache_key k;
+	struct ws_base_file *f;
 	int c = 1;
 
 	while (m->at < m->n && (c = strcmp(m->f[m->at].path, path)) < 0)
 		m->at++;
 	if (m->at >= m->n || c || m->f[m->at].cached || !S_ISREG(m->f[m->at].st.st_mode))
-		return NULL;
-	return &m->f[m->at];
+		return;
+	f = &m->f[m->at];
+	cb_basecache_key_of(&f->st, &k);
+	if (own)
+		k.dev = key->dev;
+	if (memcmp(&k, key, sizeof(k)))
+		return;
+	f->cached = own ? 1 : 2;
+	memcpy(f->h.sha256, sha256, CB_SHA256_LEN);
+	memcpy(f->h.xxh3, xxh3, CB_XXH128_LEN);
+	m->found++;
 }
 
 static int find_own_row(const struct cb_db_cache_row *row, void *arg)
 {
-	struct find_merge *m = arg;
-	struct ws_base_file *f = find_at(m, row->path);
-	struct cb_basecache_key k;
+	struct cb_basecache_key key = {.ino = row->ino,
+				       .size = row->size,
+				       .mtime_ns = row->mtime_ns,
+				       .ctime_ns = row->ctime_ns};
 
-	if (!f)
-		return 0;
-	cb_basecache_key_of(&f->st, &k);
-	/* meta.db's rows are of this base (no device: the workspace's base does not move) */
-	if (row->size == k.size && row->mtime_ns == k.mtime_ns && row->ctime_ns == k.ctime_ns &&
-	    row->ino == k.ino) {
-		f->cached = 1;
-		memcpy(f->h.sha256, row->sha256, CB_SHA256_LEN);
-		memcpy(f->h.xxh3, row->xxh3, CB_XXH128_LEN);
-		m->found++;
-	}
+	find_take(arg, row->path, &key, 1, row->sha256, row->xxh3);
 	return 0;
 }
 
 static int find_shared_row(const struct cb_db_basecache_row *row, void *arg)
 {
-	struct find_merge *m = arg;
-	struct ws_base_file *f = find_at(m, row->path);
-	struct cb_basecache_key k;
-
-	if (!f)
-		return 0;
-	cb_basecache_key_of(&f->st, &k);
-	if (!memcmp(&k, &row->key, sizeof(k))) {
-		f->cached = 2;
-		memcpy(f->h.sha256, row->sha256, CB_SHA256_LEN);
-		memcpy(f->h.xxh3, row->xxh3, CB_XXH128_LEN);
-		m->found++;
-	}
+	find_take(arg, row->path, &row->key, 0, row->sha256, row->xxh3);
 	return 0;
 }
 

@@ -217,6 +217,11 @@ class BaseCacheTest(CowboxTestCase):
                  what="the later base change in c's map")
         self.assertRegex(self.daemon_log(c), r"base check \(snapshot\): \d+ entries, 1 files "
                          r"rehashed")
+        # a fork compares the whole base with turn 0's through both caches too
+        turn = self.cowbox_json("snapshot", c)["turn"]
+        fork = self.cowbox_json("fork", c, str(turn), "--name", "c2")["ref"]
+        self.mount(fork)
+        self.assertEqual(self.snapshot_map(fork), real)
 
     def test_wide_base_walked_on_threads_under_a_low_fd_limit(self):
         # 1,600 directories, more than the 1,024 descriptors the daemon and its turn worker

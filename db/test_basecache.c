@@ -51,6 +51,16 @@ static struct cb_db_basecache *open_with_row(void)
 	return c;
 }
 
+/* Change the cache's file behind its back, as a damaged disk or another program would. */
+static void raw_exec(const char *sql)
+{
+	sqlite3 *db;
+
+	cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
+	cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sql);
+	sqlite3_close(db);
+}
+
 Test(basecache, hit_only_for_the_exact_key)
 {
 	struct cb_db_basecache *c = open_with_row(), *c2;
@@ -78,14 +88,9 @@ Test(basecache, a_row_changed_on_disk_is_a_miss)
 {
 	struct cb_db_basecache *c = open_with_row();
 	unsigned char s[CB_SHA256_LEN], x[CB_XXH128_LEN];
-	sqlite3 *db;
 
 	cb_db_basecache_close(c);
-	cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
-	cr_assert_eq(
-	    sqlite3_exec(db, "UPDATE base_hash SET sha256 = zeroblob(32)", NULL, NULL, NULL),
-	    SQLITE_OK);
-	sqlite3_close(db);
+	raw_exec("UPDATE base_hash SET sha256 = zeroblob(32)");
 	cr_assert_eq(cb_db_basecache_open(path, &c), 0);
 	cr_assert_eq(cb_db_basecache_get(c, "a/b", &key, s, x), 0);
 	cb_db_basecache_close(c);
@@ -140,7 +145,6 @@ Test(basecache, the_list_is_in_strcmp_order_without_damaged_rows)
 	struct cb_db_basecache *c = open_with_row();
 	struct listed l = {0};
 	struct cb_basecache_key k2 = key;
-	sqlite3 *db;
 
 	k2.ino = 99;
 	cr_assert_eq(cb_db_basecache_begin(c), 0);
@@ -151,11 +155,7 @@ Test(basecache, the_list_is_in_strcmp_order_without_damaged_rows)
 	cr_assert_eq(cb_db_basecache_commit(c), 0);
 	cb_db_basecache_close(c);
 	/* a row whose bytes changed on disk is left out, as a lookup misses it */
-	cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
-	cr_assert_eq(
-	    sqlite3_exec(db, "UPDATE base_hash SET size = 7 WHERE path = 'b'", NULL, NULL, NULL),
-	    SQLITE_OK);
-	sqlite3_close(db);
+	raw_exec("UPDATE base_hash SET size = 7 WHERE path = 'b'");
 	cr_assert_eq(cb_db_basecache_open(path, &c), 0);
 	cr_assert_eq(cb_db_basecache_list(c, list_row, &l), 0, "%s", cb_error_message());
 	cr_assert_eq(l.n, 3);

@@ -427,6 +427,9 @@ int cb_daemon_base_watch(struct cb_daemon *d, const char *when)
 	snprintf(blobs, sizeof(blobs), "%s/blobs", d->dir);
 	clock_gettime(CLOCK_MONOTONIC, &a);
 	ret = cb_turns_open(&cfg, &t);
+	/* the first map copies no shared row into meta.db's cache: the check looks there too */
+	if (!ret)
+		cb_daemon_basecache_attach(d->dir, t, d->base);
 	if (!ret)
 		ret = cb_ws_base_check(t, daemon_base_changed, &seen, &st);
 	cb_turns_close(t);

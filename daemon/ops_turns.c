@@ -568,6 +568,10 @@ static int op_fork(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 		return cb_error_set(EINVAL, "fork: \"turn\" must be a turn number");
 	pthread_mutex_lock(&d->turn_lock);
 	ret = turns_open(d, &t);
+	/* The fork compares the whole base with turn 0's: by the keys of both caches (the
+	 * first map leaves the shared cache's rows there), not by rehashing what only it holds. */
+	if (!ret)
+		cb_daemon_basecache_attach(d->dir, t, d->base);
 	if (!ret)
 		ret = cb_ws_turn_check(t, json_integer_value(jt));
 	/* Built where nothing sees it, published (renamed to its ref, then named) last: a fork

@@ -26,12 +26,15 @@ static const char bc_schema_sql[] =
     "PRAGMA application_id = 1667392099;" /* BC_APP_ID */
     "PRAGMA user_version = 1;";
 
-enum { BQ_GET, BQ_PUT, BQ_COUNT };
+enum { BQ_GET, BQ_PUT, BQ_LIST, BQ_COUNT };
 
 static const char *const bc_sql[BQ_COUNT] = {
     [BQ_GET] = "SELECT dev, ino, size, mtime_ns, ctime_ns, sha256, xxh3, row_sum FROM "
 	       "base_hash WHERE path=?1",
     [BQ_PUT] = "INSERT OR REPLACE INTO base_hash VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
+    /* the primary key's order, which is strcmp's: no sort */
+    [BQ_LIST] = "SELECT path, dev, ino, size, mtime_ns, ctime_ns, sha256, xxh3, row_sum FROM "
+		"base_hash ORDER BY path",
 };
 
 struct cb_db_basecache {
@@ -135,8 +138,10 @@ int cb_db_basecache_open(const char *path, struct cb_db_basecache **out)
 		ret = cb_error_set(errno, "shared base cache %s: %s", path, strerror(errno));
 		goto out;
 	}
-	if (sqlite3_open_v2(path, &c->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
-	    SQLITE_OK) {
+	/* No per-call mutex: a handle is used by one thread at a time (its workspace's). */
+	if (sqlite3_open_v2(path, &c->db,
+			    SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+			    NULL) != SQLITE_OK) {
 		ret = c->db ? bc_fail(c, "open")
 			    : cb_error_set(ENOMEM, "shared base cache %s: out of memory", path);
 		goto out;
@@ -209,6 +214,38 @@ int cb_db_basecache_get(struct cb_db_basecache *c, const char *path,
 	} else if (rc != SQLITE_DONE) {
 		ret = bc_fail(c, "lookup");
 	}
+	sqlite3_reset(s);
+	return ret;
+}
+
+int cb_db_basecache_list(struct cb_db_basecache *c,
+			 int (*fn)(const struct cb_db_basecache_row *row, void *arg), void *arg)
+{
+	sqlite3_stmt *s = c->q[BQ_LIST];
+	struct cb_db_basecache_row r;
+	int ret = 0, rc;
+
+	/* One statement: its own read, ended by the reset (no lock held after). */
+	sqlite3_reset(s);
+	while (!ret && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+		r.path = (const char *)sqlite3_column_text(s, 0);
+		r.key.dev = sqlite3_column_int64(s, 1);
+		r.key.ino = sqlite3_column_int64(s, 2);
+		r.key.size = sqlite3_column_int64(s, 3);
+		r.key.mtime_ns = sqlite3_column_int64(s, 4);
+		r.key.ctime_ns = sqlite3_column_int64(s, 5);
+		/* A damaged row is left out, as a lookup would miss it. */
+		if (!r.path || sqlite3_column_bytes(s, 6) != CB_SHA256_LEN ||
+		    sqlite3_column_bytes(s, 7) != CB_XXH128_LEN ||
+		    sqlite3_column_type(s, 8) != SQLITE_INTEGER)
+			continue;
+		memcpy(r.sha256, sqlite3_column_blob(s, 6), CB_SHA256_LEN);
+		memcpy(r.xxh3, sqlite3_column_blob(s, 7), CB_XXH128_LEN);
+		if (sqlite3_column_int64(s, 8) == bc_row_sum(r.path, &r.key, r.sha256, r.xxh3))
+			ret = fn(&r, arg);
+	}
+	if (!ret && rc != SQLITE_DONE)
+		ret = bc_fail(c, "list");
 	sqlite3_reset(s);
 	return ret;
 }

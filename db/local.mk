@@ -19,7 +19,7 @@ db_test_marklog_LDADD = db/libcb_db.la util/libcb_util.la $(SQLITE3_LIBS) $(CRIT
 # turns: the turn store (turns, deltas, the map, the base hash cache)
 db_libcb_db_la_SOURCES += db/turns.c db/turns_walk.c db/turn_entry.c db/turn_scratch.c
 # the base hash cache shared by the workspaces over one base directory
-db_libcb_db_la_SOURCES += db/basecache.c db/turns_read.c
+db_libcb_db_la_SOURCES += db/basecache.c db/turns_read.c db/turns_bulk.c
 # the in-place mark
 db_libcb_db_la_SOURCES += db/turn_inplace.c
 # the network log of the egress proxy

@@ -1,5 +1,6 @@
 /* Unit tests of db/basecache.c: a row is a hit only for its exact key, a row changed on disk
- * is a miss, a file that is not a cache of this version is refused, two handles share rows. */
+ * is a miss, a file that is not a cache of this version is refused, two handles share rows,
+ * the whole list comes in strcmp order without damaged rows. */
 #include "config.h"
 
 #include <criterion/criterion.h>
@@ -50,6 +51,16 @@ static struct cb_db_basecache *open_with_row(void)
 	return c;
 }
 
+/* Change the cache's file behind its back, as a damaged disk or another program would. */
+static void raw_exec(const char *sql)
+{
+	sqlite3 *db;
+
+	cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
+	cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sql);
+	sqlite3_close(db);
+}
+
 Test(basecache, hit_only_for_the_exact_key)
 {
 	struct cb_db_basecache *c = open_with_row(), *c2;
@@ -77,14 +88,9 @@ Test(basecache, a_row_changed_on_disk_is_a_miss)
 {
 	struct cb_db_basecache *c = open_with_row();
 	unsigned char s[CB_SHA256_LEN], x[CB_XXH128_LEN];
-	sqlite3 *db;
 
 	cb_db_basecache_close(c);
-	cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
-	cr_assert_eq(
-	    sqlite3_exec(db, "UPDATE base_hash SET sha256 = zeroblob(32)", NULL, NULL, NULL),
-	    SQLITE_OK);
-	sqlite3_close(db);
+	raw_exec("UPDATE base_hash SET sha256 = zeroblob(32)");
 	cr_assert_eq(cb_db_basecache_open(path, &c), 0);
 	cr_assert_eq(cb_db_basecache_get(c, "a/b", &key, s, x), 0);
 	cb_db_basecache_close(c);
@@ -114,4 +120,49 @@ Test(basecache, a_foreign_file_is_refused_and_left_alone)
 	fclose(f);
 	cr_assert_lt(cb_db_basecache_open(path, &c), 0);
 	cr_assert_null(c);
+}
+
+struct listed {
+	char paths[8][16];
+	struct cb_basecache_key keys[8];
+	int n;
+};
+
+static int list_row(const struct cb_db_basecache_row *row, void *arg)
+{
+	struct listed *l = arg;
+
+	cr_assert_lt(l->n, 8);
+	snprintf(l->paths[l->n], sizeof(l->paths[l->n]), "%s", row->path);
+	l->keys[l->n++] = row->key;
+	cr_assert_eq(memcmp(row->sha256, sha, sizeof(sha)), 0);
+	cr_assert_eq(memcmp(row->xxh3, xxh, sizeof(xxh)), 0);
+	return 0;
+}
+
+Test(basecache, the_list_is_in_strcmp_order_without_damaged_rows)
+{
+	struct cb_db_basecache *c = open_with_row();
+	struct listed l = {0};
+	struct cb_basecache_key k2 = key;
+
+	k2.ino = 99;
+	cr_assert_eq(cb_db_basecache_begin(c), 0);
+	/* '-' (0x2d) sorts before '/' (0x2f): "a-z" comes before "a/b", as strcmp says */
+	cr_assert_eq(cb_db_basecache_put(c, "a-z", &k2, sha, xxh), 0);
+	cr_assert_eq(cb_db_basecache_put(c, "a/a", &key, sha, xxh), 0);
+	cr_assert_eq(cb_db_basecache_put(c, "b", &key, sha, xxh), 0);
+	cr_assert_eq(cb_db_basecache_commit(c), 0);
+	cb_db_basecache_close(c);
+	/* a row whose bytes changed on disk is left out, as a lookup misses it */
+	raw_exec("UPDATE base_hash SET size = 7 WHERE path = 'b'");
+	cr_assert_eq(cb_db_basecache_open(path, &c), 0);
+	cr_assert_eq(cb_db_basecache_list(c, list_row, &l), 0, "%s", cb_error_message());
+	cr_assert_eq(l.n, 3);
+	cr_assert_str_eq(l.paths[0], "a-z");
+	cr_assert_eq(l.keys[0].ino, 99);
+	cr_assert_str_eq(l.paths[1], "a/a");
+	cr_assert_str_eq(l.paths[2], "a/b");
+	cr_assert_eq(memcmp(&l.keys[2], &key, sizeof(key)), 0);
+	cb_db_basecache_close(c);
 }

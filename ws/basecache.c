@@ -188,6 +188,78 @@ int ws_base_cache_put(struct cb_turns *t, const char *path, const struct stat *s
 	return 0;
 }
 
+struct find_merge {
+	struct ws_base_file *f;
+	size_t n, at;
+	long long found;
+};
+
+/* The file at path in the sorted files, if it is there, still to be found, and its stat is
+ * the row's key (a row says what the file was when hashed, not what it is): it takes the
+ * row's hashes. own: a row of meta.db's cache, whose rows are of this base (no device). */
+static void find_take(struct find_merge *m, const char *path, const struct cb_basecache_key *key,
+		      int own, const unsigned char *sha256, const unsigned char *xxh3)
+{
+	struct cb_basecache_key k;
+	struct ws_base_file *f;
+	int c = 1;
+
+	while (m->at < m->n && (c = strcmp(m->f[m->at].path, path)) < 0)
+		m->at++;
+	if (m->at >= m->n || c || m->f[m->at].cached || !S_ISREG(m->f[m->at].st.st_mode))
+		return;
+	f = &m->f[m->at];
+	cb_basecache_key_of(&f->st, &k);
+	if (own)
+		k.dev = key->dev;
+	if (memcmp(&k, key, sizeof(k)))
+		return;
+	f->cached = own ? 1 : 2;
+	memcpy(f->h.sha256, sha256, CB_SHA256_LEN);
+	memcpy(f->h.xxh3, xxh3, CB_XXH128_LEN);
+	m->found++;
+}
+
+static int find_own_row(const struct cb_db_cache_row *row, void *arg)
+{
+	struct cb_basecache_key key = {.ino = row->ino,
+				       .size = row->size,
+				       .mtime_ns = row->mtime_ns,
+				       .ctime_ns = row->ctime_ns};
+
+	find_take(arg, row->path, &key, 1, row->sha256, row->xxh3);
+	return 0;
+}
+
+static int find_shared_row(const struct cb_db_basecache_row *row, void *arg)
+{
+	find_take(arg, row->path, &row->key, 0, row->sha256, row->xxh3);
+	return 0;
+}
+
+int ws_base_cache_find(struct cb_turns *t, struct ws_base_file *f, size_t n)
+{
+	struct find_merge m = {.f = f, .n = n};
+	long long own;
+	int ret = cb_db_turns_base_cache_list(t->db, find_own_row, &m);
+
+	if (ret)
+		return ret;
+	own = m.found;
+	if (t->bc)
+		t->bc->stats.from_own += own;
+	if (!t->bc || !t->bc->db || (size_t)own == n)
+		return 0;
+	m.at = 0;
+	ret = cb_db_basecache_list(t->bc->db, find_shared_row, &m);
+	/* What was read holds (intact rows whose key matched); as after a failed lookup, the
+	 * shared cache is dropped and the rest hashed. */
+	if (ret < 0)
+		bc_drop(t->bc, cb_error_message());
+	t->bc->stats.from_shared += m.found - own;
+	return 0;
+}
+
 /* ---- the background pass ---- */
 
 struct pre_file {
@@ -203,8 +275,24 @@ struct pre_walk {
 	struct pre_file *f;
 	size_t n, cap;
 	struct cb_ws_prehash *p;
-	int failed; /* an entry could not be read: the walk is not the whole base */
+	struct cb_turns *t;
+	size_t seen;
+	int failed;  /* an entry could not be read: the walk is not the whole base */
+	int stopped; /* the walk ended early: the daemon stops, or the first map was built */
 };
+
+/* Every few entries: while a turn op runs (the first snapshot walks the base itself, on both
+ * cores) the pass waits instead of competing; it ends if that op built the first map. */
+static int pre_yield(struct pre_walk *w)
+{
+	struct cb_ws_prehash *p = w->p;
+
+	if ((++w->seen & 255) || !p->busy || !p->busy(p->arg))
+		return 0;
+	if ((p->wait && p->wait(p->arg)) || cb_db_turns_base_map_built(w->t->db))
+		w->stopped = 1;
+	return w->stopped;
+}
 
 static int pre_add(struct pre_walk *w, const char *path, const struct stat *st)
 {
@@ -247,8 +335,10 @@ static int pre_walk_dir(struct pre_walk *w, int base_fd, const char *path)
 
 		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
 			continue;
-		if (w->p->stopping && w->p->stopping(w->p->arg))
+		if ((w->p->stopping && w->p->stopping(w->p->arg)) || w->stopped || pre_yield(w)) {
+			w->stopped = 1;
 			break;
+		}
 		if (asprintf(&child, "%s%s%s", path, path[0] ? "/" : "", de->d_name) < 0) {
 			ret = cb_error_set(ENOMEM, "base walk: out of memory");
 			break;
@@ -376,7 +466,7 @@ void cb_ws_base_trust_prepared(struct cb_turns *t)
 
 int cb_ws_base_prehash(struct cb_turns *t, struct cb_ws_prehash *p)
 {
-	struct pre_walk w = {.p = p};
+	struct pre_walk w = {.p = p, .t = t};
 	size_t i, flushed = 0;
 	double last = mono_now();
 	int ret = 0, state = CB_PREHASH_DONE;
@@ -392,6 +482,11 @@ int cb_ws_base_prehash(struct cb_turns *t, struct cb_ws_prehash *p)
 	/* A snapshot may have come and gone during the walk: nothing left to do for it. */
 	if (cb_db_turns_base_map_built(t->db)) {
 		state = CB_PREHASH_TAKEN;
+		goto out;
+	}
+	/* A part of the base is not a walk of it: nothing is hashed or prepared from it. */
+	if (w.stopped) {
+		state = CB_PREHASH_STOPPED;
 		goto out;
 	}
 	__atomic_store_n(&p->state, CB_PREHASH_HASHING, __ATOMIC_RELEASE);

@@ -2,7 +2,6 @@
  * the base cache, the misses hashed on two threads, reporting progress) plus the deltas. */
 #include "config.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -21,17 +20,9 @@
 
 #define BASE_THREADS 2
 
-struct base_item {
-	char *path;
-	struct stat st;
-	int cached; /* 1: in meta.db's cache, 2: in the shared one */
-	struct cb_hash h;
-	int err;
-};
-
 struct base_walk {
-	struct base_item *it;
-	size_t n, cap;
+	struct ws_base_file *it; /* sorted by path (ws_base_walk) */
+	size_t n;
 	/* hashing on threads */
 	int base_fd;
 	size_t next, done, misses;
@@ -41,64 +32,6 @@ struct base_walk {
 	void *progress_arg;
 	double last_draw;
 };
-
-static int base_item_cmp(const void *a, const void *b)
-{
-	return strcmp(((const struct base_item *)a)->path, ((const struct base_item *)b)->path);
-}
-
-/* Takes path (malloc'ed) over, also on failure. */
-static int base_add(struct base_walk *w, char *path, const struct stat *st)
-{
-	int rc = cb_grow(&w->it, &w->cap, w->n, sizeof(*w->it), 1024, "base walk");
-
-	if (rc) {
-		free(path);
-		return rc;
-	}
-	memset(&w->it[w->n], 0, sizeof(w->it[w->n]));
-	w->it[w->n].path = path;
-	w->it[w->n].st = *st;
-	w->n++;
-	return 0;
-}
-
-static int base_walk_dir(struct base_walk *w, int base_fd, const char *path)
-{
-	int fd = cb_beneath_open(base_fd, path[0] ? path : ".", O_RDONLY | O_DIRECTORY, 0);
-	struct dirent *de;
-	DIR *dir;
-	int ret = 0;
-
-	if (fd < 0)
-		return cb_error_wrap(fd, "base");
-	dir = fdopendir(fd);
-	if (!dir) {
-		close(fd);
-		return cb_error_set(errno, "base %s: %s", path, strerror(errno));
-	}
-	while (!ret && (de = readdir(dir))) {
-		struct stat st;
-		char *child;
-
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-			continue;
-		if (asprintf(&child, "%s%s%s", path, path[0] ? "/" : "", de->d_name) < 0)
-			return closedir(dir), cb_error_set(ENOMEM, "base walk: out of memory");
-		/* Beside its directory's fd: the name is looked up in the directory just read. */
-		if (fstatat(dirfd(dir), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-			ret = cb_error_set(errno, "base %s: %s", child, strerror(errno));
-		} else if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode) || S_ISLNK(st.st_mode)) {
-			ret = base_add(w, child, &st);
-			if (!ret && S_ISDIR(st.st_mode))
-				ret = base_walk_dir(w, base_fd, child);
-			continue; /* child is the item's now */
-		}
-		free(child);
-	}
-	closedir(dir);
-	return ret;
-}
 
 static double now_s(void)
 {
@@ -126,7 +59,7 @@ static void *base_hash_thread(void *arg)
 	struct base_walk *w = arg;
 
 	for (;;) {
-		struct base_item *it = NULL;
+		struct ws_base_file *it = NULL;
 
 		pthread_mutex_lock(&w->lock);
 		while (w->next < w->n &&
@@ -173,45 +106,80 @@ static int base_hash_misses(struct base_walk *w)
 	return 0;
 }
 
+/* The base map's entry of a walked item into e: a file's borrows path (*owned 0); a
+ * directory's or a symlink's is read now by ws_base_now (the target; *owned 1), absent if
+ * it went away meanwhile. */
+static int base_entry_of(struct cb_turns *t, const char *path, const struct stat *st,
+			 const struct cb_hash *h, struct cb_entry *e, char *owned)
+{
+	memset(e, 0, sizeof(*e));
+	*owned = !S_ISREG(st->st_mode);
+	if (*owned)
+		return ws_base_now(t, path, e);
+	e->path = (char *)path;
+	e->type = CB_ENTRY_FILE;
+	e->mode = st->st_mode & 07777;
+	e->size = st->st_size;
+	memcpy(e->sha256, h->sha256, CB_SHA256_LEN);
+	memcpy(e->xxh3, h->xxh3, CB_XXH128_LEN);
+	return 0;
+}
+
 int ws_base_map_row(struct cb_turns *t, const char *path, const struct stat *st,
 		    const struct cb_hash *h)
 {
-	struct cb_entry e = {0};
-	int ret;
+	struct cb_entry e;
+	char owned;
+	int ret = base_entry_of(t, path, st, h, &e, &owned);
 
-	if (S_ISREG(st->st_mode)) {
-		e.path = (char *)path;
-		e.type = CB_ENTRY_FILE;
-		e.mode = st->st_mode & 07777;
-		e.size = st->st_size;
-		memcpy(e.sha256, h->sha256, CB_SHA256_LEN);
-		memcpy(e.xxh3, h->xxh3, CB_XXH128_LEN);
-		return cb_db_turns_base_map_put(t->db, &e);
-	}
-	/* dirs and symlinks: ws_base_now reads the target */
-	ret = ws_base_now(t, path, &e);
 	if (!ret && e.type != CB_ENTRY_ABSENT)
 		ret = cb_db_turns_base_map_put(t->db, &e);
-	cb_entry_clear(&e);
+	if (owned)
+		cb_entry_clear(&e);
 	return ret;
 }
 
+#define FILL_BATCH 1024
+
 /* Put every base entry, frozen, in the base map (and new hashes in the cache), in path
- * order: each insert lands beside the last instead of at a random page of the b-tree. The
- * map is then copied from it in one statement. Called in a transaction. */
+ * order: each insert lands beside the last instead of at a random page of the b-tree, and
+ * many rows go to one statement. The map is then copied from it in one statement. Called in
+ * a transaction. */
 static int base_fill(struct cb_turns *t, struct base_walk *w)
 {
-	int ret = cb_db_turns_base_map_clear(t->db);
+	struct cb_entry *e = calloc(FILL_BATCH, sizeof(*e));
+	char owned[FILL_BATCH];
+	size_t k = 0;
+	int ret =
+	    e ? cb_db_turns_base_map_clear(t->db) : cb_error_set(ENOMEM, "base map: out of memory");
 
 	for (size_t i = 0; i < w->n && !ret; i++) {
-		struct base_item *it = &w->it[i];
+		struct ws_base_file *it = &w->it[i];
 
-		/* hashed now, or from the shared cache */
-		if (S_ISREG(it->st.st_mode) && it->cached != 1)
-			ret = ws_base_cache_put(t, it->path, &it->st, &it->h, !it->cached);
+		/* Hashed now. A row of the shared cache is not copied: meta.db's lookups fall
+		 * through to it (ws_base_cache_get, ws_base_cache_find). */
+		if (S_ISREG(it->st.st_mode) && !it->cached)
+			ret = ws_base_cache_put(t, it->path, &it->st, &it->h, 1);
 		if (!ret)
-			ret = ws_base_map_row(t, it->path, &it->st, &it->h);
+			ret = base_entry_of(t, it->path, &it->st, &it->h, &e[k], &owned[k]);
+		if (ret || e[k].type == CB_ENTRY_ABSENT) {
+			if (owned[k])
+				cb_entry_clear(&e[k]);
+			continue;
+		}
+		if (++k == FILL_BATCH) {
+			ret = cb_db_turns_base_map_put_many(t->db, e, k);
+			for (; k > 0; k--)
+				if (owned[k - 1])
+					cb_entry_clear(&e[k - 1]);
+		}
 	}
+	if (!ret && k)
+		ret = cb_db_turns_base_map_put_many(t->db, e, k);
+	for (; k > 0; k--)
+		if (owned[k - 1])
+			cb_entry_clear(&e[k - 1]);
+	free(e);
 	return ret;
 }
 
@@ -252,30 +220,21 @@ int ws_map_ensure(struct cb_turns *t)
 	w.progress = t->progress;
 	w.progress_arg = t->progress_arg;
 	if (w.base_fd >= 0) {
-		ret = base_walk_dir(&w, t->base_fd, "");
+		/* In path order: the caches are read in one pass each, merged with it, and the
+		 * inserts of base_fill walk each b-tree from left to right. */
+		ret = ws_base_walk(t->base_fd, &w.it, &w.n);
 		if (!ret)
-			ret = cb_db_turns_read_begin(t->db);
+			ret = ws_base_cache_find(t, w.it, w.n);
 		if (ret)
 			goto out;
-		/* In path order: the cache look-ups below and the inserts of base_fill then walk
-		 * each b-tree from left to right. */
-		qsort(w.it, w.n, sizeof(*w.it), base_item_cmp);
-		for (size_t i = 0; i < w.n && !ret; i++) {
-			struct base_item *it = &w.it[i];
+		for (size_t i = 0; i < w.n; i++) {
+			struct ws_base_file *it = &w.it[i];
 
-			if (!S_ISREG(it->st.st_mode))
-				continue;
-			ret = ws_base_cache_get(t, it->path, &it->st, &it->h);
-			it->cached = ret > 0 ? ret : 0;
-			if (ret >= 0) {
-				ret = 0;
-				if (!it->cached) {
-					w.misses++;
-					w.bytes_total += it->st.st_size;
-				}
+			if (S_ISREG(it->st.st_mode) && !it->cached) {
+				w.misses++;
+				w.bytes_total += it->st.st_size;
 			}
 		}
-		cb_db_turns_read_end(t->db);
 		if (!ret)
 			ret = base_hash_misses(&w);
 		if (ret)
@@ -316,9 +275,7 @@ out:
 		cb_db_turns_rollback(t->db);
 	cb_entry_clear(&e);
 	ws_pathset_free(&a.paths);
-	for (size_t i = 0; i < w.n; i++)
-		free(w.it[i].path);
-	free(w.it);
+	ws_base_files_free(w.it, w.n);
 	return ret ? cb_error_wrap(ret, "build the turn map") : 0;
 }
 
@@ -344,30 +301,6 @@ struct base_changes {
 	long long *hashed;
 };
 
-/* One pass over the base cache (in path order, like the sorted walk): a file whose stat is
- * still its row's key takes the row's hashes, no read. */
-static int base_cache_merge(const struct cb_db_cache_row *row, void *arg)
-{
-	struct base_changes *c = arg;
-	struct base_walk *w = c->w;
-
-	while (c->at < w->n && strcmp(w->it[c->at].path, row->path) < 0)
-		c->at++;
-	if (c->at < w->n && !strcmp(w->it[c->at].path, row->path)) {
-		struct base_item *it = &w->it[c->at];
-		const struct stat *st = &it->st;
-
-		if (S_ISREG(st->st_mode) && row->size == st->st_size &&
-		    row->mtime_ns == ns_of(&st->st_mtim) && row->ctime_ns == ns_of(&st->st_ctim) &&
-		    row->ino == (long long)st->st_ino) {
-			it->cached = 1;
-			memcpy(it->h.sha256, row->sha256, CB_SHA256_LEN);
-			memcpy(it->h.xxh3, row->xxh3, CB_XXH128_LEN);
-		}
-	}
-	return 0;
-}
-
 /* Rehash (and re-cache) every walked file the cache did not vouch for: its stat moved since
  * it was hashed, or it is new. Never trusted. A file gone since the walk stays a miss. */
 static int base_rehash_misses(struct base_changes *c)
@@ -376,7 +309,7 @@ static int base_rehash_misses(struct base_changes *c)
 	int ret = 0;
 
 	for (size_t i = 0; i < c->w->n && !ret; i++) {
-		struct base_item *it = &c->w->it[i];
+		struct ws_base_file *it = &c->w->it[i];
 		struct stat hst;
 
 		if (it->cached || !S_ISREG(it->st.st_mode))
@@ -410,7 +343,7 @@ static int base_visible(struct cb_turns *t, const char *path)
 }
 
 /* The base's entry for a walked item now (absent if it went away meanwhile). */
-static int base_item_entry(struct cb_turns *t, const struct base_item *it, struct cb_entry *now)
+static int base_item_entry(struct cb_turns *t, const struct ws_base_file *it, struct cb_entry *now)
 {
 	cb_entry_clear(now);
 	if (!S_ISREG(it->st.st_mode))
@@ -429,7 +362,7 @@ static int base_item_entry(struct cb_turns *t, const struct base_item *it, struc
 
 /* Compare what the base holds at path now (it, or NULL: nothing) with the recorded entry
  * (ref, or NULL: none) and add the path when they differ where the mount would show it. */
-static int base_compare(struct base_changes *c, const char *path, const struct base_item *it,
+static int base_compare(struct base_changes *c, const char *path, const struct ws_base_file *it,
 			const struct cb_entry *ref)
 {
 	static const struct cb_entry absent = {0};
@@ -486,14 +419,13 @@ int ws_base_changes(struct cb_turns *t, int vs_map, struct ws_pathset *set,
 		return 0;
 	if (vs_map && (ret = ws_map_ensure(t)))
 		goto out;
-	ret = base_walk_dir(&w, t->base_fd, "");
+	/* Sorted like SQLite's ORDER BY path (bytes), so that the caches and the record are
+	 * each read in one pass instead of a look-up per file. */
+	ret = ws_base_walk(t->base_fd, &w.it, &w.n);
 	if (ret)
 		goto out;
-	/* Sorted like SQLite's ORDER BY path (bytes), so that the cache and the record are each
-	 * read in one pass instead of a look-up per file. */
-	qsort(w.it, w.n, sizeof(*w.it), base_item_cmp);
 	stats->entries = (long long)w.n;
-	ret = cb_db_turns_base_cache_list(t->db, base_cache_merge, &c);
+	ret = ws_base_cache_find(t, w.it, w.n);
 	if (!ret)
 		ret = base_rehash_misses(&c);
 	c.at = 0;
@@ -506,9 +438,7 @@ int ws_base_changes(struct cb_turns *t, int vs_map, struct ws_pathset *set,
 		stats->changed = (long long)(set->n - n0);
 out:
 	cb_entry_clear(&c.now);
-	for (size_t i = 0; i < w.n; i++)
-		free(w.it[i].path);
-	free(w.it);
+	ws_base_files_free(w.it, w.n);
 	return ret ? cb_error_wrap(ret, "check the base") : 0;
 }
 

@@ -37,7 +37,7 @@ ws_test_resolve_fast_LDADD = ws/libcb_ws.la db/libcb_db.la util/libcb_util.la $(
 	$(CRITERION_TEST_LIBS)
 
 # the shared base hash cache and the background hash of the base
-ws_libcb_ws_la_SOURCES += ws/basecache.c
+ws_libcb_ws_la_SOURCES += ws/basecache.c ws/basewalk.c
 
 # access levels: names, and the widest level a workspace serves
 ws_libcb_ws_la_SOURCES += ws/access.c

@@ -273,9 +273,12 @@ int ws_base_now(struct cb_turns *t, const char *path, struct cb_entry *out)
 	ret = entry_read(t->base_fd, path, &st, out, NULL);
 	if (ret <= 0 || out->type != CB_ENTRY_FILE)
 		return ret < 0 ? ret : 0;
-	ret = cb_db_turns_base_cache_get(t->db, path, st.st_size, stat_mtime_ns(&st),
-					 stat_ctime_ns(&st), (long long)st.st_ino, out->sha256,
-					 out->xxh3);
+	/* meta.db's cache, then the shared one (the first map does not copy its rows) */
+	ret = ws_base_cache_get(t, path, &st, &h);
+	if (ret > 0) {
+		memcpy(out->sha256, h.sha256, CB_SHA256_LEN);
+		memcpy(out->xxh3, h.xxh3, CB_XXH128_LEN);
+	}
 	if (ret)
 		return ret < 0 ? ret : 0;
 	/* Not cached, or changed behind our back since it was: hash what is there now. */

@@ -93,6 +93,24 @@ int ws_base_changes(struct cb_turns *t, int vs_map, struct ws_pathset *set,
 /* Base hashes by stat: 1 from meta.db's cache, 2 from the shared cache, 0 a miss. */
 int ws_base_cache_get(struct cb_turns *t, const char *path, const struct stat *st,
 		      struct cb_hash *h);
+/* A base entry as ws_base_walk found it, and what the caches say of it. */
+struct ws_base_file {
+	char *path;
+	struct stat st;
+	int cached; /* 1: meta.db's cache vouched for st, 2: the shared one; 0: to hash */
+	struct cb_hash h;
+	int err; /* hashing failed (errno) */
+};
+/* Every regular file, directory and symlink below the base (no link followed, each stat'ed
+ * beside its directory's fd), sorted by strcmp of path: *out (malloc'ed, n entries). Two
+ * threads share out the directories, each holding one directory fd at a time. Fails (-errno,
+ * nothing returned) when an entry cannot be read. */
+int ws_base_walk(int base_fd, struct ws_base_file **out, size_t *n);
+void ws_base_files_free(struct ws_base_file *f, size_t n);
+/* The hashes of the regular files of f[0..n) (sorted by strcmp of path) whose stat is still
+ * a cache row's key: one scan of meta.db's cache, then one of the shared cache for what it
+ * lacked, each merged with f (no lookup per file). Sets cached and h; 0 or -errno. */
+int ws_base_cache_find(struct cb_turns *t, struct ws_base_file *f, size_t n);
 /* Store a base file's hashes in meta.db's cache (in the caller's transaction, if any) and,
  * when hashed (read now, not found in a cache), in the shared cache later. */
 int ws_base_cache_put(struct cb_turns *t, const char *path, const struct stat *st,

@@ -35,6 +35,19 @@ void cb_db_basecache_close(struct cb_db_basecache *c);
 int cb_db_basecache_get(struct cb_db_basecache *c, const char *path,
 			const struct cb_basecache_key *key, unsigned char *sha256,
 			unsigned char *xxh3);
+/* One row of the shared cache whose checksum holds, as cb_db_basecache_list gives it. */
+struct cb_db_basecache_row {
+	const char *path; /* valid during the call only */
+	struct cb_basecache_key key;
+	unsigned char sha256[CB_SHA256_LEN];
+	unsigned char xxh3[CB_XXH128_LEN];
+};
+/* Call fn for every intact row, in path order (strcmp's), in one scan instead of a lookup
+ * per file; a damaged row is skipped as a lookup would miss it. fn's nonzero return ends the
+ * scan and is returned; -errno when the database cannot be read. The caller still compares
+ * each row's key with the file's stat: a row says what the file was, not what it is. */
+int cb_db_basecache_list(struct cb_db_basecache *c,
+			 int (*fn)(const struct cb_db_basecache_row *row, void *arg), void *arg);
 /* Remember path's hashes under key (replacing an older row), with the row's checksum. Puts
  * between begin and commit land together or not at all (a kill -9 leaves no half row). */
 int cb_db_basecache_put(struct cb_db_basecache *c, const char *path,
@@ -60,6 +73,12 @@ int cb_db_turns_base_map_clear(struct cb_db_turns *t);
  * not, -errno. */
 int cb_db_turns_base_prepared(struct cb_db_turns *t);
 int cb_db_turns_base_prepared_set(struct cb_db_turns *t, int on);
+
+/* ---- db/turns_bulk.c: the first map's rows in bulk ---- */
+
+/* The same as a cb_db_turns_base_map_put of each of e[0..n), many rows to a statement; in the
+ * caller's transaction. */
+int cb_db_turns_base_map_put_many(struct cb_db_turns *t, const struct cb_entry *e, size_t n);
 
 /* ---- ws/basecache.c: the workspace side ---- */
 

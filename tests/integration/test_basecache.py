@@ -1,7 +1,8 @@
 """The base hash cache shared by the workspaces over one base directory, and the base hashed in
 the background from the mount on: reuse (a second workspace hashes no base file), a base file
-changed between two workspaces (rehashed), a damaged shared cache (hashing without it, the
-right map), progress in info, a snapshot while the background pass runs, a kill -9 in it."""
+changed between two workspaces (rehashed, also by a first snapshot taken at once), a damaged
+shared cache (hashing without it, the right map), progress in info, a snapshot while the
+background pass runs, a kill -9 in it, the threaded walk of a wide base under a low fd limit."""
 
 import glob
 import hashlib
@@ -9,8 +10,10 @@ import json
 import os
 import random
 import re
+import resource
 import signal
 import sqlite3
+import subprocess
 import sys
 import time
 import unittest
@@ -159,6 +162,93 @@ class BaseCacheTest(CowboxTestCase):
         ib = self.wait_hashed(b)
         self.assertEqual((ib["hashed"], ib["from_shared"]), (1, 199))
         self.assertEqual(self.snapshot_map(b), real)
+
+    def new_ws_at_once(self, base):
+        """A workspace without a background pass of its own: its first snapshot walks the
+        base and takes the shared rows itself (the at-once case)."""
+        self.env["COWBOX_BACKGROUND_HASH"] = "0"
+        try:
+            return self.new_ws(base)
+        finally:
+            del self.env["COWBOX_BACKGROUND_HASH"]
+
+    def test_base_file_changed_between_creates_is_rehashed_at_once(self):
+        # The first snapshot at once trusts a shared row only while the file's whole stat
+        # key holds: a file rewritten with its size and mtime forged back (touch -d) has a
+        # new ctime, one replaced by rename a new inode; both are rehashed, never trusted.
+        base = self.make_tree(400)
+        a = self.new_ws(base)
+        self.assertEqual(self.wait_hashed(a)["state"], "done")
+        self.cowbox("umount", a)
+        rewritten = os.path.join(base, "d001", "f00001")
+        st = os.stat(rewritten)
+        with open(rewritten, "r+b") as f:
+            f.write(b"rewritten behind the cache" [:max(st.st_size, 1)])
+        os.truncate(rewritten, st.st_size)
+        subprocess.run(["touch", "-m", "-d", "@%d.%09d" % divmod(st.st_mtime_ns, 10**9),
+                        rewritten], check=True)
+        replaced = os.path.join(base, "d002", "f00002")
+        st2 = os.stat(replaced)
+        with open(replaced, "rb") as f:
+            data = bytes(b ^ 0x5a for b in f.read()) or b"y"
+        with open(replaced + ".new", "wb") as f:
+            f.write(data)
+        os.truncate(replaced + ".new", st2.st_size)
+        os.utime(replaced + ".new", ns=(st2.st_atime_ns, st2.st_mtime_ns))
+        os.rename(replaced + ".new", replaced)
+        self.assertEqual((os.stat(rewritten).st_size, os.stat(rewritten).st_mtime_ns),
+                         (st.st_size, st.st_mtime_ns))
+        self.assertNotEqual(os.stat(replaced).st_ino, st2.st_ino)
+        real = base_map(base)
+        b = self.new_ws_at_once(base)
+        self.assertEqual(self.snapshot_map(b), real)
+        own, shared, hashed = self.snapshot_stats(b)
+        self.assertEqual((own + shared + hashed, hashed), (400, 2), self.daemon_log(b))
+        # the rows b hashed are shared: the next workspace reads no base file at all
+        c = self.new_ws_at_once(base)
+        self.assertEqual(self.snapshot_map(c), real)
+        self.assertEqual(self.snapshot_stats(c)[2], 0, self.daemon_log(c))
+        # and a base check after the first map (the files' rows are in the shared cache
+        # only) rehashes nothing that did not move: the delta path stays exact
+        with open(os.path.join(base, "d003", "f00003"), "ab") as f:
+            f.write(b"later")
+        real = base_map(base)
+        wait_for(lambda: self.snapshot_map(c) == real, 10, interval=0.2,
+                 what="the later base change in c's map")
+        self.assertRegex(self.daemon_log(c), r"base check \(snapshot\): \d+ entries, 1 files "
+                         r"rehashed")
+        # a fork compares the whole base with turn 0's through both caches too
+        turn = self.cowbox_json("snapshot", c)["turn"]
+        fork = self.cowbox_json("fork", c, str(turn), "--name", "c2")["ref"]
+        self.mount(fork)
+        self.assertEqual(self.snapshot_map(fork), real)
+
+    def test_wide_base_walked_on_threads_under_a_low_fd_limit(self):
+        # 1,600 directories, more than the 1,024 descriptors the daemon and its turn worker
+        # may hold: the walk's threads hold one directory each at a time.
+        base = self.make_base()
+        rng = random.Random(16)
+        for i in range(40):
+            for j in range(40):
+                d = os.path.join(base, "t%02d" % i, "s%02d" % j)
+                os.makedirs(d)
+                with open(os.path.join(d, "f"), "wb") as f:
+                    f.write(rng.randbytes(rng.randrange(0, 300)))
+        real = base_map(base)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+        try:
+            a = self.new_ws_at_once(base)  # hashes every file itself
+            b = self.new_ws_at_once(base)  # takes every row from the shared cache
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for ref in (a, b):
+            with open("/proc/%d/limits" % self.daemon_pid(ref)) as f:
+                self.assertRegex(f.read(), r"Max open files\s+1024\s")
+        self.assertEqual(self.snapshot_map(a), real)
+        self.assertEqual(self.snapshot_stats(a)[2], 1600, self.daemon_log(a))
+        self.assertEqual(self.snapshot_map(b), real)
+        self.assertEqual(self.snapshot_stats(b)[2], 0, self.daemon_log(b))
 
     def test_damaged_shared_cache_falls_back_to_hashing(self):
         base = self.make_tree(150)

@@ -52,7 +52,6 @@ struct cb_db {
 extern const char *const cb_db_migrations[];
 extern const size_t cb_db_migration_count;
 
-
 /* Prepare the journal's statements and load the open turn; called once by cb_db_open. */
 int cb_journal_init(struct cb_db *db);
 
@@ -100,7 +99,6 @@ int cb_marklog_parse(const char *buf, size_t len, size_t *valid,
 
 /* The whole log file open on fd into *buf (malloc'd, NULL when empty); name is for errors. */
 int cb_marklog_read(int fd, const char *name, char **buf, size_t *len);
-
 
 /* Set an error message from SQLite's last error on db, naming the file and the step. */
 int cb_db_error(struct cb_db *db, int rc, const char *what);

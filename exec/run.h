@@ -67,7 +67,6 @@ int cb_exec_pty_open(const struct cb_exec_spec *spec, int *master, int *slave);
 /* Wait for the sandbox's pty master from the shim and make it the handle's stdin/stdout. */
 int cb_exec_pty_receive(struct cb_exec *h);
 
-
 /* Read what is there; 0 at end of file (or EIO on a pty whose slave is gone), else 1. */
 int cb_exec_pump_output(struct cb_exec *h, struct stream *s, int stream);
 

@@ -144,7 +144,6 @@ int ws_dirty_expand(struct cb_turns *t, const struct cb_dirty *dirty, size_t n,
 /* Check a turn can be read: recorded (or 0) and not pruned. */
 int ws_turn_check(struct cb_turns *t, long long turn);
 
-
 /* Append an event for old -> new (nothing if they are the same). */
 int ws_diff_add(struct cb_diff *d, const struct cb_entry *old, const struct cb_entry *new);
 

@@ -92,7 +92,6 @@ int cb_ws_path(const char *ref, const char *leaf, char **out);
 #define CB_WS_IDS_FIRST 0x40000000UL /* 2^30: above subordinate ids (/etc/subuid) in use */
 #define CB_WS_IDS_END	0x7fff0000UL /* the last slot below 2^31 is the --dir range */
 
-
 /* The base kept in dir (a workspace directory): 0, or -ENOENT when it has none yet (other
  * errors with a message). */
 int cb_ws_ids_get(const char *dir, unsigned long *base);

@@ -36,3 +36,5 @@ TESTS += tests/integration/test_in_place.py
 # the ns backend's OCI images (issue 11's image): layouts, the local store, the cache
 TESTS += tests/integration/test_image.py
 EXTRA_DIST += tests/integration/ociutil.py
+# the vm backend's guest agent over its frames, outside a VM
+TESTS += tests/integration/test_vm_agent.py

@@ -489,8 +489,50 @@ static int docker_destroy(struct cb_backend *b)
 	return docker_check(argv, 60, NULL);
 }
 
+/* docker rm -f of the workspace's container, which a crashed daemon left running. */
+static int docker_remove_leftovers(const char *ref)
+{
+	char name[64];
+
+	snprintf(name, sizeof(name), "cowbox-%s", ref);
+	return docker_remove_quietly(name);
+}
+
+/* The image is a name the docker CLI takes, never one of its options; the user namespace is
+ * the engine's to choose. */
+static int docker_validate(struct cb_backend_options *o, json_t *j)
+{
+	(void)j;
+	if (o->image && (!*o->image || *o->image == '-'))
+		return cb_error_set(EINVAL, "backend option image: an image name, not empty and "
+					    "not starting with '-'");
+	if (o->privileged)
+		return cb_error_set(EINVAL, "backend option privileged: only the ns backend has a "
+					    "user namespace to leave out");
+	return 0;
+}
+
+static const char *docker_workdir(const char *mountpoint)
+{
+	(void)mountpoint;
+	return "/workspace";
+}
+
+/* COWBOX_DOCKER_IMAGE, else CB_BACKEND_DOCKER_DEFAULT_IMAGE. */
+static const char *docker_default_image(void)
+{
+	const char *env = getenv("COWBOX_DOCKER_IMAGE");
+
+	return env && *env ? env : CB_BACKEND_DOCKER_DEFAULT_IMAGE;
+}
+
 const struct cb_backend_ops cb_backend_docker = {
     .name = "docker",
+    .confined = 1,
+    .validate = docker_validate,
+    .workdir = docker_workdir,
+    .default_image = docker_default_image,
+    .remove_leftovers = docker_remove_leftovers,
     .create = docker_create,
     .exec = docker_exec,
     .wait = docker_wait,
@@ -500,11 +542,3 @@ const struct cb_backend_ops cb_backend_docker = {
     .close = docker_close,
     .destroy = docker_destroy,
 };
-
-int cb_backend_docker_remove(const char *ref)
-{
-	char name[64];
-
-	snprintf(name, sizeof(name), "cowbox-%s", ref);
-	return docker_remove_quietly(name);
-}

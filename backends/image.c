@@ -37,13 +37,11 @@ struct image_ref {
 
 const char *cb_backend_image_of(const struct cb_backend_options *o)
 {
-	const char *env = getenv("COWBOX_DOCKER_IMAGE");
+	const struct cb_backend_ops *ops = cb_backend_find(o->kind);
 
-	if (!o->kind || strcmp(o->kind, "docker"))
+	if (o->image || !ops || !ops->default_image)
 		return o->image;
-	if (o->image)
-		return o->image;
-	return env && *env ? env : CB_BACKEND_DOCKER_DEFAULT_IMAGE;
+	return ops->default_image();
 }
 
 enum cb_backend_image_kind cb_backend_image_kind(const char *spec)

@@ -47,6 +47,10 @@ static int local_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	spec.stdin_kind = cmd->stdin_kind;
 	spec.stdin_data = cmd->stdin_data;
 	spec.stdin_len = cmd->stdin_len;
+	spec.stdin_fd = cmd->stdin_fd;
+	spec.tty = cmd->tty;
+	spec.tty_rows = cmd->tty_rows;
+	spec.tty_cols = cmd->tty_cols;
 	rc = cb_exec_start(&spec, cb, out);
 out:
 	free(rel);
@@ -109,8 +113,61 @@ static int local_destroy(struct cb_backend *b)
 	return 0;
 }
 
+/* It isolates nothing: refuse what it could not enforce rather than pretend, and say that
+ * its network is the host's. */
+static int local_validate(struct cb_backend_options *o, json_t *j)
+{
+	if (o->cpus > 0 || (o->memory_mb && o->memory_mb != CB_BACKEND_NO_LIMIT) ||
+	    (o->pids && o->pids != CB_BACKEND_NO_LIMIT) || o->image)
+		return cb_error_set(EINVAL, "the local backend cannot enforce cpus, memory_mb, "
+					    "pids or image; use ns or docker");
+	if (json_object_get(j, "network") && o->net != CB_BACKEND_NET_HOST)
+		return cb_error_set(EINVAL, "the local backend runs on the host's network "
+					    "(network host) and cannot keep a command from going "
+					    "around a proxy; network none, all, public or allow "
+					    "needs ns or docker");
+	o->net = CB_BACKEND_NET_HOST;
+	if (o->n_volumes)
+		return cb_error_set(EINVAL, "backend option volumes: the local backend runs on the "
+					    "host, which has no sandbox to bind them into");
+	if (o->user)
+		return cb_error_set(EINVAL, "backend option user: the local backend runs commands "
+					    "as the daemon's own user; use ns or docker");
+	if (o->privileged)
+		return cb_error_set(EINVAL, "backend option privileged: only the ns backend has a "
+					    "user namespace to leave out");
+	return 0;
+}
+
+/* Before network host existed it saved its network as "all": such a file loads as host,
+ * while a request for local with "all" is refused. */
+static void local_upgrade(json_t *j)
+{
+	json_t *net = json_object_get(j, "network");
+
+	if (json_is_string(net) && !strcmp(json_string_value(net), "all"))
+		json_object_set_new(j, "network", json_string("host"));
+}
+
+static const char *local_workdir(const char *mountpoint)
+{
+	return mountpoint; /* the host's own path: no sandbox shows it elsewhere */
+}
+
+static int local_join(struct cb_backend *b, int netns_fd)
+{
+	(void)b;
+	(void)netns_fd; /* the host's network, always */
+	return 0;
+}
+
 const struct cb_backend_ops cb_backend_local = {
     .name = "local",
+    .validate = local_validate,
+    .upgrade = local_upgrade,
+    .host_env = cb_exec_env_host_stripped,
+    .workdir = local_workdir,
+    .join = local_join,
     .create = local_create,
     .exec = local_exec,
     .wait = cb_backend_wait_plain,

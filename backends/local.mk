@@ -1,12 +1,13 @@
 # backends layer: ns, local and docker, one table of operations each (include/cowbox/backend.h).
 noinst_LTLIBRARIES += backends/libcb_backends.la
 backends_libcb_backends_la_SOURCES = backends/common.h backends/common.c backends/backend.c \
+	backends/options.c backends/env.c \
 	backends/pathio.c backends/forward.c backends/egress.c backends/secrets.c backends/image.c backends/ns.c \
 	backends/local.c backends/docker.c
-# relays (host_url's forwarders, published ports) and published ports (issue 10)
+# relays (host_url's forwarders, published ports) and published ports
 backends_libcb_backends_la_SOURCES += backends/relay.c backends/publish.c
 COWBOX_LAYERS += backends/libcb_backends.la
-pkginclude_HEADERS += include/cowbox/backend.h include/cowbox/image.h
+noinst_HEADERS += include/cowbox/backend.h include/cowbox/image.h
 
 check_PROGRAMS += backends/test_backend
 TESTS += backends/test_backend

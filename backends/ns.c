@@ -5,6 +5,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,12 +36,13 @@ static void ns_state_free(struct ns_state *s)
 	free(s);
 }
 
-static int ns_create(struct cb_backend *b)
+/* The state both create and join start from: the image's root and config, no namespace. */
+static int ns_state_new(struct cb_backend *b, struct ns_state **out)
 {
 	struct ns_state *s = calloc(1, sizeof(*s));
-	char log[4200], pid[4200];
 	int rc = 0;
 
+	*out = NULL;
 	if (!s)
 		return cb_error_set(ENOMEM, "ns backend: out of memory");
 	s->netns_fd = -1;
@@ -52,6 +54,28 @@ static int ns_create(struct cb_backend *b)
 		cb_error_wrap(rc, "image %s: ", b->opt.image);
 		goto out;
 	}
+	*out = s;
+	s = NULL;
+out:
+	ns_state_free(s);
+	return rc;
+}
+
+static void ns_state_set(struct cb_backend *b, struct ns_state *s)
+{
+	b->priv = s;
+	b->image_env = s->image.env;
+	b->netns_fd = s->netns_fd;
+}
+
+static int ns_create(struct cb_backend *b)
+{
+	struct ns_state *s = NULL;
+	char log[4200], pid[4200];
+	int rc;
+
+	if ((rc = ns_state_new(b, &s)) < 0)
+		goto out;
 	if (b->opt.net == CB_BACKEND_NET_HOST) {
 		fprintf(stderr,
 			"cowbox: warning: workspace %s: network host: its commands share the "
@@ -81,13 +105,43 @@ static int ns_create(struct cb_backend *b)
 		rc = cb_error_set(EOPNOTSUPP, "network all: needs the daemon to run as root");
 		goto out;
 	}
-	b->priv = s;
-	b->image_env = s->image.env;
-	b->netns_fd = s->netns_fd;
+	ns_state_set(b, s);
 	s = NULL;
 out:
 	ns_state_free(s);
 	return rc;
+}
+
+/* The daemon's namespace (its forwarders, pasta or proxy) is joined as it is; -1: each
+ * command gets a fresh loopback-only one, as the daemon's would without root. */
+static int ns_join(struct cb_backend *b, int netns_fd)
+{
+	struct ns_state *s = NULL;
+	int rc;
+
+	if ((rc = ns_state_new(b, &s)) < 0)
+		return rc;
+	if (netns_fd >= 0 && (s->netns_fd = fcntl(netns_fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+		rc = cb_error_set(errno, "ns backend: the network namespace: %s", strerror(errno));
+		ns_state_free(s);
+		return rc;
+	}
+	ns_state_set(b, s);
+	return 0;
+}
+
+/* ns: a directory or an OCI image (cowbox/image.h), checked now so that configure refuses
+ * a bad one. */
+static int ns_validate(struct cb_backend_options *o, json_t *j)
+{
+	(void)j;
+	return o->image ? cb_backend_image_check(o->image) : 0;
+}
+
+static const char *ns_workdir(const char *mountpoint)
+{
+	(void)mountpoint;
+	return "/workspace";
 }
 
 static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
@@ -152,6 +206,10 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	spec.stdin_kind = cmd->stdin_kind;
 	spec.stdin_data = cmd->stdin_data;
 	spec.stdin_len = cmd->stdin_len;
+	spec.stdin_fd = cmd->stdin_fd;
+	spec.tty = cmd->tty;
+	spec.tty_rows = cmd->tty_rows;
+	spec.tty_cols = cmd->tty_cols;
 	spec.sandbox = &sb;
 	rc = cb_exec_start(&spec, cb, out);
 out:
@@ -219,6 +277,11 @@ static int ns_destroy(struct cb_backend *b)
 
 const struct cb_backend_ops cb_backend_ns = {
     .name = "ns",
+    .confined = 1,
+    .image_root = 1,
+    .validate = ns_validate,
+    .workdir = ns_workdir,
+    .join = ns_join,
     .create = ns_create,
     .exec = ns_exec,
     .wait = cb_backend_wait_plain,

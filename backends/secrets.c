@@ -385,7 +385,7 @@ int cb_backend_trust_prepare(struct cb_backend *b)
 	if (!b->opt.n_secrets)
 		return 0;
 	snprintf(sys, sizeof sys, "%s" CB_BACKEND_SYSTEM_CA,
-		 b->opt.image && !strcmp(b->ops->name, "ns") ? b->opt.image : "");
+		 b->opt.image && b->ops->image_root ? b->opt.image : "");
 	if ((rc = cb_net_ca_ensure(b->dir, b->ref)) < 0 || (rc = cb_net_ca_bundle(b->dir, sys)) < 0)
 		cb_error_wrap(rc, "header secrets: the workspace's CA");
 	return rc;

@@ -246,3 +246,69 @@ Test(backend, local_table_runs_and_finds)
 	cr_expect_neq(strstr(cb_error_message(), "no-such-binary-here"), NULL);
 	cb_backend_free(b);
 }
+
+/* What differs between backends is their table's: the default, the kinds a message names,
+ * where commands start, what each refuses, the limits and home of a confined one. */
+Test(backend, table_decides_per_backend)
+{
+	struct cb_backend_options o = {0};
+	struct cb_backend_limits lim;
+	char *wd = NULL;
+
+	cr_expect_str_eq(cb_backend_find(NULL)->name, "ns");
+	cr_expect_null(cb_backend_find("vm"));
+	cr_expect_str_eq(cb_backend_kinds(), "ns, local or docker");
+	cr_assert_eq(cb_backend_workdir("ns", "/m", "sub", &wd), 0);
+	cr_expect_str_eq(wd, "/workspace/sub");
+	free(wd);
+	cr_assert_eq(cb_backend_workdir("docker", "/m", NULL, &wd), 0);
+	cr_expect_str_eq(wd, "/workspace");
+	free(wd);
+	cr_assert_eq(cb_backend_workdir("local", "/m", "sub", &wd), 0);
+	cr_expect_str_eq(wd, "/m/sub");
+	free(wd);
+	cr_expect_eq(cb_backend_workdir("vm", "/m", NULL, &wd), -EINVAL);
+	cr_expect_null(wd);
+	/* each backend's validate: what it cannot enforce */
+	static const char *const refused[] = {"{\"backend\":\"local\",\"memory_mb\":64}",
+					      "{\"backend\":\"local\",\"user\":\"1\"}",
+					      "{\"backend\":\"local\",\"network\":\"all\"}",
+					      "{\"backend\":\"docker\",\"image\":\"-x\"}",
+					      "{\"backend\":\"docker\",\"privileged\":true}",
+					      "{\"backend\":\"ns\",\"image\":\"\"}"};
+	for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+		json_t *j = json_loads(refused[i], 0, NULL);
+
+		cr_expect_eq(cb_backend_options_from_json(j, &o), -EINVAL, "%s", refused[i]);
+		json_decref(j);
+	}
+	o.kind = "local";
+	cb_backend_limits_of(&o, &lim);
+	cr_expect_eq(lim.memory_mb + lim.pids, 0);
+	o.kind = "docker";
+	cb_backend_limits_of(&o, &lim);
+	cr_expect_eq(lim.memory_mb, CB_BACKEND_DEFAULT_MEMORY_MB);
+}
+
+/* join: a backend used from another process makes nothing of its own but the directories;
+ * docker's commands need its daemon. */
+Test(backend, join_in_this_process)
+{
+	struct cb_backend *b = open_with("{\"backend\":\"local\",\"working_dir\":\"w\"}");
+	struct cb_backend_cmd cmd = {.shell = "pwd"};
+	struct cb_exec_result res = {0};
+	struct cb_exec *h = NULL;
+	char want[4300];
+
+	cr_assert_eq(cb_backend_join(b, -1), 0, "%s", cb_error_message());
+	cr_assert_eq(b->ops->exec(b, &cmd, NULL, &h), 0, "%s", cb_error_message());
+	cr_assert_eq(b->ops->wait(b, h, &res), 0);
+	snprintf(want, sizeof want, "%s/w\n", root);
+	cr_expect_str_eq(res.out, want);
+	cb_exec_result_free(&res);
+	cb_exec_free(h);
+	cb_backend_free(b);
+	b = open_with("{\"backend\":\"docker\"}");
+	cr_expect_eq(cb_backend_join(b, -1), -EOPNOTSUPP);
+	cb_backend_free(b);
+}

@@ -45,15 +45,11 @@ int cli_print_reply_json(json_t *reply);
 /* net_log's rows as net-log prints them (cli/cmd_net.c): a header, then one line each. */
 void cli_print_net_rows(json_t *rows);
 
-/* ---- cowbox exec REF under network public or allow (cli/exec_net.c) ---- */
+/* ---- the network of cowbox exec REF (cli/exec_net.c) ---- */
 
 /* The workspace's network namespace as an fd of this process (its daemon started if need
  * be), for the sandbox to join: -errno with a message (-ESTALE when it went away meanwhile). */
 int cli_workspace_netns(const char *ref, int *out);
-/* Put vars ("NAME=value", NULL-terminated: the egress proxy's, cb_backend_proxy_env, or the
- * CA trust's, cb_backend_trust_env) into env (NULL-terminated, malloc'd, of malloc'd
- * strings), except those env sets already. */
-int cli_env_add(char ***env, const char *const *vars);
 
 /* A human size: "0 B", "12.3 KiB", ... into buf. */
 const char *cli_size(long long bytes, char *buf, size_t size);

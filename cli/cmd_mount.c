@@ -9,10 +9,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../daemon/daemon.h"
 #include "cmd_common.h"
 #include "commands.h"
 #include "cowbox/client.h"
+#include "cowbox/daemon.h"
 #include "cowbox/error.h"
 #include "cowbox/journal.h"
 #include "cowbox/workspace.h"

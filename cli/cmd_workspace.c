@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../daemon/daemon.h"
 #include "cmd_common.h"
 #include "commands.h"
 #include "cowbox/access.h"
@@ -15,6 +14,7 @@
 #include "cowbox/turns.h"
 #include "cowbox/backend.h"
 #include "cowbox/client.h"
+#include "cowbox/daemon.h"
 #include "cowbox/image.h"
 #include "cowbox/workspace.h"
 
@@ -538,7 +538,7 @@ int cmd_info(int argc, char **argv)
 		return cli_fail("info", NULL);
 	if (i.daemon_pid > 0)
 		fs = info_fs_query(i.ref, stats);
-	/* turns (issue 3): the blob store's size */
+	/* The blob store's size */
 	char blobs[4200];
 	long long nblobs = 0, blob_bytes = 0;
 
@@ -628,7 +628,7 @@ int cmd_info(int argc, char **argv)
 		printf("backend:     %s, network %s\n", kind, net);
 	if (image)
 		printf("image:       %s\n", image);
-	else if (kind && !strcmp(kind, "ns"))
+	else if (kind && cb_backend_find(kind) && cb_backend_find(kind)->image_root)
 		printf("image:       - (the host's /usr, /etc, ...)\n");
 	free(image);
 	for (size_t k = 0; k < json_array_size(allow); k++)
@@ -683,7 +683,7 @@ int cmd_rm(int argc, char **argv)
 		;
 	if (cli_one_ref(c, argc, argv, rm_usage, &status))
 		return status;
-	/* api (issue 5): a crashed daemon's docker container goes too. */
+	/* A crashed daemon's docker container goes too. */
 	if (cb_backend_remove_leftovers(argv[optind]) < 0)
 		fprintf(stderr, "cowbox rm: warning: %s\n", cb_error_message());
 	if (cb_ws_remove(argv[optind]))

@@ -1,5 +1,5 @@
-/* The network of `cowbox exec REF` under network public or allow: the workspace's own
- * namespace, fetched from its daemon, with the egress proxy's environment, as the API gives. */
+/* The network of `cowbox exec REF`: the workspace's own namespace (its forwarders, pasta or
+ * egress proxy), fetched from its daemon, as the API's commands have it. */
 #include "config.h"
 
 #include <errno.h>
@@ -16,8 +16,11 @@
 #include "cmd_common.h"
 #include "cowbox/backend.h"
 #include "cowbox/client.h"
+#include "cowbox/client_served.h"
 #include "cowbox/error.h"
 #include "cowbox/exec.h"
+#include "cowbox/sandbox.h"
+#include "exec.h"
 
 int cli_workspace_netns(const char *ref, int *out)
 {
@@ -28,9 +31,15 @@ int cli_workspace_netns(const char *ref, int *out)
 	int rc, fd = -1;
 
 	*out = -1;
-	if ((rc = cb_daemon_ensure(ref, NULL, 30000, NULL)) < 0 ||
-	    (rc = cb_daemon_connect(ref, &c)) < 0 ||
-	    (rc = cb_client_request(c, json_pack("{s:s}", "op", "netns"), -1, &reply)) < 0)
+	/* A served workspace's daemon answers at once (ensuring one would read its database);
+	 * else one is started. */
+	if (cb_daemon_connect_ref(ref, &c) < 0) {
+		cb_error_clear();
+		if ((rc = cb_daemon_ensure(ref, NULL, 30000, NULL)) < 0 ||
+		    (rc = cb_daemon_connect(ref, &c)) < 0)
+			goto out;
+	}
+	if ((rc = cb_client_request(c, json_pack("{s:s}", "op", "netns"), -1, &reply)) < 0)
 		goto out;
 	snprintf(path, sizeof path, "/proc/%lld/fd/%lld",
 		 (long long)json_integer_value(json_object_get(reply, "pid")),
@@ -58,39 +67,35 @@ out:
 	return rc;
 }
 
-/* Whether env sets the variable of entry ("NAME=..."). */
-static int env_has(char **env, const char *entry)
+int cli_user_net_start(struct cli_user_net *n)
 {
-	size_t klen = strcspn(entry, "=") + 1;
+	char log[128], pid[128];
+	int rc;
 
-	for (size_t j = 0; env[j]; j++)
-		if (!strncmp(env[j], entry, klen))
-			return 1;
-	return 0;
+	snprintf(n->dir, sizeof n->dir, "/tmp/cowbox-net-XXXXXX");
+	if (!mkdtemp(n->dir)) {
+		n->dir[0] = 0;
+		return cb_error_set(errno, "network all: mkdtemp: %s", strerror(errno));
+	}
+	snprintf(log, sizeof log, "%s/pasta.log", n->dir);
+	snprintf(pid, sizeof pid, "%s/pasta.pid", n->dir);
+	if ((rc = cb_netns_new(&n->netns_fd)) < 0)
+		return rc;
+	return cb_pasta_start(n->netns_fd, log, pid, &n->pasta);
 }
 
-int cli_env_add(char ***env, const char *const *vars)
+void cli_user_net_stop(struct cli_user_net *n)
 {
-	size_t n = 0, k = 0, m = 0;
-	char **e;
+	char path[128];
 
-	while ((*env)[n])
-		n++;
-	while (vars[k])
-		k++;
-	if (!(e = calloc(n + k + 1, sizeof(*e))))
-		return cb_error_set(ENOMEM, "environment: out of memory");
-	/* An --env of the same name given on the command line wins. */
-	for (size_t i = 0; i < k; i++) {
-		if (env_has(*env, vars[i]))
-			continue;
-		if (!(e[m++] = strdup(vars[i]))) {
-			cb_exec_env_free(e);
-			return cb_error_set(ENOMEM, "environment: out of memory");
-		}
-	}
-	memcpy(e + m, *env, n * sizeof(*e));
-	free(*env);
-	*env = e;
-	return 0;
+	cb_pasta_stop(n->pasta);
+	if (n->netns_fd >= 0)
+		close(n->netns_fd);
+	if (!n->dir[0])
+		return;
+	snprintf(path, sizeof path, "%s/pasta.log", n->dir);
+	unlink(path);
+	snprintf(path, sizeof path, "%s/pasta.pid", n->dir);
+	unlink(path);
+	rmdir(n->dir);
 }

@@ -3,7 +3,7 @@ bin_PROGRAMS += cowbox
 cowbox_SOURCES = cli/main.c cli/commands.h
 # Each command group adds its file below.
 cowbox_SOURCES += cli/cmd_common.h cli/cmd_common.c cli/cmd_workspace.c cli/cmd_mount.c
-cowbox_SOURCES += cli/cmd_exec.c cli/exec_net.c
+cowbox_SOURCES += cli/cmd_exec.c cli/exec.h cli/exec_net.c cli/exec_dir.c cli/exec_daemon.c
 # The layers linked in (highest first, as a static link resolves), not libcowbox.so, and the
 # heavy libraries statically when configure found their archives (COWBOX_BIN_DEPS): loading
 # and relocating them was most of the binary's start (see docs/performance.md, Exec).

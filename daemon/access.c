@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cowbox/access.h"
+#include "cowbox/workspace.h"
 #include "cowbox/error.h"
 #include "daemon.h"
 

@@ -9,10 +9,10 @@
 #include "daemon.h"
 
 /* The daemon's backend, opened on first use from backend.json, with a reference for the
- * caller to drop with cb_api_backend_put. When create is set its resources are made too
- * (cb_backend_ensure); on failure nothing is held. */
+ * caller to drop with cb_api_backend_put (b may be NULL). When create is set its resources
+ * are made too (cb_backend_ensure); on failure nothing is held. */
 int cb_api_backend(struct cb_daemon *d, int create, struct cb_backend **out);
-void cb_api_backend_put(struct cb_backend *b);
+void cb_api_backend_put(struct cb_daemon *d, struct cb_backend *b);
 
 /* Replace the backend's options (configure op): refused with -EBUSY once it was created. */
 int cb_api_configure(struct cb_daemon *d, json_t *options);
@@ -30,8 +30,9 @@ void cb_daemon_net_stop(void);
  * array (net_log's form), for net_log and diff's "network". */
 int cb_daemon_net_rows(struct cb_daemon *d, long long after, long long upto, json_t **out);
 
-/* Close the backend (forwarders, the container) once no command of the API runs. */
-void cb_api_backend_release(void);
+/* Close the backend (forwarders, the container) once no command of the API runs; later
+ * cb_api_backend calls fail with -ESHUTDOWN. */
+void cb_api_backend_release(struct cb_daemon *d);
 
 /* Base64 (RFC 4648, padded). The encoder returns a new JSON string; the decoder a malloc'd
  * buffer, or -EINVAL naming field when s is not base64. */

@@ -1,5 +1,5 @@
-/* The API ops' shared state and helpers: the workspace's backend, opened lazily and replaced
- * by configure, and base64 for binary data in JSON. */
+/* The API ops' helpers: the workspace's backend (kept in struct cb_daemon), opened lazily and
+ * replaced by configure, and base64 for binary data in JSON. */
 #include "config.h"
 
 #include <errno.h>
@@ -13,35 +13,30 @@
 #include "cowbox/image.h"
 #include "cowbox/overlay.h"
 
-static pthread_mutex_t api_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct cb_backend *api_backend; /* guarded by api_lock; the daemon holds one ref */
-static int api_released;	       /* guarded by api_lock: the daemon is stopping */
-
-/* References per backend generation: configure replaces api_backend while ops may still use
- * the old one, which goes (and its container with it) when its last user lets go. */
+/* References per backend generation: configure replaces d->api_backend while ops may still
+ * use the old one, which goes (and its container with it) when its last user lets go. */
 struct api_ref {
 	struct cb_backend *b;
 	int refs;
 	struct api_ref *next;
 };
-static struct api_ref *api_refs; /* guarded by api_lock */
 
-static struct api_ref *ref_of(struct cb_backend *b)
+static struct api_ref *ref_of(struct cb_daemon *d, struct cb_backend *b)
 {
-	for (struct api_ref *r = api_refs; r; r = r->next)
+	for (struct api_ref *r = d->api_refs; r; r = r->next)
 		if (r->b == b)
 			return r;
 	return NULL;
 }
 
-/* Drop one reference (api_lock held); returns the backend to free after unlocking, if any. */
-static struct cb_backend *ref_drop(struct cb_backend *b)
+/* Drop one reference (d->api_lock held); returns the backend to free after unlocking, if any. */
+static struct cb_backend *ref_drop(struct cb_daemon *d, struct cb_backend *b)
 {
-	struct api_ref *r = ref_of(b);
+	struct api_ref *r = ref_of(d, b);
 
 	if (!r || --r->refs > 0)
 		return NULL;
-	for (struct api_ref **p = &api_refs; *p; p = &(*p)->next)
+	for (struct api_ref **p = &d->api_refs; *p; p = &(*p)->next)
 		if (*p == r) {
 			*p = r->next;
 			break;
@@ -56,49 +51,49 @@ int cb_api_backend(struct cb_daemon *d, int create, struct cb_backend **out)
 	int rc = 0;
 
 	*out = NULL;
-	pthread_mutex_lock(&api_lock);
-	if (api_released) {
+	pthread_mutex_lock(&d->api_lock);
+	if (d->api_released) {
 		rc = cb_error_set(ESHUTDOWN, "the daemon of %s is stopping", d->ref);
-	} else if (!api_backend) {
-		rc = cb_backend_open(d->ref, d->dir, d->mountpoint, d->name, &api_backend);
+	} else if (!d->api_backend) {
+		rc = cb_backend_open(d->ref, d->dir, d->mountpoint, d->name, &d->api_backend);
 		r = rc ? NULL : calloc(1, sizeof(*r));
 		if (!rc && !r) {
-			cb_backend_free(api_backend);
-			api_backend = NULL;
+			cb_backend_free(d->api_backend);
+			d->api_backend = NULL;
 			rc = cb_error_set(ENOMEM, "backend: out of memory");
 		} else if (r) {
 			/* None of the daemon's threads does I/O through its own mount. */
-			api_backend->io = &cb_daemon_backend_io;
-			api_backend->io_arg = d;
-			api_backend->net_record = cb_daemon_net_record;
-			api_backend->net_record_arg = d;
-			r->b = api_backend;
+			d->api_backend->io = &cb_daemon_backend_io;
+			d->api_backend->io_arg = d;
+			d->api_backend->net_record = cb_daemon_net_record;
+			d->api_backend->net_record_arg = d;
+			r->b = d->api_backend;
 			r->refs = 1; /* the daemon's own */
-			r->next = api_refs;
-			api_refs = r;
+			r->next = d->api_refs;
+			d->api_refs = r;
 		}
 	}
 	if (!rc) {
-		ref_of(api_backend)->refs++;
-		*out = api_backend;
+		ref_of(d, d->api_backend)->refs++;
+		*out = d->api_backend;
 	}
-	pthread_mutex_unlock(&api_lock);
+	pthread_mutex_unlock(&d->api_lock);
 	if (!rc && create && (rc = cb_backend_ensure(*out)) < 0) {
-		cb_api_backend_put(*out);
+		cb_api_backend_put(d, *out);
 		*out = NULL;
 	}
 	return rc;
 }
 
-void cb_api_backend_put(struct cb_backend *b)
+void cb_api_backend_put(struct cb_daemon *d, struct cb_backend *b)
 {
 	struct cb_backend *gone;
 
 	if (!b)
 		return;
-	pthread_mutex_lock(&api_lock);
-	gone = ref_drop(b);
-	pthread_mutex_unlock(&api_lock);
+	pthread_mutex_lock(&d->api_lock);
+	gone = ref_drop(d, b);
+	pthread_mutex_unlock(&d->api_lock);
 	cb_backend_free(gone);
 }
 
@@ -130,7 +125,7 @@ int cb_api_configure(struct cb_daemon *d, json_t *options)
 		return rc;
 	/* ns: an OCI image is unpacked now (once: the cache keeps it), so that a bad image fails
 	 * the configure that names it rather than the first command */
-	if (opt.image && !strcmp(opt.kind, "ns")) {
+	if (opt.image && cb_backend_find(opt.kind)->image_root) {
 		char *root = NULL;
 
 		rc = cb_backend_image_root(opt.image, &root, NULL);
@@ -139,18 +134,18 @@ int cb_api_configure(struct cb_daemon *d, json_t *options)
 			goto out;
 	}
 	snprintf(marker, sizeof(marker), "%s/backend.created", d->dir);
-	pthread_mutex_lock(&api_lock);
-	if ((api_backend && api_backend->created) || access(marker, F_OK) == 0) {
+	pthread_mutex_lock(&d->api_lock);
+	if ((d->api_backend && d->api_backend->created) || access(marker, F_OK) == 0) {
 		rc = cb_error_set(EBUSY,
 				  "configure: the backend of %s was already created; "
 				  "options shape a new workspace only",
 				  d->ref);
 	} else if (!(rc = configure_ids(d, &opt)) &&
-		   !(rc = cb_backend_options_save(d->dir, &opt)) && api_backend) {
-		gone = ref_drop(api_backend); /* the next op opens the new options */
-		api_backend = NULL;
+		   !(rc = cb_backend_options_save(d->dir, &opt)) && d->api_backend) {
+		gone = ref_drop(d, d->api_backend); /* the next op opens the new options */
+		d->api_backend = NULL;
 	}
-	pthread_mutex_unlock(&api_lock);
+	pthread_mutex_unlock(&d->api_lock);
 out:
 	cb_backend_free(gone);
 	cb_backend_options_free(&opt);
@@ -159,16 +154,16 @@ out:
 
 /* Called once the API's commands are gone: forwarders stop, the container goes (now, or when
  * a straggling op lets go of it). */
-void cb_api_backend_release(void)
+void cb_api_backend_release(struct cb_daemon *d)
 {
 	struct cb_backend *gone = NULL;
 
-	pthread_mutex_lock(&api_lock);
-	api_released = 1;
-	if (api_backend)
-		gone = ref_drop(api_backend);
-	api_backend = NULL;
-	pthread_mutex_unlock(&api_lock);
+	pthread_mutex_lock(&d->api_lock);
+	d->api_released = 1;
+	if (d->api_backend)
+		gone = ref_drop(d, d->api_backend);
+	d->api_backend = NULL;
+	pthread_mutex_unlock(&d->api_lock);
 	cb_backend_free(gone);
 }
 

@@ -215,12 +215,14 @@ int cb_box_request(struct cb_box *box, const char *what, json_t *req, json_t **r
 	return rc;
 }
 
-/* Take backend, working_dir and the mount point from the daemon's view of the workspace. */
-static int box_apply_options(struct cb_box *box, json_t *opts)
+/* Take backend, working_dir, the mount point and where commands start (the daemon's
+ * "workdir": each backend says where it shows the workspace) from the daemon's view. */
+static int box_apply_options(struct cb_box *box, json_t *reply)
 {
+	json_t *opts = json_object_get(reply, "options"), *info = NULL;
 	const char *backend = json_string_value(json_object_get(opts, "backend"));
 	const char *wd = json_string_value(json_object_get(opts, "working_dir"));
-	json_t *info = NULL;
+	const char *workdir = json_string_value(json_object_get(reply, "workdir"));
 	int rc;
 
 	if ((rc = cb_box_request(box, "info", json_pack("{s:s}", "op", "info"), &info, NULL)))
@@ -228,20 +230,15 @@ static int box_apply_options(struct cb_box *box, json_t *opts)
 	free(box->mountpoint);
 	free(box->backend);
 	free(box->workdir);
-	box->workdir = NULL;
 	free(box->working_dir);
 	box->working_dir = wd && *wd ? strdup(wd) : NULL;
 	box->mountpoint = strdup(json_string_value(json_object_get(info, "mountpoint")) ?: "");
 	box_level_seen(box, info);
-	box->backend = strdup(backend ? backend : "ns");
+	box->backend = strdup(backend ? backend : "");
+	box->workdir = strdup(workdir ? workdir : "");
 	json_decref(info);
-	if (!box->mountpoint || !box->backend ||
-	    asprintf(&box->workdir, "%s%s%s",
-		     !strcmp(box->backend, "local") ? box->mountpoint : "/workspace",
-		     wd && *wd ? "/" : "", wd && *wd ? wd : "") < 0) {
-		box->workdir = NULL;
+	if (!box->mountpoint || !box->backend || !box->workdir)
 		return cb_error_set(ENOMEM, "out of memory");
-	}
 	return 0;
 }
 
@@ -277,7 +274,7 @@ int cb_box_attach(const char *ref, json_t *options, struct cb_box **out, pid_t *
 	rc = cb_box_request(box, "configure", req, &reply, NULL);
 	req = NULL;
 	if (!rc)
-		rc = box_apply_options(box, json_object_get(reply, "options"));
+		rc = box_apply_options(box, reply);
 	if (pid)
 		*pid = box->daemon_pid;
 	if (!rc) {

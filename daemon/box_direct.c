@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "box_private.h"
+#include "errcode.h"
 #include "cowbox/access.h"
 #include "cowbox/client.h"
 #include "cowbox/error.h"
@@ -46,27 +47,24 @@ static int direct_root(struct cb_box *box)
 }
 
 /* The daemon's answer for this error, with its code and the errno the protocol's code maps
- * to; anything the daemon might answer otherwise goes through the protocol (1). */
+ * to (daemon/errcode.c's table); anything the daemon might answer otherwise goes through the
+ * protocol (1). */
 static int direct_error(const char *op, const char *path, int rc)
 {
 	const char *code;
 
 	switch (-rc) {
 	case ENOENT:
-		code = "not_found";
-		break;
 	case EXDEV:
 	case ELOOP:
 	case ENAMETOOLONG:
-		code = "invalid_path";
-		break;
 	case EINVAL: /* a FIFO, socket or device: refused at once */
 	case EISDIR:
-		code = "invalid_request";
 		break;
 	default:
 		return 1;
 	}
+	code = cb_daemon_error_code(rc);
 	cb_box_set_code(code);
 	return cb_error_wrap(cb_client_code_errno(code), "%s %s: %s", op, path, code);
 }

@@ -40,7 +40,7 @@ int cb_box_reaches(struct cb_box *box, const char *dest, char **rule)
 	return cb_box_finish(rc);
 }
 
-int cb_box_net_log(struct cb_box *box, int turn, json_t **rows)
+int cb_box_net_log(struct cb_box *box, long long turn, json_t **rows)
 {
 	json_t *req = json_pack("{s:s}", "op", "net_log"), *reply = NULL;
 	int rc;

@@ -207,12 +207,13 @@ static int box_map_apply(json_t *map, json_t *reply)
 /* Record a turn and bring box->map to it: only the changes since box->map_turn travel when
  * the box holds a map of this database. *reply (if not NULL) keeps the reply, for callers that
  * want the delta itself; *full says whether the whole map came instead. */
-static int box_snapshot_map(struct cb_box *box, const char *label, json_t **reply_out, int *full)
+static long long box_snapshot_map(struct cb_box *box, const char *label, json_t **reply_out,
+				  int *full)
 {
 	json_t *req = json_pack("{s:s,s:b}", "op", "snapshot", "files", 1);
 	json_t *reply = NULL, *files;
 	const char *id;
-	int rc;
+	long long rc;
 
 	*full = 1;
 	if (req && label)
@@ -224,7 +225,7 @@ static int box_snapshot_map(struct cb_box *box, const char *label, json_t **repl
 	rc = cb_box_request(box, "snapshot", req, &reply, NULL);
 	if (rc)
 		goto out;
-	rc = (int)json_integer_value(json_object_get(reply, "turn"));
+	rc = json_integer_value(json_object_get(reply, "turn"));
 	id = json_string_value(json_object_get(reply, "map_id")) ?: "";
 	if (box->map && json_is_false(json_object_get(reply, "full"))) {
 		*full = 0;
@@ -254,10 +255,17 @@ out:
 	return rc;
 }
 
-int cb_box_snapshot(struct cb_box *box, const char *label, json_t **files)
+/* cb_box_finish for a call that returns a turn: the turn, or -errno with its code set. */
+static long long box_finish_turn(long long rc)
+{
+	return rc < 0 ? cb_box_finish((int)rc) : (cb_box_finish(0), rc);
+}
+
+long long cb_box_snapshot(struct cb_box *box, const char *label, json_t **files)
 {
 	json_t *req, *reply = NULL;
-	int rc, full;
+	long long rc;
+	int full;
 
 	cb_box_set_code("");
 	if (!files) {
@@ -266,25 +274,26 @@ int cb_box_snapshot(struct cb_box *box, const char *label, json_t **files)
 			json_object_set_new(req, "label", json_string(label));
 		rc = cb_box_request(box, "snapshot", req, &reply, NULL);
 		if (!rc)
-			rc = (int)json_integer_value(json_object_get(reply, "turn"));
+			rc = json_integer_value(json_object_get(reply, "turn"));
 		json_decref(reply);
-		return cb_box_finish(rc);
+		return box_finish_turn(rc);
 	}
 	*files = NULL;
 	rc = box_snapshot_map(box, label, NULL, &full);
 	/* A copy: the caller may change it; the box keeps its own for the next delta. */
 	if (rc >= 0 && !(*files = json_deep_copy(box->map ? box->map : json_object())))
 		rc = cb_error_set(ENOMEM, "out of memory");
-	return cb_box_finish(rc);
+	return box_finish_turn(rc);
 }
 
-int cb_box_snapshot_changes(struct cb_box *box, const char *label, json_t **changed,
-			    json_t **deleted)
+long long cb_box_snapshot_changes(struct cb_box *box, const char *label, json_t **changed,
+				  json_t **deleted)
 {
 	json_t *before = box->map ? json_incref(box->map) : NULL, *reply = NULL;
 	json_t *v;
 	const char *k;
-	int rc, full;
+	long long rc;
+	int full;
 
 	cb_box_set_code("");
 	*changed = json_object();
@@ -323,12 +332,12 @@ out:
 		json_decref(*deleted);
 		*changed = *deleted = NULL;
 	}
-	return cb_box_finish(rc);
+	return box_finish_turn(rc);
 }
 
-int cb_box_diff(struct cb_box *box, int from, int to, json_t **events)
+int cb_box_diff(struct cb_box *box, long long from, long long to, json_t **events)
 {
-	json_t *req = json_pack("{s:s,s:i}", "op", "diff", "a", from), *reply = NULL;
+	json_t *req = json_pack("{s:s,s:I}", "op", "diff", "a", (json_int_t)from), *reply = NULL;
 	char what[64];
 	int rc;
 
@@ -336,7 +345,7 @@ int cb_box_diff(struct cb_box *box, int from, int to, json_t **events)
 	*events = NULL;
 	if (req && to >= 0)
 		json_object_set_new(req, "b", json_integer(to));
-	snprintf(what, sizeof(what), to >= 0 ? "diff %d %d" : "diff %d", from, to);
+	snprintf(what, sizeof(what), to >= 0 ? "diff %lld %lld" : "diff %lld", from, to);
 	rc = cb_box_request(box, what, req, &reply, NULL);
 	if (!rc) {
 		*events = json_incref(json_object_get(reply, "events"));
@@ -348,25 +357,26 @@ int cb_box_diff(struct cb_box *box, int from, int to, json_t **events)
 	return cb_box_finish(rc);
 }
 
-int cb_box_rollback(struct cb_box *box, int turn)
+long long cb_box_rollback(struct cb_box *box, long long turn)
 {
 	json_t *reply = NULL;
 	char what[64];
-	int rc;
+	long long rc;
 
 	cb_box_set_code("");
-	snprintf(what, sizeof(what), "rollback %d", turn);
-	rc = cb_box_request(box, what, json_pack("{s:s,s:i}", "op", "rollback", "turn", turn),
+	snprintf(what, sizeof(what), "rollback %lld", turn);
+	rc = cb_box_request(box, what,
+			    json_pack("{s:s,s:I}", "op", "rollback", "turn", (json_int_t)turn),
 			    &reply, NULL);
 	if (!rc)
-		rc = (int)json_integer_value(json_object_get(reply, "turn"));
+		rc = json_integer_value(json_object_get(reply, "turn"));
 	json_decref(reply);
-	return cb_box_finish(rc);
+	return box_finish_turn(rc);
 }
 
-int cb_box_fork(struct cb_box *box, int turn, const char *name, struct cb_box **out)
+int cb_box_fork(struct cb_box *box, long long turn, const char *name, struct cb_box **out)
 {
-	json_t *req = json_pack("{s:s,s:i}", "op", "fork", "turn", turn), *reply = NULL;
+	json_t *req = json_pack("{s:s,s:I}", "op", "fork", "turn", (json_int_t)turn), *reply = NULL;
 	char what[64];
 	int rc;
 
@@ -374,7 +384,7 @@ int cb_box_fork(struct cb_box *box, int turn, const char *name, struct cb_box **
 	*out = NULL;
 	if (req && name)
 		json_object_set_new(req, "name", json_string(name));
-	snprintf(what, sizeof(what), "fork %d", turn);
+	snprintf(what, sizeof(what), "fork %lld", turn);
 	rc = cb_box_request(box, what, req, &reply, NULL);
 	if (!rc)
 		rc = cb_box_attach(json_string_value(json_object_get(reply, "ref")) ?: "", NULL,

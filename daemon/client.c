@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "cowbox/client.h"
+#include "cowbox/client_served.h"
 #include "cowbox/error.h"
 #include "cowbox/grow.h"
 #include "daemon.h"
@@ -65,23 +66,6 @@ static long long now_ms(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-int cb_client_code_errno(const char *code)
-{
-	static const struct {
-		const char *code;
-		int err;
-	} map[] = {
-	    {"not_found", ENOENT},	 {"invalid_path", EINVAL},  {"in_use", EBUSY},
-	    {"unavailable", EAGAIN},	 {"timeout", ETIMEDOUT},    {"output_limit", EFBIG},
-	    {"invalid_request", EPROTO}, {"access_denied", EACCES}, {"conflict", EEXIST},
-	};
-
-	for (size_t i = 0; code && i < sizeof(map) / sizeof(map[0]); i++)
-		if (!strcmp(code, map[i].code))
-			return map[i].err;
-	return EIO;
 }
 
 int cb_client_recv_line(struct cb_client *c, int timeout_ms, char **line, size_t *len)
@@ -290,6 +274,19 @@ int cb_daemon_connect(const char *arg, struct cb_client **out)
 
 	*out = NULL;
 	if ((rc = cb_ws_resolve(arg, ref)) || (rc = cb_ws_path(ref, "control.sock", &path)))
+		return rc;
+	rc = client_connect_path(ref, path, out);
+	free(path);
+	return rc;
+}
+
+int cb_daemon_connect_ref(const char *ref, struct cb_client **out)
+{
+	char *path = NULL;
+	int rc;
+
+	*out = NULL;
+	if ((rc = cb_ws_path(ref, "control.sock", &path)))
 		return rc;
 	rc = client_connect_path(ref, path, out);
 	free(path);

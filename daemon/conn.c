@@ -14,122 +14,14 @@
 #include "cowbox/error.h"
 #include "daemon.h"
 
-struct conn_request {
-	char *key; /* the id as compact JSON: 7 and "7" differ */
-	void *obj;
-	void (*on_close)(void *obj);
-	struct conn_request *next;
-};
-
 struct cb_daemon_conn {
 	struct cb_daemon *d;
 	int fd;
-	int refs;   /* guarded by d->conns_lock */
-	int closed; /* guarded by d->conns_lock */
-	int level;  /* its own access level (cowbox/access.h); __atomic */
+	int refs;  /* guarded by d->conns_lock */
+	int level; /* its own access level (cowbox/access.h); __atomic */
 	pthread_mutex_t write_lock;
-	pthread_mutex_t requests_lock;
-	struct conn_request *requests; /* guarded by requests_lock */
-	int requests_closed;	       /* on_close ran; guarded by requests_lock */
 	struct cb_daemon_conn *next;
 };
-
-static char *request_key(json_t *id)
-{
-	return id ? json_dumps(id, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
-}
-
-int cb_daemon_conn_attach(struct cb_daemon_conn *conn, json_t *id, void *obj,
-			  void (*on_close)(void *obj))
-{
-	struct conn_request *r = calloc(1, sizeof(*r));
-	int rc = 0, running = 0;
-
-	if (!r || !(r->key = request_key(id))) {
-		free(r);
-		return cb_error_set(ENOMEM, "attach request: out of memory");
-	}
-	r->obj = obj;
-	r->on_close = on_close;
-	pthread_mutex_lock(&conn->requests_lock);
-	for (struct conn_request *q = conn->requests; q; q = q->next, running++)
-		if (!strcmp(q->key, r->key)) {
-			rc = cb_error_set(EEXIST, "request id %s is already running", r->key);
-			break;
-		}
-	if (!rc && running >= CB_PROTOCOL_MAX_IN_FLIGHT)
-		rc =
-		    cb_error_set(EBUSY,
-				 "request %s refused: %d requests are already running on this "
-				 "connection, the most one connection may have in flight; wait for "
-				 "a reply (or use another connection)",
-				 r->key, running);
-	if (!rc) {
-		r->next = conn->requests;
-		conn->requests = r;
-		/* The client may be gone already: tell the owner at once. */
-		if (conn->requests_closed && on_close)
-			on_close(obj);
-	}
-	pthread_mutex_unlock(&conn->requests_lock);
-	if (rc) {
-		free(r->key);
-		free(r);
-	}
-	return rc;
-}
-
-int cb_daemon_conn_with(struct cb_daemon_conn *conn, json_t *id, int (*fn)(void *obj, void *arg),
-			void *arg)
-{
-	char *key = request_key(id);
-	int rc;
-
-	if (!key)
-		return cb_error_set(EINVAL, "a request id is needed");
-	pthread_mutex_lock(&conn->requests_lock);
-	rc = cb_error_set(ENOENT, "no running request with id %s", key);
-	for (struct conn_request *q = conn->requests; q; q = q->next)
-		if (!strcmp(q->key, key)) {
-			cb_error_clear();
-			rc = fn(q->obj, arg);
-			break;
-		}
-	pthread_mutex_unlock(&conn->requests_lock);
-	free(key);
-	return rc;
-}
-
-void cb_daemon_conn_detach(struct cb_daemon_conn *conn, json_t *id)
-{
-	char *key = request_key(id);
-
-	if (!key)
-		return;
-	pthread_mutex_lock(&conn->requests_lock);
-	for (struct conn_request **p = &conn->requests; *p; p = &(*p)->next)
-		if (!strcmp((*p)->key, key)) {
-			struct conn_request *gone = *p;
-
-			*p = gone->next;
-			free(gone->key);
-			free(gone);
-			break;
-		}
-	pthread_mutex_unlock(&conn->requests_lock);
-	free(key);
-}
-
-/* The reader is done (hang-up or stop): every attached request hears of it once. */
-static void conn_requests_close(struct cb_daemon_conn *conn)
-{
-	pthread_mutex_lock(&conn->requests_lock);
-	conn->requests_closed = 1;
-	for (struct conn_request *q = conn->requests; q; q = q->next)
-		if (q->on_close)
-			q->on_close(q->obj);
-	pthread_mutex_unlock(&conn->requests_lock);
-}
 
 struct cb_daemon *cb_daemon_conn_daemon(struct cb_daemon_conn *conn)
 {
@@ -175,25 +67,8 @@ void cb_daemon_conn_unref(struct cb_daemon_conn *conn)
 	if (!last)
 		return;
 	close(conn->fd);
-	/* Owners detach before dropping their reference; anything left is freed here. */
-	for (struct conn_request *q = conn->requests, *next; q; q = next) {
-		next = q->next;
-		free(q->key);
-		free(q);
-	}
-	pthread_mutex_destroy(&conn->requests_lock);
 	pthread_mutex_destroy(&conn->write_lock);
 	free(conn);
-}
-
-int cb_daemon_conn_closed(struct cb_daemon_conn *conn)
-{
-	int closed;
-
-	pthread_mutex_lock(&conn->d->conns_lock);
-	closed = conn->closed || __atomic_load_n(&conn->d->stopping, __ATOMIC_ACQUIRE);
-	pthread_mutex_unlock(&conn->d->conns_lock);
-	return closed;
 }
 
 int cb_daemon_send_text(struct cb_daemon_conn *conn, const char *text, size_t len)
@@ -286,36 +161,6 @@ int cb_daemon_send_frame(struct cb_daemon_conn *conn, json_t *id, json_t *frame)
 		json_object_update(msg, frame);
 	json_decref(frame);
 	return conn_send(conn, msg);
-}
-
-const char *cb_daemon_error_code(int err)
-{
-	switch (err < 0 ? -err : err) {
-	case ENOENT:
-	case ESRCH:
-		return "not_found";
-	case EBUSY:
-	case EEXIST:
-	case EWOULDBLOCK:
-		return "in_use";
-	case ETIMEDOUT:
-		return "timeout";
-	case EFBIG:
-	case ENOBUFS:
-		return "output_limit";
-	case EINVAL: /* also a FIFO, socket or device where a file was asked for */
-	case EISDIR:
-	case EPROTO:
-	case EBADMSG:
-		return "invalid_request";
-	case EXDEV:
-	case ENAMETOOLONG:
-	case ELOOP:
-	case EACCES:
-		return "invalid_path";
-	default:
-		return "unavailable";
-	}
 }
 
 /* One request line: anything malformed is answered and the connection goes on. */
@@ -430,10 +275,9 @@ static void *conn_reader(void *arg)
 	}
 out:
 	free(buf);
-	pthread_mutex_lock(&conn->d->conns_lock);
-	conn->closed = 1;
-	pthread_mutex_unlock(&conn->d->conns_lock);
-	conn_requests_close(conn);
+	/* The commands this client started end with it (the reader started them, so none is
+	 * started after this). */
+	cb_daemon_api_hangup(conn->d, conn);
 	cb_daemon_conn_unref(conn);
 	return NULL;
 }
@@ -454,7 +298,6 @@ int cb_daemon_conn_start(struct cb_daemon *d, int fd)
 	conn->refs = 1;
 	conn->level = 2; /* full: what the workspace serves (d->access) bounds it */
 	pthread_mutex_init(&conn->write_lock, NULL);
-	pthread_mutex_init(&conn->requests_lock, NULL);
 	pthread_mutex_lock(&d->conns_lock);
 	conn->next = d->conns;
 	d->conns = conn;
@@ -484,7 +327,6 @@ void cb_daemon_conns_shutdown(struct cb_daemon *d, int timeout_ms)
 	}
 	pthread_mutex_lock(&d->conns_lock);
 	for (struct cb_daemon_conn *c = d->conns; c; c = c->next) {
-		c->closed = 1;
 		shutdown(c->fd, SHUT_RDWR);
 	}
 	while (d->nconns > 0)

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "cowbox/access.h"
+#include "cowbox/workspace.h"
 #include "cowbox/backend.h"
 #include "cowbox/error.h"
 #include "cowbox/grow.h"
@@ -298,7 +299,7 @@ static void *daemon_signal_thread(void *arg)
 void cb_daemon_request_stop(struct cb_daemon *d)
 {
 	__atomic_store_n(&d->stopping, 1, __ATOMIC_RELEASE);
-	/* api (issue 5): commands and containers hold the mount; they go before the umount. */
+	/* Commands and containers hold the mount; they go before the umount. */
 	cb_daemon_api_stop(d);
 	if (!d->ov)
 		return;
@@ -376,6 +377,10 @@ static void daemon_free(struct cb_daemon *d)
 	pthread_cond_destroy(&d->conns_cond);
 	pthread_mutex_destroy(&d->idle_lock);
 	pthread_cond_destroy(&d->idle_cond);
+	pthread_mutex_destroy(&d->api_lock);
+	pthread_mutex_destroy(&d->running_lock);
+	pthread_cond_destroy(&d->running_cond);
+	pthread_mutex_destroy(&d->api_stop_lock);
 }
 
 struct base_seen {
@@ -522,6 +527,10 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	pthread_cond_init(&d.conns_cond, NULL);
 	pthread_mutex_init(&d.idle_lock, NULL);
 	pthread_cond_init(&d.idle_cond, NULL);
+	pthread_mutex_init(&d.api_lock, NULL);
+	pthread_mutex_init(&d.running_lock, NULL);
+	pthread_cond_init(&d.running_cond, NULL);
+	pthread_mutex_init(&d.api_stop_lock, NULL);
 	d.started = now_seconds();
 	d.pinned = opt->pinned;
 	/* Our pid goes into the lock at once: a dead daemon's pid left there could meanwhile
@@ -624,7 +633,7 @@ out:
 	if (rc && d.lock_fd >= 0)
 		daemon_log("error: %s", cb_error_message());
 	__atomic_store_n(&d.stopping, 1, __ATOMIC_RELEASE);
-	/* api (issue 5): end the API's commands first; their threads hold connections. */
+	/* End the API's commands first; their threads hold connections. */
 	cb_daemon_api_stop(&d);
 	if (d.listen_fd >= 0)
 		shutdown(d.listen_fd, SHUT_RDWR);

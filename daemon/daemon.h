@@ -9,14 +9,16 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include "cowbox/daemon.h"
+#include "errcode.h"
 #include "cowbox/workspace.h"
 
 #define CB_PROTOCOL_VERSION  1
 #define CB_PROTOCOL_MAX_LINE (16u << 20) /* a request line longer than this is refused */
-/* Requests running on their own threads (exec, run, ...) at once on one connection; one more
- * is refused with in_use. Inline ops run one at a time in order: the reader takes the next
- * line only after answering, so a client that never reads its replies is held back by the
- * socket buffers (backpressure), never cut off. */
+/* The API's commands (exec, run: on threads of their own) at once on one connection; one more
+ * is refused with in_use (daemon/ops_api.c). Inline ops run one at a time in order: the reader
+ * takes the next line only after answering, so a client that never reads its replies is held back
+ * by the socket buffers (backpressure), never cut off. */
 #define CB_PROTOCOL_MAX_IN_FLIGHT 64
 
 /* File workers (daemon/workproc.c): at most this many API reads and writes run at once. */
@@ -89,6 +91,22 @@ struct cb_daemon {
 	pthread_cond_t conns_cond;
 	struct cb_daemon_conn *conns;
 	unsigned nconns;
+
+	/* The API (daemon/api_util.c): the workspace's backend, opened on first use, and a
+	 * reference count per backend generation (configure replaces it while ops may still use
+	 * the old one); released once stopping. All under api_lock. */
+	pthread_mutex_t api_lock;
+	struct cb_backend *api_backend;
+	struct api_ref *api_refs;
+	int api_released;
+	/* The API's running commands (daemon/ops_api.c), the one table of them: exec and run
+	 * list themselves by (connection, id) there, stdin and kill find them there, a hang-up
+	 * and the daemon's stop kill them from there. running_cond: a start, an end, a
+	 * reference dropped. api_stop_lock: one stop at a time. */
+	pthread_mutex_t running_lock;
+	pthread_cond_t running_cond;
+	struct api_exec *running;
+	pthread_mutex_t api_stop_lock;
 };
 
 /* The host id range the workspace in dir shows its files in (cb_overlay_config.id_base): 0
@@ -132,8 +150,8 @@ const struct cb_daemon_op *cb_daemon_op_find(const char *name);
  * way). Thread-safe; a line is never interleaved with another. -EPIPE once the client is gone. */
 int cb_daemon_reply(struct cb_daemon_conn *conn, json_t *id, json_t *result);
 
-/* Send {"id":id,"error":{"code":code,"message":...}}. code is one of not_found, invalid_path,
- * in_use, unavailable, timeout, output_limit, invalid_request. */
+/* Send {"id":id,"error":{"code":code,"message":...}}. code is one of the protocol's codes
+ * (cowbox/client.h, cb_protocol_errors). */
 int cb_daemon_reply_error(struct cb_daemon_conn *conn, json_t *id, const char *code,
 			  const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
@@ -145,38 +163,21 @@ int cb_daemon_send_frame(struct cb_daemon_conn *conn, json_t *id, json_t *frame)
  * newline) that the caller wrote itself, in one locked stretch. */
 int cb_daemon_send_text(struct cb_daemon_conn *conn, const char *text, size_t len);
 
-/* The protocol error code for an errno (ENOENT -> not_found, EBUSY -> in_use, ...). */
-const char *cb_daemon_error_code(int err);
+/* The protocol error code for an errno: cb_daemon_error_code (errcode.h). */
 
 /* Keep a connection alive past its reader (for ops that finish on their own thread); every
  * ref is dropped with cb_daemon_conn_unref. */
 struct cb_daemon_conn *cb_daemon_conn_ref(struct cb_daemon_conn *conn);
 void cb_daemon_conn_unref(struct cb_daemon_conn *conn);
 
-/* 1 once the client hung up or the daemon is stopping: long ops should wind down. */
-int cb_daemon_conn_closed(struct cb_daemon_conn *conn);
-
-/* ---- running requests of a connection ----
- * A request that outlives its handler (exec) attaches itself under its id, so that later
- * lines naming the same id ({"id":ID,"op":"stdin",...}, "kill") can reach it. */
-
-/* Attach obj under id (an integer or string id). on_close (may be NULL) is called once if the
- * client hangs up or the daemon stops while obj is attached, under the connection's request
- * lock: it must be quick (set a flag, send a signal). -EEXIST if id is already running. */
-int cb_daemon_conn_attach(struct cb_daemon_conn *conn, json_t *id, void *obj,
-			  void (*on_close)(void *obj));
-
-/* Call fn(obj, arg) for the request attached under id, holding the request lock so that the
- * owner cannot detach (and free) it meanwhile; fn must not block. Returns fn's value, or
- * -ENOENT (with a message) when nothing runs under id. */
-int cb_daemon_conn_with(struct cb_daemon_conn *conn, json_t *id, int (*fn)(void *obj, void *arg),
-			void *arg);
-
-/* Detach the request under id (waits for a running cb_daemon_conn_with); no-op if absent. */
-void cb_daemon_conn_detach(struct cb_daemon_conn *conn, json_t *id);
-
 /* The daemon a connection belongs to. */
 struct cb_daemon *cb_daemon_conn_daemon(struct cb_daemon_conn *conn);
+
+/* api (daemon/ops_api.c): the client of conn hung up or the daemon is stopping (called once per
+ * connection, by its reader thread as it ends): every command conn started is killed (one not
+ * started yet never starts). Requests that outlive their handler are the API's commands only;
+ * they are kept in the daemon's running table, not by the connection. */
+void cb_daemon_api_hangup(struct cb_daemon *d, struct cb_daemon_conn *conn);
 
 /* api (daemon/ops_api.c): kill the API's running commands, wait for them, and close the
  * workspace's backend (forwarders, the docker container). Called once while stopping. */
@@ -289,12 +290,8 @@ int cb_daemon_worker_file_op(const char *root, const char *op, json_t *req,
 			     struct cb_daemon_lines *r, json_t **res, void **data, size_t *n);
 
 /* ---- idle stop (daemon/idle.c) ---- */
-#define CB_DAEMON_IDLE_DEFAULT 600.0 /* seconds, when the workspace sets none */
 extern const struct cb_daemon_op cb_daemon_ops_idle[];
-/* The idle timeout the workspace in dir keeps (the default when none); 0 or -errno. */
-int cb_daemon_idle_load(const char *dir, double *timeout);
-/* Keep timeout (seconds >= 0, 0: never) for the workspace in dir. */
-int cb_daemon_idle_save(const char *dir, double timeout);
+/* cb_daemon_idle_load and _save: cowbox/daemon.h */
 /* The thread that stops the daemon once idle (not pinned, no connection for the timeout),
  * and its end (after d->stopping is set). */
 int cb_daemon_idle_start(struct cb_daemon *d);
@@ -331,20 +328,5 @@ void cb_daemon_conns_shutdown(struct cb_daemon *d, int timeout_ms);
  * else -1). */
 struct sockaddr_un;
 int cb_daemon_sockaddr(const char *path, struct sockaddr_un *sa, socklen_t *len, int *dirfd);
-
-/* ---- the daemon itself (daemon/daemon.c) ---- */
-
-struct cb_daemon_options {
-	const char *ref;	/* a ref or name; resolved first */
-	const char *mountpoint; /* NULL: <dir>/mnt */
-	int foreground;		/* log to stderr instead of daemon.log */
-	int debug;		/* FUSE request tracing */
-	int pinned;		/* never stop when idle (`cowbox mount`), only when told to */
-};
-
-/* Run the daemon until the workspace is unmounted, `close` is asked or SIGTERM/SIGINT come:
- * lock, journal, mount, control socket. Returns 0 after a clean stop; -errno with a message
- * (e.g. "workspace cb-... is in use by pid N") when it cannot start. */
-int cb_daemon_serve(const struct cb_daemon_options *opt);
 
 #endif

@@ -24,24 +24,20 @@ struct api_exec {
 	void *stdin_buf;
 	struct cb_backend *b;
 	struct cb_exec *h;
-	int refs;      /* stdin writers using h; guarded by running_lock */
-	int started;   /* h is set and running; guarded by running_lock */
+	int refs;      /* stdin writers using h; guarded by d->running_lock */
+	int started;   /* h is set and running; guarded by d->running_lock */
 	int stop_sent; /* the daemon's stop killed it */
 	int hangup;    /* the client went away: nobody wants the command any more */
-	int early_sig; /* a kill that came before the command existed; guarded by running_lock.
+	int early_sig; /* a kill that came before the command existed; guarded by d->running_lock.
 			  b and h are only used once started is set: until then the kill is
 			  kept here and sent as soon as the command runs (SIGKILL: it never
 			  starts). */
 	struct api_exec *next;
 };
 
-static pthread_mutex_t running_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t running_cond = PTHREAD_COND_INITIALIZER;
-static struct api_exec *running; /* guarded by running_lock */
-
 static void api_exec_free(struct api_exec *e)
 {
-	cb_api_backend_put(e->b);
+	cb_api_backend_put(e->d, e->b);
 	cb_exec_env_free(e->argv);
 	cb_exec_env_free(e->env);
 	free(e->shell);
@@ -176,39 +172,33 @@ static json_t *result_json(const struct api_exec *e, const struct cb_exec_result
 	return r;
 }
 
-/* The connection's reader is gone (hang-up or stop): end the command even if it is silent.
- * Runs under the connection's request lock, so it only sends a signal. */
-static void api_on_close(void *obj)
+void cb_daemon_api_hangup(struct cb_daemon *d, struct cb_daemon_conn *conn)
 {
-	struct api_exec *e = obj;
-
-	pthread_mutex_lock(&running_lock);
-	e->hangup = 1;
-	if (e->started)
-		cb_exec_kill(e->h, SIGKILL);
-	pthread_mutex_unlock(&running_lock);
+	pthread_mutex_lock(&d->running_lock);
+	for (struct api_exec *e = d->running; e; e = e->next)
+		if (e->conn == conn) {
+			e->hangup = 1;
+			if (e->started)
+				cb_exec_kill(e->h, SIGKILL);
+		}
+	pthread_mutex_unlock(&d->running_lock);
 }
 
 /* Take e off the running list and wait until no stdin or kill request still uses it. */
-static void running_unlink(struct api_exec *e)
+static void running_remove(struct api_exec *e)
 {
-	pthread_mutex_lock(&running_lock);
-	for (struct api_exec **p = &running; *p; p = &(*p)->next)
+	struct cb_daemon *d = e->d;
+
+	pthread_mutex_lock(&d->running_lock);
+	for (struct api_exec **p = &d->running; *p; p = &(*p)->next)
 		if (*p == e) {
 			*p = e->next;
 			break;
 		}
 	while (e->refs)
-		pthread_cond_wait(&running_cond, &running_lock);
-	pthread_cond_broadcast(&running_cond);
-	pthread_mutex_unlock(&running_lock);
-}
-
-/* Unlisted, and no stdin writer or killer still uses the handle. */
-static void running_remove(struct api_exec *e)
-{
-	cb_daemon_conn_detach(e->conn, e->id);
-	running_unlink(e);
+		pthread_cond_wait(&d->running_cond, &d->running_lock);
+	pthread_cond_broadcast(&d->running_cond);
+	pthread_mutex_unlock(&d->running_lock);
 }
 
 static void *api_exec_main(void *arg)
@@ -221,9 +211,9 @@ static void *api_exec_main(void *arg)
 
 	if ((rc = cb_api_backend(e->d, 1, &e->b)) < 0)
 		goto fail;
-	pthread_mutex_lock(&running_lock);
+	pthread_mutex_lock(&e->d->running_lock);
 	early_kill = e->early_sig == SIGKILL || e->hangup;
-	pthread_mutex_unlock(&running_lock);
+	pthread_mutex_unlock(&e->d->running_lock);
 	if (early_kill) {
 		/* Killed before it existed: it never runs, and ends as a SIGKILL would have. */
 		res.killed = 1;
@@ -239,13 +229,13 @@ static void *api_exec_main(void *arg)
 	cb_daemon_spawn_unlock();
 	if (rc < 0)
 		goto fail;
-	pthread_mutex_lock(&running_lock);
+	pthread_mutex_lock(&e->d->running_lock);
 	e->started = 1;
 	if (e->hangup)
 		cb_exec_kill(e->h, SIGKILL);
 	early_sig = e->hangup ? 0 : e->early_sig;
-	pthread_cond_broadcast(&running_cond);
-	pthread_mutex_unlock(&running_lock);
+	pthread_cond_broadcast(&e->d->running_cond);
+	pthread_mutex_unlock(&e->d->running_lock);
 	if (early_sig) /* this thread owns e: no lock needed to use h */
 		e->b->ops->kill(e->b, e->h, early_sig);
 	rc = e->b->ops->wait(e->b, e->h, &res);
@@ -293,35 +283,72 @@ fail:
 	return NULL;
 }
 
-static struct api_exec *running_find(struct cb_daemon_conn *conn, json_t *id)
+/* The command of (conn, id) on d's list (d->running_lock held); *same gets how many of conn's
+ * commands are listed (may be NULL). */
+static struct api_exec *running_find(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *id,
+				     int *same)
 {
-	for (struct api_exec *e = running; e; e = e->next)
-		if (e->conn == conn && json_equal(e->id, id))
-			return e;
-	return NULL;
+	struct api_exec *found = NULL;
+
+	if (same)
+		*same = 0;
+	for (struct api_exec *e = d->running; e; e = e->next)
+		if (e->conn == conn) {
+			if (same)
+				(*same)++;
+			if (!found && json_equal(e->id, id))
+				found = e;
+		}
+	return found;
 }
 
 /* The running command of (conn, id) once it has started (a stdin frame may come before its
  * exec's thread got that far), with a reference that running_put drops; NULL if none. */
-static struct api_exec *running_get(struct cb_daemon_conn *conn, json_t *id)
+static struct api_exec *running_get(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *id)
 {
 	struct api_exec *e;
 
-	pthread_mutex_lock(&running_lock);
-	while ((e = running_find(conn, id)) && !e->started)
-		pthread_cond_wait(&running_cond, &running_lock);
+	pthread_mutex_lock(&d->running_lock);
+	while ((e = running_find(d, conn, id, NULL)) && !e->started)
+		pthread_cond_wait(&d->running_cond, &d->running_lock);
 	if (e)
 		e->refs++;
-	pthread_mutex_unlock(&running_lock);
+	pthread_mutex_unlock(&d->running_lock);
 	return e;
 }
 
 static void running_put(struct api_exec *e)
 {
-	pthread_mutex_lock(&running_lock);
+	pthread_mutex_lock(&e->d->running_lock);
 	e->refs--;
-	pthread_cond_broadcast(&running_cond);
-	pthread_mutex_unlock(&running_lock);
+	pthread_cond_broadcast(&e->d->running_cond);
+	pthread_mutex_unlock(&e->d->running_lock);
+}
+
+/* List e as (conn, id) unless that id runs already or conn has as many commands in flight as
+ * one connection may: -EBUSY saying which. The reader thread lists it, and a hang-up is
+ * handled by that same thread after this returns, so cb_daemon_api_hangup finds it. */
+static int running_add(struct api_exec *e)
+{
+	struct cb_daemon *d = e->d;
+	int rc = 0, same;
+
+	pthread_mutex_lock(&d->running_lock);
+	if (running_find(d, e->conn, e->id, &same))
+		rc = cb_error_set(EBUSY, "a command with this id is still running");
+	else if (same >= CB_PROTOCOL_MAX_IN_FLIGHT)
+		rc =
+		    cb_error_set(EBUSY,
+				 "request refused: %d requests are already running on this "
+				 "connection, the most one connection may have in flight; wait for "
+				 "a reply (or use another connection)",
+				 same);
+	if (!rc) {
+		e->next = d->running;
+		d->running = e;
+	}
+	pthread_mutex_unlock(&d->running_lock);
+	return rc;
 }
 
 static int api_start(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req, int stream)
@@ -330,7 +357,7 @@ static int api_start(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *r
 	json_t *id = json_object_get(req, "id");
 	pthread_attr_t attr;
 	pthread_t t;
-	int rc, busy, listed = 0;
+	int rc, listed = 0;
 
 	if (!e)
 		return cb_error_set(ENOMEM, "exec: out of memory");
@@ -341,38 +368,21 @@ static int api_start(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *r
 	if ((rc = cmd_parse(req, e)) < 0)
 		goto fail;
 	e->conn = cb_daemon_conn_ref(conn);
-	pthread_mutex_lock(&running_lock);
-	busy = running_find(conn, id) != NULL;
-	if (!busy) {
-		e->next = running;
-		running = e;
-	}
-	pthread_mutex_unlock(&running_lock);
-	if (busy) {
-		rc = cb_error_set(EBUSY, "a command with this id is still running");
+	if ((rc = running_add(e)) < 0)
 		goto fail;
-	}
 	listed = 1;
-	/* Only to hear of a hang-up: stdin and kill use this file's own table, since a stdin
-	 * write may block, which the connection's request lock must not. */
-	if ((rc = cb_daemon_conn_attach(conn, id, e, api_on_close)) < 0) {
-		if (rc == -EEXIST)
-			rc = -EBUSY; /* the attach's message says which id */
-		goto fail;
-	}
 	pthread_attr_init(&attr);
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
 	rc = pthread_create(&t, &attr, api_exec_main, e);
 	pthread_attr_destroy(&attr);
 	if (rc) {
-		cb_daemon_conn_detach(conn, id);
 		rc = cb_error_set(rc, "exec thread: %s", strerror(rc));
 		goto fail;
 	}
 	return 0;
 fail:
 	if (listed)
-		running_unlink(e);
+		running_remove(e);
 	api_exec_free(e);
 	return rc;
 }
@@ -396,12 +406,11 @@ static int op_stdin(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *re
 	size_t len = 0;
 	struct api_exec *e;
 
-	(void)d;
 	if (!json_is_string(data) && !eof)
 		return cb_error_set(EINVAL, "stdin: needs \"data\" (base64) or \"eof\": true");
 	if (data && (rc = cb_api_b64_decode("data", json_string_value(data), &buf, &len)) < 0)
 		return rc;
-	e = running_get(conn, id);
+	e = running_get(d, conn, id);
 	if (!e || e->cmd.stdin_kind != CB_EXEC_STDIN_STREAM) {
 		if (e)
 			running_put(e);
@@ -425,18 +434,17 @@ static int op_kill(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 	int signo = sig ? (int)json_integer_value(sig) : SIGKILL, started = 0;
 	struct api_exec *e;
 
-	(void)d;
 	if ((sig && !json_is_integer(sig)) || signo < 1 || signo > 64)
 		return cb_error_set(EINVAL, "kill: \"signal\" needs a signal number 1-64");
-	pthread_mutex_lock(&running_lock);
-	e = running_find(conn, id);
+	pthread_mutex_lock(&d->running_lock);
+	e = running_find(d, conn, id, NULL);
 	/* Before its start the command has no handle (nor, maybe, a backend) to signal. */
 	if (e && e->started) {
 		e->refs++;
 		started = 1;
 	} else if (e && e->early_sig != SIGKILL)
 		e->early_sig = signo;
-	pthread_mutex_unlock(&running_lock);
+	pthread_mutex_unlock(&d->running_lock);
 	/* Outside the lock (docker's kill runs its CLI); the reference keeps h alive. */
 	if (started) {
 		e->b->ops->kill(e->b, e->h, signo);
@@ -449,27 +457,26 @@ static int op_kill(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 
 void cb_daemon_api_stop(struct cb_daemon *d)
 {
-	static pthread_mutex_t stop_lock = PTHREAD_MUTEX_INITIALIZER;
 	struct timespec deadline;
 
-	(void)d;
 	/* The close op and a signal may both stop the daemon; the second waits, finds nothing. */
-	pthread_mutex_lock(&stop_lock);
+	pthread_mutex_lock(&d->api_stop_lock);
 	clock_gettime(CLOCK_REALTIME, &deadline);
 	deadline.tv_sec += 10;
-	pthread_mutex_lock(&running_lock);
-	while (running) {
-		for (struct api_exec *e = running; e; e = e->next)
+	pthread_mutex_lock(&d->running_lock);
+	while (d->running) {
+		for (struct api_exec *e = d->running; e; e = e->next)
 			if (e->started && !e->stop_sent) {
 				__atomic_store_n(&e->stop_sent, 1, __ATOMIC_RELEASE);
 				e->b->ops->kill(e->b, e->h, SIGKILL);
 			}
-		if (pthread_cond_timedwait(&running_cond, &running_lock, &deadline) == ETIMEDOUT)
+		if (pthread_cond_timedwait(&d->running_cond, &d->running_lock, &deadline) ==
+		    ETIMEDOUT)
 			break;
 	}
-	pthread_mutex_unlock(&running_lock);
-	cb_api_backend_release();
-	pthread_mutex_unlock(&stop_lock);
+	pthread_mutex_unlock(&d->running_lock);
+	cb_api_backend_release(d);
+	pthread_mutex_unlock(&d->api_stop_lock);
 }
 
 extern const struct cb_daemon_op cb_daemon_ops_files[];

@@ -50,7 +50,7 @@ static int op_read(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 		return rc;
 	if ((rc = cb_backend_api_path(b->opt.working_dir, path, &full)) == 0)
 		rc = cb_backend_read(b, full, (off_t)off, (size_t)len, &data, &n, &size);
-	cb_api_backend_put(b);
+	cb_api_backend_put(d, b);
 	free(full);
 	if (rc < 0)
 		return rc;
@@ -92,7 +92,7 @@ static int op_write(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *re
 			rc = cb_backend_write(b, full, (off_t)off, buf, len,
 					      trunc ? json_is_true(trunc) : off == 0,
 					      (mode_t)(mode & 07777));
-		cb_api_backend_put(b);
+		cb_api_backend_put(d, b);
 	}
 	free(buf);
 	free(full);
@@ -123,7 +123,7 @@ static int op_which(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *re
 	if ((rc = cb_api_backend(d, 1, &b)) < 0)
 		return rc;
 	rc = b->ops->which(b, bin, &path);
-	cb_api_backend_put(b);
+	cb_api_backend_put(d, b);
 	return rc < 0 ? rc : reply_string(conn, req, "path", path);
 }
 
@@ -143,7 +143,7 @@ static int op_host_url(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	if ((rc = cb_api_backend(d, 1, &b)) < 0)
 		return rc;
 	rc = b->ops->host_url(b, (int)json_integer_value(port), &url);
-	cb_api_backend_put(b);
+	cb_api_backend_put(d, b);
 	return rc < 0 ? rc : reply_string(conn, req, "url", url);
 }
 
@@ -154,6 +154,7 @@ static int op_host_url(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 static int op_configure(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
 	json_t *opt = json_object_get(req, "options"), *reply;
+	char *workdir = NULL;
 	long long baseline = -1;
 	struct cb_backend *b;
 	int rc, hooks;
@@ -165,10 +166,13 @@ static int op_configure(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t
 	hooks = b->opt.on_create[0] || b->opt.setup_script;
 	if (opt && hooks && !b->created && !(rc = cb_backend_ensure(b)))
 		rc = cb_daemon_snapshot_labelled(d, "on_create", &baseline);
+	if (!rc)
+		rc = cb_backend_workdir(b->opt.kind, b->root, b->opt.working_dir, &workdir);
 	reply = rc ? NULL
-		   : json_pack("{s:o, s:b}", "options", cb_backend_options_to_json(&b->opt),
-			       "created", b->created);
-	cb_api_backend_put(b);
+		   : json_pack("{s:o, s:b, s:s}", "options", cb_backend_options_to_json(&b->opt),
+			       "created", b->created, "workdir", workdir);
+	cb_api_backend_put(d, b);
+	free(workdir);
 	if (rc)
 		return rc;
 	if (baseline >= 0)
@@ -190,7 +194,7 @@ static int op_destroy(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *
 		rc = cb_backend_hook(b, "on_destroy hook", b->opt.on_destroy[i], b->opt.timeout);
 	if (!rc)
 		rc = b->ops->destroy(b);
-	cb_api_backend_put(b);
+	cb_api_backend_put(d, b);
 	if (rc < 0)
 		return rc;
 	snprintf(marker, sizeof(marker), "%s/backend.created", d->dir);

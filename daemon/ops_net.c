@@ -121,7 +121,7 @@ static int op_publish(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *
 	if ((rc = port_arg(req, "publish", &port)) < 0 || (rc = cb_api_backend(d, 1, &b)) < 0)
 		return rc;
 	rc = cb_publish_add(b, port, &host_port);
-	cb_api_backend_put(b);
+	cb_api_backend_put(d, b);
 	if (rc < 0)
 		return rc;
 	snprintf(addr, sizeof addr, "127.0.0.1:%d", host_port);
@@ -137,7 +137,7 @@ static int op_unpublish(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t
 	if ((rc = port_arg(req, "unpublish", &port)) < 0 || (rc = cb_api_backend(d, 1, &b)) < 0)
 		return rc;
 	rc = cb_publish_remove(b, port);
-	cb_api_backend_put(b);
+	cb_api_backend_put(d, b);
 	return rc < 0 ? rc : cb_daemon_reply(conn, json_object_get(req, "id"), NULL);
 }
 
@@ -160,7 +160,7 @@ static int op_netns(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *re
 	else if (fstat(fd, &st) < 0)
 		rc = cb_error_set(errno, "netns: %s", strerror(errno));
 	pthread_mutex_unlock(&b->lock);
-	cb_api_backend_put(b);
+	cb_api_backend_put(d, b);
 	if (rc < 0)
 		return rc;
 	return cb_daemon_reply(conn, json_object_get(req, "id"),

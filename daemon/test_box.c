@@ -106,7 +106,7 @@ static void read_write_case(int direct)
 	struct cb_box_result r;
 	json_t *events = NULL;
 	const char *comm = NULL;
-	int turn;
+	long long turn;
 	size_t big = (3u << 20) + 17, len = 0;
 	unsigned char *data = malloc(big);
 	void *back = NULL;
@@ -365,7 +365,8 @@ Test(box, turns_fork_close_reopen)
 	char ref[64];
 	void *data = NULL;
 	size_t len;
-	int t1, t2, rc;
+	long long t1, t2;
+	int rc;
 
 	snprintf(ref, sizeof(ref), "%s", cb_box_ref(box));
 	cr_assert(cb_ws_ref_syntax(ref));
@@ -530,7 +531,7 @@ Test(box, snapshot_changes)
 	struct cb_box *box = create_empty();
 	json_t *changed = NULL, *deleted = NULL, *files = NULL;
 	struct cb_box_result r = {0};
-	int t1, t2, t3;
+	long long t1, t2, t3;
 
 	cr_assert_eq(cb_box_write(box, "a.txt", "one\n", 4), 0, "%s", cb_error_message());
 	cr_assert_eq(cb_box_write(box, "d/b.txt", "b\n", 2), 0, "%s", cb_error_message());

@@ -1,6 +1,6 @@
 /* Unit tests of daemon/conn.c over a socketpair, with a table of test ops: a long-running
  * streaming request on one connection while the same connection keeps reading lines (ping,
- * kill by id), attach/with/detach, on_close at hang-up, and framing errors. */
+ * kill by id), the hang-up reaching the requests a connection started, and framing errors. */
 #include "config.h"
 
 #include <criterion/criterion.h>
@@ -14,17 +14,18 @@
 #include "cowbox/error.h"
 #include "daemon.h"
 
+/* The test's stand-in for the API's running table (daemon/ops_api.c): counters by
+ * (connection, id), stopped by kill and by the hang-up hook. */
 struct counter {
 	struct cb_daemon_conn *conn;
 	json_t *id;
 	int stop;
 	pthread_t thread;
+	struct counter *next;
 };
 
-static void counter_close(void *obj)
-{
-	__atomic_store_n(&((struct counter *)obj)->stop, 1, __ATOMIC_RELEASE);
-}
+static pthread_mutex_t counters_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct counter *counters;
 
 /* Streams a frame every 5 ms until killed or the client hangs up, then replies. */
 static void *counter_main(void *arg)
@@ -39,7 +40,13 @@ static void *counter_main(void *arg)
 		ticks++;
 		usleep(5000);
 	}
-	cb_daemon_conn_detach(c->conn, c->id);
+	pthread_mutex_lock(&counters_lock);
+	for (struct counter **p = &counters; *p; p = &(*p)->next)
+		if (*p == c) {
+			*p = c->next;
+			break;
+		}
+	pthread_mutex_unlock(&counters_lock);
 	cb_daemon_reply(c->conn, c->id, json_pack("{s:i, s:b}", "ticks", ticks, "killed", 1));
 	cb_daemon_conn_unref(c->conn);
 	json_decref(c->id);
@@ -50,39 +57,48 @@ static void *counter_main(void *arg)
 static int op_count(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
 	struct counter *c = calloc(1, sizeof(*c));
-	int rc;
 
 	(void)d;
 	cr_assert_not_null(c);
 	c->id = json_incref(json_object_get(req, "id"));
 	c->conn = cb_daemon_conn_ref(conn);
-	rc = cb_daemon_conn_attach(conn, c->id, c, counter_close);
-	if (rc) {
-		cb_daemon_conn_unref(conn);
-		json_decref(c->id);
-		free(c);
-		return rc;
-	}
+	pthread_mutex_lock(&counters_lock);
+	c->next = counters;
+	counters = c;
+	pthread_mutex_unlock(&counters_lock);
 	cr_assert_eq(pthread_create(&c->thread, NULL, counter_main, c), 0);
 	pthread_detach(c->thread);
-	return 0;
-}
-
-static int kill_counter(void *obj, void *arg)
-{
-	(void)arg;
-	counter_close(obj);
 	return 0;
 }
 
 static int op_kill(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
 	json_t *id = json_object_get(req, "id");
-	int rc;
+	int found = 0;
 
 	(void)d;
-	rc = cb_daemon_conn_with(conn, id, kill_counter, NULL);
-	return rc ? rc : cb_daemon_reply(conn, id, json_pack("{s:b}", "kill", 1));
+	pthread_mutex_lock(&counters_lock);
+	for (struct counter *c = counters; c; c = c->next)
+		if (c->conn == conn && json_equal(c->id, id)) {
+			__atomic_store_n(&c->stop, 1, __ATOMIC_RELEASE);
+			found = 1;
+		}
+	pthread_mutex_unlock(&counters_lock);
+	if (!found)
+		return cb_error_set(ENOENT, "no running request with this id");
+	return cb_daemon_reply(conn, id, json_pack("{s:b}", "kill", 1));
+}
+
+/* The reader's hang-up hook: here it stops the counters of conn, as the API kills its
+ * commands. */
+void cb_daemon_api_hangup(struct cb_daemon *dd, struct cb_daemon_conn *conn)
+{
+	(void)dd;
+	pthread_mutex_lock(&counters_lock);
+	for (struct counter *c = counters; c; c = c->next)
+		if (c->conn == conn)
+			__atomic_store_n(&c->stop, 1, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&counters_lock);
 }
 
 static int op_ping(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
@@ -212,11 +228,6 @@ Test(conn, long_request_while_reading_more_lines)
 	cr_assert_eq(json_integer_value(json_object_get(m, "id")), 2);
 	cr_assert(json_is_true(json_object_get(m, "ok")));
 	json_decref(m);
-	/* A second request under a running id is refused. */
-	send_line("{\"id\":1,\"op\":\"count\"}");
-	m = recv_reply(&frames);
-	cr_assert_str_eq(error_code(m), "in_use");
-	json_decref(m);
 	send_line("{\"id\":9,\"op\":\"kill\"}");
 	m = recv_reply(&frames);
 	cr_assert_str_eq(error_code(m), "not_found");
@@ -233,7 +244,7 @@ Test(conn, long_request_while_reading_more_lines)
 	cr_assert_gt(frames, 0);
 }
 
-Test(conn, hang_up_stops_attached_requests)
+Test(conn, hang_up_stops_the_connections_requests)
 {
 	json_t *m = recv_msg();
 
@@ -244,7 +255,8 @@ Test(conn, hang_up_stops_attached_requests)
 	json_decref(m);
 	close(peer);
 	peer = -1;
-	/* on_close stops both counters; their replies fail quietly; every ref is dropped. */
+	/* The hang-up hook stops both counters; their replies fail quietly; every ref is
+	 * dropped. */
 	cb_daemon_conns_shutdown(&d, 5000);
 	cr_assert_eq(d.nconns, 0);
 }
@@ -272,43 +284,4 @@ Test(conn, framing_errors_keep_the_connection)
 	m = recv_msg();
 	cr_assert_str_eq(json_string_value(json_object_get(m, "id")), "s");
 	json_decref(m);
-}
-
-Test(conn, requests_in_flight_are_bounded)
-{
-	char line[64];
-	json_t *m = recv_msg();
-	int frames = 0;
-
-	json_decref(m);
-	for (int i = 0; i < CB_PROTOCOL_MAX_IN_FLIGHT; i++) {
-		snprintf(line, sizeof(line), "{\"id\":%d,\"op\":\"count\"}", i);
-		send_line(line);
-	}
-	/* one more is refused with a reason; a ping (inline) still goes through */
-	send_line("{\"id\":\"over\",\"op\":\"count\"}");
-	send_line("{\"id\":\"p\",\"op\":\"ping\"}");
-	m = recv_reply(&frames);
-	cr_assert_str_eq(json_string_value(json_object_get(m, "id")), "over");
-	cr_assert_str_eq(error_code(m), "in_use");
-	cr_assert(strstr(json_string_value(json_object_get(json_object_get(m, "error"), "message")),
-			 "in flight"));
-	json_decref(m);
-	m = recv_reply(&frames);
-	cr_assert_str_eq(json_string_value(json_object_get(m, "id")), "p");
-	json_decref(m);
-	/* once one ends, a new one is taken */
-	send_line("{\"id\":0,\"op\":\"kill\"}");
-	for (int seen = 0; seen < 2;) {
-		m = recv_reply(&frames);
-		seen += json_integer_value(json_object_get(m, "id")) == 0;
-		json_decref(m);
-	}
-	send_line("{\"id\":\"again\",\"op\":\"count\"}");
-	send_line("{\"id\":\"q\",\"op\":\"ping\"}");
-	m = recv_reply(&frames);
-	cr_assert_str_eq(json_string_value(json_object_get(m, "id")), "q");
-	json_decref(m);
-	close(peer);
-	peer = -1;
 }

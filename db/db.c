@@ -136,8 +136,8 @@ int cb_db_open(const char *path, struct cb_db **out)
 	if (!db)
 		return cb_error_set(ENOMEM, "database %s: out of memory", path);
 	db->path = strdup(path);
-	pthread_mutex_init(&db->sql_lock, NULL);
-	pthread_mutex_init(&db->queue_lock, NULL);
+	cb_mutex_init(&db->sql_lock, NULL);
+	cb_mutex_init(&db->queue_lock, NULL);
 	db->log_fd = -1;
 	db->turn = 1;
 	if (!db->path) {
@@ -200,8 +200,8 @@ void cb_db_close(struct cb_db *db)
 	sqlite3_finalize(db->st_meta_set);
 	/* sqlite3_close_v2 checkpoints the WAL when this is the last connection. */
 	sqlite3_close_v2(db->sql);
-	pthread_mutex_destroy(&db->queue_lock);
-	pthread_mutex_destroy(&db->sql_lock);
+	cb_mutex_destroy(&db->queue_lock);
+	cb_mutex_destroy(&db->sql_lock);
 	free(db->path);
 	free(db);
 }
@@ -212,7 +212,7 @@ int cb_db_meta_get(struct cb_db *db, const char *key, char **value)
 	int rc;
 
 	*value = NULL;
-	pthread_mutex_lock(&db->sql_lock);
+	cb_mutex_lock(&db->sql_lock);
 	sqlite3_bind_text(db->st_meta_get, 1, key, -1, SQLITE_STATIC);
 	rc = sqlite3_step(db->st_meta_get);
 	if (rc == SQLITE_ROW) {
@@ -227,7 +227,7 @@ int cb_db_meta_get(struct cb_db *db, const char *key, char **value)
 	}
 	sqlite3_reset(db->st_meta_get);
 	sqlite3_clear_bindings(db->st_meta_get);
-	pthread_mutex_unlock(&db->sql_lock);
+	cb_mutex_unlock(&db->sql_lock);
 	return rc;
 }
 
@@ -235,13 +235,13 @@ int cb_db_meta_set(struct cb_db *db, const char *key, const char *value)
 {
 	int rc;
 
-	pthread_mutex_lock(&db->sql_lock);
+	cb_mutex_lock(&db->sql_lock);
 	sqlite3_bind_text(db->st_meta_set, 1, key, -1, SQLITE_STATIC);
 	sqlite3_bind_text(db->st_meta_set, 2, value, -1, SQLITE_STATIC);
 	rc = sqlite3_step(db->st_meta_set);
 	rc = rc == SQLITE_DONE ? 0 : cb_db_error(db, rc, "write meta");
 	sqlite3_reset(db->st_meta_set);
 	sqlite3_clear_bindings(db->st_meta_set);
-	pthread_mutex_unlock(&db->sql_lock);
+	cb_mutex_unlock(&db->sql_lock);
 	return rc;
 }

@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "cowbox/journal.h"
+#include "util/lock.h"
 
 /* The set of (turn, path, kind) keys already committed in the open turn, so that a repeated
  * mark costs a hash lookup and no SQLite work. Open addressing, power-of-two size. */
@@ -20,7 +21,7 @@ struct cb_mark_set {
 struct cb_db {
 	sqlite3 *sql;
 	char *path;
-	pthread_mutex_t sql_lock; /* serializes every use of sql and its statements */
+	struct cb_mutex sql_lock; /* serializes every use of sql and its statements */
 
 	/* Prepared once, reused (guarded by sql_lock). */
 	sqlite3_stmt *st_insert;
@@ -31,7 +32,8 @@ struct cb_db {
 
 	/* Marks: appended to the mark log (log_fd, owned under an exclusive flock) and folded
 	 * into SQLite in batches; a handle that cannot own the log commits each mark. */
-	pthread_mutex_t queue_lock; /* guards the fields below and every write to the log */
+	struct cb_mutex queue_lock; /* guards the fields below and every write to the log; taken
+				       before sql_lock, never after it */
 	struct cb_mark_set marked;
 	long long turn;		 /* the open turn */
 	int log_fd;		 /* "<path>-marks", -1 while not owned */
@@ -72,6 +74,10 @@ int cb_db_turns_schema_check(sqlite3 *db, const char *path);
 struct cb_db_turns;
 struct cb_entry;
 sqlite3 *cb_db_turns_sqlite(struct cb_db_turns *t);
+
+/* Set an error message from the turn store connection's last error (the step in what) and
+ * return its -errno: EBUSY, ENOMEM, ENOSPC, EROFS, else EIO. */
+int cb_db_turns_fail(struct cb_db_turns *t, const char *what);
 
 /* Bind an entry's columns from position first (path at pathpos, then type, mode, size,
  * sha256, xxh3, target, pid, comm); strings are borrowed. */

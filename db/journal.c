@@ -1,5 +1,21 @@
 /* The change journal: marks appended to a log and folded into SQLite in batches (a crash's
- * marks at the next open), a set that makes repeated marks free, and the readers. */
+ * marks at the next open), a set that makes repeated marks free, and the readers.
+ *
+ * INVARIANTS (locks asserted in a checked build, util/lock.h):
+ *   - queue_lock guards the open turn, the mark set, the log (its fd, its size, every write
+ *     to it) and the counters; sql_lock guards the connection and its statements. queue_lock
+ *     comes first: a fold holds it, so no mark is appended while the log is read and
+ *     emptied, and takes sql_lock inside; nothing holding sql_lock takes queue_lock.
+ *   - a mark is in the mark set only once it is durable against a kill -9: its record is in
+ *     the log or its row committed. A hit in the set is such a mark; the set empties when the
+ *     turn moves (cb_journal_set_turn).
+ *   - the log holds whole records: a failed write is cut back to log_size, and a torn tail
+ *     found by a fold is reported and dropped, never applied.
+ *   - only the handle holding the log's flock appends to it or folds it; another handle
+ *     commits each mark itself and reads the owner's unfolded marks from the log.
+ *   - a fold applies the log in one transaction, then empties it; when the log was
+ *     fdatasynced since the last fold (log_synced), the WAL is fsynced before the log is
+ *     emptied, so a mark once power-safe stays so. */
 #include "config.h"
 
 #include <errno.h>
@@ -159,6 +175,7 @@ static int journal_insert(struct cb_db *db, const struct cb_journal_row *r,
 	sqlite3_stmt *st = db->st_insert;
 	int rc;
 
+	CB_ASSERT_HELD(&db->sql_lock);
 	sqlite3_bind_int64(st, 1, r->turn);
 	sqlite3_bind_text(st, 2, r->path, -1, SQLITE_STATIC);
 	sqlite3_bind_int(st, 3, r->kind);
@@ -200,10 +217,12 @@ static int log_fold(struct cb_db *db, int fd)
 	size_t len = 0, valid = 0;
 	int rc;
 
+	CB_ASSERT_HELD(&db->queue_lock);
+	CB_ASSERT_NOT_HELD(&db->sql_lock);
 	log_name(db, name, sizeof(name));
 	if ((rc = cb_marklog_read(fd, name, &buf, &len)) || len == 0)
 		goto out;
-	pthread_mutex_lock(&db->sql_lock);
+	cb_mutex_lock(&db->sql_lock);
 	rc = sqlite3_exec(db->sql, "BEGIN IMMEDIATE", NULL, NULL, NULL);
 	if (rc != SQLITE_OK) {
 		rc = cb_db_error(db, rc, "begin journal transaction");
@@ -214,7 +233,7 @@ static int log_fold(struct cb_db *db, int fd)
 		if (rc)
 			sqlite3_exec(db->sql, "ROLLBACK", NULL, NULL, NULL);
 	}
-	pthread_mutex_unlock(&db->sql_lock);
+	cb_mutex_unlock(&db->sql_lock);
 	if (rc)
 		goto out;
 	db->stat_transactions++;
@@ -248,6 +267,7 @@ static int log_open(struct cb_db *db, int create, int *fd_out)
 	char name[4200];
 	int fd, rc;
 
+	CB_ASSERT_HELD(&db->queue_lock);
 	*fd_out = -1;
 	log_name(db, name, sizeof(name));
 	fd = open(name, O_RDWR | O_APPEND | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0), 0600);
@@ -276,9 +296,9 @@ static int log_replay_at_open(struct cb_db *db)
 {
 	int fd, rc;
 
-	pthread_mutex_lock(&db->queue_lock);
+	cb_mutex_lock(&db->queue_lock);
 	rc = log_open(db, 0, &fd);
-	pthread_mutex_unlock(&db->queue_lock);
+	cb_mutex_unlock(&db->queue_lock);
 	if (fd >= 0)
 		close(fd);
 	return rc < 0 ? rc : 0;
@@ -322,13 +342,13 @@ int cb_journal_init(struct cb_db *db)
 void cb_journal_fini(struct cb_db *db)
 {
 	if (db->log_fd >= 0) {
-		pthread_mutex_lock(&db->queue_lock);
+		cb_mutex_lock(&db->queue_lock);
 		if (log_fold(db, db->log_fd))
 			fprintf(stderr,
 				"cowbox: %s (the marks stay in the log, folded at the "
 				"next open)\n",
 				cb_error_message());
-		pthread_mutex_unlock(&db->queue_lock);
+		cb_mutex_unlock(&db->queue_lock);
 		close(db->log_fd);
 		db->log_fd = -1;
 	}
@@ -374,6 +394,7 @@ static int log_append(struct cb_db *db, const struct cb_change *c, const size_t 
 	size_t len = 0, size = 0, done = 0;
 	int rc = 0;
 
+	CB_ASSERT_HELD(&db->queue_lock);
 	for (size_t i = 0; i < n; i++)
 		size += cb_marklog_record_size(&c[fresh[i]]);
 	if (size > sizeof(stack) && !(buf = malloc(size)))
@@ -424,7 +445,8 @@ static int journal_commit(struct cb_db *db, const struct cb_change *c, const siz
 	unsigned long long rows = 0;
 	int rc;
 
-	pthread_mutex_lock(&db->sql_lock);
+	CB_ASSERT_HELD(&db->queue_lock);
+	cb_mutex_lock(&db->sql_lock);
 	rc = sqlite3_exec(db->sql, "BEGIN IMMEDIATE", NULL, NULL, NULL);
 	if (rc != SQLITE_OK) {
 		rc = cb_db_error(db, rc, "begin journal transaction");
@@ -448,7 +470,7 @@ static int journal_commit(struct cb_db *db, const struct cb_change *c, const siz
 	else
 		db->stat_transactions++, db->stat_rows += rows;
 out:
-	pthread_mutex_unlock(&db->sql_lock);
+	cb_mutex_unlock(&db->sql_lock);
 	return rc;
 }
 
@@ -460,6 +482,7 @@ static int journal_record(struct cb_db *db, const struct cb_change *c, const siz
 	double t = now_seconds();
 	int fd;
 
+	CB_ASSERT_HELD(&db->queue_lock);
 	if (db->log_fd < 0 && db->log_tried != (long long)time(NULL)) {
 		int got = log_open(db, 1, &fd);
 
@@ -487,11 +510,12 @@ int cb_journal_mark(struct cb_db *db, const struct cb_change *changes, size_t n)
 	size_t stack[16], *fresh = stack, nf = 0;
 	int rc = journal_validate(db, changes, n);
 
+	CB_ASSERT_NOT_HELD(&db->sql_lock);
 	if (rc || n == 0)
 		return rc;
 	if (n > 16 && !(fresh = malloc(n * sizeof(*fresh))))
 		return cb_error_set(ENOMEM, "journal: out of memory");
-	pthread_mutex_lock(&db->queue_lock);
+	cb_mutex_lock(&db->queue_lock);
 	db->stat_marks += n;
 	for (size_t i = 0; i < n; i++)
 		if (!mark_contains(&db->marked, changes[i].kind, changes[i].path))
@@ -523,7 +547,7 @@ int cb_journal_mark(struct cb_db *db, const struct cb_change *changes, size_t n)
 				cb_error_message());
 	}
 out:
-	pthread_mutex_unlock(&db->queue_lock);
+	cb_mutex_unlock(&db->queue_lock);
 	if (fresh != stack)
 		free(fresh);
 	return rc;
@@ -534,10 +558,11 @@ int cb_journal_fold(struct cb_db *db)
 {
 	int rc = 0;
 
-	pthread_mutex_lock(&db->queue_lock);
+	CB_ASSERT_NOT_HELD(&db->sql_lock);
+	cb_mutex_lock(&db->queue_lock);
 	if (db->log_fd >= 0 && db->log_size)
 		rc = log_fold(db, db->log_fd);
-	pthread_mutex_unlock(&db->queue_lock);
+	cb_mutex_unlock(&db->queue_lock);
 	return rc;
 }
 
@@ -566,11 +591,11 @@ int cb_journal_sync(struct cb_db *db)
 	char dir[4096];
 	int fd, rc;
 
-	pthread_mutex_lock(&db->queue_lock);
+	cb_mutex_lock(&db->queue_lock);
 	fd = db->log_fd;
 	if (fd >= 0)
 		db->log_synced = 1; /* a fold from now on keeps the WAL as safe as the log */
-	pthread_mutex_unlock(&db->queue_lock);
+	cb_mutex_unlock(&db->queue_lock);
 	/* The fd stays open until cb_db_close, which no one calls during a sync. */
 	if (fd >= 0 && fdatasync(fd) < 0) {
 		char name[4200];
@@ -603,28 +628,29 @@ long long cb_journal_turn(struct cb_db *db)
 {
 	long long turn;
 
-	pthread_mutex_lock(&db->queue_lock);
+	cb_mutex_lock(&db->queue_lock);
 	turn = db->turn;
-	pthread_mutex_unlock(&db->queue_lock);
+	cb_mutex_unlock(&db->queue_lock);
 	return turn;
 }
 
 void cb_journal_set_turn(struct cb_db *db, long long turn)
 {
-	pthread_mutex_lock(&db->queue_lock);
+	CB_ASSERT_NOT_HELD(&db->sql_lock);
+	cb_mutex_lock(&db->queue_lock);
 	db->turn = turn;
 	mark_clear(&db->marked);
-	pthread_mutex_unlock(&db->queue_lock);
+	cb_mutex_unlock(&db->queue_lock);
 }
 
 void cb_journal_stats(struct cb_db *db, unsigned long long *marks, unsigned long long *rows,
 		      unsigned long long *transactions)
 {
-	pthread_mutex_lock(&db->queue_lock);
+	cb_mutex_lock(&db->queue_lock);
 	*marks = db->stat_marks;
 	*rows = db->stat_rows;
 	*transactions = db->stat_transactions;
-	pthread_mutex_unlock(&db->queue_lock);
+	cb_mutex_unlock(&db->queue_lock);
 }
 
 /* The statement stays locked for the whole walk, so fn must not call back into this db. */
@@ -634,7 +660,7 @@ static int journal_list_sql(struct cb_db *db, long long turn,
 	sqlite3_stmt *st = turn > 0 ? db->st_list_turn : db->st_list_all;
 	int rc;
 
-	pthread_mutex_lock(&db->sql_lock);
+	cb_mutex_lock(&db->sql_lock);
 	if (turn > 0)
 		sqlite3_bind_int64(st, 1, turn);
 	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
@@ -659,7 +685,7 @@ static int journal_list_sql(struct cb_db *db, long long turn,
 out:
 	sqlite3_reset(st);
 	sqlite3_clear_bindings(st);
-	pthread_mutex_unlock(&db->sql_lock);
+	cb_mutex_unlock(&db->sql_lock);
 	return rc;
 }
 
@@ -724,9 +750,9 @@ int cb_journal_list(struct cb_db *db, long long turn,
 	size_t len = 0, valid;
 	int rc, fd, owned;
 
-	pthread_mutex_lock(&db->queue_lock);
+	cb_mutex_lock(&db->queue_lock);
 	owned = db->log_fd >= 0;
-	pthread_mutex_unlock(&db->queue_lock);
+	cb_mutex_unlock(&db->queue_lock);
 	if (owned) {
 		if ((rc = cb_journal_fold(db)))
 			return rc;

@@ -2,7 +2,7 @@
 noinst_LTLIBRARIES += db/libcb_db.la
 db_libcb_db_la_SOURCES = db/db.h db/db.c db/schema.c db/journal.c db/marklog.c
 COWBOX_LAYERS += db/libcb_db.la
-pkginclude_HEADERS += include/cowbox/journal.h
+noinst_HEADERS += include/cowbox/journal.h
 
 check_PROGRAMS += db/test_journal
 TESTS += db/test_journal
@@ -16,17 +16,17 @@ db_test_marklog_SOURCES = db/test_marklog.c
 db_test_marklog_CFLAGS = $(CRITERION_TEST_CFLAGS)
 db_test_marklog_LDADD = db/libcb_db.la util/libcb_util.la $(SQLITE3_LIBS) $(CRITERION_TEST_LIBS)
 
-# turns: the turn store (turns, deltas, the map, the base hash cache) (issue 3)
-db_libcb_db_la_SOURCES += db/turns.c db/turn_entry.c db/turn_scratch.c
+# turns: the turn store (turns, deltas, the map, the base hash cache)
+db_libcb_db_la_SOURCES += db/turns.c db/turns_walk.c db/turn_entry.c db/turn_scratch.c
 # the base hash cache shared by the workspaces over one base directory
 db_libcb_db_la_SOURCES += db/basecache.c db/turns_read.c
-# the in-place mark (issue 11)
+# the in-place mark
 db_libcb_db_la_SOURCES += db/turn_inplace.c
 # the network log of the egress proxy
 db_libcb_db_la_SOURCES += db/netlog.c
-pkginclude_HEADERS += include/cowbox/netlog.h
-pkginclude_HEADERS += include/cowbox/basecache.h
-pkginclude_HEADERS += include/cowbox/turn_store.h
+noinst_HEADERS += include/cowbox/netlog.h
+noinst_HEADERS += include/cowbox/basecache.h
+noinst_HEADERS += include/cowbox/turn_store.h
 
 # scripts/bench/journal builds this on request (make db/bench_journal); not a test.
 EXTRA_PROGRAMS = db/bench_journal

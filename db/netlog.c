@@ -39,7 +39,7 @@ int cb_db_netlog_add_many(struct cb_db *db, const struct cb_netlog_row *rows, si
 	sqlite3_stmt *st = NULL;
 	int rc, tx = 0;
 
-	pthread_mutex_lock(&db->sql_lock);
+	cb_mutex_lock(&db->sql_lock);
 	/* one transaction for the batch: one WAL commit instead of one per row */
 	if (n > 1 && (rc = sqlite3_exec(db->sql, "BEGIN", NULL, NULL, NULL)) != SQLITE_OK)
 		goto out;
@@ -73,7 +73,7 @@ out:
 	sqlite3_finalize(st);
 	if (tx)
 		sqlite3_exec(db->sql, "ROLLBACK", NULL, NULL, NULL);
-	pthread_mutex_unlock(&db->sql_lock);
+	cb_mutex_unlock(&db->sql_lock);
 	return rc;
 }
 
@@ -100,7 +100,7 @@ int cb_db_netlog_range(struct cb_db *db, long long after, long long upto,
 	sqlite3_stmt *st = NULL;
 	int rc;
 
-	pthread_mutex_lock(&db->sql_lock);
+	cb_mutex_lock(&db->sql_lock);
 	rc = sqlite3_prepare_v2(db->sql, sql, -1, &st, NULL);
 	if (rc != SQLITE_OK) {
 		rc = cb_db_error(db, rc, "read the network log");
@@ -131,6 +131,6 @@ int cb_db_netlog_range(struct cb_db *db, long long after, long long upto,
 	rc = rc == SQLITE_DONE ? 0 : cb_db_error(db, rc, "read the network log");
 out:
 	sqlite3_finalize(st);
-	pthread_mutex_unlock(&db->sql_lock);
+	cb_mutex_unlock(&db->sql_lock);
 	return rc;
 }

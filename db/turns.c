@@ -1,5 +1,6 @@
 /* The turn store: recorded turns, their deltas, the materialized map of the latest turn and
- * the base hash cache, in meta.db over a connection of its own. The only turn SQL. */
+ * the base hash cache, in meta.db over a connection of its own (its whole-table walks are in
+ * db/turns_walk.c, its scratch tables in db/turn_scratch.c). */
 #include "config.h"
 
 #include <errno.h>
@@ -103,7 +104,8 @@ struct cb_db_turns {
 	sqlite3_stmt *q[Q_ALL];
 };
 
-static int tdb_fail(struct cb_db_turns *t, const char *what)
+/* See db.h. */
+int cb_db_turns_fail(struct cb_db_turns *t, const char *what)
 {
 	int code = sqlite3_errcode(t->db);
 	int err = code == SQLITE_BUSY || code == SQLITE_LOCKED ? EBUSY
@@ -208,7 +210,7 @@ int cb_db_turns_open(const char *path, struct cb_db_turns **out)
 	for (int i = 0; i < Q_COUNT; i++)
 		if (sqlite3_prepare_v3(t->db, tdb_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &t->q[i],
 				       NULL) != SQLITE_OK) {
-			ret = tdb_fail(t, "prepare");
+			ret = cb_db_turns_fail(t, "prepare");
 			goto out;
 		}
 	/* Without the journal's meta (a bare turn store in unit tests) there is no open turn
@@ -242,7 +244,7 @@ void cb_db_turns_close(struct cb_db_turns *t)
 static int tdb_exec(struct cb_db_turns *t, const char *sql)
 {
 	if (sqlite3_exec(t->db, sql, NULL, NULL, NULL) != SQLITE_OK)
-		return tdb_fail(t, sql);
+		return cb_db_turns_fail(t, sql);
 	return 0;
 }
 
@@ -267,7 +269,7 @@ void cb_db_turns_rollback(struct cb_db_turns *t)
 static int tdb_done(struct cb_db_turns *t, sqlite3_stmt *s, const char *what)
 {
 	int rc = sqlite3_step(s);
-	int ret = rc == SQLITE_DONE ? 0 : tdb_fail(t, what);
+	int ret = rc == SQLITE_DONE ? 0 : cb_db_turns_fail(t, what);
 
 	sqlite3_reset(s);
 	return ret;
@@ -303,7 +305,7 @@ int cb_db_turns_base_cache_get(struct cb_db_turns *t, const char *path, long lon
 		memcpy(xxh3, sqlite3_column_blob(s, 1), CB_XXH128_LEN);
 		ret = 1;
 	} else if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
-		ret = tdb_fail(t, "base cache lookup");
+		ret = cb_db_turns_fail(t, "base cache lookup");
 	}
 	sqlite3_reset(s);
 	return ret;
@@ -391,7 +393,7 @@ int cb_db_turns_list(struct cb_db_turns *t, int (*fn)(const struct cb_turn_info 
 			goto out;
 	}
 	if (rc != SQLITE_DONE)
-		ret = tdb_fail(t, "list turns");
+		ret = cb_db_turns_fail(t, "list turns");
 out:
 	sqlite3_reset(s);
 	return ret;
@@ -453,7 +455,7 @@ static int tdb_lookup(struct cb_db_turns *t, sqlite3_stmt *s, struct cb_entry *o
 		if (ret == 0)
 			ret = 1;
 	} else if (rc != SQLITE_DONE) {
-		ret = tdb_fail(t, what);
+		ret = cb_db_turns_fail(t, what);
 	}
 	sqlite3_reset(s);
 	return ret;
@@ -483,7 +485,7 @@ int cb_db_turns_delta_paths(struct cb_db_turns *t, long long from, long long to,
 			goto out;
 	}
 	if (rc != SQLITE_DONE)
-		ret = tdb_fail(t, "changed paths");
+		ret = cb_db_turns_fail(t, "changed paths");
 out:
 	sqlite3_reset(s);
 	return ret;
@@ -547,7 +549,7 @@ int cb_db_turns_map_list(struct cb_db_turns *t, const char *prefix,
 			goto out;
 	}
 	if (rc != SQLITE_DONE)
-		ret = tdb_fail(t, "map list");
+		ret = cb_db_turns_fail(t, "map list");
 out:
 	sqlite3_reset(s);
 	return ret;
@@ -571,12 +573,12 @@ int cb_db_turns_prune(struct cb_db_turns *t, long long keep_from)
 		sqlite3_stmt *s = NULL;
 
 		if (sqlite3_prepare_v2(t->db, steps[i], -1, &s, NULL) != SQLITE_OK) {
-			ret = tdb_fail(t, "prune");
+			ret = cb_db_turns_fail(t, "prune");
 			break;
 		}
 		sqlite3_bind_int64(s, 1, keep_from);
 		if (sqlite3_step(s) != SQLITE_DONE)
-			ret = tdb_fail(t, "prune");
+			ret = cb_db_turns_fail(t, "prune");
 		sqlite3_finalize(s);
 	}
 	return ret;
@@ -589,10 +591,10 @@ int cb_db_turns_base_cache_from(struct cb_db_turns *t, const char *db_path)
 
 	if (sqlite3_prepare_v2(t->db, "INSERT OR REPLACE INTO turn_meta VALUES('cache_from', ?1)",
 			       -1, &s, NULL) != SQLITE_OK)
-		return tdb_fail(t, "remember the base cache's source");
+		return cb_db_turns_fail(t, "remember the base cache's source");
 	sqlite3_bind_text(s, 1, db_path, -1, SQLITE_STATIC);
 	if (sqlite3_step(s) != SQLITE_DONE)
-		ret = tdb_fail(t, "remember the base cache's source");
+		ret = cb_db_turns_fail(t, "remember the base cache's source");
 	sqlite3_finalize(s);
 	return ret;
 }
@@ -607,7 +609,7 @@ int cb_db_turns_base_cache_import(struct cb_db_turns *t)
 
 	if (sqlite3_prepare_v2(t->db, "SELECT value FROM turn_meta WHERE key='cache_from'", -1, &s,
 			       NULL) != SQLITE_OK)
-		return tdb_fail(t, "base cache source");
+		return cb_db_turns_fail(t, "base cache source");
 	if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_text(s, 0))
 		from = sqlite3_mprintf("%s", sqlite3_column_text(s, 0));
 	sqlite3_finalize(s);
@@ -669,7 +671,7 @@ int cb_db_turns_base_prepared(struct cb_db_turns *t)
 
 	if (sqlite3_prepare_v2(t->db, "SELECT value FROM turn_meta WHERE key='base_prepared'", -1,
 			       &s, NULL) != SQLITE_OK)
-		return tdb_fail(t, "prepared base map");
+		return cb_db_turns_fail(t, "prepared base map");
 	ret = (int)tdb_int(s, 0) == 1;
 	sqlite3_finalize(s);
 	return ret;
@@ -692,115 +694,6 @@ int cb_db_turns_blob_needed(struct cb_db_turns *t, const unsigned char *xxh3)
 
 	sqlite3_bind_blob(s, 1, xxh3, CB_XXH128_LEN, SQLITE_STATIC);
 	return (int)tdb_int(s, 0);
-}
-
-/* Run sql (no parameters) and hand each row to row(); one-off statements for fsck. */
-static int tdb_each(struct cb_db_turns *t, const char *sql,
-		    int (*row)(sqlite3_stmt *, void *, void *), void *fn, void *arg,
-		    const char *what)
-{
-	sqlite3_stmt *s = NULL;
-	int ret = 0, rc;
-
-	if (sqlite3_prepare_v2(t->db, sql, -1, &s, NULL) != SQLITE_OK)
-		return tdb_fail(t, what);
-	while ((rc = sqlite3_step(s)) == SQLITE_ROW && !ret)
-		ret = row(s, fn, arg);
-	if (!ret && rc != SQLITE_DONE && rc != SQLITE_ROW)
-		ret = tdb_fail(t, what);
-	sqlite3_finalize(s);
-	return ret;
-}
-
-static int tdb_file_row(sqlite3_stmt *s, void *fn, void *arg)
-{
-	int (*cb)(const struct cb_entry *, long long, long long, void *) =
-	    (int (*)(const struct cb_entry *, long long, long long, void *))fn;
-	struct cb_entry e;
-
-	cb_db_turns_column_entry(s, &e);
-	return cb(&e, sqlite3_column_int64(s, 9),
-		  sqlite3_column_type(s, 10) == SQLITE_NULL ? -1 : sqlite3_column_int64(s, 10),
-		  arg);
-}
-
-int cb_db_turns_file_deltas(struct cb_db_turns *t,
-			    int (*fn)(const struct cb_entry *e, long long from, long long until,
-				      void *arg),
-			    void *arg)
-{
-	return tdb_each(t,
-			"SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, turn, "
-			"(SELECT min(n.turn) FROM turn_delta n WHERE n.path = d.path AND n.turn > "
-			"d.turn) FROM turn_delta d WHERE type = 1 ORDER BY xxh3, path, turn",
-			tdb_file_row, (void *)fn, arg, "list file deltas");
-}
-
-int cb_db_turns_base_files(struct cb_db_turns *t,
-			   int (*fn)(const struct cb_entry *e, long long from, long long until,
-				     void *arg),
-			   void *arg)
-{
-	return tdb_each(t,
-			"SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, 0, "
-			"(SELECT min(n.turn) FROM turn_delta n WHERE n.path = b.path) "
-			"FROM base_map b WHERE type = 1 AND (SELECT value FROM turn_meta WHERE "
-			"key = 'base_map') = 1 ORDER BY path",
-			tdb_file_row, (void *)fn, arg, "list base files");
-}
-
-int cb_db_turns_base_entries(struct cb_db_turns *t,
-			     int (*fn)(const struct cb_entry *e, long long from, long long until,
-				       void *arg),
-			     void *arg)
-{
-	return tdb_each(t,
-			"SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, 0, NULL "
-			"FROM base_map ORDER BY path",
-			tdb_file_row, (void *)fn, arg, "list the base map");
-}
-
-static int tdb_cache_row(sqlite3_stmt *s, void *fn, void *arg)
-{
-	int (*cb)(const struct cb_db_cache_row *, void *) =
-	    (int (*)(const struct cb_db_cache_row *, void *))fn;
-	struct cb_db_cache_row r = {
-	    .path = (const char *)sqlite3_column_text(s, 0),
-	    .size = sqlite3_column_int64(s, 1),
-	    .mtime_ns = sqlite3_column_int64(s, 2),
-	    .ino = sqlite3_column_int64(s, 3),
-	    .ctime_ns = sqlite3_column_type(s, 6) == SQLITE_NULL ? -1 : sqlite3_column_int64(s, 6),
-	};
-
-	if (sqlite3_column_bytes(s, 4) == CB_SHA256_LEN)
-		memcpy(r.sha256, sqlite3_column_blob(s, 4), CB_SHA256_LEN);
-	if (sqlite3_column_bytes(s, 5) == CB_XXH128_LEN)
-		memcpy(r.xxh3, sqlite3_column_blob(s, 5), CB_XXH128_LEN);
-	return r.path ? cb(&r, arg) : 0;
-}
-
-int cb_db_turns_base_cache_list(struct cb_db_turns *t,
-				int (*fn)(const struct cb_db_cache_row *row, void *arg), void *arg)
-{
-	return tdb_each(t,
-			"SELECT path, size, mtime_ns, ino, sha256, xxh3, ctime_ns FROM base_cache "
-			"ORDER BY path",
-			tdb_cache_row, (void *)fn, arg, "list the base cache");
-}
-
-int cb_db_turns_base_cache_del(struct cb_db_turns *t, const char *path)
-{
-	sqlite3_stmt *s = NULL;
-	int ret = 0;
-
-	if (sqlite3_prepare_v2(t->db, "DELETE FROM base_cache WHERE path = ?1", -1, &s, NULL) !=
-	    SQLITE_OK)
-		return tdb_fail(t, "drop a base cache row");
-	sqlite3_bind_text(s, 1, path, -1, SQLITE_STATIC);
-	if (sqlite3_step(s) != SQLITE_DONE)
-		ret = tdb_fail(t, "drop a base cache row");
-	sqlite3_finalize(s);
-	return ret;
 }
 
 int cb_db_meta_peek(const char *path, const char *key, char **value)
@@ -836,7 +729,7 @@ int cb_db_turns_map_id(struct cb_db_turns *t, long long *out)
 	*out = 0;
 	if (sqlite3_prepare_v2(t->db, "SELECT value FROM turn_meta WHERE key='map_id'", -1, &s,
 			       NULL) != SQLITE_OK)
-		return tdb_fail(t, "map id");
+		return cb_db_turns_fail(t, "map id");
 	if (sqlite3_step(s) == SQLITE_ROW)
 		*out = sqlite3_column_int64(s, 0);
 	sqlite3_finalize(s);
@@ -847,10 +740,10 @@ int cb_db_turns_map_id(struct cb_db_turns *t, long long *out)
 	r = (r >> 2) | 1; /* positive and never 0 as a signed 64-bit integer */
 	if (sqlite3_prepare_v2(t->db, "INSERT OR IGNORE INTO turn_meta VALUES('map_id', ?1)", -1,
 			       &s, NULL) != SQLITE_OK)
-		return tdb_fail(t, "map id");
+		return cb_db_turns_fail(t, "map id");
 	sqlite3_bind_int64(s, 1, (long long)r);
 	if (sqlite3_step(s) != SQLITE_DONE)
-		ret = tdb_fail(t, "map id");
+		ret = cb_db_turns_fail(t, "map id");
 	sqlite3_finalize(s);
 	if (!ret && sqlite3_prepare_v2(t->db, "SELECT value FROM turn_meta WHERE key='map_id'", -1,
 				       &s, NULL) == SQLITE_OK) {

@@ -32,7 +32,8 @@ int main(int argc, char **argv)
 	char ref[64];
 	void *data = NULL;
 	size_t len = 0;
-	int rc, before, after, status = 1;
+	long long before, after, turn;
+	int rc, status = 1;
 
 	/* 1. A workspace over the base directory: copy-on-write, the base never changes. */
 	if ((rc = cb_box_create(&opts, &box)))
@@ -57,9 +58,11 @@ int main(int argc, char **argv)
 	proc = NULL;
 
 	/* 4. A turn boundary, an edit, another turn, and the changes between them. */
-	if ((rc = before = cb_box_snapshot(box, "before", &files)) < 0)
+	if ((before = cb_box_snapshot(box, "before", &files)) < 0) {
+		rc = (int)before;
 		goto fail_box;
-	printf("snapshot: turn %d, %zu files\n", before, json_object_size(files));
+	}
+	printf("snapshot: turn %lld, %zu files\n", before, json_object_size(files));
 	json_decref(files);
 	if ((rc = cb_box_write(box, "notes/agent.txt", "written by the agent\n", 21)))
 		goto fail_box;
@@ -67,11 +70,13 @@ int main(int argc, char **argv)
 		goto fail_box;
 	printf("write+read: %zu bytes: %s", len, (char *)data);
 	free(data);
-	if ((rc = after = cb_box_snapshot(box, "after", NULL)) < 0)
+	if ((after = cb_box_snapshot(box, "after", NULL)) < 0) {
+		rc = (int)after;
 		goto fail_box;
+	}
 	if ((rc = cb_box_diff(box, before, after, &events)) < 0)
 		goto fail_box;
-	printf("diff %d..%d: %d events\n", before, after, rc);
+	printf("diff %lld..%lld: %d events\n", before, after, rc);
 	for (size_t i = 0; i < json_array_size(events); i++) {
 		json_t *ev = json_array_get(events, i);
 
@@ -81,9 +86,11 @@ int main(int argc, char **argv)
 	json_decref(events);
 
 	/* 5. Undo the turn: the file is gone again. */
-	if ((rc = cb_box_rollback(box, before)) < 0)
+	if ((turn = cb_box_rollback(box, before)) < 0) {
+		rc = (int)turn;
 		goto fail_box;
-	printf("rollback: to turn %d, recorded as turn %d\n", before, rc);
+	}
+	printf("rollback: to turn %lld, recorded as turn %lld\n", before, turn);
 	if (cb_box_read(box, "notes/agent.txt", &data, &len) == 0) {
 		printf("rollback: notes/agent.txt is still there\n");
 		free(data);

@@ -5,7 +5,6 @@ exec_libcb_exec_la_SOURCES = exec/internal.h exec/run.h exec/run.c exec/run_io.c
 	exec/env.c exec/ns.c exec/tree.c exec/pasta.c \
 	exec/ns_harden.c exec/ns_user.c exec/cgroup.c exec/keep.c
 COWBOX_LAYERS += exec/libcb_exec.la
-pkginclude_HEADERS += include/cowbox/exec.h include/cowbox/sandbox.h
 
 check_PROGRAMS += exec/test_exec
 TESTS += exec/test_exec

@@ -83,8 +83,8 @@ void cb_overlay_base_changed(struct cb_overlay *ov, const char *const *paths, si
 		return;
 	/* Collected under the locks, told to the kernel after: a notification can make the
 	 * kernel send requests (forget) that take them. */
-	pthread_rwlock_rdlock(&ov->ns_lock);
-	pthread_mutex_lock(&ov->tab_lock);
+	cb_rwlock_read(&ov->tab.ns);
+	cb_mutex_lock(&ov->tab.lock);
 	for (struct ov_inode *in = ov->tab.all; in; in = in->all_next) {
 		if (!in->nlookup && !in->is_root)
 			continue;
@@ -97,7 +97,7 @@ void cb_overlay_base_changed(struct cb_overlay *ov, const char *const *paths, si
 		for (const struct ov_name *nm = in->names; nm; nm = nm->next) {
 			int changed, listing;
 
-			if (ov_path_of_name(nm, &buf) < 0)
+			if (ov_path_of_name(&ov->tab, nm, &buf) < 0)
 				continue;
 			changed = path_in(buf, paths, n);
 			listing = S_ISDIR(in->type) && dir_of_one(buf, paths, n);
@@ -109,8 +109,8 @@ void cb_overlay_base_changed(struct cb_overlay *ov, const char *const *paths, si
 		}
 	}
 done:
-	pthread_mutex_unlock(&ov->tab_lock);
-	pthread_rwlock_unlock(&ov->ns_lock);
+	cb_mutex_unlock(&ov->tab.lock);
+	cb_rwlock_unlock(&ov->tab.ns);
 	for (size_t i = 0; i < nv; i++) {
 		fuse_lowlevel_notify_inval_inode(ov->se, v[i].ino, 0, 0);
 		if (v[i].name)

@@ -218,17 +218,19 @@ static int ov_copy_entry(struct cb_overlay *ov, const char *path, const struct s
 static int ov_rehome(struct cb_overlay *ov, struct ov_inode *in, const char *path)
 {
 	struct stat st;
-	int r = ov_lstat(ov->upper_fd, path, &st);
+	int r;
 
+	CB_ASSERT_HELD(&in->lock);
+	r = ov_lstat(ov->upper_fd, path, &st);
 	if (r < 0)
 		return r;
-	pthread_mutex_lock(&ov->tab_lock);
+	cb_mutex_lock(&ov->tab.lock);
 	ov_table_remove(&ov->tab, in);
 	in->dev = st.st_dev;
 	in->rino = st.st_ino;
 	if (!ov_table_find(&ov->tab, in->dev, in->rino))
 		ov_table_insert(&ov->tab, in);
-	pthread_mutex_unlock(&ov->tab_lock);
+	cb_mutex_unlock(&ov->tab.lock);
 	atomic_store(&in->layer, OV_UPPER);
 	return 0;
 }
@@ -257,10 +259,10 @@ int ov_copy_up(struct cb_overlay *ov, struct ov_inode *in, int with_data)
 	r = ov_ensure_upper_dir(ov, in->names->parent);
 	if (r < 0)
 		return r;
-	pthread_mutex_lock(&in->lock);
+	cb_mutex_lock(&in->lock);
 	if (atomic_load(&in->layer) == OV_UPPER)
 		goto out;
-	r = ov_path(in, NULL, &path);
+	r = ov_path(&ov->tab, in, NULL, &path);
 	if (r < 0)
 		goto out;
 	r = ov_lstat(ov->base_fd, path, &st);
@@ -275,7 +277,7 @@ int ov_copy_up(struct cb_overlay *ov, struct ov_inode *in, int with_data)
 	}
 	r = ov_rehome(ov, in, path);
 out:
-	pthread_mutex_unlock(&in->lock);
+	cb_mutex_unlock(&in->lock);
 	free(path);
 	return r;
 }
@@ -324,7 +326,7 @@ static int ov_copy_tree_path(struct cb_overlay *ov, const char *path)
 			if (r == 0 && S_ISDIR(bst.st_mode))
 				r = ov_copy_tree_path(ov, child);
 			if (r == 0 && ov_lstat(ov->upper_fd, child, &ust) == 0) {
-				pthread_mutex_lock(&ov->tab_lock);
+				cb_mutex_lock(&ov->tab.lock);
 				in = ov_table_find(&ov->tab, bst.st_dev, bst.st_ino);
 				if (in && atomic_load(&in->layer) == OV_BASE) {
 					ov_table_remove(&ov->tab, in);
@@ -333,17 +335,17 @@ static int ov_copy_tree_path(struct cb_overlay *ov, const char *path)
 					ov_table_insert(&ov->tab, in);
 					atomic_store(&in->layer, OV_UPPER);
 				}
-				pthread_mutex_unlock(&ov->tab_lock);
+				cb_mutex_unlock(&ov->tab.lock);
 			}
 		}
 		if (r < 0)
 			break;
 		if (S_ISDIR(bst.st_mode)) {
-			pthread_mutex_lock(&ov->tab_lock);
+			cb_mutex_lock(&ov->tab.lock);
 			in = ov_table_find(&ov->tab, ust.st_dev, ust.st_ino);
 			if (in)
 				in->merged = 0;
-			pthread_mutex_unlock(&ov->tab_lock);
+			cb_mutex_unlock(&ov->tab.lock);
 		}
 	}
 	closedir(d);
@@ -360,7 +362,7 @@ int ov_copy_up_tree(struct cb_overlay *ov, struct ov_inode *dir)
 
 	if (r < 0)
 		return r;
-	r = ov_path(dir, NULL, &path);
+	r = ov_path(&ov->tab, dir, NULL, &path);
 	if (r < 0)
 		return r;
 	if (dir->merged) {

@@ -128,7 +128,7 @@ void cb_overlay_set_id_base(struct cb_overlay *ov, unsigned long id_base)
 	if (atomic_exchange(&ov->id_base, id_base) == id_base)
 		return;
 	/* every inode the kernel may hold attributes of; a stale one is ignored by it */
-	pthread_mutex_lock(&ov->tab_lock);
+	cb_mutex_lock(&ov->tab.lock);
 	for (struct ov_inode *in = ov->tab.all; in; in = in->all_next)
 		if (in->nlookup || in->is_root) {
 			if (n == cap) {
@@ -141,7 +141,7 @@ void cb_overlay_set_id_base(struct cb_overlay *ov, unsigned long id_base)
 			}
 			inos[n++] = in->is_root ? FUSE_ROOT_ID : (fuse_ino_t)(uintptr_t)in;
 		}
-	pthread_mutex_unlock(&ov->tab_lock);
+	cb_mutex_unlock(&ov->tab.lock);
 	for (size_t i = 0; ov->se && i < n; i++)
 		fuse_lowlevel_notify_inval_inode(ov->se, inos[i], -1, 0);
 	free(inos);

@@ -1,5 +1,18 @@
 /* The overlay's inode table: inodes keyed by their identity in the layer that holds them,
- * each with parent pointers and names instead of an fd, so any number of inodes costs no fds. */
+ * each with parent pointers and names instead of an fd, so any number of inodes costs no fds.
+ *
+ * INVARIANTS (asserted in a checked build, util/lock.h):
+ *   - t->lock guards the identity hash, every inode's nlookup and refs, and the list of all
+ *     inodes. A hashed inode's (dev, rino) is unique in the hash.
+ *   - t->ns guards names and parents: a path is built holding either side, a name is removed
+ *     or moved only under the write side (and t->lock, for the parent's refs). Appending a
+ *     name (a lookup, a link) needs only the read side and t->lock: the first name, the one
+ *     paths are built from, never changes that way, and every reader of the whole list holds
+ *     t->lock or the write side.
+ *   - refs counts the names whose parent is this inode; an inode with nlookup 0 and refs 0 is
+ *     reachable from no request and no path, so it is freed (ov_inode_release) under t->lock
+ *     alone, and freeing it may leave its parent unreferenced in turn.
+ *   - the root is never freed before ov_table_free_all, which runs alone (unmount). */
 #include "config.h"
 
 #include <errno.h>
@@ -18,9 +31,11 @@ static size_t ov_hash(dev_t dev, ino_t rino, size_t n)
 	return (size_t)(h >> 17) & (n - 1);
 }
 
-/* An empty table; returns 0 or -ENOMEM. */
+/* An empty table with its locks; returns 0 or -ENOMEM. */
 int ov_table_init(struct ov_table *t)
 {
+	cb_mutex_init(&t->lock, NULL);
+	cb_rwlock_init(&t->ns, NULL);
 	t->nbuckets = 1024;
 	t->count = 0;
 	t->all = NULL;
@@ -57,7 +72,7 @@ static void ov_inode_free(struct ov_table *t, struct ov_inode *in)
 		}
 		close(in->keep_fd);
 	}
-	pthread_mutex_destroy(&in->lock);
+	cb_mutex_destroy(&in->lock);
 	free(in);
 }
 
@@ -71,8 +86,10 @@ static void ov_table_free(struct ov_table *t)
 /* The inode whose bytes are (dev, rino) in their layer, or NULL. */
 struct ov_inode *ov_table_find(struct ov_table *t, dev_t dev, ino_t rino)
 {
-	struct ov_inode *in = t->buckets[ov_hash(dev, rino, t->nbuckets)];
+	struct ov_inode *in;
 
+	CB_ASSERT_HELD(&t->lock);
+	in = t->buckets[ov_hash(dev, rino, t->nbuckets)];
 	for (; in; in = in->hnext)
 		if (in->rino == rino && in->dev == dev)
 			return in;
@@ -100,11 +117,12 @@ static void ov_table_grow(struct ov_table *t)
 	t->nbuckets = n;
 }
 
-/* Adds in under its (dev, rino); the key must not be present. */
+/* Adds in under its (dev, rino); the key must not be present. Caller holds t->lock. */
 void ov_table_insert(struct ov_table *t, struct ov_inode *in)
 {
 	size_t h;
 
+	CB_ASSERT_HELD(&t->lock);
 	if (t->count >= t->nbuckets)
 		ov_table_grow(t);
 	h = ov_hash(in->dev, in->rino, t->nbuckets);
@@ -114,11 +132,13 @@ void ov_table_insert(struct ov_table *t, struct ov_inode *in)
 	t->count++;
 }
 
-/* Takes in out of the hash (its identity changes or it lost its last name); idempotent. */
+/* Takes in out of the hash (its identity changes or it lost its last name); idempotent.
+ * Caller holds t->lock. */
 void ov_table_remove(struct ov_table *t, struct ov_inode *in)
 {
 	struct ov_inode **p;
 
+	CB_ASSERT_HELD(&t->lock);
 	if (!in->hashed)
 		return;
 	p = &t->buckets[ov_hash(in->dev, in->rino, t->nbuckets)];
@@ -149,15 +169,17 @@ struct ov_inode *ov_inode_new(int layer, const struct stat *st)
 	in->keep_fd = -1;
 	atomic_init(&in->write_gen, 0);
 	atomic_init(&in->meta_gen, 0);
-	pthread_mutex_init(&in->lock, NULL);
+	cb_mutex_init(&in->lock, NULL);
 	return in;
 }
 
-/* Whether in is known under parent/name. */
-int ov_inode_has_name(const struct ov_inode *in, const struct ov_inode *parent, const char *name)
+/* Whether in is known under parent/name. Caller holds t->lock. */
+int ov_inode_has_name(struct ov_table *t, const struct ov_inode *in, const struct ov_inode *parent,
+		      const char *name)
 {
 	const struct ov_name *n;
 
+	CB_ASSERT_HELD(&t->lock);
 	for (n = in->names; n; n = n->next)
 		if (n->parent == parent && strcmp(n->name, name) == 0)
 			return 1;
@@ -165,11 +187,16 @@ int ov_inode_has_name(const struct ov_inode *in, const struct ov_inode *parent, 
 }
 
 /* Records parent/name as a name of in (appended: the first name stays the one paths use)
- * and takes a reference on parent. Returns 0 or -ENOMEM. Caller holds ns and tab locks. */
-int ov_inode_add_name(struct ov_inode *in, struct ov_inode *parent, const char *name)
+ * and takes a reference on parent. Returns 0 or -ENOMEM. Caller holds t->ns (either side)
+ * and t->lock. */
+int ov_inode_add_name(struct ov_table *t, struct ov_inode *in, struct ov_inode *parent,
+		      const char *name)
 {
-	struct ov_name *n = calloc(1, sizeof(*n)), **p;
+	struct ov_name *n, **p;
 
+	CB_ASSERT_READING(&t->ns);
+	CB_ASSERT_HELD(&t->lock);
+	n = calloc(1, sizeof(*n));
 	if (!n || !(n->name = strdup(name))) {
 		free(n);
 		return -ENOMEM;
@@ -184,11 +211,15 @@ int ov_inode_add_name(struct ov_inode *in, struct ov_inode *parent, const char *
 }
 
 /* Forgets parent/name as a name of in and drops the reference on parent (the caller
- * releases parent if that was the last). Returns 0, or -ENOENT if it was not a name. */
-int ov_inode_drop_name(struct ov_inode *in, const struct ov_inode *parent, const char *name)
+ * releases parent if that was the last). Returns 0, or -ENOENT if it was not a name. Caller
+ * holds t->ns for writing and t->lock. */
+int ov_inode_drop_name(struct ov_table *t, struct ov_inode *in, const struct ov_inode *parent,
+		       const char *name)
 {
 	struct ov_name **p, *n;
 
+	CB_ASSERT_WRITING(&t->ns);
+	CB_ASSERT_HELD(&t->lock);
 	for (p = &in->names; *p; p = &(*p)->next) {
 		n = *p;
 		if (n->parent == parent && strcmp(n->name, name) == 0) {
@@ -204,13 +235,16 @@ int ov_inode_drop_name(struct ov_inode *in, const struct ov_inode *parent, const
 }
 
 /* Moves the name oldparent/oldname of in to newparent/newname. Returns 0, -ENOENT if in had
- * no such name, -ENOMEM. Caller holds ns and tab locks and releases oldparent afterwards. */
-int ov_inode_rename_name(struct ov_inode *in, struct ov_inode *oldparent, const char *oldname,
-			 struct ov_inode *newparent, const char *newname)
+ * no such name, -ENOMEM. Caller holds t->ns for writing and t->lock, and releases oldparent
+ * afterwards. */
+int ov_inode_rename_name(struct ov_table *t, struct ov_inode *in, struct ov_inode *oldparent,
+			 const char *oldname, struct ov_inode *newparent, const char *newname)
 {
 	struct ov_name *n;
 	char *copy;
 
+	CB_ASSERT_WRITING(&t->ns);
+	CB_ASSERT_HELD(&t->lock);
 	for (n = in->names; n; n = n->next) {
 		if (n->parent == oldparent && strcmp(n->name, oldname) == 0)
 			break;
@@ -265,17 +299,20 @@ static int ov_path_build(const struct ov_name *n, const char *child, char **out)
 	return (int)len;
 }
 
-/* The layer-relative path of name n in *out (malloc'd; see ov_path_build). */
-int ov_path_of_name(const struct ov_name *n, char **out)
+/* The layer-relative path of name n in *out (malloc'd; see ov_path_build). Caller holds
+ * t->ns (either side). */
+int ov_path_of_name(struct ov_table *t, const struct ov_name *n, char **out)
 {
+	CB_ASSERT_READING(&t->ns);
 	return ov_path_build(n, NULL, out);
 }
 
 /* The path of in, or of in's child called child when child is not NULL, malloc'd in *out
  * ("." for the root itself). Returns the length or a negative errno (see ov_path_build).
- * Caller holds ns read. */
-int ov_path(const struct ov_inode *in, const char *child, char **out)
+ * Caller holds t->ns (either side). */
+int ov_path(struct ov_table *t, const struct ov_inode *in, const char *child, char **out)
 {
+	CB_ASSERT_READING(&t->ns);
 	*out = NULL;
 	if (in->is_root) {
 		*out = strdup(child ? child : ".");
@@ -287,10 +324,12 @@ int ov_path(const struct ov_inode *in, const char *child, char **out)
 }
 
 /* Frees in if nothing refers to it any more (no kernel lookups, no child names), then goes
- * on with parents that this left unreferenced. Caller holds the tab lock and the ns write
- * lock (or is the only thread). The root is never freed here. */
+ * on with parents that this left unreferenced. Caller holds t->lock (see INVARIANTS: an
+ * unreferenced inode is out of every other thread's reach, so no ns lock is needed). The
+ * root is never freed here. */
 void ov_inode_release(struct ov_table *t, struct ov_inode *in)
 {
+	CB_ASSERT_HELD(&t->lock);
 	while (in && !in->is_root && in->nlookup == 0 && in->refs == 0) {
 		struct ov_inode *next = NULL;
 		struct ov_name *n;
@@ -313,17 +352,21 @@ void ov_inode_release(struct ov_table *t, struct ov_inode *in)
 	}
 }
 
-/* Frees every inode left, hashed or not, and the table (unmount). */
+/* Frees every inode left, hashed or not, the table and its locks (unmount: nothing else runs). */
 void ov_table_free_all(struct ov_table *t)
 {
 	while (t->all)
 		ov_inode_free(t, t->all);
 	ov_table_free(t);
+	cb_rwlock_destroy(&t->ns);
+	cb_mutex_destroy(&t->lock);
 }
 
-/* Puts a new inode on the list of all inodes, which ov_table_free_all frees. */
+/* Puts a new inode on the list of all inodes, which ov_table_free_all frees. Caller holds
+ * t->lock. */
 void ov_table_track(struct ov_table *t, struct ov_inode *in)
 {
+	CB_ASSERT_HELD(&t->lock);
 	in->all_prev = NULL;
 	in->all_next = t->all;
 	if (t->all)

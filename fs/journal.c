@@ -1,5 +1,16 @@
 /* The overlay's journal hooks: the first change to a path in a turn is recorded durably
- * (cb_journal_mark) before the operation is answered; later ones cost an atomic compare. */
+ * (cb_journal_mark) before the operation is answered; later ones cost an atomic compare.
+ *
+ * INVARIANTS (the journal rule itself is stated once, in ov.h; asserted in a checked build):
+ *   - a mark is made holding tab.ns (either side) and not tab.lock, and, for a request,
+ *     inside the fence's shared side; the only marks without a request are the turn
+ *     advance's own (ov_mark_open_writers), made after it has left the fence.
+ *   - an inode's write_gen or meta_gen equals ov->gen only after every name of it that has a
+ *     path (a name under a removed directory has none) was marked in that turn; a failed mark
+ * leaves it unchanged, so the next change tries again.
+ *   - the marks of the request a thread serves (op_marks) live until it leaves the fence:
+ *     dropped, or moved to ov->carry (under carry_lock) when an advance waited for it, and
+ *     journaled again in the new turn by ov_marks_carry. */
 #include "config.h"
 
 #include <errno.h>
@@ -131,6 +142,11 @@ static int ov_mark(struct cb_overlay *ov, fuse_req_t req, struct cb_change *c, s
 	size_t i;
 	int r;
 
+	CB_ASSERT_READING(&ov->tab.ns);
+	CB_ASSERT_NOT_HELD(&ov->tab.lock);
+#ifdef CB_LOCK_CHECKS
+	assert(!req || cb_rwlock_held(&ov->fence));
+#endif
 	if (!ov->db || n == 0)
 		return 0;
 	ov_comm(pid, comm, sizeof(comm));
@@ -167,9 +183,10 @@ int ov_mark_child(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *parent
 	char *path;
 	int r;
 
+	CB_ASSERT_READING(&ov->tab.ns);
 	if (!ov->db)
 		return 0;
-	r = ov_path(parent, name, &path);
+	r = ov_path(&ov->tab, parent, name, &path);
 	if (r < 0)
 		return r;
 	r = ov_mark_path(ov, req, path, kind, subtree);
@@ -191,16 +208,17 @@ int ov_mark_inode(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *in,
 	size_t n = 0, names = 0, i;
 	int r = 0;
 
+	CB_ASSERT_READING(&ov->tab.ns);
 	if (atomic_load(gen) == g)
 		return 0;
 	if (ov->db) {
-		pthread_mutex_lock(&ov->tab_lock);
+		cb_mutex_lock(&ov->tab.lock);
 		for (nm = in->names; nm; nm = nm->next)
 			names++;
 		c = calloc(names ? names : 1, sizeof(*c));
 		paths = calloc(names ? names : 1, sizeof(*paths));
 		for (nm = in->names; nm && c && paths; nm = nm->next) {
-			int len = ov_path_of_name(nm, &paths[n]);
+			int len = ov_path_of_name(&ov->tab, nm, &paths[n]);
 
 			/* A name under a directory removed meanwhile has no path to mark; without
 			 * memory a name would go unmarked, so the change is refused instead. */
@@ -213,7 +231,7 @@ int ov_mark_inode(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *in,
 			c[n] = (struct cb_change){.path = paths[n], .kind = kind};
 			n++;
 		}
-		pthread_mutex_unlock(&ov->tab_lock);
+		cb_mutex_unlock(&ov->tab.lock);
 		if (!c || !paths)
 			r = -ENOMEM;
 		if (!r)

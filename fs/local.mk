@@ -3,9 +3,9 @@
 noinst_LTLIBRARIES += fs/libcb_fs.la
 fs_libcb_fs_la_SOURCES = fs/ov.h fs/at.c fs/inode.c fs/layer.c fs/copyup.c fs/journal.c \
 	fs/ops_entry.c fs/ops_dir.c fs/rename.c fs/ops_file.c fs/ops_readdir.c fs/ops_xattr.c \
-	fs/fence.c fs/mount.c fs/stats.c fs/ids.c fs/quota.c fs/base_changed.c
+	fs/fence.c fs/mount.c fs/ops.c fs/ids.c fs/quota.c fs/base_changed.c
 COWBOX_LAYERS += fs/libcb_fs.la
-pkginclude_HEADERS += include/cowbox/overlay.h
+noinst_HEADERS += include/cowbox/overlay.h
 
 FS_LIBS = fs/libcb_fs.la db/libcb_db.la util/libcb_util.la $(FUSE3_LIBS) $(SQLITE3_LIBS)
 

@@ -114,7 +114,8 @@ static int ov_on_overlayfs(int fd)
 	return fd >= 0 && fstatfs(fd, &sf) == 0 && sf.f_type == OVERLAYFS_SUPER_MAGIC;
 }
 
-static void ov_init(void *userdata, struct fuse_conn_info *conn)
+/* See ov.h: what we ask of the kernel, given what it can do. */
+void ov_op_init(void *userdata, struct fuse_conn_info *conn)
 {
 	struct cb_overlay *ov = userdata;
 	int passthrough = 0;
@@ -172,23 +173,6 @@ static void ov_init(void *userdata, struct fuse_conn_info *conn)
 	atomic_store(&ov->writeback, (conn->want & FUSE_CAP_WRITEBACK_CACHE) != 0);
 }
 
-static const struct fuse_lowlevel_ops *ov_ops(void)
-{
-	static struct fuse_lowlevel_ops ops;
-
-	if (!ops.init) {
-		ov_fill_ops_entry(&ops);
-		ov_fill_ops_dir(&ops);
-		ov_fill_ops_file(&ops);
-		ov_fill_ops_readdir(&ops);
-		ov_fill_ops_xattr(&ops);
-		ov_fence_wrap(&ops);
-		ov_stats_wrap(&ops);
-		ops.init = ov_init;
-	}
-	return &ops;
-}
-
 static int ov_open_root(const char *what, const char *dir, int *fd, struct stat *st)
 {
 	*fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -237,16 +221,16 @@ static int ov_setup(const struct cb_overlay_config *cfg, struct cb_overlay *ov)
 	r = ov_check_mountpoint(cfg->mountpoint);
 	if (r < 0)
 		return r;
-	if (ov_table_init(&ov->tab) < 0)
-		return cb_error_set(ENOMEM, "overlay: out of memory");
 	ov->root = ov_inode_new(OV_UPPER, &ust);
 	if (!ov->root)
 		return cb_error_set(ENOMEM, "overlay: out of memory");
 	ov->root->is_root = 1;
 	ov->root->nlookup = 1;
 	ov->root->merged = ov->base_fd >= 0;
+	cb_mutex_lock(&ov->tab.lock);
 	ov_table_insert(&ov->tab, ov->root);
 	ov_table_track(&ov->tab, ov->root);
+	cb_mutex_unlock(&ov->tab.lock);
 	m = umask(0);
 	umask(m);
 	ov->umask = m;
@@ -276,8 +260,10 @@ int cb_overlay_mount(const struct cb_overlay_config *cfg, struct cb_overlay **ou
 	if (!ov)
 		return cb_error_set(ENOMEM, "overlay: out of memory");
 	ov->upper_fd = ov->base_fd = -1;
-	pthread_mutex_init(&ov->tab_lock, NULL);
-	pthread_rwlock_init(&ov->ns_lock, NULL);
+	if (ov_table_init(&ov->tab) < 0) {
+		free(ov);
+		return cb_error_set(ENOMEM, "overlay: out of memory");
+	}
 	pthread_mutex_init(&ov->handles_lock, NULL);
 	pthread_mutex_init(&ov->carry_lock, NULL);
 	pthread_mutex_init(&ov->quota_lock, NULL);
@@ -302,7 +288,7 @@ int cb_overlay_mount(const struct cb_overlay_config *cfg, struct cb_overlay **ou
 		goto fail;
 	}
 	args = (struct fuse_args)FUSE_ARGS_INIT(3, argv);
-	ov->se = fuse_session_new(&args, ov_ops(), sizeof(struct fuse_lowlevel_ops), ov);
+	ov->se = ov_session_new(&args, ov);
 	fuse_opt_free_args(&args);
 	if (!ov->se) {
 		r = cb_error_set(EINVAL, "fuse session for %s could not be created",
@@ -389,21 +375,18 @@ void cb_overlay_destroy(struct cb_overlay *ov)
 	while (ov->handles)
 		ov->handles->free(ov->handles);
 	ov_journal_sync(ov);
-	if (ov->root)
-		ov_table_free_all(&ov->tab);
+	ov_table_free_all(&ov->tab);
 	if (ov->upper_fd >= 0)
 		close(ov->upper_fd);
 	if (ov->base_fd >= 0)
 		close(ov->base_fd);
-	pthread_rwlock_destroy(&ov->ns_lock);
-	pthread_rwlock_destroy(&ov->fence);
+	cb_rwlock_destroy(&ov->fence);
 	pthread_mutex_destroy(&ov->carry_lock);
 	for (size_t i = 0; i < ov->ncarry; i++) {
 		free((char *)ov->carry[i].path);
 		free((char *)ov->carry[i].comm);
 	}
 	free(ov->carry);
-	pthread_mutex_destroy(&ov->tab_lock);
 	pthread_mutex_destroy(&ov->handles_lock);
 	pthread_mutex_destroy(&ov->quota_lock);
 	free(ov->stats);

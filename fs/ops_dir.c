@@ -25,7 +25,7 @@ static int ov_prepare_new(struct cb_overlay *ov, struct ov_inode *parent, const 
 	*had_whiteout = 0;
 	if (r < 0)
 		return r;
-	r = ov_path(parent, name, path);
+	r = ov_path(&ov->tab, parent, name, path);
 	if (r < 0)
 		return r;
 	if (ov_lstat(ov->upper_fd, *path, &st) == 0 && ov_is_whiteout(&st)) {
@@ -91,7 +91,7 @@ static void ov_make_node(fuse_req_t req, fuse_ino_t parent_ino, const char *name
 		fuse_reply_err(req, EPERM);
 		return;
 	}
-	pthread_rwlock_rdlock(&ov->ns_lock);
+	cb_rwlock_read(&ov->tab.ns);
 	r = ov_prepare_new(ov, parent, name, &path, &had_whiteout);
 	if (r == 0)
 		r = ov_quota_take(ov, (long long)ov_quota_cost(mode, 0), 1);
@@ -122,7 +122,7 @@ static void ov_make_node(fuse_req_t req, fuse_ino_t parent_ino, const char *name
 		ov_new_inode_clean(ov, e.ino);
 	}
 out:
-	pthread_rwlock_unlock(&ov->ns_lock);
+	cb_rwlock_unlock(&ov->tab.ns);
 	free(path);
 	if (r < 0)
 		fuse_reply_err(req, -r);
@@ -130,17 +130,20 @@ out:
 		fuse_reply_entry(req, &e);
 }
 
-static void ov_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
+/* MKDIR: a new directory in upper (opaque when it replaces a whiteout). */
+void ov_op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
 {
 	ov_make_node(req, parent, name, S_IFDIR | (mode & 07777), 0, NULL);
 }
 
-static void ov_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev)
+/* MKNOD: a new node in upper; a 0/0 character device is refused (it is a whiteout). */
+void ov_op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev)
 {
 	ov_make_node(req, parent, name, mode, rdev, NULL);
 }
 
-static void ov_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
+/* SYMLINK: a new symlink in upper. */
+void ov_op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
 {
 	ov_make_node(req, parent, name, S_IFLNK | 0777, 0, link);
 }
@@ -155,8 +158,10 @@ int ov_open_flags(int flags)
 	return (flags & ~O_APPEND) | O_CLOEXEC | O_NOFOLLOW;
 }
 
-static void ov_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mode_t mode,
-		      struct fuse_file_info *fi)
+/* CREATE: a new regular file in upper, opened; the kernel sends this for open(O_CREAT) of a
+ * missing name. */
+void ov_op_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mode_t mode,
+		  struct fuse_file_info *fi)
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *parent = ov_inode_get(ov, parent_ino);
@@ -165,7 +170,7 @@ static void ov_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 	char *path = NULL;
 	int r, had_whiteout, fd = -1;
 
-	pthread_rwlock_rdlock(&ov->ns_lock);
+	cb_rwlock_read(&ov->tab.ns);
 	r = ov_prepare_new(ov, parent, name, &path, &had_whiteout);
 	if (r == 0)
 		r = ov_quota_take(ov, 0, 1);
@@ -201,9 +206,9 @@ static void ov_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 	fd = -1;
 	fi->fh = (uint64_t)(uintptr_t)f;
 	if (f->mode == OV_OPEN_CACHED && ov_space_low(ov))
-		fi->direct_io = 1; /* see ov_open: ENOSPC at write(2) on a nearly full disk */
+		fi->direct_io = 1; /* see ov_op_open: ENOSPC at write(2) on a nearly full disk */
 out:
-	pthread_rwlock_unlock(&ov->ns_lock);
+	cb_rwlock_unlock(&ov->tab.ns);
 	free(path);
 	if (fd >= 0)
 		close(fd);
@@ -216,7 +221,8 @@ out:
 	}
 }
 
-static void ov_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent_ino, const char *newname)
+/* LINK: a new name for an inode, copied up first (a hard link lives in one layer). */
+void ov_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent_ino, const char *newname)
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *in = ov_inode_get(ov, ino), *parent = ov_inode_get(ov, newparent_ino);
@@ -224,12 +230,12 @@ static void ov_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent_ino, co
 	char *path = NULL, *oldpath = NULL;
 	int r, had_whiteout;
 
-	pthread_rwlock_rdlock(&ov->ns_lock);
+	cb_rwlock_read(&ov->tab.ns);
 	r = ov_copy_up(ov, in, 1);
 	if (r == 0)
 		r = ov_prepare_new(ov, parent, newname, &path, &had_whiteout);
 	if (r == 0)
-		r = ov_path(in, NULL, &oldpath);
+		r = ov_path(&ov->tab, in, NULL, &oldpath);
 	if (r >= 0)
 		r = ov_mark_child(ov, req, parent, newname, CB_CHANGE_CREATE, 0);
 	if (r < 0)
@@ -240,7 +246,7 @@ static void ov_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent_ino, co
 	}
 	r = ov_lookup_child(ov, parent, newname, &e);
 out:
-	pthread_rwlock_unlock(&ov->ns_lock);
+	cb_rwlock_unlock(&ov->tab.ns);
 	free(path);
 	free(oldpath);
 	if (r < 0)
@@ -321,9 +327,9 @@ struct ov_inode *ov_known(struct cb_overlay *ov, int in_upper, const struct stat
 	const struct stat *st = in_upper ? ust : bst;
 	struct ov_inode *in;
 
-	pthread_mutex_lock(&ov->tab_lock);
+	cb_mutex_lock(&ov->tab.lock);
 	in = ov_table_find(&ov->tab, st->st_dev, st->st_ino);
-	pthread_mutex_unlock(&ov->tab_lock);
+	cb_mutex_unlock(&ov->tab.lock);
 	return in;
 }
 
@@ -332,15 +338,15 @@ struct ov_inode *ov_known(struct cb_overlay *ov, int in_upper, const struct stat
 void ov_name_gone(struct cb_overlay *ov, struct ov_inode *in, struct ov_inode *parent,
 		  const char *name, int keep_fd)
 {
-	pthread_mutex_lock(&ov->tab_lock);
-	ov_inode_drop_name(in, parent, name);
+	cb_mutex_lock(&ov->tab.lock);
+	ov_inode_drop_name(&ov->tab, in, parent, name);
 	if (!in->names) {
 		ov_table_remove(&ov->tab, in);
 		if (in->keep_fd < 0)
 			in->keep_fd = keep_fd, keep_fd = -1;
 	}
 	ov_inode_release(&ov->tab, in);
-	pthread_mutex_unlock(&ov->tab_lock);
+	cb_mutex_unlock(&ov->tab.lock);
 	if (keep_fd >= 0)
 		close(keep_fd);
 }
@@ -362,10 +368,10 @@ void ov_upper_name_gone(struct cb_overlay *ov, struct ov_inode *in, const struct
 	int open = 0;
 
 	if (S_ISREG(ust->st_mode) && ust->st_nlink <= 1 && keep_fd >= 0 && in) {
-		pthread_mutex_lock(&in->lock);
+		cb_mutex_lock(&in->lock);
 		open = in->backing_opens + in->cached_opens > 0;
 		in->quota_deferred = open;
-		pthread_mutex_unlock(&in->lock);
+		cb_mutex_unlock(&in->lock);
 	}
 	if (!open)
 		ov_quota_gone(ov, ust);
@@ -379,8 +385,8 @@ static void ov_remove(fuse_req_t req, fuse_ino_t parent_ino, const char *name, i
 	struct stat ust, bst;
 	int r, in_upper, in_base, keep = -1;
 
-	pthread_rwlock_wrlock(&ov->ns_lock);
-	r = ov_path(parent, name, &path);
+	cb_rwlock_write(&ov->tab.ns);
+	r = ov_path(&ov->tab, parent, name, &path);
 	if (r < 0)
 		goto out;
 	ov_locate(ov, parent, path, &in_upper, &ust, &in_base, &bst);
@@ -427,45 +433,37 @@ static void ov_remove(fuse_req_t req, fuse_ino_t parent_ino, const char *name, i
 	if (r == 0 && in)
 		ov_name_gone(ov, in, parent, name, keep), keep = -1;
 out:
-	pthread_rwlock_unlock(&ov->ns_lock);
+	cb_rwlock_unlock(&ov->tab.ns);
 	free(path);
 	if (keep >= 0)
 		close(keep);
 	fuse_reply_err(req, -r);
 }
 
-static void ov_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+/* UNLINK: removes a non-directory; a name the base also has leaves a whiteout. */
+void ov_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	ov_remove(req, parent, name, 0);
 }
 
-static void ov_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
+/* RMDIR: removes an empty directory (merged with the base's view); a whiteout hides the
+ * base's. */
+void ov_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	ov_remove(req, parent, name, 1);
 }
 
-static void ov_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
-		      const char *newname, unsigned int flags)
+/* RENAME: renameat2 with NOREPLACE or EXCHANGE, under the names lock's write side
+ * (rename.c). */
+void ov_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
+		  const char *newname, unsigned int flags)
 {
 	struct cb_overlay *ov = ov_of(req);
 	int r;
 
-	pthread_rwlock_wrlock(&ov->ns_lock);
+	cb_rwlock_write(&ov->tab.ns);
 	r = ov_rename_locked(ov, req, ov_inode_get(ov, parent), name, ov_inode_get(ov, newparent),
 			     newname, flags);
-	pthread_rwlock_unlock(&ov->ns_lock);
+	cb_rwlock_unlock(&ov->tab.ns);
 	fuse_reply_err(req, -r);
-}
-
-/* Fills in the operations that change names. */
-void ov_fill_ops_dir(struct fuse_lowlevel_ops *ops)
-{
-	ops->mkdir = ov_mkdir;
-	ops->mknod = ov_mknod;
-	ops->symlink = ov_symlink;
-	ops->create = ov_create;
-	ops->link = ov_link;
-	ops->unlink = ov_unlink;
-	ops->rmdir = ov_rmdir;
-	ops->rename = ov_rename;
 }

@@ -73,33 +73,33 @@ int ov_lookup_child(struct cb_overlay *ov, struct ov_inode *parent, const char *
 
 	memset(e, 0, sizeof(*e));
 	e->attr_timeout = e->entry_timeout = OV_TIMEOUT;
-	r = ov_path(parent, name, &path);
+	r = ov_path(&ov->tab, parent, name, &path);
 	if (r < 0)
 		return r;
 	r = ov_lookup_at(ov, parent, path, &st, &layer, &merged);
 	free(path);
 	if (r < 0)
 		return r;
-	pthread_mutex_lock(&ov->tab_lock);
+	cb_mutex_lock(&ov->tab.lock);
 	in = ov_table_find(&ov->tab, st.st_dev, st.st_ino);
 	if (!in) {
 		in = ov_inode_new(layer, &st);
-		if (!in || ov_inode_add_name(in, parent, name) < 0) {
+		if (!in || ov_inode_add_name(&ov->tab, in, parent, name) < 0) {
 			free(in);
-			pthread_mutex_unlock(&ov->tab_lock);
+			cb_mutex_unlock(&ov->tab.lock);
 			return -ENOMEM;
 		}
 		in->merged = merged;
 		ov_table_insert(&ov->tab, in);
 		ov_table_track(&ov->tab, in);
-	} else if (!ov_inode_has_name(in, parent, name)) {
-		if (ov_inode_add_name(in, parent, name) < 0) {
-			pthread_mutex_unlock(&ov->tab_lock);
+	} else if (!ov_inode_has_name(&ov->tab, in, parent, name)) {
+		if (ov_inode_add_name(&ov->tab, in, parent, name) < 0) {
+			cb_mutex_unlock(&ov->tab.lock);
 			return -ENOMEM;
 		}
 	}
 	in->nlookup++;
-	pthread_mutex_unlock(&ov->tab_lock);
+	cb_mutex_unlock(&ov->tab.lock);
 	st.st_ino = in->st_ino;
 	ov_ids_present(ov, &st);
 	e->attr = st;
@@ -110,10 +110,10 @@ int ov_lookup_child(struct cb_overlay *ov, struct ov_inode *parent, const char *
 /* Drops n kernel references to in, freeing it when nothing refers to it any more. */
 void ov_forget_one(struct cb_overlay *ov, struct ov_inode *in, uint64_t n)
 {
-	pthread_mutex_lock(&ov->tab_lock);
+	cb_mutex_lock(&ov->tab.lock);
 	in->nlookup = in->nlookup > n ? in->nlookup - n : 0;
 	ov_inode_release(&ov->tab, in);
-	pthread_mutex_unlock(&ov->tab_lock);
+	cb_mutex_unlock(&ov->tab.lock);
 }
 
 /* The stat of in as the mount shows it. Caller holds ns read. */
@@ -126,7 +126,7 @@ int ov_stat_inode(struct cb_overlay *ov, struct ov_inode *in, struct stat *st)
 		if (fstatat(in->keep_fd, "", st, AT_EMPTY_PATH) < 0)
 			return -errno;
 	} else {
-		r = ov_path(in, NULL, &path);
+		r = ov_path(&ov->tab, in, NULL, &path);
 		if (r < 0)
 			return r;
 		r = ov_lstat(ov_layer_fd(ov, atomic_load(&in->layer)), path, st);
@@ -139,15 +139,17 @@ int ov_stat_inode(struct cb_overlay *ov, struct ov_inode *in, struct stat *st)
 	return 0;
 }
 
-static void ov_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+/* LOOKUP: parent/name's inode with one more kernel reference, or a negative entry the kernel
+ * may cache (we are the tree's only writer). */
+void ov_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct fuse_entry_param e;
 	int r;
 
-	pthread_rwlock_rdlock(&ov->ns_lock);
+	cb_rwlock_read(&ov->tab.ns);
 	r = ov_lookup_child(ov, ov_inode_get(ov, parent), name, &e);
-	pthread_rwlock_unlock(&ov->ns_lock);
+	cb_rwlock_unlock(&ov->tab.ns);
 	if (r == -ENOENT) {
 		/* a negative entry: we are the only writer, so the kernel may cache it */
 		e.ino = 0;
@@ -160,7 +162,8 @@ static void ov_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 		fuse_reply_entry(req, &e);
 }
 
-static void ov_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
+/* FORGET: the kernel dropped nlookup references; an inode nothing refers to is freed. */
+void ov_op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 {
 	struct cb_overlay *ov = ov_of(req);
 
@@ -168,7 +171,8 @@ static void ov_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 	fuse_reply_none(req);
 }
 
-static void ov_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets)
+/* BATCH_FORGET: FORGET for many inodes in one request. */
+void ov_op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets)
 {
 	struct cb_overlay *ov = ov_of(req);
 	size_t i;
@@ -178,16 +182,17 @@ static void ov_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_dat
 	fuse_reply_none(req);
 }
 
-static void ov_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+/* GETATTR: the inode's stat as the mount shows it (ids shifted, the origin's inode number). */
+void ov_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct stat st;
 	int r;
 
 	(void)fi;
-	pthread_rwlock_rdlock(&ov->ns_lock);
+	cb_rwlock_read(&ov->tab.ns);
 	r = ov_stat_inode(ov, ov_inode_get(ov, ino), &st);
-	pthread_rwlock_unlock(&ov->ns_lock);
+	cb_rwlock_unlock(&ov->tab.ns);
 	if (r < 0)
 		fuse_reply_err(req, -r);
 	else
@@ -209,7 +214,7 @@ static int ov_target(struct cb_overlay *ov, struct ov_inode *in, char **path, in
 	}
 	*dirfd = ov->upper_fd;
 	*nofollow = AT_SYMLINK_NOFOLLOW;
-	return ov_path(in, NULL, path);
+	return ov_path(&ov->tab, in, NULL, path);
 }
 
 static int ov_apply_setattr_at(struct cb_overlay *ov, struct ov_inode *in, struct stat *attr,
@@ -288,8 +293,9 @@ static int ov_apply_setattr(struct cb_overlay *ov, struct ov_inode *in, struct s
 	return r;
 }
 
-static void ov_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
-		       struct fuse_file_info *fi)
+/* SETATTR: chmod, chown, truncate, utimes: copies up and marks before it changes anything. */
+void ov_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+		   struct fuse_file_info *fi)
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *in = ov_inode_get(ov, ino);
@@ -297,7 +303,7 @@ static void ov_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	int r, content = (to_set & FUSE_SET_ATTR_SIZE) != 0;
 	int meta = (to_set & ~(FUSE_SET_ATTR_SIZE | FUSE_SET_ATTR_CTIME)) != 0;
 
-	pthread_rwlock_rdlock(&ov->ns_lock);
+	cb_rwlock_read(&ov->tab.ns);
 	r = ov_copy_up(ov, in, !(content && attr->st_size == 0));
 	if (r == 0 && content)
 		r = ov_mark_inode(ov, req, in, CB_CHANGE_WRITE);
@@ -307,14 +313,15 @@ static void ov_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		r = ov_apply_setattr(ov, in, attr, to_set, fi);
 	if (r == 0)
 		r = ov_stat_inode(ov, in, &st);
-	pthread_rwlock_unlock(&ov->ns_lock);
+	cb_rwlock_unlock(&ov->tab.ns);
 	if (r < 0)
 		fuse_reply_err(req, -r);
 	else
 		fuse_reply_attr(req, &st, OV_TIMEOUT);
 }
 
-static void ov_readlink(fuse_req_t req, fuse_ino_t ino)
+/* READLINK: a symlink's target, from whichever layer holds it. */
+void ov_op_readlink(fuse_req_t req, fuse_ino_t ino)
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *in = ov_inode_get(ov, ino);
@@ -322,15 +329,15 @@ static void ov_readlink(fuse_req_t req, fuse_ino_t ino)
 	ssize_t n;
 	int r;
 
-	pthread_rwlock_rdlock(&ov->ns_lock);
+	cb_rwlock_read(&ov->tab.ns);
 	if (in->keep_fd >= 0)
 		n = readlinkat(in->keep_fd, "", target, sizeof(target) - 1);
-	else if ((r = ov_path(in, NULL, &path)) < 0)
+	else if ((r = ov_path(&ov->tab, in, NULL, &path)) < 0)
 		n = r, errno = -r;
 	else
 		n = ov_readlinkat(ov_layer_fd(ov, atomic_load(&in->layer)), path, target,
 				  sizeof(target) - 1);
-	pthread_rwlock_unlock(&ov->ns_lock);
+	cb_rwlock_unlock(&ov->tab.ns);
 	free(path);
 	if (n < 0) {
 		fuse_reply_err(req, errno);
@@ -340,7 +347,8 @@ static void ov_readlink(fuse_req_t req, fuse_ino_t ino)
 	fuse_reply_readlink(req, target);
 }
 
-static void ov_statfs(fuse_req_t req, fuse_ino_t ino)
+/* STATFS: the upper layer's filesystem, where every change lands. */
+void ov_op_statfs(fuse_req_t req, fuse_ino_t ino)
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct statvfs sv;
@@ -350,16 +358,4 @@ static void ov_statfs(fuse_req_t req, fuse_ino_t ino)
 		fuse_reply_err(req, errno);
 	else
 		fuse_reply_statfs(req, &sv);
-}
-
-/* Fills in the name and attribute operations. */
-void ov_fill_ops_entry(struct fuse_lowlevel_ops *ops)
-{
-	ops->lookup = ov_lookup;
-	ops->forget = ov_forget;
-	ops->forget_multi = ov_forget_multi;
-	ops->getattr = ov_getattr;
-	ops->setattr = ov_setattr;
-	ops->readlink = ov_readlink;
-	ops->statfs = ov_statfs;
 }

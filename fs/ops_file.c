@@ -42,7 +42,7 @@ void ov_file_choose_mode(fuse_req_t req, struct ov_file *f, struct fuse_file_inf
 	struct ov_inode *in = f->inode;
 
 	(void)req;
-	pthread_mutex_lock(&in->lock);
+	cb_mutex_lock(&in->lock);
 #ifdef HAVE_FUSE_PASSTHROUGH
 	if (in->backing_opens > 0) {
 		in->backing_opens++;
@@ -70,7 +70,7 @@ void ov_file_choose_mode(fuse_req_t req, struct ov_file *f, struct fuse_file_inf
 	} else {
 		fi->keep_cache = 0; /* the backing file's pages are the ones that count */
 	}
-	pthread_mutex_unlock(&in->lock);
+	cb_mutex_unlock(&in->lock);
 }
 
 /* See ov.h. The last passthrough open gives the backing id back (the kernel's open files
@@ -81,7 +81,7 @@ void ov_file_drop_mode(fuse_req_t req, struct ov_file *f)
 	int id = 0, freed = 0;
 	struct stat st;
 
-	pthread_mutex_lock(&in->lock);
+	cb_mutex_lock(&in->lock);
 	if (f->mode == OV_OPEN_BACKING && in->backing_opens > 0 && --in->backing_opens == 0) {
 		id = in->backing_id;
 		in->backing_id = 0;
@@ -94,7 +94,7 @@ void ov_file_drop_mode(fuse_req_t req, struct ov_file *f)
 		in->quota_deferred = 0;
 		freed = fstat(f->fd, &st) == 0;
 	}
-	pthread_mutex_unlock(&in->lock);
+	cb_mutex_unlock(&in->lock);
 	if (freed) {
 		st.st_nlink = 1;
 		ov_quota_gone(f->overlay, &st);
@@ -119,7 +119,7 @@ void ov_mark_open_writers(struct cb_overlay *ov)
 
 	if (!atomic_load(&ov->passthrough))
 		return;
-	pthread_rwlock_rdlock(&ov->ns_lock);
+	cb_rwlock_read(&ov->tab.ns);
 	pthread_mutex_lock(&ov->handles_lock);
 	for (h = ov->handles; h; h = h->next) {
 		if (h->free != ov_file_free)
@@ -129,7 +129,7 @@ void ov_mark_open_writers(struct cb_overlay *ov)
 			ov_mark_inode(ov, NULL, f->inode, CB_CHANGE_WRITE);
 	}
 	pthread_mutex_unlock(&ov->handles_lock);
-	pthread_rwlock_unlock(&ov->ns_lock);
+	cb_rwlock_unlock(&ov->tab.ns);
 }
 
 /* With FUSE_HANDLE_KILLPRIV_V2 we clear suid (and sgid when group-executable) on a write or
@@ -158,10 +158,10 @@ static int ov_file_fd(struct cb_overlay *ov, struct ov_file *f)
 
 	if (atomic_load(&f->layer) == atomic_load(&in->layer))
 		return f->fd;
-	pthread_rwlock_rdlock(&ov->ns_lock);
-	pthread_mutex_lock(&in->lock);
+	cb_rwlock_read(&ov->tab.ns);
+	cb_mutex_lock(&in->lock);
 	if (atomic_load(&f->layer) != atomic_load(&in->layer) && in->keep_fd < 0 &&
-	    ov_path(in, NULL, &path) >= 0) {
+	    ov_path(&ov->tab, in, NULL, &path) >= 0) {
 		fd = ov_openat(ov->upper_fd, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
 		if (fd >= 0) {
 			dup3(fd, f->fd, O_CLOEXEC); /* swap in place: no window for reuse */
@@ -169,8 +169,8 @@ static int ov_file_fd(struct cb_overlay *ov, struct ov_file *f)
 			atomic_store(&f->layer, OV_UPPER);
 		}
 	}
-	pthread_mutex_unlock(&in->lock);
-	pthread_rwlock_unlock(&ov->ns_lock);
+	cb_mutex_unlock(&in->lock);
+	cb_rwlock_unlock(&ov->tab.ns);
 	free(path);
 	return f->fd;
 }
@@ -185,18 +185,20 @@ void ov_file_free(struct ov_handle *h)
 	free(f);
 }
 
-static void ov_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+/* OPEN: an open file; opened for writing or truncating, the inode is copied up and marked
+ * first. Chooses passthrough or the page cache for it. */
+void ov_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *in = ov_inode_get(ov, ino);
-	int writing = (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC);
+	int writing = ov_open_changes(fi);
 	int flags = ov_open_flags(fi->flags), fd = -1, r = 0, layer;
 	long long freed = 0;
 	char *path = NULL;
 	struct ov_file *f;
 	struct stat st;
 
-	pthread_rwlock_rdlock(&ov->ns_lock);
+	cb_rwlock_read(&ov->tab.ns);
 	if (writing) {
 		r = ov_copy_up(ov, in, !(fi->flags & O_TRUNC));
 		if (r == 0)
@@ -210,7 +212,7 @@ static void ov_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 
 		snprintf(proc, sizeof(proc), "/proc/self/fd/%d", in->keep_fd);
 		fd = open(proc, flags & ~O_NOFOLLOW);
-	} else if ((r = ov_path(in, NULL, &path)) >= 0) {
+	} else if ((r = ov_path(&ov->tab, in, NULL, &path)) >= 0) {
 		r = 0;
 		/* a truncating open frees what the file held */
 		if ((flags & O_TRUNC) && layer == OV_UPPER && atomic_load(&ov->quota_on) &&
@@ -223,7 +225,7 @@ static void ov_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	else if (r == 0)
 		ov_quota_give(ov, freed, 0);
 out:
-	pthread_rwlock_unlock(&ov->ns_lock);
+	cb_rwlock_unlock(&ov->tab.ns);
 	free(path);
 	if (r < 0) {
 		fuse_reply_err(req, -r);
@@ -255,8 +257,8 @@ out:
 	}
 }
 
-static void ov_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-		    struct fuse_file_info *fi)
+/* READ: spliced from the file's fd, not copied through us. */
+void ov_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
 {
 	struct ov_file *f = (struct ov_file *)(uintptr_t)fi->fh;
 	struct fuse_bufvec buf = FUSE_BUFVEC_INIT(size);
@@ -278,14 +280,16 @@ static int ov_file_dirty(fuse_req_t req, struct ov_file *f)
 		ov_fence_stall(ov);
 		return 0;
 	}
-	pthread_rwlock_rdlock(&ov->ns_lock);
+	cb_rwlock_read(&ov->tab.ns);
 	r = ov_mark_inode(ov, req, f->inode, CB_CHANGE_WRITE);
-	pthread_rwlock_unlock(&ov->ns_lock);
+	cb_rwlock_unlock(&ov->tab.ns);
 	return r;
 }
 
-static void ov_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_buf, off_t off,
-			 struct fuse_file_info *fi)
+/* WRITE: marks the file, then writes (spliced when the kernel sends pages by pipe) within
+ * the quota. */
+void ov_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_buf, off_t off,
+		     struct fuse_file_info *fi)
 {
 	struct ov_file *f = (struct ov_file *)(uintptr_t)fi->fh;
 	struct fuse_bufvec out = FUSE_BUFVEC_INIT(fuse_buf_size(in_buf));
@@ -318,7 +322,8 @@ static void ov_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_
 		fuse_reply_write(req, (size_t)n);
 }
 
-static void ov_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+/* RELEASE: the last close of an open file: its mode is given back and it is freed. */
+void ov_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct ov_file *f = (struct ov_file *)(uintptr_t)fi->fh;
 
@@ -328,7 +333,8 @@ static void ov_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	fuse_reply_err(req, 0);
 }
 
-static void ov_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+/* FSYNC: the file and then the journal reach the disk (the program asked for durability). */
+void ov_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
 	struct ov_file *f = (struct ov_file *)(uintptr_t)fi->fh;
 	int r;
@@ -340,8 +346,9 @@ static void ov_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_f
 	fuse_reply_err(req, r);
 }
 
-static void ov_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len,
-			 struct fuse_file_info *fi)
+/* FALLOCATE: marks the file, then allocates or punches within the quota. */
+void ov_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len,
+		     struct fuse_file_info *fi)
 {
 	struct ov_file *f = (struct ov_file *)(uintptr_t)fi->fh;
 	struct ov_quota_resize q;
@@ -363,9 +370,10 @@ out:
 	fuse_reply_err(req, -r);
 }
 
-static void ov_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
-			       struct fuse_file_info *fi_in, fuse_ino_t ino_out, off_t off_out,
-			       struct fuse_file_info *fi_out, size_t len, int flags)
+/* COPY_FILE_RANGE: marks the destination, then copies between the two files in the kernel. */
+void ov_op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
+			   struct fuse_file_info *fi_in, fuse_ino_t ino_out, off_t off_out,
+			   struct fuse_file_info *fi_out, size_t len, int flags)
 {
 	struct ov_file *fin = (struct ov_file *)(uintptr_t)fi_in->fh;
 	struct ov_file *fout = (struct ov_file *)(uintptr_t)fi_out->fh;
@@ -393,8 +401,8 @@ static void ov_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
 		fuse_reply_write(req, (size_t)n);
 }
 
-static void ov_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
-		     struct fuse_file_info *fi)
+/* LSEEK: SEEK_DATA and SEEK_HOLE answered by the file's own layer. */
+void ov_op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, struct fuse_file_info *fi)
 {
 	struct ov_file *f = (struct ov_file *)(uintptr_t)fi->fh;
 	off_t r;
@@ -405,20 +413,4 @@ static void ov_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
 		fuse_reply_err(req, errno);
 	else
 		fuse_reply_lseek(req, r);
-}
-
-/* Fills in the operations on open files. */
-void ov_fill_ops_file(struct fuse_lowlevel_ops *ops)
-{
-	ops->open = ov_open;
-	ops->read = ov_read;
-	ops->write_buf = ov_write_buf;
-	/* no flush: nothing to do on close(2) (the kernel keeps posix locks itself and writes
-	 * dirty pages before asking), and the ENOSYS libfuse answers for a missing handler
-	 * makes the kernel stop sending FLUSH, one round trip less per close */
-	ops->release = ov_release;
-	ops->fsync = ov_fsync;
-	ops->fallocate = ov_fallocate;
-	ops->copy_file_range = ov_copy_file_range;
-	ops->lseek = ov_lseek;
 }

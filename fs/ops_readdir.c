@@ -149,11 +149,11 @@ static int ov_dir_read_layer(struct cb_overlay *ov, struct ov_dir *d, int layer,
 		}
 		{
 			struct ov_inode *in;
-			pthread_mutex_lock(&ov->tab_lock);
+			cb_mutex_lock(&ov->tab.lock);
 			in = ov_table_find(&ov->tab, ov->root->dev, ino);
 			if (in)
 				ino = in->st_ino;
-			pthread_mutex_unlock(&ov->tab_lock);
+			cb_mutex_unlock(&ov->tab.lock);
 		}
 		r = ov_dir_add(d, de->d_name, ino, de->d_type);
 		if (r == 0 && merged)
@@ -170,7 +170,7 @@ static int ov_dir_load(struct cb_overlay *ov, struct ov_inode *in, struct ov_dir
 	int r;
 
 	ov_dir_clear(d);
-	r = ov_path(in, NULL, &path);
+	r = ov_path(&ov->tab, in, NULL, &path);
 	if (r < 0)
 		return r;
 	/* glibc hides entries whose inode number is 0 */
@@ -198,7 +198,8 @@ static void ov_dir_free(struct ov_handle *h)
 	free(d);
 }
 
-static void ov_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+/* OPENDIR: a listing handle; the merged listing is read at the first READDIR. */
+void ov_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct ov_dir *d = calloc(1, sizeof(*d));
 
@@ -233,7 +234,7 @@ static void ov_readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
-	pthread_rwlock_rdlock(&ov->ns_lock);
+	cb_rwlock_read(&ov->tab.ns);
 	pthread_mutex_lock(&d->lock);
 	if (off == 0 || d->count == 0)
 		r = ov_dir_load(ov, in, d);
@@ -266,7 +267,7 @@ static void ov_readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t
 		rem -= n;
 	}
 	pthread_mutex_unlock(&d->lock);
-	pthread_rwlock_unlock(&ov->ns_lock);
+	cb_rwlock_unlock(&ov->tab.ns);
 	if (r < 0 && p == buf)
 		fuse_reply_err(req, -r);
 	else
@@ -274,19 +275,22 @@ static void ov_readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t
 	free(buf);
 }
 
-static void ov_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-		       struct fuse_file_info *fi)
+/* READDIR: the merged listing of upper and base, whiteouts hidden. */
+void ov_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		   struct fuse_file_info *fi)
 {
 	ov_readdir_common(req, ino, size, off, fi, 0);
 }
 
-static void ov_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-			   struct fuse_file_info *fi)
+/* READDIRPLUS: READDIR with each entry looked up (one kernel reference each). */
+void ov_op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		       struct fuse_file_info *fi)
 {
 	ov_readdir_common(req, ino, size, off, fi, 1);
 }
 
-static void ov_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+/* RELEASEDIR: frees the listing handle. */
+void ov_op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct ov_dir *d = (struct ov_dir *)(uintptr_t)fi->fh;
 
@@ -295,7 +299,8 @@ static void ov_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
 	fuse_reply_err(req, 0);
 }
 
-static void ov_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+/* FSYNCDIR: the upper directory reaches the disk, then the journal. */
+void ov_op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *in = ov_inode_get(ov, ino);
@@ -303,10 +308,10 @@ static void ov_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fus
 	int fd = -1, r = 0;
 
 	(void)fi;
-	pthread_rwlock_rdlock(&ov->ns_lock);
-	if (atomic_load(&in->layer) == OV_UPPER && ov_path(in, NULL, &path) >= 0)
+	cb_rwlock_read(&ov->tab.ns);
+	if (atomic_load(&in->layer) == OV_UPPER && ov_path(&ov->tab, in, NULL, &path) >= 0)
 		fd = ov_openat(ov->upper_fd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-	pthread_rwlock_unlock(&ov->ns_lock);
+	cb_rwlock_unlock(&ov->tab.ns);
 	free(path);
 	if (fd >= 0) {
 		if ((datasync ? fdatasync(fd) : fsync(fd)) < 0)
@@ -315,14 +320,4 @@ static void ov_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fus
 	}
 	ov_journal_sync(ov);
 	fuse_reply_err(req, r);
-}
-
-/* Fills in the directory listing operations. */
-void ov_fill_ops_readdir(struct fuse_lowlevel_ops *ops)
-{
-	ops->opendir = ov_opendir;
-	ops->readdir = ov_readdir;
-	ops->readdirplus = ov_readdirplus;
-	ops->releasedir = ov_releasedir;
-	ops->fsyncdir = ov_fsyncdir;
 }

@@ -30,7 +30,7 @@ static int ov_xattr_path(struct cb_overlay *ov, struct ov_inode *in, char **out,
 		}
 		return 0;
 	}
-	r = ov_path(in, NULL, &rel);
+	r = ov_path(&ov->tab, in, NULL, &rel);
 	if (r < 0)
 		return r;
 	r = ov_proc_path(ov_layer_fd(ov, atomic_load(&in->layer)), rel, out, held);
@@ -38,7 +38,8 @@ static int ov_xattr_path(struct cb_overlay *ov, struct ov_inode *in, char **out,
 	return r;
 }
 
-static void ov_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
+/* GETXATTR: an extended attribute; overlayfs's private ones are never shown. */
+void ov_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 {
 	struct cb_overlay *ov = ov_of(req);
 	char *path = NULL, *buf = NULL;
@@ -54,13 +55,13 @@ static void ov_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
-	pthread_rwlock_rdlock(&ov->ns_lock);
+	cb_rwlock_read(&ov->tab.ns);
 	r = ov_xattr_path(ov, ov_inode_get(ov, ino), &path, &held, &follow);
 	if (r == 0) {
 		n = follow ? getxattr(path, name, buf, size) : lgetxattr(path, name, buf, size);
 		r = n < 0 ? -errno : 0;
 	}
-	pthread_rwlock_unlock(&ov->ns_lock);
+	cb_rwlock_unlock(&ov->tab.ns);
 	ov_proc_path_free(path, held);
 	/* the kernel asks for this before every write(2) to drop capabilities: remember that
 	 * there are none, so the question costs no syscall next time */
@@ -77,14 +78,15 @@ static void ov_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
 	free(buf);
 }
 
-static void ov_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+/* LISTXATTR: the extended attributes' names, without overlayfs's private ones. */
+void ov_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 {
 	struct cb_overlay *ov = ov_of(req);
 	char *path = NULL, *buf = NULL, *p, *out;
 	ssize_t n = 0, len = 0;
 	int follow, held = -1, r;
 
-	pthread_rwlock_rdlock(&ov->ns_lock);
+	cb_rwlock_read(&ov->tab.ns);
 	r = ov_xattr_path(ov, ov_inode_get(ov, ino), &path, &held, &follow);
 	if (r == 0) {
 		n = follow ? listxattr(path, NULL, 0) : llistxattr(path, NULL, 0);
@@ -95,7 +97,7 @@ static void ov_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 			n = -1, errno = ENOMEM;
 		r = n < 0 ? -errno : 0;
 	}
-	pthread_rwlock_unlock(&ov->ns_lock);
+	cb_rwlock_unlock(&ov->tab.ns);
 	ov_proc_path_free(path, held);
 	if (r < 0) {
 		fuse_reply_err(req, -r);
@@ -149,7 +151,7 @@ static void ov_change_xattr(fuse_req_t req, fuse_ino_t ino, const char *name, co
 	}
 	if (strcmp(name, OV_CAPS_XATTR) == 0)
 		atomic_store(&in->no_caps, 0);
-	pthread_rwlock_rdlock(&ov->ns_lock);
+	cb_rwlock_read(&ov->tab.ns);
 	r = ov_copy_up(ov, in, 1);
 	if (r == 0)
 		r = ov_mark_inode(ov, req, in, CB_CHANGE_META);
@@ -162,28 +164,21 @@ static void ov_change_xattr(fuse_req_t req, fuse_ino_t ino, const char *name, co
 			    : lsetxattr(path, name, value, size, flags)) < 0
 			? -errno
 			: 0;
-	pthread_rwlock_unlock(&ov->ns_lock);
+	cb_rwlock_unlock(&ov->tab.ns);
 	ov_proc_path_free(path, held);
 	free(acl);
 	fuse_reply_err(req, -r);
 }
 
-static void ov_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
-			size_t size, int flags)
+/* SETXATTR: copies up and marks the inode (metadata) first; private names are refused. */
+void ov_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
+		    size_t size, int flags)
 {
 	ov_change_xattr(req, ino, name, value, size, flags, 0);
 }
 
-static void ov_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
+/* REMOVEXATTR: as SETXATTR, removing. */
+void ov_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 {
 	ov_change_xattr(req, ino, name, NULL, 0, 0, 1);
-}
-
-/* Fills in the xattr operations. */
-void ov_fill_ops_xattr(struct fuse_lowlevel_ops *ops)
-{
-	ops->getxattr = ov_getxattr;
-	ops->listxattr = ov_listxattr;
-	ops->setxattr = ov_setxattr;
-	ops->removexattr = ov_removexattr;
 }

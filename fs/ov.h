@@ -1,11 +1,37 @@
 /* fs/ internals shared by the overlay's files: the mount state, the inode table, the layer
- * helpers (whiteouts, opaque dirs, copy-up) and the journal hooks. Not a public header. */
+ * helpers (whiteouts, opaque dirs, copy-up) and the journal hooks. Not a public header.
+ *
+ * THE JOURNAL RULE. Every request that can change what the mount shows (the OV_CHANGES
+ * operations of OV_OPS below, and an open for writing or truncating):
+ *   1. runs inside the turn fence's shared side (fence.c), from before its first mark to
+ *      after its reply; fs/ops.c enters and leaves it around the handler, so a handler
+ *      never does. A turn advance takes the exclusive side: no change straddles two turns.
+ *   2. marks every path whose bytes, metadata or existence it changes (ov_mark_child,
+ *      ov_mark_inode; journal.c) before it changes anything the mount shows, holding tab.ns
+ *      (either side) while it marks, so the paths marked are the inode's names at that
+ *      moment; whatever changes a name later marks that name itself, under tab.ns write.
+ *      Only a copy-up may come first (upper's copy shows the same bytes and metadata).
+ *   3. makes no change when a mark fails, and answers the mark's error (ENOSPC, EDQUOT
+ *      or EIO): a change that could not be recorded does not happen.
+ * A mark is durable (cb_journal_mark) when it returns; a path already marked in this turn
+ * costs an atomic compare (write_gen, meta_gen against gen). Outside a request only the
+ * turn advance marks (req NULL, after the fence): files open for writing in passthrough
+ * mode, whose writes never reach us.
+ *
+ * LOCKS, outermost first: fence (shared: a change in flight) > tab.ns (names and parents;
+ * write to remove or move a name, read for everything else) > ov_dir.lock or handles_lock >
+ * an inode's lock (copy-up, open modes, size under quota) > tab.lock (the identity hash,
+ * nlookup, refs, appending a name). A mark takes the journal's locks (db/journal.c) holding
+ * tab.ns (and at most handles_lock), never an inode's lock or tab.lock. quota_lock and
+ * carry_lock are leaves. In a checked build (util/lock.h) the locks know their holders, and
+ * inode.c, journal.c and copyup.c assert what their callers must hold. */
 #ifndef COWBOX_FS_OV_H
 #define COWBOX_FS_OV_H
 
 #define FUSE_USE_VERSION 314
 #include <fuse_lowlevel.h>
 
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -15,6 +41,7 @@
 
 #include "cowbox/journal.h"
 #include "cowbox/overlay.h"
+#include "util/lock.h"
 
 enum ov_layer {
 	OV_UPPER = 0,
@@ -39,8 +66,8 @@ struct ov_name {
 struct ov_inode {
 	struct ov_inode *hnext; /* identity hash chain */
 	struct ov_inode *all_prev, *all_next;
-	uint64_t nlookup;  /* kernel references; under tab_lock */
-	uint64_t refs;	   /* names of other inodes whose parent this is; under tab_lock */
+	uint64_t nlookup;  /* kernel references; under tab.lock */
+	uint64_t refs;	   /* names of other inodes whose parent this is; under tab.lock */
 	_Atomic int layer; /* where the bytes live now: OV_UPPER or OV_BASE */
 	dev_t dev;	   /* identity in that layer (the hash key) */
 	ino_t rino;
@@ -54,7 +81,7 @@ struct ov_inode {
 	_Atomic uint64_t write_gen; /* turn generation whose content change is journaled */
 	_Atomic uint64_t meta_gen;  /* same for metadata changes */
 	_Atomic int no_caps;  /* known to have no security.capability (asked on every write) */
-	pthread_mutex_t lock; /* serializes copy-up and fd upgrades of this inode */
+	struct cb_mutex lock; /* serializes copy-up and fd upgrades of this inode */
 	/* The kernel lets an inode's opens be all passthrough (one backing file) or all cached:
 	 * counted here under lock, so each open takes the mode the others allow. */
 	int backing_id;		/* kernel backing file id while passthrough opens exist, else 0 */
@@ -65,6 +92,8 @@ struct ov_inode {
 };
 
 struct ov_table {
+	struct cb_mutex lock; /* the identity hash, nlookup, refs, appending a name */
+	struct cb_rwlock ns;  /* names and parents: read to build paths, write to change */
 	struct ov_inode **buckets;
 	size_t nbuckets;
 	size_t count;
@@ -85,15 +114,13 @@ struct cb_overlay {
 	int base_fd;
 	struct ov_inode *root;
 	struct ov_table tab;
-	pthread_mutex_t tab_lock; /* the identity hash, nlookup, refs */
-	pthread_rwlock_t ns_lock; /* names and parents: read to build paths, write to change */
-	mode_t umask;		  /* the process umask, so created files get their exact mode */
+	mode_t umask; /* the process umask, so created files get their exact mode */
 	_Atomic unsigned long id_base; /* see cb_overlay_config; 0: no translation */
 	int owner_squash;	       /* cb_overlay_config.owner_squash: the ids below */
 	uid_t owner_uid;	       /* the upper directory's owner, as the sandbox's root */
 	gid_t owner_gid;
 	_Atomic uint64_t gen;	/* turn generation; starts at 1 */
-	pthread_rwlock_t fence; /* shared: a change in flight; exclusive: a turn advance */
+	struct cb_rwlock fence; /* shared: a change in flight; exclusive: a turn advance */
 	long stall_us;		/* tests: hold each change this long after its mark */
 	_Atomic int advancing;	/* a turn advance waits for the fence */
 	pthread_mutex_t carry_lock;
@@ -115,7 +142,7 @@ struct cb_overlay {
 	_Atomic int passthrough; /* the kernel granted passthrough at init */
 	_Atomic int killpriv_v2; /* the kernel granted FUSE_HANDLE_KILLPRIV_V2 */
 	_Atomic int writeback;	 /* the writeback cache is on (not with passthrough) */
-	struct ov_stats *stats;	 /* request counters (stats.c); NULL counts nothing */
+	struct ov_stats *stats;	 /* request counters (ops.c); NULL counts nothing */
 	/* the upper layer's quota (quota.c): limits (0: none) and what upper/ holds */
 	_Atomic unsigned long long quota_bytes, quota_inodes;
 	_Atomic int quota_on; /* counting (some limit is set) */
@@ -151,19 +178,22 @@ void ov_file_choose_mode(fuse_req_t req, struct ov_file *f, struct fuse_file_inf
 void ov_file_drop_mode(fuse_req_t req, struct ov_file *f);
 int ov_file_writable(const struct ov_file *f);
 
-/* inode.c: the table. All functions expect the caller to hold the locks named. */
+/* inode.c: the table. Each function asserts the locks its comment names (util/lock.h). */
 int ov_table_init(struct ov_table *t);
 struct ov_inode *ov_table_find(struct ov_table *t, dev_t dev, ino_t rino);
 void ov_table_insert(struct ov_table *t, struct ov_inode *in);
 void ov_table_remove(struct ov_table *t, struct ov_inode *in);
 struct ov_inode *ov_inode_new(int layer, const struct stat *st);
-int ov_inode_add_name(struct ov_inode *in, struct ov_inode *parent, const char *name);
-int ov_inode_has_name(const struct ov_inode *in, const struct ov_inode *parent, const char *name);
-int ov_inode_drop_name(struct ov_inode *in, const struct ov_inode *parent, const char *name);
-int ov_inode_rename_name(struct ov_inode *in, struct ov_inode *oldparent, const char *oldname,
-			 struct ov_inode *newparent, const char *newname);
-int ov_path(const struct ov_inode *in, const char *child, char **out);
-int ov_path_of_name(const struct ov_name *n, char **out);
+int ov_inode_add_name(struct ov_table *t, struct ov_inode *in, struct ov_inode *parent,
+		      const char *name);
+int ov_inode_has_name(struct ov_table *t, const struct ov_inode *in, const struct ov_inode *parent,
+		      const char *name);
+int ov_inode_drop_name(struct ov_table *t, struct ov_inode *in, const struct ov_inode *parent,
+		       const char *name);
+int ov_inode_rename_name(struct ov_table *t, struct ov_inode *in, struct ov_inode *oldparent,
+			 const char *oldname, struct ov_inode *newparent, const char *newname);
+int ov_path(struct ov_table *t, const struct ov_inode *in, const char *child, char **out);
+int ov_path_of_name(struct ov_table *t, const struct ov_name *n, char **out);
 void ov_inode_release(struct ov_table *t, struct ov_inode *in);
 void ov_table_free_all(struct ov_table *t);
 void ov_table_track(struct ov_table *t, struct ov_inode *in);
@@ -278,14 +308,12 @@ int ov_mark_child(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *parent
 void ov_journal_sync(struct cb_overlay *ov);
 void ov_mark_open_writers(struct cb_overlay *ov);
 
-/* stats.c: per-opcode request counters around the operation table. */
-struct ov_stats;
-struct ov_stats *ov_stats_new(void);
-void ov_stats_wrap(struct fuse_lowlevel_ops *ops);
-
 /* fence.c: the turn fence around every changing operation (see cb_overlay_turn_advance). */
 void ov_fence_setup(struct cb_overlay *ov);
-void ov_fence_wrap(struct fuse_lowlevel_ops *ops);
+/* The shared side, around one changing request (ops.c only): leave keeps or drops the
+ * request's marks (ov_marks_leave) and unlocks. */
+void ov_fence_enter(struct cb_overlay *ov);
+void ov_fence_leave(struct cb_overlay *ov);
 /* Sleeps COWBOX_TEST_FS_STALL_US (0 outside tests) between a change's mark and the change. */
 void ov_fence_stall(struct cb_overlay *ov);
 /* journal.c: the marks of the current operation leave the fence with it: kept for the next
@@ -294,18 +322,120 @@ void ov_marks_leave(struct cb_overlay *ov, int carry);
 /* Journal the kept marks in the (new) open turn. */
 void ov_marks_carry(struct cb_overlay *ov);
 
-/* ops_*.c: the FUSE operations, filled into one table by mount.c. */
+/* ops_*.c: helpers the handlers share. */
 struct ov_inode *ov_inode_get(struct cb_overlay *ov, fuse_ino_t ino);
 int ov_lookup_child(struct cb_overlay *ov, struct ov_inode *parent, const char *name,
 		    struct fuse_entry_param *e);
 void ov_forget_one(struct cb_overlay *ov, struct ov_inode *in, uint64_t n);
 int ov_stat_inode(struct cb_overlay *ov, struct ov_inode *in, struct stat *st);
 int ov_layer_fd(struct cb_overlay *ov, int layer);
-void ov_fill_ops_entry(struct fuse_lowlevel_ops *ops);
-void ov_fill_ops_dir(struct fuse_lowlevel_ops *ops);
-void ov_fill_ops_file(struct fuse_lowlevel_ops *ops);
-void ov_fill_ops_xattr(struct fuse_lowlevel_ops *ops);
-void ov_fill_ops_readdir(struct fuse_lowlevel_ops *ops);
+
+/* Every FUSE operation the overlay serves, once: its field of struct fuse_lowlevel_ops (the
+ * handler is ov_op_FIELD, in ops_*.c: never a plain ov_open or ov_read, libvorbisfile's names,
+ * in a link that may hold both), its opcode's name (cb_overlay_op_stats), whether it runs
+ * inside the turn fence (OV_READS: never; OV_CHANGES: always; an expression: when true), and
+ * its parameters. fs/ops.c builds the one table the kernel's requests go through from this
+ * list. An operation missing here is one libfuse answers ENOSYS for, and the kernel then stops
+ * asking (FLUSH: nothing to do on close(2); the kernel keeps posix locks itself and writes
+ * dirty pages before it asks). Adding one: docs/hacking.md. */
+/* clang-format off */
+#define OV_READS   0
+#define OV_CHANGES 1
+#define OV_OPS(X)                                                                                  \
+	X(lookup, "LOOKUP", OV_READS, (fuse_req_t req, fuse_ino_t p, const char *n), (req, p, n))  \
+	X(forget, "FORGET", OV_READS, (fuse_req_t req, fuse_ino_t i, uint64_t n), (req, i, n))     \
+	X(forget_multi, "BATCH_FORGET", OV_READS,                                                  \
+	  (fuse_req_t req, size_t n, struct fuse_forget_data *f), (req, n, f))                     \
+	X(getattr, "GETATTR", OV_READS,                                                            \
+	  (fuse_req_t req, fuse_ino_t i, struct fuse_file_info *fi), (req, i, fi))                 \
+	X(setattr, "SETATTR", OV_CHANGES,                                                          \
+	  (fuse_req_t req, fuse_ino_t i, struct stat *a, int s, struct fuse_file_info *fi),        \
+	  (req, i, a, s, fi))                                                                      \
+	X(readlink, "READLINK", OV_READS, (fuse_req_t req, fuse_ino_t i), (req, i))                \
+	X(mknod, "MKNOD", OV_CHANGES,                                                              \
+	  (fuse_req_t req, fuse_ino_t p, const char *n, mode_t m, dev_t d), (req, p, n, m, d))     \
+	X(mkdir, "MKDIR", OV_CHANGES, (fuse_req_t req, fuse_ino_t p, const char *n, mode_t m),     \
+	  (req, p, n, m))                                                                          \
+	X(unlink, "UNLINK", OV_CHANGES, (fuse_req_t req, fuse_ino_t p, const char *n),             \
+	  (req, p, n))                                                                             \
+	X(rmdir, "RMDIR", OV_CHANGES, (fuse_req_t req, fuse_ino_t p, const char *n), (req, p, n))  \
+	X(symlink, "SYMLINK", OV_CHANGES,                                                          \
+	  (fuse_req_t req, const char *l, fuse_ino_t p, const char *n), (req, l, p, n))            \
+	X(rename, "RENAME", OV_CHANGES,                                                            \
+	  (fuse_req_t req, fuse_ino_t p, const char *n, fuse_ino_t np, const char *nn,             \
+	   unsigned int f),                                                                        \
+	  (req, p, n, np, nn, f))                                                                  \
+	X(link, "LINK", OV_CHANGES, (fuse_req_t req, fuse_ino_t i, fuse_ino_t np, const char *nn), \
+	  (req, i, np, nn))                                                                        \
+	X(open, "OPEN", ov_open_changes(fi),                                                       \
+	  (fuse_req_t req, fuse_ino_t i, struct fuse_file_info *fi), (req, i, fi))                 \
+	X(read, "READ", OV_READS,                                                                  \
+	  (fuse_req_t req, fuse_ino_t i, size_t s, off_t o, struct fuse_file_info *fi),            \
+	  (req, i, s, o, fi))                                                                      \
+	X(write_buf, "WRITE", OV_CHANGES,                                                          \
+	  (fuse_req_t req, fuse_ino_t i, struct fuse_bufvec *b, off_t o,                           \
+	   struct fuse_file_info *fi),                                                             \
+	  (req, i, b, o, fi))                                                                      \
+	X(release, "RELEASE", OV_READS,                                                            \
+	  (fuse_req_t req, fuse_ino_t i, struct fuse_file_info *fi), (req, i, fi))                 \
+	X(fsync, "FSYNC", OV_READS,                                                                \
+	  (fuse_req_t req, fuse_ino_t i, int d, struct fuse_file_info *fi), (req, i, d, fi))       \
+	X(opendir, "OPENDIR", OV_READS,                                                            \
+	  (fuse_req_t req, fuse_ino_t i, struct fuse_file_info *fi), (req, i, fi))                 \
+	X(readdir, "READDIR", OV_READS,                                                            \
+	  (fuse_req_t req, fuse_ino_t i, size_t s, off_t o, struct fuse_file_info *fi),            \
+	  (req, i, s, o, fi))                                                                      \
+	X(readdirplus, "READDIRPLUS", OV_READS,                                                    \
+	  (fuse_req_t req, fuse_ino_t i, size_t s, off_t o, struct fuse_file_info *fi),            \
+	  (req, i, s, o, fi))                                                                      \
+	X(releasedir, "RELEASEDIR", OV_READS,                                                      \
+	  (fuse_req_t req, fuse_ino_t i, struct fuse_file_info *fi), (req, i, fi))                 \
+	X(fsyncdir, "FSYNCDIR", OV_READS,                                                          \
+	  (fuse_req_t req, fuse_ino_t i, int d, struct fuse_file_info *fi), (req, i, d, fi))       \
+	X(statfs, "STATFS", OV_READS, (fuse_req_t req, fuse_ino_t i), (req, i))                    \
+	X(setxattr, "SETXATTR", OV_CHANGES,                                                        \
+	  (fuse_req_t req, fuse_ino_t i, const char *n, const char *v, size_t s, int f),           \
+	  (req, i, n, v, s, f))                                                                    \
+	X(getxattr, "GETXATTR", OV_READS, (fuse_req_t req, fuse_ino_t i, const char *n, size_t s), \
+	  (req, i, n, s))                                                                          \
+	X(listxattr, "LISTXATTR", OV_READS, (fuse_req_t req, fuse_ino_t i, size_t s), (req, i, s)) \
+	X(removexattr, "REMOVEXATTR", OV_CHANGES, (fuse_req_t req, fuse_ino_t i, const char *n),   \
+	  (req, i, n))                                                                             \
+	X(create, "CREATE", OV_CHANGES,                                                            \
+	  (fuse_req_t req, fuse_ino_t p, const char *n, mode_t m, struct fuse_file_info *fi),      \
+	  (req, p, n, m, fi))                                                                      \
+	X(fallocate, "FALLOCATE", OV_CHANGES,                                                      \
+	  (fuse_req_t req, fuse_ino_t i, int m, off_t o, off_t l, struct fuse_file_info *fi),      \
+	  (req, i, m, o, l, fi))                                                                   \
+	X(copy_file_range, "COPY_FILE_RANGE", OV_CHANGES,                                          \
+	  (fuse_req_t req, fuse_ino_t ii, off_t oi, struct fuse_file_info *fii, fuse_ino_t io,     \
+	   off_t oo, struct fuse_file_info *fio, size_t l, int f),                                 \
+	  (req, ii, oi, fii, io, oo, fio, l, f))                                                   \
+	X(lseek, "LSEEK", OV_READS,                                                                \
+	  (fuse_req_t req, fuse_ino_t i, off_t o, int w, struct fuse_file_info *fi),               \
+	  (req, i, o, w, fi))
+/* clang-format on */
+
+/* The handlers, one per OV_OPS entry: each answers its request exactly once. Only the table
+ * of ops.c calls them (with thread cancellation off, counted, fenced as the list says). */
+#define OV_HANDLER_DECL(op, name, fenced, params, args) void ov_op_##op params;
+OV_OPS(OV_HANDLER_DECL)
+#undef OV_HANDLER_DECL
+
+/* Only an open for writing or truncating changes anything (copy-up, truncation): a read-only
+ * open of a large base file never holds up a turn advance. */
+static inline int ov_open_changes(const struct fuse_file_info *fi)
+{
+	return (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC);
+}
+
+/* ops.c: the FUSE session of ov over the one operation table (NULL: see libfuse's stderr). */
+struct fuse_session *ov_session_new(struct fuse_args *args, struct cb_overlay *ov);
+/* ops.c: the request counters of a new mount; NULL (nothing counted) when out of memory. */
+struct ov_stats;
+struct ov_stats *ov_stats_new(void);
+/* mount.c: INIT, the kernel's offer of capabilities and ours of what we want. */
+void ov_op_init(void *userdata, struct fuse_conn_info *conn);
 
 static inline struct cb_overlay *ov_of(fuse_req_t req)
 {

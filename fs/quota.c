@@ -73,10 +73,10 @@ int ov_quota_resize_begin(struct cb_overlay *ov, struct ov_inode *in, int fd, of
 	q->in = NULL;
 	if (!atomic_load(&ov->quota_on) || !atomic_load(&ov->quota_bytes))
 		return 0;
-	pthread_mutex_lock(&in->lock);
+	cb_mutex_lock(&in->lock);
 	if (fstat(fd, &st) < 0) {
 		r = -errno;
-		pthread_mutex_unlock(&in->lock);
+		cb_mutex_unlock(&in->lock);
 		return r;
 	}
 	q->in = in;
@@ -87,7 +87,7 @@ int ov_quota_resize_begin(struct cb_overlay *ov, struct ov_inode *in, int fd, of
 	r = ov_quota_take(ov, q->taken, 0);
 	if (r < 0) {
 		q->in = NULL;
-		pthread_mutex_unlock(&in->lock);
+		cb_mutex_unlock(&in->lock);
 	}
 	return r;
 }
@@ -104,7 +104,7 @@ void ov_quota_resize_end(struct cb_overlay *ov, struct ov_quota_resize *q)
 				       : (long long)q->before + q->taken;
 	/* what the operation really did, against what was taken for it */
 	ov_quota_give(ov, (long long)q->before + q->taken - after, 0);
-	pthread_mutex_unlock(&q->in->lock);
+	cb_mutex_unlock(&q->in->lock);
 	q->in = NULL;
 }
 

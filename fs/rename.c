@@ -157,13 +157,13 @@ static int ov_rename_at(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *
 			ov_forget_one(ov, din, 1);
 		}
 	}
-	pthread_mutex_lock(&ov->tab_lock);
-	r = ov_inode_rename_name(sin, sp, sname, dp, dname);
+	cb_mutex_lock(&ov->tab.lock);
+	r = ov_inode_rename_name(&ov->tab, sin, sp, sname, dp, dname);
 	if (r == 0 && exchange)
-		r = ov_inode_rename_name(din, dp, dname, sp, sname);
+		r = ov_inode_rename_name(&ov->tab, din, dp, dname, sp, sname);
 	ov_inode_release(&ov->tab, sp);
 	ov_inode_release(&ov->tab, dp);
-	pthread_mutex_unlock(&ov->tab_lock);
+	cb_mutex_unlock(&ov->tab.lock);
 	if (r == -ENOENT)
 		r = 0; /* a name the table did not know: nothing to move */
 out:
@@ -186,7 +186,8 @@ int ov_rename_locked(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *sp,
 
 	if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE))
 		return -EINVAL;
-	if ((r = ov_path(sp, sname, &spath)) >= 0 && (r = ov_path(dp, dname, &dpath)) >= 0)
+	if ((r = ov_path(&ov->tab, sp, sname, &spath)) >= 0 &&
+	    (r = ov_path(&ov->tab, dp, dname, &dpath)) >= 0)
 		r = ov_rename_at(ov, req, sp, sname, dp, dname, flags, spath, dpath);
 	free(spath);
 	free(dpath);

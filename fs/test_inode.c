@@ -4,6 +4,7 @@
 
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <signal.h>
 #include <string.h>
 
 #include "ov.h"
@@ -16,10 +17,30 @@ static struct ov_inode *mk(struct ov_table *t, ino_t ino, mode_t type, struct ov
 
 	cr_assert_not_null(in);
 	if (parent)
-		cr_assert_eq(ov_inode_add_name(in, parent, name), 0);
+		cr_assert_eq(ov_inode_add_name(t, in, parent, name), 0);
 	ov_table_insert(t, in);
 	ov_table_track(t, in);
 	return in;
+}
+
+/* The table the test is on: its functions assert their locks (util/lock.h), so the test holds
+ * both, as the only thread, from table_begin to table_end. */
+static struct ov_table *cur;
+
+static void table_begin(struct ov_table *t)
+{
+	cr_assert_eq(ov_table_init(t), 0);
+	cb_rwlock_write(&t->ns);
+	cb_mutex_lock(&t->lock);
+	cur = t;
+}
+
+static void table_end(struct ov_table *t)
+{
+	cb_mutex_unlock(&t->lock);
+	cb_rwlock_unlock(&t->ns);
+	ov_table_free_all(t);
+	cur = NULL;
 }
 
 /* ov_path's string, checked for length and freed by the next call (in NULL: just that). */
@@ -32,7 +53,7 @@ static const char *path_of(struct ov_inode *in, const char *child)
 	last = NULL;
 	if (!in)
 		return NULL;
-	n = ov_path(in, child, &last);
+	n = ov_path(cur, in, child, &last);
 	cr_assert_geq(n, 0, "ov_path: %d", n);
 	cr_assert_eq((size_t)n, strlen(last));
 	return last;
@@ -43,7 +64,7 @@ Test(inode, paths_follow_parents)
 	struct ov_table t;
 	struct ov_inode *root, *a, *b, *f;
 
-	cr_assert_eq(ov_table_init(&t), 0);
+	table_begin(&t);
 	root = mk(&t, 2, S_IFDIR, NULL, NULL);
 	root->is_root = 1;
 	root->nlookup = 1;
@@ -55,12 +76,12 @@ Test(inode, paths_follow_parents)
 	cr_assert_str_eq(path_of(f, NULL), "a/b/file.txt");
 	cr_assert_str_eq(path_of(b, "new"), "a/b/new");
 	/* moving a directory moves every path under it */
-	cr_assert_eq(ov_inode_rename_name(b, a, "b", root, "c"), 0);
+	cr_assert_eq(ov_inode_rename_name(&t, b, a, "b", root, "c"), 0);
 	cr_assert_str_eq(path_of(f, NULL), "c/file.txt");
 	cr_assert_eq(a->refs, 0);
 	cr_assert_eq(root->refs, 2);
 	path_of(NULL, NULL);
-	ov_table_free_all(&t);
+	table_end(&t);
 }
 
 /* A tree deeper than PATH_MAX (made from a deep working directory) has paths too. */
@@ -72,7 +93,7 @@ Test(inode, paths_longer_than_path_max)
 	const char *p;
 	int i;
 
-	cr_assert_eq(ov_table_init(&t), 0);
+	table_begin(&t);
 	root = mk(&t, 2, S_IFDIR, NULL, NULL);
 	root->is_root = 1;
 	d = root;
@@ -85,7 +106,7 @@ Test(inode, paths_longer_than_path_max)
 	cr_assert_str_eq(p + 60 * 201, "leaf");
 	cr_assert_eq(p[200], '/');
 	path_of(NULL, NULL);
-	ov_table_free_all(&t);
+	table_end(&t);
 }
 
 Test(inode, hard_links_keep_every_name)
@@ -94,25 +115,25 @@ Test(inode, hard_links_keep_every_name)
 	struct ov_inode *root, *d, *f;
 	char *buf;
 
-	cr_assert_eq(ov_table_init(&t), 0);
+	table_begin(&t);
 	root = mk(&t, 2, S_IFDIR, NULL, NULL);
 	root->is_root = 1;
 	d = mk(&t, 3, S_IFDIR, root, "d");
 	f = mk(&t, 4, S_IFREG, root, "one");
-	cr_assert_eq(ov_inode_add_name(f, d, "two"), 0);
-	cr_assert(ov_inode_has_name(f, d, "two"));
-	cr_assert(ov_inode_has_name(f, root, "one"));
-	cr_assert_not(ov_inode_has_name(f, d, "one"));
-	cr_assert_eq(ov_path_of_name(f->names->next, &buf), 5);
+	cr_assert_eq(ov_inode_add_name(&t, f, d, "two"), 0);
+	cr_assert(ov_inode_has_name(&t, f, d, "two"));
+	cr_assert(ov_inode_has_name(&t, f, root, "one"));
+	cr_assert_not(ov_inode_has_name(&t, f, d, "one"));
+	cr_assert_eq(ov_path_of_name(&t, f->names->next, &buf), 5);
 	cr_assert_str_eq(buf, "d/two");
 	free(buf);
 	/* dropping the first name: paths now use the other one */
-	cr_assert_eq(ov_inode_drop_name(f, root, "one"), 0);
-	cr_assert_eq(ov_inode_drop_name(f, root, "one"), -ENOENT);
+	cr_assert_eq(ov_inode_drop_name(&t, f, root, "one"), 0);
+	cr_assert_eq(ov_inode_drop_name(&t, f, root, "one"), -ENOENT);
 	cr_assert_str_eq(path_of(f, NULL), "d/two");
 	cr_assert_eq(d->refs, 1);
 	path_of(NULL, NULL);
-	ov_table_free_all(&t);
+	table_end(&t);
 }
 
 Test(inode, identity_hash_survives_growth)
@@ -121,7 +142,7 @@ Test(inode, identity_hash_survives_growth)
 	struct ov_inode *root;
 	ino_t i;
 
-	cr_assert_eq(ov_table_init(&t), 0);
+	table_begin(&t);
 	root = mk(&t, 1, S_IFDIR, NULL, NULL);
 	root->is_root = 1;
 	for (i = 100; i < 5100; i++)
@@ -137,7 +158,7 @@ Test(inode, identity_hash_survives_growth)
 	ov_table_remove(&t, ov_table_find(&t, 7, 200));
 	cr_assert_null(ov_table_find(&t, 7, 200));
 	path_of(NULL, NULL);
-	ov_table_free_all(&t);
+	table_end(&t);
 }
 
 Test(inode, release_frees_unreferenced_chains)
@@ -145,7 +166,7 @@ Test(inode, release_frees_unreferenced_chains)
 	struct ov_table t;
 	struct ov_inode *root, *a, *b, *f;
 
-	cr_assert_eq(ov_table_init(&t), 0);
+	table_begin(&t);
 	root = mk(&t, 2, S_IFDIR, NULL, NULL);
 	root->is_root = 1;
 	root->nlookup = 1;
@@ -170,5 +191,18 @@ Test(inode, release_frees_unreferenced_chains)
 	cr_assert_eq(root->refs, 0);
 	cr_assert_eq(t.count, 1);
 	path_of(NULL, NULL);
-	ov_table_free_all(&t);
+	table_end(&t);
 }
+
+#ifdef CB_LOCK_CHECKS
+/* This build checks locks (the sanitizer build make check runs): a table call without the
+ * lock its comment names stops the program instead of racing. */
+Test(inode, a_missing_lock_is_caught, .signal = SIGABRT)
+{
+	struct ov_table t;
+
+	table_begin(&t);
+	cb_mutex_unlock(&t.lock);
+	ov_table_find(&t, 7, 1);
+}
+#endif

@@ -2,10 +2,10 @@
 # allow (include/cowbox/net.h); between exec and backends.
 noinst_LTLIBRARIES += net/libcb_net.la
 net_libcb_net_la_SOURCES = net/policy.c net/proxy_util.h net/proxy_util.c net/proxy.c \
-	net/intercept.h net/intercept.c net/ca.c
+	net/intercept.h net/intercept.c net/ca.c net/tunnel.h net/tunnel.c
 net_libcb_net_la_CFLAGS = $(AM_CFLAGS)
 COWBOX_LAYERS += net/libcb_net.la
-pkginclude_HEADERS += include/cowbox/net.h
+noinst_HEADERS += include/cowbox/net.h
 
 check_PROGRAMS += net/test_policy
 TESTS += net/test_policy

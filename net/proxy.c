@@ -27,6 +27,7 @@
 #include "cowbox/net.h"
 #include "net/intercept.h"
 #include "net/proxy_util.h"
+#include "net/tunnel.h"
 
 #define HEAD_MAX	 16384	   /* an HTTP request head or a SOCKS5 request, in bytes */
 #define HEAD_TIMEOUT	 30	   /* seconds for the client to send it */
@@ -54,6 +55,7 @@ struct pconn {
 	int up_tls, cli_tls;		      /* their TLS layers are on */
 	int cli_tls_ok;			      /* the sandbox's handshake succeeded */
 	struct cb_net_rewriter rw;
+	struct cb_net_tunnel *tun; /* a plain tunnel relays in the kernel (net/tunnel.c) */
 };
 
 struct cb_net_proxy {
@@ -69,6 +71,7 @@ struct cb_net_proxy {
 	struct pconn *conns;
 	size_t open;
 	struct cb_net_icpt *icpt; /* NULL: no header secrets */
+	struct cb_net_pipes pipes;
 };
 
 static double now_mono(void)
@@ -91,6 +94,13 @@ static void conn_free(struct pconn *c)
 {
 	struct cb_net_proxy *p = c->p;
 
+	if (c->tun) {
+		unsigned long long up, down;
+
+		cb_net_tunnel_bytes(c->tun, &up, &down);
+		c->bytes_up += up;
+		c->bytes_down += down;
+	}
 	if (p->record && c->proto) {
 		struct cb_net_record r = {
 		    .time = c->t0_wall,
@@ -107,6 +117,7 @@ static void conn_free(struct pconn *c)
 		};
 		p->record(p->record_arg, &r);
 	}
+	cb_net_tunnel_free(c->tun);
 	if (c->cli)
 		bufferevent_free(c->cli);
 	if (c->up)
@@ -119,7 +130,8 @@ static void conn_free(struct pconn *c)
 		p->conns = c->next;
 	if (c->next)
 		c->next->prev = c->prev;
-	__atomic_sub_fetch(&p->open, 1, __ATOMIC_RELAXED);
+	if (!__atomic_sub_fetch(&p->open, 1, __ATOMIC_RELAXED))
+		cb_net_pipes_trim(&p->pipes, 2); /* one connection's */
 	free(c);
 }
 
@@ -185,6 +197,16 @@ static void socks_answer(struct pconn *c, unsigned char rep, int then_close)
 	bufferevent_write(c->cli, r, sizeof r);
 	if (then_close)
 		finish(c);
+}
+
+/* Both sides of every connection: TLS writes its flights as records of their own and a
+ * tunnel passes on each short message as it comes; Nagle would hold the last one back for the
+ * peer's delayed ACK (~40 ms a handshake). */
+static void no_delay(evutil_socket_t fd)
+{
+	int one = 1;
+
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
 /* A refusal or failure, in the client's protocol; rep is the SOCKS5 reply code. */
@@ -300,15 +322,6 @@ static void relay_event(struct bufferevent *bev, short what, void *arg)
 	bufferevent_setcb(other, NULL, close_when_flushed, close_event, c);
 }
 
-/* TLS writes its flights as records of their own: Nagle would hold the last one back for the
- * peer's delayed ACK (~40 ms a handshake). */
-static void no_delay(struct bufferevent *bev)
-{
-	int one = 1;
-
-	setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
 /* The sandbox's side of an intercepted connection: TLS with the bound host's leaf, over the
  * answer (200, or the SOCKS5 reply) already queued in the clear. */
 static int intercept_client(struct pconn *c)
@@ -325,11 +338,15 @@ static int intercept_client(struct pconn *c)
 		return -1;
 	}
 	bufferevent_openssl_set_allow_dirty_shutdown(tls, 1);
-	no_delay(c->cli);
 	c->cli = tls;
 	c->cli_tls = 1;
 	c->rw.host = c->bound;
 	return 0;
+}
+
+static void tunnel_done(void *arg)
+{
+	conn_close(arg);
 }
 
 static void start_relay(struct pconn *c)
@@ -348,6 +365,10 @@ static void start_relay(struct pconn *c)
 		evbuffer_add_buffer(bufferevent_get_output(c->up), c->head);
 	}
 	if (c->bound && intercept_client(c) < 0)
+		return;
+	/* else the bufferevents relay: when no tunnel could be had, or to rewrite */
+	if (!c->bound &&
+	    cb_net_tunnel_new(&c->cli, &c->up, &c->p->pipes, tunnel_done, c, &c->tun) == 0)
 		return;
 	bufferevent_setcb(c->cli, relay_read, NULL, relay_event, c);
 	bufferevent_setcb(c->up, relay_read, NULL, relay_event, c);
@@ -381,7 +402,6 @@ static void intercept_upstream(struct pconn *c)
 		return;
 	}
 	bufferevent_openssl_set_allow_dirty_shutdown(tls, 1);
-	no_delay(c->up);
 	c->up = tls;
 	c->up_tls = 1;
 	bufferevent_setcb(tls, NULL, NULL, up_connected, c);
@@ -457,7 +477,9 @@ static void connect_addrs(struct pconn *c, struct sockaddr **sas, size_t n)
 		bufferevent_free(c->up);
 		c->up = NULL;
 		fail(c, 1, 502, 0x05, "connect: %s", strerror(errno));
+		return;
 	}
+	no_delay(bufferevent_getfd(c->up));
 }
 
 static void dns_done(int result, struct evutil_addrinfo *res, void *arg)
@@ -534,47 +556,23 @@ static void read_head(struct bufferevent *bev, void *arg);
 
 static void socks_request(struct pconn *c, struct evbuffer *in)
 {
-	unsigned char h[4 + 1 + 255 + 2];
-	size_t have = evbuffer_get_length(in), need = 4;
-	int port;
+	unsigned char h[CB_NET_SOCKS_REQ_MAX];
+	size_t have = evbuffer_get_length(in);
+	ev_ssize_t got = evbuffer_copyout(in, h, have < sizeof h ? have : sizeof h);
+	struct cb_net_socks_req r;
+	long n = got < 0 ? 0 : cb_net_socks_parse(h, (size_t)got, &r);
 
-	if (have < 5)
+	if (n == 0)
 		return;
-	evbuffer_copyout(in, h, have < sizeof h ? have : sizeof h);
-	if (h[0] != 5) {
-		fail(c, 0, 400, 0x01, "%s", "socks5: bad version in the request");
-		return;
+	if (n > 0) {
+		evbuffer_drain(in, (size_t)n);
+		snprintf(c->name, sizeof c->name, "%s", r.name);
+		c->port = r.port;
 	}
-	if (h[3] == 1)
-		need = 4 + 4 + 2;
-	else if (h[3] == 4)
-		need = 4 + 16 + 2;
-	else if (h[3] == 3)
-		need = 4 + 1 + (size_t)h[4] + 2;
-	else {
-		fail(c, 0, 400, 0x08, "%s", "socks5: address type not supported");
-		return;
-	}
-	if (have < need)
-		return;
-	evbuffer_drain(in, need);
-	port = h[need - 2] << 8 | h[need - 1];
-	c->port = port;
-	if (h[3] == 1)
-		inet_ntop(AF_INET, h + 4, c->name, sizeof c->name);
-	else if (h[3] == 4)
-		inet_ntop(AF_INET6, h + 4, c->name, sizeof c->name);
+	if (r.error)
+		fail(c, 0, 400, r.rep, "%s", r.error);
 	else
-		cb_net_proxy_copy_name(c->name, sizeof c->name, (char *)h + 5, h[4]);
-	if (h[1] != 1) {
-		fail(c, 0, 400, 0x07, "%s", "socks5: only CONNECT is supported");
-		return;
-	}
-	if (!port) {
-		fail(c, 0, 400, 0x01, "%s", "socks5: port 0");
-		return;
-	}
-	resolve(c);
+		resolve(c);
 }
 
 static void socks_greeting(struct pconn *c, struct evbuffer *in)
@@ -680,6 +678,7 @@ static void on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct soc
 		evutil_closesocket(fd);
 		return;
 	}
+	no_delay(fd);
 	c->p = p;
 	c->t0 = now_mono();
 	c->t0_wall = now_wall();
@@ -722,6 +721,21 @@ static void on_stop(evutil_socket_t fd, short what, void *arg)
 	event_base_loopexit(p->base, NULL);
 }
 
+/* An event loop whose epoll changes wait for its next poll, where they merge: a connection
+ * handed from its bufferevents to a tunnel re-registers its sockets for nothing otherwise
+ * (the fds are never dup'd, which that mode cannot follow). */
+static struct event_base *new_base(void)
+{
+	struct event_config *cfg = event_config_new();
+	struct event_base *base = NULL;
+
+	if (cfg && event_config_set_flag(cfg, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST) == 0)
+		base = event_base_new_with_config(cfg);
+	if (cfg)
+		event_config_free(cfg);
+	return base;
+}
+
 static pthread_once_t threads_once = PTHREAD_ONCE_INIT;
 static int threads_rc;
 
@@ -738,6 +752,7 @@ static void proxy_free(struct cb_net_proxy *p)
 		evdns_base_free(p->dns, 1); /* a pending lookup fails, its conn goes */
 	while (p->conns)
 		conn_free(p->conns);
+	cb_net_pipes_trim(&p->pipes, 0);
 	if (p->stop_ev)
 		event_free(p->stop_ev);
 	if (p->base)
@@ -774,7 +789,7 @@ int cb_net_proxy_start(const struct cb_net_proxy_config *cfg, struct cb_net_prox
 	p->record = cfg->record;
 	p->record_arg = cfg->record_arg;
 	snprintf(tmo, sizeof tmo, "%g", cfg->dns_timeout > 0 ? cfg->dns_timeout : 5.0);
-	if (!(p->base = event_base_new()) ||
+	if (!(p->base = new_base()) ||
 	    !(p->dns = evdns_base_new(p->base, EVDNS_BASE_INITIALIZE_NAMESERVERS)) ||
 	    !(p->stop_ev = event_new(p->base, -1, 0, on_stop, p))) {
 		rc = cb_error_set(ENOMEM, "proxy: cannot set up its event loop and resolver");

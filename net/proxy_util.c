@@ -195,6 +195,47 @@ void cb_net_proxy_copy_name(char *dst, size_t size, const char *src, size_t len)
 	dst[n] = 0;
 }
 
+long cb_net_socks_parse(const unsigned char *h, size_t have, struct cb_net_socks_req *r)
+{
+	size_t need;
+
+	memset(r, 0, sizeof(*r));
+	if (have < 5)
+		return 0;
+	r->rep = 0x01;
+	if (h[0] != 5) {
+		r->error = "socks5: bad version in the request";
+		return -1;
+	}
+	if (h[3] == 1)
+		need = 4 + 4 + 2;
+	else if (h[3] == 4)
+		need = 4 + 16 + 2;
+	else if (h[3] == 3)
+		need = 4 + 1 + (size_t)h[4] + 2;
+	else {
+		r->error = "socks5: address type not supported";
+		r->rep = 0x08;
+		return -1;
+	}
+	if (have < need)
+		return 0;
+	r->port = h[need - 2] << 8 | h[need - 1];
+	if (h[3] == 1)
+		inet_ntop(AF_INET, h + 4, r->name, sizeof r->name);
+	else if (h[3] == 4)
+		inet_ntop(AF_INET6, h + 4, r->name, sizeof r->name);
+	else
+		cb_net_proxy_copy_name(r->name, sizeof r->name, (const char *)h + 5, h[4]);
+	if (h[1] != 1) {
+		r->error = "socks5: only CONNECT is supported";
+		r->rep = 0x07;
+	} else if (!r->port) {
+		r->error = "socks5: port 0";
+	}
+	return (long)need;
+}
+
 int cb_net_hosts_load(const char *path, struct cb_net_hosts *out)
 {
 	FILE *f = fopen(path, "re");

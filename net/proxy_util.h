@@ -43,6 +43,19 @@ void cb_net_proxy_addr_text(const struct sockaddr *sa, char *buf, size_t size);
 /* A length-counted name (SOCKS5) as a C string, NUL bytes cut. */
 void cb_net_proxy_copy_name(char *dst, size_t size, const char *src, size_t len);
 
+/* A SOCKS5 request (the one after the greeting), at most this long. */
+#define CB_NET_SOCKS_REQ_MAX (4 + 1 + 255 + 2)
+struct cb_net_socks_req {
+	char name[256]; /* a name as asked, or an address as text */
+	int port;
+	const char *error; /* NULL, or why it is refused (static text) */
+	unsigned char rep; /* then: the SOCKS5 reply code */
+};
+/* Parse the have bytes of h: 0 while the request is not whole, else how many bytes it takes
+ * (name and port set; error too for a command other than CONNECT or port 0), or -1 with error
+ * and rep for a version or an address type that cannot be read at all. */
+long cb_net_socks_parse(const unsigned char *h, size_t have, struct cb_net_socks_req *r);
+
 /* A copy of a policy (from its entries as written). */
 int cb_net_policy_copy(const struct cb_net_policy *p, struct cb_net_policy **out);
 

@@ -1,5 +1,6 @@
 /* Unit tests of the network policy: each entry kind parsed or refused with its message, and a
- * table of destinations (name, address, port) decided under public and allow policies. */
+ * table of destinations (name, address, port) decided under public and allow policies; the
+ * proxy's SOCKS5 request parser. */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -8,6 +9,7 @@
 
 #include "cowbox/error.h"
 #include "cowbox/net.h"
+#include "net/proxy_util.h"
 
 Test(policy, entries_refused_with_a_clear_message)
 {
@@ -247,4 +249,43 @@ Test(policy, reaches)
 	cr_expect_eq(cb_net_reaches(p, ":80", &v), -EINVAL);
 	cr_expect_eq(cb_net_reaches(p, "bad host", &v), -EINVAL);
 	cb_net_policy_free(p);
+}
+
+Test(proxy, socks_request_parsed_whole_or_refused)
+{
+	static const unsigned char v4[] = {5, 1, 0, 1, 203, 0, 113, 7, 0x1f, 0x90};
+	static const unsigned char v6[] = {5, 1, 0, 4, 0x20, 1, 0xd, 0xb8, 0, 0, 0,
+					   0, 0, 0, 0, 0,    0, 0,   0,	   1, 1, 0xbb};
+	static const unsigned char name[] = {5, 1, 0, 3, 5, 'a', '.', 'b', 'c', 'd', 0, 80};
+	static const unsigned char bind[] = {5, 2, 0, 3, 1, 'x', 0, 80};
+	static const unsigned char port0[] = {5, 1, 0, 1, 1, 2, 3, 4, 0, 0};
+	static const unsigned char v4ver[] = {4, 1, 0, 1, 1, 2, 3, 4, 0, 80};
+	static const unsigned char atyp[] = {5, 1, 0, 9, 1, 2, 3, 4, 0, 80};
+	struct cb_net_socks_req r;
+
+	cr_assert_eq(cb_net_socks_parse(v4, 4, &r), 0);
+	cr_assert_eq(cb_net_socks_parse(v4, sizeof v4 - 1, &r), 0); /* not whole yet */
+	cr_assert_eq(cb_net_socks_parse(v4, sizeof v4, &r), (long)sizeof v4);
+	cr_assert_str_eq(r.name, "203.0.113.7");
+	cr_assert_eq(r.port, 8080);
+	cr_assert_null(r.error);
+	cr_assert_eq(cb_net_socks_parse(v6, sizeof v6, &r), (long)sizeof v6);
+	cr_assert_str_eq(r.name, "2001:db8::1");
+	cr_assert_eq(r.port, 443);
+	cr_assert_eq(cb_net_socks_parse(name, sizeof name, &r), (long)sizeof name);
+	cr_assert_str_eq(r.name, "a.bcd");
+	cr_assert_eq(r.port, 80);
+	/* whole but refused: the name and port are still known, for the log */
+	cr_assert_eq(cb_net_socks_parse(bind, sizeof bind, &r), (long)sizeof bind);
+	cr_assert_str_eq(r.error, "socks5: only CONNECT is supported");
+	cr_assert_eq(r.rep, 0x07);
+	cr_assert_str_eq(r.name, "x");
+	cr_assert_eq(cb_net_socks_parse(port0, sizeof port0, &r), (long)sizeof port0);
+	cr_assert_str_eq(r.error, "socks5: port 0");
+	cr_assert_eq(r.rep, 0x01);
+	/* unreadable */
+	cr_assert_eq(cb_net_socks_parse(v4ver, sizeof v4ver, &r), -1);
+	cr_assert_str_eq(r.error, "socks5: bad version in the request");
+	cr_assert_eq(cb_net_socks_parse(atyp, sizeof atyp, &r), -1);
+	cr_assert_eq(r.rep, 0x08);
 }

@@ -10,10 +10,10 @@ TESTS += tests/integration/test_turns.py tests/integration/test_turns_property.p
 TESTS += tests/integration/test_faults_kill.py
 EXTRA_DIST += tests/integration/turnutil.py
 TESTS += tests/integration/test_exec.py tests/integration/test_escape.py tests/integration/test_acl.py
-# api (issue 5): the API ops, the shared backend conformance suite, the Python client.
+# api: the API ops, the shared backend conformance suite, the Python client.
 TESTS += tests/integration/test_api.py tests/integration/test_backend_conformance.py \
 	bindings/python/tests/test_client.py bindings/python/tests/test_directio.py
-# fs (issue 2): the workspace filesystem against a native directory, crash safety, scale.
+# fs: the workspace filesystem against a native directory, crash safety, scale.
 TESTS += tests/integration/test_fs_differential.py tests/integration/test_fs_crash.py \
 	tests/integration/test_fs_scale.py tests/integration/test_fs_fast.py \
 	tests/integration/test_fs_whiteout_node.py tests/integration/test_fs_teardown.py \
@@ -31,10 +31,14 @@ TESTS += tests/integration/test_basecache.py
 TESTS += tests/integration/test_lifecycle.py bindings/python/tests/test_lifecycle.py
 # the network policy and its egress proxy: allow entries, private ranges, the network log
 TESTS += tests/integration/test_network_policy.py tests/integration/test_network_secrets.py
-# in-place workspaces (issue 11): the upper layer is the user's folder
+# in-place workspaces: the upper layer is the user's folder
 TESTS += tests/integration/test_in_place.py
-# the ns backend's OCI images (issue 11's image): layouts, the local store, the cache
+# the ns backend's OCI images: layouts, the local store, the cache
 TESTS += tests/integration/test_image.py
 EXTRA_DIST += tests/integration/ociutil.py
+# issue 13: libcowbox's public line (exports, installed headers), the daemon's running table,
+# the one error table (C and Python)
+TESTS += tests/integration/test_public_api.py tests/integration/test_api_requests.py \
+	bindings/python/tests/test_errors.py
 # the vm backend's guest agent over its frames, outside a VM
 TESTS += tests/integration/test_vm_agent.py

@@ -1,5 +1,6 @@
 /* The one place where workspace paths are resolved: beneath a root fd, through no symlink,
- * no "..", no absolute path, and with no blocking open of a FIFO or device (see beneath.h). */
+ * no "..", no absolute path, and with no blocking open of a FIFO or device (see beneath.h).
+ * Whole trees (the walk, rm -rf) are in util/beneath_tree.c. */
 #include "config.h"
 
 #include <dirent.h>
@@ -66,8 +67,8 @@ static const char *type_name(mode_t mode)
 	}
 }
 
-/* The message for a failed resolution or *at() call, in words for the two that matter. */
-static int beneath_fail(const char *op, const char *path, int err)
+/* See beneath.h: the words for the two failures that matter. */
+int cb_beneath_fail(const char *op, const char *path, int err)
 {
 	if (err == ELOOP)
 		return cb_error_set(
@@ -204,14 +205,14 @@ int cb_beneath_parent(int root, const char *path, const char **name)
 		return cb_error_set(EINVAL, "%s: names no entry (ends with '/' or '.')", path);
 	if (!slash) {
 		fd = open_resolved(root, ".", O_PATH | O_DIRECTORY, 0);
-		return fd < 0 ? beneath_fail("open", ".", -fd) : fd;
+		return fd < 0 ? cb_beneath_fail("open", ".", -fd) : fd;
 	}
 	dir = strndup(path, (size_t)(slash - path));
 	if (!dir)
 		return cb_error_set(ENOMEM, "%s: out of memory", path);
 	fd = open_resolved(root, dir, O_PATH | O_DIRECTORY, 0);
 	free(dir);
-	return fd < 0 ? beneath_fail("open", path, -fd) : fd;
+	return fd < 0 ? cb_beneath_fail("open", path, -fd) : fd;
 }
 
 int cb_beneath_stat(int root, const char *path, struct stat *st)
@@ -220,11 +221,11 @@ int cb_beneath_stat(int root, const char *path, struct stat *st)
 	int pfd, ret = 0;
 
 	if (path && !strcmp(path, "."))
-		return fstat(root, st) < 0 ? beneath_fail("stat", path, errno) : 0;
+		return fstat(root, st) < 0 ? cb_beneath_fail("stat", path, errno) : 0;
 	if ((pfd = cb_beneath_parent(root, path, &name)) < 0)
 		return pfd;
 	if (fstatat(pfd, name, st, AT_SYMLINK_NOFOLLOW) < 0)
-		ret = beneath_fail("stat", path, errno);
+		ret = cb_beneath_fail("stat", path, errno);
 	close(pfd);
 	return ret;
 }
@@ -259,7 +260,7 @@ int cb_beneath_open(int root, const char *path, int flags, mode_t mode)
 		return ret;
 	if (flags & O_PATH) {
 		fd = open_resolved(root, path, flags, 0);
-		return fd < 0 ? beneath_fail("open", path, -fd) : fd;
+		return fd < 0 ? cb_beneath_fail("open", path, -fd) : fd;
 	}
 	flags |= O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
 	if (flags & O_CREAT) {
@@ -268,43 +269,44 @@ int cb_beneath_open(int root, const char *path, int flags, mode_t mode)
 		/* Look before opening: an existing FIFO or device is never opened at all. */
 		if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode) &&
 		    !(S_ISLNK(st.st_mode) && (flags & O_EXCL))) {
-			ret = S_ISLNK(st.st_mode) ? beneath_fail("open", path, ELOOP)
+			ret = S_ISLNK(st.st_mode) ? cb_beneath_fail("open", path, ELOOP)
 						  : open_type_ok(path, &st, flags & ~O_DIRECTORY);
 			goto out;
 		}
 		fd = openat(pfd, name, flags | O_NOFOLLOW, mode & ~(mode_t)BENEATH_SETID);
 		if (fd < 0) {
-			ret = errno == ENXIO ? not_a_file(path) : beneath_fail("open", path, errno);
+			ret = errno == ENXIO ? not_a_file(path)
+					     : cb_beneath_fail("open", path, errno);
 			goto out;
 		}
 	} else {
 		int probe = open_resolved(root, path, O_PATH, 0);
 
 		if (probe < 0) {
-			ret = beneath_fail("open", path, -probe);
+			ret = cb_beneath_fail("open", path, -probe);
 			goto out;
 		}
-		ret = fstat(probe, &st) < 0 ? beneath_fail("stat", path, errno)
+		ret = fstat(probe, &st) < 0 ? cb_beneath_fail("stat", path, errno)
 					    : open_type_ok(path, &st, flags);
 		close(probe);
 		if (ret < 0)
 			goto out;
 		fd = open_resolved(root, path, flags, 0);
 		if (fd < 0) {
-			ret = fd == -ENXIO ? not_a_file(path) : beneath_fail("open", path, -fd);
+			ret = fd == -ENXIO ? not_a_file(path) : cb_beneath_fail("open", path, -fd);
 			goto out;
 		}
 	}
 	/* Swapped for something else between the look and the open: O_NONBLOCK kept the open
 	 * from blocking, and this refuses what it opened. */
 	if (fstat(fd, &st) < 0) {
-		ret = beneath_fail("stat", path, errno);
+		ret = cb_beneath_fail("stat", path, errno);
 		goto out;
 	}
 	if ((ret = open_type_ok(path, &st, flags)) < 0)
 		goto out;
 	if (!want_nonblock && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0) {
-		ret = beneath_fail("open", path, errno);
+		ret = cb_beneath_fail("open", path, errno);
 		goto out;
 	}
 	ret = fd;
@@ -325,7 +327,7 @@ int cb_beneath_mkdir(int root, const char *path, mode_t mode)
 	if (pfd < 0)
 		return pfd;
 	if (mkdirat(pfd, name, mode & ~(mode_t)BENEATH_SETID) < 0)
-		ret = beneath_fail("mkdir", path, errno);
+		ret = cb_beneath_fail("mkdir", path, errno);
 	close(pfd);
 	return ret;
 }
@@ -339,7 +341,7 @@ int cb_beneath_mkdirs(int root, const char *path, mode_t mode)
 	if ((ret = cb_beneath_check(path)) < 0)
 		return ret;
 	if ((dir = open_resolved(root, ".", O_PATH | O_DIRECTORY, 0)) < 0)
-		return beneath_fail("mkdir", path, -dir);
+		return cb_beneath_fail("mkdir", path, -dir);
 	/* One component at a time from a held directory fd: what was checked is what is used. */
 	for (s = path; *s;) {
 		size_t n = strcspn(s, "/");
@@ -356,13 +358,13 @@ int cb_beneath_mkdirs(int root, const char *path, mode_t mode)
 		if (next == -ENOENT) {
 			if (mkdirat(dir, comp, mode & ~(mode_t)BENEATH_SETID) < 0 &&
 			    errno != EEXIST) {
-				ret = beneath_fail("mkdir", path, errno);
+				ret = cb_beneath_fail("mkdir", path, errno);
 				break;
 			}
 			next = open_resolved(dir, comp, O_PATH | O_DIRECTORY, 0);
 		}
 		if (next < 0) {
-			ret = beneath_fail("mkdir", path, -next);
+			ret = cb_beneath_fail("mkdir", path, -next);
 			break;
 		}
 		close(dir);
@@ -380,7 +382,7 @@ int cb_beneath_mknod(int root, const char *path, mode_t mode, dev_t dev)
 	if (pfd < 0)
 		return pfd;
 	if (mknodat(pfd, name, mode & ~(mode_t)BENEATH_SETID, dev) < 0)
-		ret = beneath_fail("mknod", path, errno);
+		ret = cb_beneath_fail("mknod", path, errno);
 	close(pfd);
 	return ret;
 }
@@ -393,7 +395,7 @@ int cb_beneath_symlink(int root, const char *target, const char *path)
 	if (pfd < 0)
 		return pfd;
 	if (symlinkat(target, pfd, name) < 0)
-		ret = beneath_fail("symlink", path, errno);
+		ret = cb_beneath_fail("symlink", path, errno);
 	close(pfd);
 	return ret;
 }
@@ -413,7 +415,7 @@ int cb_beneath_readlink(int root, const char *path, char *buf, size_t size)
 		close(pfd);
 		if (err == EINVAL)
 			return cb_error_set(EINVAL, "readlink %s: not a symlink (any more)", path);
-		return beneath_fail("readlink", path, err);
+		return cb_beneath_fail("readlink", path, err);
 	}
 	buf[n] = '\0';
 	close(pfd);
@@ -459,19 +461,19 @@ int cb_beneath_chmod(int root, const char *path, mode_t mode, const struct cb_be
 
 	if (path && !strcmp(path, ".")) {
 		if (fstat(root, &st) < 0)
-			return beneath_fail("chmod", path, errno);
+			return cb_beneath_fail("chmod", path, errno);
 		ret = chmod_pinned(root, setid_filter(mode, &st, setid));
-		return ret < 0 ? beneath_fail("chmod", path, -ret) : 0;
+		return ret < 0 ? cb_beneath_fail("chmod", path, -ret) : 0;
 	}
 	if ((pfd = cb_beneath_parent(root, path, &name)) < 0)
 		return pfd;
 	fd = openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0) {
-		ret = beneath_fail("chmod", path, errno);
+		ret = cb_beneath_fail("chmod", path, errno);
 		goto out;
 	}
 	if (fstat(fd, &st) < 0) {
-		ret = beneath_fail("chmod", path, errno);
+		ret = cb_beneath_fail("chmod", path, errno);
 		goto out;
 	}
 	if (S_ISLNK(st.st_mode)) {
@@ -480,7 +482,7 @@ int cb_beneath_chmod(int root, const char *path, mode_t mode, const struct cb_be
 	}
 	ret = chmod_pinned(fd, setid_filter(mode, &st, setid));
 	if (ret < 0)
-		ret = beneath_fail("chmod", path, -ret);
+		ret = cb_beneath_fail("chmod", path, -ret);
 out:
 	if (fd >= 0)
 		close(fd);
@@ -493,7 +495,7 @@ int cb_beneath_fchmod(int fd, const char *path, mode_t mode, const struct cb_ben
 	struct stat st;
 
 	if (fstat(fd, &st) < 0 || fchmod(fd, setid_filter(mode, &st, setid)) < 0)
-		return beneath_fail("chmod", path, errno);
+		return cb_beneath_fail("chmod", path, errno);
 	return 0;
 }
 
@@ -505,7 +507,7 @@ int cb_beneath_chown(int root, const char *path, uid_t uid, gid_t gid)
 	if (pfd < 0)
 		return pfd;
 	if (fchownat(pfd, name, uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
-		ret = beneath_fail("chown", path, errno);
+		ret = cb_beneath_fail("chown", path, errno);
 	close(pfd);
 	return ret;
 }
@@ -518,7 +520,7 @@ int cb_beneath_utimens(int root, const char *path, const struct timespec ts[2])
 	if (pfd < 0)
 		return pfd;
 	if (utimensat(pfd, name, ts, AT_SYMLINK_NOFOLLOW) < 0)
-		ret = beneath_fail("utimens", path, errno);
+		ret = cb_beneath_fail("utimens", path, errno);
 	close(pfd);
 	return ret;
 }
@@ -551,156 +553,7 @@ int cb_beneath_unlink(int root, const char *path, int flags)
 	if (pfd < 0)
 		return pfd;
 	if (unlinkat(pfd, name, flags) < 0)
-		ret = beneath_fail(flags & AT_REMOVEDIR ? "rmdir" : "unlink", path, errno);
-	close(pfd);
-	return ret;
-}
-
-/* rm -rf of name in the directory dirfd (on device dev); path is for messages. Each level is
- * entered through an fd of the directory itself, so a symlink swapped in for it meanwhile is
- * at most unlinked, never walked. */
-static int remove_at(int parent, const char *name, dev_t dev, const char *path)
-{
-	struct dirent *de;
-	struct stat st;
-	DIR *dir;
-	int fd, ret = 0;
-
-	if (unlinkat(parent, name, 0) == 0 || errno == ENOENT)
-		return 0;
-	if (errno != EISDIR && errno != EPERM)
-		return beneath_fail("remove", path, errno);
-	fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-	if (fd < 0) {
-		/* Replaced by a non-directory since the unlink: try once more. */
-		if ((errno == ENOTDIR || errno == ELOOP) && unlinkat(parent, name, 0) == 0)
-			return 0;
-		return errno == ENOENT ? 0 : beneath_fail("remove", path, errno);
-	}
-	if (fstat(fd, &st) < 0)
-		ret = beneath_fail("remove", path, errno);
-	else if (st.st_dev != dev)
-		ret =
-		    cb_error_set(EBUSY, "remove %s: %s is another mount; not entered", path, name);
-	if (ret) {
-		close(fd);
-		return ret;
-	}
-	dir = fdopendir(fd);
-	if (!dir) {
-		close(fd);
-		return beneath_fail("remove", path, errno);
-	}
-	while (!ret && (errno = 0, de = readdir(dir))) {
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-			continue;
-		ret = remove_at(dirfd(dir), de->d_name, dev, path);
-	}
-	closedir(dir);
-	if (!ret && unlinkat(parent, name, AT_REMOVEDIR) < 0 && errno != ENOENT)
-		ret = beneath_fail("remove", path, errno);
-	return ret;
-}
-
-struct walk {
-	int (*visit)(int dirfd, const char *name, const char *path, const struct stat *st,
-		     void *arg);
-	void *arg;
-	dev_t dev;
-	char *path; /* the path of the directory being read, grown as the walk goes down */
-	size_t cap;
-};
-
-static int walk_dir(struct walk *w, int fd, size_t len)
-{
-	DIR *dir = fdopendir(fd);
-	struct dirent *de;
-	int ret = 0;
-
-	if (!dir) {
-		ret = beneath_fail("walk", len ? w->path : ".", errno);
-		close(fd);
-		return ret;
-	}
-	while (!ret && (errno = 0, de = readdir(dir))) {
-		size_t l = strlen(de->d_name), at = len ? len + 1 : 0;
-		struct stat st;
-		int sub;
-
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-			continue;
-		if (at + l + 1 > w->cap) {
-			size_t cap = (at + l + 1) * 2;
-			char *grown = realloc(w->path, cap);
-
-			if (!grown) {
-				ret = cb_error_set(ENOMEM, "walk: out of memory");
-				break;
-			}
-			w->path = grown;
-			w->cap = cap;
-		}
-		if (len)
-			w->path[len] = '/';
-		memcpy(w->path + at, de->d_name, l + 1);
-		if (fstatat(dirfd(dir), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-			if (errno != ENOENT) /* gone meanwhile: nothing to visit */
-				ret = beneath_fail("walk", w->path, errno);
-			continue;
-		}
-		ret = w->visit(dirfd(dir), de->d_name, w->path, &st, w->arg);
-		if (ret || !S_ISDIR(st.st_mode) || st.st_dev != w->dev)
-			continue;
-		sub = openat(dirfd(dir), de->d_name,
-			     O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-		if (sub < 0) {
-			if (errno != ENOENT)
-				ret = beneath_fail("walk", w->path, errno);
-			continue;
-		}
-		ret = walk_dir(w, sub, at + l);
-		w->path[len] = '\0';
-	}
-	if (!ret && errno)
-		ret = beneath_fail("walk", len ? w->path : ".", errno);
-	closedir(dir);
-	return ret;
-}
-
-int cb_beneath_walk(int root,
-		    int (*visit)(int dirfd, const char *name, const char *path,
-				 const struct stat *st, void *arg),
-		    void *arg)
-{
-	struct walk w = {.visit = visit, .arg = arg};
-	struct stat st;
-	int fd = openat(root, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC), ret;
-
-	if (fd < 0)
-		return beneath_fail("walk", ".", errno);
-	if (fstat(fd, &st) < 0) {
-		ret = beneath_fail("walk", ".", errno);
-		close(fd);
-		return ret;
-	}
-	w.dev = st.st_dev;
-	ret = walk_dir(&w, fd, 0);
-	free(w.path);
-	return ret;
-}
-
-int cb_beneath_remove_tree(int root, const char *path)
-{
-	const char *name;
-	struct stat st;
-	int pfd = cb_beneath_parent(root, path, &name), ret;
-
-	if (pfd < 0)
-		return cb_beneath_gone(pfd) ? 0 : pfd;
-	if (fstat(pfd, &st) < 0)
-		ret = beneath_fail("remove", path, errno);
-	else
-		ret = remove_at(pfd, name, st.st_dev, path);
+		ret = cb_beneath_fail(flags & AT_REMOVEDIR ? "rmdir" : "unlink", path, errno);
 	close(pfd);
 	return ret;
 }
@@ -720,7 +573,7 @@ int cb_beneath_read_file(int root, const char *path, off_t off, size_t max, void
 	if ((fd = cb_beneath_open(root, path, O_RDONLY, 0)) < 0)
 		return fd;
 	if (fstat(fd, &st) < 0) {
-		ret = beneath_fail("read", path, errno);
+		ret = cb_beneath_fail("read", path, errno);
 		goto out;
 	}
 	*size = st.st_size;
@@ -750,7 +603,7 @@ int cb_beneath_read_file(int root, const char *path, off_t off, size_t max, void
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0) {
-			ret = beneath_fail("read", path, errno);
+			ret = cb_beneath_fail("read", path, errno);
 			goto out;
 		}
 		if (r == 0)
@@ -798,13 +651,13 @@ int cb_beneath_write_file(int root, const char *path, off_t off, const void *dat
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w < 0) {
-			ret = beneath_fail("write", path, errno);
+			ret = cb_beneath_fail("write", path, errno);
 			break;
 		}
 		done += (size_t)w;
 	}
 	if (close(fd) < 0 && !ret)
-		ret = beneath_fail("write", path, errno);
+		ret = cb_beneath_fail("write", path, errno);
 	return ret;
 }
 

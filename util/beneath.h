@@ -83,6 +83,10 @@ int cb_beneath_utimens(int root, const char *path, const struct timespec ts[2]);
  * RENAME_EXCHANGE, ...). */
 int cb_beneath_rename(int root, const char *from, const char *to, unsigned flags);
 
+/* Sets the message for op on path failing with err (in words for ELOOP, a symlink on the
+ * way, and EXDEV, leaving the root) and returns -err: the module's files share it. */
+int cb_beneath_fail(const char *op, const char *path, int err);
+
 /* unlinkat of path (AT_REMOVEDIR in flags for a directory). */
 int cb_beneath_unlink(int root, const char *path, int flags);
 

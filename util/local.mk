@@ -1,9 +1,10 @@
 # util: the lowest layer (error messages, path rules); everything may use it.
 noinst_LTLIBRARIES += util/libcb_util.la
-util_libcb_util_la_SOURCES = util/error.c util/grow.c util/beneath.h util/beneath.c \
-	util/smallfile.h util/smallfile.c
+util_libcb_util_la_SOURCES = util/error.c util/grow.c util/beneath.h util/beneath.c util/beneath_tree.c \
+	util/smallfile.h util/smallfile.c \
+	util/lock.h util/lock.c
 COWBOX_LAYERS += util/libcb_util.la
-pkginclude_HEADERS += include/cowbox/error.h include/cowbox/grow.h
+noinst_HEADERS += include/cowbox/grow.h
 
 check_PROGRAMS += util/test_error
 TESTS += util/test_error

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cowbox/access.h"
+#include "cowbox/workspace.h"
 #include "cowbox/error.h"
 #include "util/smallfile.h"
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cowbox/apply.h"
+#include "cowbox/workspace.h"
 #include "cowbox/error.h"
 #include "cowbox/grow.h"
 #include "cowbox/turns.h"

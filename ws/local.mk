@@ -3,14 +3,14 @@ noinst_LTLIBRARIES += ws/libcb_ws.la
 ws_libcb_ws_la_SOURCES = ws/ws.h ws/workspace.c ws/workspace_state.c ws/workspace_mount.c \
 	ws/ids.c
 COWBOX_LAYERS += ws/libcb_ws.la
-pkginclude_HEADERS += include/cowbox/workspace.h
+noinst_HEADERS += include/cowbox/workspace.h
 
-# turns: snapshot, diff, rollback, prune, fork over the live tree (issue 3)
+# turns: snapshot, diff, rollback, prune, fork over the live tree
 ws_libcb_ws_la_SOURCES += ws/turns_int.h ws/turns.c ws/hash.c ws/blobs.c ws/basemap.c \
 	ws/snapshot.c ws/diff.c ws/rollback.c ws/prune.c ws/fork.c ws/fsck.c
-# in-place workspaces (issue 11)
+# in-place workspaces
 ws_libcb_ws_la_SOURCES += ws/inplace.c
-pkginclude_HEADERS += include/cowbox/turns.h include/cowbox/fsck.h
+noinst_HEADERS += include/cowbox/turns.h include/cowbox/fsck.h
 
 check_PROGRAMS += ws/test_turns
 TESTS += ws/test_turns
@@ -26,9 +26,9 @@ ws_test_workspace_CFLAGS = $(CRITERION_TEST_CFLAGS)
 ws_test_workspace_LDADD = ws/libcb_ws.la db/libcb_db.la util/libcb_util.la $(DEPS_LIBS) \
 	$(CRITERION_TEST_LIBS)
 
-# exec-fast: the exec path's look-up of a served workspace without SQLite (issue 4)
+# the exec path's look-up of a served workspace without SQLite
 ws_libcb_ws_la_SOURCES += ws/resolve_fast.c
-pkginclude_HEADERS += include/cowbox/workspace_fast.h
+noinst_HEADERS += include/cowbox/workspace_fast.h
 check_PROGRAMS += ws/test_resolve_fast
 TESTS += ws/test_resolve_fast
 ws_test_resolve_fast_SOURCES = ws/test_resolve_fast.c ws/test_home.h
@@ -41,8 +41,6 @@ ws_libcb_ws_la_SOURCES += ws/basecache.c
 
 # access levels: names, and the widest level a workspace serves
 ws_libcb_ws_la_SOURCES += ws/access.c
-pkginclude_HEADERS += include/cowbox/access.h
 
 # apply: a turn's changes written onto the base or another folder
 ws_libcb_ws_la_SOURCES += ws/apply.c
-pkginclude_HEADERS += include/cowbox/apply.h

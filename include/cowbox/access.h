@@ -3,6 +3,10 @@
 #ifndef COWBOX_ACCESS_H
 #define COWBOX_ACCESS_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* none: only what the owner and hooks use (info, snapshot, diff, turns, close, destroy);
  * files: also read, write, rollback, fork, prune; full: also exec, run, which, host_url,
  * configure with options, apply. Ordered: a wider level is a larger number. */
@@ -18,19 +22,15 @@ int cb_access_parse(const char *name);
 /* The name of a level ("full" for anything out of range). */
 const char *cb_access_name(int level);
 
-/* The widest level the workspace in dir serves: what cb_ws_access_save wrote, or full when
- * nothing was; -errno with a message when the file is unreadable or holds no level. */
-int cb_ws_access_load(const char *dir);
-
-/* Record level as the widest the workspace in dir serves (written to a temporary file and
- * renamed, so a reader sees the old level or the new one). 0 or -errno with a message. */
-int cb_ws_access_save(const char *dir, int level);
-
 struct cb_box;
 
 /* Lower box to level (its connections, from now on and after a restart of the daemon, ask for
  * it first): what needs more then fails with -EACCES, code access_denied. A level wider than
  * box has, or than the workspace serves, is refused the same way; box keeps its level. */
 int cb_box_set_access(struct cb_box *box, const char *level);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -124,17 +124,49 @@ struct cb_backend_cmd {
 	const char *cwd;	       /* relative to the workspace root (or to working_dir when not
 					  absolute); NULL: working_dir */
 	double timeout;		       /* seconds; 0: the options' default; < 0: none */
+	int stdin_fd;		       /* STDIN_FD: read from this fd (not closed) */
+	int tty;		       /* on a pseudo-terminal of tty_rows x tty_cols (0: 24x80) */
+	unsigned short tty_rows, tty_cols;
 	size_t output_limit;	       /* 0: 10 MiB */
-	enum cb_exec_stdin stdin_kind; /* CLOSED, BYTES or STREAM */
+	enum cb_exec_stdin stdin_kind; /* CLOSED, BYTES, STREAM or FD */
 	const void *stdin_data;
 	size_t stdin_len;
 };
 
 struct cb_backend;
 
-/* A backend's table of operations. Every function returns 0 or -errno with a message. */
+/* A backend's table of operations: all that differs between backends is decided here, so
+ * that a new backend is one file and one row of backends/backend.c's table. Every function
+ * returns 0 or -errno with a message. */
 struct cb_backend_ops {
 	const char *name;
+	/* Its commands are confined (ns, docker): the memory and pids limits apply and the
+	 * workspace's persistent home is made for them; 0 (local): the timeout only, no home. */
+	int confined;
+	/* Its image option is a root tree this host unpacks (cowbox/image.h: checked, and unpacked
+	 * at configure); 0: a name its own engine resolves (docker), or none at all (local). */
+	int image_root;
+	/* Refuse (-EINVAL naming the option) what options ask that this backend cannot enforce,
+	 * and settle what it decides itself (local: network host). j: the JSON they came from. */
+	int (*validate)(struct cb_backend_options *o, json_t *j);
+	/* Bring the JSON of a backend.json an older cowbox saved up to date, before it is
+	 * parsed (local: its network "all" is "host" now); NULL: nothing to change. */
+	void (*upgrade)(json_t *j);
+	/* The environment its commands start from, under the image's and the options' (malloc'd,
+	 * for cb_exec_env_free); NULL: the sandbox's own minimal PATH, HOME and LANG. */
+	int (*host_env)(char ***out);
+	/* Where its commands see the workspace root, mounted at mountpoint on the host. */
+	const char *(*workdir)(const char *mountpoint);
+	/* The image when the options name none (NULL: none; cb_backend_image_of). */
+	const char *(*default_image)(void);
+	/* Remove what a crashed daemon's backend left outside the workspace (its container);
+	 * NULL: it leaves nothing. */
+	int (*remove_leftovers)(const char *ref);
+	/* Use, from another process (the CLI), the resources the workspace's daemon made: its
+	 * network namespace netns_fd (-1: none; duplicated), creating nothing and running no
+	 * hook; then exec, wait and kill work as in the daemon. NULL: commands need the daemon
+	 * (docker: it owns the container). */
+	int (*join)(struct cb_backend *b, int netns_fd);
 	/* Make the backend's resources (a network namespace, a container) and, the first time
 	 * for this workspace, run the on_create hooks and the setup script. */
 	int (*create)(struct cb_backend *b);
@@ -257,11 +289,21 @@ int cb_backend_options_load(const char *dir, struct cb_backend_options *out);
  * is nothing. */
 int cb_backend_remove_leftovers(const char *ref_or_name);
 
-/* docker rm -f of the workspace's container (backends/docker.c). */
-int cb_backend_docker_remove(const char *ref);
-
-/* The table of a backend kind; NULL if there is none by that name. */
+/* The table of a backend kind (NULL: the default, ns); NULL if there is none by that name. */
 const struct cb_backend_ops *cb_backend_find(const char *kind);
+
+/* The kinds there are, as "ns, local or docker" (for messages). */
+const char *cb_backend_kinds(void);
+
+/* Where commands of a kind start: where it shows the workspace mounted at mountpoint, then
+ * working_dir (NULL: the root). malloc'd in *out; -EINVAL for an unknown kind. */
+int cb_backend_workdir(const char *kind, const char *mountpoint, const char *working_dir,
+		       char **out);
+
+/* Make b usable in this process without its daemon's role (ops->join): the working_dir and
+ * the home made if missing, then the daemon's network namespace netns_fd joined (-1: none).
+ * -EOPNOTSUPP naming the backend when its commands need the daemon. */
+int cb_backend_join(struct cb_backend *b, int netns_fd);
 
 /* Open the backend of a workspace: options from dir/backend.json, root as its tree. Nothing
  * is started until cb_backend_ensure. Free with cb_backend_free (which closes it). */

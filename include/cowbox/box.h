@@ -193,7 +193,7 @@ int cb_box_host_url(struct cb_box *box, int port, char **url);
 /* Record a turn labelled label (may be NULL) and return its number (>= 1). files (may be
  * NULL) gets a JSON object: every regular file's relative path -> SHA-256 (lowercase hex);
  * the caller json_decref()s it. */
-int cb_box_snapshot(struct cb_box *box, const char *label, json_t **files);
+long long cb_box_snapshot(struct cb_box *box, const char *label, json_t **files);
 
 /* Record a turn like cb_box_snapshot and return its number, with only what changed since
  * this box's previous snapshot: *changed {path: SHA-256} of the regular files added or
@@ -202,19 +202,19 @@ int cb_box_snapshot(struct cb_box *box, const char *label, json_t **files);
  * holds a map (docs/protocol.md, snapshot `since`), so a call costs what changed, not the size
  * of the tree; when the daemon sends the whole map instead (that turn pruned, another
  * database under the ref) the changes are found by comparing the two maps. */
-int cb_box_snapshot_changes(struct cb_box *box, const char *label, json_t **changed,
-			    json_t **deleted);
+long long cb_box_snapshot_changes(struct cb_box *box, const char *label, json_t **changed,
+				  json_t **deleted);
 
 /* The changes from turn `from` to turn `to` (< 0: the live tree) as a JSON array of events
  * ({"event":"created"|"modified"|"deleted"|..., "path", "old", "new"}: docs/protocol.md),
  * which the caller json_decref()s. Returns the number of events. */
-int cb_box_diff(struct cb_box *box, int from, int to, json_t **events);
+int cb_box_diff(struct cb_box *box, long long from, long long to, json_t **events);
 
 /* Make the live workspace what it was at turn; returns the new turn that records this. */
-int cb_box_rollback(struct cb_box *box, int turn);
+long long cb_box_rollback(struct cb_box *box, long long turn);
 
 /* A new workspace starting at turn (named name, may be NULL), attached as *out. */
-int cb_box_fork(struct cb_box *box, int turn, const char *name, struct cb_box **out);
+int cb_box_fork(struct cb_box *box, long long turn, const char *name, struct cb_box **out);
 
 /* Check the workspace's stored state through its daemon (docs/reliability.md, `cowbox
  * fsck`): every blob and base file a recorded turn needs is read and hashed, every base-cache

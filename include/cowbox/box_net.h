@@ -5,6 +5,10 @@
 
 #include <jansson.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 struct cb_box;
 
 /* Whether the workspace's network policy opens dest ("host[:port]", 443 when no port is
@@ -18,7 +22,7 @@ int cb_box_reaches(struct cb_box *box, const char *dest, char **rule);
 /* The network log's rows (a new JSON array, oldest first; the fields of protocol.md
  * "net_log"): every connection the egress proxy let through or refused, of turn, or of every
  * turn when turn <= 0. Returns the number of rows or -errno. */
-int cb_box_net_log(struct cb_box *box, int turn, json_t **rows);
+int cb_box_net_log(struct cb_box *box, long long turn, json_t **rows);
 
 /* A host address, "127.0.0.1:HOSTPORT" (malloc'd), that reaches a server listening on
  * 127.0.0.1:port inside the sandbox (ns, docker; -EOPNOTSUPP under network host and the local
@@ -28,5 +32,9 @@ int cb_box_publish(struct cb_box *box, int port, char **address);
 
 /* Close a published port and its connections; -ENOENT (not_found) if it was not published. */
 int cb_box_unpublish(struct cb_box *box, int port);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -6,6 +6,10 @@
 #include <jansson.h>
 #include <sys/types.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 struct cb_client;
 
 /* Connect to the running daemon of ref (a ref or name) and read its hello. -ECONNREFUSED or
@@ -35,8 +39,9 @@ int cb_client_recv_line(struct cb_client *c, int timeout_ms, char **line, size_t
 int cb_client_request(struct cb_client *c, json_t *req, int timeout_ms, json_t **reply);
 
 /* The errno that stands for a protocol error code (not_found -> ENOENT, invalid_path -> EINVAL,
- * in_use -> EBUSY, unavailable -> EAGAIN, timeout -> ETIMEDOUT, output_limit -> EFBIG,
- * invalid_request -> EPROTO); EIO for a code this library does not know or NULL. */
+ * access_denied -> EACCES, in_use -> EBUSY, timeout -> ETIMEDOUT, output_limit -> EFBIG,
+ * invalid_request -> EPROTO, conflict -> EEXIST, unavailable -> EAGAIN: daemon/errcode.c's
+ * table); EIO for a code this library does not know or NULL. */
 int cb_client_code_errno(const char *code);
 
 /* Hang up; NULL is accepted. */
@@ -50,5 +55,9 @@ int cb_daemon_ensure(const char *ref, const char *mountpoint, int timeout_ms, pi
 
 /* Ask the daemon of ref to unmount and exit, and wait until it has; 0 if none was running. */
 int cb_daemon_stop(const char *ref, int timeout_ms);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -5,6 +5,10 @@
 
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Record a message for the calling thread and return -err (err is a positive errno value;
  * a negative one is accepted too). The message says what failed and why, e.g.
  * "open meta.db: Permission denied". */
@@ -19,5 +23,9 @@ const char *cb_error_message(void);
 
 /* Forget the calling thread's message. */
 void cb_error_clear(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

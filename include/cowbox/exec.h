@@ -6,6 +6,10 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 struct cb_sandbox;
 
 /* Where the command's stdin comes from. */
@@ -141,5 +145,9 @@ void cb_exec_keep_free(struct cb_exec_keep *k);
 
 /* Free a NULL-terminated array of strings made by this module. */
 void cb_exec_env_free(char **env);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -5,6 +5,10 @@
 
 #include <sys/types.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Network of the sandbox. The allow-list mode is built from the pieces here: the proxy runs
  * outside, its unix socket is bound in (cb_sandbox_bind) or it listens in a kept namespace
  * the commands join (CB_NET_JOIN); an enum value for it can be added without changing these. */
@@ -90,5 +94,9 @@ int cb_pasta_start(int netns_fd, const char *log_path, const char *pid_path, str
 
 /* Kill and reap pasta and free p; NULL is fine. */
 void cb_pasta_stop(struct cb_pasta *p);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -154,4 +154,37 @@ int cb_ws_clear_stale(const char *ref);
 /* "mounted", "unmounted", "stale", "incomplete", "broken". */
 const char *cb_ws_state_name(enum cb_ws_state state);
 
+/* The workspace side of access levels (cowbox/access.h). */
+/* The widest level the workspace in dir serves: what cb_ws_access_save wrote, or full when
+ * nothing was; -errno with a message when the file is unreadable or holds no level. */
+int cb_ws_access_load(const char *dir);
+
+/* Record level as the widest the workspace in dir serves (written to a temporary file and
+ * renamed, so a reader sees the old level or the new one). 0 or -errno with a message. */
+int cb_ws_access_save(const char *dir, int level);
+
+/* The workspace side of apply (cowbox/apply.h's cb_box_apply goes through the daemon). */
+struct cb_turns;
+
+/* What an apply did, or why it refused: conflicts[] are "PATH: why" lines (the folder's
+ * entry is neither what turn a recorded nor what turn b did). */
+struct cb_ws_apply_result {
+	long long written, deleted,
+	    unchanged; /* paths written (or chmod'ed), removed, already so */
+	char **conflicts;
+	size_t nconflicts;
+};
+
+/* Write the changes from turn a to turn b (recorded turns; 0 = the base) onto the directory
+ * target: every path is checked first against what turn a recorded (type, content by
+ * SHA-256, symlink target); a path already as turn b has it is left alone. Any other state is
+ * a conflict, and then nothing is written: -EEXIST with the list in res. Otherwise deletions
+ * go first (deepest first), then directories, files (content copied from the base or its
+ * blob into a temporary name beside it, checked against the turn's hashes, then renamed over)
+ * and symlinks. Every path goes through util/beneath.c (no symlink, no "..", nothing outside
+ * target). Free res with cb_ws_apply_result_free. */
+int cb_ws_apply(struct cb_turns *t, long long a, long long b, const char *target,
+		struct cb_ws_apply_result *res);
+void cb_ws_apply_result_free(struct cb_ws_apply_result *res);
+
 #endif

@@ -2,7 +2,9 @@
 harness-visible behaviour through the Python client, whatever runs the commands."""
 
 import asyncio
+import base64
 import hashlib
+import json
 import os
 import subprocess
 import time
@@ -73,6 +75,31 @@ class Conformance:
     # Whether the backend kills a timed-out command's whole tree at once (ns: the pid
     # namespace; local: the command's cgroup), rather than leftovers at the 2 s drain.
     KILLS_TREE_AT_ONCE = False
+
+    def test_cli_exec_matches_the_api(self):
+        # One exec path: `cowbox exec REF` runs on the workspace's own backend and options
+        # (env, working_dir, its network namespace) as the API does: the same command gives
+        # the same result, --json being the API's run reply.
+        script = ("pwd; echo $FROM_OPTIONS $PER_CMD; cat ../README; cat; id -u; hostname; "
+                  "[ \"$HOME\" = /home/cowbox ] && echo home || echo host-home; ")
+        if os.geteuid() == 0:  # (without root each command has a namespace of its own)
+            script += "readlink /proc/self/ns/net; "
+        script += "echo err >&2; exit 3"
+
+        async def body(box):
+            api = await box.run(["sh", "-c", script], env={"PER_CMD": "also"}, input=b"fed\n")
+            self.assertEqual(api.exit_code, 3, api.stderr)
+            cli = self.cowbox("exec", box.ref, "--json", "--env", "PER_CMD=also", "--", "sh",
+                              "-c", script, input="fed\n", check=False)
+            self.assertEqual(cli.returncode, 3, cli.stderr)
+            got = json.loads(cli.stdout)
+            self.assertEqual((got["exit_code"], base64.b64decode(got["stdout"]).decode(),
+                              base64.b64decode(got["stderr"]).decode(), got["timed_out"]),
+                             (api.exit_code, api.stdout, api.stderr, False))
+            plain = self.cowbox("exec", box.ref, "--timeout", "1", "--", "sh", "-c",
+                                "pwd; echo $FROM_OPTIONS; sleep 5", check=False)
+            self.assertEqual((plain.returncode, plain.stdout), (124, box.workdir + "\nyes\n"))
+        self.run_with(body, env={"FROM_OPTIONS": "yes"}, working_dir="sub")
 
     def test_timeout_kills_the_tree(self):
         late = 1 if self.KILLS_TREE_AT_ONCE else 3

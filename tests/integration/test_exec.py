@@ -132,7 +132,7 @@ class TestExecDir(ExecTestCase):
         self.assert_fails(["exec", "--dir", self.ws, "--network", "some", "--", "true"],
                           "--network is none, all or host", status=2)
         self.assert_fails(["exec", "--dir", self.ws, "--bogus", "--", "true"],
-                          "unknown option --bogus", status=2)
+                          "unknown option '--bogus'", status=2)
         self.assert_fails(["exec", "--dir", self.ws], "no command given", status=2)
         self.assert_fails(["exec", "--dir", self.ws, "--timeout", "soon", "--", "true"],
                           "--timeout needs a non-negative number", status=2)

@@ -1,8 +1,25 @@
 """Exceptions of the cowbox client: one per stable error code of the control protocol."""
 
+import errno as _errno
+
+# Each code's errno, as the C client gives it (cb_client_code_errno): the table is
+# daemon/errcode.c's, and bindings/python/tests/test_errors.py checks that the two agree.
+CODE_ERRNO = {
+    "not_found": _errno.ENOENT,
+    "invalid_path": _errno.EINVAL,
+    "access_denied": _errno.EACCES,
+    "in_use": _errno.EBUSY,
+    "timeout": _errno.ETIMEDOUT,
+    "output_limit": _errno.EFBIG,
+    "invalid_request": _errno.EPROTO,
+    "conflict": _errno.EEXIST,
+    "unavailable": _errno.EAGAIN,
+}
+
 
 class WorkspaceError(Exception):
-    """A cowbox operation failed; code is the protocol's error code."""
+    """A cowbox operation failed; code is the protocol's error code and errno the errno the C
+    client returns for it (EIO for a code this client does not know)."""
 
     code = "unavailable"
 
@@ -11,6 +28,7 @@ class WorkspaceError(Exception):
         if code:
             self.code = code
         self.message = message
+        self.errno = CODE_ERRNO.get(self.code, _errno.EIO)
         self.result = result  # a CompletedRun for timeout / output_limit of a strict run
 
 

@@ -219,8 +219,8 @@ class Sandbox:
         # True when the workspace is in place (create(in_place=True)): its edits land in
         # the base folder itself. Known once connected (None before).
         self.in_place = None
-        self.backend = "ns"
-        self.workdir = "/workspace"
+        self.backend = None
+        self.workdir = None  # where commands start: the daemon's answer, once connected
         self.last_turn = None
         # The turn that recorded what the on_create hooks and setup script did at create
         # (None: there were none): the baseline, not the agent's first turn.
@@ -336,7 +336,7 @@ class Sandbox:
             # Shell hooks and the setup script run in the daemon at configure, which
             # records them as a turn labelled on_create; code hooks run next, here.
             reply = await box._request("configure", options=options)
-            box._apply_options(reply["options"])
+            box._apply_options(reply)
             box.baseline_turn = reply.get("baseline_turn")
             if idle_timeout is not None:
                 await box._request("idle", timeout=float(idle_timeout))
@@ -437,7 +437,7 @@ class Sandbox:
                 # Every connection asks for the level first (also after a restart).
                 args = {"level": self._access} if self._access else {}
                 granted = await conn.request("access", **args)
-                self._apply_options((await conn.request("configure"))["options"])
+                self._apply_options(await conn.request("configure"))
             except BaseException:
                 await conn.close()
                 raise
@@ -457,12 +457,13 @@ class Sandbox:
         self.access = granted["access"]
         self.supported_access = granted["supported_access"]
 
-    def _apply_options(self, opts):
+    def _apply_options(self, reply):
+        """The backend and where its commands start, as configure's reply says: the daemon
+        knows where each backend shows the workspace."""
+        opts = reply["options"]
         self.backend = opts["backend"]
-        wd = opts.get("working_dir") or ""
-        self._working_dir = wd
-        root = self.mountpoint if self.backend == "local" else "/workspace"
-        self.workdir = root + ("/" + wd if wd else "")
+        self._working_dir = opts.get("working_dir") or ""
+        self.workdir = reply["workdir"]
 
     async def _request(self, op, **args):
         """One request; if the daemon had gone (a crash, a close elsewhere) before it read

@@ -292,6 +292,10 @@ int cb_backend_remove_leftovers(const char *ref_or_name);
 /* The table of a backend kind (NULL: the default, ns); NULL if there is none by that name. */
 const struct cb_backend_ops *cb_backend_find(const char *kind);
 
+/* The vm backend's accelerator on this host: "kvm" when /dev/kvm opens and makes a VM, else
+ * "tcg" (qemu's software emulation); what `cowbox info` says. */
+const char *cb_backend_vm_accel(void);
+
 /* The kinds there are, as "ns, local or docker" (for messages). */
 const char *cb_backend_kinds(void);
 

@@ -270,7 +270,7 @@ static int vm_start_qemu(struct cb_backend *b, struct vm_state *s, const char *r
 	char smp[32], mem[32], kernel[4200], initrd[4200], serial[4200], pidf[4200], chardev[4300];
 	char fsroot[4300], fsws[4300], fshome[4300], home[4200];
 	const char *machine = getenv("COWBOX_VM_MACHINE");
-	char *argv[64];
+	char *argv[72];
 	int n = 0, mmio, rc;
 	static char *env[] = {"PATH=/usr/local/bin:/usr/bin:/bin", NULL};
 
@@ -295,6 +295,13 @@ static int vm_start_qemu(struct cb_backend *b, struct vm_state *s, const char *r
 	mkdir(home, 0755);
 	snprintf(fshome, sizeof(fshome), "local,id=fshome,path=%s,security_model=passthrough",
 		 home);
+	/* qemu in a mount namespace of its own: it holds the share's copy of the mount there, so
+	 * that the daemon's idle stop (which unmounts only what no host process holds) is not
+	 * kept from unmounting by the VM it ends */
+	ARG("unshare");
+	ARG("--mount");
+	ARG("--propagation");
+	ARG("private");
 	ARG("qemu-system-x86_64");
 	ARG("-nodefaults");
 	ARG("-no-user-config");

@@ -2,7 +2,6 @@
  * (unmount and exit, keeping everything on disk). */
 #include "config.h"
 
-#include <string.h>
 #include <unistd.h>
 
 #include "cowbox/backend.h"
@@ -46,8 +45,6 @@ static void info_network(struct cb_daemon *d, json_t *r)
 	}
 	json_object_set_new(r, "limits", l);
 	json_object_set_new(r, "network", json_string(cb_backend_net_name(o.net)));
-	if (o.kind && !strcmp(o.kind, "vm"))
-		json_object_set_new(r, "accel", json_string(cb_backend_vm_accel()));
 	if (o.net == CB_BACKEND_NET_HOST)
 		json_object_set_new(
 		    r, "warning",

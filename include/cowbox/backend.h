@@ -1,5 +1,6 @@
 /* Backends (backends/): where a workspace's commands run: ns (the namespace sandbox), local (a
- * host subprocess) or docker (one long-lived container, the docker CLI only). One table each. */
+ * host subprocess), docker (one long-lived container, the docker CLI only) or vm (a qemu VM
+ * under its own kernel). One table each. */
 #ifndef COWBOX_BACKEND_H
 #define COWBOX_BACKEND_H
 
@@ -80,7 +81,7 @@ struct cb_backend_volume {
  * (timeout, pids, memory_mb, disk_mb, disk_inodes) are turned off by CB_BACKEND_NO_LIMIT (a
  * negative timeout). */
 struct cb_backend_options {
-	char *kind;		   /* "ns" (default), "local" or "docker" */
+	char *kind;		   /* "ns" (default), "local", "docker" or "vm" */
 	char **env;		   /* "K=V", NULL-terminated: every command gets these, on top of a
 				      minimal PATH/HOME/LANG (ns, docker) or the host's environment
 				      without credentials (local); nothing else */

@@ -5,15 +5,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <libgen.h>
-#include <linux/kvm.h>
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -32,219 +29,20 @@
 #define VM_KVM_BOOT_SECS     20.0  /* KVM boots in about one: longer is KVM that does not work */
 #define VM_DEFAULT_MEMORY_MB 2048  /* memory_mb set to none: the guest needs some */
 
-/* The cache setup-vm fills: vmlinuz and modules.cpio.gz under <cache>/vm, the root tree. */
-static const char *vm_cache(void)
-{
-	const char *c = getenv("COWBOX_IMAGE_CACHE");
+static char vm_rootfs[4200];
 
-	return c && *c ? c : "/var/cache/cowbox";
+static void vm_rootfs_init(void)
+{
+	snprintf(vm_rootfs, sizeof(vm_rootfs), "%s/rootfs-bookworm", vm_cache());
 }
 
-/* Where a daemon notes that KVM opened but did not boot the guest (nested virtualisation
- * that runs a test instruction and hangs in the firmware): the host's boot id, so that a
- * reboot probes again. */
-static void vm_kvm_marker(char *path, size_t size, char *boot_id, size_t id_size)
+/* The debootstrap tree scripts/setup-podman makes, what vm_create boots without an image. */
+static const char *vm_default_image(void)
 {
-	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
 
-	boot_id[0] = 0;
-	if (f) {
-		if (fgets(boot_id, (int)id_size, f))
-			boot_id[strcspn(boot_id, "\n")] = 0;
-		fclose(f);
-	}
-	snprintf(path, size, "%s/vm/kvm.broken", vm_cache());
-}
-
-static int vm_kvm_marked_broken(void)
-{
-	char path[4200], id[64], seen[64] = "";
-	FILE *f;
-
-	vm_kvm_marker(path, sizeof(path), id, sizeof(id));
-	if (!(f = fopen(path, "re")))
-		return 0;
-	if (fgets(seen, sizeof(seen), f))
-		seen[strcspn(seen, "\n")] = 0;
-	fclose(f);
-	return *id && !strcmp(id, seen);
-}
-
-static void vm_kvm_mark_broken(void)
-{
-	char path[4200], id[64];
-	FILE *f;
-
-	vm_kvm_marker(path, sizeof(path), id, sizeof(id));
-	if ((f = fopen(path, "we"))) {
-		fprintf(f, "%s\n", id);
-		fclose(f);
-	}
-}
-
-/* Whether to boot with KVM: COWBOX_VM_ACCEL=kvm|tcg decides; else /dev/kvm must open and make
- * a VM (a device node alone proves nothing: a container may show one it cannot use), and no
- * daemon since the host's boot may have seen it fail to boot the guest. */
-static int vm_kvm_usable(void)
-{
-	const char *want = getenv("COWBOX_VM_ACCEL");
-	int fd, vm = -1, ok = 0;
-
-	if (want && !strcmp(want, "tcg"))
-		return 0;
-	if (!(want && !strcmp(want, "kvm")) && vm_kvm_marked_broken())
-		return 0;
-	fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
-	if (fd >= 0 && ioctl(fd, KVM_GET_API_VERSION, 0) == KVM_API_VERSION &&
-	    (vm = ioctl(fd, KVM_CREATE_VM, 0)) >= 0)
-		ok = 1;
-	if (vm >= 0)
-		close(vm);
-	if (fd >= 0)
-		close(fd);
-	return ok;
-}
-
-/* The agent binary: COWBOX_VM_AGENT, else beside the cowbox binary (a build tree's
- * backends/, libtool's .libs/.., or libexec). */
-static int vm_find_agent(char **out)
-{
-	const char *env = getenv("COWBOX_VM_AGENT");
-	char self[4096], *dir;
-	const char *tries[] = {"%s/backends/cb-vm-agent", "%s/../backends/cb-vm-agent",
-			       "%s/../libexec/cowbox/cb-vm-agent", "%s/cb-vm-agent"};
-	ssize_t n;
-
-	*out = NULL;
-	if (env && *env)
-		return (*out = strdup(env)) ? 0 : cb_error_set(ENOMEM, "vm: out of memory");
-	if ((n = readlink("/proc/self/exe", self, sizeof(self) - 1)) < 0)
-		return cb_error_set(errno, "vm backend: readlink /proc/self/exe");
-	self[n] = 0;
-	dir = dirname(self);
-	for (size_t i = 0; i < sizeof(tries) / sizeof(*tries); i++) {
-		char *p;
-
-		if (asprintf(&p, tries[i], dir) < 0)
-			return cb_error_set(ENOMEM, "vm: out of memory");
-		if (access(p, X_OK) == 0) {
-			*out = p;
-			return 0;
-		}
-		free(p);
-	}
-	return cb_error_set(ENOENT, "vm backend: no cb-vm-agent beside %s (set COWBOX_VM_AGENT)",
-			    dir);
-}
-
-static int vm_copy(int to, const char *path)
-{
-	char buf[65536];
-	int fd = open(path, O_RDONLY | O_CLOEXEC), rc = 0;
-	ssize_t n;
-
-	if (fd < 0)
-		return cb_error_set(errno, "vm backend: %s (run scripts/setup-vm)", path);
-	while ((n = read(fd, buf, sizeof(buf))) > 0)
-		if (write(to, buf, (size_t)n) != n) {
-			rc = cb_error_set(EIO, "vm backend: writing the initrd");
-			break;
-		}
-	if (n < 0)
-		rc = cb_error_set(errno, "vm backend: read %s", path);
-	close(fd);
-	return rc;
-}
-
-/* One newc cpio entry (the header, the name, padding to 4 bytes). */
-static int vm_cpio_head(FILE *f, const char *name, unsigned mode, size_t size)
-{
-	size_t nl = strlen(name) + 1;
-
-	fprintf(f, "070701%08X%08X%08X%08X%08X%08X%08zX%08X%08X%08X%08X%08zX%08X", 1u, mode, 0u, 0u,
-		1u, 0u, size, 0u, 0u, 0u, 0u, nl, 0u);
-	fwrite(name, 1, nl, f);
-	for (size_t i = (110 + nl) % 4; i && i < 4; i++)
-		fputc(0, f);
-	return 0;
-}
-
-/* The initrd: setup-vm's modules cpio (gzip), zero-padded to 512 bytes, then an uncompressed
- * cpio with the agent as /init. Made per boot, so a rebuilt agent is what boots. */
-static int vm_make_initrd(struct vm_state *s, const char *agent, const char *path)
-{
-	char mods[4096];
-	FILE *f = NULL;
-	struct stat st;
-	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), afd = -1, rc;
-	off_t end;
-
-	(void)s;
-	if (fd < 0)
-		return cb_error_set(errno, "vm backend: create %s", path);
-	snprintf(mods, sizeof(mods), "%s/vm/modules.cpio.gz", vm_cache());
-	if ((rc = vm_copy(fd, mods)) < 0)
-		goto out;
-	end = lseek(fd, 0, SEEK_END);
-	if (end % 512 && ftruncate(fd, end + (512 - end % 512)) < 0) {
-		rc = cb_error_set(errno, "vm backend: pad the initrd");
-		goto out;
-	}
-	lseek(fd, 0, SEEK_END);
-	if ((afd = open(agent, O_RDONLY | O_CLOEXEC)) < 0 || fstat(afd, &st) < 0) {
-		rc = cb_error_set(errno, "vm backend: %s", agent);
-		goto out;
-	}
-	if (!(f = fdopen(fd, "w"))) {
-		rc = cb_error_set(errno, "vm backend: fdopen");
-		goto out;
-	}
-	fd = -1;
-	vm_cpio_head(f, "init", 0100755, (size_t)st.st_size);
-	fflush(f);
-	if ((rc = vm_copy(fileno(f), agent)) < 0)
-		goto out;
-	for (off_t i = st.st_size; i % 4; i++)
-		fputc(0, f);
-	vm_cpio_head(f, "TRAILER!!!", 0, 0);
-	if (ferror(f))
-		rc = cb_error_set(EIO, "vm backend: writing %s", path);
-out:
-	if (f && fclose(f) != 0 && !rc)
-		rc = cb_error_set(EIO, "vm backend: writing %s", path);
-	if (fd >= 0)
-		close(fd);
-	if (afd >= 0)
-		close(afd);
-	return rc;
-}
-
-/* A qemu a crashed daemon left (its pid file, and its command line naming our directory). */
-static void vm_kill_leftover(const char *dir)
-{
-	char path[4200], cmd[8192];
-	FILE *f;
-	int pid = 0, fd;
-	ssize_t n;
-
-	snprintf(path, sizeof(path), "%s/qemu.pid", dir);
-	if (!(f = fopen(path, "re")))
-		return;
-	if (fscanf(f, "%d", &pid) != 1)
-		pid = 0;
-	fclose(f);
-	snprintf(path, sizeof(path), "/proc/%d/cmdline", pid);
-	if (pid > 1 && (fd = open(path, O_RDONLY | O_CLOEXEC)) >= 0) {
-		n = read(fd, cmd, sizeof(cmd) - 1);
-		close(fd);
-		for (ssize_t i = 0; i < n; i++)
-			cmd[i] = cmd[i] ? cmd[i] : ' ';
-		cmd[n > 0 ? n : 0] = 0;
-		if (strstr(cmd, "qemu-system") && strstr(cmd, dir))
-			kill(pid, SIGKILL);
-	}
-	snprintf(path, sizeof(path), "%s/qemu.pid", dir);
-	unlink(path);
+	pthread_once(&once, vm_rootfs_init);
+	return vm_rootfs;
 }
 
 static void *vm_qemu_wait(void *arg)
@@ -570,7 +368,7 @@ static int vm_create(struct cb_backend *b)
 	}
 	if (b->opt.image)
 		rc = cb_backend_image_root(b->opt.image, &rootfs, &cfg);
-	else if (asprintf(&rootfs, "%s/rootfs-bookworm", vm_cache()) < 0)
+	else if (!(rootfs = strdup(vm_default_image())))
 		rc = cb_error_set(ENOMEM, "vm backend: out of memory");
 	else if (access(rootfs, F_OK) < 0)
 		rc = cb_error_set(ENOENT,
@@ -581,7 +379,7 @@ static int vm_create(struct cb_backend *b)
 		goto out;
 	snprintf(initrd, sizeof(initrd), "%s/initrd", s->dir);
 	s->kvm = vm_kvm_usable();
-	if ((rc = vm_find_agent(&s->agent)) < 0 || (rc = vm_make_initrd(s, s->agent, initrd)) < 0 ||
+	if ((rc = vm_find_agent(&s->agent)) < 0 || (rc = vm_make_initrd(s->agent, initrd)) < 0 ||
 	    (rc = vm_listen(s)) < 0 || (rc = vm_start_qemu(b, s, rootfs)) < 0)
 		goto out;
 	rc = vm_wait_hello(s);
@@ -804,17 +602,13 @@ static const char *vm_workdir(const char *mountpoint)
 	return "/workspace";
 }
 
-const char *cb_backend_vm_accel(void)
-{
-	return vm_kvm_usable() ? "kvm" : "tcg";
-}
-
 const struct cb_backend_ops cb_backend_vm = {
     .name = "vm",
     .confined = 1,
     .image_root = 1,
     .validate = vm_validate,
     .workdir = vm_workdir,
+    .default_image = vm_default_image,
     .remove_leftovers = vm_remove_leftovers,
     .create = vm_create,
     .exec = vm_exec,

@@ -69,6 +69,23 @@ int vm_relay_send(struct vm_state *s, uint32_t id, uint8_t type, const void *buf
 /* Wake the relay thread (qemu ended). */
 void vm_relay_wake(struct vm_state *s);
 
+/* ---- boot material (backends/vm_boot.c) ---- */
+
+/* The cache setup-vm fills: vm/vmlinuz, vm/modules.cpio.gz, rootfs-bookworm
+ * ($COWBOX_IMAGE_CACHE, else /var/cache/cowbox). */
+const char *vm_cache(void);
+/* Whether to boot with KVM: COWBOX_VM_ACCEL=kvm|tcg decides; else /dev/kvm must open and make
+ * a VM and no daemon since the host's boot may have seen it fail to boot the guest. */
+int vm_kvm_usable(void);
+/* Note, for the host's other daemons until it reboots, that KVM did not boot the guest. */
+void vm_kvm_mark_broken(void);
+/* The agent binary (malloc'd in *out): COWBOX_VM_AGENT, else beside the cowbox binary. */
+int vm_find_agent(char **out);
+/* Write the initrd at path: setup-vm's modules cpio, then agent as /init. */
+int vm_make_initrd(const char *agent, const char *path);
+/* SIGKILL the qemu a crashed daemon left in dir (its pid file; its command line names dir). */
+void vm_kill_leftover(const char *dir);
+
 /* The agent binary's --client mode: connect to the relay at sock as command id, then stdin
  * to the command, its output to 1 and 2, its exit code as ours. */
 int cb_vm_client_main(const char *sock, const char *id);

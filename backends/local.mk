@@ -3,7 +3,7 @@ noinst_LTLIBRARIES += backends/libcb_backends.la
 backends_libcb_backends_la_SOURCES = backends/common.h backends/common.c backends/backend.c \
 	backends/options.c backends/env.c \
 	backends/pathio.c backends/forward.c backends/egress.c backends/secrets.c backends/image.c backends/ns.c \
-	backends/local.c backends/docker.c backends/vm.c backends/vm_boot.c backends/vm.h backends/vm_relay.c \
+	backends/local.c backends/docker.c backends/vm.c backends/vm_boot.c backends/vm.h backends/vm_net.c backends/vm_relay.c \
 	backends/vm_frame.c backends/vm_frame.h
 # relays (host_url's forwarders, published ports) and published ports
 backends_libcb_backends_la_SOURCES += backends/relay.c backends/publish.c

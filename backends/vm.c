@@ -66,7 +66,7 @@ static int vm_start_qemu(struct cb_backend *b, struct vm_state *s, const char *r
 	struct cb_backend_limits lim;
 	struct cb_exec_spec spec = {0};
 	char smp[32], mem[32], kernel[4200], initrd[4200], serial[4200], pidf[4200], chardev[4300];
-	char fsroot[4300], fsws[4300], fshome[4300], home[4200];
+	char fsroot[4300], fsws[4300], fshome[4300], home[4200], append[512], netdev[160];
 	const char *machine = getenv("COWBOX_VM_MACHINE");
 	char *argv[72];
 	int n = 0, mmio, rc;
@@ -93,6 +93,14 @@ static int vm_start_qemu(struct cb_backend *b, struct vm_state *s, const char *r
 	mkdir(home, 0755);
 	snprintf(fshome, sizeof(fshome), "local,id=fshome,path=%s,security_model=passthrough",
 		 home);
+	/* quiet and no calibration: Debian's kernel otherwise spends seconds (TCG: minutes) on
+	 * the TSC and the console; network all adds the guest's address for the agent */
+	snprintf(append, sizeof(append),
+		 "console=ttyS0 quiet panic=-1 rdinit=/init tsc_early_khz=2000000 tsc=reliable "
+		 "lpj=4000000 i8042.noaux i8042.nokbd i8042.nopnp%s",
+		 s->passt ? s->net_append : "");
+	snprintf(netdev, sizeof(netdev), "stream,id=n0,server=off,addr.type=unix,addr.path=%s",
+		 s->net_sock);
 	/* qemu in a mount namespace of its own: it holds the share's copy of the mount there, so
 	 * that the daemon's idle stop (which unmounts only what no host process holds) is not
 	 * kept from unmounting by the VM it ends */
@@ -120,10 +128,7 @@ static int vm_start_qemu(struct cb_backend *b, struct vm_state *s, const char *r
 	ARG("-initrd");
 	ARG(initrd);
 	ARG("-append");
-	/* quiet and no calibration: Debian's kernel otherwise spends seconds (TCG: minutes) on
-	 * the TSC and the console */
-	ARG("console=ttyS0 quiet panic=-1 rdinit=/init tsc_early_khz=2000000 tsc=reliable "
-	    "lpj=4000000 i8042.noaux i8042.nokbd i8042.nopnp");
+	ARG(append);
 	ARG("-serial");
 	ARG(serial);
 	ARG("-pidfile");
@@ -152,6 +157,13 @@ static int vm_start_qemu(struct cb_backend *b, struct vm_state *s, const char *r
 	ARG(mmio ? "virtio-serial-device,id=vser" : "virtio-serial-pci,id=vser");
 	ARG("-device");
 	ARG("virtserialport,bus=vser.0,chardev=agent,name=" VM_PORT_NAME);
+	/* network none: no NIC at all; all: virtio-net to passt's socket */
+	if (s->passt) {
+		ARG("-netdev");
+		ARG(netdev);
+		ARG("-device");
+		ARG(mmio ? "virtio-net-device,netdev=n0" : "virtio-net-pci,netdev=n0");
+	}
 	argv[n] = NULL;
 	spec.argv = argv;
 	spec.env = env;
@@ -305,6 +317,7 @@ static void vm_state_free(struct vm_state *s)
 	if (!s)
 		return;
 	vm_stop(s);
+	vm_net_stop(s);
 	cb_exec_free(s->qemu);
 	cb_exec_result_free(&s->qemu_res);
 	for (size_t i = 0; i < VM_MAX_RUNNING; i++) {
@@ -380,7 +393,9 @@ static int vm_create(struct cb_backend *b)
 	snprintf(initrd, sizeof(initrd), "%s/initrd", s->dir);
 	s->kvm = vm_kvm_usable();
 	if ((rc = vm_find_agent(&s->agent)) < 0 || (rc = vm_make_initrd(s->agent, initrd)) < 0 ||
-	    (rc = vm_listen(s)) < 0 || (rc = vm_start_qemu(b, s, rootfs)) < 0)
+	    (rc = vm_listen(s)) < 0 ||
+	    (b->opt.net == CB_BACKEND_NET_ALL && (rc = vm_net_start(s)) < 0) ||
+	    (rc = vm_start_qemu(b, s, rootfs)) < 0)
 		goto out;
 	rc = vm_wait_hello(s);
 	/* KVM that did not boot the guest: noted for the host's other daemons, then TCG */
@@ -396,6 +411,12 @@ static int vm_create(struct cb_backend *b)
 		s->dead = 0;
 		s->kvm = 0;
 		cb_error_clear();
+		/* passt served its one connection (the qemu that did not boot): a new one */
+		if (s->passt) {
+			vm_net_stop(s);
+			if ((rc = vm_net_start(s)) < 0)
+				goto out;
+		}
 		if ((rc = vm_start_qemu(b, s, rootfs)) == 0)
 			rc = vm_wait_hello(s);
 	}
@@ -576,10 +597,10 @@ static int vm_remove_leftovers(const char *ref)
 static int vm_validate(struct cb_backend_options *o, json_t *j)
 {
 	(void)j;
-	if (o->net != CB_BACKEND_NET_NONE)
+	if (o->net != CB_BACKEND_NET_NONE && o->net != CB_BACKEND_NET_ALL)
 		return cb_error_set(EINVAL,
-				    "network %s: the vm backend has network none only (no "
-				    "NIC); use ns or docker",
+				    "network %s: the vm backend has network none (no NIC) or all "
+				    "(passt, the host's loopback out of reach); use ns or docker",
 				    cb_backend_net_name(o->net));
 	if (o->user)
 		return cb_error_set(EINVAL, "backend option user: the vm backend runs commands as "

@@ -49,6 +49,11 @@ struct vm_state {
 	int stopping;	  /* close began */
 	char *agent;	  /* the agent binary (its --client mode runs each command) */
 	char kernel[256]; /* what the agent's hello said */
+	/* network all (backends/vm_net.c) */
+	struct cb_exec *passt; /* passt under the runner; NULL: no NIC */
+	char net_dir[64];      /* /tmp/cowbox-net-XXXXXX, nobody's: passt.sock */
+	char net_sock[96];
+	char net_append[256]; /* the kernel command line's cowbox.net= and cowbox.dns= */
 };
 
 /* Start the relay thread over s->agent_fd (connected, the hello read) and s->listen_fd. */
@@ -85,6 +90,15 @@ int vm_find_agent(char **out);
 int vm_make_initrd(const char *agent, const char *path);
 /* SIGKILL the qemu a crashed daemon left in dir (its pid file; its command line names dir). */
 void vm_kill_leftover(const char *dir);
+
+/* ---- network all (backends/vm_net.c) ---- */
+
+/* Start passt for s (network all): the host's address, prefix and gateway for the guest (in
+ * s->net_append, for the agent), no port forwarded in, the host's loopback out of reach; it
+ * listens on s->net_sock for qemu's one connection and ends with it. */
+int vm_net_start(struct vm_state *s);
+/* End passt if it still runs and remove its socket's directory (idempotent). */
+void vm_net_stop(struct vm_state *s);
 
 /* The agent binary's --client mode: connect to the relay at sock as command id, then stdin
  * to the command, its output to 1 and 2, its exit code as ours. */

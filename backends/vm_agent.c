@@ -6,7 +6,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <arpa/inet.h>
 #include <net/if.h>
+#include <net/route.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -137,6 +140,105 @@ static void agent_loopback_up(void)
 	close(s);
 }
 
+static int agent_route(int s, const char *dev, struct in_addr dst, struct in_addr gw)
+{
+	struct rtentry rt = {0};
+	struct sockaddr_in *d = (struct sockaddr_in *)&rt.rt_dst,
+			   *g = (struct sockaddr_in *)&rt.rt_gateway,
+			   *m = (struct sockaddr_in *)&rt.rt_genmask;
+
+	d->sin_family = g->sin_family = m->sin_family = AF_INET;
+	d->sin_addr = dst;
+	rt.rt_dev = (char *)dev;
+	if (gw.s_addr) {
+		g->sin_addr = gw;
+		rt.rt_flags = RTF_UP | RTF_GATEWAY;
+	} else {
+		m->sin_addr.s_addr = 0xffffffff;
+		rt.rt_flags = RTF_UP | RTF_HOST;
+	}
+	return ioctl(s, SIOCADDRT, &rt) < 0 ? -errno : 0;
+}
+
+static int agent_ifreq_addr(int s, const char *dev, unsigned long req, in_addr_t a)
+{
+	struct ifreq ifr = {0};
+	struct sockaddr_in *sin = (struct sockaddr_in *)&ifr.ifr_addr;
+
+	snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", dev);
+	sin->sin_family = AF_INET;
+	sin->sin_addr.s_addr = a;
+	return ioctl(s, req, &ifr) < 0 ? -errno : 0;
+}
+
+/* Network all: the host's passt is behind the one NIC but lo (virtio-net); the host gave the
+ * guest's address, prefix and gateway (cowbox.net=A/P,G) and its name servers (cowbox.dns=A,B)
+ * on the kernel command line. No DHCP client: the guest is up as soon as the agent is. */
+static void agent_network(void)
+{
+	char cmd[4096] = "", addr[64], gw[64], dns[256] = "", *p;
+	struct if_nameindex *ifs = NULL;
+	const char *dev = NULL;
+	struct in_addr a, g, none = {0};
+	struct ifreq ifr = {0};
+	int prefix, s = -1, rc;
+	FILE *f = fopen("/proc/cmdline", "re");
+
+	if (f) {
+		if (!fgets(cmd, sizeof(cmd), f))
+			cmd[0] = 0;
+		fclose(f);
+	}
+	if (!(p = strstr(cmd, "cowbox.net=")) ||
+	    sscanf(p + 11, "%63[^/]/%d,%63[^ \n]", addr, &prefix, gw) != 3 ||
+	    inet_pton(AF_INET, addr, &a) != 1 || inet_pton(AF_INET, gw, &g) != 1 || prefix < 0 ||
+	    prefix > 32)
+		return; /* network none: no NIC */
+	if ((p = strstr(cmd, "cowbox.dns=")))
+		sscanf(p + 11, "%255[^ \n]", dns);
+	ifs = if_nameindex();
+	for (struct if_nameindex *i = ifs; i && i->if_index && !dev; i++)
+		if (strcmp(i->if_name, "lo"))
+			dev = i->if_name;
+	if (!dev) {
+		agent_log("network all: no NIC (virtio_net)");
+		goto out;
+	}
+	if ((s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)) < 0)
+		goto out;
+	snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", dev);
+	if ((rc = agent_ifreq_addr(s, dev, SIOCSIFADDR, a.s_addr)) < 0 ||
+	    (rc = agent_ifreq_addr(s, dev, SIOCSIFNETMASK,
+				   prefix ? htonl(~0u << (32 - prefix)) : 0)) < 0 ||
+	    (rc = ioctl(s, SIOCGIFFLAGS, &ifr) < 0 ? -errno : 0) < 0) {
+		agent_log("network all: %s: %s", dev, strerror(-rc));
+		goto out;
+	}
+	ifr.ifr_flags |= IFF_UP;
+	if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0)
+		agent_log("network all: %s up: %s", dev, strerror(errno));
+	/* a gateway outside the prefix (a /32 address) needs a route to itself first */
+	if ((rc = agent_route(s, dev, none, g)) == -ENETUNREACH &&
+	    agent_route(s, dev, g, none) == 0)
+		rc = agent_route(s, dev, none, g);
+	if (rc < 0)
+		agent_log("network all: default route via %s: %s", gw, strerror(-rc));
+	if (*dns) {
+		unlink("/etc/resolv.conf");
+		if ((f = fopen("/etc/resolv.conf", "we"))) {
+			for (char *save = NULL, *n = strtok_r(dns, ",", &save); n;
+			     n = strtok_r(NULL, ",", &save))
+				fprintf(f, "nameserver %s\n", n);
+			fclose(f);
+		}
+	}
+out:
+	if (s >= 0)
+		close(s);
+	if (ifs)
+		if_freenameindex(ifs);
+}
+
 /* The guest's tree: the host's root share read-only under a tmpfs overlay (the guest's own
  * /etc, mount points; gone with the VM, as a container's), the workspace share read-write at
  * /workspace (every write goes through the host's FUSE mount and its journal: no guest cache,
@@ -180,6 +282,7 @@ static int agent_boot(void)
 	}
 	sethostname("cowbox", 6);
 	agent_loopback_up();
+	agent_network();
 	return 0;
 }
 

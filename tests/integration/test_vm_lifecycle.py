@@ -1,11 +1,16 @@
 """The vm backend's lifecycle in one workspace, two boots: qemu starts on first use and goes
 with the workspace (a close from elsewhere ends a running command as unavailable and the
 background jobs with it), a later use boots a new VM by ref, an idle stop ends it too; what
-`cowbox info` says of the accelerator; the guest's writes go through the journal."""
+`cowbox info` says of the accelerator; the guest's writes go through the journal. Network:
+none has no NIC; all (a second workspace, one more boot) reaches a server on a host address
+that is not loopback, and neither the host's loopback nor through the gateway's address."""
 
 import asyncio
 import json
 import os
+import socket
+import subprocess
+import threading
 import time
 import unittest
 
@@ -39,6 +44,9 @@ class VmLifecycleTest(cbtest.CowboxTestCase):
                 self.assertEqual(r.exit_code, 0, r.stderr)
                 self.assertEqual(r.stdout.splitlines()[1], "hi")
                 self.assertNotEqual(r.stdout.splitlines()[0], os.uname().release)
+                # network none: no NIC, loopback only
+                r = await box.run(["ls", "/sys/class/net"])
+                self.assertEqual(r.stdout, "lo\n")
                 first = self.qemu_pid(ref)
                 self.assertTrue(first)
                 info = json.loads(self.cowbox("info", ref, "--json").stdout)
@@ -82,6 +90,89 @@ class VmLifecycleTest(cbtest.CowboxTestCase):
         boot = asyncio.run(asyncio.wait_for(main(), 400))
         print("vm boot + first command: %.1f s" % boot)
 
+    def test_network_all(self):
+        """network all: passt with --no-map-gw. A server on a host address that is not
+        loopback (a dummy interface's) answers the guest; the same server's twin on the host's
+        127.0.0.1 answers neither at 127.0.0.1 (the guest's own loopback) nor at the gateway's
+        address (qemu's slirp or a mapped gateway would reach it there)."""
+        addr = "10.251.78.%d" % (os.getpid() % 250 + 2)
+        dev = "cbvm%d" % (os.getpid() % 100000)  # and its peer, dev + "p": within 15 bytes
+        # a veth pair in the host's namespace: one end holds the address (no dummy module here)
+        subprocess.run(["ip", "link", "add", dev, "type", "veth", "peer", "name", dev + "p"],
+                       check=True)
+        self.addCleanup(subprocess.run, ["ip", "link", "del", dev], capture_output=True)
+        subprocess.run(["ip", "addr", "add", addr + "/32", "dev", dev], check=True)
+        for d in (dev, dev + "p"):
+            subprocess.run(["ip", "link", "set", d, "up"], check=True)
+        servers = []
+        for host in (addr, "127.0.0.1"):
+            srv = socket.create_server((host, 0))
+            self.addCleanup(srv.close)
+            servers.append(srv.getsockname()[1])
+
+            def serve(srv=srv, host=host):
+                while True:
+                    try:
+                        c, _ = srv.accept()
+                    except OSError:
+                        return
+                    with c:
+                        c.sendall(("hello from %s\n" % host).encode())
+            threading.Thread(target=serve, daemon=True).start()
+        gw = subprocess.run(["ip", "-4", "route", "show", "default"], capture_output=True,
+                            text=True).stdout.split()[2]
+        with open("/etc/resolv.conf") as f:
+            dns = [w[1] for w in (line.split() for line in f) if len(w) > 1 and
+                   w[0] == "nameserver" and not w[1].startswith("127.") and ":" not in w[1]]
+        probe = ("exec 3<>/dev/tcp/%s/%d && head -n1 <&3 || echo refused")
+        base = self.make_base({"README": "hi\n"})
+
+        async def main():
+            box = await cowbox.Sandbox.create(base, cowbox=cbtest.COWBOX, home=self.home,
+                                              backend="vm", network="all")
+            try:
+                r = await box.run(["ls", "/sys/class/net"])
+                self.assertEqual(r.exit_code, 0, r.stderr)
+                self.assertEqual(len(r.stdout.split()), 2, r.stdout)  # lo and the NIC
+                passt = self.passt_pids(self.daemon_pid(box.ref))
+                self.assertEqual(len(passt), 1, passt)
+                r = await box.run(["bash", "-c", probe % (addr, servers[0])], timeout=60)
+                self.assertEqual(r.stdout, "hello from %s\n" % addr, r.stderr)
+                for host in ("127.0.0.1", gw):
+                    r = await box.run(["bash", "-c", "timeout 10 bash -c '%s'"
+                                       % (probe % (host, servers[1]))], timeout=60)
+                    self.assertNotIn("hello", r.stdout, host)
+                r = await box.run(["cat", "/etc/resolv.conf"])
+                for ns in dns:
+                    self.assertIn("nameserver %s\n" % ns, r.stdout)
+            finally:
+                await box.close()
+            # passt goes with the VM
+            cbtest.wait_for(lambda: not any(cbtest.pid_alive(p) for p in passt), 15,
+                            what="passt to end")
+        asyncio.run(asyncio.wait_for(main(), 400))
+
+    @staticmethod
+    def ppid(pid):
+        with open("/proc/%s/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+
+    def passt_pids(self, daemon):
+        """The passt processes the daemon of pid daemon started (the runner's helper between
+        them)."""
+        pids = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    argv = f.read().split(b"\0")
+                if argv[0] != b"passt":
+                    continue
+                ppid = self.ppid(self.ppid(pid))
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == daemon:
+                pids.append(int(pid))
+        return pids
 
 if __name__ == "__main__":
     unittest.main()

@@ -563,8 +563,11 @@ static int vm_host_url(struct cb_backend *b, int port, char **url)
 	(void)b;
 	(void)port;
 	*url = NULL;
-	return cb_error_set(EOPNOTSUPP, "host_url: the vm backend's guest has no network to the "
-					"host (network none: no NIC)");
+	/* passt reaches the host's loopback only all at once (its gateway mapping, which
+	 * network all leaves off), not one port: one port needs a relay over the agent's port */
+	return cb_error_set(EOPNOTSUPP, "host_url: the vm backend's guest cannot reach the host's "
+					"loopback (network none: no NIC; all: passt without the "
+					"gateway mapped to the host); use ns or docker");
 }
 
 static void vm_close(struct cb_backend *b)
@@ -597,6 +600,14 @@ static int vm_remove_leftovers(const char *ref)
 static int vm_validate(struct cb_backend_options *o, json_t *j)
 {
 	(void)j;
+	/* public and allow: a guest with a NIC could route around the egress proxy (passt has
+	 * no per-destination filter), and without one it cannot reach the proxy */
+	if (o->net == CB_BACKEND_NET_PUBLIC || o->net == CB_BACKEND_NET_ALLOW)
+		return cb_error_set(EINVAL,
+				    "network %s: the vm backend cannot hold its guest to the "
+				    "egress proxy (no relay to it yet); use ns or docker, or "
+				    "network none or all",
+				    cb_backend_net_name(o->net));
 	if (o->net != CB_BACKEND_NET_NONE && o->net != CB_BACKEND_NET_ALL)
 		return cb_error_set(EINVAL,
 				    "network %s: the vm backend has network none (no NIC) or all "

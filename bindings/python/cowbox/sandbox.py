@@ -259,7 +259,8 @@ class Sandbox:
         engine's image (None: $COWBOX_DOCKER_IMAGE, else cowbox-debian:bookworm, which
         scripts/setup-podman builds); for vm a directory or image as for ns (None: the
         debootstrap tree scripts/setup-podman makes). backend "vm" boots a qemu VM under its
-        own kernel on first use (scripts/setup-vm), network "none" only. A bad image fails
+        own kernel on first use (scripts/setup-vm), network "none" or "all" (passt; no
+        host_url, public or allow). A bad image fails
         the create, naming it.
         shell is "sh" (the default) or "bash": what runs command strings and hooks. user
         (ns, docker) runs commands as that user inside: a name, a uid, or "NAME:GROUP".

@@ -17,12 +17,14 @@
 #include "cowbox/workspace.h"
 #include "util/beneath.h"
 
-extern const struct cb_backend_ops cb_backend_ns, cb_backend_local, cb_backend_docker;
+extern const struct cb_backend_ops cb_backend_ns, cb_backend_local, cb_backend_docker,
+    cb_backend_vm;
 
 static const struct cb_backend_ops *const backend_tables[] = {
     &cb_backend_ns,
     &cb_backend_local,
     &cb_backend_docker,
+    &cb_backend_vm,
 };
 
 #define N_BACKENDS (sizeof backend_tables / sizeof *backend_tables)

@@ -54,7 +54,7 @@ Test(backend, options_refuse_bad_input)
 {
 	static const char *const bad[] = {
 	    "[]",
-	    "{\"backend\":\"vm\"}",
+	    "{\"backend\":\"qemu\"}",
 	    "{\"bogus\":1}",
 	    "{\"env\":{\"A\":1}}",
 	    "{\"env\":{\"A=B\":\"x\"}}",
@@ -256,8 +256,8 @@ Test(backend, table_decides_per_backend)
 	char *wd = NULL;
 
 	cr_expect_str_eq(cb_backend_find(NULL)->name, "ns");
-	cr_expect_null(cb_backend_find("vm"));
-	cr_expect_str_eq(cb_backend_kinds(), "ns, local or docker");
+	cr_expect_null(cb_backend_find("qemu"));
+	cr_expect_str_eq(cb_backend_kinds(), "ns, local, docker or vm");
 	cr_assert_eq(cb_backend_workdir("ns", "/m", "sub", &wd), 0);
 	cr_expect_str_eq(wd, "/workspace/sub");
 	free(wd);
@@ -267,7 +267,10 @@ Test(backend, table_decides_per_backend)
 	cr_assert_eq(cb_backend_workdir("local", "/m", "sub", &wd), 0);
 	cr_expect_str_eq(wd, "/m/sub");
 	free(wd);
-	cr_expect_eq(cb_backend_workdir("vm", "/m", NULL, &wd), -EINVAL);
+	cr_assert_eq(cb_backend_workdir("vm", "/m", "sub", &wd), 0);
+	cr_expect_str_eq(wd, "/workspace/sub");
+	free(wd);
+	cr_expect_eq(cb_backend_workdir("qemu", "/m", NULL, &wd), -EINVAL);
 	cr_expect_null(wd);
 	/* each backend's validate: what it cannot enforce */
 	static const char *const refused[] = {"{\"backend\":\"local\",\"memory_mb\":64}",
@@ -275,11 +278,24 @@ Test(backend, table_decides_per_backend)
 					      "{\"backend\":\"local\",\"network\":\"all\"}",
 					      "{\"backend\":\"docker\",\"image\":\"-x\"}",
 					      "{\"backend\":\"docker\",\"privileged\":true}",
-					      "{\"backend\":\"ns\",\"image\":\"\"}"};
+					      "{\"backend\":\"ns\",\"image\":\"\"}",
+					      "{\"backend\":\"vm\",\"network\":\"host\"}",
+					      "{\"backend\":\"vm\",\"network\":\"public\"}",
+					      "{\"backend\":\"vm\",\"user\":\"1\"}",
+					      "{\"backend\":\"vm\",\"privileged\":true}"};
 	for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
 		json_t *j = json_loads(refused[i], 0, NULL);
 
 		cr_expect_eq(cb_backend_options_from_json(j, &o), -EINVAL, "%s", refused[i]);
+		json_decref(j);
+	}
+	/* vm's network all is passt's (backends/vm_net.c) */
+	{
+		json_t *j = json_loads("{\"backend\":\"vm\",\"network\":\"all\"}", 0, NULL);
+
+		cr_expect_eq(cb_backend_options_from_json(j, &o), 0, "%s", cb_error_message());
+		cr_expect_eq(o.net, CB_BACKEND_NET_ALL);
+		cb_backend_options_free(&o);
 		json_decref(j);
 	}
 	o.kind = "local";
@@ -309,6 +325,9 @@ Test(backend, join_in_this_process)
 	cb_exec_free(h);
 	cb_backend_free(b);
 	b = open_with("{\"backend\":\"docker\"}");
+	cr_expect_eq(cb_backend_join(b, -1), -EOPNOTSUPP);
+	cb_backend_free(b);
+	b = open_with("{\"backend\":\"vm\"}");
 	cr_expect_eq(cb_backend_join(b, -1), -EOPNOTSUPP);
 	cb_backend_free(b);
 }

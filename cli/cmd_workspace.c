@@ -600,6 +600,8 @@ int cmd_info(int argc, char **argv)
 		if (net) {
 			json_object_set_new(j, "backend", json_string(kind));
 			json_object_set_new(j, "network", json_string(net));
+			if (!strcmp(kind, "vm"))
+				json_object_set_new(j, "accel", json_string(cb_backend_vm_accel()));
 			if (allow)
 				json_object_set_new(j, "allow", allow);
 			json_object_set_new(j, "image", image ? json_string(image) : json_null());
@@ -625,7 +627,9 @@ int cmd_info(int argc, char **argv)
 	printf("upper size:  %s\n", cli_size(i.upper_bytes, size, sizeof(size)));
 	printf("blob store:  %lld blobs, %s\n", nblobs, cli_size(blob_bytes, size, sizeof(size)));
 	if (net)
-		printf("backend:     %s, network %s\n", kind, net);
+		printf("backend:     %s, network %s%s%s\n", kind, net,
+		       !strcmp(kind, "vm") ? ", accel " : "",
+		       !strcmp(kind, "vm") ? cb_backend_vm_accel() : "");
 	if (image)
 		printf("image:       %s\n", image);
 	else if (kind && cb_backend_find(kind) && cb_backend_find(kind)->image_root)

@@ -40,3 +40,7 @@ EXTRA_DIST += tests/integration/ociutil.py
 # the one error table (C and Python)
 TESTS += tests/integration/test_public_api.py tests/integration/test_api_requests.py \
 	bindings/python/tests/test_errors.py
+# the vm backend: its guest agent over its frames outside a VM; the conformance suite on one
+# shared VM, and its lifecycle (two boots; each boot is tens of seconds under TCG)
+TESTS += tests/integration/test_vm_agent.py tests/integration/test_vm_conformance.py \
+	tests/integration/test_vm_lifecycle.py

@@ -1,5 +1,6 @@
 /* Backends (backends/): where a workspace's commands run: ns (the namespace sandbox), local (a
- * host subprocess) or docker (one long-lived container, the docker CLI only). One table each. */
+ * host subprocess), docker (one long-lived container, the docker CLI only) or vm (a qemu VM
+ * under its own kernel). One table each. */
 #ifndef COWBOX_BACKEND_H
 #define COWBOX_BACKEND_H
 
@@ -80,7 +81,7 @@ struct cb_backend_volume {
  * (timeout, pids, memory_mb, disk_mb, disk_inodes) are turned off by CB_BACKEND_NO_LIMIT (a
  * negative timeout). */
 struct cb_backend_options {
-	char *kind;		   /* "ns" (default), "local" or "docker" */
+	char *kind;		   /* "ns" (default), "local", "docker" or "vm" */
 	char **env;		   /* "K=V", NULL-terminated: every command gets these, on top of a
 				      minimal PATH/HOME/LANG (ns, docker) or the host's environment
 				      without credentials (local); nothing else */
@@ -291,6 +292,10 @@ int cb_backend_remove_leftovers(const char *ref_or_name);
 
 /* The table of a backend kind (NULL: the default, ns); NULL if there is none by that name. */
 const struct cb_backend_ops *cb_backend_find(const char *kind);
+
+/* The vm backend's accelerator on this host: "kvm" when /dev/kvm opens and makes a VM, else
+ * "tcg" (qemu's software emulation); what `cowbox info` says. */
+const char *cb_backend_vm_accel(void);
 
 /* The kinds there are, as "ns, local or docker" (for messages). */
 const char *cb_backend_kinds(void);

@@ -168,7 +168,7 @@ class ApiTest(cbtest.CowboxTestCase):
         other = self.create(self.base)
         self.mount(other)
         c2 = self.client(other)
-        self.err("configure", "invalid_request", c=c2, options={"backend": "vm"})
+        self.err("configure", "invalid_request", c=c2, options={"backend": "qemu"})
         self.err("configure", "invalid_request", c=c2, options={"bogus": 1})
         self.err("configure", "invalid_request", c=c2, options={"working_dir": "/abs"})
         r = self.ok("configure", c=c2, options={"backend": "local", "env": {"K": "v"},

@@ -257,7 +257,11 @@ class Sandbox:
         never pulled), unpacked once into a root cached under COWBOX_HOME/images that later
         workspaces of the same image reuse (None: the host's /usr, /etc, ...); for docker the
         engine's image (None: $COWBOX_DOCKER_IMAGE, else cowbox-debian:bookworm, which
-        scripts/setup-podman builds). A bad image fails the create, naming it.
+        scripts/setup-podman builds); for vm a directory or image as for ns (None: the
+        debootstrap tree scripts/setup-podman makes). backend "vm" boots a qemu VM under its
+        own kernel on first use (scripts/setup-vm), network "none" or "all" (passt; no
+        host_url, public or allow). A bad image fails
+        the create, naming it.
         shell is "sh" (the default) or "bash": what runs command strings and hooks. user
         (ns, docker) runs commands as that user inside: a name, a uid, or "NAME:GROUP".
         background "keep" (the default) lets jobs a command starts with &, nohup or setsid

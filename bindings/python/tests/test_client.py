@@ -239,7 +239,7 @@ class ClientTest(cbtest.CowboxTestCase):
 
     def test_bad_options_leave_nothing(self):
         async def go():
-            for bad in ({"backend": "vm"}, {"network": "some"}, {"working_dir": "../x"}):
+            for bad in ({"backend": "qemu"}, {"network": "some"}, {"working_dir": "../x"}):
                 with self.assertRaises(cowbox.InvalidRequestError, msg=bad):
                     await self.new_box(**bad)
             wsroot = os.path.join(self.home, "workspaces")

@@ -1,0 +1,177 @@
+"""The vm backend's guest agent (backends/cb-vm-agent) driven over its frames, outside a VM
+(--stdio): the runner's contract as the guest keeps it, concurrency, and malformed input."""
+
+import json
+import os
+import struct
+import subprocess
+import threading
+import time
+import unittest
+
+BUILD = os.environ.get("COWBOX_BUILDDIR", ".")
+AGENT = os.path.join(BUILD, "backends", "cb-vm-agent")
+ENV = ["PATH=/usr/local/bin:/usr/bin:/bin"]
+
+
+def frame(fid, kind, payload=b""):
+    return struct.pack("<IIB", len(payload) + 5, fid, ord(kind)) + payload
+
+
+class Agent:
+    """One agent process; frames from it are sorted per command id by a reader thread."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([AGENT, "--stdio"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.lock = threading.Condition()
+        self.frames = {}
+        self.eof = False
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        f = self.proc.stdout
+        while True:
+            head = f.read(9)
+            if len(head) < 9:
+                break
+            n, fid, kind = struct.unpack("<IIB", head)
+            payload = f.read(n - 5)
+            with self.lock:
+                self.frames.setdefault(fid, []).append((chr(kind), payload))
+                self.lock.notify_all()
+        with self.lock:
+            self.eof = True
+            self.lock.notify_all()
+
+    def send(self, data):
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def run(self, fid, spec, stdin=None):
+        self.send(frame(fid, "R", json.dumps(dict({"env": ENV}, **spec)).encode()))
+        if stdin is not None:
+            self.send(frame(fid, "I", stdin) + frame(fid, "E"))
+
+    def result(self, fid, timeout=30):
+        """(last frame's kind, its JSON or message, stdout bytes, stderr bytes)."""
+        end = time.monotonic() + timeout
+        with self.lock:
+            while not any(k in "XF" for k, _ in self.frames.get(fid, [])):
+                left = end - time.monotonic()
+                if left <= 0 or self.eof:
+                    raise AssertionError(f"no end frame for {fid}: {self.frames.get(fid)}")
+                self.lock.wait(left)
+            got = self.frames.pop(fid)
+        out = b"".join(p for k, p in got if k == "O")
+        err = b"".join(p for k, p in got if k == "e")
+        kind, last = got[-1]
+        return kind, (json.loads(last) if kind == "X" else last.decode()), out, err
+
+    def close(self):
+        if self.proc.stdin and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        rc = self.proc.wait(30)
+        self.reader.join(5)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        return rc
+
+
+class AgentTest(unittest.TestCase):
+    def setUp(self):
+        self.agent = Agent()
+        self.addCleanup(self.agent.close)
+        with self.agent.lock:
+            while 0 not in self.agent.frames:
+                self.agent.lock.wait(10)
+        kind, hello = self.agent.frames.pop(0)[0]
+        self.assertEqual(kind, "H")
+        self.assertIn("kernel", json.loads(hello))
+
+    def run_one(self, fid, spec, stdin=None):
+        self.agent.run(fid, spec, stdin)
+        return self.agent.result(fid)
+
+    def test_exit_codes_and_streams(self):
+        kind, res, out, err = self.run_one(1, {"shell": "echo out; echo err >&2; exit 3"})
+        self.assertEqual((kind, res["exit_code"], out, err), ("X", 3, b"out\n", b"err\n"))
+        kind, res, _, err = self.run_one(2, {"argv": ["no-such-program-here"]})
+        self.assertEqual(res["exit_code"], 127)
+        self.assertIn(b"not found", err)
+        _, res, _, _ = self.run_one(3, {"shell": "kill -TERM $$"})
+        self.assertEqual((res["exit_code"], res["term_signal"]), (143, 15))
+
+    def test_env_and_cwd_are_exactly_given(self):
+        _, res, out, _ = self.run_one(1, {"argv": ["sh", "-c", "pwd; env | sort"],
+                                          "env": ENV + ["A=1"], "cwd": "/tmp"})
+        lines = out.decode().splitlines()
+        self.assertEqual(lines[0], "/tmp")
+        self.assertIn("A=1", lines)
+        self.assertNotIn("HOME", out.decode())  # nothing of the agent's own environment
+
+    def test_timeout_kills_the_tree(self):
+        marker = f"/tmp/cbvm-{os.getpid()}-{time.monotonic_ns()}"
+        t = time.monotonic()
+        _, res, _, _ = self.run_one(1, {"shell": f"(sleep 3; touch {marker}) & sleep 30",
+                                        "timeout": 0.5, "grace": 0.5})
+        self.assertEqual((res["exit_code"], res["timed_out"]), (124, True))
+        self.assertLess(time.monotonic() - t, 5)
+        time.sleep(3.5)
+        self.assertFalse(os.path.exists(marker), "a background job outlived the timeout")
+
+    def test_background_jobs_do_not_hold_the_call(self):
+        t = time.monotonic()
+        _, res, _, _ = self.run_one(1, {"shell": "sleep 30 & exit 0"})
+        self.assertEqual(res["exit_code"], 0)
+        self.assertLess(time.monotonic() - t, 4)  # within 2 s of exit, as every backend
+
+    def test_stdin_stream_and_kill(self):
+        _, res, out, _ = self.run_one(1, {"argv": ["cat"], "stdin": True}, stdin=b"x" * 300000)
+        self.assertEqual((res["exit_code"], len(out)), (0, 300000))
+        self.agent.run(2, {"argv": ["sleep", "30"]})
+        time.sleep(0.3)
+        self.agent.send(frame(2, "K", bytes([9])))
+        _, res, _, _ = self.agent.result(2)
+        self.assertEqual(res["exit_code"], 137)
+
+    def test_output_cap(self):
+        _, res, out, _ = self.run_one(1, {"shell": "head -c 30000000 /dev/zero",
+                                          "output_limit": 1 << 20})
+        self.assertTrue(res["output_limited"])
+        self.assertLess(len(out), 3 << 20)
+
+    def test_commands_run_at_once(self):
+        t = time.monotonic()
+        for i in range(8):
+            self.agent.run(10 + i, {"shell": f"sleep 1; echo {i}"})
+        outs = [self.agent.result(10 + i)[2] for i in range(8)]
+        self.assertEqual(outs, [f"{i}\n".encode() for i in range(8)])
+        self.assertLess(time.monotonic() - t, 6)
+
+    def test_bad_requests_are_answered_and_the_agent_serves_on(self):
+        self.agent.send(frame(1, "R", b"{not json"))
+        self.assertEqual(self.agent.result(1)[0], "F")
+        self.agent.send(frame(2, "R", b'{"argv": [], "env": []}'))
+        self.assertEqual(self.agent.result(2)[0], "F")
+        self.agent.send(frame(3, "R", b'{"argv": [1, 2]}'))
+        self.assertEqual(self.agent.result(3)[0], "F")
+        self.agent.send(frame(99, "I", b"to nobody") + frame(99, "K", b"\x09"))
+        self.assertEqual(self.run_one(4, {"argv": ["true"]})[1]["exit_code"], 0)
+
+    def test_an_oversized_frame_ends_the_agent_cleanly(self):
+        self.agent.send(struct.pack("<IIB", 1 << 30, 1, ord("R")))
+        self.agent.proc.stdin.close()
+        self.assertEqual(self.agent.close(), 1)
+
+    def test_end_of_input_ends_every_command(self):
+        self.agent.run(1, {"argv": ["sleep", "60"]})
+        time.sleep(0.3)
+        t = time.monotonic()
+        self.assertEqual(self.agent.close(), 0)
+        self.assertLess(time.monotonic() - t, 10)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,178 @@
+"""The vm backend's lifecycle in one workspace, two boots: qemu starts on first use and goes
+with the workspace (a close from elsewhere ends a running command as unavailable and the
+background jobs with it), a later use boots a new VM by ref, an idle stop ends it too; what
+`cowbox info` says of the accelerator; the guest's writes go through the journal. Network:
+none has no NIC; all (a second workspace, one more boot) reaches a server on a host address
+that is not loopback, and neither the host's loopback nor through the gateway's address."""
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+import unittest
+
+import cbtest
+import cowbox
+from test_vm_conformance import READY
+
+
+@unittest.skipUnless(READY, "no VM kernel, modules, root tree or qemu (scripts/setup-vm)")
+class VmLifecycleTest(cbtest.CowboxTestCase):
+    def qemu_pid(self, ref):
+        try:
+            with open(os.path.join(self.ws_dir(ref), "vm", "qemu.pid")) as f:
+                pid = int(f.read().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+        return pid if cbtest.pid_alive(pid) else 0
+
+    def test_boot_close_reattach_idle(self):
+        base = self.make_base({"README": "hi\n"})
+
+        async def main():
+            box = await cowbox.Sandbox.create(base, cowbox=cbtest.COWBOX, home=self.home,
+                                              backend="vm", idle_timeout=2)
+            ref = box.ref
+            try:
+                self.assertEqual(self.qemu_pid(ref), 0)  # nothing boots before first use
+                t0 = time.monotonic()
+                r = await box.run(["sh", "-c", "uname -r; cat README; echo guest > g.txt"])
+                boot = time.monotonic() - t0
+                self.assertEqual(r.exit_code, 0, r.stderr)
+                self.assertEqual(r.stdout.splitlines()[1], "hi")
+                self.assertNotEqual(r.stdout.splitlines()[0], os.uname().release)
+                # network none: no NIC, loopback only
+                r = await box.run(["ls", "/sys/class/net"])
+                self.assertEqual(r.stdout, "lo\n")
+                first = self.qemu_pid(ref)
+                self.assertTrue(first)
+                info = json.loads(self.cowbox("info", ref, "--json").stdout)
+                self.assertIn(info["accel"], ("kvm", "tcg"))
+                # the guest's write went through the FUSE mount: a snapshot records it
+                self.assertIn("g.txt", await box.snapshot())
+                # a background job ticks; a command runs when the workspace is closed
+                await box.run("while :; do date +%s%N > tick; sleep 0.2; done "
+                              ">/dev/null 2>&1 &")
+                run = asyncio.ensure_future(box.run(["sh", "-c", "echo up > up.txt; sleep 60"]))
+                for _ in range(600):
+                    try:
+                        if await box.read("up.txt") == b"up\n":
+                            break
+                    except cowbox.WorkspaceNotFoundError:
+                        pass
+                    await asyncio.sleep(0.05)
+                other = await cowbox.Sandbox.attach(ref, cowbox=cbtest.COWBOX, home=self.home)
+                t0 = time.monotonic()
+                await other.close()
+                with self.assertRaises(cowbox.WorkspaceUnavailableError):
+                    await run
+                self.assertLess(time.monotonic() - t0, 30)
+                cbtest.wait_for(lambda: not cbtest.pid_alive(first), 15, what="qemu to end")
+                # reattach by ref: a new daemon boots a new VM; the job ended with the old
+                box = await cowbox.Sandbox.attach(ref, cowbox=cbtest.COWBOX, home=self.home)
+                t1 = await box.read("tick")
+                r = await box.run(["cat", "up.txt", "g.txt"])
+                self.assertEqual(r.stdout, "up\nguest\n")
+                second = self.qemu_pid(ref)
+                self.assertTrue(second and second != first)
+                self.assertEqual(await box.read("tick"), t1)
+                # idle stop: no client, the daemon and its VM go, the disk stays
+                pid = self.daemon_pid(ref)
+                await box.detach()
+                cbtest.wait_for(lambda: not cbtest.pid_alive(pid), 30, what="idle stop")
+                cbtest.wait_for(lambda: not cbtest.pid_alive(second), 15, what="qemu to end")
+                return boot
+            finally:
+                await box.close()
+        boot = asyncio.run(asyncio.wait_for(main(), 400))
+        print("vm boot + first command: %.1f s" % boot)
+
+    def test_network_all(self):
+        """network all: passt with --no-map-gw. A server on a host address that is not
+        loopback (a dummy interface's) answers the guest; the same server's twin on the host's
+        127.0.0.1 answers neither at 127.0.0.1 (the guest's own loopback) nor at the gateway's
+        address (qemu's slirp or a mapped gateway would reach it there)."""
+        addr = "10.251.78.%d" % (os.getpid() % 250 + 2)
+        dev = "cbvm%d" % (os.getpid() % 100000)  # and its peer, dev + "p": within 15 bytes
+        # a veth pair in the host's namespace: one end holds the address (no dummy module here)
+        subprocess.run(["ip", "link", "add", dev, "type", "veth", "peer", "name", dev + "p"],
+                       check=True)
+        self.addCleanup(subprocess.run, ["ip", "link", "del", dev], capture_output=True)
+        subprocess.run(["ip", "addr", "add", addr + "/32", "dev", dev], check=True)
+        for d in (dev, dev + "p"):
+            subprocess.run(["ip", "link", "set", d, "up"], check=True)
+        servers = []
+        for host in (addr, "127.0.0.1"):
+            srv = socket.create_server((host, 0))
+            self.addCleanup(srv.close)
+            servers.append(srv.getsockname()[1])
+
+            def serve(srv=srv, host=host):
+                while True:
+                    try:
+                        c, _ = srv.accept()
+                    except OSError:
+                        return
+                    with c:
+                        c.sendall(("hello from %s\n" % host).encode())
+            threading.Thread(target=serve, daemon=True).start()
+        gw = subprocess.run(["ip", "-4", "route", "show", "default"], capture_output=True,
+                            text=True).stdout.split()[2]
+        with open("/etc/resolv.conf") as f:
+            dns = [w[1] for w in (line.split() for line in f) if len(w) > 1 and
+                   w[0] == "nameserver" and not w[1].startswith("127.") and ":" not in w[1]]
+        probe = ("exec 3<>/dev/tcp/%s/%d && head -n1 <&3 || echo refused")
+        base = self.make_base({"README": "hi\n"})
+
+        async def main():
+            box = await cowbox.Sandbox.create(base, cowbox=cbtest.COWBOX, home=self.home,
+                                              backend="vm", network="all")
+            try:
+                r = await box.run(["ls", "/sys/class/net"])
+                self.assertEqual(r.exit_code, 0, r.stderr)
+                self.assertEqual(len(r.stdout.split()), 2, r.stdout)  # lo and the NIC
+                passt = self.passt_pids(self.daemon_pid(box.ref))
+                self.assertEqual(len(passt), 1, passt)
+                r = await box.run(["bash", "-c", probe % (addr, servers[0])], timeout=60)
+                self.assertEqual(r.stdout, "hello from %s\n" % addr, r.stderr)
+                for host in ("127.0.0.1", gw):
+                    r = await box.run(["bash", "-c", "timeout 10 bash -c '%s'"
+                                       % (probe % (host, servers[1]))], timeout=60)
+                    self.assertNotIn("hello", r.stdout, host)
+                r = await box.run(["cat", "/etc/resolv.conf"])
+                for ns in dns:
+                    self.assertIn("nameserver %s\n" % ns, r.stdout)
+            finally:
+                await box.close()
+            # passt goes with the VM
+            cbtest.wait_for(lambda: not any(cbtest.pid_alive(p) for p in passt), 15,
+                            what="passt to end")
+        asyncio.run(asyncio.wait_for(main(), 400))
+
+    @staticmethod
+    def ppid(pid):
+        with open("/proc/%s/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+
+    def passt_pids(self, daemon):
+        """The passt processes the daemon of pid daemon started (the runner's helper between
+        them)."""
+        pids = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    argv = f.read().split(b"\0")
+                if argv[0] != b"passt":
+                    continue
+                ppid = self.ppid(self.ppid(pid))
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == daemon:
+                pids.append(int(pid))
+        return pids
+
+if __name__ == "__main__":
+    unittest.main()

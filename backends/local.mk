@@ -24,7 +24,7 @@ noinst_PROGRAMS += backends/cb-vm-agent
 backends_cb_vm_agent_SOURCES = backends/vm_agent.c backends/vm_client.c backends/vm.h \
 	backends/vm_frame.c backends/vm_frame.h \
 	$(exec_libcb_exec_la_SOURCES) util/error.c util/grow.c util/beneath.c util/beneath.h \
-	util/smallfile.c util/smallfile.h
+	util/smallfile.c util/smallfile.h util/fdio.c util/fdio.h
 backends_cb_vm_agent_CFLAGS = -std=gnu11 -Wall -Wextra -Werror -pthread -O2 $(JANSSON_CFLAGS)
 backends_cb_vm_agent_LDFLAGS = -all-static -pthread
 backends_cb_vm_agent_LDADD = -ljansson -lseccomp

@@ -12,26 +12,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "util/fdio.h"
 #include "vm.h"
 #include "vm_frame.h"
 
 static int client_fd = -1;
 static uint32_t client_id;
-
-static int write_all(int fd, const void *buf, size_t len)
-{
-	while (len > 0) {
-		ssize_t n = write(fd, buf, len);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return -1;
-		buf = (const char *)buf + n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
 
 /* Our stdin, as the command's: frames until end of file, then the end frame. The relay
  * serialises nothing of ours, so this thread is the socket's only writer. */
@@ -71,7 +57,7 @@ int cb_vm_client_main(const char *sock, const char *id)
 	memcpy(sa.sun_path, sock, strlen(sock) + 1);
 	if ((client_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
 	    connect(client_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-	    write_all(client_fd, &client_id, sizeof(client_id)) < 0) {
+	    cb_fd_write_all(client_fd, &client_id, sizeof(client_id)) < 0) {
 		fprintf(stderr, "cowbox: the VM's relay at %s: %s\n", sock, strerror(errno));
 		return 255;
 	}
@@ -91,7 +77,7 @@ int cb_vm_client_main(const char *sock, const char *id)
 		}
 		if (type == CB_VM_STDOUT || type == CB_VM_STDERR) {
 			/* a closed output is the runner stopping us: the command goes with us */
-			if (write_all(type == CB_VM_STDOUT ? 1 : 2, buf, len) < 0)
+			if (cb_fd_write_all(type == CB_VM_STDOUT ? 1 : 2, buf, len) < 0)
 				code = 255;
 		} else if (type == CB_VM_EXIT) {
 			json_t *o = json_loads(buf, 0, NULL);

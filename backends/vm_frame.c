@@ -8,6 +8,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "util/fdio.h"
 #include "vm_frame.h"
 
 static void put_u32(unsigned char *p, uint32_t v)
@@ -21,25 +22,6 @@ static void put_u32(unsigned char *p, uint32_t v)
 static uint32_t get_u32(const unsigned char *p)
 {
 	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-/* Read exactly len bytes; a virtio-serial port and a socket both return short reads. */
-static int read_full(int fd, void *buf, size_t len)
-{
-	size_t got = 0;
-
-	while (got < len) {
-		ssize_t n = read(fd, (char *)buf + got, len - got);
-
-		if (n == 0)
-			return -EPIPE;
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -errno;
-		got += (size_t)n;
-	}
-	return 0;
 }
 
 /* See vm_frame.h. */
@@ -89,7 +71,7 @@ int cb_vm_frame_read(int fd, uint32_t *id, uint8_t *type, char **payload, size_t
 
 	*payload = NULL;
 	*len = 0;
-	if ((rc = read_full(fd, head, sizeof(head))) < 0)
+	if ((rc = cb_fd_read_full(fd, head, sizeof(head))) < 0)
 		return rc;
 	size = get_u32(head);
 	if (size < 5 || size - 5 > CB_VM_FRAME_MAX)
@@ -98,7 +80,7 @@ int cb_vm_frame_read(int fd, uint32_t *id, uint8_t *type, char **payload, size_t
 	*type = head[8];
 	if (!(buf = malloc(size - 5 + 1)))
 		return -ENOMEM;
-	if ((rc = read_full(fd, buf, size - 5)) < 0) {
+	if ((rc = cb_fd_read_full(fd, buf, size - 5)) < 0) {
 		free(buf);
 		return rc;
 	}

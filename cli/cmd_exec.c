@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cmd_common.h"
+#include "util/fdio.h"
 #include "commands.h"
 #include "cowbox/access.h"
 #include "cowbox/backend.h"
@@ -296,24 +297,10 @@ static int workspace_dir(const struct cli_exec_opts *o, char **dir, char **name,
 	return 0;
 }
 
-static int write_all(int fd, const void *buf, size_t len)
-{
-	while (len) {
-		ssize_t n = write(fd, buf, len);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return -1;
-		buf = (const char *)buf + n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
 int cli_exec_forward(void *arg, int stream, const void *buf, size_t len)
 {
 	(void)arg;
-	write_all(stream == 2 ? 2 : 1, buf, len);
+	cb_fd_write_all(stream == 2 ? 2 : 1, buf, len);
 	return 0; /* a closed stdout here must not stop the command */
 }
 

@@ -1,7 +1,7 @@
 # util: the lowest layer (error messages, path rules); everything may use it.
 noinst_LTLIBRARIES += util/libcb_util.la
 util_libcb_util_la_SOURCES = util/error.c util/grow.c util/beneath.h util/beneath.c util/beneath_tree.c \
-	util/smallfile.h util/smallfile.c \
+	util/smallfile.h util/smallfile.c util/fdio.h util/fdio.c \
 	util/lock.h util/lock.c
 COWBOX_LAYERS += util/libcb_util.la
 noinst_HEADERS += include/cowbox/grow.h

@@ -1,7 +1,7 @@
 """The backend conformance suite on the vm backend. A boot under TCG (no KVM on CI) costs
 tens of seconds, so the cases with the common options share one workspace and its VM,
 booted once for the class; a case that needs other options boots a VM of its own, which is
-destroyed with the case (about ten boots in all)."""
+destroyed with the case (seven boots in all; SKIPPED says what stays out and why)."""
 
 import asyncio
 import os

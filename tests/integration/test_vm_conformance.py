@@ -1,6 +1,7 @@
 """The backend conformance suite on the vm backend. A boot under TCG (no KVM on CI) costs
-tens of seconds, so the cases share one workspace and its VM, booted once for the class;
-the cases that need a workspace of other options are skipped, each saying why."""
+tens of seconds, so the cases with the common options share one workspace and its VM,
+booted once for the class; a case that needs other options boots a VM of its own, which is
+destroyed with the case (seven boots in all; SKIPPED says what stays out and why)."""
 
 import asyncio
 import os
@@ -18,8 +19,30 @@ READY = all(os.path.exists(os.path.join(CACHE, p)) for p in
     shutil.which("qemu-system-x86_64")
 
 SHARED_OPTIONS = {"env": {"FROM_OPTIONS": "yes"}}
-OWN_OPTIONS = ("needs a workspace of its own options: one more VM boot (tens of seconds under "
-               "TCG) is over this file's budget; the options themselves are backend-independent")
+BUDGET = ("one more VM boot (~30 s under TCG) over this file's budget of ~5 min; its options "
+          "are backend-independent and other cases here boot a VM of their own options")
+# Cases that stay skipped, each with why: the budget, or a vm bug named as found.
+SKIPPED = {
+    "test_shell_option": BUDGET,
+    "test_hooks_run_at_create_as_the_baseline": BUDGET + " (it passes on vm: 2 boots)",
+    "test_idle_stop_keeps_the_disk": BUDGET + " (it passes on vm; test_vm_lifecycle covers "
+                                     "the idle stop too)",
+    "test_persistent_home": "two more boots over the budget, and its per-command "
+                            "user=\"nobody\" is refused on vm (\"user: the vm backend runs "
+                            "commands as the guest's root\")",
+    "test_background_jobs_outlive_their_command":
+        "vm bug: a job that keeps writing to its command's stdout/stderr after the command "
+        "returned never finishes (chatty.txt is not written within 10 s); expected it to run "
+        "on as on ns and local",
+    "test_image_env_and_user":
+        "vm bug: the image's config is ignored: Env MARK=image is not set and User nobody "
+        "is not applied nor refused (commands print 'option' and 'root'); expected "
+        "'image option' and the user refused at create as the user option is",
+    "test_memory_cap":
+        "vm: a command outgrowing memory_mb=256 (a 600 MB shell string) is neither OOM-killed "
+        "nor done in 120 s under TCG: it times out (124, oom_killed false), expected 137; "
+        "whether the guest thrashes or TCG is that slow is not yet known",
+}
 
 
 @unittest.skipUnless(READY, "no VM kernel, modules or root tree in %s (scripts/setup-vm, "
@@ -59,14 +82,26 @@ class VmConformance(Conformance, cbtest.CowboxTestCase):
             super().tearDownClass()
 
     def setUp(self):
+        why = SKIPPED.get(self._testMethodName)
+        if why:
+            self.skipTest(why)
         super().setUp()
         self.own_home = self.home
         self.home = self.shared_home
         self.env["COWBOX_HOME"] = self.shared_home
 
     def _cleanup(self):
-        self.home = self.own_home  # the shared workspace outlives the case
-        super()._cleanup()
+        # the shared workspace outlives the case; a workspace of the case's own options
+        # (left running if the case failed) does not
+        async def destroy(refs):
+            for ref in refs:
+                await cowbox.Sandbox.destroy(ref, cowbox=cbtest.COWBOX, home=self.shared_home)
+        wsroot = os.path.join(self.shared_home, "workspaces")
+        try:
+            asyncio.run(destroy([r for r in os.listdir(wsroot) if r != self.shared_ref]))
+        finally:
+            self.home = self.own_home
+            super()._cleanup()
 
     def run_with(self, body, **options):
         refused = [k for k in ("user", "volumes") if k in options]
@@ -82,7 +117,8 @@ class VmConformance(Conformance, cbtest.CowboxTestCase):
                           "commands as root and shares only the workspace and home"
                           % ", ".join(refused))
         if options != SHARED_OPTIONS:
-            self.skipTest(OWN_OPTIONS)
+            # a VM of the case's own, destroyed by _cleanup (a case may reattach it first)
+            return Conformance.run_with(self, body, **options)
 
         async def main():
             box = await cowbox.Sandbox.attach(self.shared_ref, cowbox=cbtest.COWBOX,
@@ -92,15 +128,6 @@ class VmConformance(Conformance, cbtest.CowboxTestCase):
             finally:
                 await box.detach()
         return asyncio.run(main())
-
-    async def _create(self, **opts):
-        self.skipTest(OWN_OPTIONS)
-
-    def test_in_place(self):
-        self.skipTest("an in-place workspace is one more VM boot; " + OWN_OPTIONS)
-
-    def test_cli_exec_matches_the_api(self):
-        self.skipTest("its workspace has a working_dir of its own; " + OWN_OPTIONS)
 
     def test_host_url(self):
         self.skipTest("host_url: the vm backend's guest cannot reach the host's loopback (none: no "
@@ -113,16 +140,16 @@ class VmConformance(Conformance, cbtest.CowboxTestCase):
             self.assertEqual(r.stdout.split()[1:], ["lo"])
         self.arun(body)
 
-    def test_close_from_elsewhere_ends_a_command_as_unavailable(self):
-        self.skipTest("it stops the shared VM and boots another (tens of seconds under TCG); "
-                      "test_vm_lifecycle covers a stop under a running command")
 
-    def test_background_jobs_outlive_their_command(self):
-        self.skipTest("it stops the shared VM to see the jobs end; test_vm_lifecycle boots "
-                      "its own VM for that")
-
-    def test_idle_stop_keeps_the_disk(self):
-        self.skipTest("test_vm_lifecycle boots its own VM for the idle stop")
+    def test_memory_cap(self):
+        # memory_mb is the guest's memory: a command that outgrows it is killed by the
+        # guest's OOM killer (137) and the VM serves the next command.
+        async def body(box):
+            r = await box.run(["sh", "-c", "x=$(head -c 600000000 /dev/zero | tr '\\0' a); "
+                               "echo ${#x}"], timeout=120)
+            self.assertEqual(r.exit_code, 137, r)
+            self.assertEqual((await box.run(["true"])).exit_code, 0)
+        self.run_with(body, memory_mb=256)
 
 
 if __name__ == "__main__":

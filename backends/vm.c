@@ -344,14 +344,21 @@ static void vm_state_free(struct vm_state *s)
 	unlink(path);
 	pthread_mutex_destroy(&s->lock);
 	pthread_mutex_destroy(&s->wlock);
+	cb_backend_image_config_free(&s->image);
 	free(s->agent);
 	free(s);
+}
+
+/* Whether an image's User names the guest's root, the only user the agent runs commands as. */
+static int vm_user_is_root(const char *user)
+{
+	return !user || !*user || !strcmp(user, "root") || !strcmp(user, "0") ||
+	       !strncmp(user, "root:", 5) || !strncmp(user, "0:", 2);
 }
 
 static int vm_create(struct cb_backend *b)
 {
 	struct vm_state *s = calloc(1, sizeof(*s));
-	struct cb_backend_image_config cfg = {0};
 	char *rootfs = NULL, initrd[4200];
 	int rc = 0;
 
@@ -379,9 +386,17 @@ static int vm_create(struct cb_backend *b)
 		rc = cb_error_set(errno, "vm backend: pipe");
 		goto out;
 	}
-	if (b->opt.image)
-		rc = cb_backend_image_root(b->opt.image, &rootfs, &cfg);
-	else if (!(rootfs = strdup(vm_default_image())))
+	if (b->opt.image) {
+		rc = cb_backend_image_root(b->opt.image, &rootfs, &s->image);
+		/* docker would run its commands as that user; the guest runs every one as root,
+		 * so taking the image silently would run them with more than it asks */
+		if (rc == 0 && !vm_user_is_root(s->image.user))
+			rc = cb_error_set(EINVAL,
+					  "image %s: its User is %s, and the vm backend runs "
+					  "commands as the guest's root only; use ns or docker for "
+					  "this image",
+					  b->opt.image, s->image.user);
+	} else if (!(rootfs = strdup(vm_default_image())))
 		rc = cb_error_set(ENOMEM, "vm backend: out of memory");
 	else if (access(rootfs, F_OK) < 0)
 		rc = cb_error_set(ENOENT,
@@ -422,11 +437,11 @@ static int vm_create(struct cb_backend *b)
 	}
 	if (rc < 0 || (rc = vm_relay_start(s)) < 0)
 		goto out;
+	b->image_env = s->image.env;
 	b->priv = s;
 	s = NULL;
 out:
 	free(rootfs);
-	cb_backend_image_config_free(&cfg);
 	vm_state_free(s);
 	return rc;
 }
@@ -572,6 +587,7 @@ static int vm_host_url(struct cb_backend *b, int port, char **url)
 
 static void vm_close(struct cb_backend *b)
 {
+	b->image_env = NULL;
 	vm_state_free(b->priv);
 	b->priv = NULL;
 }

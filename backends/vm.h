@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "cowbox/exec.h"
+#include "cowbox/image.h"
 
 #define VM_MAX_RUNNING 256
 
@@ -49,6 +50,7 @@ struct vm_state {
 	int stopping;	  /* close began */
 	char *agent;	  /* the agent binary (its --client mode runs each command) */
 	char kernel[256]; /* what the agent's hello said */
+	struct cb_backend_image_config image; /* the image's Env (commands start from it) */
 	/* network all (backends/vm_net.c) */
 	struct cb_exec *passt; /* passt under the runner; NULL: no NIC */
 	char net_dir[64];      /* /tmp/cowbox-net-XXXXXX, nobody's: passt.sock */

@@ -538,6 +538,7 @@ static int vm_wait(struct cb_backend *b, struct cb_exec *h, struct cb_exec_resul
 		res->term_signal = c.term_signal;
 		res->timed_out |= c.timed_out;
 		res->output_limited |= c.output_limited;
+		res->oom_killed |= c.oom_killed;
 	} else if (c.failed) {
 		rc = cb_error_set(EIO, "vm backend: %s", c.msg);
 	} else if (!res->killed && !res->output_limited && !res->timed_out) {

@@ -25,7 +25,7 @@ struct vm_cmd {
 	int killed;	   /* vm_kill was called */
 	/* the guest's last frame */
 	int exited, failed;
-	int exit_code, term_signal, timed_out, output_limited;
+	int exit_code, term_signal, timed_out, output_limited, oom_killed;
 	char msg[256];
 };
 

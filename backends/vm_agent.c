@@ -43,6 +43,7 @@ struct agent_job {
 	struct cb_exec *exec;
 	char **argv, **env;
 	char *shell, *shell_program, *cwd;
+	long long oom_kills; /* the kernel's oom_kill count when the command started */
 	struct agent_job *next;
 };
 
@@ -372,21 +373,42 @@ static int agent_output(void *arg, int stream, const void *buf, size_t len)
 	return 0;
 }
 
+/* The kernel's count of OOM kills so far (/proc/vmstat), -1 if unreadable. The guest has
+ * no cgroup per command, and its memory is the command's cap: a kill by SIGKILL while this
+ * count rose is the cap's (another command's OOM in the same window may be taken for it). */
+static long long agent_oom_kills(void)
+{
+	char line[128];
+	long long n = -1;
+	FILE *f = fopen("/proc/vmstat", "re");
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "oom_kill %lld", &n) == 1)
+			break;
+	fclose(f);
+	return n;
+}
+
 /* The wait thread of one command: supervise it, then send its exit frame. */
 static void *agent_job_wait(void *arg)
 {
 	struct agent_job *j = arg;
 	struct cb_exec_result res = {0};
 	int rc = cb_exec_wait(j->exec, &res);
+	long long oom_kills = agent_oom_kills();
+	int oom_killed = j->oom_kills >= 0 && oom_kills > j->oom_kills && !res.timed_out &&
+			 (res.term_signal == SIGKILL || res.exit_code == 137);
 
 	if (rc < 0)
 		agent_send(j->id, CB_VM_FAILED, cb_error_message(), strlen(cb_error_message()));
 	else
 		agent_send_json(j->id, CB_VM_EXIT,
-				json_pack("{s:i,s:i,s:b,s:b,s:f}", "exit_code", res.exit_code,
+				json_pack("{s:i,s:i,s:b,s:b,s:b,s:f}", "exit_code", res.exit_code,
 					  "term_signal", res.term_signal, "timed_out",
 					  res.timed_out, "output_limited", res.output_limited,
-					  "duration", res.duration));
+					  "oom_killed", oom_killed, "duration", res.duration));
 	cb_exec_result_free(&res);
 	agent_job_unlink(j);
 	cb_exec_free(j->exec);
@@ -460,6 +482,7 @@ static void agent_run(uint32_t id, const char *payload)
 	spec.keep = json_is_true(json_object_get(o, "keep")) ? agent_keep : NULL;
 	cb.arg = j;
 	pthread_mutex_lock(&agent_jobs_lock);
+	j->oom_kills = agent_oom_kills();
 	if (agent_job_find(id) || cb_exec_start(&spec, &cb, &j->exec) < 0) {
 		pthread_mutex_unlock(&agent_jobs_lock);
 		msg = j->exec ? "a command with this id runs" : cb_error_message();

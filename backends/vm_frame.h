@@ -26,7 +26,7 @@
 #define CB_VM_STDERR 'e'
 #define CB_VM_EXIT                                                                                 \
 	'X'		 /* payload: JSON {exit_code, term_signal, timed_out,                      \
-			output_limited, duration}: the command's last frame */
+			output_limited, oom_killed, duration}: the command's last frame */
 #define CB_VM_FAILED 'F' /* payload: the message; the command did not start (last frame) */
 
 /* Write a frame to fd, all of it (fd is blocking). Returns 0 or -errno. */

@@ -169,6 +169,7 @@ static void relay_exit(struct vm_cmd *c, const char *payload)
 	c->term_signal = (int)json_integer_value(json_object_get(o, "term_signal"));
 	c->timed_out = json_is_true(json_object_get(o, "timed_out"));
 	c->output_limited = json_is_true(json_object_get(o, "output_limited"));
+	c->oom_killed = json_is_true(json_object_get(o, "oom_killed"));
 	json_decref(o);
 }
 

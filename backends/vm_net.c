@@ -172,7 +172,7 @@ int vm_net_start(struct vm_state *s)
 {
 	char ifname[64], addr[INET_ADDRSTRLEN], gw[INET_ADDRSTRLEN], prefix[8], dns[256];
 	struct in_addr a, g;
-	int rc, p;
+	int rc, p = 0;
 
 	if ((rc = vm_net_default_route(ifname, sizeof(ifname), &g)) < 0 ||
 	    (rc = vm_net_if_addr(ifname, &a, &p)) < 0)

@@ -229,6 +229,15 @@ static int files_flush(struct files_out *o)
 	return 0;
 }
 
+/* The next whole-map frame is due: FILES_FRAME rows, or the client's byte budget. */
+static int files_due(struct files_out *o)
+{
+	o->rows++;
+	if (o->frame_bytes)
+		return o->len < o->frame_bytes ? 0 : files_flush(o);
+	return o->rows % FILES_FRAME ? 0 : files_flush(o);
+}
+
 /* A row of a streamed whole map: "path":"sha256", into the frame's text. */
 static int files_text_add(struct files_out *o, const struct cb_entry *e)
 {
@@ -249,10 +258,7 @@ static int files_text_add(struct files_out *o, const struct cb_entry *e)
 	cb_hex(e->sha256, CB_SHA256_LEN, o->text + o->len + 2);
 	o->len += 2 + 2 * CB_SHA256_LEN;
 	o->text[o->len++] = '"';
-	o->rows++;
-	if (o->frame_bytes)
-		return o->len < o->frame_bytes ? 0 : files_flush(o);
-	return o->rows % FILES_FRAME ? 0 : files_flush(o);
+	return files_due(o);
 }
 
 static int files_add(const struct cb_entry *e, void *arg)
@@ -367,7 +373,9 @@ static int snapshot_files(struct cb_daemon *d, struct cb_daemon_conn *conn, json
 		ret = cb_error_set(ENOMEM, "snapshot: out of memory");
 		goto out;
 	}
-	/* A first map is answered from the walk; its rows are written after the reply. */
+	/* A first map is answered from the walk (the shared base cache vouching for what it
+	 * can); its rows are written after the reply. */
+	cb_daemon_basecache_attach(d->dir, t, d->base);
 	ret = cb_ws_map_first(t, files_add, &o, pending, &id);
 	if (!ret)
 		ret = files_flush(&o);
@@ -402,6 +410,7 @@ static void snapshot_first_write(struct cb_turns *t, struct cb_ws_first_map *p)
 		usleep((useconds_t)(atof(stall) * 1e6));
 	if (cb_ws_map_first_write(t, p))
 		cb_daemon_log("snapshot: %s (the next turn op builds the map)", cb_error_message());
+	cb_daemon_base_stats_log(t, "snapshot");
 	cb_ws_map_first_free(p);
 	cb_turns_close(t);
 }
@@ -424,12 +433,14 @@ int cb_daemon_snapshot_labelled(struct cb_daemon *d, const char *label, long lon
 static int op_snapshot(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
 	int files = json_is_true(json_object_get(req, "files"));
+	int progress = json_is_true(json_object_get(req, "progress"));
 	/* With the map asked for, a first one is left to snapshot_files (answered from the walk
-	 * of the base, written after the reply). */
-	json_t *wreq = json_pack(
-	    "{s:O*, s:b, s:b, s:b, s:b}", "label", json_object_get(req, "label"), "changes",
-	    json_is_true(json_object_get(req, "changes")), "files", 0, "progress",
-	    json_is_true(json_object_get(req, "progress")), "defer_map", files);
+	 * of the base, written after the reply); not when progress is asked: the worker's build
+	 * of the map reports it while hashing the base. */
+	json_t *wreq =
+	    json_pack("{s:O*, s:b, s:b, s:b, s:b}", "label", json_object_get(req, "label"),
+		      "changes", json_is_true(json_object_get(req, "changes")), "files", 0,
+		      "progress", progress, "defer_map", files && !progress);
 	struct cb_ws_first_map *pending = NULL;
 	struct cb_turns *t = NULL;
 	struct timespec t0, t1;

@@ -64,9 +64,16 @@ class BaseCacheTest(CowboxTestCase):
             return f.read()
 
     def snapshot_stats(self, ref):
-        """(from meta.db's cache, from the shared cache, hashed) of the first snapshot."""
-        m = re.search(r"snapshot: base files: (\d+) from meta.db's cache, (\d+) from the "
-                      r"shared cache, (\d+) hashed", self.daemon_log(ref))
+        """(from meta.db's cache, from the shared cache, hashed) of the first snapshot (logged
+        when its rows are written, a moment after the reply of a first map)."""
+        pat = (r"snapshot: base files: (\d+) from meta.db's cache, (\d+) from the "
+               r"shared cache, (\d+) hashed")
+        try:
+            wait_for(lambda: re.search(pat, self.daemon_log(ref)), 10, interval=0.05,
+                     what="the first snapshot's base stats in the log")
+        except Exception:
+            pass
+        m = re.search(pat, self.daemon_log(ref))
         self.assertTrue(m, self.daemon_log(ref))
         return tuple(int(x) for x in m.groups())
 
@@ -316,8 +323,11 @@ class BaseCacheTest(CowboxTestCase):
         # at once: the pass is still walking or hashing
         before = self.info(a)
         self.assertEqual(self.snapshot_map(a), real)
+        # the first map is answered before its rows are written: the pass sees them (and
+        # ends) a moment after the reply
+        wait_for(lambda: self.info(a)["state"] in ("taken", "done"), 30, interval=0.05,
+                 what="the background pass to end")
         after = self.info(a)
-        self.assertIn(after["state"], ("taken", "done"), after)
         own, shared, hashed = self.snapshot_stats(a)
         self.assertEqual(own + shared + hashed, n)
         if before["state"] in ("walking", "hashing") and after["state"] == "taken":

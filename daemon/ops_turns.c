@@ -117,8 +117,12 @@ struct files_out {
 	size_t rows;
 	char *text; /* the streamed whole map's frame being written */
 	size_t len, cap;
-	char *head; /* its opening: {"id":...,"stream":"files","turn":N,"files":{ */
+	char *head;	    /* its opening: {"id":...,"stream":"files","turn":N,"files":{ */
+	size_t frame_bytes; /* > 0: the client's budget per whole-map frame, not FILES_FRAME rows */
 };
+
+/* The most a client may ask a whole-map frame to hold: its line buffer must take it. */
+#define FRAME_BYTES_MAX (48u << 20)
 
 #define FILES_FRAME 2048
 
@@ -225,6 +229,15 @@ static int files_flush(struct files_out *o)
 	return 0;
 }
 
+/* The next whole-map frame is due: FILES_FRAME rows, or the client's byte budget. */
+static int files_due(struct files_out *o)
+{
+	o->rows++;
+	if (o->frame_bytes)
+		return o->len < o->frame_bytes ? 0 : files_flush(o);
+	return o->rows % FILES_FRAME ? 0 : files_flush(o);
+}
+
 /* A row of a streamed whole map: "path":"sha256", into the frame's text. */
 static int files_text_add(struct files_out *o, const struct cb_entry *e)
 {
@@ -245,7 +258,7 @@ static int files_text_add(struct files_out *o, const struct cb_entry *e)
 	cb_hex(e->sha256, CB_SHA256_LEN, o->text + o->len + 2);
 	o->len += 2 + 2 * CB_SHA256_LEN;
 	o->text[o->len++] = '"';
-	return ++o->rows % FILES_FRAME ? 0 : files_flush(o);
+	return files_due(o);
 }
 
 static int files_add(const struct cb_entry *e, void *arg)
@@ -287,7 +300,8 @@ static int changes_add(const char *path, const struct cb_entry *now, void *arg)
  * committed rows of the database only, never the mount, so it runs here and not in the
  * worker (whose reply would carry a whole map through one more JSON line). */
 static int snapshot_files(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req,
-			  long long turn, json_t *r)
+			  long long turn, json_t *r, struct cb_turns **tp,
+			  struct cb_ws_first_map **pending)
 {
 	json_t *jsince = json_object_get(req, "since");
 	const char *client_id = json_string_value(json_object_get(req, "map_id"));
@@ -304,9 +318,16 @@ static int snapshot_files(struct cb_daemon *d, struct cb_daemon_conn *conn, json
 	snprintf(id_hex, sizeof(id_hex), "%016llx", (unsigned long long)id);
 	json_object_set_new(r, "map_id", json_string(id_hex));
 	if (json_is_true(json_object_get(req, "stream"))) {
+		json_int_t fb = json_integer_value(json_object_get(req, "frame_bytes"));
+
 		o.conn = conn;
 		o.id = json_object_get(req, "id");
 		o.turn = turn;
+		/* Fewer, larger frames cost the client less (one dict from its JSON reader
+		 * instead of one per 2048 rows merged into another). */
+		if (fb > 0)
+			o.frame_bytes =
+			    fb < (json_int_t)FRAME_BYTES_MAX ? (size_t)fb : FRAME_BYTES_MAX;
 	}
 	if (json_is_integer(jsince) && client_id && !strcmp(client_id, id_hex)) {
 		o.files = json_object();
@@ -352,18 +373,52 @@ static int snapshot_files(struct cb_daemon *d, struct cb_daemon_conn *conn, json
 		ret = cb_error_set(ENOMEM, "snapshot: out of memory");
 		goto out;
 	}
-	ret = cb_ws_map_list(t, files_add, &o);
+	/* A first map is answered from the walk (the shared base cache vouching for what it
+	 * can); its rows are written after the reply. */
+	cb_daemon_basecache_attach(d->dir, t, d->base);
+	ret = cb_ws_map_first(t, files_add, &o, pending, &id);
 	if (!ret)
 		ret = files_flush(&o);
 	if (!o.conn)
 		json_object_set(r, "files", o.files);
+	snprintf(id_hex, sizeof(id_hex), "%016llx", (unsigned long long)id);
+	json_object_set_new(r, "map_id", json_string(id_hex));
 out:
 	json_decref(o.files);
 	json_decref(o.deleted);
 	free(o.text);
 	free(o.head);
+	if (*pending && !ret) {
+		*tp = t;
+		return 0;
+	}
+	cb_ws_map_first_free(*pending);
+	*pending = NULL;
 	cb_turns_close(t);
 	return ret;
+}
+
+/* After the reply, still under the turn lock: the rows of a map answered from the walk. A
+ * failure loses nothing the client relies on: the id it was given is not adopted, so it gets
+ * the whole map next time, and the next turn op builds the map from the base. */
+static void snapshot_first_write(struct cb_turns *t, struct cb_ws_first_map *p, double answered)
+{
+	const char *stall = getenv("COWBOX_TEST_MAP_WRITE_STALL");
+	struct timespec t0, t1;
+
+	/* Tests only: a window between the reply and the rows, to kill the daemon in. */
+	if (stall && *stall)
+		usleep((useconds_t)(atof(stall) * 1e6));
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	if (cb_ws_map_first_write(t, p))
+		cb_daemon_log("snapshot: %s (the next turn op builds the map)", cb_error_message());
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	cb_daemon_log("snapshot: first map answered from the walk in %.3f s, its rows written in "
+		      "%.3f s after the reply",
+		      answered, elapsed(&t0, &t1));
+	cb_daemon_base_stats_log(t, "snapshot");
+	cb_ws_map_first_free(p);
+	cb_turns_close(t);
 }
 
 int cb_daemon_snapshot_labelled(struct cb_daemon *d, const char *label, long long *turn)
@@ -383,9 +438,17 @@ int cb_daemon_snapshot_labelled(struct cb_daemon *d, const char *label, long lon
 
 static int op_snapshot(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
-	json_t *wreq = json_pack("{s:O*, s:b, s:b, s:b}", "label", json_object_get(req, "label"),
-				 "changes", json_is_true(json_object_get(req, "changes")), "files",
-				 0, "progress", json_is_true(json_object_get(req, "progress")));
+	int files = json_is_true(json_object_get(req, "files"));
+	int progress = json_is_true(json_object_get(req, "progress"));
+	/* With the map asked for, a first one is left to snapshot_files (answered from the walk
+	 * of the base, written after the reply); not when progress is asked: the worker's build
+	 * of the map reports it while hashing the base. */
+	json_t *wreq =
+	    json_pack("{s:O*, s:b, s:b, s:b, s:b}", "label", json_object_get(req, "label"),
+		      "changes", json_is_true(json_object_get(req, "changes")), "files", 0,
+		      "progress", progress, "defer_map", files && !progress);
+	struct cb_ws_first_map *pending = NULL;
+	struct cb_turns *t = NULL;
 	struct timespec t0, t1;
 	long long turn = 0;
 	json_t *r = NULL;
@@ -395,17 +458,21 @@ static int op_snapshot(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	pthread_mutex_lock(&d->turn_lock);
 	ret = turns_snapshot(d, wreq, conn, json_object_get(req, "id"), &r, &turn);
 	/* Still under the lock: the map is the turn's, no later snapshot moved it on. */
-	if (!ret && json_is_true(json_object_get(req, "files")))
-		ret = snapshot_files(d, conn, req, turn, r);
-	pthread_mutex_unlock(&d->turn_lock);
+	if (!ret && files)
+		ret = snapshot_files(d, conn, req, turn, r, &t, &pending);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
-	if (ret) {
-		json_decref(r);
-		return ret;
+	if (!ret) {
+		json_object_set_new(r, "turn", json_integer(turn));
+		json_object_set_new(r, "seconds", json_real(elapsed(&t0, &t1)));
+		ret = cb_daemon_reply(conn, json_object_get(req, "id"), r);
+		r = NULL;
 	}
-	json_object_set_new(r, "turn", json_integer(turn));
-	json_object_set_new(r, "seconds", json_real(elapsed(&t0, &t1)));
-	return cb_daemon_reply(conn, json_object_get(req, "id"), r);
+	/* The rows are durable before the lock lets the next turn op in. */
+	if (pending)
+		snapshot_first_write(t, pending, elapsed(&t0, &t1));
+	pthread_mutex_unlock(&d->turn_lock);
+	json_decref(r);
+	return ret;
 }
 
 static int op_diff(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)

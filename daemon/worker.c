@@ -251,6 +251,8 @@ static int worker_snapshot(struct worker_state *w, json_t *req, json_t **res)
 		cb_ws_known_free(w->known);
 	if (!ret && json_is_true(json_object_get(req, "base_prepared")))
 		cb_ws_base_trust_prepared(t);
+	if (!ret && json_is_true(json_object_get(req, "defer_map")))
+		cb_ws_snapshot_defer_map(t);
 	w->known = NULL;
 	span_from_json(req, &span);
 	if (!ret)

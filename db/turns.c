@@ -720,10 +720,43 @@ int cb_db_meta_peek(const char *path, const char *key, char **value)
 /* Random, so that a map id never names two databases: not the workspace's ref (a fork or a
  * workspace made again under one name starts over at turn 1) nor anything a client could
  * have seen from another database. Kept once made: the turns it names stay what they were. */
+int cb_db_turns_map_id_fresh(long long *out)
+{
+	unsigned long long r = 0;
+
+	*out = 0;
+	if (getrandom(&r, sizeof(r), 0) != (ssize_t)sizeof(r))
+		return cb_error_set(errno ? errno : EIO, "map id: getrandom: %s", strerror(errno));
+	*out = (long long)((r >> 2) | 1); /* positive and never 0 as a signed 64-bit integer */
+	return 0;
+}
+
+/* How a map id is written: "OR IGNORE" keeps the first one made, "OR REPLACE" adopts one. */
+static int map_id_put(struct cb_db_turns *t, const char *verb, long long id)
+{
+	char sql[96];
+	sqlite3_stmt *s = NULL;
+	int ret = 0;
+
+	snprintf(sql, sizeof(sql), "INSERT OR %s INTO turn_meta VALUES('map_id', ?1)", verb);
+	if (sqlite3_prepare_v2(t->db, sql, -1, &s, NULL) != SQLITE_OK)
+		return cb_db_turns_fail(t, "map id");
+	sqlite3_bind_int64(s, 1, id);
+	if (sqlite3_step(s) != SQLITE_DONE)
+		ret = cb_db_turns_fail(t, "map id");
+	sqlite3_finalize(s);
+	return ret;
+}
+
+int cb_db_turns_map_id_set(struct cb_db_turns *t, long long id)
+{
+	return map_id_put(t, "REPLACE", id);
+}
+
 int cb_db_turns_map_id(struct cb_db_turns *t, long long *out)
 {
 	sqlite3_stmt *s = NULL;
-	unsigned long long r = 0;
+	long long r = 0;
 	int ret = 0;
 
 	*out = 0;
@@ -735,18 +768,10 @@ int cb_db_turns_map_id(struct cb_db_turns *t, long long *out)
 	sqlite3_finalize(s);
 	if (*out > 0)
 		return 0;
-	if (getrandom(&r, sizeof(r), 0) != (ssize_t)sizeof(r))
-		return cb_error_set(errno ? errno : EIO, "map id: getrandom: %s", strerror(errno));
-	r = (r >> 2) | 1; /* positive and never 0 as a signed 64-bit integer */
-	if (sqlite3_prepare_v2(t->db, "INSERT OR IGNORE INTO turn_meta VALUES('map_id', ?1)", -1,
-			       &s, NULL) != SQLITE_OK)
-		return cb_db_turns_fail(t, "map id");
-	sqlite3_bind_int64(s, 1, (long long)r);
-	if (sqlite3_step(s) != SQLITE_DONE)
-		ret = cb_db_turns_fail(t, "map id");
-	sqlite3_finalize(s);
-	if (!ret && sqlite3_prepare_v2(t->db, "SELECT value FROM turn_meta WHERE key='map_id'", -1,
-				       &s, NULL) == SQLITE_OK) {
+	if ((ret = cb_db_turns_map_id_fresh(&r)) || (ret = map_id_put(t, "IGNORE", r)))
+		return ret;
+	if (sqlite3_prepare_v2(t->db, "SELECT value FROM turn_meta WHERE key='map_id'", -1, &s,
+			       NULL) == SQLITE_OK) {
 		if (sqlite3_step(s) == SQLITE_ROW)
 			*out = sqlite3_column_int64(s, 0);
 		sqlite3_finalize(s);

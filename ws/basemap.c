@@ -196,12 +196,80 @@ static int collect_path(const char *path, void *arg)
 	return ws_pathset_add(&a->paths, path, 0, NULL);
 }
 
+/* The base read for a first map: meta.db's cache imported, the walk (sorted), what the
+ * caches vouch for, the misses hashed. */
+static int base_scan(struct cb_turns *t, struct base_walk *w)
+{
+	int ret = cb_db_turns_base_cache_import(t->db);
+
+	w->base_fd = t->base_fd;
+	w->progress = t->progress;
+	w->progress_arg = t->progress_arg;
+	/* In path order: the caches are read in one pass each, merged with it, and the inserts
+	 * of base_fill walk each b-tree from left to right. */
+	if (!ret)
+		ret = ws_base_walk(t->base_fd, &w->it, &w->n);
+	if (!ret)
+		ret = ws_base_cache_find(t, w->it, w->n);
+	for (size_t i = 0; i < w->n && !ret; i++) {
+		struct ws_base_file *it = &w->it[i];
+
+		if (S_ISREG(it->st.st_mode) && !it->cached) {
+			w->misses++;
+			w->bytes_total += it->st.st_size;
+		}
+	}
+	return ret ? ret : base_hash_misses(w);
+}
+
+/* The map's rows in the caller's transaction: the base map (unless frozen or prepared: w is
+ * then empty) copied into turn_map, the deltas up to latest (a's paths) applied. */
+static int map_write(struct cb_turns *t, struct base_walk *w, int frozen, int prepared,
+		     struct apply_arg *a)
+{
+	struct cb_entry e = {0};
+	/* Prepared: the pass wrote turn_map as a copy of base_map in the same transaction, and
+	 * nothing writes either before they are frozen (this function clears both first). */
+	int ret = prepared ? 0 : cb_db_turns_map_clear(t->db);
+
+	if (!ret && !frozen && !prepared)
+		ret = base_fill(t, w);
+	if (!ret && !prepared)
+		ret = cb_db_turns_map_from_base(t->db);
+	if (!ret && !frozen)
+		ret = cb_db_turns_base_map_set_built(t->db);
+	if (!ret && !frozen)
+		ret = cb_db_turns_base_prepared_set(t->db, 0);
+	for (size_t i = 0; i < a->paths.n && !ret; i++) {
+		ret = cb_db_turns_delta_at(t->db, a->paths.p[i].path, a->turn, &e);
+		if (ret == 1)
+			ret = e.type == CB_ENTRY_ABSENT ? cb_db_turns_map_del(t->db, e.path)
+							: cb_db_turns_map_put(t->db, &e);
+	}
+	if (!ret)
+		ret = cb_db_turns_map_set_turn(t->db, a->turn);
+	cb_entry_clear(&e);
+	return ret;
+}
+
+/* 1 if the background pass prepared the base map and the caller may trust it. */
+static int map_prepared(struct cb_turns *t)
+{
+	return t->base_prepared_ok && t->base_fd >= 0 && cb_db_turns_base_prepared(t->db) == 1;
+}
+
+int ws_map_would_walk(struct cb_turns *t)
+{
+	return !t->in_place && t->base_fd >= 0 &&
+	       cb_db_turns_map_turn(t->db) != cb_db_turns_latest(t->db) &&
+	       !cb_db_turns_base_map_built(t->db) && !map_prepared(t);
+}
+
 int ws_map_ensure(struct cb_turns *t)
 {
 	long long latest = cb_db_turns_latest(t->db);
-	struct base_walk w = {0};
+	struct base_walk w = {.base_fd = -1};
 	struct apply_arg a = {t, latest, {0}};
-	struct cb_entry e = {0};
 	int ret = 0, intx = 0, frozen, prepared = 0;
 
 	if (cb_db_turns_map_turn(t->db) == latest)
@@ -211,61 +279,18 @@ int ws_map_ensure(struct cb_turns *t)
 	frozen = cb_db_turns_base_map_built(t->db);
 	/* The background pass wrote the base map and nothing moved in the base since its walk
 	 * began: it is frozen as it is (no walk, no stat). */
-	if (!frozen && t->base_prepared_ok && t->base_fd >= 0)
-		prepared = cb_db_turns_base_prepared(t->db) == 1;
-	ret = frozen || prepared ? 0 : cb_db_turns_base_cache_import(t->db);
-	if (ret)
-		goto out;
-	w.base_fd = frozen || prepared ? -1 : t->base_fd;
-	w.progress = t->progress;
-	w.progress_arg = t->progress_arg;
-	if (w.base_fd >= 0) {
-		/* In path order: the caches are read in one pass each, merged with it, and the
-		 * inserts of base_fill walk each b-tree from left to right. */
-		ret = ws_base_walk(t->base_fd, &w.it, &w.n);
-		if (!ret)
-			ret = ws_base_cache_find(t, w.it, w.n);
-		if (ret)
-			goto out;
-		for (size_t i = 0; i < w.n; i++) {
-			struct ws_base_file *it = &w.it[i];
-
-			if (S_ISREG(it->st.st_mode) && !it->cached) {
-				w.misses++;
-				w.bytes_total += it->st.st_size;
-			}
-		}
-		if (!ret)
-			ret = base_hash_misses(&w);
-		if (ret)
-			goto out;
-	}
-	ret = cb_db_turns_delta_paths(t->db, 0, latest, collect_path, &a);
-	if (ret)
-		goto out;
-	ret = cb_db_turns_begin(t->db);
+	if (!frozen)
+		prepared = map_prepared(t);
+	if (!frozen && !prepared && t->base_fd >= 0)
+		ret = base_scan(t, &w);
+	if (!ret)
+		ret = cb_db_turns_delta_paths(t->db, 0, latest, collect_path, &a);
+	if (!ret)
+		ret = cb_db_turns_begin(t->db);
 	if (ret)
 		goto out;
 	intx = 1;
-	/* Prepared: the pass wrote turn_map as a copy of base_map in the same transaction, and
-	 * nothing writes either before they are frozen (this function clears both first). */
-	ret = prepared ? 0 : cb_db_turns_map_clear(t->db);
-	if (!ret && !frozen && !prepared)
-		ret = base_fill(t, &w);
-	if (!ret && !prepared)
-		ret = cb_db_turns_map_from_base(t->db);
-	if (!ret && !frozen)
-		ret = cb_db_turns_base_map_set_built(t->db);
-	if (!ret && !frozen)
-		ret = cb_db_turns_base_prepared_set(t->db, 0);
-	for (size_t i = 0; i < a.paths.n && !ret; i++) {
-		ret = cb_db_turns_delta_at(t->db, a.paths.p[i].path, latest, &e);
-		if (ret == 1)
-			ret = e.type == CB_ENTRY_ABSENT ? cb_db_turns_map_del(t->db, e.path)
-							: cb_db_turns_map_put(t->db, &e);
-	}
-	if (!ret)
-		ret = cb_db_turns_map_set_turn(t->db, latest);
+	ret = map_write(t, &w, frozen, prepared, &a);
 	if (!ret)
 		ret = cb_db_turns_commit(t->db);
 	if (!ret)
@@ -273,10 +298,113 @@ int ws_map_ensure(struct cb_turns *t)
 out:
 	if (intx)
 		cb_db_turns_rollback(t->db);
-	cb_entry_clear(&e);
 	ws_pathset_free(&a.paths);
 	ws_base_files_free(w.it, w.n);
 	return ret ? cb_error_wrap(ret, "build the turn map") : 0;
+}
+
+struct cb_ws_first_map {
+	struct base_walk w;
+	long long turn;
+	long long map_id; /* fresh: adopted when the rows are committed */
+};
+
+void cb_ws_map_first_free(struct cb_ws_first_map *p)
+{
+	if (!p)
+		return;
+	ws_base_files_free(p->w.it, p->w.n);
+	free(p);
+}
+
+static int count_path(const char *path, void *arg)
+{
+	(void)path;
+	++*(size_t *)arg;
+	return 0;
+}
+
+/* The first map's answer from the walk itself: every regular file, in path order. */
+static int first_list(struct cb_ws_first_map *p, int (*fn)(const struct cb_entry *, void *),
+		      void *arg)
+{
+	int ret = 0;
+
+	for (size_t i = 0; i < p->w.n && !ret; i++) {
+		const struct ws_base_file *it = &p->w.it[i];
+		struct cb_entry e = {
+		    .path = it->path,
+		    .type = CB_ENTRY_FILE,
+		    .mode = it->st.st_mode & 07777,
+		    .size = it->st.st_size,
+		};
+
+		if (!S_ISREG(it->st.st_mode))
+			continue;
+		memcpy(e.sha256, it->h.sha256, CB_SHA256_LEN);
+		memcpy(e.xxh3, it->h.xxh3, CB_XXH128_LEN);
+		ret = fn(&e, arg);
+	}
+	return ret;
+}
+
+int cb_ws_map_first(struct cb_turns *t, int (*fn)(const struct cb_entry *, void *), void *arg,
+		    struct cb_ws_first_map **pending, long long *map_id)
+{
+	struct cb_ws_first_map *p = NULL;
+	size_t deltas = 0;
+	int ret = 0;
+
+	*pending = NULL;
+	/* Only a map that would be built from a walk of the base, with no delta on top (the
+	 * latest turn recorded nothing): anything else is read from the rows as ever. */
+	if (ws_map_would_walk(t))
+		ret = cb_db_turns_delta_paths(t->db, 0, cb_db_turns_latest(t->db), count_path,
+					      &deltas);
+	if (ret || !ws_map_would_walk(t) || deltas) {
+		if (!ret)
+			ret = cb_db_turns_map_id(t->db, map_id);
+		return ret ? ret : cb_ws_map_list(t, fn, arg);
+	}
+	if (!(p = calloc(1, sizeof(*p))))
+		return cb_error_set(ENOMEM, "first map: out of memory");
+	p->w.base_fd = -1;
+	p->turn = cb_db_turns_latest(t->db);
+	ret = cb_db_turns_map_id_fresh(&p->map_id);
+	if (!ret)
+		ret = base_scan(t, &p->w);
+	if (!ret)
+		ret = first_list(p, fn, arg);
+	if (ret) {
+		cb_ws_map_first_free(p);
+		return cb_error_wrap(ret, "build the turn map");
+	}
+	*map_id = p->map_id;
+	*pending = p;
+	return 0;
+}
+
+int cb_ws_map_first_write(struct cb_turns *t, struct cb_ws_first_map *p)
+{
+	struct apply_arg a = {t, p->turn, {0}};
+	int ret = cb_db_turns_begin(t->db);
+
+	if (ret)
+		return cb_error_wrap(ret, "write the first map");
+	/* Someone built the map meanwhile (a diff between recorded turns ensures it without the
+	 * turn lock), maybe from another walk: its rows stand, and the id the client was given
+	 * is never adopted, so that client gets the whole map once more. */
+	if (cb_db_turns_latest(t->db) != p->turn || cb_db_turns_map_turn(t->db) == p->turn ||
+	    cb_db_turns_base_map_built(t->db))
+		goto out;
+	ret = map_write(t, &p->w, 0, 0, &a);
+	if (!ret)
+		ret = cb_db_turns_map_id_set(t->db, p->map_id);
+	if (!ret)
+		ret = cb_db_turns_commit(t->db);
+out:
+	cb_db_turns_rollback(t->db);
+	return ret ? cb_error_wrap(ret, "write the first map") : 0;
 }
 
 int cb_ws_map_list(struct cb_turns *t, int (*fn)(const struct cb_entry *, void *), void *arg)

@@ -324,7 +324,7 @@ static int changes_add(const struct cb_entry *old, const struct cb_entry *now, v
 /* One write transaction records the turn: its delta rows and map rows come straight from the
  * scratch table, so a crash at any point leaves the previous turn as it was. */
 static int snap_record(struct cb_turns *t, struct cb_db_scratch *s, long long turn,
-		       const char *label, struct cb_diff *changes)
+		       const char *label, struct cb_diff *changes, int map_current)
 {
 	long long nchanged = 0;
 	int ret;
@@ -335,7 +335,9 @@ static int snap_record(struct cb_turns *t, struct cb_db_scratch *s, long long tu
 	ret = cb_db_scratch_record(s, turn, &nchanged);
 	if (!ret)
 		ret = cb_db_turns_add(t->db, turn, wall_now(), label, nchanged);
-	if (!ret)
+	/* A deferred map stays unbuilt (its turn behind the latest): it is built from the
+	 * base when first needed. */
+	if (!ret && map_current)
 		ret = cb_db_turns_map_set_turn(t->db, turn);
 	if (!ret)
 		ret = cb_db_turns_commit(t->db);
@@ -353,16 +355,14 @@ static int snap_run(struct cb_turns *t, long long turn, const char *label, struc
 	long long latest = cb_db_turns_latest(t->db);
 	struct cb_scratch_row *rows = NULL;
 	struct cb_db_scratch *s = NULL;
-	int ret;
+	int ret, defer = 0;
 
 	if (turn <= latest) {
 		ret = cb_error_set(EINVAL, "snapshot: turn %lld is already recorded (latest %lld)",
 				   turn, latest);
 		goto out;
 	}
-	ret = ws_map_ensure(t);
-	if (!ret)
-		ret = cb_db_scratch_open(t->db, &s);
+	ret = cb_db_scratch_open(t->db, &s);
 	if (!ret)
 		ret = fill(s, arg);
 	if (ret)
@@ -372,6 +372,22 @@ static int snap_run(struct cb_turns *t, long long turn, const char *label, struc
 		ret = cb_error_set(ENOMEM, "snapshot: out of memory");
 		goto out;
 	}
+	/* Nothing to examine and a map that needs a walk: the caller answers it from the walk
+	 * and writes it after (cb_ws_map_first); the turn is recorded without touching it. */
+	if (t->defer_map && ws_map_would_walk(t)) {
+		int n = cb_db_scratch_dirty_page(s, NULL, rows, 1);
+
+		if (n < 0)
+			ret = n;
+		else
+			defer = n == 0;
+		if (n > 0)
+			cb_db_scratch_rows_free(rows, (size_t)n);
+	}
+	if (!ret && !defer)
+		ret = ws_map_ensure(t);
+	if (ret)
+		goto out;
 	ret = snap_expand(t, s, rows);
 	t->read_left = t->read_max;
 	t->read_done = 0;
@@ -379,12 +395,17 @@ static int snap_run(struct cb_turns *t, long long turn, const char *label, struc
 		ret = snap_examine(t, s, rows);
 	t->read_left = -1;
 	if (!ret)
-		ret = snap_record(t, s, turn, label, changes);
+		ret = snap_record(t, s, turn, label, changes, !defer);
 out:
 	free(rows);
 	cb_db_scratch_close(s);
 	ws_known_clear(t);
 	return ret ? cb_error_wrap(ret, "snapshot turn %lld", turn) : 0;
+}
+
+void cb_ws_snapshot_defer_map(struct cb_turns *t)
+{
+	t->defer_map = 1;
 }
 
 struct dirty_array {

@@ -16,6 +16,7 @@
 #include <xxhash.h>
 
 #include "cowbox/error.h"
+#include "cowbox/turn_store.h"
 #include "cowbox/turns.h"
 
 static char top[256], base[300], live[300], blobs[300], dbp[300];
@@ -582,4 +583,55 @@ Test(fork, upper_holds_only_the_difference, .init = setup, .fini = teardown)
 		cb_entry_clear(&now);
 		cb_turns_close(ft);
 	}
+}
+
+/* The first map of a turn that changed nothing, answered from the walk: the same map as the
+ * tree, and the id given with it is the database's only once its rows are written. */
+Test(snapshot, first_map_answered_from_the_walk_then_written, .init = setup, .fini = teardown)
+{
+	static char want[65536], got[65536];
+	struct map_buf m = {got, sizeof(got), 0};
+	struct cb_ws_first_map *p = NULL;
+	long long id = 0, db_id = 0;
+
+	cb_ws_snapshot_defer_map(T);
+	snap(1, NULL, 0);
+	cr_assert_eq(cb_ws_map_first(T, map_line, &m, &p, &id), 0, "%s", cb_error_message());
+	cr_assert(p, "a map never built is answered from the walk");
+	tree_map(base, want, sizeof(want));
+	cr_assert_str_eq(got, want);
+	cr_assert_eq(cb_db_turns_map_id(cb_turns_db(T), &db_id), 0);
+	cr_assert_neq(db_id, id, "the id is not the database's before the rows are");
+	cr_assert_eq(cb_ws_map_first_write(T, p), 0, "%s", cb_error_message());
+	cb_ws_map_first_free(p);
+	cr_assert_eq(cb_db_turns_map_id(cb_turns_db(T), &db_id), 0);
+	cr_assert_eq(db_id, id);
+	assert_live_is_map();
+	/* built now: read from the rows, under the same id */
+	m.used = 0;
+	cr_assert_eq(cb_ws_map_first(T, map_line, &m, &p, &db_id), 0, "%s", cb_error_message());
+	cr_assert_null(p);
+	cr_assert_eq(db_id, id);
+	cr_assert_str_eq(got, want);
+}
+
+/* A map built by someone else between the answer and the write stands; the id given with the
+ * answer is never adopted, so its holder gets the whole map next time. */
+Test(snapshot, first_map_write_yields_to_a_map_built_meanwhile, .init = setup, .fini = teardown)
+{
+	static char got[65536];
+	struct map_buf m = {got, sizeof(got), 0};
+	struct cb_ws_first_map *p = NULL;
+	long long id = 0, db_id = 0;
+
+	cb_ws_snapshot_defer_map(T);
+	snap(1, NULL, 0);
+	cr_assert_eq(cb_ws_map_first(T, map_line, &m, &p, &id), 0, "%s", cb_error_message());
+	cr_assert(p);
+	assert_live_is_map(); /* builds the map from its own walk */
+	cr_assert_eq(cb_ws_map_first_write(T, p), 0, "%s", cb_error_message());
+	cb_ws_map_first_free(p);
+	cr_assert_eq(cb_db_turns_map_id(cb_turns_db(T), &db_id), 0);
+	cr_assert_neq(db_id, id);
+	assert_live_is_map();
 }

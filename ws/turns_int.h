@@ -34,6 +34,9 @@ struct cb_turns {
 	/* In place (cb_db_turns_in_place): the base is the live upper layer, never a source of
 	 * recorded bytes; every recorded content is kept as a blob. */
 	int in_place;
+	/* cb_ws_snapshot_defer_map: a snapshot that examines nothing leaves a map that would be
+	 * built from a walk to the caller (cb_ws_map_first answers from that walk). */
+	int defer_map;
 };
 
 /* Remember files just written (takes ownership of the array), forget them. */
@@ -120,6 +123,8 @@ void ws_basecache_detach(struct cb_turns *t);
 
 /* Build the materialized map for the latest turn if it is not current. */
 int ws_map_ensure(struct cb_turns *t);
+/* 1 if building the latest turn's map means walking the base (never built, not prepared). */
+int ws_map_would_walk(struct cb_turns *t);
 
 /* Put the base map's row of the base entry at path (st: its stat; h: its hashes when it is
  * a regular file). Called in a transaction. */

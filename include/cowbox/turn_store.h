@@ -145,6 +145,11 @@ int cb_db_turns_map_list(struct cb_db_turns *t, const char *prefix,
  * holds a map of turn N of this id can ask for the changes since N; turn N of another id is
  * another workspace's (a fork, a workspace made again under the same name). */
 int cb_db_turns_map_id(struct cb_db_turns *t, long long *out);
+/* A new random map id (> 0) that no database holds yet, for cb_db_turns_map_id_set. */
+int cb_db_turns_map_id_fresh(long long *out);
+/* Make id this database's map id (in the caller's transaction): every map a client holds
+ * under the previous id is answered whole next time. */
+int cb_db_turns_map_id_set(struct cb_db_turns *t, long long id);
 
 /* Fold every turn before keep_from into keep_from and forget them. */
 int cb_db_turns_prune(struct cb_db_turns *t, long long keep_from);

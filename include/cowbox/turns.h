@@ -164,6 +164,29 @@ void cb_ws_dirty_free(struct cb_dirty *d, size_t n);
 /* Call fn for every entry of the latest turn's map, sorted (building the map if needed). */
 int cb_ws_map_list(struct cb_turns *t, int (*fn)(const struct cb_entry *, void *), void *arg);
 
+/* The next snapshot through t may leave the map unbuilt when it examines no path and the map
+ * would be built from a walk of the base: the caller answers the whole map next, with
+ * cb_ws_map_first, under the same turn lock. */
+void cb_ws_snapshot_defer_map(struct cb_turns *t);
+
+/* A first map answered before its rows are written (cb_ws_map_first). */
+struct cb_ws_first_map;
+
+/* Like cb_ws_map_list, but given only regular files, and a map never built whose latest turn
+ * changed nothing is answered from the walk of the base before any row is written: then
+ * *pending holds the walk, and the caller must cb_ws_map_first_write it (or drop it) before
+ * the next turn operation. *map_id is the id a client keeps with this map: the database's,
+ * or when pending a fresh one that the write adopts, so that a client given a map whose rows
+ * never reached the disk (a crash in between) is answered whole next time. */
+int cb_ws_map_first(struct cb_turns *t, int (*fn)(const struct cb_entry *, void *), void *arg,
+		    struct cb_ws_first_map **pending, long long *map_id);
+
+/* Write a pending first map's rows (base map, turn map, new cache rows) and adopt its map id,
+ * in one transaction. If the map was built meanwhile its rows stand and the id is not
+ * adopted. 0 or -errno. */
+int cb_ws_map_first_write(struct cb_turns *t, struct cb_ws_first_map *p);
+void cb_ws_map_first_free(struct cb_ws_first_map *p);
+
 /* What changed in the latest turn's map since turn since (at or after the oldest kept):
  * fn(path, entry) for each regular file added or changed, fn(path, NULL) for each path that
  * was a regular file at since and is none now; sorted by path, and costing what changed.

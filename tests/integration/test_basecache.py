@@ -64,9 +64,16 @@ class BaseCacheTest(CowboxTestCase):
             return f.read()
 
     def snapshot_stats(self, ref):
-        """(from meta.db's cache, from the shared cache, hashed) of the first snapshot."""
-        m = re.search(r"snapshot: base files: (\d+) from meta.db's cache, (\d+) from the "
-                      r"shared cache, (\d+) hashed", self.daemon_log(ref))
+        """(from meta.db's cache, from the shared cache, hashed) of the first snapshot (logged
+        when its rows are written, a moment after the reply of a first map)."""
+        pat = (r"snapshot: base files: (\d+) from meta.db's cache, (\d+) from the "
+               r"shared cache, (\d+) hashed")
+        try:
+            wait_for(lambda: re.search(pat, self.daemon_log(ref)), 10, interval=0.05,
+                     what="the first snapshot's base stats in the log")
+        except Exception:
+            pass
+        m = re.search(pat, self.daemon_log(ref))
         self.assertTrue(m, self.daemon_log(ref))
         return tuple(int(x) for x in m.groups())
 
@@ -316,8 +323,11 @@ class BaseCacheTest(CowboxTestCase):
         # at once: the pass is still walking or hashing
         before = self.info(a)
         self.assertEqual(self.snapshot_map(a), real)
+        # the first map is answered before its rows are written: the pass sees them (and
+        # ends) a moment after the reply
+        wait_for(lambda: self.info(a)["state"] in ("taken", "done"), 30, interval=0.05,
+                 what="the background pass to end")
         after = self.info(a)
-        self.assertIn(after["state"], ("taken", "done"), after)
         own, shared, hashed = self.snapshot_stats(a)
         self.assertEqual(own + shared + hashed, n)
         if before["state"] in ("walking", "hashing") and after["state"] == "taken":
@@ -348,6 +358,46 @@ class BaseCacheTest(CowboxTestCase):
         self.assertEqual(self.snapshot_map(a), real)
         b = self.new_ws(base)
         self.assertEqual(self.snapshot_map(b), real)
+
+    def test_first_map_answered_before_its_rows_survives_a_kill(self):
+        """The first map is answered from the walk and its rows written after the reply: the
+        next turn op waits for them (its delta is against them), and a kill -9 between the
+        reply and the rows leaves the client's turn unknown (the whole map again, the base as
+        it is now), never a delta against a map rebuilt from another base."""
+        base = self.make_tree(60)
+        self.env["COWBOX_BACKGROUND_HASH"] = "0"
+        self.env["COWBOX_TEST_MAP_WRITE_STALL"] = "1"
+        a = self.new_ws(base)
+        c = self.client(a, timeout=60)
+        r = c.request("snapshot", files=True)
+        self.assertTrue(r["full"], r)
+        self.assertEqual(r["files"], base_map(base))
+        # asked at once: served after the rows, as a delta against them
+        r2 = c.request("snapshot", files=True, since=r["turn"], map_id=r["map_id"])
+        self.assertIs(r2["full"], False, r2)
+        self.assertEqual((r2["changed"], r2["deleted"]), ({}, []))
+        self.assertEqual(r2["map_id"], r["map_id"])
+
+        self.env["COWBOX_TEST_MAP_WRITE_STALL"] = "60"
+        b = self.new_ws(base)
+        pid = self.daemon_pid(b)
+        c = self.client(b, timeout=60)
+        r = c.request("snapshot", files=True)
+        self.assertEqual(r["files"], base_map(base))
+        os.kill(pid, signal.SIGKILL)  # in the stall: the reply went, the rows did not
+        wait_for(lambda: not pid_alive(pid), 10, what="the daemon to die")
+        victim = sorted(r["files"])[7]
+        with open(os.path.join(base, victim), "wb") as f:
+            f.write(b"changed while the daemon was dead")
+        del self.env["COWBOX_TEST_MAP_WRITE_STALL"]
+        self.mount(b)
+        c = self.client(b, timeout=60)
+        r2 = c.request("snapshot", files=True, since=r["turn"], map_id=r["map_id"])
+        self.assertIs(r2["full"], True, r2)
+        self.assertEqual(r2["files"], base_map(base))
+        self.assertNotEqual(r2["files"][victim], r["files"][victim])
+        r3 = c.request("snapshot", files=True, since=r2["turn"], map_id=r2["map_id"])
+        self.assertIs(r3["full"], False, r3)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from .errors import (AccessDeniedError, InvalidRequestError, WorkspaceError, Wor
                      WorkspaceUnavailableError, error_from_reply)
 
 CHUNK = 1 << 20  # bytes per read/write request; large files take several
+FRAME_BYTES = 16 << 20  # a whole map frame's budget asked of the daemon (under LINE_LIMIT)
 _REF = re.compile(r"^cb-[0-9a-f]{32}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 log = logging.getLogger("cowbox")
@@ -672,10 +673,13 @@ class Sandbox:
         async with self._snapshot_lock:
             # Streamed: the daemon sends the changes (or the whole map) in frames of a few
             # thousand rows, applied as they come, and never builds one reply of them all.
-            args = {"files": True, "stream": True}
+            # A whole map comes in frames of up to FRAME_BYTES (one for ~150k files): the
+            # first frame's dict, as the JSON reader made it, is kept as the map (no copy
+            # into another); a daemon that ignores frame_bytes sends 2048 rows a frame.
+            args = {"files": True, "stream": True, "frame_bytes": FRAME_BYTES}
             held = self._map
             self._map = None  # being changed: unusable if this raises half-way
-            whole = {}
+            whole = []
             if held is not None:
                 args.update(since=held[0], map_id=held[1])
 
@@ -684,11 +688,17 @@ class Sandbox:
                     files.pop(path, None)
                 files.update(msg.get("changed", {}))
 
+            def take(files):
+                if not whole:
+                    whole.append(files)
+                else:
+                    whole[0].update(files)
+
             def frame(msg):
                 if msg.get("stream") == "changes" and held is not None:
                     apply(held[2], msg)
                 elif msg.get("stream") == "files":
-                    whole.update(msg.get("files", {}))
+                    take(msg.get("files", {}))
 
             msg = await self._request("snapshot", on_frame=frame, **args)
             self.last_turn = msg.get("turn")
@@ -696,8 +706,8 @@ class Sandbox:
                 files = held[2]
                 apply(files, msg)  # a daemon that does not stream puts them in the reply
             else:
-                files = whole
-                files.update(msg.get("files", {}))
+                take(msg.get("files", {}))
+                files = whole[0]
             if msg.get("map_id"):
                 self._map = (msg["turn"], msg["map_id"], files)
             return dict(files)

@@ -418,7 +418,8 @@ static void read_head(struct bufferevent *bev, void *arg)
 	}
 }
 
-/* A connection accepted on loop l: its head is read with a timeout. */
+/* A connection given to loop l (its open count already raised): its head is read with a
+ * timeout. */
 static void conn_new(struct cb_net_loop *l, int fd)
 {
 	struct pconn *c = calloc(1, sizeof(*c));
@@ -427,6 +428,7 @@ static void conn_new(struct cb_net_loop *l, int fd)
 	if (!c || !(c->cli = bufferevent_socket_new(l->base, fd, BEV_OPT_CLOSE_ON_FREE))) {
 		free(c);
 		close(fd);
+		__atomic_sub_fetch(&l->open, 1, __ATOMIC_RELAXED);
 		return;
 	}
 	c->p = l->p;
@@ -438,10 +440,70 @@ static void conn_new(struct cb_net_loop *l, int fd)
 		l->conns->prev = c;
 	l->conns = c;
 	__atomic_add_fetch(&l->p->open, 1, __ATOMIC_RELAXED);
-	__atomic_add_fetch(&l->open, 1, __ATOMIC_RELAXED);
 	bufferevent_setcb(c->cli, read_head, NULL, cb_net_conn_close_event, c);
 	bufferevent_set_timeouts(c->cli, &tv, NULL);
 	bufferevent_enable(c->cli, EV_READ);
+}
+
+/* On loop l's thread: the sockets handed to it become its connections (or are closed when it
+ * is stopping). */
+static void on_hand(evutil_socket_t unused, short what, void *arg)
+{
+	struct cb_net_loop *l = arg;
+	int fds[CB_NET_HAND_MAX];
+	size_t n;
+
+	(void)unused;
+	(void)what;
+	pthread_mutex_lock(&l->hand_lock);
+	n = l->hand_n;
+	memcpy(fds, l->hand, n * sizeof *fds);
+	l->hand_n = 0;
+	pthread_mutex_unlock(&l->hand_lock);
+	for (size_t i = 0; i < n; i++)
+		if (l->stopping) {
+			close(fds[i]);
+			__atomic_sub_fetch(&l->open, 1, __ATOMIC_RELAXED);
+		} else {
+			conn_new(l, fds[i]);
+		}
+}
+
+/* Which loop takes a new connection: one with at least two fewer open than loop 0 (the
+ * acceptor's own, no hand-off) and the fewest, else loop 0. The margin keeps one client at a
+ * time on loop 0, whose next connection often comes while the last is still closing there. */
+static struct cb_net_loop *pick_loop(struct cb_net_proxy *p)
+{
+	struct cb_net_loop *best = &p->loops[0];
+	size_t least = __atomic_load_n(&best->open, __ATOMIC_RELAXED);
+
+	for (int i = 1; i < p->n_loops && least; i++) {
+		size_t n = __atomic_load_n(&p->loops[i].open, __ATOMIC_RELAXED);
+
+		if (n + 1 < least) {
+			least = n;
+			best = &p->loops[i];
+		}
+	}
+	return best;
+}
+
+/* fd to loop l's queue, which is woken when it was empty: 0, or -1 when the queue is full. */
+static int hand_to(struct cb_net_loop *l, int fd)
+{
+	int wake;
+
+	pthread_mutex_lock(&l->hand_lock);
+	if (l->hand_n == CB_NET_HAND_MAX) {
+		pthread_mutex_unlock(&l->hand_lock);
+		return -1;
+	}
+	wake = l->hand_n == 0;
+	l->hand[l->hand_n++] = fd;
+	pthread_mutex_unlock(&l->hand_lock);
+	if (wake)
+		event_active(l->hand_ev, EV_READ, 0);
+	return 0;
 }
 
 static void accept_resume(evutil_socket_t fd, short what, void *arg)
@@ -454,18 +516,27 @@ static void accept_resume(evutil_socket_t fd, short what, void *arg)
 		event_add(l->accept_ev, NULL);
 }
 
-/* The shared listener is readable: every loop polls it, one accept4 takes the connection and
- * the others' fail with EAGAIN (a loop woken for nothing, the price of no hand-off between
- * threads). One connection per wake-up: the listener stays readable while more wait, and the
- * next poll may give them to a loop less busy. The socket comes non-blocking, and with the
- * listener's TCP_NODELAY (Linux copies it), so it costs no further system call. */
+/* On loop 0: the listener is readable. One connection per wake-up (the listener stays
+ * readable while more wait), which saves the accept4 that would fail with EAGAIN after a lone
+ * one. The socket comes non-blocking, and with the listener's TCP_NODELAY (Linux copies it),
+ * so it costs no further system call. Only loop 0 polls the listener: with every loop polling
+ * it (libevent cannot ask epoll for EPOLLEXCLUSIVE) each connection woke them all and all but
+ * one accept4 failed. */
 static void on_acceptable(evutil_socket_t lfd, short what, void *arg)
 {
-	struct cb_net_loop *l = arg;
+	struct cb_net_loop *l = arg, *to;
 	int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
 	(void)what;
 	if (fd >= 0) {
+		to = pick_loop(l->p);
+		__atomic_add_fetch(&to->open, 1, __ATOMIC_RELAXED);
+		if (to != l && hand_to(to, fd) == 0)
+			return;
+		if (to != l) { /* its queue is full: this one serves it */
+			__atomic_sub_fetch(&to->open, 1, __ATOMIC_RELAXED);
+			__atomic_add_fetch(&l->open, 1, __ATOMIC_RELAXED);
+		}
 		conn_new(l, fd);
 		return;
 	}
@@ -486,7 +557,7 @@ static void *loop_main(void *arg)
 	return NULL;
 }
 
-/* On loop l's thread: it accepts no more and every connection of it goes (a pending lookup's
+/* On loop l's thread: it takes no more and every connection of it goes (a pending lookup's
  * conn at its callback). */
 static void on_stop(evutil_socket_t fd, short what, void *arg)
 {
@@ -495,7 +566,9 @@ static void on_stop(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	l->stopping = 1;
-	event_del(l->accept_ev);
+	if (l->accept_ev)
+		event_del(l->accept_ev);
+	on_hand(-1, 0, l); /* what was handed to it is closed */
 	while (l->conns) {
 		struct pconn *c = l->conns;
 
@@ -532,11 +605,14 @@ static int loop_init(struct cb_net_proxy *p, struct cb_net_loop *l, int index, d
 	l->index = index;
 	snprintf(tmo, sizeof tmo, "%g", dns_timeout > 0 ? dns_timeout : 5.0);
 	/* a resolver per loop: its requests and callbacks stay on the loop of their conn */
+	pthread_mutex_init(&l->hand_lock, NULL);
 	if (!(l->base = new_base()) ||
 	    !(l->dns = evdns_base_new(l->base, EVDNS_BASE_INITIALIZE_NAMESERVERS)) ||
 	    !(l->stop_ev = event_new(l->base, -1, 0, on_stop, l)) ||
-	    !(l->accept_ev = event_new(l->base, p->lfd, EV_READ | EV_PERSIST, on_acceptable, l)) ||
-	    event_add(l->accept_ev, NULL) < 0)
+	    !(l->hand_ev = event_new(l->base, -1, 0, on_hand, l)) ||
+	    (index == 0 && (!(l->accept_ev = event_new(l->base, p->lfd, EV_READ | EV_PERSIST,
+						       on_acceptable, l)) ||
+			    event_add(l->accept_ev, NULL) < 0)))
 		return cb_error_set(ENOMEM, "proxy: cannot set up its event loop and resolver");
 	evdns_base_set_option(l->dns, "timeout:", tmo);
 	evdns_base_set_option(l->dns, "attempts:", "2");
@@ -547,6 +623,8 @@ static void loop_free(struct cb_net_loop *l)
 {
 	if (l->accept_ev)
 		event_free(l->accept_ev);
+	for (size_t i = 0; i < l->hand_n; i++)
+		close(l->hand[i]); /* handed after it stopped */
 	if (l->dns)
 		evdns_base_free(l->dns, 1); /* a pending lookup fails, its conn goes */
 	while (l->conns)
@@ -554,8 +632,12 @@ static void loop_free(struct cb_net_loop *l)
 	cb_net_pipes_trim(&l->pipes, 0);
 	if (l->stop_ev)
 		event_free(l->stop_ev);
+	if (l->hand_ev)
+		event_free(l->hand_ev);
 	if (l->base)
 		event_base_free(l->base);
+	if (l->p) /* its mutex was made */
+		pthread_mutex_destroy(&l->hand_lock);
 }
 
 static pthread_once_t threads_once = PTHREAD_ONCE_INIT;

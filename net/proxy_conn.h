@@ -42,21 +42,28 @@ struct pconn {
 };
 
 #define CB_NET_LOOPS_MAX 4
+#define CB_NET_HAND_MAX	 64 /* accepted sockets waiting for their loop */
 
-/* One event loop of the proxy, on a thread of its own: the connections it accepted from the
- * shared listener, their resolver and their pipes are its alone. */
+/* One event loop of the proxy, on a thread of its own: the connections it was given, their
+ * resolver and their pipes are its alone. Loop 0 also accepts, and hands a connection to the
+ * loop with the fewest open (docs/network.md#event-loops). */
 struct cb_net_loop {
 	struct cb_net_proxy *p;
 	int index;
 	struct event_base *base;
 	struct evdns_base *dns;
-	struct event *accept_ev, *stop_ev;
+	struct event *accept_ev; /* loop 0's */
+	struct event *stop_ev, *hand_ev;
 	pthread_t thread;
 	int running;  /* its thread was started */
-	int stopping; /* on its thread: it accepts no more */
+	int stopping; /* on its thread: it takes no more */
 	struct pconn *conns;
-	size_t open; /* its connections (the pipe pool is trimmed when none are) */
+	size_t open; /* atomic: its connections, counted from the hand-off (the pipe pool is
+			trimmed when none are) */
 	struct cb_net_pipes pipes;
+	pthread_mutex_t hand_lock; /* guards hand[] */
+	int hand[CB_NET_HAND_MAX];
+	size_t hand_n;
 };
 
 /* What the loops share is read-only once they run (policy, hosts, the intercept contexts,

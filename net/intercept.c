@@ -106,6 +106,11 @@ struct sess_key {
 	int port;
 };
 
+/* The proxy's event loops share the bound hosts' session slots; held for a lookup or a swap,
+ * never across a handshake. */
+static pthread_mutex_t sess_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* With sess_lock held. */
 static struct cb_net_icpt_session *session_slot(struct cb_net_icpt_host *h, int port, int make)
 {
 	struct cb_net_icpt_session *s = NULL;
@@ -133,13 +138,17 @@ static struct cb_net_icpt_session *session_slot(struct cb_net_icpt_host *h, int 
 static int new_session(SSL *ssl, SSL_SESSION *sess)
 {
 	struct sess_key *k = SSL_get_ex_data(ssl, ex_index);
-	struct cb_net_icpt_session *s = k ? session_slot(k->h, k->port, 1) : NULL;
-	SSL_SESSION *copy = s ? SSL_SESSION_dup(sess) : NULL;
+	SSL_SESSION *copy = k ? SSL_SESSION_dup(sess) : NULL, *old = NULL;
+	struct cb_net_icpt_session *s;
 
-	if (copy) {
-		SSL_SESSION_free(s->s);
-		s->s = copy;
-	}
+	if (!copy)
+		return 0;
+	pthread_mutex_lock(&sess_lock);
+	s = session_slot(k->h, k->port, 1);
+	old = s->s;
+	s->s = copy;
+	pthread_mutex_unlock(&sess_lock);
+	SSL_SESSION_free(old);
 	return 0; /* sess stays OpenSSL's */
 }
 
@@ -264,7 +273,8 @@ SSL *cb_net_icpt_upstream(struct cb_net_icpt *ic, struct cb_net_icpt_host *h, co
 			  int port)
 {
 	struct sockaddr_storage ss;
-	struct cb_net_icpt_session *s = session_slot(h, port, 0);
+	struct cb_net_icpt_session *s;
+	SSL_SESSION *resume = NULL;
 	struct sess_key *k = malloc(sizeof(*k));
 	SSL *ssl = k ? SSL_new(ic->client) : NULL;
 	int ok;
@@ -281,8 +291,14 @@ SSL *cb_net_icpt_upstream(struct cb_net_icpt *ic, struct cb_net_icpt_host *h, co
 		ok = SSL_set_tlsext_host_name(ssl, name) && SSL_set1_host(ssl, name);
 	/* a session of the same host and port was verified for this name when it was made; an
 	 * expired or refused one is a full handshake, verified again */
-	if (ok && s && s->s && SSL_SESSION_is_resumable(s->s))
-		ok = SSL_set_session(ssl, s->s);
+	pthread_mutex_lock(&sess_lock);
+	s = session_slot(h, port, 0);
+	if (s && s->s && SSL_SESSION_is_resumable(s->s) && SSL_SESSION_up_ref(s->s))
+		resume = s->s; /* ours until set: another loop may swap the slot meanwhile */
+	pthread_mutex_unlock(&sess_lock);
+	if (ok && resume)
+		ok = SSL_set_session(ssl, resume);
+	SSL_SESSION_free(resume);
 	if (!ok || SSL_set_alpn_protos(ssl, alpn_h1, sizeof alpn_h1 - 1) != 0) {
 		SSL_free(ssl);
 		return NULL;

@@ -31,7 +31,7 @@ struct cb_net_icpt_host {
 	SSL_CTX *server; /* to the sandbox: the leaf, HTTP/1.1 by ALPN */
 	size_t n;
 	struct cb_net_binding *b;			    /* strings owned */
-	struct cb_net_icpt_session sess[CB_NET_ICPT_PORTS]; /* the proxy's thread only */
+	struct cb_net_icpt_session sess[CB_NET_ICPT_PORTS]; /* under intercept.c's lock */
 };
 
 struct cb_net_icpt {
@@ -49,7 +49,7 @@ void cb_net_icpt_free(struct cb_net_icpt *ic);
 struct cb_net_icpt_host *cb_net_icpt_find(const struct cb_net_icpt *ic, const char *name);
 /* A TLS connection to the destination name (bound host h) on port: SNI, its name (or address)
  * verified, HTTP/1.1, resuming h's last session on that port; the sessions it is given are
- * kept in h for the next. On the proxy's thread only. */
+ * kept in h for the next. From any of the proxy's loops. */
 SSL *cb_net_icpt_upstream(struct cb_net_icpt *ic, struct cb_net_icpt_host *h, const char *name,
 			  int port);
 /* A TLS connection to serve the sandbox for h with h's leaf. */

@@ -19,3 +19,9 @@ TESTS += net/test_intercept
 net_test_intercept_SOURCES = net/test_intercept.c
 net_test_intercept_CFLAGS = $(CRITERION_TEST_CFLAGS)
 net_test_intercept_LDADD = net/libcb_net.la util/libcb_util.la $(DEPS_LIBS) $(CRITERION_TEST_LIBS)
+
+check_PROGRAMS += net/test_proxy
+TESTS += net/test_proxy
+net_test_proxy_SOURCES = net/test_proxy.c
+net_test_proxy_CFLAGS = $(CRITERION_TEST_CFLAGS)
+net_test_proxy_LDADD = net/libcb_net.la util/libcb_util.la $(DEPS_LIBS) $(CRITERION_TEST_LIBS)

@@ -1,6 +1,6 @@
-/* The egress proxy of a workspace: HTTP CONNECT, plain HTTP and SOCKS5 on one listener, names
- * resolved here (libevent's evdns), every destination checked by the policy on its address,
- * then connected; net/relay.c takes each connection from there. */
+/* The egress proxy of a workspace: HTTP CONNECT, plain HTTP and SOCKS5 on one listener served by
+ * several event loops, names resolved here (libevent's evdns), every destination checked by the
+ * policy on its address, then connected; net/relay.c takes each connection from there. */
 #include "config.h"
 
 #include <arpa/inet.h>
@@ -9,7 +9,6 @@
 #include <event2/bufferevent.h>
 #include <event2/dns.h>
 #include <event2/event.h>
-#include <event2/listener.h>
 #include <event2/thread.h>
 #include <event2/util.h>
 #include <netinet/in.h>
@@ -19,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,6 +47,7 @@ static double now_wall(void)
 static void conn_free(struct pconn *c)
 {
 	struct cb_net_proxy *p = c->p;
+	struct cb_net_loop *l = c->l;
 
 	if (c->tun) {
 		unsigned long long up, down;
@@ -81,11 +82,12 @@ static void conn_free(struct pconn *c)
 	if (c->prev)
 		c->prev->next = c->next;
 	else
-		p->conns = c->next;
+		l->conns = c->next;
 	if (c->next)
 		c->next->prev = c->prev;
-	if (!__atomic_sub_fetch(&p->open, 1, __ATOMIC_RELAXED))
-		cb_net_pipes_trim(&p->pipes, 2); /* one connection's */
+	__atomic_sub_fetch(&p->open, 1, __ATOMIC_RELAXED);
+	if (!__atomic_sub_fetch(&l->open, 1, __ATOMIC_RELAXED))
+		cb_net_pipes_trim(&l->pipes, 2); /* one connection's */
 	free(c);
 }
 
@@ -215,7 +217,7 @@ static void connect_addrs(struct pconn *c, struct sockaddr **sas, size_t n)
 	}
 	cb_net_proxy_addr_text(use, c->address, sizeof c->address);
 	c->st = ST_CONNECT;
-	c->up = bufferevent_socket_new(c->p->base, -1, BEV_OPT_CLOSE_ON_FREE);
+	c->up = bufferevent_socket_new(c->l->base, -1, BEV_OPT_CLOSE_ON_FREE);
 	if (!c->up) {
 		cb_net_conn_fail(c, 0, 502, 0x01, "%s", "out of memory");
 		return;
@@ -300,7 +302,7 @@ static void resolve(struct pconn *c)
 		return;
 	}
 	c->dns_pending = 1;
-	req = evdns_getaddrinfo(c->p->dns, c->name, NULL, &hints, dns_done, c);
+	req = evdns_getaddrinfo(c->l->dns, c->name, NULL, &hints, dns_done, c);
 	if (c->dns_pending)
 		c->dns = req; /* else it answered at once */
 }
@@ -416,54 +418,159 @@ static void read_head(struct bufferevent *bev, void *arg)
 	}
 }
 
-static void on_accept(struct evconnlistener *lis, evutil_socket_t fd, struct sockaddr *sa, int len,
-		      void *arg)
+/* A connection given to loop l (its open count already raised): its head is read with a
+ * timeout. */
+static void conn_new(struct cb_net_loop *l, int fd)
 {
-	struct cb_net_proxy *p = arg;
 	struct pconn *c = calloc(1, sizeof(*c));
 	struct timeval tv = {HEAD_TIMEOUT, 0};
 
-	(void)lis;
-	(void)sa;
-	(void)len;
-	if (!c || !(c->cli = bufferevent_socket_new(p->base, fd, BEV_OPT_CLOSE_ON_FREE))) {
+	if (!c || !(c->cli = bufferevent_socket_new(l->base, fd, BEV_OPT_CLOSE_ON_FREE))) {
 		free(c);
-		evutil_closesocket(fd);
+		close(fd);
+		__atomic_sub_fetch(&l->open, 1, __ATOMIC_RELAXED);
 		return;
 	}
-	no_delay(fd);
-	c->p = p;
+	c->p = l->p;
+	c->l = l;
 	c->t0 = now_mono();
 	c->t0_wall = now_wall();
-	c->next = p->conns;
-	if (p->conns)
-		p->conns->prev = c;
-	p->conns = c;
-	__atomic_add_fetch(&p->open, 1, __ATOMIC_RELAXED);
+	c->next = l->conns;
+	if (l->conns)
+		l->conns->prev = c;
+	l->conns = c;
+	__atomic_add_fetch(&l->p->open, 1, __ATOMIC_RELAXED);
 	bufferevent_setcb(c->cli, read_head, NULL, cb_net_conn_close_event, c);
 	bufferevent_set_timeouts(c->cli, &tv, NULL);
 	bufferevent_enable(c->cli, EV_READ);
 }
 
-static void *proxy_main(void *arg)
+/* On loop l's thread: the sockets handed to it become its connections (or are closed when it
+ * is stopping). */
+static void on_hand(evutil_socket_t unused, short what, void *arg)
 {
-	struct cb_net_proxy *p = arg;
+	struct cb_net_loop *l = arg;
+	int fds[CB_NET_HAND_MAX];
+	size_t n;
 
-	event_base_dispatch(p->base);
-	return NULL;
+	(void)unused;
+	(void)what;
+	pthread_mutex_lock(&l->hand_lock);
+	n = l->hand_n;
+	memcpy(fds, l->hand, n * sizeof *fds);
+	l->hand_n = 0;
+	pthread_mutex_unlock(&l->hand_lock);
+	for (size_t i = 0; i < n; i++)
+		if (l->stopping) {
+			close(fds[i]);
+			__atomic_sub_fetch(&l->open, 1, __ATOMIC_RELAXED);
+		} else {
+			conn_new(l, fds[i]);
+		}
 }
 
-/* On the proxy's thread: every connection goes (a pending lookup's conn at its callback). */
-static void on_stop(evutil_socket_t fd, short what, void *arg)
+/* Which loop takes a new connection: one with at least two fewer open than loop 0 (the
+ * acceptor's own, no hand-off) and the fewest, else loop 0. The margin keeps one client at a
+ * time on loop 0, whose next connection often comes while the last is still closing there. */
+static struct cb_net_loop *pick_loop(struct cb_net_proxy *p)
 {
-	struct cb_net_proxy *p = arg;
+	struct cb_net_loop *best = &p->loops[0];
+	size_t least = __atomic_load_n(&best->open, __ATOMIC_RELAXED);
+
+	for (int i = 1; i < p->n_loops && least; i++) {
+		size_t n = __atomic_load_n(&p->loops[i].open, __ATOMIC_RELAXED);
+
+		if (n + 1 < least) {
+			least = n;
+			best = &p->loops[i];
+		}
+	}
+	return best;
+}
+
+/* fd to loop l's queue, which is woken when it was empty: 0, or -1 when the queue is full. */
+static int hand_to(struct cb_net_loop *l, int fd)
+{
+	int wake;
+
+	pthread_mutex_lock(&l->hand_lock);
+	if (l->hand_n == CB_NET_HAND_MAX) {
+		pthread_mutex_unlock(&l->hand_lock);
+		return -1;
+	}
+	wake = l->hand_n == 0;
+	l->hand[l->hand_n++] = fd;
+	pthread_mutex_unlock(&l->hand_lock);
+	if (wake)
+		event_active(l->hand_ev, EV_READ, 0);
+	return 0;
+}
+
+static void accept_resume(evutil_socket_t fd, short what, void *arg)
+{
+	struct cb_net_loop *l = arg;
 
 	(void)fd;
 	(void)what;
-	evconnlistener_free(p->lis);
-	p->lis = NULL;
-	while (p->conns) {
-		struct pconn *c = p->conns;
+	if (!l->stopping)
+		event_add(l->accept_ev, NULL);
+}
+
+/* On loop 0: the listener is readable. One connection per wake-up (the listener stays
+ * readable while more wait), which saves the accept4 that would fail with EAGAIN after a lone
+ * one. The socket comes non-blocking, and with the listener's TCP_NODELAY (Linux copies it),
+ * so it costs no further system call. Only loop 0 polls the listener: with every loop polling
+ * it (libevent cannot ask epoll for EPOLLEXCLUSIVE) each connection woke them all and all but
+ * one accept4 failed. */
+static void on_acceptable(evutil_socket_t lfd, short what, void *arg)
+{
+	struct cb_net_loop *l = arg, *to;
+	int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+	(void)what;
+	if (fd >= 0) {
+		to = pick_loop(l->p);
+		__atomic_add_fetch(&to->open, 1, __ATOMIC_RELAXED);
+		if (to != l && hand_to(to, fd) == 0)
+			return;
+		if (to != l) { /* its queue is full: this one serves it */
+			__atomic_sub_fetch(&to->open, 1, __ATOMIC_RELAXED);
+			__atomic_add_fetch(&l->open, 1, __ATOMIC_RELAXED);
+		}
+		conn_new(l, fd);
+		return;
+	}
+	if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+		/* the listener would stay readable and the loop spin: pause it a moment */
+		struct timeval tv = {0, 100 * 1000};
+
+		event_del(l->accept_ev);
+		event_base_once(l->base, -1, EV_TIMEOUT, accept_resume, l, &tv);
+	}
+}
+
+static void *loop_main(void *arg)
+{
+	struct cb_net_loop *l = arg;
+
+	event_base_dispatch(l->base);
+	return NULL;
+}
+
+/* On loop l's thread: it takes no more and every connection of it goes (a pending lookup's
+ * conn at its callback). */
+static void on_stop(evutil_socket_t fd, short what, void *arg)
+{
+	struct cb_net_loop *l = arg;
+
+	(void)fd;
+	(void)what;
+	l->stopping = 1;
+	if (l->accept_ev)
+		event_del(l->accept_ev);
+	on_hand(-1, 0, l); /* what was handed to it is closed */
+	while (l->conns) {
+		struct pconn *c = l->conns;
 
 		for (; c && c->closing; c = c->next)
 			;
@@ -471,7 +578,7 @@ static void on_stop(evutil_socket_t fd, short what, void *arg)
 			break;
 		cb_net_conn_close(c);
 	}
-	event_base_loopexit(p->base, NULL);
+	event_base_loopexit(l->base, NULL);
 }
 
 /* An event loop whose epoll changes wait for its next poll, where they merge: a connection
@@ -489,6 +596,50 @@ static struct event_base *new_base(void)
 	return base;
 }
 
+/* Loop l's base, resolver and events (its thread not started): 0 or -errno. */
+static int loop_init(struct cb_net_proxy *p, struct cb_net_loop *l, int index, double dns_timeout)
+{
+	char tmo[32];
+
+	l->p = p;
+	l->index = index;
+	snprintf(tmo, sizeof tmo, "%g", dns_timeout > 0 ? dns_timeout : 5.0);
+	/* a resolver per loop: its requests and callbacks stay on the loop of their conn */
+	pthread_mutex_init(&l->hand_lock, NULL);
+	if (!(l->base = new_base()) ||
+	    !(l->dns = evdns_base_new(l->base, EVDNS_BASE_INITIALIZE_NAMESERVERS)) ||
+	    !(l->stop_ev = event_new(l->base, -1, 0, on_stop, l)) ||
+	    !(l->hand_ev = event_new(l->base, -1, 0, on_hand, l)) ||
+	    (index == 0 && (!(l->accept_ev = event_new(l->base, p->lfd, EV_READ | EV_PERSIST,
+						       on_acceptable, l)) ||
+			    event_add(l->accept_ev, NULL) < 0)))
+		return cb_error_set(ENOMEM, "proxy: cannot set up its event loop and resolver");
+	evdns_base_set_option(l->dns, "timeout:", tmo);
+	evdns_base_set_option(l->dns, "attempts:", "2");
+	return 0;
+}
+
+static void loop_free(struct cb_net_loop *l)
+{
+	if (l->accept_ev)
+		event_free(l->accept_ev);
+	for (size_t i = 0; i < l->hand_n; i++)
+		close(l->hand[i]); /* handed after it stopped */
+	if (l->dns)
+		evdns_base_free(l->dns, 1); /* a pending lookup fails, its conn goes */
+	while (l->conns)
+		conn_free(l->conns);
+	cb_net_pipes_trim(&l->pipes, 0);
+	if (l->stop_ev)
+		event_free(l->stop_ev);
+	if (l->hand_ev)
+		event_free(l->hand_ev);
+	if (l->base)
+		event_base_free(l->base);
+	if (l->p) /* its mutex was made */
+		pthread_mutex_destroy(&l->hand_lock);
+}
+
 static pthread_once_t threads_once = PTHREAD_ONCE_INIT;
 static int threads_rc;
 
@@ -497,40 +648,61 @@ static void threads_init(void)
 	threads_rc = evthread_use_pthreads();
 }
 
+/* Every running loop stopped and joined, then everything freed. */
 static void proxy_free(struct cb_net_proxy *p)
 {
-	if (p->lis)
-		evconnlistener_free(p->lis);
-	if (p->dns)
-		evdns_base_free(p->dns, 1); /* a pending lookup fails, its conn goes */
-	while (p->conns)
-		conn_free(p->conns);
-	cb_net_pipes_trim(&p->pipes, 0);
-	if (p->stop_ev)
-		event_free(p->stop_ev);
-	if (p->base)
-		event_base_free(p->base);
+	for (int i = 0; i < p->n_loops; i++)
+		if (p->loops[i].running)
+			event_active(p->loops[i].stop_ev, EV_READ, 0);
+	for (int i = 0; i < p->n_loops; i++)
+		if (p->loops[i].running)
+			pthread_join(p->loops[i].thread, NULL);
+	for (int i = 0; i < p->n_loops; i++)
+		loop_free(&p->loops[i]);
+	if (p->lfd >= 0)
+		close(p->lfd);
 	cb_net_hosts_free(&p->hosts);
 	cb_net_policy_free(p->policy);
 	cb_net_icpt_free(p->icpt);
 	free(p);
 }
 
+/* How many loops: asked, else $COWBOX_PROXY_LOOPS (tests), else one per online CPU; 1 to
+ * CB_NET_LOOPS_MAX. */
+static int loops_wanted(int asked)
+{
+	const char *env = getenv("COWBOX_PROXY_LOOPS");
+	long n = asked;
+
+	if (n <= 0 && env && *env)
+		n = strtol(env, NULL, 10);
+	if (n <= 0)
+		n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n < 1 ? 1 : n > CB_NET_LOOPS_MAX ? CB_NET_LOOPS_MAX : (int)n;
+}
+
 int cb_net_proxy_start(const struct cb_net_proxy_config *cfg, struct cb_net_proxy **out)
 {
 	struct cb_net_proxy *p = calloc(1, sizeof(*p));
 	const char *hosts = getenv("COWBOX_PROXY_HOSTS");
-	char tmo[32];
-	int rc = 0, fd = cfg->listen_fd;
+	int rc = 0, one = 1;
 
 	*out = NULL;
 	pthread_once(&threads_once, threads_init);
 	if (!p) {
+		close(cfg->listen_fd);
 		rc = cb_error_set(ENOMEM, "proxy: out of memory");
 		goto out;
 	}
+	p->lfd = cfg->listen_fd;
 	if (threads_rc < 0) {
 		rc = cb_error_set(ENOSYS, "proxy: libevent has no pthreads support");
+		goto out;
+	}
+	/* accepted sockets inherit both (Linux), which saves two system calls a connection */
+	if (evutil_make_socket_nonblocking(p->lfd) < 0 ||
+	    setsockopt(p->lfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0) {
+		rc = cb_error_set(errno, "proxy: its listener: %s", strerror(errno));
 		goto out;
 	}
 	if ((rc = cb_net_policy_copy(cfg->policy, &p->policy)) < 0)
@@ -541,31 +713,26 @@ int cb_net_proxy_start(const struct cb_net_proxy_config *cfg, struct cb_net_prox
 		goto out;
 	p->record = cfg->record;
 	p->record_arg = cfg->record_arg;
-	snprintf(tmo, sizeof tmo, "%g", cfg->dns_timeout > 0 ? cfg->dns_timeout : 5.0);
-	if (!(p->base = new_base()) ||
-	    !(p->dns = evdns_base_new(p->base, EVDNS_BASE_INITIALIZE_NAMESERVERS)) ||
-	    !(p->stop_ev = event_new(p->base, -1, 0, on_stop, p))) {
-		rc = cb_error_set(ENOMEM, "proxy: cannot set up its event loop and resolver");
-		goto out;
+	for (int i = 0, n = loops_wanted(cfg->loops); i < n; i++) {
+		p->n_loops = i + 1; /* freed, even half made */
+		if ((rc = loop_init(p, &p->loops[i], i, cfg->dns_timeout)) < 0)
+			goto out;
 	}
-	evdns_base_set_option(p->dns, "timeout:", tmo);
-	evdns_base_set_option(p->dns, "attempts:", "2");
-	evutil_make_socket_nonblocking(fd);
-	p->lis = evconnlistener_new(p->base, on_accept, p, LEV_OPT_CLOSE_ON_FREE, -1, fd);
-	if (!p->lis) {
-		rc = cb_error_set(ENOMEM, "proxy: cannot listen");
-		goto out;
-	}
-	fd = -1;
-	if ((rc = pthread_create(&p->thread, NULL, proxy_main, p))) {
-		rc = cb_error_set(rc, "proxy: thread: %s", strerror(rc));
-		goto out;
+	for (int i = 0; i < p->n_loops; i++) {
+		struct cb_net_loop *l = &p->loops[i];
+		char name[16];
+
+		if ((rc = pthread_create(&l->thread, NULL, loop_main, l))) {
+			rc = cb_error_set(rc, "proxy: thread: %s", strerror(rc));
+			goto out;
+		}
+		l->running = 1;
+		snprintf(name, sizeof name, "cb-proxy%d", i % 10);
+		pthread_setname_np(l->thread, name);
 	}
 	*out = p;
 	p = NULL;
 out:
-	if (fd >= 0)
-		close(fd);
 	if (p)
 		proxy_free(p);
 	return rc;
@@ -573,14 +740,21 @@ out:
 
 void cb_net_proxy_stop(struct cb_net_proxy *p)
 {
-	if (!p)
-		return;
-	event_active(p->stop_ev, EV_READ, 0);
-	pthread_join(p->thread, NULL);
-	proxy_free(p);
+	if (p)
+		proxy_free(p);
 }
 
 size_t cb_net_proxy_open_count(struct cb_net_proxy *p)
 {
 	return __atomic_load_n(&p->open, __ATOMIC_RELAXED);
+}
+
+size_t cb_net_proxy_loop_open(struct cb_net_proxy *p, int i)
+{
+	return i < p->n_loops ? __atomic_load_n(&p->loops[i].open, __ATOMIC_RELAXED) : 0;
+}
+
+int cb_net_proxy_loops(struct cb_net_proxy *p)
+{
+	return p->n_loops;
 }

@@ -5,7 +5,7 @@
 
 #include <event2/bufferevent.h>
 #include <event2/dns.h>
-#include <event2/listener.h>
+#include <event2/event.h>
 #include <pthread.h>
 #include <stddef.h>
 
@@ -20,6 +20,7 @@ enum pconn_state { ST_HEAD, ST_SOCKS_REQ, ST_RESOLVE, ST_CONNECT, ST_RELAY, ST_C
 
 struct pconn {
 	struct cb_net_proxy *p;
+	struct cb_net_loop *l; /* the loop it was accepted on, which runs it to its end */
 	struct pconn *prev, *next;
 	struct bufferevent *cli, *up;
 	enum pconn_state st;
@@ -40,21 +41,48 @@ struct pconn {
 	struct cb_net_tunnel *tun; /* a plain tunnel relays in the kernel (net/tunnel.c) */
 };
 
-struct cb_net_proxy {
+#define CB_NET_LOOPS_MAX 4
+#define CB_NET_HAND_MAX	 64 /* accepted sockets waiting for their loop */
+
+/* One event loop of the proxy, on a thread of its own: the connections it was given, their
+ * resolver and their pipes are its alone. Loop 0 also accepts, and hands a connection to the
+ * loop with the fewest open (docs/network.md#event-loops). */
+struct cb_net_loop {
+	struct cb_net_proxy *p;
+	int index;
 	struct event_base *base;
 	struct evdns_base *dns;
-	struct evconnlistener *lis;
-	struct event *stop_ev;
+	struct event *accept_ev; /* loop 0's */
+	struct event *stop_ev, *hand_ev;
 	pthread_t thread;
+	int running;  /* its thread was started */
+	int stopping; /* on its thread: it takes no more */
+	struct pconn *conns;
+	size_t open; /* atomic: its connections, counted from the hand-off (the pipe pool is
+			trimmed when none are) */
+	struct cb_net_pipes pipes;
+	pthread_mutex_t hand_lock; /* guards hand[] */
+	int hand[CB_NET_HAND_MAX];
+	size_t hand_n;
+};
+
+/* What the loops share is read-only once they run (policy, hosts, the intercept contexts,
+ * whose session slots have their own lock) or safe from any thread (record, open). */
+struct cb_net_proxy {
+	int lfd; /* the listener, in the sandbox's namespace, accepted from by every loop */
 	struct cb_net_policy *policy;
 	struct cb_net_hosts hosts;
 	void (*record)(void *arg, const struct cb_net_record *r);
 	void *record_arg;
-	struct pconn *conns;
-	size_t open;
+	size_t open;		  /* atomic: connections of all loops */
 	struct cb_net_icpt *icpt; /* NULL: no header secrets */
-	struct cb_net_pipes pipes;
+	int n_loops;
+	struct cb_net_loop loops[CB_NET_LOOPS_MAX];
 };
+
+/* Connections open on loop i of p now, and how many loops p runs (tests). */
+size_t cb_net_proxy_loop_open(struct cb_net_proxy *p, int i);
+int cb_net_proxy_loops(struct cb_net_proxy *p);
 
 /* Close c now, or once a pending lookup has called back. */
 void cb_net_conn_close(struct pconn *c);

@@ -102,7 +102,7 @@ static int intercept_client(struct pconn *c)
 {
 	SSL *ssl = cb_net_icpt_downstream(c->bound);
 	struct bufferevent *tls =
-	    ssl ? bufferevent_openssl_filter_new(c->p->base, c->cli, ssl, BUFFEREVENT_SSL_ACCEPTING,
+	    ssl ? bufferevent_openssl_filter_new(c->l->base, c->cli, ssl, BUFFEREVENT_SSL_ACCEPTING,
 						 BEV_OPT_CLOSE_ON_FREE)
 		: NULL;
 
@@ -142,7 +142,7 @@ static void start_relay(struct pconn *c)
 		return;
 	/* else the bufferevents relay: when no tunnel could be had, or to rewrite */
 	if (!c->bound &&
-	    cb_net_tunnel_new(&c->cli, &c->up, &c->p->pipes, tunnel_done, c, &c->tun) == 0)
+	    cb_net_tunnel_new(&c->cli, &c->up, &c->l->pipes, tunnel_done, c, &c->tun) == 0)
 		return;
 	bufferevent_setcb(c->cli, relay_read, NULL, relay_event, c);
 	bufferevent_setcb(c->up, relay_read, NULL, relay_event, c);
@@ -163,7 +163,7 @@ static void intercept_upstream(struct pconn *c)
 	struct timeval tv = {CB_NET_CONNECT_TIMEOUT, 0};
 	SSL *ssl = cb_net_icpt_upstream(c->p->icpt, c->bound, c->name, c->port);
 	struct bufferevent *tls =
-	    ssl ? bufferevent_openssl_filter_new(c->p->base, c->up, ssl, BUFFEREVENT_SSL_CONNECTING,
+	    ssl ? bufferevent_openssl_filter_new(c->l->base, c->up, ssl, BUFFEREVENT_SSL_CONNECTING,
 						 BEV_OPT_CLOSE_ON_FREE)
 		: NULL;
 

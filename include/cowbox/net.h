@@ -114,6 +114,9 @@ struct cb_net_proxy_config {
 	void (*record)(void *arg, const struct cb_net_record *r);
 	void *record_arg;
 	double dns_timeout; /* seconds; <= 0: 5 */
+	/* Event loops, each on a thread of its own, all accepting from listen_fd; <= 0: as
+	 * $COWBOX_PROXY_LOOPS says (tests), else one per online CPU; at most 4. */
+	int loops;
 	/* Header secrets: connections to a bound host are intercepted (TLS ended here with a
 	 * leaf of the CA in ca_dir, the upstream's certificate verified against the system
 	 * store and $COWBOX_PROXY_EXTRA_CA); every other host is tunnelled untouched. */
@@ -124,10 +127,10 @@ struct cb_net_proxy_config {
 
 struct cb_net_proxy;
 
-/* Start the proxy on its own thread: HTTP CONNECT, plain HTTP forwarding (absolute URIs) and
- * SOCKS5 (CONNECT, names resolved here), each destination checked by the policy before and
- * after resolution. Names are looked up in $COWBOX_PROXY_HOSTS (a hosts-format file) first,
- * then by DNS (asynchronously, with the timeout). */
+/* Start the proxy on its own threads (its event loops, docs/network.md#event-loops): HTTP CONNECT,
+ * plain HTTP forwarding (absolute URIs) and SOCKS5 (CONNECT, names resolved here), each destination
+ * checked by the policy before and after resolution. Names are looked up in $COWBOX_PROXY_HOSTS (a
+ * hosts-format file) first, then by DNS (asynchronously, with the timeout). */
 int cb_net_proxy_start(const struct cb_net_proxy_config *cfg, struct cb_net_proxy **out);
 /* Stop it: every connection is closed and recorded; NULL is a no-op. */
 void cb_net_proxy_stop(struct cb_net_proxy *p);

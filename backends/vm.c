@@ -342,6 +342,7 @@ static void vm_state_free(struct vm_state *s)
 	}
 	snprintf(path, sizeof(path), "%s/qemu.pid", s->dir);
 	unlink(path);
+	vm_forward_free(s);
 	pthread_mutex_destroy(&s->lock);
 	pthread_mutex_destroy(&s->wlock);
 	cb_backend_image_config_free(&s->image);
@@ -369,6 +370,7 @@ static int vm_create(struct cb_backend *b)
 		s->cmds[i].fd = -1;
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_mutex_init(&s->wlock, NULL);
+	vm_forward_init(s);
 	snprintf(s->dir, sizeof(s->dir), "%s/vm", b->dir);
 	if (mkdir(s->dir, 0700) < 0 && errno != EEXIST) {
 		rc = cb_error_set(errno, "vm backend: mkdir %s", s->dir);
@@ -574,16 +576,20 @@ static int vm_which(struct cb_backend *b, const char *binary, char **path)
 	return cb_backend_which_result(&res, binary, "VM", path);
 }
 
+/* The guest's 127.0.0.1:port, relayed over the agent's port to the host's (vm_forward.c):
+ * the same URL as ns gives, under any network, no NIC needed. */
 static int vm_host_url(struct cb_backend *b, int port, char **url)
 {
-	(void)b;
-	(void)port;
+	int rc;
+
 	*url = NULL;
-	/* passt reaches the host's loopback only all at once (its gateway mapping, which
-	 * network all leaves off), not one port: one port needs a relay over the agent's port */
-	return cb_error_set(EOPNOTSUPP, "host_url: the vm backend's guest cannot reach the host's "
-					"loopback (network none: no NIC; all: passt without the "
-					"gateway mapped to the host); use ns or docker");
+	if ((rc = vm_forward_listen(b->priv, port)) < 0)
+		return rc;
+	if (asprintf(url, "http://127.0.0.1:%d", port) < 0) {
+		*url = NULL;
+		return cb_error_set(ENOMEM, "host_url: out of memory");
+	}
+	return 0;
 }
 
 static void vm_close(struct cb_backend *b)

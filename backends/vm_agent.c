@@ -536,11 +536,11 @@ static void agent_control(uint32_t id, uint8_t type, const char *buf, size_t len
 		vm_pump_end(j->pump);
 	else if (j && type == CB_VM_STDIN_END)
 		cb_exec_stdin_close(j->exec);
-	pthread_mutex_unlock(&agent_jobs_lock);
-	/* no pump (no thread): the old way, which may block on a full pipe; not under the
-	 * lock (the job stays until its wait thread ends, which needs no frame from us) */
-	if (j && !j->pump && type == CB_VM_STDIN)
+	/* no pump (no thread): written here, under the lock, for the job's wait thread may
+	 * free it the moment the lock is let go (a write may block while the pipe is full) */
+	else if (j && type == CB_VM_STDIN)
 		cb_exec_stdin_write(j->exec, buf, len);
+	pthread_mutex_unlock(&agent_jobs_lock);
 }
 
 static int agent_running(void)
@@ -560,6 +560,11 @@ static int agent_serve(void)
 	struct utsname u;
 	int rc;
 
+	/* a pipe's SIGPIPE goes to the process, not the thread whose write met the closed
+	 * reader: the runner's write_nosigpipe masks it in its own thread only, and another of
+	 * ours (a pump, a stream, the reader) would take it and die. The shim resets every
+	 * signal before a command's exec, so commands still get SIGPIPE. */
+	signal(SIGPIPE, SIG_IGN);
 	if ((rc = cb_exec_keep_new(&agent_keep)) < 0)
 		return rc;
 	uname(&u);
@@ -606,6 +611,8 @@ static void agent_init_loop(pid_t agent)
 
 	for (;;) {
 		p = waitpid(-1, &status, 0);
+		if (p == agent && WIFSIGNALED(status))
+			agent_log("the agent died of signal %d", WTERMSIG(status));
 		if (p == agent || (p < 0 && errno == ECHILD))
 			break;
 	}

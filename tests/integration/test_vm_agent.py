@@ -137,6 +137,12 @@ class AgentTest(unittest.TestCase):
         _, res, _, _ = self.agent.result(2)
         self.assertEqual(res["exit_code"], 137)
 
+    def test_commands_still_get_sigpipe(self):
+        # the agent ignores SIGPIPE (a pipe's goes to the whole process); its commands do not
+        _, res, out, _ = self.run_one(1, {"argv": ["bash", "-c",
+                                                   "yes | head -n1; echo ${PIPESTATUS[0]}"]})
+        self.assertEqual((res["exit_code"], out), (0, b"y\n141\n"))
+
     def test_output_cap(self):
         _, res, out, _ = self.run_one(1, {"shell": "head -c 30000000 /dev/zero",
                                           "output_limit": 1 << 20})

@@ -439,6 +439,9 @@ static int vm_create(struct cb_backend *b)
 	}
 	if (rc < 0 || (rc = vm_relay_start(s)) < 0)
 		goto out;
+	/* public, allow: no NIC; the egress proxy is the guest's one way out */
+	if (cb_backend_net_proxied(&b->opt) && (rc = vm_forward_proxy(b, s)) < 0)
+		goto out;
 	b->image_env = s->image.env;
 	b->priv = s;
 	s = NULL;
@@ -623,19 +626,20 @@ static int vm_remove_leftovers(const char *ref)
 static int vm_validate(struct cb_backend_options *o, json_t *j)
 {
 	(void)j;
-	/* public and allow: a guest with a NIC could route around the egress proxy (passt has
-	 * no per-destination filter), and without one it cannot reach the proxy */
-	if (o->net == CB_BACKEND_NET_PUBLIC || o->net == CB_BACKEND_NET_ALLOW)
-		return cb_error_set(EINVAL,
-				    "network %s: the vm backend cannot hold its guest to the "
-				    "egress proxy (no relay to it yet); use ns or docker, or "
-				    "network none or all",
-				    cb_backend_net_name(o->net));
-	if (o->net != CB_BACKEND_NET_NONE && o->net != CB_BACKEND_NET_ALL)
-		return cb_error_set(EINVAL,
-				    "network %s: the vm backend has network none (no NIC) or all "
-				    "(passt, the host's loopback out of reach); use ns or docker",
-				    cb_backend_net_name(o->net));
+	/* public and allow: no NIC, the proxy over the agent's port (vm_forward.c) */
+	if (o->net != CB_BACKEND_NET_NONE && o->net != CB_BACKEND_NET_ALL &&
+	    !cb_backend_net_proxied(o))
+		return cb_error_set(
+		    EINVAL,
+		    "network %s: the vm backend has network none (no NIC), all "
+		    "(passt, the host's loopback out of reach), public or allow (the "
+		    "egress proxy, no NIC); use ns or docker",
+		    cb_backend_net_name(o->net));
+	/* the guest's TLS clients would need the workspace's CA in the guest's bundle, which
+	 * the read-only root share does not carry yet */
+	if (o->n_secrets)
+		return cb_error_set(EINVAL, "backend option secrets: the vm backend cannot give "
+					    "its guest the workspace's CA yet; use ns or docker");
 	if (o->user)
 		return cb_error_set(EINVAL, "backend option user: the vm backend runs commands as "
 					    "the guest's root; use ns or docker");

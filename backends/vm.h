@@ -10,6 +10,8 @@
 #include "cowbox/image.h"
 #include "vm_stream.h"
 
+struct cb_backend;
+
 #define VM_MAX_RUNNING 256
 #define VM_MAX_PORTS   64 /* host_url's ports per VM */
 
@@ -38,6 +40,7 @@ struct vm_cmd {
 struct vm_port {
 	int port;  /* 0: a free slot */
 	int state; /* VM_PORT_*, or -errno: the guest could not listen */
+	int proxy; /* the egress proxy's: its connections go to proxy_sock, not the host's port */
 	char err[200];
 };
 
@@ -72,6 +75,7 @@ struct vm_state {
 	struct vm_port ports[VM_MAX_PORTS]; /* under lock */
 	pthread_cond_t port_cond;	    /* a port's answer came */
 	struct vm_streams streams;	    /* the relay thread's own */
+	char proxy_sock[96];		    /* network public, allow: sockdir/proxy.sock */
 };
 
 /* Start the relay thread over s->agent_fd (connected, the hello read) and s->listen_fd. */
@@ -101,6 +105,9 @@ void vm_forward_free(struct vm_state *s);
  * on its connections there reach the host's 127.0.0.1:port. Returns 0 or -errno (-EINVAL: a
  * port out of 1-65535, as ns says). */
 int vm_forward_listen(struct vm_state *s, int port);
+/* Network public or allow: start b's egress proxy on a socket of the sockdir's (0700) and
+ * have the guest listen on 127.0.0.1:CB_NET_PROXY_PORT for it, the guest's one way out. */
+int vm_forward_proxy(struct cb_backend *b, struct vm_state *s);
 /* The relay thread's share of a frame from the guest (under s->lock): 1 if it was a stream's
  * or a listen answer, 0 if it is not ours. */
 int vm_forward_frame(struct vm_state *s, uint32_t id, uint8_t type, const char *buf, size_t len);

@@ -10,10 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "cowbox/backend.h"
 #include "cowbox/error.h"
+#include "cowbox/net.h"
 #include "vm.h"
 #include "vm_frame.h"
 
@@ -36,6 +39,8 @@ void vm_forward_free(struct vm_state *s)
 {
 	vm_streams_close_all(&s->streams);
 	pthread_cond_destroy(&s->port_cond);
+	if (s->proxy_sock[0])
+		unlink(s->proxy_sock);
 }
 
 static struct vm_port *forward_port(struct vm_state *s, int port)
@@ -46,15 +51,13 @@ static struct vm_port *forward_port(struct vm_state *s, int port)
 	return NULL;
 }
 
-/* See vm.h. */
-int vm_forward_listen(struct vm_state *s, int port)
+/* Have the guest listen on 127.0.0.1:port for host_url (proxy: for the egress proxy). */
+static int forward_listen(struct vm_state *s, int port, int proxy)
 {
 	struct vm_port *p;
 	struct timespec end;
 	int rc = 0;
 
-	if (port < 1 || port > 65535)
-		return cb_error_set(EINVAL, "host_url: port %d is not in 1-65535", port);
 	clock_gettime(CLOCK_REALTIME, &end);
 	end.tv_sec += VM_LISTEN_SECS;
 	pthread_mutex_lock(&s->lock);
@@ -67,6 +70,7 @@ int vm_forward_listen(struct vm_state *s, int port)
 			goto out;
 		}
 		p->port = port;
+		p->proxy = proxy;
 		p->state = VM_PORT_PENDING;
 		p->err[0] = 0;
 		if (s->dead || vm_relay_send(s, (uint32_t)port, CB_VM_LISTEN, NULL, 0) < 0)
@@ -76,6 +80,13 @@ int vm_forward_listen(struct vm_state *s, int port)
 	while (p->state == VM_PORT_PENDING && !s->dead)
 		if (pthread_cond_timedwait(&s->port_cond, &s->lock, &end) == ETIMEDOUT)
 			break;
+	if (p->state == VM_PORT_OPEN && p->proxy != proxy) {
+		rc = cb_error_set(EADDRINUSE,
+				  "host_url: listen on 127.0.0.1:%d in the VM: the "
+				  "egress proxy listens there",
+				  port);
+		goto out;
+	}
 	if (p->state == VM_PORT_OPEN)
 		goto out;
 	if (p->state == VM_PORT_PENDING)
@@ -88,19 +99,69 @@ out:
 	return rc;
 }
 
+/* See vm.h. */
+int vm_forward_listen(struct vm_state *s, int port)
+{
+	if (port < 1 || port > 65535)
+		return cb_error_set(EINVAL, "host_url: port %d is not in 1-65535", port);
+	return forward_listen(s, port, 0);
+}
+
+/* See vm.h. */
+int vm_forward_proxy(struct cb_backend *b, struct vm_state *s)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int fd, rc;
+
+	snprintf(s->proxy_sock, sizeof(s->proxy_sock), "%s/proxy.sock", s->sockdir);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", s->proxy_sock);
+	unlink(sa.sun_path);
+	if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
+	    bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 64) < 0) {
+		rc = cb_error_set(errno, "network %s: the egress proxy's socket %s: %s",
+				  cb_backend_net_name(b->opt.net), sa.sun_path, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return rc;
+	}
+	if ((rc = cb_backend_proxy_serve(b, fd)) < 0)
+		return rc;
+	return forward_listen(s, CB_NET_PROXY_PORT, 1);
+}
+
+/* A socket connecting (non-blocking) to where the guest's connection to p goes: the host's
+ * 127.0.0.1 and the same port, or the egress proxy's socket. -1 when it fails at once. */
+static int forward_connect(struct vm_state *s, const struct vm_port *p)
+{
+	struct sockaddr_in in = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p->port)};
+	struct sockaddr_un un = {.sun_family = AF_UNIX};
+	struct sockaddr *sa = (struct sockaddr *)&in;
+	socklen_t len = sizeof(in);
+	int fd;
+
+	in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (p->proxy) {
+		snprintf(un.sun_path, sizeof(un.sun_path), "%s", s->proxy_sock);
+		sa = (struct sockaddr *)&un;
+		len = sizeof(un);
+	}
+	fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd >= 0 && connect(fd, sa, len) < 0 && errno != EINPROGRESS) {
+		close(fd);
+		fd = -1;
+	}
+	return fd;
+}
+
 /* The guest connected to 127.0.0.1:port in the VM: the host's same port, if it is open. */
 static void forward_open(struct vm_state *s, uint32_t id, uint32_t port)
 {
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
 	struct vm_port *p = port && port <= 65535 ? forward_port(s, (int)port) : NULL;
 	int fd = -1;
 
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 	/* the port is checked here, not taken from the guest: a guest that sends an open for a
 	 * port host_url did not open is refused like a connection nothing listens for */
-	if (!p || p->state != VM_PORT_OPEN ||
-	    (fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)) < 0 ||
-	    (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 && errno != EINPROGRESS)) {
+	if (!p || p->state != VM_PORT_OPEN || (fd = forward_connect(s, p)) < 0) {
 		if (fd >= 0)
 			close(fd);
 		vm_relay_send(s, id, CB_VM_CLOSE, NULL, 0);

@@ -243,6 +243,62 @@ class VmLifecycleTest(cbtest.CowboxTestCase):
                             what="passt to end")
         asyncio.run(asyncio.wait_for(main(), 400))
 
+    def test_network_allow(self):
+        """network allow: no NIC, the proxy's variables, and the egress proxy over the agent's
+        port the one way out: an address and port the allow entries name is reached, another
+        port there is refused (the servers on the host's own address: loopback is never
+        allowed)."""
+        def hello(c):
+            with c:
+                c.makefile("rb").readline()
+                c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+            try:
+                u.connect(("192.0.2.1", 9))  # no packet: only the route's source address
+                addr = u.getsockname()[0]
+            except OSError:
+                self.skipTest("no route, so no host address but loopback")
+        ports = []
+        for _ in range(2):
+            srv = socket.create_server((addr, 0))
+            self.addCleanup(srv.close)
+            ports.append(srv.getsockname()[1])
+
+            def loop(srv=srv):
+                while True:
+                    try:
+                        c, _ = srv.accept()
+                    except OSError:
+                        return
+                    threading.Thread(target=hello, args=(c,), daemon=True).start()
+            threading.Thread(target=loop, daemon=True).start()
+        get = ('exec 3<>/dev/tcp/127.0.0.1/3128 && printf "GET http://%s:%d/ HTTP/1.0\\r\\n'
+               '\\r\\n" >&3 && head -n1 <&3')
+        base = self.make_base({"README": "hi\n"})
+
+        async def main():
+            box = await cowbox.Sandbox.create(base, cowbox=cbtest.COWBOX, home=self.home,
+                                              backend="vm",
+                                              network=cowbox.Network.allow(
+                                                  ["%s:%d" % (addr, ports[0])]))
+            try:
+                r = await box.run(["sh", "-c", "ls /sys/class/net; echo $HTTPS_PROXY"])
+                self.assertEqual(r.stdout, "lo\nhttp://127.0.0.1:3128\n", r.stderr)
+                r = await box.run(["bash", "-c", get % (addr, ports[0])], timeout=60)
+                self.assertIn(" 200 ", r.stdout, r.stderr)
+                r = await box.run(["bash", "-c", get % (addr, ports[1])], timeout=60)
+                self.assertIn(" 403 ", r.stdout, r.stderr)
+                # no route around the proxy: the same server, straight, is unreachable
+                r = await box.run(["bash", "-c", "exec 3<>/dev/tcp/%s/%d && echo connected"
+                                   % (addr, ports[0])], timeout=60)
+                self.assertNotIn("connected", r.stdout)
+                # the proxy's port is not host_url's
+                with self.assertRaises(cowbox.WorkspaceError):
+                    box.host_url(3128)
+            finally:
+                await box.close()
+        asyncio.run(asyncio.wait_for(main(), 400))
+
     @staticmethod
     def ppid(pid):
         with open("/proc/%s/stat" % pid) as f:

@@ -52,16 +52,26 @@ int cb_backend_policy(const struct cb_backend_options *o, struct cb_net_policy *
 
 int cb_backend_proxy_start(struct cb_backend *b, int netns_fd)
 {
-	struct cb_net_proxy_config cfg = {.listen_fd = -1};
+	int fd = -1, rc;
+
+	if (!cb_backend_net_proxied(&b->opt))
+		return 0;
+	if ((rc = cb_netns_listen(netns_fd, CB_NET_PROXY_PORT, &fd)) < 0)
+		return cb_error_wrap(rc, "network %s: the egress proxy",
+				     cb_backend_net_name(b->opt.net));
+	return cb_backend_proxy_serve(b, fd);
+}
+
+int cb_backend_proxy_serve(struct cb_backend *b, int listen_fd)
+{
+	struct cb_net_proxy_config cfg = {.listen_fd = listen_fd};
 	struct cb_net_policy *pol = NULL;
 	struct cb_net_binding *bindings = NULL;
 	char **values = NULL;
 	int rc;
 
-	if (!cb_backend_net_proxied(&b->opt))
-		return 0;
 	if ((rc = cb_backend_policy(&b->opt, &pol)) < 0)
-		return rc;
+		goto out;
 	/* header secrets: values read now, on the host, for the proxy alone */
 	if (b->opt.n_secrets &&
 	    ((rc = cb_backend_trust_prepare(b)) < 0 ||
@@ -70,15 +80,14 @@ int cb_backend_proxy_start(struct cb_backend *b, int netns_fd)
 	cfg.bindings = bindings;
 	cfg.n_bindings = b->opt.n_secrets;
 	cfg.ca_dir = b->dir;
-	if ((rc = cb_netns_listen(netns_fd, CB_NET_PROXY_PORT, &cfg.listen_fd)) < 0) {
-		cb_error_wrap(rc, "network %s: the egress proxy", cb_backend_net_name(b->opt.net));
-		goto out;
-	}
 	cfg.policy = pol;
 	cfg.record = b->net_record;
 	cfg.record_arg = b->net_record_arg;
 	rc = cb_net_proxy_start(&cfg, &b->proxy);
+	cfg.listen_fd = -1; /* the proxy's now, or closed by it */
 out:
+	if (cfg.listen_fd >= 0)
+		close(cfg.listen_fd);
 	cb_net_policy_free(pol);
 	free(bindings);
 	cb_backend_secrets_values_free(values);

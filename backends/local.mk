@@ -4,7 +4,8 @@ backends_libcb_backends_la_SOURCES = backends/common.h backends/common.c backend
 	backends/options.c backends/env.c \
 	backends/pathio.c backends/forward.c backends/egress.c backends/secrets.c backends/image.c backends/ns.c \
 	backends/local.c backends/docker.c backends/vm.c backends/vm_boot.c backends/vm.h backends/vm_net.c backends/vm_relay.c \
-	backends/vm_frame.c backends/vm_frame.h
+	backends/vm_frame.c backends/vm_frame.h backends/vm_forward.c backends/vm_stream.c \
+	backends/vm_stream.h
 # relays (host_url's forwarders, published ports) and published ports
 backends_libcb_backends_la_SOURCES += backends/relay.c backends/publish.c
 COWBOX_LAYERS += backends/libcb_backends.la
@@ -22,7 +23,8 @@ backends_test_backend_LDADD = backends/libcb_backends.la net/libcb_net.la ws/lib
 # flags of its own and compiles the runner's sources itself.
 noinst_PROGRAMS += backends/cb-vm-agent
 backends_cb_vm_agent_SOURCES = backends/vm_agent.c backends/vm_client.c backends/vm.h \
-	backends/vm_frame.c backends/vm_frame.h \
+	backends/vm_frame.c backends/vm_frame.h backends/vm_agent_io.c backends/vm_stream.c \
+	backends/vm_stream.h \
 	$(exec_libcb_exec_la_SOURCES) util/error.c util/grow.c util/beneath.c util/beneath.h \
 	util/smallfile.c util/smallfile.h util/fdio.c util/fdio.h
 backends_cb_vm_agent_CFLAGS = -std=gnu11 -Wall -Wextra -Werror -pthread -O2 $(JANSSON_CFLAGS)

@@ -342,6 +342,7 @@ static void vm_state_free(struct vm_state *s)
 	}
 	snprintf(path, sizeof(path), "%s/qemu.pid", s->dir);
 	unlink(path);
+	vm_forward_free(s);
 	pthread_mutex_destroy(&s->lock);
 	pthread_mutex_destroy(&s->wlock);
 	cb_backend_image_config_free(&s->image);
@@ -369,6 +370,7 @@ static int vm_create(struct cb_backend *b)
 		s->cmds[i].fd = -1;
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_mutex_init(&s->wlock, NULL);
+	vm_forward_init(s);
 	snprintf(s->dir, sizeof(s->dir), "%s/vm", b->dir);
 	if (mkdir(s->dir, 0700) < 0 && errno != EEXIST) {
 		rc = cb_error_set(errno, "vm backend: mkdir %s", s->dir);
@@ -436,6 +438,9 @@ static int vm_create(struct cb_backend *b)
 			rc = vm_wait_hello(s);
 	}
 	if (rc < 0 || (rc = vm_relay_start(s)) < 0)
+		goto out;
+	/* public, allow: no NIC; the egress proxy is the guest's one way out */
+	if (cb_backend_net_proxied(&b->opt) && (rc = vm_forward_proxy(b, s)) < 0)
 		goto out;
 	b->image_env = s->image.env;
 	b->priv = s;
@@ -574,16 +579,20 @@ static int vm_which(struct cb_backend *b, const char *binary, char **path)
 	return cb_backend_which_result(&res, binary, "VM", path);
 }
 
+/* The guest's 127.0.0.1:port, relayed over the agent's port to the host's (vm_forward.c):
+ * the same URL as ns gives, under any network, no NIC needed. */
 static int vm_host_url(struct cb_backend *b, int port, char **url)
 {
-	(void)b;
-	(void)port;
+	int rc;
+
 	*url = NULL;
-	/* passt reaches the host's loopback only all at once (its gateway mapping, which
-	 * network all leaves off), not one port: one port needs a relay over the agent's port */
-	return cb_error_set(EOPNOTSUPP, "host_url: the vm backend's guest cannot reach the host's "
-					"loopback (network none: no NIC; all: passt without the "
-					"gateway mapped to the host); use ns or docker");
+	if ((rc = vm_forward_listen(b->priv, port)) < 0)
+		return rc;
+	if (asprintf(url, "http://127.0.0.1:%d", port) < 0) {
+		*url = NULL;
+		return cb_error_set(ENOMEM, "host_url: out of memory");
+	}
+	return 0;
 }
 
 static void vm_close(struct cb_backend *b)
@@ -617,19 +626,20 @@ static int vm_remove_leftovers(const char *ref)
 static int vm_validate(struct cb_backend_options *o, json_t *j)
 {
 	(void)j;
-	/* public and allow: a guest with a NIC could route around the egress proxy (passt has
-	 * no per-destination filter), and without one it cannot reach the proxy */
-	if (o->net == CB_BACKEND_NET_PUBLIC || o->net == CB_BACKEND_NET_ALLOW)
-		return cb_error_set(EINVAL,
-				    "network %s: the vm backend cannot hold its guest to the "
-				    "egress proxy (no relay to it yet); use ns or docker, or "
-				    "network none or all",
-				    cb_backend_net_name(o->net));
-	if (o->net != CB_BACKEND_NET_NONE && o->net != CB_BACKEND_NET_ALL)
-		return cb_error_set(EINVAL,
-				    "network %s: the vm backend has network none (no NIC) or all "
-				    "(passt, the host's loopback out of reach); use ns or docker",
-				    cb_backend_net_name(o->net));
+	/* public and allow: no NIC, the proxy over the agent's port (vm_forward.c) */
+	if (o->net != CB_BACKEND_NET_NONE && o->net != CB_BACKEND_NET_ALL &&
+	    !cb_backend_net_proxied(o))
+		return cb_error_set(
+		    EINVAL,
+		    "network %s: the vm backend has network none (no NIC), all "
+		    "(passt, the host's loopback out of reach), public or allow (the "
+		    "egress proxy, no NIC); use ns or docker",
+		    cb_backend_net_name(o->net));
+	/* the guest's TLS clients would need the workspace's CA in the guest's bundle, which
+	 * the read-only root share does not carry yet */
+	if (o->n_secrets)
+		return cb_error_set(EINVAL, "backend option secrets: the vm backend cannot give "
+					    "its guest the workspace's CA yet; use ns or docker");
 	if (o->user)
 		return cb_error_set(EINVAL, "backend option user: the vm backend runs commands as "
 					    "the guest's root; use ns or docker");

@@ -8,8 +8,12 @@
 
 #include "cowbox/exec.h"
 #include "cowbox/image.h"
+#include "vm_stream.h"
+
+struct cb_backend;
 
 #define VM_MAX_RUNNING 256
+#define VM_MAX_PORTS   64 /* host_url's ports per VM */
 
 /* One command: a host process (the agent binary's --client mode, which the runner supervises)
  * whose connection to the relay carries the command's frames. */
@@ -27,6 +31,17 @@ struct vm_cmd {
 	int exited, failed;
 	int exit_code, term_signal, timed_out, output_limited, oom_killed;
 	char msg[256];
+	size_t stdin_unacked; /* stdin sent that the guest has not taken (<= CB_VM_WINDOW) */
+};
+
+/* A port host_url opened (or is opening) in the guest. */
+#define VM_PORT_PENDING 1
+#define VM_PORT_OPEN	2
+struct vm_port {
+	int port;  /* 0: a free slot */
+	int state; /* VM_PORT_*, or -errno: the guest could not listen */
+	int proxy; /* the egress proxy's: its connections go to proxy_sock, not the host's port */
+	char err[200];
 };
 
 struct vm_state {
@@ -56,6 +71,11 @@ struct vm_state {
 	char net_dir[64];      /* /tmp/cowbox-net-XXXXXX, nobody's: passt.sock */
 	char net_sock[96];
 	char net_append[256]; /* the kernel command line's cowbox.net= and cowbox.dns= */
+	/* host_url (backends/vm_forward.c) */
+	struct vm_port ports[VM_MAX_PORTS]; /* under lock */
+	pthread_cond_t port_cond;	    /* a port's answer came */
+	struct vm_streams streams;	    /* the relay thread's own */
+	char proxy_sock[96];		    /* network public, allow: sockdir/proxy.sock */
 };
 
 /* Start the relay thread over s->agent_fd (connected, the hello read) and s->listen_fd. */
@@ -75,6 +95,41 @@ int vm_relay_finish(struct vm_state *s, struct cb_exec *h, struct vm_cmd *out);
 int vm_relay_send(struct vm_state *s, uint32_t id, uint8_t type, const void *buf, size_t len);
 /* Wake the relay thread (qemu ended). */
 void vm_relay_wake(struct vm_state *s);
+
+/* ---- host_url (backends/vm_forward.c) ---- */
+
+/* Ready s's ports and streams (before the relay starts); free them (after it stopped). */
+void vm_forward_init(struct vm_state *s);
+void vm_forward_free(struct vm_state *s);
+/* Have the guest listen on 127.0.0.1:port (once per port), waiting for its answer; from then
+ * on its connections there reach the host's 127.0.0.1:port. Returns 0 or -errno (-EINVAL: a
+ * port out of 1-65535, as ns says). */
+int vm_forward_listen(struct vm_state *s, int port);
+/* Network public or allow: start b's egress proxy on a socket of the sockdir's (0700) and
+ * have the guest listen on 127.0.0.1:CB_NET_PROXY_PORT for it, the guest's one way out. */
+int vm_forward_proxy(struct cb_backend *b, struct vm_state *s);
+/* The relay thread's share of a frame from the guest (under s->lock): 1 if it was a stream's
+ * or a listen answer, 0 if it is not ours. */
+int vm_forward_frame(struct vm_state *s, uint32_t id, uint8_t type, const char *buf, size_t len);
+
+/* ---- the guest agent's streams and stdin (backends/vm_agent_io.c, in the agent only) ---- */
+
+/* Send a frame to the host (vm_agent.c: serialised with every other writer). */
+int vm_agent_send(uint32_t id, uint8_t type, const void *buf, size_t len);
+/* A listen or stream frame from the host, handed to the agent's stream thread (started on
+ * the first); buf is taken over. The reader never blocks here. */
+void vm_agent_io_frame(uint32_t id, uint8_t type, char *buf, size_t len);
+
+struct vm_pump;
+/* A thread that writes a command's stdin as the host's frames come and acknowledges each
+ * write (credit), so the agent's reader never blocks on a full pipe; NULL: no thread. */
+struct vm_pump *vm_pump_new(struct cb_exec *exec, uint32_t id);
+/* Queue stdin bytes (within the host's credit) or its end; never blocks. */
+void vm_pump_push(struct vm_pump *p, const void *buf, size_t len);
+void vm_pump_end(struct vm_pump *p);
+/* The command ended: the pump drops what is queued and goes. Returns 1 when the caller is to
+ * free exec, 0 when the pump (still in a write) frees it as it ends. */
+int vm_pump_release(struct vm_pump *p);
 
 /* ---- boot material (backends/vm_boot.c) ---- */
 

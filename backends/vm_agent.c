@@ -43,7 +43,8 @@ struct agent_job {
 	struct cb_exec *exec;
 	char **argv, **env;
 	char *shell, *shell_program, *cwd;
-	long long oom_kills; /* the kernel's oom_kill count when the command started */
+	long long oom_kills;  /* the kernel's oom_kill count when the command started */
+	struct vm_pump *pump; /* writes its stdin (vm_agent_io.c); NULL until the first */
 	struct agent_job *next;
 };
 
@@ -74,6 +75,12 @@ static int agent_send(uint32_t id, uint8_t type, const void *buf, size_t len)
 	rc = cb_vm_frame_write(agent_wfd, id, type, buf, len);
 	pthread_mutex_unlock(&agent_write_lock);
 	return rc;
+}
+
+/* See vm.h. */
+int vm_agent_send(uint32_t id, uint8_t type, const void *buf, size_t len)
+{
+	return agent_send(id, type, buf, len);
 }
 
 static int agent_send_json(uint32_t id, uint8_t type, json_t *j)
@@ -411,7 +418,9 @@ static void *agent_job_wait(void *arg)
 					  "oom_killed", oom_killed, "duration", res.duration));
 	cb_exec_result_free(&res);
 	agent_job_unlink(j);
-	cb_exec_free(j->exec);
+	/* a pump still in a write (a background job holds stdin) frees the exec as it ends */
+	if (!j->pump || vm_pump_release(j->pump))
+		cb_exec_free(j->exec);
 	agent_job_free(j);
 	return NULL;
 }
@@ -515,15 +524,23 @@ static void agent_control(uint32_t id, uint8_t type, const char *buf, size_t len
 
 	pthread_mutex_lock(&agent_jobs_lock);
 	j = agent_job_find(id);
+	/* stdin goes through the job's pump, which acknowledges what it wrote: a full pipe
+	 * never blocks this reader (and with it every command's and stream's frames) */
+	if (j && !j->pump && (type == CB_VM_STDIN || type == CB_VM_STDIN_END))
+		j->pump = vm_pump_new(j->exec, id);
 	if (j && type == CB_VM_KILL)
 		cb_exec_kill(j->exec, len ? (unsigned char)buf[0] : SIGKILL);
+	else if (j && j->pump && type == CB_VM_STDIN)
+		vm_pump_push(j->pump, buf, len);
+	else if (j && j->pump && type == CB_VM_STDIN_END)
+		vm_pump_end(j->pump);
 	else if (j && type == CB_VM_STDIN_END)
 		cb_exec_stdin_close(j->exec);
-	pthread_mutex_unlock(&agent_jobs_lock);
-	/* a write may block on a full pipe: not under the lock (the job stays until its
-	 * wait thread ends, which needs no frame from us) */
-	if (j && type == CB_VM_STDIN)
+	/* no pump (no thread): written here, under the lock, for the job's wait thread may
+	 * free it the moment the lock is let go (a write may block while the pipe is full) */
+	else if (j && type == CB_VM_STDIN)
 		cb_exec_stdin_write(j->exec, buf, len);
+	pthread_mutex_unlock(&agent_jobs_lock);
 }
 
 static int agent_running(void)
@@ -543,6 +560,11 @@ static int agent_serve(void)
 	struct utsname u;
 	int rc;
 
+	/* a pipe's SIGPIPE goes to the process, not the thread whose write met the closed
+	 * reader: the runner's write_nosigpipe masks it in its own thread only, and another of
+	 * ours (a pump, a stream, the reader) would take it and die. The shim resets every
+	 * signal before a command's exec, so commands still get SIGPIPE. */
+	signal(SIGPIPE, SIG_IGN);
 	if ((rc = cb_exec_keep_new(&agent_keep)) < 0)
 		return rc;
 	uname(&u);
@@ -560,7 +582,11 @@ static int agent_serve(void)
 			agent_run(id, buf);
 		else if (type == CB_VM_POWEROFF)
 			rc = 1;
-		else
+		else if (type == CB_VM_LISTEN || type == CB_VM_DATA || type == CB_VM_ACK ||
+			 type == CB_VM_SHUT || type == CB_VM_CLOSE) {
+			vm_agent_io_frame(id, type, buf, len); /* takes buf */
+			buf = NULL;
+		} else
 			agent_control(id, type, buf, len);
 		free(buf);
 		if (rc == 1)
@@ -585,6 +611,8 @@ static void agent_init_loop(pid_t agent)
 
 	for (;;) {
 		p = waitpid(-1, &status, 0);
+		if (p == agent && WIFSIGNALED(status))
+			agent_log("the agent died of signal %d", WTERMSIG(status));
 		if (p == agent || (p < 0 && errno == ECHILD))
 			break;
 	}

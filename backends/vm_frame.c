@@ -11,7 +11,8 @@
 #include "util/fdio.h"
 #include "vm_frame.h"
 
-static void put_u32(unsigned char *p, uint32_t v)
+/* See vm_frame.h. */
+void cb_vm_put_u32(unsigned char *p, uint32_t v)
 {
 	p[0] = v & 0xff;
 	p[1] = (v >> 8) & 0xff;
@@ -25,6 +26,12 @@ static uint32_t get_u32(const unsigned char *p)
 }
 
 /* See vm_frame.h. */
+uint32_t cb_vm_u32(const char *payload, size_t len)
+{
+	return len == 4 ? get_u32((const unsigned char *)payload) : 0;
+}
+
+/* See vm_frame.h. */
 int cb_vm_frame_write(int fd, uint32_t id, uint8_t type, const void *payload, size_t len)
 {
 	unsigned char head[CB_VM_FRAME_HEAD];
@@ -33,8 +40,8 @@ int cb_vm_frame_write(int fd, uint32_t id, uint8_t type, const void *payload, si
 
 	if (len > CB_VM_FRAME_MAX)
 		return -EMSGSIZE;
-	put_u32(head, (uint32_t)(len + 5));
-	put_u32(head + 4, id);
+	cb_vm_put_u32(head, (uint32_t)(len + 5));
+	cb_vm_put_u32(head + 4, id);
 	head[8] = type;
 	while (done < total) {
 		int n_iov = 0;

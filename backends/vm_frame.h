@@ -29,6 +29,25 @@
 			output_limited, oom_killed, duration}: the command's last frame */
 #define CB_VM_FAILED 'F' /* payload: the message; the command did not start (last frame) */
 
+/* host_url: a connection to 127.0.0.1:PORT in the guest becomes a stream over the port,
+ * which the host connects to its own 127.0.0.1:PORT if host_url opened PORT. A stream's id
+ * is the guest's (never reused), apart from the commands' ids (the type tells them apart).
+ * Each side sends at most CB_VM_WINDOW bytes of a stream's data (and the host of a command's
+ * stdin) that the other has not acknowledged, so a slow reader never stalls the port. */
+#define CB_VM_WINDOW	(256u * 1024)
+#define CB_VM_LISTEN	'L' /* host: listen on 127.0.0.1:id in the guest */
+#define CB_VM_LISTENING 'l' /* guest: id the port; payload empty: it listens, else why not */
+#define CB_VM_OPEN	'o' /* guest: id a new stream; payload: the port, u32 little-endian */
+#define CB_VM_DATA	'd' /* either side: the stream's bytes */
+#define CB_VM_ACK	'a' /* either side: u32 LE, bytes of the stream written out (credit) */
+#define CB_VM_SHUT	's' /* either side: the sender read the end of its connection */
+#define CB_VM_CLOSE	'c' /* either side: the stream is gone (refused, reset) */
+#define CB_VM_STDIN_ACK 'i' /* guest: id a command; u32 LE, stdin bytes it took (credit) */
+
+/* Little-endian u32 of a 4-byte payload (0 if it is not 4 bytes); and its encoding. */
+uint32_t cb_vm_u32(const char *payload, size_t len);
+void cb_vm_put_u32(unsigned char *p, uint32_t v);
+
 /* Write a frame to fd, all of it (fd is blocking). Returns 0 or -errno. */
 int cb_vm_frame_write(int fd, uint32_t id, uint8_t type, const void *payload, size_t len);
 

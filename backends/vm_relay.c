@@ -186,13 +186,23 @@ static int relay_from_guest(struct vm_state *s)
 	if (rc < 0)
 		return rc;
 	pthread_mutex_lock(&s->lock);
-	if ((c = relay_by_id(s, id)) && !c->closed) {
+	if (vm_forward_frame(s, id, type, buf, len)) {
+		/* host_url's: a stream's or a listen's answer */
+	} else if (type == CB_VM_STDIN_ACK) {
+		uint32_t n = cb_vm_u32(buf, len);
+
+		if ((c = relay_by_id(s, id)))
+			c->stdin_unacked = n > c->stdin_unacked ? 0 : c->stdin_unacked - n;
+	} else if ((c = relay_by_id(s, id)) && !c->closed) {
 		if (type == CB_VM_EXIT)
 			relay_exit(c, buf);
 		else if (type == CB_VM_FAILED) {
 			c->failed = 1;
 			snprintf(c->msg, sizeof(c->msg), "%s", buf);
 		}
+		/* the guest drops the stdin of a command that ended: no ack will come for it */
+		if (c->exited || c->failed)
+			c->stdin_unacked = 0;
 		/* a client that cannot take it is gone: it was killed */
 		if (c->fd >= 0 && cb_vm_frame_write(c->fd, id, type, buf, len) < 0)
 			relay_close(s, c);
@@ -252,19 +262,25 @@ static void relay_from_client(struct vm_state *s, struct vm_cmd *c)
 	if (cb_vm_frame_read(c->fd, &id, &type, &buf, &len) < 0 ||
 	    (type != CB_VM_STDIN && type != CB_VM_STDIN_END))
 		relay_close(s, c);
-	else if (!s->dead)
+	else if (!s->dead) {
+		/* within the guest's credit: relay_main reads no more of this client's stdin
+		 * until the guest acknowledges some (its reader never blocks on a full pipe) */
+		if (type == CB_VM_STDIN)
+			c->stdin_unacked += len;
 		vm_relay_send(s, c->id, type, buf, len);
+	}
 	free(buf);
 }
 
 static void *relay_main(void *arg)
 {
 	struct vm_state *s = arg;
-	struct pollfd p[3 + VM_MAX_RUNNING];
+	struct pollfd p[3 + VM_MAX_RUNNING + VM_STREAM_MAX];
 	struct vm_cmd *who[3 + VM_MAX_RUNNING];
+	struct vm_stream *swho[VM_STREAM_MAX];
 
 	for (;;) {
-		size_t n = 0;
+		size_t n = 0, n_cmds;
 		int stop;
 
 		pthread_mutex_lock(&s->lock);
@@ -274,13 +290,21 @@ static void *relay_main(void *arg)
 		p[n++] = (struct pollfd){.fd = s->listen_fd, .events = POLLIN};
 		for (size_t i = 0; i < VM_MAX_RUNNING; i++)
 			if (s->cmds[i].id && s->cmds[i].fd >= 0) {
+				short ev = s->cmds[i].stdin_unacked < CB_VM_WINDOW ? POLLIN : 0;
+
 				who[n] = &s->cmds[i];
-				p[n++] = (struct pollfd){.fd = s->cmds[i].fd, .events = POLLIN};
+				p[n++] = (struct pollfd){.fd = s->cmds[i].fd, .events = ev};
 			}
-		/* the VM is gone: every client ends (with no exit frame: -ENXIO to its caller) */
-		if (s->dead || stop)
+		n_cmds = n;
+		/* the VM is gone: every client ends (with no exit frame: -ENXIO to its caller),
+		 * every stream and host_url's wait for a listen too */
+		if (s->dead || stop) {
 			for (size_t i = 3; i < n; i++)
 				relay_close(s, who[i]);
+			vm_streams_close_all(&s->streams);
+			pthread_cond_broadcast(&s->port_cond);
+		}
+		n += vm_streams_poll(&s->streams, p + n, swho);
 		pthread_mutex_unlock(&s->lock);
 		if (stop)
 			break;
@@ -301,10 +325,17 @@ static void *relay_main(void *arg)
 		if (p[2].revents)
 			relay_accept(s);
 		pthread_mutex_lock(&s->lock);
-		for (size_t i = 3; i < n && !s->dead; i++)
+		for (size_t i = 3; i < n_cmds && !s->dead; i++)
 			if (p[i].revents && who[i]->fd == p[i].fd)
 				relay_from_client(s, who[i]);
 		pthread_mutex_unlock(&s->lock);
+		/* streams are the relay thread's alone; one a guest frame dropped is skipped */
+		for (size_t i = n_cmds; i < n && !s->dead; i++) {
+			struct vm_stream *st = swho[i - n_cmds];
+
+			if (p[i].revents && st->id && st->fd == p[i].fd)
+				vm_stream_io(&s->streams, st, p[i].revents);
+		}
 	}
 	return NULL;
 }

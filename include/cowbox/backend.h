@@ -385,6 +385,9 @@ int cb_netns_listen(int netns_fd, int port, int *out);
 /* Under network public or allow: start b's proxy on 127.0.0.1:CB_NET_PROXY_PORT inside
  * netns_fd (which then has no other route out), with the options' policy; 0 otherwise. */
 int cb_backend_proxy_start(struct cb_backend *b, int netns_fd);
+/* The same on a listening socket of the caller's (taken over, also on failure): the vm
+ * backend's, which its guest reaches over the agent's port. */
+int cb_backend_proxy_serve(struct cb_backend *b, int listen_fd);
 /* Stop it (before the namespace goes); no-op without one. */
 void cb_backend_proxy_stop(struct cb_backend *b);
 /* The policy the options give (NULL for none, all and host): -EINVAL naming a bad entry. */

@@ -3,6 +3,7 @@
 
 import json
 import os
+import socket
 import struct
 import subprocess
 import threading
@@ -136,6 +137,12 @@ class AgentTest(unittest.TestCase):
         _, res, _, _ = self.agent.result(2)
         self.assertEqual(res["exit_code"], 137)
 
+    def test_commands_still_get_sigpipe(self):
+        # the agent ignores SIGPIPE (a pipe's goes to the whole process); its commands do not
+        _, res, out, _ = self.run_one(1, {"argv": ["bash", "-c",
+                                                   "yes | head -n1; echo ${PIPESTATUS[0]}"]})
+        self.assertEqual((res["exit_code"], out), (0, b"y\n141\n"))
+
     def test_output_cap(self):
         _, res, out, _ = self.run_one(1, {"shell": "head -c 30000000 /dev/zero",
                                           "output_limit": 1 << 20})
@@ -171,6 +178,97 @@ class AgentTest(unittest.TestCase):
         t = time.monotonic()
         self.assertEqual(self.agent.close(), 0)
         self.assertLess(time.monotonic() - t, 10)
+
+    # --- host_url's streams (the agent's side; the daemon's is in test_vm_lifecycle) ---
+
+    def wait_frame(self, fid, kinds, timeout=10):
+        """Pop and return the first frame of fid whose kind is in kinds."""
+        end = time.monotonic() + timeout
+        with self.agent.lock:
+            while True:
+                got = self.agent.frames.get(fid, [])
+                for i, (k, p) in enumerate(got):
+                    if k in kinds:
+                        del got[i]
+                        return k, p
+                left = end - time.monotonic()
+                if left <= 0 or self.agent.eof:
+                    raise AssertionError(f"no {kinds} frame for {fid}: {got}")
+                self.agent.lock.wait(left)
+
+    def listen(self):
+        """A free port the agent then listens on (its answer checked)."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.agent.send(frame(port, "L"))
+        self.assertEqual(self.wait_frame(port, "l"), ("l", b""))
+        return port
+
+    def open_stream(self, port):
+        conn = socket.create_connection(("127.0.0.1", port))
+        self.addCleanup(conn.close)
+        with self.agent.lock:
+            while not any(k == "o" for f in self.agent.frames.values() for k, _ in f):
+                self.assertTrue(self.agent.lock.wait(10), "no open frame")
+            sid = next(i for i, f in self.agent.frames.items() if any(k == "o" for k, _ in f))
+        self.assertEqual(self.wait_frame(sid, "o"), ("o", struct.pack("<I", port)))
+        return conn, sid
+
+    def test_stream_both_ways_within_the_credit(self):
+        port = self.listen()
+        self.agent.send(frame(port, "L"))  # again: listening already
+        self.assertEqual(self.wait_frame(port, "l"), ("l", b""))
+        conn, sid = self.open_stream(port)
+        # host to guest: written out, then acknowledged
+        self.agent.send(frame(sid, "d", b"hello guest"))
+        self.assertEqual(conn.recv(100), b"hello guest")
+        self.assertEqual(self.wait_frame(sid, "a"), ("a", struct.pack("<I", 11)))
+        # guest to host: no more than the window (256 KiB) until the host acknowledges
+        sent = threading.Thread(target=conn.sendall, args=(b"y" * (1 << 20),), daemon=True)
+        sent.start()
+        got = 0
+        while got < 256 * 1024:
+            got += len(self.wait_frame(sid, "d")[1])
+        time.sleep(0.5)
+        with self.agent.lock:
+            self.assertFalse(any(k == "d" for k, _ in self.agent.frames.get(sid, [])))
+        self.assertEqual(got, 256 * 1024)
+        while got < 1 << 20:
+            self.agent.send(frame(sid, "a", struct.pack("<I", 64 * 1024)))
+            got += len(self.wait_frame(sid, "d")[1])
+        self.assertEqual(got, 1 << 20)
+        sent.join(10)
+        self.agent.send(frame(sid, "a", struct.pack("<I", 256 * 1024)))
+        # the guest's side ends: a shut frame; the host's end: end of file in the guest
+        conn.shutdown(socket.SHUT_WR)
+        self.assertEqual(self.wait_frame(sid, "s"), ("s", b""))
+        self.agent.send(frame(sid, "s"))
+        self.assertEqual(conn.recv(10), b"")
+
+    def test_stream_beyond_the_credit_is_dropped(self):
+        conn, sid = self.open_stream(self.listen())
+        # the guest's reader never blocks: a host that breaks the credit (more than 256 KiB
+        # not acknowledged) loses the stream, and the guest's connection ends
+        self.agent.send(frame(sid, "d", b"z" * (300 * 1024)))
+        self.assertEqual(self.wait_frame(sid, "c"), ("c", b""))
+        self.assertEqual(conn.recv(10), b"")
+        # the host closes a stream: the guest's connection ends
+        conn2, sid2 = self.open_stream(self.listen())
+        self.agent.send(frame(sid2, "c"))
+        self.assertEqual(conn2.recv(10), b"")
+        self.assertEqual(self.run_one(1, {"argv": ["true"]})[1]["exit_code"], 0)
+
+    def test_stdin_is_acknowledged_as_written(self):
+        self.agent.run(1, {"shell": "sleep 1; cat >/dev/null", "stdin": True},
+                       stdin=b"x" * 300000)
+        self.assertEqual(self.agent.result(1)[1]["exit_code"], 0)
+        self.agent.run(2, {"argv": ["cat"], "stdin": True}, stdin=b"q" * 100000)
+        acked = 0
+        while acked < 100000:
+            acked += struct.unpack("<I", self.wait_frame(2, "i")[1])[0]
+        self.assertEqual(acked, 100000)
+        self.assertEqual(self.agent.result(2)[2], b"q" * 100000)
 
 
 if __name__ == "__main__":

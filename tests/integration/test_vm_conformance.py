@@ -129,10 +129,6 @@ class VmConformance(Conformance, cbtest.CowboxTestCase):
         self.own_vm = True
         Conformance.test_background_jobs_outlive_their_command(self)
 
-    def test_host_url(self):
-        self.skipTest("host_url: the vm backend's guest cannot reach the host's loopback (none: no "
-                      "NIC; all: passt without the gateway mapped), and says so")
-
     def test_network_none(self):
         async def body(box):
             r = await box.run(["sh", "-c", "cat /sys/class/net/*/address | wc -l; "

@@ -6,8 +6,10 @@ none has no NIC; all (a second workspace, one more boot) reaches a server on a h
 that is not loopback, and neither the host's loopback nor through the gateway's address."""
 
 import asyncio
+import hashlib
 import json
 import os
+import random
 import socket
 import subprocess
 import threading
@@ -47,6 +49,9 @@ class VmLifecycleTest(cbtest.CowboxTestCase):
                 # network none: no NIC, loopback only
                 r = await box.run(["ls", "/sys/class/net"])
                 self.assertEqual(r.stdout, "lo\n")
+                # host_url over the agent's port, with no NIC; the channel's credit
+                await self.check_host_url(box)
+                await self.check_stdin_does_not_stall(box)
                 first = self.qemu_pid(ref)
                 self.assertTrue(first)
                 info = json.loads(self.cowbox("info", ref, "--json").stdout)
@@ -89,6 +94,92 @@ class VmLifecycleTest(cbtest.CowboxTestCase):
                 await box.close()
         boot = asyncio.run(asyncio.wait_for(main(), 400))
         print("vm boot + first command: %.1f s" % boot)
+
+    def serve(self, handle):
+        """A server on the host's 127.0.0.1, handle(conn) on a thread per connection; its
+        port."""
+        srv = socket.create_server(("127.0.0.1", 0))
+        self.addCleanup(srv.close)
+
+        def loop():
+            while True:
+                try:
+                    c, _ = srv.accept()
+                except OSError:
+                    return
+                threading.Thread(target=handle, args=(c,), daemon=True).start()
+        threading.Thread(target=loop, daemon=True).start()
+        return srv.getsockname()[1]
+
+    async def check_host_url(self, box):
+        """Only the ports host_url opened reach the host; many streams at once and 20 MiB
+        each way at once arrive byte for byte; a port nothing listens on is accepted and
+        closed, as ns's forwarder does."""
+        size = 20 << 20
+        down = random.Random(14).randbytes(size)
+        got_up = []
+
+        def big(c):
+            with c:
+                t = threading.Thread(target=c.sendall, args=(down,), daemon=True)
+                t.start()
+                h, n = hashlib.sha256(), 0
+                while n < size:
+                    b = c.recv(1 << 16)
+                    if not b:
+                        break
+                    h.update(b)
+                    n += len(b)
+                t.join(120)
+                got_up.append((n, h.hexdigest()))
+
+        def echo(c):
+            with c:
+                c.sendall(b"echo " + c.makefile("rb").readline())
+        big_port, echo_port, closed_port = self.serve(big), self.serve(echo), self.serve(echo)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            dead_port = s.getsockname()[1]  # nothing listens there
+        self.assertEqual(box.host_url(echo_port), "http://127.0.0.1:%d" % echo_port)
+        self.assertEqual(box.host_url(echo_port), "http://127.0.0.1:%d" % echo_port)
+        box.host_url(big_port)
+        box.host_url(dead_port)
+        with self.assertRaises(cowbox.InvalidRequestError):
+            box.host_url(70000)
+        # 32 connections at once, each answered on its own
+        r = await box.run(["bash", "-c", "for i in $(seq 32); do (exec 3<>/dev/tcp/127.0.0.1/%d"
+                           " && echo $i >&3 && cat <&3) & done; wait" % echo_port], timeout=120)
+        self.assertEqual(sorted(r.stdout.splitlines()),
+                         sorted("echo %d" % i for i in range(1, 33)), r.stderr)
+        # a host port host_url did not open: nothing listens for it in the guest
+        probe = "exec 3<>/dev/tcp/127.0.0.1/%d && echo hi >&3 && cat <&3; echo rc=$?"
+        r = await box.run(["bash", "-c", probe % closed_port], timeout=60)
+        self.assertNotIn("echo", r.stdout)
+        self.assertIn("Connection refused", r.stderr)
+        # opened, but nothing listens on the host: accepted, then closed at once
+        r = await box.run(["bash", "-c", probe % dead_port], timeout=60)
+        self.assertRegex(r.stdout, r"^rc=\d+\n$")
+        # 20 MiB each way at once, byte for byte
+        t0 = time.monotonic()
+        r = await box.run(["bash", "-c", "head -c %d /dev/urandom > /tmp/up && "
+                           "exec 3<>/dev/tcp/127.0.0.1/%d && { cat /tmp/up >&3 & } && "
+                           "sha256sum <&3 && wait && sha256sum < /tmp/up" % (size, big_port)],
+                          timeout=300)
+        took = time.monotonic() - t0
+        self.assertEqual(r.exit_code, 0, r.stderr)
+        sums = [line.split()[0] for line in r.stdout.splitlines()]
+        self.assertEqual(sums[0], hashlib.sha256(down).hexdigest())
+        self.assertEqual(got_up, [(size, sums[1])])
+        print("host_url: 20 MiB each way at once in %.1f s" % took)
+
+    async def check_stdin_does_not_stall(self, box):
+        """A command that writes 8 MiB before it reads one byte of its 8 MiB of stdin: the
+        stdin's credit keeps the channel flowing (it stalled before)."""
+        r = await asyncio.wait_for(box.run(
+            ["sh", "-c", "head -c 8388608 /dev/zero; head -c 1 >/dev/null; echo done >&2"],
+            input=b"x" * (8 << 20), timeout=120), 180)
+        self.assertEqual((r.exit_code, len(r.stdout), r.stderr), (0, 8 << 20, "done\n"))
+        self.assertEqual((await box.run(["true"])).exit_code, 0)
 
     def test_network_all(self):
         """network all: passt with --no-map-gw. A server on a host address that is not
@@ -150,6 +241,62 @@ class VmLifecycleTest(cbtest.CowboxTestCase):
             # passt goes with the VM
             cbtest.wait_for(lambda: not any(cbtest.pid_alive(p) for p in passt), 15,
                             what="passt to end")
+        asyncio.run(asyncio.wait_for(main(), 400))
+
+    def test_network_allow(self):
+        """network allow: no NIC, the proxy's variables, and the egress proxy over the agent's
+        port the one way out: an address and port the allow entries name is reached, another
+        port there is refused (the servers on the host's own address: loopback is never
+        allowed)."""
+        def hello(c):
+            with c:
+                c.makefile("rb").readline()
+                c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+            try:
+                u.connect(("192.0.2.1", 9))  # no packet: only the route's source address
+                addr = u.getsockname()[0]
+            except OSError:
+                self.skipTest("no route, so no host address but loopback")
+        ports = []
+        for _ in range(2):
+            srv = socket.create_server((addr, 0))
+            self.addCleanup(srv.close)
+            ports.append(srv.getsockname()[1])
+
+            def loop(srv=srv):
+                while True:
+                    try:
+                        c, _ = srv.accept()
+                    except OSError:
+                        return
+                    threading.Thread(target=hello, args=(c,), daemon=True).start()
+            threading.Thread(target=loop, daemon=True).start()
+        get = ('exec 3<>/dev/tcp/127.0.0.1/3128 && printf "GET http://%s:%d/ HTTP/1.0\\r\\n'
+               '\\r\\n" >&3 && head -n1 <&3')
+        base = self.make_base({"README": "hi\n"})
+
+        async def main():
+            box = await cowbox.Sandbox.create(base, cowbox=cbtest.COWBOX, home=self.home,
+                                              backend="vm",
+                                              network=cowbox.Network.allow(
+                                                  ["%s:%d" % (addr, ports[0])]))
+            try:
+                r = await box.run(["sh", "-c", "ls /sys/class/net; echo $HTTPS_PROXY"])
+                self.assertEqual(r.stdout, "lo\nhttp://127.0.0.1:3128\n", r.stderr)
+                r = await box.run(["bash", "-c", get % (addr, ports[0])], timeout=60)
+                self.assertIn(" 200 ", r.stdout, r.stderr)
+                r = await box.run(["bash", "-c", get % (addr, ports[1])], timeout=60)
+                self.assertIn(" 403 ", r.stdout, r.stderr)
+                # no route around the proxy: the same server, straight, is unreachable
+                r = await box.run(["bash", "-c", "exec 3<>/dev/tcp/%s/%d && echo connected"
+                                   % (addr, ports[0])], timeout=60)
+                self.assertNotIn("connected", r.stdout)
+                # the proxy's port is not host_url's
+                with self.assertRaises(cowbox.WorkspaceError):
+                    box.host_url(3128)
+            finally:
+                await box.close()
         asyncio.run(asyncio.wait_for(main(), 400))
 
     @staticmethod

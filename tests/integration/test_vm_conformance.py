@@ -1,7 +1,7 @@
 """The backend conformance suite on the vm backend. A boot under TCG (no KVM on CI) costs
 tens of seconds, so the cases with the common options share one workspace and its VM,
 booted once for the class; a case that needs other options boots a VM of its own, which is
-destroyed with the case (eleven boots in all; SKIPPED says what stays out and why)."""
+destroyed with the case (fifteen boots in all; SKIPPED says what stays out and why)."""
 
 import asyncio
 import os
@@ -19,8 +19,18 @@ READY = all(os.path.exists(os.path.join(CACHE, p)) for p in
     shutil.which("qemu-system-x86_64")
 
 SHARED_OPTIONS = {"env": {"FROM_OPTIONS": "yes"}}
-# Cases that stay skipped, each with why (none now: every case runs on vm).
-SKIPPED = {}
+# Cases that stay skipped, each with why. With them the file took 10.5 min at load 5-8
+# (2026-12-03, all 26 passing; host_url is the vmnet branch's): over the budget of ~6 min
+# beside the rest of make check. These three boot five VMs between them and test options
+# that are the same on every backend (the hooks and shell run through the same runner).
+BUDGET = ("over this file's budget of ~6 min under TCG (it passed on vm, 2026-12-03, in the "
+          "10.5 min run of the whole file); its options are backend-independent")
+SKIPPED = {
+    "test_shell_option": BUDGET + " (1 more boot)",
+    "test_hooks_run_at_create_as_the_baseline": BUDGET + " (2 more boots)",
+    "test_idle_stop_keeps_the_disk": BUDGET + " (2 more boots; test_vm_lifecycle covers the "
+                                     "idle stop)",
+}
 # Cases that keep the home of their own under their tmp, as on the other backends: the
 # volumes case's refusal of its tmp is the refusal of a directory that holds COWBOX_HOME.
 OWN_HOME = ("test_volumes",)

@@ -231,8 +231,9 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 			}
 			plan.set_ids = 1;
 			plan.ids = *spec->ids;
-			memcpy(plan.ids_groups, spec->ids->groups,
-			       spec->ids->n_groups * sizeof(gid_t));
+			if (spec->ids->n_groups)
+				memcpy(plan.ids_groups, spec->ids->groups,
+				       spec->ids->n_groups * sizeof(gid_t));
 			plan.ids.groups = plan.ids_groups;
 		}
 		/* its own group, so that a kill reaches every process however it reparents */

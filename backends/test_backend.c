@@ -281,12 +281,21 @@ Test(backend, table_decides_per_backend)
 					      "{\"backend\":\"ns\",\"image\":\"\"}",
 					      "{\"backend\":\"vm\",\"network\":\"host\"}",
 					      "{\"backend\":\"vm\",\"network\":\"public\"}",
-					      "{\"backend\":\"vm\",\"user\":\"1\"}",
+					      "{\"backend\":\"vm\",\"pids\":10}",
 					      "{\"backend\":\"vm\",\"privileged\":true}"};
 	for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
 		json_t *j = json_loads(refused[i], 0, NULL);
 
 		cr_expect_eq(cb_backend_options_from_json(j, &o), -EINVAL, "%s", refused[i]);
+		json_decref(j);
+	}
+	/* vm's user is switched to by its agent (backends/vm_agent.c) */
+	{
+		json_t *j = json_loads("{\"backend\":\"vm\",\"user\":\"nobody\"}", 0, NULL);
+
+		cr_expect_eq(cb_backend_options_from_json(j, &o), 0, "%s", cb_error_message());
+		cr_expect_str_eq(o.user, "nobody");
+		cb_backend_options_free(&o);
 		json_decref(j);
 	}
 	/* vm's network all is passt's (backends/vm_net.c) */

@@ -2,6 +2,7 @@
  * our agent as PID 1; the workspace's FUSE mount is its 9p share, commands go through the relay. */
 #include "config.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -60,15 +61,54 @@ static void *vm_qemu_wait(void *arg)
 
 #define ARG(x) (argv[n++] = (x))
 
+/* The volumes' shares, and where the agent mounts them (cowbox.vol=N,ro|rw,PATH on the
+ * kernel command line, PATH %-escaped past [A-Za-z0-9/._-]: the command line splits on
+ * spaces). A read-only one is read-only in qemu too; a writable one keeps the guest's owners
+ * and modes in xattrs (mapped-xattr), so that the guest's root makes no setuid or root-owned
+ * file on the host: what it makes is qemu's user's, 0644 or 0755. */
+struct vm_volumes {
+	char fsdev[CB_BACKEND_MAX_VOLUMES][4400];
+	char device[CB_BACKEND_MAX_VOLUMES][96];
+};
+
+static int vm_volume_args(struct cb_backend *b, int mmio, struct vm_volumes *v, char *append,
+			  size_t size)
+{
+	size_t len = strlen(append);
+
+	for (size_t i = 0; i < b->opt.n_volumes; i++) {
+		const struct cb_backend_volume *vol = &b->opt.volumes[i];
+
+		snprintf(v->fsdev[i], sizeof(v->fsdev[i]), "local,id=fsv%zu,path=%s,%s", i,
+			 vol->src,
+			 vol->writable ? "security_model=mapped-xattr,fmode=0644,dmode=0755"
+				       : "security_model=none,readonly=on");
+		snprintf(v->device[i], sizeof(v->device[i]), "%s,fsdev=fsv%zu,mount_tag=vol%zu",
+			 mmio ? "virtio-9p-device" : "virtio-9p-pci", i, i);
+		len += (size_t)snprintf(append + len, len < size ? size - len : 0,
+					" cowbox.vol=%zu,%s,", i, vol->writable ? "rw" : "ro");
+		for (const unsigned char *c = (const unsigned char *)vol->dst; *c && len < size;
+		     c++)
+			len += (size_t)snprintf(
+			    append + len, size - len,
+			    strchr("/._-", *c) || (*c < 128 && isalnum(*c)) ? "%c" : "%%%02x", *c);
+		if (len >= size)
+			return cb_error_set(EINVAL, "backend option volumes: the guest paths are "
+						    "longer than the kernel command line takes");
+	}
+	return 0;
+}
+
 /* Start qemu under the runner (its own session; a tree the runner can end). */
 static int vm_start_qemu(struct cb_backend *b, struct vm_state *s, const char *rootfs)
 {
 	struct cb_backend_limits lim;
 	struct cb_exec_spec spec = {0};
 	char smp[32], mem[32], kernel[4200], initrd[4200], serial[4200], pidf[4200], chardev[4300];
-	char fsroot[4300], fsws[4300], fshome[4300], home[4200], append[512], netdev[160];
+	char fsroot[4300], fsws[4300], fshome[4300], home[4200], append[2048], netdev[160];
 	const char *machine = getenv("COWBOX_VM_MACHINE");
-	char *argv[72];
+	struct vm_volumes *vols = NULL;
+	char *argv[72 + 4 * CB_BACKEND_MAX_VOLUMES];
 	int n = 0, mmio, rc;
 	static char *env[] = {"PATH=/usr/local/bin:/usr/bin:/bin", NULL};
 
@@ -78,7 +118,11 @@ static int vm_start_qemu(struct cb_backend *b, struct vm_state *s, const char *r
 	cb_backend_limits_of(&b->opt, &lim);
 	snprintf(smp, sizeof(smp), "%d", b->opt.cpus > 0 ? (int)ceil(b->opt.cpus) : 1);
 	snprintf(mem, sizeof(mem), "%lu", lim.memory_mb ? lim.memory_mb : VM_DEFAULT_MEMORY_MB);
-	snprintf(kernel, sizeof(kernel), "%s/vm/vmlinuz", vm_cache());
+	/* the unpacked kernel when setup-vm made it: qemu enters it at its PVH entry, and the
+	 * bzImage's decompression is gone (under TCG most of a boot: 17 s to 8) */
+	snprintf(kernel, sizeof(kernel), "%s/vm/vmlinux", vm_cache());
+	if (access(kernel, R_OK) < 0)
+		snprintf(kernel, sizeof(kernel), "%s/vm/vmlinuz", vm_cache());
 	snprintf(initrd, sizeof(initrd), "%s/initrd", s->dir);
 	snprintf(serial, sizeof(serial), "file:%s/console.log", s->dir);
 	snprintf(pidf, sizeof(pidf), "%s/qemu.pid", s->dir);
@@ -99,6 +143,10 @@ static int vm_start_qemu(struct cb_backend *b, struct vm_state *s, const char *r
 		 "console=ttyS0 quiet panic=-1 rdinit=/init tsc_early_khz=2000000 tsc=reliable "
 		 "lpj=4000000 i8042.noaux i8042.nokbd i8042.nopnp%s",
 		 s->passt ? s->net_append : "");
+	if (!(vols = calloc(1, sizeof(*vols))))
+		return cb_error_set(ENOMEM, "vm backend: out of memory");
+	if ((rc = vm_volume_args(b, mmio, vols, append, sizeof(append))) < 0)
+		goto out;
 	snprintf(netdev, sizeof(netdev), "stream,id=n0,server=off,addr.type=unix,addr.path=%s",
 		 s->net_sock);
 	/* qemu in a mount namespace of its own: it holds the share's copy of the mount there, so
@@ -151,6 +199,12 @@ static int vm_start_qemu(struct cb_backend *b, struct vm_state *s, const char *r
 	ARG("-device");
 	ARG(mmio ? "virtio-9p-device,fsdev=fshome,mount_tag=home"
 		 : "virtio-9p-pci,fsdev=fshome,mount_tag=home");
+	for (size_t i = 0; i < b->opt.n_volumes; i++) {
+		ARG("-fsdev");
+		ARG(vols->fsdev[i]);
+		ARG("-device");
+		ARG(vols->device[i]);
+	}
 	ARG("-chardev");
 	ARG(chardev);
 	ARG("-device");
@@ -168,15 +222,20 @@ static int vm_start_qemu(struct cb_backend *b, struct vm_state *s, const char *r
 	spec.argv = argv;
 	spec.env = env;
 	spec.output_limit = 1u << 30; /* its warnings only: the console goes to a file */
-	if ((rc = cb_exec_start(&spec, NULL, &s->qemu)) < 0)
-		return cb_error_wrap(rc, "vm backend: start qemu: ");
+	if ((rc = cb_exec_start(&spec, NULL, &s->qemu)) < 0) {
+		cb_error_wrap(rc, "vm backend: start qemu: ");
+		goto out;
+	}
 	if (pthread_create(&s->qemu_thread, NULL, vm_qemu_wait, s) != 0) {
 		cb_exec_free(s->qemu);
 		s->qemu = NULL;
-		return cb_error_set(EAGAIN, "vm backend: cannot start a thread");
+		rc = cb_error_set(EAGAIN, "vm backend: cannot start a thread");
+		goto out;
 	}
 	s->qemu_started = 1;
-	return 0;
+out:
+	free(vols);
+	return rc;
 }
 
 static double vm_now(void)
@@ -350,13 +409,6 @@ static void vm_state_free(struct vm_state *s)
 	free(s);
 }
 
-/* Whether an image's User names the guest's root, the only user the agent runs commands as. */
-static int vm_user_is_root(const char *user)
-{
-	return !user || !*user || !strcmp(user, "root") || !strcmp(user, "0") ||
-	       !strncmp(user, "root:", 5) || !strncmp(user, "0:", 2);
-}
-
 static int vm_create(struct cb_backend *b)
 {
 	struct vm_state *s = calloc(1, sizeof(*s));
@@ -390,14 +442,10 @@ static int vm_create(struct cb_backend *b)
 	}
 	if (b->opt.image) {
 		rc = cb_backend_image_root(b->opt.image, &rootfs, &s->image);
-		/* docker would run its commands as that user; the guest runs every one as root,
-		 * so taking the image silently would run them with more than it asks */
-		if (rc == 0 && !vm_user_is_root(s->image.user))
-			rc = cb_error_set(EINVAL,
-					  "image %s: its User is %s, and the vm backend runs "
-					  "commands as the guest's root only; use ns or docker for "
-					  "this image",
-					  b->opt.image, s->image.user);
+		/* its User runs the commands that name none, as on ns and docker */
+		if (rc == 0 && s->image.user &&
+		    (rc = cb_backend_user_check("its User", s->image.user)) < 0)
+			cb_error_wrap(rc, "image %s: ", b->opt.image);
 	} else if (!(rootfs = strdup(vm_default_image())))
 		rc = cb_error_set(ENOMEM, "vm backend: out of memory");
 	else if (access(rootfs, F_OK) < 0)
@@ -454,6 +502,8 @@ out:
 /* The run frame's JSON for a command (malloc'd in *out). */
 static int vm_run_json(struct cb_backend *b, const struct cb_backend_cmd *cmd, char **out)
 {
+	struct vm_state *s = b->priv;
+	const char *user = cb_backend_user(b, cmd) ?: s->image.user;
 	json_t *o = json_object(), *a;
 	char **env = NULL, *rel = NULL, cwd[4200];
 	size_t limit = cmd->output_limit ? cmd->output_limit : CB_EXEC_DEFAULT_OUTPUT_LIMIT;
@@ -478,6 +528,10 @@ static int vm_run_json(struct cb_backend *b, const struct cb_backend_cmd *cmd, c
 	for (size_t i = 0; env[i]; i++)
 		json_array_append_new(a, json_string(env[i]));
 	json_object_set_new(o, "cwd", json_string(cwd));
+	/* the user option's (or the command's), else the image's User; the agent resolves it
+	 * in the guest's /etc */
+	if (user)
+		json_object_set_new(o, "user", json_string(user));
 	json_object_set_new(o, "timeout", json_real(cb_backend_timeout(b, cmd)));
 	/* the host's runner caps the client's output first (and the guest's command goes
 	 * with its client), so that the host keeps the cap's semantics */
@@ -507,9 +561,6 @@ static int vm_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	*out = NULL;
 	if (cmd->tty)
 		return cb_error_set(EOPNOTSUPP, "vm backend: no terminal yet (run without tty)");
-	if (cb_backend_user(b, cmd))
-		return cb_error_set(EINVAL, "user: the vm backend runs commands as the guest's "
-					    "root; use ns or docker");
 	if ((rc = vm_run_json(b, cmd, &run)) < 0 || (rc = vm_relay_reserve(s, run, &id)) < 0)
 		return rc;
 	snprintf(sock, sizeof(sock), "%s/run.sock", s->sockdir);
@@ -640,12 +691,6 @@ static int vm_validate(struct cb_backend_options *o, json_t *j)
 	if (o->n_secrets)
 		return cb_error_set(EINVAL, "backend option secrets: the vm backend cannot give "
 					    "its guest the workspace's CA yet; use ns or docker");
-	if (o->user)
-		return cb_error_set(EINVAL, "backend option user: the vm backend runs commands as "
-					    "the guest's root; use ns or docker");
-	if (o->n_volumes)
-		return cb_error_set(EINVAL, "backend option volumes: the vm backend shares only "
-					    "the workspace and its home; use ns or docker");
 	if (o->privileged)
 		return cb_error_set(EINVAL, "backend option privileged: only the ns backend has a "
 					    "user namespace to leave out");

@@ -247,6 +247,53 @@ out:
 		if_freenameindex(ifs);
 }
 
+/* mkdir -p of path's parents and path itself (the guest's own tree: an overlay on tmpfs). */
+static void agent_mkdirs(char *path)
+{
+	for (char *p = strchr(path + 1, '/'); p; p = strchr(p + 1, '/')) {
+		*p = 0;
+		mkdir(path, 0755);
+		*p = '/';
+	}
+	mkdir(path, 0755);
+}
+
+/* The volumes the host shares (tags volN), each at the path the kernel command line gives
+ * (cowbox.vol=N,ro|rw,PATH, %-escaped); read-only ones read-only here too. After the switch
+ * of root, so that the guest's own symlinks lead where they lead inside it. */
+static void agent_volumes(const char *p9)
+{
+	char cmd[4096] = "", tag[16], mode[4], enc[2048], path[2048];
+	FILE *f = fopen("/proc/cmdline", "re");
+	unsigned n;
+
+	if (f) {
+		if (!fgets(cmd, sizeof(cmd), f))
+			cmd[0] = 0;
+		fclose(f);
+	}
+	for (char *p = strstr(cmd, "cowbox.vol="); p; p = strstr(p + 1, "cowbox.vol=")) {
+		size_t o = 0;
+
+		if (sscanf(p + 11, "%u,%3[^,],%2047[^ \n]", &n, mode, enc) != 3)
+			continue;
+		for (const char *c = enc; *c && o + 1 < sizeof(path); c++) {
+			unsigned x;
+
+			if (*c == '%' && sscanf(c + 1, "%2x", &x) == 1) {
+				path[o++] = (char)x;
+				c += 2;
+			} else {
+				path[o++] = *c;
+			}
+		}
+		path[o] = 0;
+		snprintf(tag, sizeof(tag), "vol%u", n);
+		agent_mkdirs(path);
+		agent_mount(tag, path, "9p", strcmp(mode, "rw") ? MS_RDONLY : 0, p9);
+	}
+}
+
 /* The guest's tree: the host's root share read-only under a tmpfs overlay (the guest's own
  * /etc, mount points; gone with the VM, as a container's), the workspace share read-write at
  * /workspace (every write goes through the host's FUSE mount and its journal: no guest cache,
@@ -288,6 +335,7 @@ static int agent_boot(void)
 		agent_log("switch root: %s", strerror(errno));
 		return rc;
 	}
+	agent_volumes(p9);
 	sethostname("cowbox", 6);
 	agent_loopback_up();
 	agent_network();
@@ -450,6 +498,19 @@ static char *agent_dup(json_t *o, const char *key)
 	return s ? strdup(s) : NULL;
 }
 
+/* A command that cannot start as asked: what went wrong on its stderr, exit 126. */
+static void agent_refuse(uint32_t id, const char *why)
+{
+	char msg[600];
+	int n = snprintf(msg, sizeof(msg), "cowbox: %s\n", why);
+
+	agent_send(id, CB_VM_STDERR, msg, (size_t)n < sizeof(msg) ? (size_t)n : sizeof(msg) - 1);
+	agent_send_json(id, CB_VM_EXIT,
+			json_pack("{s:i,s:i,s:b,s:b,s:b,s:f}", "exit_code", 126, "term_signal", 0,
+				  "timed_out", 0, "output_limited", 0, "oom_killed", 0, "duration",
+				  0.0));
+}
+
 /* A run frame: start the command now (so stdin frames that follow find it), supervise it on
  * a thread of its own. */
 static void agent_run(uint32_t id, const char *payload)
@@ -460,6 +521,8 @@ static void agent_run(uint32_t id, const char *payload)
 	struct cb_exec_callbacks cb = {agent_output, NULL};
 	struct agent_job *j = calloc(1, sizeof(*j));
 	const char *msg = "out of memory";
+	struct cb_exec_ids ids;
+	gid_t groups[CB_EXEC_MAX_GROUPS];
 	pthread_attr_t attr;
 	pthread_t t;
 
@@ -490,6 +553,16 @@ static void agent_run(uint32_t id, const char *payload)
 	    json_is_true(json_object_get(o, "stdin")) ? CB_EXEC_STDIN_STREAM : CB_EXEC_STDIN_CLOSED;
 	spec.keep = json_is_true(json_object_get(o, "keep")) ? agent_keep : NULL;
 	cb.arg = j;
+	if (json_is_string(json_object_get(o, "user"))) {
+		/* resolved in the guest's own /etc (the image's), as docker does: a user it does
+		 * not know is the command's failure (126, said on stderr), not the agent's */
+		if (cb_exec_ids_resolve(NULL, json_string_value(json_object_get(o, "user")), &ids,
+					groups) < 0) {
+			agent_refuse(id, cb_error_message());
+			goto done;
+		}
+		spec.ids = &ids;
+	}
 	pthread_mutex_lock(&agent_jobs_lock);
 	j->oom_kills = agent_oom_kills();
 	if (agent_job_find(id) || cb_exec_start(&spec, &cb, &j->exec) < 0) {
@@ -505,6 +578,10 @@ static void agent_run(uint32_t id, const char *payload)
 	if (pthread_create(&t, &attr, agent_job_wait, j) != 0)
 		agent_job_wait(j); /* no thread: supervise it here rather than lose it */
 	pthread_attr_destroy(&attr);
+	json_decref(o);
+	return;
+done:
+	agent_job_free(j);
 	json_decref(o);
 	return;
 fail:

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "cowbox/exec.h"
 #include "cowbox/sandbox.h"
 
 /* Messages on the control socket (SOCK_SEQPACKET), one per datagram. */
@@ -41,7 +42,7 @@ struct cb_ns_entry {
 };
 
 #define CB_NS_MAX_ENTRIES 64
-#define CB_NS_MAX_GROUPS  32
+#define CB_NS_MAX_GROUPS  CB_EXEC_MAX_GROUPS
 
 /* Everything the sandbox child needs, computed before clone (no allocation after it). */
 struct cb_ns_plan {
@@ -92,6 +93,9 @@ struct cb_exec_plan {
 	int wait_go;		     /* wait for CB_MSG_GO before setting up */
 	int group;		     /* host: the command's v2 group directory, or -1 */
 	const struct cb_ns_plan *ns; /* NULL: on the host */
+	struct cb_exec_ids ids;	     /* host: the ids to switch to (set_ids) */
+	gid_t ids_groups[CB_NS_MAX_GROUPS];
+	int set_ids;
 };
 
 /* The shim: set up the sandbox (if any), start the command, report its status, forward

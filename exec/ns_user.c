@@ -198,3 +198,21 @@ out:
 	free(group);
 	return rc;
 }
+
+int cb_exec_ids_resolve(const char *root, const char *user, struct cb_exec_ids *ids,
+			gid_t groups[CB_EXEC_MAX_GROUPS])
+{
+	struct cb_sandbox sb = {.user = user, .image = root};
+	/* every id is the caller's to take: no namespace maps them */
+	struct cb_ns_plan p = {.userns = 1, .map_count = 1000000000UL};
+	int rc = cb_ns_user_resolve(&sb, &p);
+
+	if (rc < 0)
+		return rc;
+	if (!p.set_user)
+		return cb_error_set(EINVAL, "user: none given");
+	memcpy(groups, p.groups, p.n_groups * sizeof(gid_t));
+	*ids = (struct cb_exec_ids){
+	    .uid = p.uid, .gid = p.gid, .groups = groups, .n_groups = p.n_groups};
+	return 0;
+}

@@ -222,6 +222,20 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 		}
 	} else {
 		plan.cwd = spec->cwd;
+		if (spec->ids) {
+			/* copied: the child reads the plan, not the caller's memory */
+			if (spec->ids->n_groups > CB_NS_MAX_GROUPS) {
+				rc = cb_error_set(EINVAL, "exec: more than %d groups",
+						  CB_NS_MAX_GROUPS);
+				goto fail;
+			}
+			plan.set_ids = 1;
+			plan.ids = *spec->ids;
+			if (spec->ids->n_groups)
+				memcpy(plan.ids_groups, spec->ids->groups,
+				       spec->ids->n_groups * sizeof(gid_t));
+			plan.ids.groups = plan.ids_groups;
+		}
 		/* its own group, so that a kill reaches every process however it reparents */
 		if ((rc = cb_cgroup_host_create(&h->cg)) < 0)
 			goto fail;

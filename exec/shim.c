@@ -227,6 +227,12 @@ static _Noreturn void command_child(const struct cb_exec_plan *p)
 		cb_exec_child_error(p->ctl, "switch to the user", NULL, errno);
 		_exit(126);
 	}
+	if (p->set_ids && (syscall(SYS_setgroups, p->ids.n_groups, p->ids.groups) < 0 ||
+			   syscall(SYS_setresgid, p->ids.gid, p->ids.gid, p->ids.gid) < 0 ||
+			   syscall(SYS_setresuid, p->ids.uid, p->ids.uid, p->ids.uid) < 0)) {
+		cb_exec_child_error(p->ctl, "switch to the user", NULL, errno);
+		_exit(126);
+	}
 	if (p->cwd && chdir(p->cwd) < 0) {
 		cb_exec_child_error(p->ctl, "chdir", p->cwd, errno);
 		_exit(126);

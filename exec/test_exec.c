@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -412,4 +413,52 @@ Test(exec, without_cgroup_sigterm_reaches_every_level_of_a_dying_chain)
 {
 	setenv("COWBOX_EXEC_CGROUP", "0", 1);
 	sigterm_through_a_dying_chain();
+}
+
+/* The vm agent's way to run as a user: the name looked up in a root's own etc files, then the
+ * runner switches to those ids before exec (as root only). */
+Test(exec, ids_resolve_in_a_root_and_run_as_them)
+{
+	char root[] = "/tmp/cb-ids-XXXXXX", path[64];
+	struct cb_exec_ids ids;
+	gid_t groups[CB_EXEC_MAX_GROUPS];
+	struct cb_exec_result r;
+	FILE *f;
+
+	cr_assert(mkdtemp(root));
+	snprintf(path, sizeof(path), "%s/etc", root);
+	cr_assert_eq(mkdir(path, 0755), 0);
+	snprintf(path, sizeof(path), "%s/etc/passwd", root);
+	cr_assert((f = fopen(path, "w")));
+	fputs("root:x:0:0::/root:/bin/sh\nbob:x:1234:1235::/home/bob:/bin/sh\n", f);
+	fclose(f);
+	snprintf(path, sizeof(path), "%s/etc/group", root);
+	cr_assert((f = fopen(path, "w")));
+	fputs("bob:x:1235:\nstaff:x:50:alice,bob\nother:x:60:alice\n", f);
+	fclose(f);
+	cr_assert_eq(cb_exec_ids_resolve(root, "bob", &ids, groups), 0, "%s", cb_error_message());
+	cr_expect_eq(ids.uid, 1234);
+	cr_expect_eq(ids.gid, 1235);
+	cr_expect_eq(ids.n_groups, 2);
+	cr_expect_eq(ids.groups[1], 50);
+	cr_assert_eq(cb_exec_ids_resolve(root, "77:staff", &ids, groups), 0);
+	cr_expect_eq(ids.uid, 77);
+	cr_expect_eq(ids.gid, 50);
+	cr_expect_eq(cb_exec_ids_resolve(root, "no-such-user-x", &ids, groups), -ENOENT);
+	cr_expect(strstr(cb_error_message(), "no-such-user-x"));
+	cr_assert_eq(cb_exec_ids_resolve(root, "bob", &ids, groups), 0);
+	if (geteuid() == 0) {
+		struct cb_exec_spec spec = {
+		    .shell = "id -u; id -g; id -G", .env = base_env, .ids = &ids};
+
+		cr_assert_eq(cb_exec_run(&spec, &r), 0, "%s", cb_error_message());
+		cr_expect_str_eq(r.out, "1234\n1235\n1235 50\n");
+		cb_exec_result_free(&r);
+	}
+	unlink(path);
+	snprintf(path, sizeof(path), "%s/etc/passwd", root);
+	unlink(path);
+	snprintf(path, sizeof(path), "%s/etc", root);
+	rmdir(path);
+	rmdir(root);
 }

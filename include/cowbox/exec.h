@@ -12,6 +12,17 @@ extern "C" {
 
 struct cb_sandbox;
 
+#define CB_EXEC_MAX_GROUPS 32
+
+/* Ids a command on the host switches to before its chdir and exec (the caller must hold
+ * CAP_SETUID/CAP_SETGID: the vm backend's agent, root of its guest). */
+struct cb_exec_ids {
+	uid_t uid;
+	gid_t gid;
+	const gid_t *groups; /* the supplementary groups, exactly these (none: n_groups 0) */
+	size_t n_groups;
+};
+
 /* Where the command's stdin comes from. */
 enum cb_exec_stdin {
 	CB_EXEC_STDIN_CLOSED = 0, /* an empty pipe: reads see end of file at once */
@@ -48,6 +59,7 @@ struct cb_exec_spec {
 	int tty;	     /* run on a new pseudo-terminal (stdout carries both streams) */
 	unsigned short tty_rows, tty_cols;
 	const struct cb_sandbox *sandbox; /* NULL: on the host (the local backend) */
+	const struct cb_exec_ids *ids;	  /* host only: run as these ids; NULL: as the caller */
 	struct cb_exec_keep *keep; /* background jobs (&, nohup, setsid) that outlive a command
 				      which ended by itself are kept running in this set until it
 				      is freed, instead of killed when the call returns (not with
@@ -75,6 +87,13 @@ struct cb_exec_callbacks {
 };
 
 struct cb_exec;
+
+/* Resolve user (NAME|UID[:GROUP|GID]) in root's etc/passwd and etc/group (root NULL: "/"),
+ * read beneath root, as the ns sandbox does: *ids gets the uid, the gid (the passwd entry's,
+ * or 0 for a bare uid) and the groups that list the user, stored in groups. -ENOENT for a
+ * name that is in neither file, -EINVAL for a malformed one, with a message. */
+int cb_exec_ids_resolve(const char *root, const char *user, struct cb_exec_ids *ids,
+			gid_t groups[CB_EXEC_MAX_GROUPS]);
 
 /* Start the command; it runs in its own session and process group under a supervisor that
  * reaps every process it leaves behind. Only fds 0-2 reach the command. The supervisor is a

@@ -260,14 +260,15 @@ class Sandbox:
         engine's image (None: $COWBOX_DOCKER_IMAGE, else cowbox-debian:bookworm, which
         scripts/setup-podman builds); for vm a directory or image as for ns (None: the
         debootstrap tree scripts/setup-podman makes). backend "vm" boots a qemu VM under its
-        own kernel on first use (scripts/setup-vm), network "none" or "all" (passt; no
-        host_url, public or allow). A bad image fails
+        own kernel on first use (scripts/setup-vm), network "none", "all" (passt), public or
+        allow (no NIC: the egress proxy over the guest agent's port; no header_bindings
+        yet), host_url under any of them. A bad image fails
         the create, naming it.
         shell is "sh" (the default) or "bash": what runs command strings and hooks. user
-        (ns, docker) runs commands as that user inside: a name, a uid, or "NAME:GROUP".
+        (ns, docker, vm) runs commands as that user inside: a name, a uid, or "NAME:GROUP".
         background "keep" (the default) lets jobs a command starts with &, nohup or setsid
         run on until the workspace closes (the call still returns at most 2 s after the
-        command exits); "kill" ends them with the command. volumes (ns, docker) binds host
+        command exits); "kill" ends them with the command. volumes (ns, docker, vm) binds host
         directories in: [(host_dir, sandbox_path, "ro" | "rw")], read-only unless asked;
         none under COWBOX_HOME. Commands get HOME=/home/cowbox, the workspace's persistent
         home (outside /workspace: snapshots do not cover it), removed with the workspace.

@@ -9,6 +9,16 @@
 #include "cowbox/exec.h"
 #include "cowbox/sandbox.h"
 
+/* A ThreadSanitizer build (exec/test_run_tsan.sh): TSan follows fork but not a raw clone,
+ * whose child inherits the runtime's locks and thread state as they were (run.c, shim.c). */
+#if defined(__SANITIZE_THREAD__)
+#define CB_EXEC_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CB_EXEC_TSAN 1
+#endif
+#endif
+
 /* Messages on the control socket (SOCK_SEQPACKET), one per datagram. */
 #define CB_MSG_GO     'G' /* parent -> shim: maps and cgroups are in place, go on */
 #define CB_MSG_KILL   'K' /* parent -> shim: + int signal for the whole tree */

@@ -65,14 +65,6 @@ static int own_argv(struct cb_exec *h, char *const **argv)
 	return 0;
 }
 
-#if defined(__SANITIZE_THREAD__)
-#define CB_EXEC_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define CB_EXEC_TSAN 1
-#endif
-#endif
-
 /* The shim's birth: a raw clone (namespace flags, no atfork handlers). ThreadSanitizer cannot
  * follow a raw clone (its runtime's locks, held by other threads at that moment, stay held in
  * the child, which hangs), but it follows fork: so a TSan build (exec/test_run_tsan.sh) makes

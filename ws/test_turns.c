@@ -585,6 +585,15 @@ Test(fork, upper_holds_only_the_difference, .init = setup, .fini = teardown)
 	}
 }
 
+/* Turn 1 recorded with its map deferred, and that map answered from the walk into m. */
+static void first_map_answer(struct map_buf *m, struct cb_ws_first_map **p, long long *id)
+{
+	cb_ws_snapshot_defer_map(T);
+	snap(1, NULL, 0);
+	cr_assert_eq(cb_ws_map_first(T, map_line, m, p, id), 0, "%s", cb_error_message());
+	cr_assert(*p, "a map never built is answered from the walk");
+}
+
 /* The first map of a turn that changed nothing, answered from the walk: the same map as the
  * tree, and the id given with it is the database's only once its rows are written. */
 Test(snapshot, first_map_answered_from_the_walk_then_written, .init = setup, .fini = teardown)
@@ -594,10 +603,7 @@ Test(snapshot, first_map_answered_from_the_walk_then_written, .init = setup, .fi
 	struct cb_ws_first_map *p = NULL;
 	long long id = 0, db_id = 0;
 
-	cb_ws_snapshot_defer_map(T);
-	snap(1, NULL, 0);
-	cr_assert_eq(cb_ws_map_first(T, map_line, &m, &p, &id), 0, "%s", cb_error_message());
-	cr_assert(p, "a map never built is answered from the walk");
+	first_map_answer(&m, &p, &id);
 	tree_map(base, want, sizeof(want));
 	cr_assert_str_eq(got, want);
 	cr_assert_eq(cb_db_turns_map_id(cb_turns_db(T), &db_id), 0);
@@ -624,10 +630,7 @@ Test(snapshot, first_map_write_yields_to_a_map_built_meanwhile, .init = setup, .
 	struct cb_ws_first_map *p = NULL;
 	long long id = 0, db_id = 0;
 
-	cb_ws_snapshot_defer_map(T);
-	snap(1, NULL, 0);
-	cr_assert_eq(cb_ws_map_first(T, map_line, &m, &p, &id), 0, "%s", cb_error_message());
-	cr_assert(p);
+	first_map_answer(&m, &p, &id);
 	assert_live_is_map(); /* builds the map from its own walk */
 	cr_assert_eq(cb_ws_map_first_write(T, p), 0, "%s", cb_error_message());
 	cb_ws_map_first_free(p);

@@ -273,16 +273,18 @@ Test(backend, table_decides_per_backend)
 	cr_expect_eq(cb_backend_workdir("qemu", "/m", NULL, &wd), -EINVAL);
 	cr_expect_null(wd);
 	/* each backend's validate: what it cannot enforce */
-	static const char *const refused[] = {"{\"backend\":\"local\",\"memory_mb\":64}",
-					      "{\"backend\":\"local\",\"user\":\"1\"}",
-					      "{\"backend\":\"local\",\"network\":\"all\"}",
-					      "{\"backend\":\"docker\",\"image\":\"-x\"}",
-					      "{\"backend\":\"docker\",\"privileged\":true}",
-					      "{\"backend\":\"ns\",\"image\":\"\"}",
-					      "{\"backend\":\"vm\",\"network\":\"host\"}",
-					      "{\"backend\":\"vm\",\"network\":\"public\"}",
-					      "{\"backend\":\"vm\",\"pids\":10}",
-					      "{\"backend\":\"vm\",\"privileged\":true}"};
+	static const char *const refused[] = {
+	    "{\"backend\":\"local\",\"memory_mb\":64}",
+	    "{\"backend\":\"local\",\"user\":\"1\"}",
+	    "{\"backend\":\"local\",\"network\":\"all\"}",
+	    "{\"backend\":\"docker\",\"image\":\"-x\"}",
+	    "{\"backend\":\"docker\",\"privileged\":true}",
+	    "{\"backend\":\"ns\",\"image\":\"\"}",
+	    "{\"backend\":\"vm\",\"network\":\"host\"}",
+	    "{\"backend\":\"vm\",\"network\":\"public\",\"secrets\":"
+	    "[{\"host\":\"a.test\",\"header\":\"X-K\",\"value\":\"v\"}]}",
+	    "{\"backend\":\"vm\",\"pids\":10}",
+	    "{\"backend\":\"vm\",\"privileged\":true}"};
 	for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
 		json_t *j = json_loads(refused[i], 0, NULL);
 
@@ -298,12 +300,14 @@ Test(backend, table_decides_per_backend)
 		cb_backend_options_free(&o);
 		json_decref(j);
 	}
-	/* vm's network all is passt's (backends/vm_net.c) */
-	{
-		json_t *j = json_loads("{\"backend\":\"vm\",\"network\":\"all\"}", 0, NULL);
+	/* vm's network all is passt's (backends/vm_net.c); public and allow reach the egress
+	 * proxy over the agent's port (backends/vm_forward.c), without secrets */
+	static const char *const vm_nets[] = {"all", "public"};
+	for (size_t i = 0; i < sizeof vm_nets / sizeof *vm_nets; i++) {
+		json_t *j = json_pack("{s:s, s:s}", "backend", "vm", "network", vm_nets[i]);
 
 		cr_expect_eq(cb_backend_options_from_json(j, &o), 0, "%s", cb_error_message());
-		cr_expect_eq(o.net, CB_BACKEND_NET_ALL);
+		cr_expect_str_eq(cb_backend_net_name(o.net), vm_nets[i]);
 		cb_backend_options_free(&o);
 		json_decref(j);
 	}

@@ -103,13 +103,65 @@ void cb_daemon_base_stats_log(struct cb_turns *t, const char *what)
 			      what, s.from_own, s.from_shared, s.hashed, s.shared_added);
 }
 
+/* A turns handle on the workspace's base, the home's shared cache attached. */
+static int bh_turns_open(struct cb_daemon *d, struct cb_turns **t)
+{
+	char blobs[4096];
+	struct cb_turns_config cfg = {
+	    .db_path = d->db_path, .blob_dir = blobs, .base_dir = d->base};
+	int ret;
+
+	snprintf(blobs, sizeof(blobs), "%s/blobs", d->dir);
+	ret = cb_turns_open(&cfg, t);
+	if (!ret)
+		cb_daemon_basecache_attach(d->dir, *t, d->base);
+	return ret;
+}
+
+int cb_daemon_base_scan_ahead(struct cb_daemon *d)
+{
+	/* Taken before the walk: a change during it is counted, and the scan is then dropped. */
+	long long events = cb_daemon_basewatch_events(d);
+	struct cb_ws_base_scan *s = NULL;
+	struct cb_turns *t = NULL;
+	double t0 = mono_seconds();
+	int ret;
+
+	if (events < 0 || !d->base)
+		return 0;
+	ret = bh_turns_open(d, &t);
+	if (!ret)
+		ret = cb_ws_base_scan_ahead(t, cb_daemon_basewatch_dir, d, &s);
+	cb_turns_close(t);
+	if (ret) {
+		cb_daemon_log("base: %s; the first snapshot reads it itself", cb_error_message());
+		cb_error_clear();
+		return 0;
+	}
+	if (!s)
+		return 0;
+	cb_ws_base_scan_free(d->scan_ahead);
+	d->scan_ahead = s;
+	d->scan_ahead_events = events;
+	cb_daemon_log("base read ahead for the first snapshot in %.3f s", mono_seconds() - t0);
+	return 1;
+}
+
+void cb_daemon_base_scan_take(struct cb_daemon *d, struct cb_turns *t)
+{
+	struct cb_ws_base_scan *s = d->scan_ahead;
+
+	d->scan_ahead = NULL;
+	if (s && cb_daemon_basewatch_events(d) == d->scan_ahead_events)
+		cb_ws_base_scan_use(t, s);
+	else
+		cb_ws_base_scan_free(s);
+}
+
 static void *bh_thread(void *arg)
 {
 	struct cb_daemon_basehash *bh = arg;
 	struct cb_daemon *d = bh->d;
-	char blobs[4096];
-	struct cb_turns_config cfg = {
-	    .db_path = d->db_path, .blob_dir = blobs, .base_dir = d->base};
 	struct cb_turns *t = NULL;
 	pid_t tid = (pid_t)syscall(SYS_gettid);
 	int ret;
@@ -124,13 +176,17 @@ static void *bh_thread(void *arg)
 	pthread_mutex_lock(&d->turn_lock);
 	bh->events = cb_daemon_basewatch_events(d);
 	pthread_mutex_unlock(&d->turn_lock);
-	snprintf(blobs, sizeof(blobs), "%s/blobs", d->dir);
-	ret = cb_turns_open(&cfg, &t);
-	if (!ret) {
-		cb_daemon_basecache_attach(d->dir, t, d->base);
+	ret = bh_turns_open(d, &t);
+	if (!ret)
 		ret = cb_ws_base_prehash(t, &bh->p);
-	}
 	bh->seconds = mono_seconds() - bh->started;
+	/* The prepared map serves the first snapshot now: the scan read ahead is not needed. */
+	if (__atomic_load_n(&bh->p.state, __ATOMIC_ACQUIRE) == CB_PREHASH_DONE) {
+		pthread_mutex_lock(&d->turn_lock);
+		cb_ws_base_scan_free(d->scan_ahead);
+		d->scan_ahead = NULL;
+		pthread_mutex_unlock(&d->turn_lock);
+	}
 	if (ret)
 		cb_daemon_log("base hash: %s", cb_error_message());
 	else if (bh->p.state != CB_PREHASH_TAKEN || bh->p.files_done)

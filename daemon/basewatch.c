@@ -74,16 +74,40 @@ static int watch_tree(struct cb_daemon_basewatch *w, int dirfd)
 	return ret;
 }
 
+/* A watch could not be added: the module is blind from now on (every look walks). */
+static void watch_blind(struct cb_daemon *d, struct cb_daemon_basewatch *w, int err)
+{
+	if (!atomic_exchange(&w->blind, 1))
+		cb_daemon_log("base watch: %s: %s; every snapshot and rollback looks at the whole "
+			      "base",
+			      d->base, strerror(err));
+}
+
 /* (Re)watch the whole base; a failure leaves the module blind (every look walks). */
 static void watch_base(struct cb_daemon *d, struct cb_daemon_basewatch *w)
 {
 	int fd = open(d->base, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	int ret = fd < 0 ? -errno : watch_tree(w, fd);
 
-	if (ret && !atomic_exchange(&w->blind, 1))
-		cb_daemon_log("base watch: %s: %s; every snapshot and rollback looks at the whole "
-			      "base",
-			      d->base, strerror(-ret));
+	if (ret)
+		watch_blind(d, w, -ret);
+}
+
+void cb_daemon_basewatch_dir(void *arg, int dirfd)
+{
+	struct cb_daemon *d = arg;
+	struct cb_daemon_basewatch *w = d->basewatch;
+	char proc[64];
+
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", dirfd);
+	if (w && inotify_add_watch(w->fd, proc, WATCH_MASK) < 0)
+		watch_blind(d, w, errno);
+}
+
+void cb_daemon_basewatch_all(struct cb_daemon *d)
+{
+	if (d->basewatch)
+		watch_base(d, d->basewatch);
 }
 
 struct watch_arg {
@@ -141,6 +165,15 @@ static void *watch_thread(void *arg)
 
 int cb_daemon_basewatch_start(struct cb_daemon *d)
 {
+	int ret = cb_daemon_basewatch_open(d);
+
+	if (!ret)
+		cb_daemon_basewatch_all(d);
+	return ret;
+}
+
+int cb_daemon_basewatch_open(struct cb_daemon *d)
+{
 	struct cb_daemon_basewatch *w = calloc(1, sizeof(*w));
 	struct watch_arg *a = malloc(sizeof(*a));
 	int ret = 0;
@@ -156,7 +189,6 @@ int cb_daemon_basewatch_start(struct cb_daemon *d)
 		ret = cb_error_set(errno, "base watch: %s", strerror(errno));
 		goto out;
 	}
-	watch_base(d, w);
 	a->d = d;
 	a->w = w;
 	if ((ret = -pthread_create(&w->thread, NULL, watch_thread, a))) {

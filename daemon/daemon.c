@@ -465,11 +465,15 @@ static void *daemon_base_check(void *arg)
 
 	pthread_mutex_lock(&d->turn_lock);
 	sem_post(&bs->locked);
-	/* Watched before the look: a change made during it is seen by the next one. */
-	if (cb_daemon_basewatch_start(d)) {
+	/* Watched before the look: a change made during it is seen by the next one. Before
+	 * the first map, the base is read ahead for it, each directory watched before it is
+	 * read (one walk for both, done before the first snapshot is likely to ask). */
+	if (cb_daemon_basewatch_open(d)) {
 		daemon_log("%s; every snapshot and rollback looks at the whole base",
 			   cb_error_message());
 		cb_error_clear();
+	} else if (!cb_daemon_base_scan_ahead(d)) {
+		cb_daemon_basewatch_all(d);
 	}
 	cb_daemon_base_watch(d, "start");
 	pthread_mutex_unlock(&d->turn_lock);
@@ -650,6 +654,7 @@ out:
 		pthread_join(base_thread, NULL);
 	cb_daemon_basewatch_stop(&d);
 	cb_daemon_basehash_stop(&d);
+	cb_ws_base_scan_free(d.scan_ahead);
 	if (have_sig) {
 		pthread_kill(sig_thread, SIGTERM);
 		pthread_join(sig_thread, NULL);

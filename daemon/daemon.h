@@ -72,6 +72,10 @@ struct cb_daemon {
 	pthread_cond_t files_cond;
 	struct cb_daemon_basehash *basehash;   /* the background hash of the base (basehash.c) */
 	struct cb_daemon_basewatch *basewatch; /* inotify on the base (basewatch.c) */
+	/* The base read ahead at start for the first map, and the watch's count then (both
+	 * under turn_lock; basehash.c). */
+	struct cb_ws_base_scan *scan_ahead;
+	long long scan_ahead_events;
 	int access; /* the widest level it serves (cowbox/access.h), only lowered; __atomic */
 	/* Idle stop (daemon/idle.c): the timeout (0: never) and whether `cowbox mount` pinned
 	 * it (never idle then), both __atomic; idle_since under conns_lock. */
@@ -193,6 +197,13 @@ void cb_daemon_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 struct cb_daemon_basewatch;
 /* Watch every directory of the base (inotify); 0 or -errno with a message. */
 int cb_daemon_basewatch_start(struct cb_daemon *d);
+/* The watch without any directory yet (cb_daemon_basewatch_dir adds them one by one,
+ * cb_daemon_basewatch_all all at once); 0 or -errno with a message. */
+int cb_daemon_basewatch_open(struct cb_daemon *d);
+void cb_daemon_basewatch_all(struct cb_daemon *d);
+/* Watch the directory open at dirfd (d is the daemon); a watch that cannot be added leaves
+ * the module blind, as cb_daemon_basewatch_all does. */
+void cb_daemon_basewatch_dir(void *d, int dirfd);
 /* 1 if the base may have changed since the previous call (or cannot be watched, or no watch
  * was started), and forget it; 0 when no event came: nothing in the base moved. */
 int cb_daemon_basewatch_take(struct cb_daemon *d);
@@ -213,6 +224,14 @@ void cb_daemon_basehash_stop(struct cb_daemon *d);
  * nothing move in the base since the pass began walking it: the first snapshot may take
  * that map as it is. */
 int cb_daemon_basehash_prepared(struct cb_daemon *d);
+/* At start, under the turn lock, before the first map: read the base as the first map
+ * would (cb_ws_base_scan_ahead), adding the base watch on each directory before it is read,
+ * and keep the scan for the first map. 1 if every directory was watched so (else the caller
+ * watches the base itself), 0 if not. */
+int cb_daemon_base_scan_ahead(struct cb_daemon *d);
+/* Under the turn lock: give t the scan read ahead if the watch saw nothing move in the base
+ * since it began (else drop it). */
+void cb_daemon_base_scan_take(struct cb_daemon *d, struct cb_turns *t);
 /* Its progress as "base_hash" in an info reply. */
 void cb_daemon_basehash_info(struct cb_daemon *d, json_t *r);
 /* Let t use the shared base cache of the home the workspace directory ws_dir is in; a cache

@@ -376,6 +376,7 @@ static int snapshot_files(struct cb_daemon *d, struct cb_daemon_conn *conn, json
 	/* A first map is answered from the walk (the shared base cache vouching for what it
 	 * can); its rows are written after the reply. */
 	cb_daemon_basecache_attach(d->dir, t, d->base);
+	cb_daemon_base_scan_take(d, t);
 	ret = cb_ws_map_first(t, files_add, &o, pending, &id);
 	if (!ret)
 		ret = files_flush(&o);

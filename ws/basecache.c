@@ -260,6 +260,18 @@ int ws_base_cache_find(struct cb_turns *t, struct ws_base_file *f, size_t n)
 	return 0;
 }
 
+void ws_base_cache_found(struct cb_turns *t, const struct ws_base_file *f, size_t n)
+{
+	if (!t->bc)
+		return;
+	for (size_t i = 0; i < n; i++) {
+		if (f[i].cached == 1)
+			t->bc->stats.from_own++;
+		else if (f[i].cached == 2)
+			t->bc->stats.from_shared++;
+	}
+}
+
 /* ---- the background pass ---- */
 
 struct pre_file {

@@ -196,22 +196,12 @@ static int collect_path(const char *path, void *arg)
 	return ws_pathset_add(&a->paths, path, 0, NULL);
 }
 
-/* The base read for a first map: meta.db's cache imported, the walk (sorted), what the
- * caches vouch for, the misses hashed. */
-static int base_scan(struct cb_turns *t, struct base_walk *w)
+/* What no cache vouched for: the files to hash and their bytes. */
+static void base_count_misses(struct base_walk *w)
 {
-	int ret = cb_db_turns_base_cache_import(t->db);
-
-	w->base_fd = t->base_fd;
-	w->progress = t->progress;
-	w->progress_arg = t->progress_arg;
-	/* In path order: the caches are read in one pass each, merged with it, and the inserts
-	 * of base_fill walk each b-tree from left to right. */
-	if (!ret)
-		ret = ws_base_walk(t->base_fd, &w->it, &w->n);
-	if (!ret)
-		ret = ws_base_cache_find(t, w->it, w->n);
-	for (size_t i = 0; i < w->n && !ret; i++) {
+	w->misses = 0;
+	w->bytes_total = 0;
+	for (size_t i = 0; i < w->n; i++) {
 		struct ws_base_file *it = &w->it[i];
 
 		if (S_ISREG(it->st.st_mode) && !it->cached) {
@@ -219,6 +209,86 @@ static int base_scan(struct cb_turns *t, struct base_walk *w)
 			w->bytes_total += it->st.st_size;
 		}
 	}
+}
+
+/* The base read for a first map, short of hashing: meta.db's cache imported, the walk
+ * (sorted; dir_opened told of each directory), what the caches vouch for. */
+static int base_read(struct cb_turns *t, struct base_walk *w, void (*dir_opened)(void *, int),
+		     void *arg)
+{
+	int ret = cb_db_turns_base_cache_import(t->db);
+
+	/* In path order: the caches are read in one pass each, merged with it, and the inserts
+	 * of base_fill walk each b-tree from left to right. */
+	if (!ret)
+		ret = ws_base_walk_watched(t->base_fd, dir_opened, arg, &w->it, &w->n);
+	if (!ret)
+		ret = ws_base_cache_find(t, w->it, w->n);
+	if (!ret)
+		base_count_misses(w);
+	return ret;
+}
+
+struct cb_ws_base_scan {
+	struct base_walk w;
+};
+
+void cb_ws_base_scan_free(struct cb_ws_base_scan *s)
+{
+	if (!s)
+		return;
+	ws_base_files_free(s->w.it, s->w.n);
+	free(s);
+}
+
+int cb_ws_base_scan_ahead(struct cb_turns *t, void (*dir_opened)(void *, int), void *arg,
+			  struct cb_ws_base_scan **out)
+{
+	struct cb_ws_base_scan *s;
+	int ret;
+
+	*out = NULL;
+	/* Not whether the latest turn has its map: no turn may be recorded yet. */
+	if (t->in_place || t->base_fd < 0 || cb_db_turns_base_map_built(t->db))
+		return 0;
+	if (!(s = calloc(1, sizeof(*s))))
+		return cb_error_set(ENOMEM, "base scan: out of memory");
+	if ((ret = base_read(t, &s->w, dir_opened, arg))) {
+		cb_ws_base_scan_free(s);
+		return cb_error_wrap(ret, "read the base ahead");
+	}
+	*out = s;
+	return 0;
+}
+
+void cb_ws_base_scan_use(struct cb_turns *t, struct cb_ws_base_scan *s)
+{
+	cb_ws_base_scan_free(t->ahead);
+	t->ahead = s;
+}
+
+/* The base read for a first map: the scan read ahead when the caller gave one (the base has
+ * not moved since it began), else base_read now; then the misses hashed. */
+static int base_scan(struct cb_turns *t, struct base_walk *w)
+{
+	struct cb_ws_base_scan *ahead = t->ahead;
+	int ret = 0;
+
+	t->ahead = NULL;
+	if (ahead) {
+		*w = ahead->w;
+		free(ahead);
+		ws_base_cache_found(t, w->it, w->n);
+		/* Rows added to a cache since the walk (another workspace hashed the base
+		 * meanwhile) vouch for its misses too. */
+		if (w->misses && !(ret = ws_base_cache_find(t, w->it, w->n)))
+			base_count_misses(w);
+	} else {
+		ret = base_read(t, w, NULL, NULL);
+	}
+	w->base_fd = t->base_fd;
+	w->progress = t->progress;
+	w->progress_arg = t->progress_arg;
 	return ret ? ret : base_hash_misses(w);
 }
 

@@ -22,6 +22,8 @@
 /* What the threads share: the directories still to read. */
 struct walk_shared {
 	int base_fd;
+	void (*dir_opened)(void *, int); /* told of each directory before it is read */
+	void *hook_arg;
 	pthread_mutex_t lock;
 	pthread_cond_t more;
 	/* Names of directories to read, borrowed from their entries' paths (which stay put
@@ -77,6 +79,8 @@ static int walk_dir(struct walk_thread *th, const char *path)
 
 	if (fd < 0)
 		return cb_error_wrap(fd, "base");
+	if (th->s->dir_opened)
+		th->s->dir_opened(th->s->hook_arg, fd);
 	if (!(dir = fdopendir(fd))) {
 		ret = cb_error_set(errno, "base %s: %s", path, strerror(errno));
 		close(fd);
@@ -186,10 +190,11 @@ static int walk_merge(struct walk_thread *th, int nth, struct ws_base_file **out
 	return 0;
 }
 
-int ws_base_walk(int base_fd, struct ws_base_file **out, size_t *n)
+int ws_base_walk_watched(int base_fd, void (*dir_opened)(void *, int dirfd), void *arg,
+			 struct ws_base_file **out, size_t *n)
 {
 	static const char *const top = "";
-	struct walk_shared s = {.base_fd = base_fd};
+	struct walk_shared s = {.base_fd = base_fd, .dir_opened = dir_opened, .hook_arg = arg};
 	struct walk_thread th[WALK_THREADS];
 	int nth = 1, ret = 0;
 
@@ -224,6 +229,11 @@ int ws_base_walk(int base_fd, struct ws_base_file **out, size_t *n)
 	pthread_mutex_destroy(&s.lock);
 	free(s.q);
 	return ret;
+}
+
+int ws_base_walk(int base_fd, struct ws_base_file **out, size_t *n)
+{
+	return ws_base_walk_watched(base_fd, NULL, NULL, out, n);
 }
 
 void ws_base_files_free(struct ws_base_file *f, size_t n)

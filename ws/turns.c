@@ -78,6 +78,7 @@ void cb_turns_close(struct cb_turns *t)
 {
 	if (!t)
 		return;
+	cb_ws_base_scan_free(t->ahead);
 	ws_basecache_detach(t);
 	cb_db_turns_close(t->db);
 	ws_known_clear(t);

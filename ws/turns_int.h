@@ -37,6 +37,9 @@ struct cb_turns {
 	/* cb_ws_snapshot_defer_map: a snapshot that examines nothing leaves a map that would be
 	 * built from a walk to the caller (cb_ws_map_first answers from that walk). */
 	int defer_map;
+	/* cb_ws_base_scan_use: a walk of the base read ahead, vouched for by the caller; the
+	 * next map built from a walk takes it instead of walking. */
+	struct cb_ws_base_scan *ahead;
 };
 
 /* Remember files just written (takes ownership of the array), forget them. */
@@ -109,11 +112,18 @@ struct ws_base_file {
  * threads share out the directories, each holding one directory fd at a time. Fails (-errno,
  * nothing returned) when an entry cannot be read. */
 int ws_base_walk(int base_fd, struct ws_base_file **out, size_t *n);
+/* The same walk, calling dir_opened(arg, fd) with each directory's fd before reading it (a
+ * watch set there then sees every change the read could miss). */
+int ws_base_walk_watched(int base_fd, void (*dir_opened)(void *, int dirfd), void *arg,
+			 struct ws_base_file **out, size_t *n);
 void ws_base_files_free(struct ws_base_file *f, size_t n);
 /* The hashes of the regular files of f[0..n) (sorted by strcmp of path) whose stat is still
  * a cache row's key: one scan of meta.db's cache, then one of the shared cache for what it
  * lacked, each merged with f (no lookup per file). Sets cached and h; 0 or -errno. */
 int ws_base_cache_find(struct cb_turns *t, struct ws_base_file *f, size_t n);
+/* Count in t's cache statistics what another handle's ws_base_cache_find found in f (a walk
+ * read ahead, taken by t). */
+void ws_base_cache_found(struct cb_turns *t, const struct ws_base_file *f, size_t n);
 /* Store a base file's hashes in meta.db's cache (in the caller's transaction, if any) and,
  * when hashed (read now, not found in a cache), in the shared cache later. */
 int ws_base_cache_put(struct cb_turns *t, const char *path, const struct stat *st,

@@ -169,6 +169,21 @@ int cb_ws_map_list(struct cb_turns *t, int (*fn)(const struct cb_entry *, void *
  * cb_ws_map_first, under the same turn lock. */
 void cb_ws_snapshot_defer_map(struct cb_turns *t);
 
+/* A walk of the base read ahead of the first map (cb_ws_base_scan_ahead). */
+struct cb_ws_base_scan;
+
+/* When the next map would be built from a walk of the base (none built yet), read the base
+ * now as that build would, short of hashing: every entry stat'ed, dir_opened(arg, fd) told of
+ * each directory's fd before it is read (NULL: not told), the caches consulted. *out is NULL
+ * when no walk would be made. 0 or -errno. */
+int cb_ws_base_scan_ahead(struct cb_turns *t, void (*dir_opened)(void *, int dirfd), void *arg,
+			  struct cb_ws_base_scan **out);
+/* Give t a scan read ahead (t owns it): the next map built from a walk through t takes it
+ * instead of walking. The caller vouches that nothing in the base changed since the scan
+ * began (the base watch saw nothing). */
+void cb_ws_base_scan_use(struct cb_turns *t, struct cb_ws_base_scan *s);
+void cb_ws_base_scan_free(struct cb_ws_base_scan *s);
+
 /* A first map answered before its rows are written (cb_ws_map_first). */
 struct cb_ws_first_map;
 

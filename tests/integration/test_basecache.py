@@ -230,6 +230,98 @@ class BaseCacheTest(CowboxTestCase):
         self.mount(fork)
         self.assertEqual(self.snapshot_map(fork), real)
 
+    def read_ahead_logged(self, ref):
+        wait_for(lambda: "base read ahead for the first snapshot" in self.daemon_log(ref), 30,
+                 interval=0.05, what="the base read ahead at start")
+
+    def test_first_map_from_the_base_read_ahead_at_start(self):
+        # Before the first map the daemon reads the base at start as that map would (one
+        # walk that also sets the base watch on each directory before reading it); the
+        # first snapshot at once takes that walk instead of walking again.
+        base = self.make_tree(600)
+        a = self.new_ws(base)
+        self.assertEqual(self.wait_hashed(a)["state"], "done")
+        real = base_map(base)
+        b = self.new_ws_at_once(base)
+        self.read_ahead_logged(b)
+        self.assertEqual(self.snapshot_map(b), real)
+        own, shared, hashed = self.snapshot_stats(b)
+        self.assertEqual((own + shared + hashed, shared, hashed), (600, 600, 0),
+                         self.daemon_log(b))
+        # the watch the walk set sees later changes in any directory of the base
+        for i in (3, 17, 36):
+            with open(os.path.join(base, "d%03d" % i, "f%05d" % i), "ab") as f:
+                f.write(b"after the first map")
+        real = base_map(base)
+        wait_for(lambda: self.snapshot_map(b) == real, 10, interval=0.2,
+                 what="the later base changes in b's map")
+
+    def test_base_changed_after_the_read_ahead_is_not_taken_from_it(self):
+        # The walk read ahead is used only while the base watch saw nothing move since it
+        # began: a file rewritten with its size and mtime put back, a file added and one
+        # removed after it are in the first map.
+        base = self.make_tree(300)
+        a = self.new_ws(base)
+        self.assertEqual(self.wait_hashed(a)["state"], "done")
+        b = self.new_ws_at_once(base)
+        self.read_ahead_logged(b)
+        victim = os.path.join(base, "d005", "f00005")
+        st = os.stat(victim)
+        with open(victim, "r+b") as f:
+            f.write(b"changed after the read ahead"[:max(st.st_size, 1)])
+        os.truncate(victim, st.st_size)
+        os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+        with open(os.path.join(base, "d006", "new"), "wb") as f:
+            f.write(b"new after the read ahead")
+        os.unlink(os.path.join(base, "d007", "f00007"))
+        real = base_map(base)
+        self.assertEqual(self.snapshot_map(b), real)
+
+    def test_base_changing_while_workspaces_start_gives_exact_first_maps(self):
+        # A writer rewrites, replaces, adds and removes base files while workspaces start
+        # (their read ahead walks the base meanwhile); once it stopped, every first map is
+        # the base as it is, whichever walk each one took.
+        base = self.make_tree(2000, size_max=2048)
+        a = self.new_ws(base)
+        self.wait_hashed(a)
+        stop = []
+        seed = random.randrange(1 << 30)
+        print("writer seed", seed, file=sys.stderr)
+
+        def writer():
+            rng = random.Random(seed)
+            k = 0
+            while not stop:
+                d = os.path.join(base, "d%03d" % rng.randrange(37))
+                names = os.listdir(d)
+                op = rng.randrange(4)
+                if op == 0 and names:
+                    with open(os.path.join(d, rng.choice(names)), "ab") as f:
+                        f.write(b"w")
+                elif op == 1 and names:
+                    tmp = os.path.join(d, ".tmp%d" % k)
+                    with open(tmp, "wb") as f:
+                        f.write(rng.randbytes(64))
+                    os.rename(tmp, os.path.join(d, rng.choice(names)))
+                elif op == 2:
+                    with open(os.path.join(d, "added%d" % k), "wb") as f:
+                        f.write(b"added")
+                elif names:
+                    os.unlink(os.path.join(d, rng.choice(names)))
+                k += 1
+
+        import threading
+        th = threading.Thread(target=writer)
+        th.start()
+        try:
+            refs = [self.new_ws_at_once(base) for _ in range(3)]
+        finally:
+            stop.append(1)
+            th.join()
+        real = base_map(base)
+        for ref in refs:
+            self.assertEqual(self.snapshot_map(ref), real, ref)
+
     def test_wide_base_walked_on_threads_under_a_low_fd_limit(self):
         # 1,600 directories, more than the 1,024 descriptors the daemon and its turn worker
         # may hold: the walk's threads hold one directory each at a time.

@@ -119,6 +119,12 @@ struct files_out {
 	size_t len, cap;
 	char *head;	    /* its opening: {"id":...,"stream":"files","turn":N,"files":{ */
 	size_t frame_bytes; /* > 0: the client's budget per whole-map frame, not FILES_FRAME rows */
+	/* map_form "columns": a frame's paths and hashes as two strings ("paths", joined by
+	 * "//", which no path holds; "sha256", joined by spaces), which a client splits into a
+	 * dict faster than its JSON reader builds one; the hashes gather here meanwhile. */
+	int columns;
+	char *hashes;
+	size_t hlen, hcap;
 };
 
 /* The most a client may ask a whole-map frame to hold: its line buffer must take it. */
@@ -152,18 +158,18 @@ static size_t utf8_seq(const unsigned char *p)
 	return n;
 }
 
-/* s as a JSON string: runs of plain bytes copied at once, '"', '\\' and controls escaped. A
- * name that is not UTF-8 cannot be sent (and is named, not dropped). */
-static int text_string(struct files_out *o, const char *s)
+/* s inside a JSON string (no quotes around it): runs of plain bytes copied at once, '"',
+ * '\\' and controls escaped. A name that is not UTF-8 cannot be sent (and is named, not
+ * dropped). */
+static int text_chars(struct files_out *o, const char *s)
 {
 	static const char hexd[] = "0123456789abcdef";
 	const unsigned char *p = (const unsigned char *)s;
 	size_t n = strlen(s);
-	int ret = text_grow(o, 6 * n + 2);
+	int ret = text_grow(o, 6 * n);
 
 	if (ret)
 		return ret;
-	o->text[o->len++] = '"';
 	while (*p) {
 		const unsigned char *run = p;
 
@@ -193,6 +199,19 @@ static int text_string(struct files_out *o, const char *s)
 			p++;
 		}
 	}
+	return 0;
+}
+
+/* s as a JSON string. */
+static int text_string(struct files_out *o, const char *s)
+{
+	int ret = text_grow(o, 1);
+
+	if (ret)
+		return ret;
+	o->text[o->len++] = '"';
+	if ((ret = text_chars(o, s)) || (ret = text_grow(o, 1)))
+		return ret;
 	o->text[o->len++] = '"';
 	return 0;
 }
@@ -202,6 +221,22 @@ static int files_flush(struct files_out *o)
 	json_t *frame;
 	int ret;
 
+	if (o->head && o->columns) {
+		static const char mid[] = "\",\"sha256\":\"";
+
+		if (!o->len)
+			return 0;
+		if ((ret = text_grow(o, sizeof(mid) - 1 + o->hlen + 3)))
+			return ret;
+		memcpy(o->text + o->len, mid, sizeof(mid) - 1);
+		o->len += sizeof(mid) - 1;
+		memcpy(o->text + o->len, o->hashes, o->hlen);
+		o->len += o->hlen;
+		memcpy(o->text + o->len, "\"}\n", 3);
+		ret = cb_daemon_send_text(o->conn, o->text, o->len + 3);
+		o->len = o->hlen = 0;
+		return ret;
+	}
 	if (o->head) {
 		if (!o->len)
 			return 0;
@@ -234,7 +269,7 @@ static int files_due(struct files_out *o)
 {
 	o->rows++;
 	if (o->frame_bytes)
-		return o->len < o->frame_bytes ? 0 : files_flush(o);
+		return o->len + o->hlen < o->frame_bytes ? 0 : files_flush(o);
 	return o->rows % FILES_FRAME ? 0 : files_flush(o);
 }
 
@@ -261,6 +296,33 @@ static int files_text_add(struct files_out *o, const struct cb_entry *e)
 	return files_due(o);
 }
 
+/* A row of a streamed whole map in columns: the path onto "paths", its hash onto the
+ * hashes. */
+static int files_column_add(struct files_out *o, const struct cb_entry *e)
+{
+	size_t head = strlen(o->head);
+	int ret = text_grow(o, head + 2);
+
+	if (!ret && o->hlen + 2 * CB_SHA256_LEN + 1 > o->hcap)
+		ret = cb_grow(&o->hashes, &o->hcap, o->hlen + 2 * CB_SHA256_LEN + 1, 1, 64 * 1024,
+			      "snapshot");
+	if (ret)
+		return ret;
+	if (!o->len) {
+		memcpy(o->text, o->head, head);
+		o->len = head;
+	} else {
+		memcpy(o->text + o->len, "//", 2);
+		o->len += 2;
+		o->hashes[o->hlen++] = ' ';
+	}
+	if ((ret = text_chars(o, e->path)))
+		return ret;
+	cb_hex(e->sha256, CB_SHA256_LEN, o->hashes + o->hlen);
+	o->hlen += 2 * CB_SHA256_LEN;
+	return files_due(o);
+}
+
 static int files_add(const struct cb_entry *e, void *arg)
 {
 	struct files_out *o = arg;
@@ -268,6 +330,8 @@ static int files_add(const struct cb_entry *e, void *arg)
 
 	if (e->type != CB_ENTRY_FILE)
 		return 0;
+	if (o->head && o->columns)
+		return files_column_add(o, e);
 	if (o->head)
 		return files_text_add(o, e);
 	cb_hex(e->sha256, CB_SHA256_LEN, hex);
@@ -328,6 +392,8 @@ static int snapshot_files(struct cb_daemon *d, struct cb_daemon_conn *conn, json
 		if (fb > 0)
 			o.frame_bytes =
 			    fb < (json_int_t)FRAME_BYTES_MAX ? (size_t)fb : FRAME_BYTES_MAX;
+		o.columns =
+		    !strcmp(json_string_value(json_object_get(req, "map_form")) ?: "", "columns");
 	}
 	if (json_is_integer(jsince) && client_id && !strcmp(client_id, id_hex)) {
 		o.files = json_object();
@@ -360,10 +426,8 @@ static int snapshot_files(struct cb_daemon *d, struct cb_daemon_conn *conn, json
 	if (o.conn) {
 		char *id = json_dumps(o.id, JSON_ENCODE_ANY | JSON_COMPACT | JSON_ENSURE_ASCII);
 
-		if (!id || asprintf(&o.head,
-				    "{\"id\":%s,\"stream\":\"files\",\"turn\":%lld,"
-				    "\"files\":{",
-				    id, turn) < 0)
+		if (!id || asprintf(&o.head, "{\"id\":%s,\"stream\":\"files\",\"turn\":%lld,%s", id,
+				    turn, o.columns ? "\"paths\":\"" : "\"files\":{") < 0)
 			o.head = NULL;
 		free(id);
 	} else {
@@ -388,6 +452,7 @@ out:
 	json_decref(o.files);
 	json_decref(o.deleted);
 	free(o.text);
+	free(o.hashes);
 	free(o.head);
 	if (*pending && !ret) {
 		*tp = t;

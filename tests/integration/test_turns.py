@@ -2,6 +2,7 @@
 are open and the tree is being read, prune, fork, and a kill -9 between a write and a
 snapshot."""
 
+import asyncio
 import hashlib
 import json
 from collections import Counter
@@ -13,6 +14,8 @@ import threading
 import time
 import unittest
 
+import cbtest  # noqa: E402
+import cowbox  # noqa: E402
 from cbtest import CowboxTestCase, pid_alive, wait_for
 from turnutil import expected_events, files_of, sha256sum_line, tree_state
 
@@ -133,6 +136,46 @@ class TurnsTest(CowboxTestCase):
         text = self.cowbox("snapshot", "w").stdout.splitlines()
         self.assertEqual(text[0], "turn 4")
         self.assertEqual(text[1:], ["%s  %s" % (n, want[n]) for n in names])
+
+    def test_snapshot_map_in_columns(self):
+        # map_form "columns": each frame's paths as one string joined by "//" and its hashes
+        # as another; names the JSON writer escapes, UTF-8, a trailing backslash and deep
+        # paths come back exact, over several frames, and the Python client's snapshot()
+        # (which asks for columns) returns the same dict.
+        names = ['quo"te\ttab\x01ctl \u00e9\u6f22\U0001f600', "back\\", "new\nline",
+                 "sp ace ", "a/b/c/d/e", "a/b/c/x y", "slash-end\\/in"]
+        for i, n in enumerate(names):
+            os.makedirs(os.path.dirname(self.path(n)) or self.mnt, exist_ok=True)
+            self.write(n, "%d\n" % i)
+        for i in range(300):
+            self.write("many%03d" % i, "m%d\n" % i)
+        want = files_of(tree_state(self.mnt))
+        c = self.client(self.ref, timeout=120.0)
+        c.next_id += 1
+        c.send({"id": c.next_id, "op": "snapshot", "files": True, "stream": True,
+                "frame_bytes": 4096, "map_form": "columns"})
+        got, frames = {}, 0
+        while True:
+            msg = c.recv()
+            if msg.get("stream") == "files":
+                self.assertNotIn("files", msg)
+                paths, hashes = msg["paths"].split("//"), msg["sha256"].split(" ")
+                self.assertEqual(len(paths), len(hashes))
+                got.update(zip(paths, hashes))
+                frames += 1
+            elif "stream" not in msg:
+                break
+        self.assertTrue(msg["ok"] and msg["full"], msg)
+        self.assertGreaterEqual(frames, 3)
+        self.assertEqual(got, want)
+
+        async def client_map():
+            box = await cowbox.Sandbox.attach(self.ref, cowbox=cbtest.COWBOX, home=self.home)
+            try:
+                return await box.snapshot()
+            finally:
+                await box.close()
+        self.assertEqual(asyncio.run(client_map()), want)
 
     def test_a_write_through_one_hard_link_changes_every_name(self):
         # A file of 40 names (more than any fixed list would hold): a write through one

@@ -675,9 +675,13 @@ class Sandbox:
             # Streamed: the daemon sends the changes (or the whole map) in frames of a few
             # thousand rows, applied as they come, and never builds one reply of them all.
             # A whole map comes in frames of up to FRAME_BYTES (one for ~150k files): the
-            # first frame's dict, as the JSON reader made it, is kept as the map (no copy
-            # into another); a daemon that ignores frame_bytes sends 2048 rows a frame.
-            args = {"files": True, "stream": True, "frame_bytes": FRAME_BYTES}
+            # first frame's dict is kept as the map (no copy into another); a daemon that
+            # ignores frame_bytes sends 2048 rows a frame. In columns (map_form) a frame's
+            # paths come as one string joined by "//" (which no path holds) and its hashes
+            # as another: split and zipped into a dict in C, faster than the JSON reader
+            # builds one; a daemon that ignores map_form sends a "files" object.
+            args = {"files": True, "stream": True, "frame_bytes": FRAME_BYTES,
+                    "map_form": "columns"}
             held = self._map
             self._map = None  # being changed: unusable if this raises half-way
             whole = []
@@ -698,6 +702,8 @@ class Sandbox:
             def frame(msg):
                 if msg.get("stream") == "changes" and held is not None:
                     apply(held[2], msg)
+                elif msg.get("stream") == "files" and "paths" in msg:
+                    take(dict(zip(msg["paths"].split("//"), msg["sha256"].split(" "))))
                 elif msg.get("stream") == "files":
                     take(msg.get("files", {}))
 

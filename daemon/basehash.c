@@ -158,6 +158,12 @@ void cb_daemon_base_scan_take(struct cb_daemon *d, struct cb_turns *t)
 		cb_ws_base_scan_free(s);
 }
 
+void cb_daemon_base_scan_drop(struct cb_daemon *d)
+{
+	cb_ws_base_scan_free(d->scan_ahead);
+	d->scan_ahead = NULL;
+}
+
 static void *bh_thread(void *arg)
 {
 	struct cb_daemon_basehash *bh = arg;
@@ -183,8 +189,7 @@ static void *bh_thread(void *arg)
 	/* The prepared map serves the first snapshot now: the scan read ahead is not needed. */
 	if (__atomic_load_n(&bh->p.state, __ATOMIC_ACQUIRE) == CB_PREHASH_DONE) {
 		pthread_mutex_lock(&d->turn_lock);
-		cb_ws_base_scan_free(d->scan_ahead);
-		d->scan_ahead = NULL;
+		cb_daemon_base_scan_drop(d);
 		pthread_mutex_unlock(&d->turn_lock);
 	}
 	if (ret)

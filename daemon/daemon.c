@@ -654,7 +654,7 @@ out:
 		pthread_join(base_thread, NULL);
 	cb_daemon_basewatch_stop(&d);
 	cb_daemon_basehash_stop(&d);
-	cb_ws_base_scan_free(d.scan_ahead);
+	cb_daemon_base_scan_drop(&d);
 	if (have_sig) {
 		pthread_kill(sig_thread, SIGTERM);
 		pthread_join(sig_thread, NULL);

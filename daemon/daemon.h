@@ -232,6 +232,8 @@ int cb_daemon_base_scan_ahead(struct cb_daemon *d);
 /* Under the turn lock: give t the scan read ahead if the watch saw nothing move in the base
  * since it began (else drop it). */
 void cb_daemon_base_scan_take(struct cb_daemon *d, struct cb_turns *t);
+/* Under the turn lock: drop the scan read ahead (after a snapshot it serves no one). */
+void cb_daemon_base_scan_drop(struct cb_daemon *d);
 /* Its progress as "base_hash" in an info reply. */
 void cb_daemon_basehash_info(struct cb_daemon *d, json_t *r);
 /* Let t use the shared base cache of the home the workspace directory ws_dir is in; a cache

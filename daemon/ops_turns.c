@@ -497,6 +497,7 @@ int cb_daemon_snapshot_labelled(struct cb_daemon *d, const char *label, long lon
 			     json_pack("{s:s, s:b, s:b, s:b}", "label", label, "changes", 0,
 				       "files", 0, "progress", 0),
 			     NULL, NULL, &r, turn);
+	cb_daemon_base_scan_drop(d); /* the worker built the first map, if it was due */
 	pthread_mutex_unlock(&d->turn_lock);
 	json_decref(r);
 	return ret;
@@ -536,6 +537,8 @@ static int op_snapshot(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	/* The rows are durable before the lock lets the next turn op in. */
 	if (pending)
 		snapshot_first_write(t, pending, elapsed(&t0, &t1));
+	/* Taken by snapshot_files, or the worker built the first map: it serves no one now. */
+	cb_daemon_base_scan_drop(d);
 	pthread_mutex_unlock(&d->turn_lock);
 	json_decref(r);
 	return ret;

@@ -273,20 +273,27 @@ static int files_due(struct files_out *o)
 	return o->rows % FILES_FRAME ? 0 : files_flush(o);
 }
 
+/* The start of a row in the frame's text: the frame's head before its first row, else sep
+ * after the row before. */
+static int frame_row(struct files_out *o, const char *sep)
+{
+	size_t head = strlen(o->head), n = o->len ? strlen(sep) : head;
+	int ret = text_grow(o, n);
+
+	if (!ret) {
+		memcpy(o->text + o->len, o->len ? sep : o->head, n);
+		o->len += n;
+	}
+	return ret;
+}
+
 /* A row of a streamed whole map: "path":"sha256", into the frame's text. */
 static int files_text_add(struct files_out *o, const struct cb_entry *e)
 {
-	size_t head = strlen(o->head);
-	int ret = text_grow(o, head + 2 * CB_SHA256_LEN + 4);
+	int ret = frame_row(o, ",");
 
 	if (ret)
 		return ret;
-	if (!o->len) {
-		memcpy(o->text, o->head, head);
-		o->len = head;
-	} else {
-		o->text[o->len++] = ',';
-	}
 	if ((ret = text_string(o, e->path)) || (ret = text_grow(o, 2 * CB_SHA256_LEN + 4)))
 		return ret;
 	memcpy(o->text + o->len, ":\"", 2);
@@ -300,23 +307,14 @@ static int files_text_add(struct files_out *o, const struct cb_entry *e)
  * hashes. */
 static int files_column_add(struct files_out *o, const struct cb_entry *e)
 {
-	size_t head = strlen(o->head);
-	int ret = text_grow(o, head + 2);
+	int ret = 0;
 
-	if (!ret && o->hlen + 2 * CB_SHA256_LEN + 1 > o->hcap)
+	if (o->hlen + 2 * CB_SHA256_LEN + 1 > o->hcap)
 		ret = cb_grow(&o->hashes, &o->hcap, o->hlen + 2 * CB_SHA256_LEN + 1, 1, 64 * 1024,
 			      "snapshot");
-	if (ret)
-		return ret;
-	if (!o->len) {
-		memcpy(o->text, o->head, head);
-		o->len = head;
-	} else {
-		memcpy(o->text + o->len, "//", 2);
-		o->len += 2;
+	if (!ret && o->len)
 		o->hashes[o->hlen++] = ' ';
-	}
-	if ((ret = text_chars(o, e->path)))
+	if (ret || (ret = frame_row(o, "//")) || (ret = text_chars(o, e->path)))
 		return ret;
 	cb_hex(e->sha256, CB_SHA256_LEN, o->hashes + o->hlen);
 	o->hlen += 2 * CB_SHA256_LEN;

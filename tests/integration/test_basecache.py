@@ -77,6 +77,15 @@ class BaseCacheTest(CowboxTestCase):
         self.assertTrue(m, self.daemon_log(ref))
         return tuple(int(x) for x in m.groups())
 
+    def assert_base_changes_seen(self, ref, base, paths, data):
+        """Append data to each of the base's paths: ref's snapshots soon show it."""
+        for p in paths:
+            with open(os.path.join(base, p), "ab") as f:
+                f.write(data)
+        real = base_map(base)
+        wait_for(lambda: self.snapshot_map(ref) == real, 10, interval=0.2,
+                 what="the base changes in %s's map" % ref)
+
     def new_ws(self, base):
         ref = self.create(base)
         self.mount(ref)
@@ -144,11 +153,7 @@ class BaseCacheTest(CowboxTestCase):
         self.assertEqual(self.snapshot_map(b), real)
         self.assertNotIn("snapshot: base files:", self.daemon_log(b))
         # and records later changes of the base as before
-        with open(victim, "ab") as f:
-            f.write(b"more")
-        real = base_map(base)
-        wait_for(lambda: self.snapshot_map(b) == real, 10, interval=0.2,
-                 what="the base change in b's map")
+        self.assert_base_changes_seen(b, base, [os.path.relpath(victim, base)], b"more")
 
     def test_base_file_changed_between_workspaces_is_rehashed(self):
         base = self.make_tree(200)
@@ -249,12 +254,8 @@ class BaseCacheTest(CowboxTestCase):
         self.assertEqual((own + shared + hashed, shared, hashed), (600, 600, 0),
                          self.daemon_log(b))
         # the watch the walk set sees later changes in any directory of the base
-        for i in (3, 17, 36):
-            with open(os.path.join(base, "d%03d" % i, "f%05d" % i), "ab") as f:
-                f.write(b"after the first map")
-        real = base_map(base)
-        wait_for(lambda: self.snapshot_map(b) == real, 10, interval=0.2,
-                 what="the later base changes in b's map")
+        self.assert_base_changes_seen(b, base, ["d%03d/f%05d" % (i, i) for i in (3, 17, 36)],
+                                      b"after the first map")
 
     def test_base_changed_after_the_read_ahead_is_not_taken_from_it(self):
         # The walk read ahead is used only while the base watch saw nothing move since it

@@ -118,6 +118,11 @@ static int bh_turns_open(struct cb_daemon *d, struct cb_turns **t)
 	return ret;
 }
 
+/* The most base entries a read ahead is kept for (about 60 MB): the background pass holds a
+ * walk of its own meanwhile, and a base larger than this takes seconds to snapshot first
+ * anyway. */
+#define SCAN_AHEAD_MAX 250000
+
 int cb_daemon_base_scan_ahead(struct cb_daemon *d)
 {
 	/* Taken before the walk: a change during it is counted, and the scan is then dropped. */
@@ -140,6 +145,12 @@ int cb_daemon_base_scan_ahead(struct cb_daemon *d)
 	}
 	if (!s)
 		return 0;
+	if (cb_ws_base_scan_entries(s) > SCAN_AHEAD_MAX) {
+		cb_daemon_log("base read ahead: %zu entries, more than kept for the first snapshot",
+			      cb_ws_base_scan_entries(s));
+		cb_ws_base_scan_free(s);
+		return 1; /* every directory is watched all the same */
+	}
 	cb_ws_base_scan_free(d->scan_ahead);
 	d->scan_ahead = s;
 	d->scan_ahead_events = events;

@@ -261,6 +261,11 @@ int cb_ws_base_scan_ahead(struct cb_turns *t, void (*dir_opened)(void *, int), v
 	return 0;
 }
 
+size_t cb_ws_base_scan_entries(const struct cb_ws_base_scan *s)
+{
+	return s ? s->w.n : 0;
+}
+
 void cb_ws_base_scan_use(struct cb_turns *t, struct cb_ws_base_scan *s)
 {
 	cb_ws_base_scan_free(t->ahead);

@@ -183,6 +183,8 @@ int cb_ws_base_scan_ahead(struct cb_turns *t, void (*dir_opened)(void *, int dir
  * began (the base watch saw nothing). */
 void cb_ws_base_scan_use(struct cb_turns *t, struct cb_ws_base_scan *s);
 void cb_ws_base_scan_free(struct cb_ws_base_scan *s);
+/* How many base entries a scan holds (0 for NULL). */
+size_t cb_ws_base_scan_entries(const struct cb_ws_base_scan *s);
 
 /* A first map answered before its rows are written (cb_ws_map_first). */
 struct cb_ws_first_map;

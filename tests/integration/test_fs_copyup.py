@@ -1,7 +1,8 @@
 # Copy-up of base files by opens for writing (fs/copyup.c): mode, owner, times and xattrs
 # arrive exactly, file capabilities still fall on a write, the copy-up's own fd serves the open
 # (plain, truncating, O_SYNC), copy-ups racing rename-exchanges of their parents lose nothing,
-# and a kill -9 in the middle of copy-ups never leaves a half-copied file visible.
+# and a kill -9 in the middle of copy-ups never leaves a half-copied file visible; with the
+# kernel's fast paths and without.
 import ctypes
 import os
 import random
@@ -272,6 +273,21 @@ class CopyUp(unittest.TestCase):
             self.assertIn(data, (bytes([n]) * size, bytes([n]) * size + b"tail"), n)
             if n in done:
                 self.assertTrue(data.endswith(b"tail"), n)
+
+
+class CopyUpNoFastPaths(CopyUp):
+    """The same with passthrough and io_uring off: the copy-up's fd then takes the open's
+    reads and writes itself (cached mode over /dev/fuse)."""
+
+    def setUp(self):
+        saved = dict(os.environ)
+
+        def restore():
+            os.environ.clear()
+            os.environ.update(saved)
+        self.addCleanup(restore)
+        os.environ.update(COWBOX_FUSE_PASSTHROUGH="0", COWBOX_FUSE_URING="0")
+        super().setUp()
 
 
 if __name__ == "__main__":

@@ -5,31 +5,36 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/fs.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
 #include "cowbox/error.h"
 #include "ov.h"
 
-static int ov_copy_data(int in, int out)
+/* Copies size bytes (what lstat said) from in to out. copy_file_range clones where the
+ * filesystem can (XFS, btrfs: it tries remap_file_range first, as FICLONE would) and else
+ * copies inside the kernel; bounded by the size, a small file is one call. Other
+ * filesystem pairs fall back to read and write from where it stopped. */
+static int ov_copy_data(int in, int out, off_t size)
 {
 	char buf[65536];
+	off_t done = 0;
 	ssize_t n;
 
-	if (ioctl(out, FICLONE, in) == 0)
-		return 0;
-	for (;;) {
-		n = copy_file_range(in, NULL, out, NULL, 1 << 30, 0);
+	while (done < size) {
+		n = copy_file_range(in, NULL, out, NULL,
+				    (size_t)(size - done < (1 << 30) ? size - done : (1 << 30)), 0);
 		if (n == 0)
-			return 0;
+			return 0; /* shorter than it was: what is there is copied */
 		if (n < 0)
 			break;
+		done += n;
 	}
+	if (done >= size)
+		return 0;
 	if (errno != EXDEV && errno != EINVAL && errno != EOPNOTSUPP && errno != ENOSYS)
 		return -errno;
 	while ((n = read(in, buf, sizeof(buf))) > 0) {
@@ -45,20 +50,30 @@ static int ov_copy_data(int in, int out)
 	return n < 0 ? -errno : 0;
 }
 
-/* Copies the xattrs of src (a path) to dstfd, or to the path dst when dstfd is -1, skipping
- * the overlay's own; ACLs get their ids shifted like the owner. */
-static int ov_copy_xattrs(struct cb_overlay *ov, const char *src, int dstfd, const char *dst)
+/* Copies the xattrs of the source (the fd srcfd, else the path src) to dstfd, else to the
+ * path dst, skipping the overlay's own; ACLs get their ids shifted like the owner. *caps
+ * (if given) says whether the source has security.capability: a copy-up answers the
+ * kernel's question before each write with it. */
+static int ov_copy_xattrs(struct cb_overlay *ov, int srcfd, const char *src, int dstfd,
+			  const char *dst, int *caps)
 {
 	char list[8192], val[65536];
-	ssize_t n = llistxattr(src, list, sizeof(list)), v;
+	ssize_t n = srcfd >= 0 ? flistxattr(srcfd, list, sizeof(list))
+			       : llistxattr(src, list, sizeof(list)),
+		v;
 	char *name;
 
+	if (caps)
+		*caps = 0;
 	if (n < 0)
 		return errno == ENOTSUP ? 0 : -errno;
 	for (name = list; name < list + n; name += strlen(name) + 1) {
 		if (ov_name_is_private(name))
 			continue;
-		v = lgetxattr(src, name, val, sizeof(val));
+		if (caps && strcmp(name, OV_CAPS_XATTR) == 0)
+			*caps = 1;
+		v = srcfd >= 0 ? fgetxattr(srcfd, name, val, sizeof(val))
+			       : lgetxattr(src, name, val, sizeof(val));
 		if (v < 0)
 			continue;
 		if (ov_acl_xattr(name))
@@ -71,11 +86,27 @@ static int ov_copy_xattrs(struct cb_overlay *ov, const char *src, int dstfd, con
 	return 0;
 }
 
-static int ov_copy_meta(struct cb_overlay *ov, const char *path, const struct stat *st)
+/* The xattrs of the base entry at path (by a /proc name: path-only calls) onto dstfd or the
+ * upper entry at path. */
+static int ov_copy_xattrs_at(struct cb_overlay *ov, const char *path, int dstfd, int *caps)
 {
 	char *src = NULL, *dst = NULL;
-	struct timespec ts[2] = {st->st_atim, st->st_mtim};
 	int r, sheld = -1, dheld = -1;
+
+	if ((r = ov_proc_path(ov->base_fd, path, &src, &sheld)) < 0 ||
+	    (dstfd < 0 && (r = ov_proc_path(ov->upper_fd, path, &dst, &dheld)) < 0))
+		goto out;
+	r = ov_copy_xattrs(ov, -1, src, dstfd, dst, caps);
+out:
+	ov_proc_path_free(src, sheld);
+	ov_proc_path_free(dst, dheld);
+	return r;
+}
+
+static int ov_copy_meta(struct cb_overlay *ov, const char *path, const struct stat *st)
+{
+	struct timespec ts[2] = {st->st_atim, st->st_mtim};
+	int r;
 
 	uid_t uid = ov_id_store(ov, st->st_uid);
 	gid_t gid = (gid_t)ov_id_store(ov, st->st_gid);
@@ -86,29 +117,65 @@ static int ov_copy_meta(struct cb_overlay *ov, const char *path, const struct st
 	    ov_fchmodat(ov->upper_fd, path, ov_mode_allowed(ov, st->st_mode, uid, gid) & 07777, 0) <
 		0)
 		return -errno;
-	if ((r = ov_proc_path(ov->base_fd, path, &src, &sheld)) < 0 ||
-	    (r = ov_proc_path(ov->upper_fd, path, &dst, &dheld)) < 0)
-		goto out;
-	r = ov_copy_xattrs(ov, src, -1, dst);
-	if (r < 0)
-		goto out;
-	if (ov_utimensat(ov->upper_fd, path, ts, AT_SYMLINK_NOFOLLOW) < 0)
+	r = ov_copy_xattrs_at(ov, path, -1, NULL);
+	if (r == 0 && ov_utimensat(ov->upper_fd, path, ts, AT_SYMLINK_NOFOLLOW) < 0)
 		r = -errno;
-out:
-	ov_proc_path_free(src, sheld);
-	ov_proc_path_free(dst, dheld);
 	return r;
 }
 
-/* Copies the regular file at path (whose parent exists in upper) into upper atomically. */
-static int ov_copy_file(struct cb_overlay *ov, const char *path, const struct stat *st,
-			int with_data)
+/* Set once linkat(AT_EMPTY_PATH) was refused (it needs CAP_DAC_READ_SEARCH): the /proc name
+ * of the fd then, which costs a lookup in /proc more. Process-wide, as capabilities are. */
+static _Atomic int ov_no_empty_path_link;
+
+/* Links the O_TMPFILE fd at path in upper; -1 with errno. */
+static int ov_link_tmpfile(struct cb_overlay *ov, int fd, const char *path)
 {
-	char *dir, proc[64], *src = NULL;
+	char proc[64];
+	const char *rest;
+	int nfd, r, tried = 0;
+
+	if (!atomic_load(&ov_no_empty_path_link)) {
+		nfd = ov_near(ov->upper_fd, path, &rest);
+		if (nfd == -1)
+			return -1;
+		r = linkat(fd, "", nfd, rest, AT_EMPTY_PATH);
+		ov_near_put(ov->upper_fd, nfd);
+		if (r == 0 || (errno != ENOENT && errno != EPERM))
+			return r;
+		tried = 1;
+	}
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	r = ov_linkat(AT_FDCWD, proc, ov->upper_fd, path, AT_SYMLINK_FOLLOW);
+	/* ENOENT is also what a missing parent says: only a /proc link that works shows that
+	 * the capability was missing */
+	if (r == 0 && tried)
+		atomic_store(&ov_no_empty_path_link, 1);
+	return r;
+}
+
+/* What a copy-up made: the new upper entry's identity, whether it has file capabilities,
+ * and (regular files, when want_fd) its O_RDWR fd, handed to the caller (else -1). */
+struct ov_made {
+	struct stat st;
+	int caps;
+	int want_fd;
+	int fd;
+};
+
+/* Copies the regular file at path (whose parent exists in upper) into upper atomically: an
+ * O_TMPFILE in the parent gets the bytes and metadata and is linked at path once complete,
+ * so a crash leaves nothing half-copied visible. The base file is read through one fd
+ * (bytes and xattrs), the new one written through another (no path walk per call). With
+ * made->want_fd, the new file's fd is handed over in made->fd instead of closed. */
+static int ov_copy_file(struct cb_overlay *ov, const char *path, const struct stat *st,
+			int with_data, struct ov_made *made)
+{
+	char *dir;
 	const char *slash = strrchr(path, '/');
-	int in = -1, out = -1, r = 0, held = -1;
+	int in = -1, out = -1, r = 0;
 	struct timespec ts[2] = {st->st_atim, st->st_mtim};
 
+	made->fd = -1;
 	dir = slash ? strndup(path, (size_t)(slash - path)) : strdup(".");
 	if (!dir)
 		return -ENOMEM;
@@ -117,13 +184,20 @@ static int ov_copy_file(struct cb_overlay *ov, const char *path, const struct st
 		r = -errno;
 		goto out;
 	}
-	if (with_data && st->st_size > 0) {
-		in = ov_openat(ov->base_fd, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
-		if (in < 0) {
-			r = -errno;
-			goto out;
-		}
-		r = ov_copy_data(in, out);
+	/* O_NOATIME: reading the base to copy it leaves the base as it was (a daemon that is
+	 * neither root nor the owner may not ask). O_NONBLOCK: the base is not the sandbox's to
+	 * change, but a fifo in its place must not hang us. */
+	in = ov_openat(ov->base_fd, path,
+		       O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOATIME, 0);
+	if (in < 0 && errno == EPERM)
+		in =
+		    ov_openat(ov->base_fd, path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0);
+	if (in < 0 && with_data && st->st_size > 0) {
+		r = -errno;
+		goto out;
+	}
+	if (in >= 0 && with_data && st->st_size > 0) {
+		r = ov_copy_data(in, out, st->st_size);
 		if (r < 0)
 			goto out;
 	}
@@ -134,18 +208,21 @@ static int ov_copy_file(struct cb_overlay *ov, const char *path, const struct st
 		r = -errno;
 		goto out;
 	}
-	r = ov_proc_path(ov->base_fd, path, &src, &held);
+	/* an unreadable empty file (a daemon without CAP_DAC_OVERRIDE) still has its xattrs */
+	r = in >= 0 ? ov_copy_xattrs(ov, in, NULL, out, NULL, &made->caps)
+		    : ov_copy_xattrs_at(ov, path, out, &made->caps);
 	if (r < 0)
 		goto out;
-	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", out);
-	r = ov_copy_xattrs(ov, src, out, NULL);
-	if (r < 0)
-		goto out;
-	if (futimens(out, ts) < 0 ||
-	    ov_linkat(AT_FDCWD, proc, ov->upper_fd, path, AT_SYMLINK_FOLLOW) < 0)
+	if (futimens(out, ts) < 0 || fstat(out, &made->st) < 0 ||
+	    ov_link_tmpfile(ov, out, path) < 0) {
 		r = -errno;
+		goto out;
+	}
+	if (made->want_fd) {
+		made->fd = out;
+		out = -1;
+	}
 out:
-	ov_proc_path_free(src, held);
 	free(dir);
 	if (in >= 0)
 		close(in);
@@ -179,60 +256,60 @@ static int ov_copy_special(struct cb_overlay *ov, const char *path, const struct
 	return ov_copy_meta(ov, path, st);
 }
 
-/* Copies one entry at path from base to upper (a directory without its contents). */
+/* Copies one entry at path from base to upper (a directory without its contents), and says
+ * in made what it made (made->fd: as ov_copy_file). */
 static int ov_copy_entry(struct cb_overlay *ov, const char *path, const struct stat *st,
-			 int with_data)
+			 int with_data, struct ov_made *made)
 {
 	long long cost = S_ISREG(st->st_mode) && !with_data
 			     ? 0
 			     : (long long)ov_quota_cost(st->st_mode, st->st_size);
 	int r = ov_quota_take(ov, cost, 1);
+	struct stat now;
 
+	made->caps = 0;
 	if (r < 0)
 		return cb_error_set(ENOSPC,
 				    "copy-up %s: the workspace's disk quota has no room for its "
 				    "%lld bytes",
 				    path, cost);
 	if (S_ISREG(st->st_mode)) {
-		r = ov_copy_file(ov, path, st, with_data);
-	} else if (S_ISDIR(st->st_mode)) {
-		if (ov_mkdirat(ov->upper_fd, path, 0700) < 0)
-			r = -errno;
-		if (r == -EEXIST) { /* already there, and counted */
-			ov_quota_give(ov, cost, 1);
-			cost = -1;
-			r = 0;
+		r = ov_copy_file(ov, path, st, with_data, made);
+	} else {
+		made->fd = -1;
+		if (S_ISDIR(st->st_mode)) {
+			if (ov_mkdirat(ov->upper_fd, path, 0700) < 0)
+				r = -errno;
+			if (r == -EEXIST) { /* already there, and counted */
+				ov_quota_give(ov, cost, 1);
+				cost = -1;
+				r = 0;
+			}
+			if (r == 0)
+				r = ov_copy_meta(ov, path, st);
+		} else {
+			r = ov_copy_special(ov, path, st);
 		}
 		if (r == 0)
-			r = ov_copy_meta(ov, path, st);
-	} else {
-		r = ov_copy_special(ov, path, st);
+			r = ov_lstat(ov->upper_fd, path, &made->st);
 	}
-	struct stat now;
 	if (r < 0 && cost >= 0 && ov_lstat(ov->upper_fd, path, &now) < 0)
 		ov_quota_give(ov, cost, 1); /* nothing was made */
 	return r;
 }
 
-/* Switches in's identity to the upper file at path. Caller holds in->lock. */
-static int ov_rehome(struct cb_overlay *ov, struct ov_inode *in, const char *path)
+/* Switches in's identity to st, the upper entry made for it. Caller holds in->lock. */
+static void ov_rehome(struct cb_overlay *ov, struct ov_inode *in, const struct stat *st)
 {
-	struct stat st;
-	int r;
-
 	CB_ASSERT_HELD(&in->lock);
-	r = ov_lstat(ov->upper_fd, path, &st);
-	if (r < 0)
-		return r;
 	cb_mutex_lock(&ov->tab.lock);
 	ov_table_remove(&ov->tab, in);
-	in->dev = st.st_dev;
-	in->rino = st.st_ino;
+	in->dev = st->st_dev;
+	in->rino = st->st_ino;
 	if (!ov_table_find(&ov->tab, in->dev, in->rino))
 		ov_table_insert(&ov->tab, in);
 	cb_mutex_unlock(&ov->tab.lock);
 	atomic_store(&in->layer, OV_UPPER);
-	return 0;
 }
 
 /* Makes sure directory dir exists in upper (copying it and its parents up); caller holds ns
@@ -248,10 +325,20 @@ int ov_ensure_upper_dir(struct cb_overlay *ov, struct ov_inode *dir)
  * directories; no-op if already in upper. Caller holds ns (read or write). 0 or -errno. */
 int ov_copy_up(struct cb_overlay *ov, struct ov_inode *in, int with_data)
 {
+	return ov_copy_up_open(ov, in, with_data, NULL);
+}
+
+/* See ov.h. A regular file's copy-up also says whether it has file capabilities (no_caps),
+ * so the kernel's question before every write costs no syscall from the first. */
+int ov_copy_up_open(struct cb_overlay *ov, struct ov_inode *in, int with_data, int *fdp)
+{
+	struct ov_made made = {.want_fd = fdp != NULL, .fd = -1};
 	char *path = NULL;
 	struct stat st;
 	int r;
 
+	if (fdp)
+		*fdp = -1;
 	if (atomic_load(&in->layer) == OV_UPPER)
 		return 0;
 	if (!in->names || in->is_root)
@@ -270,14 +357,22 @@ int ov_copy_up(struct cb_overlay *ov, struct ov_inode *in, int with_data)
 		cb_error_set(-r, "copy-up %s: stat in base: %s", path, strerror(-r));
 		goto out;
 	}
-	r = ov_copy_entry(ov, path, &st, with_data);
+	r = ov_copy_entry(ov, path, &st, with_data, &made);
 	if (r < 0) {
 		cb_error_set(-r, "copy-up %s: %s", path, strerror(-r));
 		goto out;
 	}
-	r = ov_rehome(ov, in, path);
+	if (S_ISREG(st.st_mode))
+		atomic_store(&in->no_caps, !made.caps);
+	ov_rehome(ov, in, &made.st);
+	if (fdp) {
+		*fdp = made.fd;
+		made.fd = -1;
+	}
 out:
 	cb_mutex_unlock(&in->lock);
+	if (made.fd >= 0)
+		close(made.fd);
 	free(path);
 	return r;
 }
@@ -322,10 +417,13 @@ static int ov_copy_tree_path(struct cb_overlay *ov, const char *path)
 			    !ov_is_opaque(ov->upper_fd, child))
 				r = ov_copy_tree_path(ov, child);
 		} else {
-			r = ov_copy_entry(ov, child, &bst, 1);
+			struct ov_made made = {.fd = -1};
+
+			r = ov_copy_entry(ov, child, &bst, 1, &made);
+			ust = made.st;
 			if (r == 0 && S_ISDIR(bst.st_mode))
 				r = ov_copy_tree_path(ov, child);
-			if (r == 0 && ov_lstat(ov->upper_fd, child, &ust) == 0) {
+			if (r == 0) {
 				cb_mutex_lock(&ov->tab.lock);
 				in = ov_table_find(&ov->tab, bst.st_dev, bst.st_ino);
 				if (in && atomic_load(&in->layer) == OV_BASE) {

@@ -185,8 +185,16 @@ void ov_file_free(struct ov_handle *h)
 	free(f);
 }
 
+/* Whether an open with these flags (ov_open_flags) can use the O_RDWR|O_CLOEXEC fd a
+ * copy-up made: read-write, and none of the flags that change how its fd behaves. */
+static int ov_open_flags_plain(int flags)
+{
+	return (flags & O_ACCMODE) == O_RDWR &&
+	       !(flags & (O_SYNC | O_DSYNC | O_NOATIME | O_NONBLOCK | O_ASYNC | O_APPEND));
+}
+
 /* OPEN: an open file; opened for writing or truncating, the inode is copied up and marked
- * first. Chooses passthrough or the page cache for it. */
+ * first (the copy-up's fd then serves the open). Chooses passthrough or the page cache. */
 void ov_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct cb_overlay *ov = ov_of(req);
@@ -200,14 +208,22 @@ void ov_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 
 	cb_rwlock_read(&ov->tab.ns);
 	if (writing) {
-		r = ov_copy_up(ov, in, !(fi->flags & O_TRUNC));
+		r = ov_copy_up_open(ov, in, !(fi->flags & O_TRUNC), &fd);
 		if (r == 0)
 			r = ov_mark_inode(ov, req, in, CB_CHANGE_WRITE);
 	}
 	layer = atomic_load(&in->layer);
 	if (r < 0)
 		goto out;
-	if (in->keep_fd >= 0) {
+	/* the copy-up's own fd serves a plain open (a truncation has nothing to cut); O_SYNC,
+	 * O_NOATIME... open one of their own */
+	if (fd >= 0 && !ov_open_flags_plain(flags)) {
+		close(fd);
+		fd = -1;
+	}
+	if (fd >= 0) {
+		r = 0;
+	} else if (in->keep_fd >= 0) {
 		char proc[64];
 
 		snprintf(proc, sizeof(proc), "/proc/self/fd/%d", in->keep_fd);
@@ -228,6 +244,8 @@ out:
 	cb_rwlock_unlock(&ov->tab.ns);
 	free(path);
 	if (r < 0) {
+		if (fd >= 0)
+			close(fd); /* copied up, but the mark failed */
 		fuse_reply_err(req, -r);
 		return;
 	}

@@ -260,6 +260,10 @@ int ov_acl_shift(const struct cb_overlay *ov, void *value, size_t size, int refu
 
 /* copyup.c */
 int ov_copy_up(struct cb_overlay *ov, struct ov_inode *in, int with_data);
+/* ov_copy_up, and when this call copied a regular file up, *fdp is the new upper file's
+ * O_RDWR|O_CLOEXEC fd (the caller's to close), else -1: an open for writing needs no second
+ * path walk. */
+int ov_copy_up_open(struct cb_overlay *ov, struct ov_inode *in, int with_data, int *fdp);
 int ov_copy_up_tree(struct cb_overlay *ov, struct ov_inode *dir);
 int ov_ensure_upper_dir(struct cb_overlay *ov, struct ov_inode *dir);
 

@@ -17,7 +17,8 @@ TESTS += tests/integration/test_api.py tests/integration/test_backend_conformanc
 TESTS += tests/integration/test_fs_differential.py tests/integration/test_fs_crash.py \
 	tests/integration/test_fs_scale.py tests/integration/test_fs_fast.py \
 	tests/integration/test_fs_whiteout_node.py tests/integration/test_fs_teardown.py \
-	tests/integration/test_deep_paths.py tests/integration/test_fs_listing.py
+	tests/integration/test_deep_paths.py tests/integration/test_fs_listing.py \
+	tests/integration/test_fs_copyup.py
 EXTRA_DIST += tests/integration/fsharness.py
 # libcowbox for embedders: examples/embed.c against the build tree; make install + pkg-config.
 TESTS += tests/integration/test_libcowbox.py

@@ -266,7 +266,7 @@ Test(marklog, a_reader_beside_a_live_owner_sees_its_marks_once)
 /* Marks "<prefix><i>" for i in [from, to) through db, one call each. */
 static void mark_range(struct cb_db *db, const char *prefix, int from, int to)
 {
-	char p[64];
+	char p[400];
 
 	for (int i = from; i < to; i++) {
 		struct cb_change c = {p, CB_CHANGE_CREATE, 0, 7, "storm"};
@@ -291,6 +291,7 @@ static struct blocker {
 	struct cb_db *db;
 	pthread_t t;
 	int held, go; /* guarded by lock */
+	int ms;	      /* if not 0: let go once a marker folds inline (or after ms) */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 } blk = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
@@ -302,22 +303,51 @@ static void *blocker_main(void *arg)
 	pthread_mutex_lock(&blk.lock);
 	blk.held = 1;
 	pthread_cond_broadcast(&blk.cond);
-	while (!blk.go)
+	if (blk.ms) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += blk.ms / 1000;
+		ts.tv_nsec += (long)(blk.ms % 1000) * 1000000;
+		if (ts.tv_nsec >= 1000000000)
+			ts.tv_sec++, ts.tv_nsec -= 1000000000;
+		/* read without queue_lock: this thread holds sql_lock, which comes after it */
+		while (!blk.go && !__atomic_load_n(&blk.db->stat_folds_inline, __ATOMIC_RELAXED)) {
+			struct timespec now, tick;
+
+			clock_gettime(CLOCK_REALTIME, &now);
+			if (now.tv_sec > ts.tv_sec ||
+			    (now.tv_sec == ts.tv_sec && now.tv_nsec >= ts.tv_nsec))
+				break;
+			tick = now;
+			tick.tv_nsec += 10000000;
+			if (tick.tv_nsec >= 1000000000)
+				tick.tv_sec++, tick.tv_nsec -= 1000000000;
+			pthread_cond_timedwait(&blk.cond, &blk.lock, &tick);
+		}
+	}
+	while (!blk.go && !blk.ms)
 		pthread_cond_wait(&blk.cond, &blk.lock);
 	pthread_mutex_unlock(&blk.lock);
 	cb_mutex_unlock(&blk.db->sql_lock);
 	return NULL;
 }
 
-static void block_sql(struct cb_db *db)
+static void block_sql_for(struct cb_db *db, int ms)
 {
 	blk.db = db;
 	blk.held = blk.go = 0;
+	blk.ms = ms;
 	cr_assert_eq(pthread_create(&blk.t, NULL, blocker_main, NULL), 0);
 	pthread_mutex_lock(&blk.lock);
 	while (!blk.held)
 		pthread_cond_wait(&blk.cond, &blk.lock);
 	pthread_mutex_unlock(&blk.lock);
+}
+
+static void block_sql(struct cb_db *db)
+{
+	block_sql_for(db, 0);
 }
 
 static void unblock_sql(void)
@@ -569,4 +599,44 @@ Test(marklog, a_reader_beside_a_pending_fold_sees_both_logs_once)
 	unblock_sql();
 	cb_db_close(reader);
 	cb_db_close(owner);
+}
+
+static int count_row(const struct cb_journal_row *r, void *arg)
+{
+	(void)r;
+	++*(int *)arg;
+	return 0;
+}
+
+/* The folder cannot keep up (its commit waits for SQLite until a marker folds inline): the
+ * marker that finds the log at its bound waits for the fold in flight and folds inline, so
+ * the log stays bounded. */
+Test(marklog, the_log_stays_bounded_when_the_folder_falls_behind, .timeout = 120)
+{
+	char prefix[300];
+	struct cb_db *db;
+	long long most = 0;
+	int n = 0, rows = 0;
+
+	memset(prefix, 'p', 250);
+	prefix[250] = '\0';
+	cr_assert_eq(cb_db_open(path, &db), 0, "%s", cb_error_message());
+	block_sql_for(db, 60000);
+	for (; n < 60000; n += 100) { /* about 16 MiB of marks */
+		long long size;
+
+		mark_range(db, prefix, n, n + 100);
+		size = file_size(logpath);
+		if (size > most)
+			most = size;
+	}
+	pthread_join(blk.t, NULL);
+	cr_assert_leq(most, (8 << 20) + 100 * 300, "the log grew to %lld bytes", most);
+	cb_mutex_lock(&db->queue_lock);
+	cr_assert_geq(db->stat_folds_inline, 1, "a marker folded (backpressure)");
+	cr_assert_geq(db->stat_folds_behind, 1);
+	cb_mutex_unlock(&db->queue_lock);
+	cr_assert_eq(cb_journal_list(db, 0, count_row, &rows), 0, "%s", cb_error_message());
+	cr_assert_eq(rows, n);
+	cb_db_close(db);
 }

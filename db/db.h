@@ -59,7 +59,7 @@ struct cb_db {
 	/* Counters for tests and benchmarks (guarded by queue_lock). */
 	unsigned long long stat_marks, stat_rows, stat_transactions, stat_dropped;
 	unsigned long long stat_folds_behind; /* rotated logs folded off the request path */
-	unsigned long long stat_folds_inline; /* folds a marker waited for (backpressure) */
+	unsigned long long stat_folds_inline; /* folds a marker made (backpressure) */
 };
 
 /* The ordered list of schema migrations (db/schema.c); entry i moves user_version i -> i+1. */

@@ -31,12 +31,12 @@
 #include "cowbox/error.h"
 #include "db.h"
 
-/* The folder rotates the log once it holds this much (about 15,000 marks): the cost of one
- * SQLite transaction spread over as many marks, none of which waits for it. */
+/* The log is rotated once it holds this much (about 15,000 marks) and folded by the folder:
+ * the cost of one SQLite transaction spread over as many marks, none of which waits for it. */
 #define LOG_FOLD_BYTES (1 << 20)
 
-/* A log this big folds in the request that finds it so (the folder is behind, or has no
- * thread): the log stays bounded under any storm of marks. */
+/* A log this big is folded by the mark that finds it so, after the folder's fold in flight:
+ * the log stays bounded under a storm of marks that outruns SQLite. */
 #define LOG_MAX_BYTES (8 << 20)
 
 /* See db.h. */
@@ -280,27 +280,24 @@ out:
 static void *folder_main(void *arg)
 {
 	struct cb_db *db = arg;
-	int failed = 0;
 
 	cb_mutex_lock(&db->queue_lock);
 	while (!db->folder_stop) {
-		int rc = 0, worked = 0;
+		int rc = 0;
 
-		if (!failed && db->fold_state == CB_FOLD_IDLE && db->log_fd >= 0 &&
-		    db->log_size >= LOG_FOLD_BYTES) {
+		if (db->fold_state == CB_FOLD_IDLE && db->log_fd >= 0 &&
+		    db->log_size >= LOG_FOLD_BYTES)
 			rc = rotate(db);
-			worked = 1;
-		}
-		if (!rc && !failed && db->fold_state == CB_FOLD_PENDING) {
+		if (!rc && db->fold_state == CB_FOLD_PENDING)
 			rc = fold_rotated(db);
-			worked = 1;
-		}
-		if (rc)
+		if (rc) {
 			fprintf(stderr, "cowbox: %s (the marks stay in the log; retried)\n",
 				cb_error_message());
-		failed = rc != 0;
-		if (!worked || failed)
-			queue_wait(db, &db->folder_wake, failed);
+			queue_wait(db, &db->folder_wake, 1);
+		} else if (db->fold_state != CB_FOLD_PENDING &&
+			   (db->fold_state != CB_FOLD_IDLE || db->log_size < LOG_FOLD_BYTES)) {
+			queue_wait(db, &db->folder_wake, 0); /* nothing to do */
+		}
 	}
 	cb_mutex_unlock(&db->queue_lock);
 	return NULL;
@@ -328,12 +325,20 @@ void cb_journal_log_appended(struct cb_db *db)
 	CB_ASSERT_HELD(&db->queue_lock);
 	if (db->log_size < LOG_FOLD_BYTES)
 		return;
-	if (db->folder_running && db->fold_state == CB_FOLD_IDLE)
+	/* The rotation is a few syscalls, made here so that the folder does not have to win
+	 * queue_lock from a storm of markers to start; one after an fsync (a directory fsync
+	 * too) is left to the folder. */
+	if (db->folder_running && db->fold_state == CB_FOLD_IDLE) {
+		if (!db->log_synced && rotate(db))
+			fprintf(stderr, "cowbox: %s (the folder tries again)\n",
+				cb_error_message());
 		pthread_cond_signal(&db->folder_wake);
+	}
 	if (db->log_size >= (db->folder_running ? LOG_MAX_BYTES : LOG_FOLD_BYTES)) {
+		/* The folder is behind (a storm of marks outruns SQLite), or there is none: this
+		 * mark waits for the fold in flight and folds the rest itself, in one batch. */
 		db->stat_folds_inline++;
-		/* The marks are safe in the log whatever the fold does: it is retried later. */
-		if (cb_journal_log_fold_all(db))
+		if (cb_journal_log_fold_all(db)) /* the marks stay in the log */
 			fprintf(stderr, "cowbox: %s (retried at the next fold)\n",
 				cb_error_message());
 	}
@@ -369,7 +374,7 @@ static int recover_rotated(struct cb_db *db)
 int cb_journal_log_open(struct cb_db *db, int create)
 {
 	char name[4200];
-	struct stat st;
+	struct stat st, now;
 	int fd, rc;
 
 	CB_ASSERT_HELD(&db->queue_lock);
@@ -386,8 +391,15 @@ int cb_journal_log_open(struct cb_db *db, int create)
 		close(fd);
 		return rc;
 	}
+	/* A file that was rotated away between the open and the flock (its fold ended and its
+	 * owner let it go) is no log any more: the name's live owner has the new one. */
+	if (fstat(fd, &st) < 0 || lstat(name, &now) < 0 || st.st_ino != now.st_ino ||
+	    st.st_dev != now.st_dev) {
+		close(fd);
+		return 0;
+	}
 	db->log_fd = fd;
-	db->log_size = fstat(fd, &st) == 0 ? (size_t)st.st_size : 1;
+	db->log_size = (size_t)st.st_size;
 	/* a crash's marks may have been made power-safe: they stay so in the WAL */
 	db->log_synced = 1;
 	if ((rc = recover_rotated(db)) || (rc = cb_journal_log_fold_all(db))) {
@@ -481,14 +493,14 @@ int cb_journal_log_read_unowned(struct cb_db *db, char **older, size_t *olen, ch
 	return rc;
 }
 
-/* fdatasync of a dup of fd (the owner may close or rotate its own meanwhile); name for
- * errors. */
-static int sync_file(int fd, const char *name)
+/* fdatasync of fd, a dup of the owner's (which may close or rotate its own meanwhile), then
+ * closed; err is the dup's errno when it failed; name for errors. */
+static int sync_file(int fd, int err, const char *name)
 {
 	int rc = 0;
 
 	if (fd < 0)
-		return cb_error_set(errno, "journal log %s: dup: %s", name, strerror(errno));
+		return cb_error_set(err, "journal log %s: dup: %s", name, strerror(err));
 	if (fdatasync(fd) < 0)
 		rc = cb_error_set(errno, "fdatasync %s: %s", name, strerror(errno));
 	close(fd);
@@ -501,28 +513,30 @@ static int sync_file(int fd, const char *name)
 int cb_journal_sync(struct cb_db *db)
 {
 	char name[4200];
-	int log = -2, fold = -2, rc = 0;
+	int log = -2, fold = -2, log_err = 0, fold_err = 0, rc = 0;
 	unsigned gen;
 
 	cb_mutex_lock(&db->queue_lock);
 	if (db->log_fd >= 0) {
 		db->log_synced = 1;
 		log = fcntl(db->log_fd, F_DUPFD_CLOEXEC, 0);
+		log_err = errno;
 	}
 	if (db->fold_state != CB_FOLD_IDLE) {
 		db->fold_synced = 1;
 		fold = fcntl(db->fold_fd, F_DUPFD_CLOEXEC, 0);
+		fold_err = errno;
 	}
 	gen = db->names_gen;
 	cb_mutex_unlock(&db->queue_lock);
 	if (log != -2) {
 		cb_journal_log_name(db, "", name, sizeof(name));
-		rc = sync_file(log, name);
+		rc = sync_file(log, log_err, name);
 	}
 	if (fold != -2) {
 		cb_journal_log_name(db, ".fold", name, sizeof(name));
 		if (!rc)
-			rc = sync_file(fold, name);
+			rc = sync_file(fold, fold_err, name);
 		else if (fold >= 0)
 			close(fold);
 	}

@@ -294,7 +294,7 @@ static void *folder_main(void *arg)
 			fprintf(stderr, "cowbox: %s (the marks stay in the log; retried)\n",
 				cb_error_message());
 			queue_wait(db, &db->folder_wake, 1);
-		} else if (db->fold_state != CB_FOLD_PENDING &&
+		} else if (!db->folder_stop && db->fold_state != CB_FOLD_PENDING &&
 			   (db->fold_state != CB_FOLD_IDLE || db->log_size < LOG_FOLD_BYTES)) {
 			queue_wait(db, &db->folder_wake, 0); /* nothing to do */
 		}

@@ -31,7 +31,8 @@ struct cb_db {
 	sqlite3_stmt *st_meta_set;
 
 	/* Marks: appended to the mark log (log_fd, owned under an exclusive flock) and folded
-	 * into SQLite in batches; a handle that cannot own the log commits each mark. */
+	 * into SQLite in batches by the folder thread (db/journal_log.c); a handle that cannot
+	 * own the log commits each mark. */
 	struct cb_mutex queue_lock; /* guards the fields below and every write to the log; taken
 				       before sql_lock, never after it */
 	struct cb_mark_set marked;
@@ -40,12 +41,25 @@ struct cb_db {
 	size_t log_size;	 /* bytes in it, all whole records */
 	int log_synced;		 /* fdatasynced since the last fold: fold fsyncs the WAL first */
 	long long log_tried;	 /* when taking it last failed (seconds) */
-	int dir_synced;		 /* the directory was fsynced once (cb_journal_sync) */
+	unsigned names_gen;	 /* bumped when the log gets a new name (taken, rotated) */
+	unsigned synced_gen;	 /* names_gen at the last directory fsync (atomic) */
 	int reserve_held;	 /* "<path>-reserve" is allocated */
 	long long reserve_tried; /* when it was last given back or taken (seconds) */
 
+	/* The rotated log ("<path>-marks.fold") and the thread that folds it. */
+	enum { CB_FOLD_IDLE = 0, CB_FOLD_PENDING, CB_FOLD_BUSY } fold_state;
+	int fold_fd;		  /* the rotated log while fold_state != IDLE */
+	int fold_synced;	  /* it was fdatasynced: its fold fsyncs the WAL first */
+	int conds_ready;	  /* the two conditions are initialized */
+	pthread_cond_t fold_done; /* fold_state left BUSY */
+	pthread_cond_t folder_wake;
+	pthread_t folder;
+	int folder_running, folder_stop;
+
 	/* Counters for tests and benchmarks (guarded by queue_lock). */
 	unsigned long long stat_marks, stat_rows, stat_transactions, stat_dropped;
+	unsigned long long stat_folds_behind; /* rotated logs folded off the request path */
+	unsigned long long stat_folds_inline; /* folds a marker made (backpressure) */
 };
 
 /* The ordered list of schema migrations (db/schema.c); entry i moves user_version i -> i+1. */
@@ -99,6 +113,38 @@ int cb_marklog_parse(const char *buf, size_t len, size_t *valid,
 
 /* The whole log file open on fd into *buf (malloc'd, NULL when empty); name is for errors. */
 int cb_marklog_read(int fd, const char *name, char **buf, size_t *len);
+
+/* One journal row, inside a transaction the caller opened (sql_lock held); *rows counts the
+ * rows it added (0 for one already there). */
+int cb_journal_insert(struct cb_db *db, const struct cb_journal_row *r, unsigned long long *rows);
+
+/* The mark log's lifecycle (db/journal_log.c). "<db>-marks<suffix>" into buf. */
+void cb_journal_log_name(const struct cb_db *db, const char *suffix, char *buf, size_t size);
+
+/* Take the mark log (queue_lock held): 1 when this handle owns it now (log_fd set, and what
+ * an earlier owner left, rotated or not, folded first), 0 when another live handle does (or,
+ * without create, when there is none), else -errno. */
+int cb_journal_log_open(struct cb_db *db, int create);
+
+/* Start the folder thread of an owned log (queue_lock held); without one, logs fold inline. */
+void cb_journal_log_start(struct cb_db *db);
+
+/* After an append (queue_lock held): wake the folder once the log is big enough to rotate;
+ * fold inline only when the log outgrew what the folder keeps up with. */
+void cb_journal_log_appended(struct cb_db *db);
+
+/* Fold every mark appended so far into the table (queue_lock held; it may be dropped and
+ * taken again while a rotated log is folded): the one in flight is waited for, a pending
+ * rotated log is folded, then the log itself, in that order. */
+int cb_journal_log_fold_all(struct cb_db *db);
+
+/* Stop the folder, fold everything and close the logs (cb_journal_fini). */
+void cb_journal_log_close(struct cb_db *db);
+
+/* Another owner's unfolded marks: the rotated log (*older) and the log (*newer), malloc'd,
+ * NULL when absent or empty. */
+int cb_journal_log_read_unowned(struct cb_db *db, char **older, size_t *olen, char **newer,
+				size_t *nlen);
 
 /* Set an error message from SQLite's last error on db, naming the file and the step. */
 int cb_db_error(struct cb_db *db, int rc, const char *what);

@@ -1,21 +1,23 @@
-/* The change journal: marks appended to a log and folded into SQLite in batches (a crash's
- * marks at the next open), a set that makes repeated marks free, and the readers.
+/* The change journal: marks appended to a log (folded into SQLite by db/journal_log.c), a set
+ * that makes repeated marks free, commits without the log, and the readers.
  *
  * INVARIANTS (locks asserted in a checked build, util/lock.h):
- *   - queue_lock guards the open turn, the mark set, the log (its fd, its size, every write
- *     to it) and the counters; sql_lock guards the connection and its statements. queue_lock
- *     comes first: a fold holds it, so no mark is appended while the log is read and
- *     emptied, and takes sql_lock inside; nothing holding sql_lock takes queue_lock.
+ *   - queue_lock guards the open turn, the mark set, the logs (their fds, sizes, every write
+ *     to them, the rotation) and the counters; sql_lock guards the connection and its
+ *     statements. queue_lock comes first: a fold of the log being appended to holds it, so
+ *     no mark is appended while the log is read and emptied; the fold of a rotated log
+ *     (which nothing appends to) holds only sql_lock; nothing holding sql_lock takes
+ *     queue_lock.
  *   - a mark is in the mark set only once it is durable against a kill -9: its record is in
  *     the log or its row committed. A hit in the set is such a mark; the set empties when the
  *     turn moves (cb_journal_set_turn).
  *   - the log holds whole records: a failed write is cut back to log_size, and a torn tail
  *     found by a fold is reported and dropped, never applied.
  *   - only the handle holding the log's flock appends to it or folds it; another handle
- *     commits each mark itself and reads the owner's unfolded marks from the log.
- *   - a fold applies the log in one transaction, then empties it; when the log was
- *     fdatasynced since the last fold (log_synced), the WAL is fsynced before the log is
- *     emptied, so a mark once power-safe stays so. */
+ *     commits each mark itself and reads the owner's unfolded marks from the logs.
+ *   - a fold applies a log in one transaction, then empties or unlinks it; when the log was
+ *     fdatasynced since (log_synced, fold_synced), the WAL is fsynced before, so a mark once
+ *     power-safe stays so. */
 #include "config.h"
 
 #include <errno.h>
@@ -151,10 +153,6 @@ static void mark_clear(struct cb_mark_set *set)
 	memset(set, 0, sizeof(*set));
 }
 
-/* Mark logs at most this big are folded by the mark that finds it so (about 15,000 marks):
- * the cost of one SQLite transaction spread over as many marks. */
-#define LOG_FOLD_BYTES (1 << 20)
-
 static double now_seconds(void)
 {
 	struct timespec ts;
@@ -163,14 +161,8 @@ static double now_seconds(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static void log_name(const struct cb_db *db, char *buf, size_t size)
-{
-	snprintf(buf, size, "%s-marks", db->path);
-}
-
-/* One row, inside a transaction the caller opened (sql_lock held). */
-static int journal_insert(struct cb_db *db, const struct cb_journal_row *r,
-			  unsigned long long *rows)
+/* See db.h. */
+int cb_journal_insert(struct cb_db *db, const struct cb_journal_row *r, unsigned long long *rows)
 {
 	sqlite3_stmt *st = db->st_insert;
 	int rc;
@@ -195,130 +187,18 @@ static int journal_insert(struct cb_db *db, const struct cb_journal_row *r,
 	return 0;
 }
 
-struct fold_ctx {
-	struct cb_db *db;
-	unsigned long long rows;
-};
-
-static int fold_row(const struct cb_journal_row *r, void *arg)
-{
-	struct fold_ctx *f = arg;
-
-	return journal_insert(f->db, r, &f->rows);
-}
-
-/* fsync the WAL: every commit so far survives power loss. With synchronous=NORMAL a commit is
- * in the WAL but not fsynced; fsyncing the WAL does that without checkpointing. */
-static int cb_journal_sync_wal(struct cb_db *db)
-{
-	char wal[4200];
-	int fd, rc = 0;
-
-	snprintf(wal, sizeof(wal), "%s-wal", db->path);
-	fd = open(wal, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return errno == ENOENT ? 0
-				       : cb_error_set(errno, "open %s: %s", wal, strerror(errno));
-	if (fsync(fd) < 0)
-		rc = cb_error_set(errno, "fsync %s: %s", wal, strerror(errno));
-	close(fd);
-	return rc;
-}
-
-/* The log on fd into the journal table in one transaction, then emptied. A tail that is no
- * whole, valid record (a write torn by a crash, or damage) is reported and dropped, never
- * applied. Called with queue_lock held (no mark is appended meanwhile) and the log's flock. */
-static int log_fold(struct cb_db *db, int fd)
-{
-	struct fold_ctx f = {db, 0};
-	char name[4200], *buf = NULL;
-	size_t len = 0, valid = 0;
-	int rc;
-
-	CB_ASSERT_HELD(&db->queue_lock);
-	CB_ASSERT_NOT_HELD(&db->sql_lock);
-	log_name(db, name, sizeof(name));
-	if ((rc = cb_marklog_read(fd, name, &buf, &len)) || len == 0)
-		goto out;
-	cb_mutex_lock(&db->sql_lock);
-	rc = sqlite3_exec(db->sql, "BEGIN IMMEDIATE", NULL, NULL, NULL);
-	if (rc != SQLITE_OK) {
-		rc = cb_db_error(db, rc, "begin journal transaction");
-	} else {
-		rc = cb_marklog_parse(buf, len, &valid, fold_row, &f);
-		if (!rc && sqlite3_exec(db->sql, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
-			rc = cb_db_error(db, sqlite3_errcode(db->sql), "commit journal");
-		if (rc)
-			sqlite3_exec(db->sql, "ROLLBACK", NULL, NULL, NULL);
-	}
-	cb_mutex_unlock(&db->sql_lock);
-	if (rc)
-		goto out;
-	db->stat_transactions++;
-	if (valid < len) {
-		fprintf(stderr,
-			"cowbox: journal log %s: dropped %zu bytes at offset %zu that are no whole "
-			"record (a write torn by a crash, or damage); the %zu bytes before are "
-			"kept\n",
-			name, len - valid, valid, valid);
-		db->stat_dropped += len - valid;
-	}
-	/* Marks made power-safe by an fsync stay so once only the WAL holds them. */
-	if (db->log_synced && (rc = cb_journal_sync_wal(db)))
-		goto out;
-	if (ftruncate(fd, 0) < 0) {
-		rc = cb_error_set(errno, "journal log %s: truncate: %s", name, strerror(errno));
-		goto out;
-	}
-	db->log_synced = 0;
-	if (fd == db->log_fd)
-		db->log_size = 0;
-out:
-	free(buf);
-	return rc;
-}
-
-/* Open the mark log and lock it; 1 if owned now, 0 if another live handle owns it (it folds
- * it), else -errno. Whatever an earlier owner left (a crash) is folded first. */
-static int log_open(struct cb_db *db, int create, int *fd_out)
-{
-	char name[4200];
-	int fd, rc;
-
-	CB_ASSERT_HELD(&db->queue_lock);
-	*fd_out = -1;
-	log_name(db, name, sizeof(name));
-	fd = open(name, O_RDWR | O_APPEND | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0), 0600);
-	if (fd < 0)
-		return errno == ENOENT && !create
-			   ? 0
-			   : cb_error_set(errno, "journal log %s: %s", name, strerror(errno));
-	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
-		rc = errno == EWOULDBLOCK
-			 ? 0
-			 : cb_error_set(errno, "journal log %s: lock: %s", name, strerror(errno));
-		close(fd);
-		return rc;
-	}
-	if ((rc = log_fold(db, fd))) {
-		close(fd);
-		return rc;
-	}
-	*fd_out = fd;
-	return 1;
-}
-
 /* A crash's marks reach the table when the workspace is next opened by anyone, so that every
  * reader sees them; a live owner (the daemon) keeps the log, and folds it itself. */
 static int log_replay_at_open(struct cb_db *db)
 {
-	int fd, rc;
+	int rc;
 
 	cb_mutex_lock(&db->queue_lock);
-	rc = log_open(db, 0, &fd);
+	rc = cb_journal_log_open(db, 0);
+	if (db->log_fd >= 0)
+		close(db->log_fd);
+	db->log_fd = -1;
 	cb_mutex_unlock(&db->queue_lock);
-	if (fd >= 0)
-		close(fd);
 	return rc < 0 ? rc : 0;
 }
 
@@ -327,6 +207,11 @@ int cb_journal_init(struct cb_db *db)
 	char *turn = NULL;
 	int rc;
 
+	pthread_cond_init(&db->fold_done, NULL);
+	pthread_cond_init(&db->folder_wake, NULL);
+	db->conds_ready = 1;
+	db->fold_fd = -1;
+	db->names_gen = 1; /* the directory is fsynced at the first sync */
 	rc = sqlite3_prepare_v3(
 	    db->sql,
 	    "INSERT OR IGNORE INTO journal (turn, path, kind, subtree, time, pid, "
@@ -359,16 +244,11 @@ int cb_journal_init(struct cb_db *db)
 
 void cb_journal_fini(struct cb_db *db)
 {
-	if (db->log_fd >= 0) {
-		cb_mutex_lock(&db->queue_lock);
-		if (log_fold(db, db->log_fd))
-			fprintf(stderr,
-				"cowbox: %s (the marks stay in the log, folded at the "
-				"next open)\n",
-				cb_error_message());
-		cb_mutex_unlock(&db->queue_lock);
-		close(db->log_fd);
-		db->log_fd = -1;
+	if (db->conds_ready) {
+		cb_journal_log_close(db);
+		pthread_cond_destroy(&db->fold_done);
+		pthread_cond_destroy(&db->folder_wake);
+		db->conds_ready = 0;
 	}
 	sqlite3_finalize(db->st_insert);
 	sqlite3_finalize(db->st_list_turn);
@@ -441,7 +321,7 @@ static int log_append(struct cb_db *db, const struct cb_change *c, const size_t 
 		done += (size_t)w;
 	}
 	if (rc) {
-		log_name(db, name, sizeof(name));
+		cb_journal_log_name(db, "", name, sizeof(name));
 		if (done && ftruncate(db->log_fd, (off_t)db->log_size) < 0)
 			fprintf(stderr, "cowbox: journal log %s: cut a failed write: %s\n", name,
 				strerror(errno));
@@ -479,7 +359,7 @@ static int journal_commit(struct cb_db *db, const struct cb_change *c, const siz
 					   .pid = c[fresh[i]].pid,
 					   .comm = c[fresh[i]].comm};
 
-		rc = journal_insert(db, &r, &rows);
+		rc = cb_journal_insert(db, &r, &rows);
 	}
 	if (!rc && sqlite3_exec(db->sql, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
 		rc = cb_db_error(db, sqlite3_errcode(db->sql), "commit journal");
@@ -498,20 +378,17 @@ static int journal_record(struct cb_db *db, const struct cb_change *c, const siz
 			  size_t n)
 {
 	double t = now_seconds();
-	int fd;
 
 	CB_ASSERT_HELD(&db->queue_lock);
 	if (db->log_fd < 0 && db->log_tried != (long long)time(NULL)) {
-		int got = log_open(db, 1, &fd);
+		int got = cb_journal_log_open(db, 1);
 
 		if (got < 0)
 			fprintf(stderr, "cowbox: %s (marks are committed one by one)\n",
 				cb_error_message());
 		if (got == 1) {
-			db->log_fd = fd;
-			db->log_size = 0;
-			/* the log's name may be new */
-			__atomic_store_n(&db->dir_synced, 0, __ATOMIC_RELEASE);
+			db->names_gen++; /* the log's name may be new */
+			cb_journal_log_start(db);
 		} else {
 			db->log_tried = (long long)time(NULL);
 		}
@@ -558,12 +435,8 @@ int cb_journal_mark(struct cb_db *db, const struct cb_change *changes, size_t n)
 		goto out;
 	for (size_t i = 0; i < nf; i++)
 		mark_add(&db->marked, changes[fresh[i]].kind, changes[fresh[i]].path);
-	/* The marks are safe in the log whatever the fold does: it is retried later. */
-	if (db->log_fd >= 0 && db->log_size >= LOG_FOLD_BYTES) {
-		if (log_fold(db, db->log_fd))
-			fprintf(stderr, "cowbox: %s (retried at the next fold)\n",
-				cb_error_message());
-	}
+	if (db->log_fd >= 0)
+		cb_journal_log_appended(db);
 out:
 	cb_mutex_unlock(&db->queue_lock);
 	if (fresh != stack)
@@ -578,49 +451,9 @@ int cb_journal_fold(struct cb_db *db)
 
 	CB_ASSERT_NOT_HELD(&db->sql_lock);
 	cb_mutex_lock(&db->queue_lock);
-	if (db->log_fd >= 0 && db->log_size)
-		rc = log_fold(db, db->log_fd);
+	if (db->log_fd >= 0)
+		rc = cb_journal_log_fold_all(db);
 	cb_mutex_unlock(&db->queue_lock);
-	return rc;
-}
-
-/* The log's marks and the WAL's commits, then (once per handle, or when the log was created)
- * the directory, so that both names survive too. */
-int cb_journal_sync(struct cb_db *db)
-{
-	char dir[4096];
-	int fd, rc;
-
-	cb_mutex_lock(&db->queue_lock);
-	fd = db->log_fd;
-	if (fd >= 0)
-		db->log_synced = 1; /* a fold from now on keeps the WAL as safe as the log */
-	cb_mutex_unlock(&db->queue_lock);
-	/* The fd stays open until cb_db_close, which no one calls during a sync. */
-	if (fd >= 0 && fdatasync(fd) < 0) {
-		char name[4200];
-
-		log_name(db, name, sizeof(name));
-		return cb_error_set(errno, "fdatasync %s: %s", name, strerror(errno));
-	}
-	if ((rc = cb_journal_sync_wal(db)) || __atomic_load_n(&db->dir_synced, __ATOMIC_ACQUIRE))
-		return rc;
-	snprintf(dir, sizeof(dir), "%s", db->path);
-	char *slash = strrchr(dir, '/');
-
-	if (slash == dir)
-		slash[1] = '\0';
-	else if (slash)
-		*slash = '\0';
-	else
-		snprintf(dir, sizeof(dir), ".");
-	fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0 || fsync(fd) < 0)
-		rc = cb_error_set(errno, "fsync %s: %s", dir, strerror(errno));
-	else
-		__atomic_store_n(&db->dir_synced, 1, __ATOMIC_RELEASE);
-	if (fd >= 0)
-		close(fd);
 	return rc;
 }
 
@@ -746,9 +579,9 @@ int cb_journal_list(struct cb_db *db, long long turn,
 		    int (*fn)(const struct cb_journal_row *row, void *arg), void *arg)
 {
 	struct list_merge m = {.turn = turn, .fn = fn, .arg = arg};
-	char name[4200], *buf = NULL;
-	size_t len = 0, valid;
-	int rc, fd, owned;
+	char *older = NULL, *newer = NULL;
+	size_t olen = 0, nlen = 0, valid;
+	int rc, owned;
 
 	cb_mutex_lock(&db->queue_lock);
 	owned = db->log_fd >= 0;
@@ -758,21 +591,16 @@ int cb_journal_list(struct cb_db *db, long long turn,
 			return rc;
 		return journal_list_sql(db, turn, fn, arg);
 	}
-	log_name(db, name, sizeof(name));
-	fd = open(name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-	if (fd < 0 && errno != ENOENT)
-		return cb_error_set(errno, "journal log %s: %s", name, strerror(errno));
-	if (fd >= 0) {
-		rc = cb_marklog_read(fd, name, &buf, &len);
-		close(fd);
-		if (rc)
-			return rc;
-	}
+	if ((rc = cb_journal_log_read_unowned(db, &older, &olen, &newer, &nlen)))
+		return rc;
 	rc = journal_list_sql(db, turn, merge_sql_row, &m);
-	if (!rc && len)
-		rc = cb_marklog_parse(buf, len, &valid, merge_log_row, &m);
+	if (!rc && olen)
+		rc = cb_marklog_parse(older, olen, &valid, merge_log_row, &m);
+	if (!rc && nlen)
+		rc = cb_marklog_parse(newer, nlen, &valid, merge_log_row, &m);
 	mark_clear(&m.seen);
-	free(buf);
+	free(older);
+	free(newer);
 	return rc;
 }
 

@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,22 +24,64 @@
 #include "cowbox/error.h"
 #include "ov.h"
 
+/* The last few callers' /proc/PID/comm, kept open so that a mark costs one pread and no
+ * open/close: the name is read anew each time, so it follows an exec or a rename; a pid that
+ * was reused reads ESRCH through the old process's fd, which is then reopened by path. At
+ * most COMM_FDS fds, shared by every mount of the process. */
+#define COMM_FDS 4
+static struct {
+	pid_t pid; /* 0: empty */
+	int fd;
+} comm_fds[COMM_FDS];
+static unsigned comm_next;
+static pthread_mutex_t comm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* One read of an open comm file into buf: its length, or -1. */
+static ssize_t comm_pread(int fd, char *buf, size_t size)
+{
+	ssize_t n;
+
+	do
+		n = pread(fd, buf, size - 1, 0);
+	while (n < 0 && errno == EINTR);
+	return n > 0 ? n : -1;
+}
+
 /* The command name of pid into buf (empty when it is gone). */
 static void ov_comm(pid_t pid, char *buf, size_t size)
 {
 	char path[64];
 	ssize_t n = -1;
+	unsigned i;
 	int fd;
 
 	buf[0] = '\0';
 	if (pid <= 0)
 		return;
-	snprintf(path, sizeof(path), "/proc/%d/comm", (int)pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd >= 0) {
-		n = read(fd, buf, size - 1);
-		close(fd);
+	pthread_mutex_lock(&comm_lock);
+	for (i = 0; i < COMM_FDS && comm_fds[i].pid != pid; i++)
+		;
+	if (i < COMM_FDS) {
+		n = comm_pread(comm_fds[i].fd, buf, size);
+		if (n < 0) { /* gone, or the pid is another process's now */
+			close(comm_fds[i].fd);
+			comm_fds[i].pid = 0;
+		}
 	}
+	if (n < 0) {
+		snprintf(path, sizeof(path), "/proc/%d/comm", (int)pid);
+		fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd >= 0 && (n = comm_pread(fd, buf, size)) > 0) {
+			i = comm_next++ % COMM_FDS;
+			if (comm_fds[i].pid)
+				close(comm_fds[i].fd);
+			comm_fds[i].pid = pid;
+			comm_fds[i].fd = fd;
+		} else if (fd >= 0) {
+			close(fd);
+		}
+	}
+	pthread_mutex_unlock(&comm_lock);
 	if (n <= 0) {
 		buf[0] = '\0';
 		return;

@@ -301,7 +301,7 @@ static char *rebuild_name(const char *ref)
 static int rebuild_move_aside(const char *db_path, char **kept)
 {
 	/* The mark log goes too: its records belong to the damaged file's turns. */
-	static const char *const sfx[] = {"", "-wal", "-shm", "-marks"};
+	static const char *const sfx[] = {"", "-wal", "-shm", "-marks", "-marks.fold"};
 	char *from = NULL, *to = NULL;
 	long long now = (long long)time(NULL);
 	int ret = 0;

@@ -50,18 +50,22 @@ void cb_db_close(struct cb_db *db);
 
 /* Record changes durably: when this returns 0 they survive a kill -9 of the process (a
  * record in the mark log "<db>-marks", in the page cache; or, when another handle owns the
- * log, a commit to the WAL). The log is folded into the journal table in batches, at
- * cb_journal_fold and cb_db_close, and at the next cb_db_open after a crash. A (turn, path,
- * kind) already recorded is not recorded again. */
+ * log, a commit to the WAL). The log is folded into the journal table in batches: once it
+ * holds 1 MiB, by a thread of the handle's own (the log is renamed to "<db>-marks.fold" and
+ * a new one started, so marks never wait for SQLite), at cb_journal_fold and cb_db_close,
+ * and at the next cb_db_open after a crash. Only a log that outgrew 8 MiB (the thread
+ * behind) is folded by the mark that finds it so. A (turn, path, kind) already recorded is
+ * not recorded again. */
 int cb_journal_mark(struct cb_db *db, const struct cb_change *changes, size_t n);
 
-/* Fold the mark log into the journal table now: when it returns 0 every mark recorded so far
- * is a row that any connection to the database reads. Whoever reads the table through
+/* Fold the mark log into the journal table now (after the fold in flight, if any): when it
+ * returns 0 every mark recorded so far is a row that any connection to the database reads. Whoever reads the table through
  * another connection (the turn worker) must have the log's owner call this first. */
 int cb_journal_fold(struct cb_db *db);
 
-/* Make everything recorded so far durable against power loss too (fdatasync of the mark log,
- * fsync of the WAL); the filesystem calls it when a program fsyncs and at unmount. */
+/* Make everything recorded so far durable against power loss too (fdatasync of the mark log
+ * and of a rotated one still being folded, fsync of the WAL, and of the directory after the
+ * logs got new names); the filesystem calls it when a program fsyncs and at unmount. */
 int cb_journal_sync(struct cb_db *db);
 
 /* The turn that new changes belong to (1 before the first snapshot). */

@@ -10,6 +10,7 @@ import random
 import signal
 import struct
 import sys
+import threading
 import time
 import unittest
 
@@ -96,6 +97,53 @@ class TestMarkLog(CowboxTestCase):
         self.assertEqual({p: k for p, k in events.items() if p in want}, want,
                          "seed %d" % SEED)
         self.assertEqual(os.path.getsize(self.marks), 0, "folded before the snapshot")
+
+    def test_kill9_amid_background_folds_loses_no_answered_create(self):
+        # Long names: about 250 bytes a mark, so the log passes 1 MiB every ~4,000 creates and
+        # the folder rotates and folds it while the creates go on; the kill lands amid that.
+        first = self.cowbox_json("snapshot", self.ref)
+        d = os.path.join(self.mnt, "storm")
+        os.mkdir(d)
+        answered = []
+        stop = threading.Event()
+
+        def create():
+            try:
+                for i in range(40000):
+                    if stop.is_set():
+                        return
+                    name = "%05d-%s" % (i, "x" * 200)
+                    os.close(os.open(os.path.join(d, name), os.O_CREAT | os.O_WRONLY, 0o644))
+                    answered.append(name)
+            except OSError:
+                pass  # the daemon is gone: this create was never answered
+
+        t = threading.Thread(target=create)
+        t.start()
+        deadline = time.monotonic() + 120
+        while len(answered) < 9000 + self.rng.randrange(2000) and t.is_alive():
+            self.assertLess(time.monotonic(), deadline, "the creates are too slow")
+            time.sleep(0.01)
+        # kill while a rotated log is there (being folded) if that comes soon enough
+        while (not os.path.exists(self.marks + ".fold") and len(answered) < 16000
+               and t.is_alive() and time.monotonic() < deadline):
+            time.sleep(0.0005)
+        rotated = os.path.exists(self.marks + ".fold")
+        self.kill9()
+        stop.set()
+        t.join(30)
+        self.assertFalse(t.is_alive())
+        sys.stderr.write("test_marklog: killed after %d creates (a fold in flight: %s)\n"
+                         % (len(answered), rotated))
+        self.pid = self.mount(self.ref)
+        snap = self.cowbox_json("snapshot", self.ref)
+        self.assertFalse(os.path.exists(self.marks + ".fold"), "folded at the remount")
+        got = {p for p in snap["files"] if p.startswith("storm/")}
+        missing = {"storm/" + n for n in answered} - got
+        self.assertEqual(missing, set(), "answered creates missing from the snapshot")
+        rows = [r for r in self.log(self.ref) if r["turn"] == first["turn"] + 1]
+        paths = [(r["path"], r["kind"]) for r in rows]
+        self.assertEqual(len(paths), len(set(paths)), "a mark twice in the journal")
 
     def test_torn_tail_is_dropped_and_the_marks_before_it_kept(self):
         first = self.cowbox_json("snapshot", self.ref)

@@ -425,7 +425,10 @@ class TurnsTest(CowboxTestCase):
                     targets.append(os.readlink("/proc/%d/fd/%s" % (pid, fd)))
                 except FileNotFoundError:
                     pass
-            return sorted(t for t in targets if not t.startswith(("pipe:", "anon_inode:")))
+            # the journal keeps the last four callers' /proc/PID/comm open (fs/journal.c):
+            # bounded, not a leak
+            return sorted(t for t in targets if not t.startswith(("pipe:", "anon_inode:"))
+                          and not (t.startswith("/proc/") and t.endswith("/comm")))
 
         # the journal's mark log is opened at the daemon's first mark and kept: one fd
         self.write("first.txt", "marked\n")

@@ -59,8 +59,9 @@ void cb_db_close(struct cb_db *db);
 int cb_journal_mark(struct cb_db *db, const struct cb_change *changes, size_t n);
 
 /* Fold the mark log into the journal table now (after the fold in flight, if any): when it
- * returns 0 every mark recorded so far is a row that any connection to the database reads. Whoever reads the table through
- * another connection (the turn worker) must have the log's owner call this first. */
+ * returns 0 every mark recorded so far is a row that any connection to the database reads. Whoever
+ * reads the table through another connection (the turn worker) must have the log's owner call this
+ * first. */
 int cb_journal_fold(struct cb_db *db);
 
 /* Make everything recorded so far durable against power loss too (fdatasync of the mark log

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import unittest
 
 
 def mount_tool():
@@ -238,3 +239,17 @@ class TempDirs:
         for name in os.listdir(self.top):
             umount(os.path.join(self.top, name))
         shutil.rmtree(self.top, ignore_errors=True)
+
+
+class MountTestCase(unittest.TestCase):
+    """Fresh base/upper/mnt folders per test (self.dirs); self.mount, if a test sets it, is
+    closed and checked (exit status, no sanitizer report) after it."""
+
+    def setUp(self):
+        self.dirs = TempDirs()
+        self.mount = None
+
+    def tearDown(self):
+        if self.mount:
+            close_checked(self, self.mount)
+        self.dirs.cleanup()

@@ -41,16 +41,7 @@ def read(path):
         return f.read()
 
 
-class CopyUp(unittest.TestCase):
-    def setUp(self):
-        self.dirs = fsharness.TempDirs()
-        self.mount = None
-
-    def tearDown(self):
-        if self.mount:
-            fsharness.close_checked(self, self.mount)
-        self.dirs.cleanup()
-
+class CopyUp(fsharness.MountTestCase):
     def start(self):
         self.mount = fsharness.Mount(self.dirs.base, self.dirs.upper, self.dirs.mnt)
 

@@ -25,16 +25,7 @@ for i in range(300):
 """
 
 
-class Scale(unittest.TestCase):
-    def setUp(self):
-        self.dirs = fsharness.TempDirs()
-        self.mount = None
-
-    def tearDown(self):
-        if self.mount:
-            fsharness.close_checked(self, self.mount)
-        self.dirs.cleanup()
-
+class Scale(fsharness.MountTestCase):
     def test_100k_files_under_1024_fds(self):
         base = self.dirs.base
         for d in range(100):

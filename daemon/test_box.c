@@ -94,7 +94,7 @@ Test(box, refusals_and_codes)
 	cr_assert_eq(cb_box_create(&(struct cb_box_options){.base = "/etc/passwd"}, &again),
 		     -ENOTDIR);
 	cr_assert_str_eq(cb_box_last_code(), "invalid_request");
-	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
+	box_close_checked(box);
 }
 
 /* Both ways files travel: through the mount (this process sees it) and over the protocol. */
@@ -179,7 +179,7 @@ static void read_write_case(int direct)
 		cr_assert_str_eq(comm, "cowbox", "a protocol write is the daemon's");
 	}
 	json_decref(events);
-	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
+	box_close_checked(box);
 	cr_assert_eq(count_fds(), fds, "no fd is left open");
 }
 
@@ -258,7 +258,7 @@ Test(box, run_results_and_limits)
 	cr_assert_eq(cb_box_host_url(box, 8080, &path), 0, "%s", cb_error_message());
 	cr_assert_str_eq(path, "http://127.0.0.1:8080");
 	free(path);
-	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
+	box_close_checked(box);
 }
 
 struct collected {
@@ -354,7 +354,7 @@ Test(box, exec_streams_stdin_and_kill)
 	cr_assert_eq(r.exit_code, 128 + SIGKILL);
 	cb_box_result_free(&r);
 	cb_box_proc_free(p);
-	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
+	box_close_checked(box);
 	cr_assert_eq(count_fds(), fds, "no fd is left open");
 }
 
@@ -400,7 +400,7 @@ Test(box, turns_fork_close_reopen)
 	rc = cb_box_rollback(box, t1);
 	cr_assert_gt(rc, t2, "%d %s", rc, cb_error_message());
 	/* Closed means the daemon is gone; open boots a new one over the same disk. */
-	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
+	box_close_checked(box);
 	cr_assert_eq(cb_box_open("t1", &again), 0, "%s", cb_error_message());
 	cr_assert_str_eq(cb_box_ref(again), ref);
 	cr_assert_eq(cb_box_read(again, "a.txt", &data, &len), 0, "%s", cb_error_message());
@@ -444,7 +444,7 @@ Test(box, local_backend_workdir_is_the_mount)
 	cr_assert_eq(cb_box_read(box, "made_by_hook", &data, &len), 0, "%s", cb_error_message());
 	cr_assert_str_eq(data, "made\n");
 	free(data);
-	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
+	box_close_checked(box);
 	cr_assert_neq(access(marker, F_OK), 0);
 	cr_assert_eq(cb_box_destroy(ref), 0, "%s", cb_error_message());
 	cr_assert_eq(access(marker, F_OK), 0, "the on_destroy hook ran");
@@ -472,7 +472,7 @@ Test(box, a_killed_daemon_comes_back)
 	cr_assert_eq(cb_ws_daemon(cb_box_ref(box), &pid, &mnt), 0);
 	free(mnt);
 	cr_assert_gt(pid, 0);
-	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
+	box_close_checked(box);
 }
 
 struct runner {
@@ -574,5 +574,5 @@ Test(box, snapshot_changes)
 	cr_assert_eq(json_object_size(files), 2);
 	cr_assert(json_object_get(files, "a.txt"));
 	json_decref(files);
-	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
+	box_close_checked(box);
 }

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cowbox/box.h"
+#include "cowbox/error.h"
 #include "cowbox/workspace.h"
 #include "test_box_home.h"
 
@@ -79,4 +81,29 @@ void box_home_teardown(const char *home)
 void box_tree_remove(const char *dir)
 {
 	nftw(dir, remove_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+void box_close_checked(struct cb_box *box)
+{
+	char path[4200], msg[1024], tail[3001] = "";
+	const char *home = getenv("COWBOX_HOME");
+	FILE *f;
+	size_t n;
+	int rc;
+
+	snprintf(path, sizeof(path), "%s/workspaces/%s/daemon.log", home ? home : "",
+		 cb_box_ref(box));
+	rc = cb_box_close(box);
+	if (rc == 0)
+		return;
+	snprintf(msg, sizeof(msg), "%s", cb_error_message());
+	/* The daemon's own account: the home (and its log) is removed after the test. */
+	if ((f = fopen(path, "re"))) {
+		if (fseek(f, -(long)(sizeof(tail) - 1), SEEK_END) < 0)
+			rewind(f);
+		n = fread(tail, 1, sizeof(tail) - 1, f);
+		tail[n] = '\0';
+		fclose(f);
+	}
+	cr_assert_fail("close: %s\n--- the end of %s:\n%s", msg, path, tail);
 }

@@ -13,6 +13,11 @@ void box_home_setup(char *home);
  * an ASan/UBSan report (daemons run detached, so their findings reach only daemon.log). */
 void box_home_teardown(const char *home);
 
+struct cb_box;
+/* cb_box_close(box), asserting that it worked; if not, the failure carries the end of the
+ * workspace's daemon.log (gone with the home once the test ends). */
+void box_close_checked(struct cb_box *box);
+
 /* rm -rf of dir (no symlink followed); a missing dir is fine. */
 void box_tree_remove(const char *dir);
 

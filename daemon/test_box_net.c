@@ -125,5 +125,5 @@ Test(boxnet, reaches_log_and_publish, .timeout = 120)
 	cr_assert_eq(cb_box_publish(box, 0, &again), -EPROTO);
 	cr_assert_null(again);
 	free(addr);
-	cr_assert_eq(cb_box_close(box), 0, "%s", cb_error_message());
+	box_close_checked(box);
 }

@@ -132,7 +132,8 @@ int cb_daemon_base_scan_ahead(struct cb_daemon *d)
 	double t0 = mono_seconds();
 	int ret;
 
-	if (events < 0 || !d->base)
+	/* In place the base is the live folder: no map is ever built from a walk of it. */
+	if (events < 0 || !d->base || d->in_place)
 		return 0;
 	ret = bh_turns_open(d, &t);
 	if (!ret)

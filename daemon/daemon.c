@@ -402,11 +402,13 @@ static int daemon_base_changed(void *arg, const char *path)
 	if (!(s->paths[s->n] = strdup(path)))
 		return cb_error_set(ENOMEM, "base check: out of memory");
 	s->n++;
-	/* In place the watch also sees the mount's own writes (the folder is the upper layer),
-	 * already journaled: marked again, harmless, but not reported as someone else's. */
-	if (!s->d->in_place)
-		daemon_log("base %s/%s changed behind cowbox's back; the next snapshot records it",
-			   s->d->base, path);
+	/* In place the watch also sees the mount's own changes (the folder is the upper layer),
+	 * each marked under its writer before it was made: not marked again as the base's
+	 * (which would also credit the writer's change to "(base)" when the look races it). */
+	if (s->d->in_place)
+		return cb_journal_marked(s->d->db, path) ? 0 : cb_journal_mark(s->d->db, &c, 1);
+	daemon_log("base %s/%s changed behind cowbox's back; the next snapshot records it",
+		   s->d->base, path);
 	return cb_journal_mark(s->d->db, &c, 1);
 }
 
@@ -475,6 +477,9 @@ static void *daemon_base_check(void *arg)
 	} else if (!cb_daemon_base_scan_ahead(d)) {
 		cb_daemon_basewatch_all(d);
 	}
+	/* Tests only: a look that comes while the mount already serves changes. */
+	if (getenv("COWBOX_TEST_START_LOOK_STALL"))
+		usleep((useconds_t)(atof(getenv("COWBOX_TEST_START_LOOK_STALL")) * 1e6));
 	cb_daemon_base_watch(d, "start");
 	pthread_mutex_unlock(&d->turn_lock);
 	return NULL;

@@ -467,6 +467,18 @@ long long cb_journal_turn(struct cb_db *db)
 	return turn;
 }
 
+int cb_journal_marked(struct cb_db *db, const char *path)
+{
+	int found = 0;
+
+	CB_ASSERT_NOT_HELD(&db->sql_lock);
+	cb_mutex_lock(&db->queue_lock);
+	for (int kind = CB_CHANGE_CREATE; kind <= CB_CHANGE_RENAME_TO && !found; kind++)
+		found = mark_contains(&db->marked, kind, path);
+	cb_mutex_unlock(&db->queue_lock);
+	return found;
+}
+
 void cb_journal_set_turn(struct cb_db *db, long long turn)
 {
 	CB_ASSERT_NOT_HELD(&db->sql_lock);

@@ -159,6 +159,26 @@ Test(journal, mark_list_and_duplicates)
 	cb_db_close(db);
 }
 
+Test(journal, marked_knows_the_turns_marks_of_any_kind)
+{
+	struct cb_db *db;
+	struct cb_change ch[] = {
+	    {"w.txt", CB_CHANGE_CREATE, 0, 42, "sh"},
+	    {"m.txt", CB_CHANGE_META, 0, 42, "chmod"},
+	};
+
+	cr_assert_eq(cb_db_open(path, &db), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_journal_marked(db, "w.txt"), 0);
+	cr_assert_eq(cb_journal_mark(db, ch, 2), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_journal_marked(db, "w.txt"), 1);
+	cr_assert_eq(cb_journal_marked(db, "m.txt"), 1);
+	cr_assert_eq(cb_journal_marked(db, "other.txt"), 0);
+	/* a new turn starts with nothing marked */
+	cb_journal_set_turn(db, cb_journal_turn(db) + 1);
+	cr_assert_eq(cb_journal_marked(db, "w.txt"), 0);
+	cb_db_close(db);
+}
+
 Test(journal, bad_marks_refused)
 {
 	struct cb_db *db;

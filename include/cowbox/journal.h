@@ -58,6 +58,10 @@ void cb_db_close(struct cb_db *db);
  * not recorded again. */
 int cb_journal_mark(struct cb_db *db, const struct cb_change *changes, size_t n);
 
+/* 1 if path has a mark of any kind in the current turn through this handle (as far as its
+ * memory of the turn's marks goes: 0 may also mean forgotten), else 0. */
+int cb_journal_marked(struct cb_db *db, const char *path);
+
 /* Fold the mark log into the journal table now (after the fold in flight, if any): when it
  * returns 0 every mark recorded so far is a row that any connection to the database reads. Whoever
  * reads the table through another connection (the turn worker) must have the log's owner call this

@@ -108,6 +108,29 @@ class InPlaceTest(CowboxTestCase):
         self.assertEqual(self.events(reply["turn"] - 1, reply["turn"])["sub/deep/x.txt"][0],
                          "modified")
 
+    def test_start_look_racing_the_mounts_own_changes_credits_their_writer(self):
+        # In place the folder is the upper layer, so the look at start (which runs while
+        # the mount already serves) sees the mount's own new files as changed: they were
+        # marked under their writer before they were made, and are not marked again as
+        # "(base)" (a mark that would credit the change to no one).
+        self.env["COWBOX_TEST_START_LOOK_STALL"] = "1.0"
+        try:
+            self.mount(self.ref)
+        finally:
+            del self.env["COWBOX_TEST_START_LOOK_STALL"]
+        mnt = self.mountpoint(self.ref)
+        for i in range(5):
+            with open(os.path.join(mnt, "early%d.txt" % i), "w") as f:
+                f.write("before the look\n")
+        log = os.path.join(self.ws_dir(self.ref), "daemon.log")
+        wait_for(lambda: "base check (start)" in open(log).read(), 20, interval=0.1,
+                 what="the start's look")
+        rows = json.loads(self.cowbox("log", self.ref, "--json").stdout)
+        for i in range(5):
+            mine = [r for r in rows if r["path"] == "early%d.txt" % i]
+            self.assertTrue(mine, rows)
+            self.assertEqual({r["pid"] for r in mine}, {os.getpid()}, mine)
+
     def test_kill_9_mid_turn_keeps_the_journal_promise(self):
         pid = self.mount(self.ref)
         mnt = self.mountpoint(self.ref)

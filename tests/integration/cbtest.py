@@ -213,6 +213,10 @@ class CowboxTestCase(unittest.TestCase):
     daemon, detaches every FUSE mount under it and deletes it, also when the test failed."""
 
     def setUp(self):
+        # A test that sets up again (a fresh home for a second case) ends the first home's
+        # daemons and files now: the cleanup at the end sees only the last home.
+        if getattr(self, "tmp", None):
+            self._cleanup()
         self.tmp = tempfile.mkdtemp(prefix="cbtest-")
         self.home = os.path.join(self.tmp, "home")
         self.env = dict(os.environ, COWBOX_HOME=self.home)

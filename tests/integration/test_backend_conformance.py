@@ -410,14 +410,19 @@ class Conformance:
         self.arun(body)
 
     async def read_soon(self, box, path, within=10.0):
-        """The bytes of path once it exists (None if it does not within the time)."""
-        t0 = time.monotonic()
+        """The bytes of path once it exists and holds some (a shell's `echo x > f` makes f
+        empty a moment before it writes; a slow backend widens that moment): what it holds
+        at the end of the time if it stays empty, None if it never exists."""
+        t0, got = time.monotonic(), None
         while time.monotonic() - t0 < within:
             try:
-                return await box.read(path)
+                got = await box.read(path)
+                if got:
+                    return got
             except cowbox.WorkspaceNotFoundError:
-                await asyncio.sleep(0.1)
-        return None
+                pass
+            await asyncio.sleep(0.1)
+        return got
 
     async def ticking(self, box, name):
         """Fail unless the file name (rewritten by a live job) changes within 10 s."""

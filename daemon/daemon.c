@@ -33,12 +33,15 @@
 static void daemon_vlog(const char *fmt, va_list ap)
 {
 	char stamp[32], msg[2048];
-	time_t now = time(NULL);
+	struct timespec now;
 	struct tm tm;
 
+	/* Milliseconds: a start, a first snapshot and a stop are read from these stamps. */
+	clock_gettime(CLOCK_REALTIME, &now);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
-	strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tm));
-	fprintf(stderr, "%s cowbox[%d]: %s\n", stamp, (int)getpid(), msg);
+	strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", gmtime_r(&now.tv_sec, &tm));
+	fprintf(stderr, "%s.%03ldZ cowbox[%d]: %s\n", stamp, now.tv_nsec / 1000000, (int)getpid(),
+		msg);
 	fflush(stderr);
 }
 

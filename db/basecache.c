@@ -26,15 +26,20 @@ static const char bc_schema_sql[] =
     "PRAGMA application_id = 1667392099;" /* BC_APP_ID */
     "PRAGMA user_version = 1;";
 
-enum { BQ_GET, BQ_PUT, BQ_LIST, BQ_COUNT };
+enum { BQ_GET, BQ_PUT, BQ_LIST, BQ_LIST_FROM, BQ_LIST_UNTIL, BQ_LIST_RANGE, BQ_COUNT };
+
+#define BQ_LIST_SQL                                                                                \
+	"SELECT path, dev, ino, size, mtime_ns, ctime_ns, sha256, xxh3, row_sum FROM base_hash "
 
 static const char *const bc_sql[BQ_COUNT] = {
     [BQ_GET] = "SELECT dev, ino, size, mtime_ns, ctime_ns, sha256, xxh3, row_sum FROM "
 	       "base_hash WHERE path=?1",
     [BQ_PUT] = "INSERT OR REPLACE INTO base_hash VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
-    /* the primary key's order, which is strcmp's: no sort */
-    [BQ_LIST] = "SELECT path, dev, ino, size, mtime_ns, ctime_ns, sha256, xxh3, row_sum FROM "
-		"base_hash ORDER BY path",
+    /* the primary key's order, which is strcmp's: no sort; a range is a seek in it */
+    [BQ_LIST] = BQ_LIST_SQL "ORDER BY path",
+    [BQ_LIST_FROM] = BQ_LIST_SQL "WHERE path >= ?1 ORDER BY path",
+    [BQ_LIST_UNTIL] = BQ_LIST_SQL "WHERE path < ?2 ORDER BY path",
+    [BQ_LIST_RANGE] = BQ_LIST_SQL "WHERE path >= ?1 AND path < ?2 ORDER BY path",
 };
 
 struct cb_db_basecache {
@@ -92,21 +97,23 @@ static long long bc_pragma(sqlite3 *db, const char *sql)
 	return v;
 }
 
-/* An empty file gets the schema; anything else must be exactly ours. Under the write lock,
- * so two daemons opening a new cache at once create it once. */
-static int bc_schema(struct cb_db_basecache *c)
+/* An empty file gets the schema (create) or is refused; anything else must be exactly ours.
+ * Creating is done under the write lock, so two daemons opening a new cache at once create it
+ * once; a reader only reads. */
+static int bc_schema(struct cb_db_basecache *c, int create)
 {
 	long long app, version, tables;
 	int ret = 0;
 
-	if (sqlite3_exec(c->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
+	if (sqlite3_exec(c->db, create ? "BEGIN IMMEDIATE" : "BEGIN", NULL, NULL, NULL) !=
+	    SQLITE_OK)
 		return bc_fail(c, "lock");
 	app = bc_pragma(c->db, "PRAGMA application_id");
 	version = bc_pragma(c->db, "PRAGMA user_version");
 	tables = bc_pragma(c->db, "SELECT count(*) FROM sqlite_master");
 	if (app < 0 || version < 0 || tables < 0)
 		ret = bc_fail(c, "read its schema");
-	else if (app == 0 && version == 0 && tables == 0) {
+	else if (create && app == 0 && version == 0 && tables == 0) {
 		if (sqlite3_exec(c->db, bc_schema_sql, NULL, NULL, NULL) != SQLITE_OK)
 			ret = bc_fail(c, "create");
 	} else if (app != BC_APP_ID || version != BC_VERSION ||
@@ -123,7 +130,9 @@ static int bc_schema(struct cb_db_basecache *c)
 	return ret;
 }
 
-int cb_db_basecache_open(const char *path, struct cb_db_basecache **out)
+/* A handle on the cache at path; create: the file, its directory and its schema if missing
+ * (a reader's file must be there, with the schema). */
+static int bc_open(const char *path, int create, struct cb_db_basecache **out)
 {
 	struct cb_db_basecache *c = calloc(1, sizeof(*c));
 	char *dir = NULL;
@@ -134,13 +143,14 @@ int cb_db_basecache_open(const char *path, struct cb_db_basecache **out)
 		ret = cb_error_set(ENOMEM, "shared base cache %s: out of memory", path);
 		goto out;
 	}
-	if (mkdir(dirname(dir), 0700) < 0 && errno != EEXIST) {
+	if (create && mkdir(dirname(dir), 0700) < 0 && errno != EEXIST) {
 		ret = cb_error_set(errno, "shared base cache %s: %s", path, strerror(errno));
 		goto out;
 	}
 	/* No per-call mutex: a handle is used by one thread at a time (its workspace's). */
 	if (sqlite3_open_v2(path, &c->db,
-			    SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+			    SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0) |
+				SQLITE_OPEN_NOMUTEX,
 			    NULL) != SQLITE_OK) {
 		ret = c->db ? bc_fail(c, "open")
 			    : cb_error_set(ENOMEM, "shared base cache %s: out of memory", path);
@@ -153,7 +163,7 @@ int cb_db_basecache_open(const char *path, struct cb_db_basecache **out)
 		ret = bc_fail(c, "open");
 		goto out;
 	}
-	if ((ret = bc_schema(c)))
+	if ((ret = bc_schema(c, create)))
 		goto out;
 	for (int i = 0; i < BQ_COUNT; i++)
 		if (sqlite3_prepare_v3(c->db, bc_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &c->q[i],
@@ -167,6 +177,16 @@ out:
 	if (ret)
 		cb_db_basecache_close(c);
 	return ret;
+}
+
+int cb_db_basecache_open(const char *path, struct cb_db_basecache **out)
+{
+	return bc_open(path, 1, out);
+}
+
+int cb_db_basecache_open_reader(const struct cb_db_basecache *c, struct cb_db_basecache **out)
+{
+	return bc_open(c->path, 0, out);
 }
 
 void cb_db_basecache_close(struct cb_db_basecache *c)
@@ -218,15 +238,21 @@ int cb_db_basecache_get(struct cb_db_basecache *c, const char *path,
 	return ret;
 }
 
-int cb_db_basecache_list(struct cb_db_basecache *c,
-			 int (*fn)(const struct cb_db_basecache_row *row, void *arg), void *arg)
+int cb_db_basecache_list_range(struct cb_db_basecache *c, const char *from, const char *until,
+			       int (*fn)(const struct cb_db_basecache_row *row, void *arg),
+			       void *arg)
 {
-	sqlite3_stmt *s = c->q[BQ_LIST];
+	sqlite3_stmt *s =
+	    c->q[from ? (until ? BQ_LIST_RANGE : BQ_LIST_FROM) : (until ? BQ_LIST_UNTIL : BQ_LIST)];
 	struct cb_db_basecache_row r;
 	int ret = 0, rc;
 
 	/* One statement: its own read, ended by the reset (no lock held after). */
 	sqlite3_reset(s);
+	if (from)
+		sqlite3_bind_text(s, 1, from, -1, SQLITE_STATIC);
+	if (until)
+		sqlite3_bind_text(s, 2, until, -1, SQLITE_STATIC);
 	while (!ret && (rc = sqlite3_step(s)) == SQLITE_ROW) {
 		r.path = (const char *)sqlite3_column_text(s, 0);
 		r.key.dev = sqlite3_column_int64(s, 1);
@@ -247,7 +273,14 @@ int cb_db_basecache_list(struct cb_db_basecache *c,
 	if (!ret && rc != SQLITE_DONE)
 		ret = bc_fail(c, "list");
 	sqlite3_reset(s);
+	sqlite3_clear_bindings(s);
 	return ret;
+}
+
+int cb_db_basecache_list(struct cb_db_basecache *c,
+			 int (*fn)(const struct cb_db_basecache_row *row, void *arg), void *arg)
+{
+	return cb_db_basecache_list_range(c, NULL, NULL, fn, arg);
 }
 
 int cb_db_basecache_put(struct cb_db_basecache *c, const char *path,

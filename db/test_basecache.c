@@ -1,6 +1,7 @@
 /* Unit tests of db/basecache.c: a row is a hit only for its exact key, a row changed on disk
  * is a miss, a file that is not a cache of this version is refused, two handles share rows,
- * the whole list comes in strcmp order without damaged rows. */
+ * the whole list and its ranges come in strcmp order without damaged rows, a reader beside a
+ * handle reads the same rows. */
 #include "config.h"
 
 #include <criterion/criterion.h>
@@ -164,5 +165,75 @@ Test(basecache, the_list_is_in_strcmp_order_without_damaged_rows)
 	cr_assert_str_eq(l.paths[1], "a/a");
 	cr_assert_str_eq(l.paths[2], "a/b");
 	cr_assert_eq(memcmp(&l.keys[2], &key, sizeof(key)), 0);
+	cb_db_basecache_close(c);
+}
+
+/* The rows of [from, until) of a cache holding "a-z", "a/a", "a/b", "b", "c". */
+static struct listed list_range(struct cb_db_basecache *c, const char *from, const char *until)
+{
+	struct listed l = {0};
+
+	cr_assert_eq(cb_db_basecache_list_range(c, from, until, list_row, &l), 0, "%s",
+		     cb_error_message());
+	return l;
+}
+
+Test(basecache, a_range_lists_its_rows_only_and_two_ranges_make_the_whole)
+{
+	struct cb_db_basecache *c = open_with_row();
+	const char *names[] = {"a-z", "a/a", "b", "c"};
+	struct listed l;
+
+	cr_assert_eq(cb_db_basecache_begin(c), 0);
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(cb_db_basecache_put(c, names[i], &key, sha, xxh), 0);
+	cr_assert_eq(cb_db_basecache_commit(c), 0);
+	/* from is in the range, until is not; both sides in strcmp order */
+	l = list_range(c, "a/a", "b");
+	cr_assert_eq(l.n, 2);
+	cr_assert_str_eq(l.paths[0], "a/a");
+	cr_assert_str_eq(l.paths[1], "a/b");
+	l = list_range(c, NULL, "a/a");
+	cr_assert_eq(l.n, 1);
+	cr_assert_str_eq(l.paths[0], "a-z");
+	l = list_range(c, "a/b", NULL);
+	cr_assert_eq(l.n, 3);
+	cr_assert_str_eq(l.paths[0], "a/b");
+	cr_assert_str_eq(l.paths[2], "c");
+	/* a bound between rows, and an empty range */
+	l = list_range(c, "a0", "bb");
+	cr_assert_eq(l.n, 1);
+	cr_assert_str_eq(l.paths[0], "b");
+	cr_assert_eq(list_range(c, "b", "b").n, 0);
+	cr_assert_eq(list_range(c, NULL, NULL).n, 5);
+	/* the bounds are not left bound to the statements: the whole list after a range */
+	l = (struct listed){0};
+	cr_assert_eq(cb_db_basecache_list(c, list_row, &l), 0);
+	cr_assert_eq(l.n, 5);
+	cb_db_basecache_close(c);
+}
+
+Test(basecache, a_reader_reads_beside_its_handle_and_never_creates)
+{
+	struct cb_db_basecache *c = open_with_row(), *r = NULL;
+	unsigned char s[CB_SHA256_LEN], x[CB_XXH128_LEN];
+	struct listed l;
+
+	cr_assert_eq(cb_db_basecache_open_reader(c, &r), 0, "%s", cb_error_message());
+	/* the handle's open read (a lookup's) does not keep the reader from reading */
+	cr_assert_eq(cb_db_basecache_get(c, "a/b", &key, s, x), 1);
+	l = list_range(r, "a", NULL);
+	cr_assert_eq(l.n, 1);
+	cr_assert_str_eq(l.paths[0], "a/b");
+	cr_assert_eq(cb_db_basecache_get(r, "a/b", &key, s, x), 1);
+	cb_db_basecache_close(r);
+	cb_db_basecache_close(c);
+	/* a file gone since the handle opened: the reader is refused, nothing is made */
+	cr_assert_eq(cb_db_basecache_open(path, &c), 0);
+	cr_assert_eq(unlink(path), 0);
+	r = NULL;
+	cr_assert_lt(cb_db_basecache_open_reader(c, &r), 0);
+	cr_assert_null(r);
+	cr_assert_eq(access(path, F_OK), -1);
 	cb_db_basecache_close(c);
 }

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -237,6 +238,60 @@ static int find_shared_row(const struct cb_db_basecache_row *row, void *arg)
 	return 0;
 }
 
+/* Fewer files than this are read from the shared cache on one thread: a second handle and
+ * thread cost more than half of a small scan. */
+#define FIND_SPLIT_MIN 8192
+
+/* One half of the shared cache's scan, on its own handle: the rows from the path of its first
+ * file on, merged into its files (which come after the other half's). */
+struct find_half {
+	struct cb_db_basecache *db;
+	struct find_merge m;
+	int ret;
+	char msg[512];
+};
+
+static void *find_half_thread(void *arg)
+{
+	struct find_half *h = arg;
+
+	h->ret = cb_db_basecache_list_range(h->db, h->m.f[0].path, NULL, find_shared_row, &h->m);
+	if (h->ret < 0)
+		snprintf(h->msg, sizeof(h->msg), "%s", cb_error_message());
+	return NULL;
+}
+
+/* The shared cache's rows merged into files f, in one scan or, for many files, two at once
+ * (a thread and a second handle taking the rows from the middle file's path on). The rows
+ * found are counted in m->found. */
+static int find_shared(struct ws_basecache *bc, struct find_merge *m)
+{
+	struct find_half h = {.ret = 0};
+	size_t half = m->n / 2;
+	pthread_t id;
+	int ret, split = 0;
+
+	if (m->n >= FIND_SPLIT_MIN && !cb_db_basecache_open_reader(bc->db, &h.db)) {
+		h.m = (struct find_merge){.f = m->f + half, .n = m->n - half};
+		split = pthread_create(&id, NULL, find_half_thread, &h) == 0;
+	}
+	cb_error_clear(); /* without a second handle or thread, one scan does it all */
+	if (!split) {
+		ret = cb_db_basecache_list_range(bc->db, NULL, NULL, find_shared_row, m);
+	} else {
+		struct find_merge lo = {.f = m->f, .n = half};
+
+		ret =
+		    cb_db_basecache_list_range(bc->db, NULL, m->f[half].path, find_shared_row, &lo);
+		pthread_join(id, NULL);
+		m->found += lo.found + h.m.found;
+		if (!ret && h.ret)
+			ret = cb_error_set(h.ret, "%s", h.msg);
+	}
+	cb_db_basecache_close(h.db);
+	return ret;
+}
+
 int ws_base_cache_find(struct cb_turns *t, struct ws_base_file *f, size_t n)
 {
 	struct find_merge m = {.f = f, .n = n};
@@ -251,7 +306,7 @@ int ws_base_cache_find(struct cb_turns *t, struct ws_base_file *f, size_t n)
 	if (!t->bc || !t->bc->db || (size_t)own == n)
 		return 0;
 	m.at = 0;
-	ret = cb_db_basecache_list(t->bc->db, find_shared_row, &m);
+	ret = find_shared(t->bc, &m);
 	/* What was read holds (intact rows whose key matched); as after a failed lookup, the
 	 * shared cache is dropped and the rest hashed. */
 	if (ret < 0)

@@ -26,6 +26,9 @@ void cb_basecache_key_of(const struct stat *st, struct cb_basecache_key *k);
  * this version (another program's database, a newer schema, garbage) is refused with
  * -EPROTO or -EUCLEAN and left untouched; the caller hashes without it. */
 int cb_db_basecache_open(const char *path, struct cb_db_basecache **out);
+/* A second handle on c's file, for another thread to read from while c's thread reads too
+ * (a handle serves one thread at a time); it never creates the file or its schema. */
+int cb_db_basecache_open_reader(const struct cb_db_basecache *c, struct cb_db_basecache **out);
 /* Roll back what was not committed, finalize and close; NULL is accepted. */
 void cb_db_basecache_close(struct cb_db_basecache *c);
 
@@ -48,6 +51,11 @@ struct cb_db_basecache_row {
  * each row's key with the file's stat: a row says what the file was, not what it is. */
 int cb_db_basecache_list(struct cb_db_basecache *c,
 			 int (*fn)(const struct cb_db_basecache_row *row, void *arg), void *arg);
+/* As cb_db_basecache_list, for the rows whose path is >= from and < until (strcmp's order;
+ * NULL: no bound on that side), so that two threads can share out one scan. */
+int cb_db_basecache_list_range(struct cb_db_basecache *c, const char *from, const char *until,
+			       int (*fn)(const struct cb_db_basecache_row *row, void *arg),
+			       void *arg);
 /* Remember path's hashes under key (replacing an older row), with the row's checksum. Puts
  * between begin and commit land together or not at all (a kill -9 leaves no half row). */
 int cb_db_basecache_put(struct cb_db_basecache *c, const char *path,

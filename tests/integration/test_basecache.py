@@ -350,6 +350,39 @@ class BaseCacheTest(CowboxTestCase):
         self.assertEqual(self.snapshot_map(b), real)
         self.assertEqual(self.snapshot_stats(b)[2], 0, self.daemon_log(b))
 
+    def test_large_shared_cache_read_in_two_halves_gives_the_exact_map(self):
+        # A first map over many files reads the shared cache on two threads, each from its
+        # own handle, split at the middle path of the walk: files changed on either side of
+        # that path and a damaged row in each half are hashed, every other row is taken.
+        n = 9000
+        base = self.make_tree(n, size_max=256)
+        a = self.new_ws(base)
+        self.assertEqual(self.wait_hashed(a)["state"], "done")
+        entries = []
+        for dirpath, dirs, files in os.walk(base):
+            for name in dirs + files:
+                entries.append(os.path.relpath(os.path.join(dirpath, name), base))
+        entries.sort(key=os.fsencode)  # strcmp's order, as the walk sorts
+        mid = len(entries) // 2
+        changed = [p for p in entries[mid - 3:mid + 3] if os.path.isfile(os.path.join(base, p))]
+        for p in changed:
+            with open(os.path.join(base, p), "ab") as f:
+                f.write(b"changed beside the split")
+        files = [p for p in entries if os.path.isfile(os.path.join(base, p))]
+        damaged = [files[len(files) // 8], files[len(files) * 7 // 8]]
+        (path,) = self.cache_files()
+        db = sqlite3.connect(path)
+        for p in damaged:
+            db.execute("UPDATE base_hash SET sha256 = zeroblob(32) WHERE path = ?", (p,))
+        db.commit()
+        db.close()
+        real = base_map(base)
+        b = self.new_ws_at_once(base)
+        self.assertEqual(self.snapshot_map(b), real)
+        own, shared, hashed = self.snapshot_stats(b)
+        self.assertEqual((own + shared + hashed, hashed), (n, len(changed) + 2),
+                         self.daemon_log(b))
+
     def test_damaged_shared_cache_falls_back_to_hashing(self):
         base = self.make_tree(150)
         real = base_map(base)

@@ -16,7 +16,9 @@ from .errors import (AccessDeniedError, InvalidRequestError, WorkspaceError, Wor
                      WorkspaceUnavailableError, error_from_reply)
 
 CHUNK = 1 << 20  # bytes per read/write request; large files take several
-FRAME_BYTES = 16 << 20  # a whole map frame's budget asked of the daemon (under LINE_LIMIT)
+# A whole map frame's budget asked of the daemon (under LINE_LIMIT): ~12k files a frame, so
+# that the client turns one frame into a dict while the daemon writes the next.
+FRAME_BYTES = 1 << 20
 _REF = re.compile(r"^cb-[0-9a-f]{32}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 log = logging.getLogger("cowbox")
@@ -674,9 +676,9 @@ class Sandbox:
         async with self._snapshot_lock:
             # Streamed: the daemon sends the changes (or the whole map) in frames of a few
             # thousand rows, applied as they come, and never builds one reply of them all.
-            # A whole map comes in frames of up to FRAME_BYTES (one for ~150k files): the
-            # first frame's dict is kept as the map (no copy into another); a daemon that
-            # ignores frame_bytes sends 2048 rows a frame. In columns (map_form) a frame's
+            # A whole map comes in frames of up to FRAME_BYTES: the first frame's dict is
+            # kept as the map and the others merged into it as they come (a daemon that
+            # ignores frame_bytes sends 2048 rows a frame). In columns (map_form) a frame's
             # paths come as one string joined by "//" (which no path holds) and its hashes
             # as another: split and zipped into a dict in C, faster than the JSON reader
             # builds one; a daemon that ignores map_form sends a "files" object.

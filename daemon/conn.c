@@ -71,25 +71,36 @@ void cb_daemon_conn_unref(struct cb_daemon_conn *conn)
 	free(conn);
 }
 
-int cb_daemon_send_text(struct cb_daemon_conn *conn, const char *text, size_t len)
+int cb_daemon_send_parts(struct cb_daemon_conn *conn, const struct iovec *part, int n)
 {
-	size_t off = 0;
 	int rc = 0;
 
 	pthread_mutex_lock(&conn->write_lock);
-	while (off < len) {
-		ssize_t n = send(conn->fd, text + off, len - off, MSG_NOSIGNAL);
+	for (int i = 0; i < n && !rc; i++) {
+		const char *p = part[i].iov_base;
+		size_t off = 0;
 
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			rc = cb_error_set(EPIPE, "control client went away");
-			break;
+		while (off < part[i].iov_len) {
+			ssize_t k = send(conn->fd, p + off, part[i].iov_len - off, MSG_NOSIGNAL);
+
+			if (k < 0 && errno == EINTR)
+				continue;
+			if (k <= 0) {
+				rc = cb_error_set(EPIPE, "control client went away");
+				break;
+			}
+			off += (size_t)k;
 		}
-		off += (size_t)n;
 	}
 	pthread_mutex_unlock(&conn->write_lock);
 	return rc;
+}
+
+int cb_daemon_send_text(struct cb_daemon_conn *conn, const char *text, size_t len)
+{
+	struct iovec part = {(void *)text, len};
+
+	return cb_daemon_send_parts(conn, &part, 1);
 }
 
 /* Serializes the object, appends the newline and writes it in one locked stretch. */

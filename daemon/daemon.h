@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include "cowbox/daemon.h"
 #include "errcode.h"
@@ -166,6 +167,9 @@ int cb_daemon_send_frame(struct cb_daemon_conn *conn, json_t *id, json_t *frame)
 /* Send text as it is: one or more whole protocol lines (each a JSON object ending in a
  * newline) that the caller wrote itself, in one locked stretch. */
 int cb_daemon_send_text(struct cb_daemon_conn *conn, const char *text, size_t len);
+/* Send the n parts one after the other in one locked stretch (a frame's line and the bytes
+ * it announces: no other frame can come between them). */
+int cb_daemon_send_parts(struct cb_daemon_conn *conn, const struct iovec *part, int n);
 
 /* The protocol error code for an errno: cb_daemon_error_code (errcode.h). */
 

@@ -123,6 +123,10 @@ struct files_out {
 	 * "//", which no path holds; "sha256", joined by spaces), which a client splits into a
 	 * dict faster than its JSON reader builds one; the hashes gather here meanwhile. */
 	int columns;
+	/* map_form "raw": the same two columns as bytes after the frame's line (the paths as
+	 * they are, joined by NUL; the hashes joined by spaces), which a client takes without
+	 * its JSON reader scanning 8 MB of text; the paths gather in text. */
+	int raw;
 	char *hashes;
 	size_t hlen, hcap;
 };
@@ -202,6 +206,24 @@ static int text_chars(struct files_out *o, const char *s)
 	return 0;
 }
 
+/* s as raw bytes: whole UTF-8 sequences only, as text_chars asks (the client decodes them as
+ * UTF-8); no escape is needed, a path holds no NUL. */
+static int raw_chars(struct files_out *o, const char *s)
+{
+	const unsigned char *p = (const unsigned char *)s;
+	size_t n = strlen(s), k;
+	int ret = text_grow(o, n);
+
+	if (ret)
+		return ret;
+	for (; *p; p += k)
+		if (!(k = *p < 0x80 ? 1 : utf8_seq(p)))
+			return cb_error_set(EILSEQ, "snapshot: %s: the name is not UTF-8", s);
+	memcpy(o->text + o->len, s, n);
+	o->len += n;
+	return 0;
+}
+
 /* s as a JSON string. */
 static int text_string(struct files_out *o, const char *s)
 {
@@ -216,11 +238,33 @@ static int text_string(struct files_out *o, const char *s)
 	return 0;
 }
 
+/* A raw frame: its line, announcing the bytes of the paths and of the hashes, then both. */
+static int files_flush_raw(struct files_out *o)
+{
+	struct iovec part[3];
+	char *line = NULL;
+	int n, ret;
+
+	if (!o->len)
+		return 0;
+	if ((n = asprintf(&line, "%s\"raw\":[%zu,%zu]}\n", o->head, o->len, o->hlen)) < 0)
+		return cb_error_set(ENOMEM, "snapshot: out of memory");
+	part[0] = (struct iovec){line, (size_t)n};
+	part[1] = (struct iovec){o->text, o->len};
+	part[2] = (struct iovec){o->hashes, o->hlen};
+	ret = cb_daemon_send_parts(o->conn, part, 3);
+	free(line);
+	o->len = o->hlen = 0;
+	return ret;
+}
+
 static int files_flush(struct files_out *o)
 {
 	json_t *frame;
 	int ret;
 
+	if (o->head && o->raw)
+		return files_flush_raw(o);
 	if (o->head && o->columns) {
 		static const char mid[] = "\",\"sha256\":\"";
 
@@ -314,7 +358,16 @@ static int files_column_add(struct files_out *o, const struct cb_entry *e)
 			      "snapshot");
 	if (!ret && o->len)
 		o->hashes[o->hlen++] = ' ';
-	if (ret || (ret = frame_row(o, "//")) || (ret = text_chars(o, e->path)))
+	if (ret)
+		return ret;
+	if (o->raw) {
+		if (o->len && !(ret = text_grow(o, 1)))
+			o->text[o->len++] = '\0';
+		ret = ret ? ret : raw_chars(o, e->path);
+	} else if (!(ret = frame_row(o, "//"))) {
+		ret = text_chars(o, e->path);
+	}
+	if (ret)
 		return ret;
 	cb_hex(e->sha256, CB_SHA256_LEN, o->hashes + o->hlen);
 	o->hlen += 2 * CB_SHA256_LEN;
@@ -390,8 +443,10 @@ static int snapshot_files(struct cb_daemon *d, struct cb_daemon_conn *conn, json
 		if (fb > 0)
 			o.frame_bytes =
 			    fb < (json_int_t)FRAME_BYTES_MAX ? (size_t)fb : FRAME_BYTES_MAX;
-		o.columns =
-		    !strcmp(json_string_value(json_object_get(req, "map_form")) ?: "", "columns");
+		const char *form = json_string_value(json_object_get(req, "map_form")) ?: "";
+
+		o.raw = !strcmp(form, "raw");
+		o.columns = o.raw || !strcmp(form, "columns");
 	}
 	if (json_is_integer(jsince) && client_id && !strcmp(client_id, id_hex)) {
 		o.files = json_object();
@@ -424,8 +479,11 @@ static int snapshot_files(struct cb_daemon *d, struct cb_daemon_conn *conn, json
 	if (o.conn) {
 		char *id = json_dumps(o.id, JSON_ENCODE_ANY | JSON_COMPACT | JSON_ENSURE_ASCII);
 
-		if (!id || asprintf(&o.head, "{\"id\":%s,\"stream\":\"files\",\"turn\":%lld,%s", id,
-				    turn, o.columns ? "\"paths\":\"" : "\"files\":{") < 0)
+		if (!id ||
+		    asprintf(&o.head, "{\"id\":%s,\"stream\":\"files\",\"turn\":%lld,%s", id, turn,
+			     o.raw	 ? ""
+			     : o.columns ? "\"paths\":\""
+					 : "\"files\":{") < 0)
 			o.head = NULL;
 		free(id);
 	} else {

@@ -180,6 +180,16 @@ class Client:
         line, self.buf = self.buf.split(b"\n", 1)
         return json.loads(line)
 
+    def recv_bytes(self, n):
+        """The n bytes after the last line (a frame that announces them)."""
+        while len(self.buf) < n:
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                raise ConnectionError("daemon closed the connection")
+            self.buf += chunk
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
     def request(self, op, **args):
         """Send {"id":N,"op":op,...} and return the final reply (stream frames skipped)."""
         self.next_id += 1

@@ -139,9 +139,10 @@ class TurnsTest(CowboxTestCase):
 
     def test_snapshot_map_in_columns(self):
         # map_form "columns": each frame's paths as one string joined by "//" and its hashes
-        # as another; names the JSON writer escapes, UTF-8, a trailing backslash and deep
-        # paths come back exact, over several frames, and the Python client's snapshot()
-        # (which asks for columns) returns the same dict.
+        # as another, and "raw": both as bytes after the frame's line; names the JSON writer
+        # escapes, UTF-8, a trailing backslash and deep paths come back exact, over several
+        # frames, and the Python client's snapshot() (which asks for raw) returns the same
+        # dict.
         names = ['quo"te\ttab\x01ctl \u00e9\u6f22\U0001f600', "back\\", "new\nline",
                  "sp ace ", "a/b/c/d/e", "a/b/c/x y", "slash-end\\/in"]
         for i, n in enumerate(names):
@@ -166,6 +167,35 @@ class TurnsTest(CowboxTestCase):
             elif "stream" not in msg:
                 break
         self.assertTrue(msg["ok"] and msg["full"], msg)
+        self.assertGreaterEqual(frames, 3)
+        self.assertEqual(got, want)
+        # map_form "raw": the same columns as bytes after each frame's line (the paths as
+        # they are, joined by NUL), the line announcing both lengths; a request on the same
+        # connection meanwhile gets its own reply, never bytes of a frame
+        c.next_id += 1
+        c.send({"id": c.next_id, "op": "snapshot", "files": True, "stream": True,
+                "frame_bytes": 4096, "map_form": "raw"})
+        c.send({"id": c.next_id + 100, "op": "ping"})
+        got, frames, other, final = {}, 0, [], None
+        while final is None or not other:
+            msg = c.recv()
+            if msg.get("stream") == "files":
+                self.assertEqual(msg["id"], c.next_id)
+                self.assertEqual(set(msg) & {"files", "paths", "sha256"}, set())
+                npaths, nhashes = msg["raw"]
+                data = c.recv_bytes(npaths + nhashes)
+                paths = data[:npaths].decode().split("\0")
+                hashes = data[npaths:].decode("ascii").split(" ")
+                self.assertEqual(len(paths), len(hashes))
+                self.assertTrue(all(len(h) == 64 for h in hashes), hashes)
+                got.update(zip(paths, hashes))
+                frames += 1
+            elif msg.get("id") == c.next_id + 100:
+                other.append(msg)
+            elif "stream" not in msg:
+                final = msg
+        self.assertTrue(final["ok"] and final["full"], final)
+        self.assertTrue(other[0]["ok"], other)
         self.assertGreaterEqual(frames, 3)
         self.assertEqual(got, want)
 

@@ -84,6 +84,11 @@ class Connection:
                 if not line:
                     break
                 msg = json.loads(line)
+                raw = msg.get("raw")
+                if isinstance(raw, list):
+                    # A frame whose line announces bytes after it (a whole map's "raw"
+                    # columns): read them here, before the next line.
+                    msg["raw"] = (await self.reader.readexactly(sum(raw)), raw)
                 handler = self._handlers.get(msg.get("id"))
                 if handler:
                     handler(msg)

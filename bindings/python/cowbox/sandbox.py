@@ -681,12 +681,15 @@ class Sandbox:
             # ignores frame_bytes sends 2048 rows a frame). In columns (map_form) a frame's
             # paths come as one string joined by "//" (which no path holds) and its hashes
             # as another: split and zipped into a dict in C, faster than the JSON reader
-            # builds one; a daemon that ignores map_form sends a "files" object.
+            # builds one; a daemon that ignores map_form sends a "files" object. In "raw"
+            # the two columns come as bytes after the frame's line (no JSON text to scan);
+            # a daemon that does not know "raw" sends a "files" object.
             args = {"files": True, "stream": True, "frame_bytes": FRAME_BYTES,
-                    "map_form": "columns"}
+                    "map_form": "raw"}
             held = self._map
             self._map = None  # being changed: unusable if this raises half-way
             whole = []
+            columns = ([], [])  # raw frames' paths and hashes, zipped into one dict at the end
             if held is not None:
                 args.update(since=held[0], map_id=held[1])
 
@@ -704,12 +707,18 @@ class Sandbox:
             def frame(msg):
                 if msg.get("stream") == "changes" and held is not None:
                     apply(held[2], msg)
+                elif msg.get("stream") == "files" and "raw" in msg:
+                    data, (npaths, _) = msg["raw"]
+                    columns[0].extend(data[:npaths].decode().split("\0"))
+                    columns[1].extend(data[npaths:].decode("ascii").split(" "))
                 elif msg.get("stream") == "files" and "paths" in msg:
                     take(dict(zip(msg["paths"].split("//"), msg["sha256"].split(" "))))
                 elif msg.get("stream") == "files":
                     take(msg.get("files", {}))
 
             msg = await self._request("snapshot", on_frame=frame, **args)
+            if columns[0]:
+                take(dict(zip(*columns)))
             self.last_turn = msg.get("turn")
             if held is not None and msg.get("full") is False:
                 files = held[2]

@@ -104,16 +104,16 @@ void cb_daemon_base_stats_log(struct cb_turns *t, const char *what)
 }
 
 /* A turns handle on the workspace's base, the home's shared cache attached. */
-static int bh_turns_open(struct cb_daemon *d, struct cb_turns **t)
+int cb_daemon_turns_open(struct cb_daemon *d, const char *root, int shared, struct cb_turns **t)
 {
 	char blobs[4096];
 	struct cb_turns_config cfg = {
-	    .db_path = d->db_path, .blob_dir = blobs, .base_dir = d->base};
+	    .db_path = d->db_path, .blob_dir = blobs, .base_dir = d->base, .root = root};
 	int ret;
 
 	snprintf(blobs, sizeof(blobs), "%s/blobs", d->dir);
 	ret = cb_turns_open(&cfg, t);
-	if (!ret)
+	if (!ret && shared)
 		cb_daemon_basecache_attach(d->dir, *t, d->base);
 	return ret;
 }
@@ -135,7 +135,7 @@ int cb_daemon_base_scan_ahead(struct cb_daemon *d)
 	/* In place the base is the live folder: no map is ever built from a walk of it. */
 	if (events < 0 || !d->base || d->in_place)
 		return 0;
-	ret = bh_turns_open(d, &t);
+	ret = cb_daemon_turns_open(d, NULL, 1, &t);
 	if (!ret)
 		ret = cb_ws_base_scan_ahead(t, cb_daemon_basewatch_dir, d, &s);
 	cb_turns_close(t);
@@ -194,7 +194,7 @@ static void *bh_thread(void *arg)
 	pthread_mutex_lock(&d->turn_lock);
 	bh->events = cb_daemon_basewatch_events(d);
 	pthread_mutex_unlock(&d->turn_lock);
-	ret = bh_turns_open(d, &t);
+	ret = cb_daemon_turns_open(d, NULL, 1, &t);
 	if (!ret)
 		ret = cb_ws_base_prehash(t, &bh->p);
 	bh->seconds = mono_seconds() - bh->started;

@@ -417,9 +417,6 @@ static int daemon_base_changed(void *arg, const char *path)
 
 int cb_daemon_base_watch(struct cb_daemon *d, const char *when)
 {
-	char blobs[4096];
-	struct cb_turns_config cfg = {
-	    .db_path = d->db_path, .blob_dir = blobs, .base_dir = d->base, .root = d->upper};
 	struct cb_ws_base_stats st = {0};
 	struct base_seen seen = {.d = d};
 	struct cb_turns *t = NULL;
@@ -429,12 +426,9 @@ int cb_daemon_base_watch(struct cb_daemon *d, const char *when)
 	/* Events reset before the walk: what moves during it is looked at next time. */
 	if (!d->base || (!cb_daemon_basewatch_take(d) && strcmp(when, "start")))
 		return 0;
-	snprintf(blobs, sizeof(blobs), "%s/blobs", d->dir);
 	clock_gettime(CLOCK_MONOTONIC, &a);
-	ret = cb_turns_open(&cfg, &t);
 	/* the first map copies no shared row into meta.db's cache: the check looks there too */
-	if (!ret)
-		cb_daemon_basecache_attach(d->dir, t, d->base);
+	ret = cb_daemon_turns_open(d, d->upper, 1, &t);
 	if (!ret)
 		ret = cb_ws_base_check(t, daemon_base_changed, &seen, &st);
 	cb_turns_close(t);

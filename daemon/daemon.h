@@ -243,6 +243,10 @@ void cb_daemon_basehash_info(struct cb_daemon *d, json_t *r);
 /* Let t use the shared base cache of the home the workspace directory ws_dir is in; a cache
  * that cannot be used is logged (the base is then hashed without it). */
 int cb_daemon_basecache_attach(const char *ws_dir, struct cb_turns *t, const char *base);
+/* Open the workspace's turn store (meta.db, its blobs, over its base). root: the tree its
+ * snapshots read (NULL: none, for what reads recorded rows only); shared: with the shared
+ * base cache attached. */
+int cb_daemon_turns_open(struct cb_daemon *d, const char *root, int shared, struct cb_turns **t);
 /* Log what t's base hashing did (cache hits, files hashed, damage of the shared cache). */
 void cb_daemon_base_stats_log(struct cb_turns *t, const char *what);
 

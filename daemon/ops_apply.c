@@ -64,16 +64,6 @@ static int apply_target(struct cb_daemon *d, json_t *to, char **out)
 	return rc;
 }
 
-static int turns_open_ro(struct cb_daemon *d, struct cb_turns **t)
-{
-	char blobs[4096];
-	struct cb_turns_config cfg = {
-	    .db_path = d->db_path, .blob_dir = blobs, .base_dir = d->base};
-
-	snprintf(blobs, sizeof(blobs), "%s/blobs", d->dir);
-	return cb_turns_open(&cfg, t);
-}
-
 /* {"turn": N} applies turn N's changes (N-1 to N); without it, a snapshot is recorded first
  * and everything from the base (turn 0) to it is applied. "to": the folder (default: the
  * base). A conflict is the error code "conflict" with "conflicts": ["PATH: why", ...]. */
@@ -107,7 +97,7 @@ static int op_apply(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *re
 		goto out;
 	}
 	pthread_mutex_lock(&d->turn_lock);
-	rc = turns_open_ro(d, &t);
+	rc = cb_daemon_turns_open(d, NULL, 0, &t);
 	if (!rc && (rc = cb_ws_turn_check(t, b)) == 0)
 		rc = cb_ws_turn_check(t, a);
 	if (!rc)

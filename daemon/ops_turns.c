@@ -35,19 +35,6 @@ static int turns_sync(struct cb_daemon *d)
 
 /* The turns of the workspace without its live tree: what prune, fork and turns read (the
  * base, the blobs and meta.db) needs no I/O through the mount. */
-static int turns_open(struct cb_daemon *d, struct cb_turns **t)
-{
-	char blobs[4096];
-	struct cb_turns_config cfg = {
-	    .db_path = d->db_path,
-	    .blob_dir = blobs,
-	    .base_dir = d->base,
-	};
-
-	snprintf(blobs, sizeof(blobs), "%s/blobs", d->dir);
-	return cb_turns_open(&cfg, t);
-}
-
 static double elapsed(const struct timespec *a, const struct timespec *b)
 {
 	return (double)(b->tv_sec - a->tv_sec) + (double)(b->tv_nsec - a->tv_nsec) / 1e9;
@@ -64,7 +51,7 @@ static int turns_snapshot(struct cb_daemon *d, json_t *req, struct cb_daemon_con
 	long long turn;
 	int ret;
 
-	ret = turns_open(d, &t);
+	ret = cb_daemon_turns_open(d, NULL, 0, &t);
 	if (!ret)
 		latest = cb_db_turns_latest(cb_turns_db(t));
 	cb_turns_close(t);
@@ -424,7 +411,7 @@ static int snapshot_files(struct cb_daemon *d, struct cb_daemon_conn *conn, json
 	struct cb_turns *t = NULL;
 	char id_hex[17];
 	long long id;
-	int ret = turns_open(d, &t);
+	int ret = cb_daemon_turns_open(d, NULL, 0, &t);
 
 	if (!ret)
 		ret = cb_db_turns_map_id(cb_turns_db(t), &id);
@@ -616,7 +603,7 @@ static int op_diff(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 		/* Between recorded turns a diff reads committed rows on its own connection (WAL:
 		 * a consistent view) and never the mount, so it runs here, beside a long
 		 * snapshot, without the turn lock or the worker. */
-		ret = turns_open(d, &t);
+		ret = cb_daemon_turns_open(d, NULL, 0, &t);
 		if (!ret)
 			ret = cb_ws_diff(t, a, b, NULL, 0, &diff);
 		if (!ret)
@@ -718,7 +705,7 @@ static int op_prune(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *re
 	if (!json_is_integer(jk))
 		return cb_error_set(EINVAL, "prune: \"keep\" must be a number of turns");
 	pthread_mutex_lock(&d->turn_lock);
-	ret = turns_open(d, &t);
+	ret = cb_daemon_turns_open(d, NULL, 0, &t);
 	if (!ret)
 		ret = cb_ws_prune(t, json_integer_value(jk), &dropped, &freed);
 	cb_turns_close(t);
@@ -759,7 +746,7 @@ static int op_fork(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 	if (!json_is_integer(jt))
 		return cb_error_set(EINVAL, "fork: \"turn\" must be a turn number");
 	pthread_mutex_lock(&d->turn_lock);
-	ret = turns_open(d, &t);
+	ret = cb_daemon_turns_open(d, NULL, 0, &t);
 	/* The fork compares the whole base with turn 0's: by the keys of both caches (the
 	 * first map leaves the shared cache's rows there), not by rehashing what only it holds. */
 	if (!ret)
@@ -817,7 +804,7 @@ static int op_turns(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *re
 
 	/* No turn lock: the list is read from committed rows on this op's own connection, so
 	 * a long snapshot does not hold it up. */
-	ret = turns_open(d, &t);
+	ret = cb_daemon_turns_open(d, NULL, 0, &t);
 	if (!ret)
 		ret = cb_db_turns_list(cb_turns_db(t), turn_row, arr);
 	cb_turns_close(t);

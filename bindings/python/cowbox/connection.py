@@ -92,7 +92,8 @@ class Connection:
                 handler = self._handlers.get(msg.get("id"))
                 if handler:
                     handler(msg)
-        except (ConnectionError, ValueError, asyncio.LimitOverrunError):
+        except (ConnectionError, ValueError, asyncio.LimitOverrunError,
+                asyncio.IncompleteReadError):
             pass
         finally:
             self.closed = True

@@ -25,7 +25,8 @@ daemon_test_conn_SOURCES = daemon/test_conn.c daemon/conn.c daemon/errcode.c
 daemon_test_conn_CFLAGS = $(CRITERION_TEST_CFLAGS)
 daemon_test_conn_LDADD = util/libcb_util.la $(JANSSON_LIBS) $(CRITERION_TEST_LIBS)
 # turns: snapshot, diff, rollback, prune, fork ops
-daemon_libcb_daemon_la_SOURCES += daemon/ops_turns.c daemon/ops_fsck.c daemon/ops_net.c \
+daemon_libcb_daemon_la_SOURCES += daemon/ops_turns.c daemon/map_frames.h daemon/map_frames.c \
+	daemon/ops_fsck.c daemon/ops_net.c \
 	daemon/netlog_queue.c
 # api: exec/run/stdin/kill, read/write/which/host_url, configure/destroy
 daemon_libcb_daemon_la_SOURCES += daemon/api.h daemon/api_util.c daemon/ops_api.c \

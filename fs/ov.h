@@ -118,6 +118,7 @@ struct cb_overlay {
 	_Atomic int space_low;
 	int upper_fd; /* O_PATH|O_DIRECTORY roots of the layers; base_fd -1 if none */
 	int base_fd;
+	dev_t base_dev; /* the base root's device: a base listing's entries are (base_dev, d_ino) */
 	struct ov_inode *root;
 	struct ov_table tab;
 	mode_t umask; /* the process umask, so created files get their exact mode */

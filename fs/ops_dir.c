@@ -22,7 +22,8 @@ static int ov_prepare_new(struct cb_overlay *ov, struct ov_inode *parent, const 
 
 	if (r < 0)
 		return r;
-	return ov_path(&ov->tab, parent, name, path);
+	r = ov_path(&ov->tab, parent, name, path);
+	return r < 0 ? r : 0;
 }
 
 /* Removes the whiteout at path in upper, if one is there: 1 if one was, 0 if not, or -errno.

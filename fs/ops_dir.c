@@ -189,7 +189,7 @@ void ov_op_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mode_
 	struct ov_file *f = NULL;
 	struct stat st;
 	char *path = NULL;
-	int r, fd = -1;
+	int r, fd = -1, made;
 
 	cb_rwlock_read(&ov->tab.ns);
 	r = ov_prepare_new(ov, parent, name, &path);
@@ -201,6 +201,7 @@ void ov_op_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mode_
 		goto out;
 	fd = ov_openat(ov->upper_fd, path, ov_open_flags(fi->flags) | O_CREAT | O_EXCL,
 		       mode & 07777);
+	made = fd >= 0;
 	/* something there (ov_clear_whiteout): a whiteout goes, anything else is opened as
 	 * open(O_CREAT) would */
 	if (fd < 0 && errno == EEXIST && (r = ov_clear_whiteout(ov, path)) >= 0)
@@ -217,6 +218,10 @@ void ov_op_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mode_
 	if (r < 0)
 		goto out;
 	ov_new_inode_clean(ov, e.ino);
+	/* a file this call made has no file capabilities, which the kernel asks about (GETXATTR
+	 * security.capability) at its first write and again after tar's chown */
+	if (made)
+		atomic_store(&ov_inode_get(ov, e.ino)->no_caps, 1);
 	f = calloc(1, sizeof(*f));
 	if (!f) {
 		ov_forget_one(ov, ov_inode_get(ov, e.ino), 1);

@@ -278,13 +278,16 @@ static pthread_mutex_t *ov_listing_lock(struct cb_overlay *ov, const struct ov_i
 }
 
 /* Whether the kernel already holds the inode dir/de->name is (a LOOKUP answered it and no FORGET
- * took it back): then READDIRPLUS need not look the entry up again. Caller holds ns read. */
+ * took it back): then READDIRPLUS need not look the entry up again. Not for directories: the
+ * kernel can hold one's inode without its dentry (after an untar, rm -rf then sent a LOOKUP
+ * for every directory a bare entry left unlinked), and a full entry puts the dentry back as
+ * before; they are few beside the files. Caller holds ns read. */
 static int ov_entry_known(struct cb_overlay *ov, struct ov_inode *dir, const struct ov_dirent *de)
 {
 	struct ov_inode *in;
 	int known;
 
-	if (!de->rino)
+	if (!de->rino || de->type == DT_DIR || de->type == DT_UNKNOWN)
 		return 0;
 	cb_mutex_lock(&ov->tab.lock);
 	in =

@@ -225,6 +225,7 @@ static int ov_setup(const struct cb_overlay_config *cfg, struct cb_overlay *ov)
 		if (bst.st_dev == ust.st_dev && bst.st_ino == ust.st_ino)
 			return cb_error_set(EINVAL, "base and upper are the same directory %s",
 					    cfg->upper_dir);
+		ov->base_dev = bst.st_dev;
 	}
 	r = ov_check_mountpoint(cfg->mountpoint);
 	if (r < 0)

@@ -13,56 +13,65 @@
 #include "cowbox/error.h"
 #include "ov.h"
 
-/* Gets parent/name ready for a new upper entry: the parent is copied up and a whiteout
- * in the way is removed (*had_whiteout says so); *path is its path (malloc'd, also on an
- * error after it was made: the caller frees it). Caller holds ns. */
+/* Gets parent ready for a new upper entry parent/name (it is copied up); *path is the entry's
+ * path (malloc'd, also on an error after it was made: the caller frees it). Caller holds ns. */
 static int ov_prepare_new(struct cb_overlay *ov, struct ov_inode *parent, const char *name,
-			  char **path, int *had_whiteout)
+			  char **path)
 {
-	struct stat st;
 	int r = ov_ensure_upper_dir(ov, parent);
 
-	*had_whiteout = 0;
 	if (r < 0)
 		return r;
 	r = ov_path(&ov->tab, parent, name, path);
-	if (r < 0)
-		return r;
-	if (ov_lstat(ov->upper_fd, *path, &st) == 0 && ov_is_whiteout(&st)) {
-		if (ov_unlinkat(ov->upper_fd, *path, 0) < 0)
-			return -errno;
-		*had_whiteout = 1;
-	}
-	return 0;
+	return r < 0 ? r : 0;
 }
 
-/* Gives a new upper entry the caller's owner and the exact mode it asked for. */
+/* Removes the whiteout at path in upper, if one is there: 1 if one was, 0 if not, or -errno.
+ * A creation asks only after its call failed with EEXIST: the kernel creates only names the
+ * mount does not show, so a whiteout is the one thing upper can have there, and most new
+ * names are in no layer (untar: a stat per entry saved). */
+static int ov_clear_whiteout(struct cb_overlay *ov, const char *path)
+{
+	struct stat st;
+
+	if (ov_lstat(ov->upper_fd, path, &st) < 0 || !ov_is_whiteout(&st))
+		return 0;
+	return ov_unlinkat(ov->upper_fd, path, 0) < 0 ? -errno : 1;
+}
+
+/* Gives a new upper entry the caller's owner and the exact mode it asked for; *st is its stat
+ * afterwards (from fd when there is one: no second walk of the path). */
 static int ov_finish_new(struct cb_overlay *ov, fuse_req_t req, const char *path, mode_t mode,
-			 int fd)
+			 int fd, struct stat *st)
 {
 	const struct fuse_ctx *ctx = fuse_req_ctx(req);
 	uid_t uid = ov_uid_disk(ov, ctx->uid);
 	gid_t gid = ov_gid_disk(ov, ctx->gid), set_gid = gid;
-	struct stat st;
-	int r = ov_lstat(ov->upper_fd, path, &st);
+	int changed = 0,
+	    r = fd >= 0 ? (fstat(fd, st) < 0 ? -errno : 0) : ov_lstat(ov->upper_fd, path, st);
 
 	if (r < 0)
 		return r;
-	if (st.st_gid != getegid()) {
-		gid = st.st_gid; /* inherited from a setgid directory */
+	if (st->st_gid != getegid()) {
+		gid = st->st_gid; /* inherited from a setgid directory */
 		set_gid = (gid_t)-1;
 	}
-	if ((uid != st.st_uid || (set_gid != (gid_t)-1 && set_gid != st.st_gid)) &&
-	    ov_fchownat(ov->upper_fd, path, uid, set_gid, AT_SYMLINK_NOFOLLOW) < 0)
-		return -errno;
+	if (uid != st->st_uid || (set_gid != (gid_t)-1 && set_gid != st->st_gid)) {
+		if (ov_fchownat(ov->upper_fd, path, uid, set_gid, AT_SYMLINK_NOFOLLOW) < 0)
+			return -errno;
+		changed = 1;
+	}
 	mode_t want = ov_mode_allowed(ov, mode, uid, gid);
 	/* chown dropped any set-id bits the creation kept; the umask may have cut others */
 	if (!S_ISLNK(mode) && ((mode & ov->umask & 07777) || (want & 06000) || want != mode)) {
 		if (fd >= 0 ? fchmod(fd, want & 07777)
 			    : ov_fchmodat(ov->upper_fd, path, want & 07777, 0))
 			return -errno;
+		changed = 1;
 	}
-	return 0;
+	if (!changed)
+		return 0;
+	return fd >= 0 ? (fstat(fd, st) < 0 ? -errno : 0) : ov_lstat(ov->upper_fd, path, st);
 }
 
 /* Journals a new entry and makes its inode clean for the rest of the turn. */
@@ -75,14 +84,29 @@ static void ov_new_inode_clean(struct cb_overlay *ov, fuse_ino_t ino)
 	atomic_store(&in->meta_gen, g);
 }
 
+static int ov_make_at(struct cb_overlay *ov, const char *path, mode_t mode, dev_t rdev,
+		      const char *link_target)
+{
+	int r;
+
+	if (link_target)
+		r = ov_symlinkat(link_target, ov->upper_fd, path);
+	else if (S_ISDIR(mode))
+		r = ov_mkdirat(ov->upper_fd, path, mode & 07777);
+	else
+		r = ov_mknodat(ov->upper_fd, path, mode, rdev);
+	return r < 0 ? -errno : 0;
+}
+
 static void ov_make_node(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mode_t mode,
 			 dev_t rdev, const char *link_target)
 {
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *parent = ov_inode_get(ov, parent_ino);
 	struct fuse_entry_param e;
+	struct stat st;
 	char *path = NULL;
-	int r, had_whiteout;
+	int r, had_whiteout = 0;
 
 	/* A 0/0 character device is what a whiteout is on disk: made in upper it would hide its
 	 * own name (and what base has there) for good. Kernel overlayfs refuses it the same way,
@@ -92,31 +116,27 @@ static void ov_make_node(fuse_req_t req, fuse_ino_t parent_ino, const char *name
 		return;
 	}
 	cb_rwlock_read(&ov->tab.ns);
-	r = ov_prepare_new(ov, parent, name, &path, &had_whiteout);
+	r = ov_prepare_new(ov, parent, name, &path);
 	if (r == 0)
 		r = ov_quota_take(ov, (long long)ov_quota_cost(mode, 0), 1);
 	if (r == 0 && (r = ov_mark_child(ov, req, parent, name, CB_CHANGE_CREATE, 0)) < 0)
 		ov_quota_give(ov, (long long)ov_quota_cost(mode, 0), 1);
 	if (r < 0)
 		goto out;
-	if (link_target)
-		r = ov_symlinkat(link_target, ov->upper_fd, path);
-	else if (S_ISDIR(mode))
-		r = ov_mkdirat(ov->upper_fd, path, mode & 07777);
-	else
-		r = ov_mknodat(ov->upper_fd, path, mode, rdev);
+	r = ov_make_at(ov, path, mode, rdev, link_target);
+	if (r == -EEXIST && (had_whiteout = ov_clear_whiteout(ov, path)) != 0)
+		r = had_whiteout < 0 ? had_whiteout : ov_make_at(ov, path, mode, rdev, link_target);
 	if (r < 0) {
-		r = -errno;
 		ov_quota_give(ov, (long long)ov_quota_cost(mode, 0), 1);
 		goto out;
 	}
 	/* a directory made where a base entry was deleted must not show the base's contents */
-	if (S_ISDIR(mode) && had_whiteout)
+	if (S_ISDIR(mode) && had_whiteout > 0)
 		r = ov_set_opaque(ov->upper_fd, path);
 	if (r == 0)
-		r = ov_finish_new(ov, req, path, link_target ? S_IFLNK : mode, -1);
+		r = ov_finish_new(ov, req, path, link_target ? S_IFLNK : mode, -1, &st);
 	if (r == 0)
-		r = ov_lookup_child(ov, parent, name, &e);
+		r = ov_child_found(ov, parent, name, &st, OV_UPPER, 0, &e);
 	if (r == 0) {
 		ov_inode_get(ov, e.ino)->merged = 0;
 		ov_new_inode_clean(ov, e.ino);
@@ -167,29 +187,41 @@ void ov_op_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mode_
 	struct ov_inode *parent = ov_inode_get(ov, parent_ino);
 	struct fuse_entry_param e;
 	struct ov_file *f = NULL;
+	struct stat st;
 	char *path = NULL;
-	int r, had_whiteout, fd = -1;
+	int r, fd = -1, made;
 
 	cb_rwlock_read(&ov->tab.ns);
-	r = ov_prepare_new(ov, parent, name, &path, &had_whiteout);
+	r = ov_prepare_new(ov, parent, name, &path);
 	if (r == 0)
 		r = ov_quota_take(ov, 0, 1);
 	if (r == 0 && (r = ov_mark_child(ov, req, parent, name, CB_CHANGE_CREATE, 0)) < 0)
 		ov_quota_give(ov, 0, 1);
 	if (r < 0)
 		goto out;
-	fd = ov_openat(ov->upper_fd, path, ov_open_flags(fi->flags) | O_CREAT, mode & 07777);
+	fd = ov_openat(ov->upper_fd, path, ov_open_flags(fi->flags) | O_CREAT | O_EXCL,
+		       mode & 07777);
+	made = fd >= 0;
+	/* something there (ov_clear_whiteout): a whiteout goes, anything else is opened as
+	 * open(O_CREAT) would */
+	if (fd < 0 && errno == EEXIST && (r = ov_clear_whiteout(ov, path)) >= 0)
+		fd =
+		    ov_openat(ov->upper_fd, path, ov_open_flags(fi->flags) | O_CREAT, mode & 07777);
 	if (fd < 0) {
-		r = -errno;
+		r = r < 0 ? r : -errno;
 		ov_quota_give(ov, 0, 1);
 		goto out;
 	}
-	r = ov_finish_new(ov, req, path, mode, fd);
+	r = ov_finish_new(ov, req, path, mode, fd, &st);
 	if (r == 0)
-		r = ov_lookup_child(ov, parent, name, &e);
+		r = ov_child_found(ov, parent, name, &st, OV_UPPER, 0, &e);
 	if (r < 0)
 		goto out;
 	ov_new_inode_clean(ov, e.ino);
+	/* a file this call made has no file capabilities, which the kernel asks about (GETXATTR
+	 * security.capability) at its first write and again after tar's chown */
+	if (made)
+		atomic_store(&ov_inode_get(ov, e.ino)->no_caps, 1);
 	f = calloc(1, sizeof(*f));
 	if (!f) {
 		ov_forget_one(ov, ov_inode_get(ov, e.ino), 1);
@@ -228,12 +260,12 @@ void ov_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent_ino, const 
 	struct ov_inode *in = ov_inode_get(ov, ino), *parent = ov_inode_get(ov, newparent_ino);
 	struct fuse_entry_param e;
 	char *path = NULL, *oldpath = NULL;
-	int r, had_whiteout;
+	int r;
 
 	cb_rwlock_read(&ov->tab.ns);
 	r = ov_copy_up(ov, in, 1);
 	if (r == 0)
-		r = ov_prepare_new(ov, parent, newname, &path, &had_whiteout);
+		r = ov_prepare_new(ov, parent, newname, &path);
 	if (r == 0)
 		r = ov_path(&ov->tab, in, NULL, &oldpath);
 	if (r >= 0)
@@ -242,7 +274,13 @@ void ov_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent_ino, const 
 		goto out;
 	if (ov_linkat(ov->upper_fd, oldpath, ov->upper_fd, path, 0) < 0) {
 		r = -errno;
-		goto out;
+		if (r == -EEXIST && (r = ov_clear_whiteout(ov, path)) > 0)
+			r = ov_linkat(ov->upper_fd, oldpath, ov->upper_fd, path, 0) < 0 ? -errno
+											: 0;
+		else if (r == 0)
+			r = -EEXIST;
+		if (r < 0)
+			goto out;
 	}
 	r = ov_lookup_child(ov, parent, newname, &e);
 out:

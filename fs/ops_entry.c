@@ -61,29 +61,19 @@ static int ov_lookup_at(struct cb_overlay *ov, struct ov_inode *parent, const ch
 	return 0;
 }
 
-/* Finds parent/name in upper then base, and returns its inode with one more kernel
- * reference in e (e->ino 0 and -ENOENT when it does not exist). Caller holds ns read. */
-int ov_lookup_child(struct cb_overlay *ov, struct ov_inode *parent, const char *name,
-		    struct fuse_entry_param *e)
+/* See ov.h: parent/name, found in layer with stat st, as an entry with one more kernel
+ * reference. */
+int ov_child_found(struct cb_overlay *ov, struct ov_inode *parent, const char *name,
+		   struct stat *st, int layer, int merged, struct fuse_entry_param *e)
 {
-	char *path;
-	struct stat st;
 	struct ov_inode *in;
-	int r, layer = -1, merged = 0;
 
 	memset(e, 0, sizeof(*e));
 	e->attr_timeout = e->entry_timeout = OV_TIMEOUT;
-	r = ov_path(&ov->tab, parent, name, &path);
-	if (r < 0)
-		return r;
-	r = ov_lookup_at(ov, parent, path, &st, &layer, &merged);
-	free(path);
-	if (r < 0)
-		return r;
 	cb_mutex_lock(&ov->tab.lock);
-	in = ov_table_find(&ov->tab, st.st_dev, st.st_ino);
+	in = ov_table_find(&ov->tab, st->st_dev, st->st_ino);
 	if (!in) {
-		in = ov_inode_new(layer, &st);
+		in = ov_inode_new(layer, st);
 		if (!in || ov_inode_add_name(&ov->tab, in, parent, name) < 0) {
 			free(in);
 			cb_mutex_unlock(&ov->tab.lock);
@@ -100,11 +90,32 @@ int ov_lookup_child(struct cb_overlay *ov, struct ov_inode *parent, const char *
 	}
 	in->nlookup++;
 	cb_mutex_unlock(&ov->tab.lock);
-	st.st_ino = in->st_ino;
-	ov_ids_present(ov, &st);
-	e->attr = st;
+	st->st_ino = in->st_ino;
+	ov_ids_present(ov, st);
+	e->attr = *st;
 	e->ino = (fuse_ino_t)(uintptr_t)in;
 	return 0;
+}
+
+/* Finds parent/name in upper then base, and returns its inode with one more kernel
+ * reference in e (e->ino 0 and -ENOENT when it does not exist). Caller holds ns read. */
+int ov_lookup_child(struct cb_overlay *ov, struct ov_inode *parent, const char *name,
+		    struct fuse_entry_param *e)
+{
+	char *path;
+	struct stat st;
+	int r, layer = -1, merged = 0;
+
+	memset(e, 0, sizeof(*e));
+	e->attr_timeout = e->entry_timeout = OV_TIMEOUT;
+	r = ov_path(&ov->tab, parent, name, &path);
+	if (r < 0)
+		return r;
+	r = ov_lookup_at(ov, parent, path, &st, &layer, &merged);
+	free(path);
+	if (r < 0)
+		return r;
+	return ov_child_found(ov, parent, name, &st, layer, merged, e);
 }
 
 /* Drops n kernel references to in, freeing it when nothing refers to it any more. */

@@ -13,8 +13,10 @@
 
 struct ov_dirent {
 	char *name;
-	ino_t ino;
+	ino_t ino;  /* what the listing reports */
+	ino_t rino; /* the entry's inode number in its layer (0 for "." and "..") */
 	unsigned char type;
+	unsigned char layer; /* OV_UPPER or OV_BASE */
 };
 
 /* One pass's merged listing of a directory, hung on its inode (no OPENDIR gives us a handle
@@ -115,7 +117,8 @@ void ov_listing_free(struct ov_listing *l)
 	}
 }
 
-static int ov_dir_add(struct ov_listing *d, const char *name, ino_t ino, unsigned char type)
+static int ov_dir_add(struct ov_listing *d, const char *name, ino_t ino, unsigned char type,
+		      int layer, ino_t rino)
 {
 	if (d->count == d->cap) {
 		size_t cap = d->cap ? d->cap * 2 : 32;
@@ -129,7 +132,9 @@ static int ov_dir_add(struct ov_listing *d, const char *name, ino_t ino, unsigne
 	if (!d->ents[d->count].name)
 		return -ENOMEM;
 	d->ents[d->count].ino = ino;
+	d->ents[d->count].rino = rino;
 	d->ents[d->count].type = type;
+	d->ents[d->count].layer = (unsigned char)layer;
 	d->count++;
 	return 0;
 }
@@ -158,7 +163,7 @@ static int ov_dir_read_layer(struct cb_overlay *ov, struct ov_listing *d, int la
 			continue;
 		if (layer == OV_BASE) {
 			if (!ov_seen_has(d, de->d_name))
-				r = ov_dir_add(d, de->d_name, ino, de->d_type);
+				r = ov_dir_add(d, de->d_name, ino, de->d_type, OV_BASE, ino);
 			continue;
 		}
 		if (de->d_type == DT_CHR || de->d_type == DT_UNKNOWN) {
@@ -178,7 +183,7 @@ static int ov_dir_read_layer(struct cb_overlay *ov, struct ov_listing *d, int la
 				ino = in->st_ino;
 			cb_mutex_unlock(&ov->tab.lock);
 		}
-		r = ov_dir_add(d, de->d_name, ino, de->d_type);
+		r = ov_dir_add(d, de->d_name, ino, de->d_type, OV_UPPER, de->d_ino);
 		if (r == 0 && merged)
 			r = ov_seen_add(d, de->d_name);
 	}
@@ -202,9 +207,9 @@ static int ov_dir_load(struct cb_overlay *ov, struct ov_inode *in, struct ov_lis
 	if (r < 0)
 		goto out;
 	/* glibc hides entries whose inode number is 0 */
-	if ((r = ov_dir_add(d, ".", in->st_ino, DT_DIR)) < 0 ||
-	    (r = ov_dir_add(d, "..", in->names ? in->names->parent->st_ino : in->st_ino, DT_DIR)) <
-		0)
+	if ((r = ov_dir_add(d, ".", in->st_ino, DT_DIR, OV_UPPER, 0)) < 0 ||
+	    (r = ov_dir_add(d, "..", in->names ? in->names->parent->st_ino : in->st_ino, DT_DIR,
+			    OV_UPPER, 0)) < 0)
 		goto out;
 	if (atomic_load(&in->layer) == OV_UPPER)
 		r = ov_dir_read_layer(ov, d, OV_UPPER, path, in->merged);
@@ -272,6 +277,27 @@ static pthread_mutex_t *ov_listing_lock(struct cb_overlay *ov, const struct ov_i
 	return &ov->listing_locks[((uintptr_t)in >> 6) % OV_LISTING_LOCKS];
 }
 
+/* Whether the kernel already holds the inode dir/de->name is (a LOOKUP answered it and no FORGET
+ * took it back): then READDIRPLUS need not look the entry up again. Not for directories: the
+ * kernel can hold one's inode without its dentry (after an untar, rm -rf then sent a LOOKUP
+ * for every directory a bare entry left unlinked), and a full entry puts the dentry back as
+ * before; they are few beside the files. Caller holds ns read. */
+static int ov_entry_known(struct cb_overlay *ov, struct ov_inode *dir, const struct ov_dirent *de)
+{
+	struct ov_inode *in;
+	int known;
+
+	if (!de->rino || de->type == DT_DIR || de->type == DT_UNKNOWN)
+		return 0;
+	cb_mutex_lock(&ov->tab.lock);
+	in =
+	    ov_table_find(&ov->tab, de->layer == OV_UPPER ? ov->root->dev : ov->base_dev, de->rino);
+	known = in && in->nlookup > 0 && atomic_load(&in->layer) == de->layer &&
+		ov_inode_has_name(&ov->tab, in, dir, de->name);
+	cb_mutex_unlock(&ov->tab.lock);
+	return known;
+}
+
 static void ov_readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, int plus)
 {
 	struct cb_overlay *ov = ov_of(req);
@@ -294,12 +320,19 @@ static void ov_readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t
 		size_t n;
 		if (plus) {
 			struct fuse_entry_param e;
-			int dot = strcmp(de->name, ".") == 0 || strcmp(de->name, "..") == 0;
-			if (dot || ov_lookup_child(ov, in, de->name, &e) < 0) {
+			/* An entry without a node id (".", "..", a name the kernel already holds)
+			 * leaves the kernel's dentry and attributes of that name as they are:
+			 * they are ours, and a changed base invalidates them (base_changed.c).
+			 * Looking a held name up again would cost a stat in the layer for nothing,
+			 * per entry: git status lists every directory right after it lstat'ed
+			 * every file in it. */
+			int bare = strcmp(de->name, ".") == 0 || strcmp(de->name, "..") == 0 ||
+				   ov_entry_known(ov, in, de);
+			if (bare || ov_lookup_child(ov, in, de->name, &e) < 0) {
 				memset(&e, 0, sizeof(e));
 				e.attr.st_ino = de->ino;
 				e.attr.st_mode = (mode_t)de->type << 12;
-				if (!dot)
+				if (!bare)
 					continue; /* gone since the listing was read */
 			}
 			n = fuse_add_direntry_plus(req, p, rem, de->name, &e, OV_OFF(d->id, i + 1));

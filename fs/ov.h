@@ -118,6 +118,7 @@ struct cb_overlay {
 	_Atomic int space_low;
 	int upper_fd; /* O_PATH|O_DIRECTORY roots of the layers; base_fd -1 if none */
 	int base_fd;
+	dev_t base_dev; /* the base root's device: a base listing's entries are (base_dev, d_ino) */
 	struct ov_inode *root;
 	struct ov_table tab;
 	mode_t umask; /* the process umask, so created files get their exact mode */
@@ -340,6 +341,11 @@ void ov_marks_carry(struct cb_overlay *ov);
 struct ov_inode *ov_inode_get(struct cb_overlay *ov, fuse_ino_t ino);
 int ov_lookup_child(struct cb_overlay *ov, struct ov_inode *parent, const char *name,
 		    struct fuse_entry_param *e);
+/* ov_lookup_child's second half, for a name whose stat st (raw, from layer) the caller has
+ * (a creation): its inode, found or made, with one more kernel reference in e; st is turned
+ * into what the mount shows. 0 or -ENOMEM. Caller holds ns read. */
+int ov_child_found(struct cb_overlay *ov, struct ov_inode *parent, const char *name,
+		   struct stat *st, int layer, int merged, struct fuse_entry_param *e);
 void ov_forget_one(struct cb_overlay *ov, struct ov_inode *in, uint64_t n);
 int ov_stat_inode(struct cb_overlay *ov, struct ov_inode *in, struct stat *st);
 int ov_layer_fd(struct cb_overlay *ov, int layer);

@@ -4,6 +4,7 @@
 # and a kill -9 in the middle of copy-ups never leaves a half-copied file visible; with the
 # kernel's fast paths and without.
 import ctypes
+import errno
 import os
 import random
 import stat
@@ -127,7 +128,16 @@ class CopyUp(fsharness.MountTestCase):
             os.setxattr(os.path.join(root, "plain"), "security.capability", CAPS)
             with open(os.path.join(root, "plain"), "ab") as f:
                 f.write(b"again\n")
-        for name in ("capped", "plain"):
+            # a file made here has none (the mount knows without asking), then given one:
+            # it shows, and the next write takes it away
+            with open(os.path.join(root, "new"), "wb") as f:
+                f.write(b"new\n")
+                self.assertEqual(caps(root, "new"), errno.ENODATA)
+            os.setxattr(os.path.join(root, "new"), "security.capability", CAPS)
+            self.assertEqual(caps(root, "new"), CAPS)
+            with open(os.path.join(root, "new"), "ab") as f:
+                f.write(b"again\n")
+        for name in ("capped", "plain", "new"):
             self.assertEqual(caps(self.dirs.mnt, name), caps(native, name), name)
             self.assertEqual(read(os.path.join(self.dirs.mnt, name)),
                              read(os.path.join(native, name)))

@@ -2,8 +2,13 @@
 round trips; the daemon keeps each pass's merged listing on the directory's inode): a large
 merged directory lists as it should, a pass that another pass overtakes still sees every
 entry once, walking a tree sends no OPENDIR, and the same with OPENDIR answered
-(COWBOX_FUSE_NO_OPENDIR=0, what older kernels and libfuse get)."""
+(COWBOX_FUSE_NO_OPENDIR=0, what older kernels and libfuse get). READDIRPLUS answers a name
+the kernel already holds without looking it up again: a listing after every name was
+lstat'ed (what git status does) still gives each name's current inode and type, after an
+unlink and a create of the same name in upper, after a rename exchange, and a changed name
+is looked up afresh."""
 
+import ctypes
 import os
 import signal
 import unittest
@@ -98,6 +103,64 @@ class Listing(unittest.TestCase):
             self.assertEqual(released, 0)
         else:
             self.assertEqual(opened, walked)
+
+
+    def assert_listing_matches_lstat(self, d):
+        """Every entry of a listing has the inode number and type lstat gives its name."""
+        for e in os.scandir(d):
+            st = os.lstat(e.path)
+            self.assertEqual(e.inode(), st.st_ino, e.name)
+            self.assertEqual(e.is_dir(follow_symlinks=False), os.path.isdir(e.path), e.name)
+            self.assertEqual(e.is_symlink(), os.path.islink(e.path), e.name)
+
+    def test_listing_after_lookups(self):
+        t = os.path.join(self.dirs.mnt, "t")
+        for i in range(50):
+            with open(os.path.join(self.dirs.base, "t", "f%02d" % i), "w") as f:
+                f.write("base")
+        os.symlink("f00", os.path.join(self.dirs.base, "t", "link"))
+        for name in os.listdir(t):  # the kernel holds every name of t now
+            os.lstat(os.path.join(t, name))
+        for name in os.listdir(self.big):
+            os.lstat(os.path.join(self.big, name))
+        before = self.stats()
+        self.assert_listing_matches_lstat(self.big)
+        self.assert_listing_matches_lstat(t)
+        after = self.stats()
+        self.assertEqual(after.get("LOOKUP", 0), before.get("LOOKUP", 0),
+                         "a name the kernel held was looked up again")
+        # a base file replaced in upper (unlink, then a new file of the same name), a base
+        # directory replaced by an upper file, a new upper name: the listing shows them
+        os.unlink(os.path.join(t, "f01"))
+        with open(os.path.join(t, "f01"), "w") as f:
+            f.write("upper")
+        os.rmdir(os.path.join(t, "c"))
+        open(os.path.join(t, "c"), "w").close()
+        open(os.path.join(t, "new"), "w").close()
+        self.assert_listing_matches_lstat(t)
+        with open(os.path.join(t, "f01")) as f:
+            self.assertEqual(f.read(), "upper")
+        self.assertFalse(os.path.isdir(os.path.join(t, "c")))
+
+    def test_listing_after_rename_exchange(self):
+        libc = ctypes.CDLL(None, use_errno=True)
+        at_fdcwd, rename_exchange = -100, 2
+        t = os.path.join(self.dirs.mnt, "t")
+        with open(os.path.join(self.dirs.base, "t", "file"), "w") as f:
+            f.write("file")
+        for name in ("a", "c", "file"):
+            os.lstat(os.path.join(t, name))
+        ino = {n: os.lstat(os.path.join(t, n)).st_ino for n in ("a", "file")}
+        r = libc.renameat2(at_fdcwd, os.path.join(t, "a").encode(), at_fdcwd,
+                           os.path.join(t, "file").encode(), rename_exchange)
+        self.assertEqual(r, 0, os.strerror(ctypes.get_errno()))
+        self.assert_listing_matches_lstat(t)
+        entries = {e.name: e for e in os.scandir(t)}
+        self.assertTrue(entries["file"].is_dir(follow_symlinks=False))
+        self.assertFalse(entries["a"].is_dir(follow_symlinks=False))
+        self.assertEqual(entries["file"].inode(), ino["a"])
+        self.assertEqual(entries["a"].inode(), ino["file"])
+        self.assertEqual(os.listdir(os.path.join(t, "file")), ["b"])
 
 
 class ListingWithOpendir(Listing):

@@ -1,5 +1,8 @@
 # A 0/0 character device is what a whiteout is in the upper layer: the mount must refuse to
 # make one (EPERM, as kernel overlayfs does) or copy one up from base, so no name can hide itself.
+# A creation of every kind where a removed base entry left a whiteout replaces the whiteout (a
+# creation looks for one only when its call finds the name taken), and a directory made there
+# is opaque.
 import errno
 import os
 import stat
@@ -55,6 +58,55 @@ class WhiteoutNode(unittest.TestCase):
         # every 0/0 left in upper is a whiteout of a removed base entry, none of a refused name
         self.assertEqual([n for n in self.upper_nodes() if n[0].endswith("x")], [])
         fsharness.close_checked(self, self.mount)
+
+    def test_creation_over_a_whiteout(self):
+        m, b = self.dirs.mnt, self.dirs.base
+
+        def write(p):
+            with open(p, "w") as f:
+                f.write("new")
+        kinds = {
+            "file": write,
+            "excl": lambda p: os.close(os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640)),
+            "dir": lambda p: os.mkdir(p, 0o750),
+            "link": lambda p: os.symlink("keep", p),
+            "fifo": lambda p: os.mkfifo(p, 0o600),
+            "hard": lambda p: os.link(os.path.join(m, "d", "keep"), p),
+        }
+        for name in kinds:
+            os.mkdir(os.path.join(b, "d", "dir-" + name))
+            with open(os.path.join(b, "d", "dir-" + name, "inside"), "w") as f:
+                f.write("base")
+            with open(os.path.join(b, "d", name), "w") as f:
+                f.write("base")
+        for name, make in kinds.items():
+            for victim in (name, "dir-" + name):
+                p = os.path.join(m, "d", victim)
+                if victim == name:
+                    os.unlink(p)
+                else:
+                    os.unlink(os.path.join(p, "inside"))
+                    os.rmdir(p)
+                self.assertFalse(os.path.lexists(p), victim)
+                make(p)
+        want = {"file": stat.S_ISREG, "excl": stat.S_ISREG, "dir": stat.S_ISDIR,
+                "link": stat.S_ISLNK, "fifo": stat.S_ISFIFO, "hard": stat.S_ISREG}
+        for _ in range(2):  # this mount, then the next one over the same upper
+            d = os.path.join(m, "d")
+            for name, is_kind in want.items():
+                for victim in (name, "dir-" + name):
+                    st = os.lstat(os.path.join(d, victim))
+                    self.assertTrue(is_kind(st.st_mode), (victim, oct(st.st_mode)))
+                    if stat.S_ISDIR(st.st_mode):  # opaque: nothing of the base's shows
+                        self.assertEqual(os.listdir(os.path.join(d, victim)), [])
+            with open(os.path.join(d, "file")) as f:
+                self.assertEqual(f.read(), "new")
+            self.assertEqual(os.readlink(os.path.join(d, "link")), "keep")
+            # keep, hard and dir-hard
+            self.assertEqual(os.lstat(os.path.join(d, "hard")).st_nlink, 3)
+            fsharness.close_checked(self, self.mount)
+            self.mount = fsharness.Mount(b, self.dirs.upper, m,
+                                         db=os.path.join(self.dirs.state, "meta.db"))
 
     def test_base_0_0_device_is_not_copied_up(self):
         m = self.dirs.mnt

@@ -2,6 +2,7 @@
  * replies, start `cowbox serve` on first use and wait until its mount is ready. */
 #include "config.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -343,9 +344,50 @@ static void exec_serve(const char *ref, const char *mountpoint)
 	_exit(127);
 }
 
+/* The first line of a small /proc file, without its newline ("" when unreadable). */
+static void proc_line(const char *path, char *out, size_t cap)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	ssize_t n = fd >= 0 ? read(fd, out, cap - 1) : -1;
+
+	out[n > 0 ? n : 0] = '\0';
+	out[strcspn(out, "\n")] = '\0';
+	if (fd >= 0)
+		close(fd);
+}
+
 /* A daemon that was killed but cannot finish dying (threads of an old version waiting on its
  * own mount), or one that never answers, keeps its lock, socket and /dev/fuse: aborting its
  * FUSE connection fails whatever it waits for, so it can exit. Said on stderr. */
+/* One line per thread of pid: its name, state and what the kernel says it waits in, so a
+ * report of a stuck daemon shows where it was stuck. */
+static void stuck_threads(pid_t pid)
+{
+	char path[320], comm[64], state[512], wchan[128];
+	struct dirent *e;
+	DIR *dir;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	if (!(dir = opendir(path)))
+		return;
+	while ((e = readdir(dir))) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/comm", (int)pid, e->d_name);
+		proc_line(path, comm, sizeof(comm));
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/stat", (int)pid, e->d_name);
+		proc_line(path, state, sizeof(state));
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/wchan", (int)pid, e->d_name);
+		proc_line(path, wchan, sizeof(wchan));
+		/* the state letter follows the name's closing parenthesis */
+		char *st = strrchr(state, ')');
+
+		fprintf(stderr, "cowbox:   thread %s (%s) %c in %s\n", e->d_name, comm,
+			st && st[1] && st[2] ? st[2] : '?', wchan[0] ? wchan : "-");
+	}
+	closedir(dir);
+}
+
 static void stuck_abort(const char *ref, pid_t pid, const char *mnt, const char *why)
 {
 	if (!mnt || !*mnt)
@@ -354,6 +396,7 @@ static void stuck_abort(const char *ref, pid_t pid, const char *mnt, const char 
 		"cowbox: the daemon of %s (pid %d) %s; aborting its FUSE connection and "
 		"detaching %s\n",
 		ref, (int)pid, why, mnt);
+	stuck_threads(pid);
 	if (cb_ws_fuse_abort(mnt))
 		fprintf(stderr, "cowbox: %s\n", cb_error_message());
 	cb_error_clear();

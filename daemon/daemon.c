@@ -72,6 +72,17 @@ static double now_seconds(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* A step of stopping that took long is logged with its time: a stop that hangs shows the
+ * last step that ended. *mark moves to now. */
+static void stop_phase(double *mark, const char *what)
+{
+	double now = now_seconds();
+
+	if (now - *mark > 0.5)
+		daemon_log("stopping: %s took %.1f s", what, now - *mark);
+	*mark = now;
+}
+
 static char *path_join(const char *a, const char *b)
 {
 	char *out = NULL;
@@ -295,22 +306,24 @@ static void *daemon_signal_thread(void *arg)
 	return NULL;
 }
 
-/* Unmounting from here ends the FUSE loop the way `umount` does: the kernel first flushes the
- * writeback cache and sends every pending release while the workers still serve, so nothing
- * is dropped. If that is refused (files still open: EBUSY; not root: EPERM) the overlay is
- * told to stop instead. */
+/* The overlay flushes, unmounts and ends its loop (cb_overlay_unmount says why it ends the
+ * loop itself). A refused umount (files still open: EBUSY; not root: EPERM) is logged; the
+ * loop ends all the same. */
 void cb_daemon_request_stop(struct cb_daemon *d)
 {
+	double mark = now_seconds();
+
 	__atomic_store_n(&d->stopping, 1, __ATOMIC_RELEASE);
 	/* Commands and containers hold the mount; they go before the umount. */
 	cb_daemon_api_stop(d);
+	stop_phase(&mark, "ending the commands");
 	if (!d->ov)
 		return;
-	if (umount2(d->mountpoint, UMOUNT_NOFOLLOW) == 0)
-		return;
-	daemon_log("umount %s: %s; stopping the filesystem loop instead", d->mountpoint,
-		   strerror(errno));
-	cb_overlay_stop(d->ov);
+	if (cb_overlay_unmount(d->ov)) {
+		daemon_log("%s; stopping the filesystem loop instead", cb_error_message());
+		cb_error_clear();
+	}
+	stop_phase(&mark, "the flush and the umount");
 }
 
 /* The upper layer: <dir>/upper, or in place the folder itself (the base), read now since a
@@ -638,25 +651,33 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	rc = cb_overlay_run(d.ov);
 	if (rc)
 		daemon_log("filesystem loop ended: %s", cb_error_message());
+	else
+		daemon_log("stopping: the filesystem loop ended");
 out:
 	if (rc && d.lock_fd >= 0)
 		daemon_log("error: %s", cb_error_message());
+	double mark = now_seconds();
+
 	__atomic_store_n(&d.stopping, 1, __ATOMIC_RELEASE);
 	/* End the API's commands first; their threads hold connections. */
 	cb_daemon_api_stop(&d);
+	stop_phase(&mark, "ending the commands");
 	if (d.listen_fd >= 0)
 		shutdown(d.listen_fd, SHUT_RDWR);
 	if (have_accept)
 		pthread_join(accept_thread, NULL);
 	cb_daemon_idle_stop(&d);
 	cb_daemon_worker_stop(&d);
+	stop_phase(&mark, "the listener, the idle watch and the worker");
 	cb_daemon_conns_shutdown(&d, 30000);
+	stop_phase(&mark, "the connections");
 	cb_daemon_fsck_stop();
 	if (have_base)
 		pthread_join(base_thread, NULL);
 	cb_daemon_basewatch_stop(&d);
 	cb_daemon_basehash_stop(&d);
 	cb_daemon_base_scan_drop(&d);
+	stop_phase(&mark, "the base's threads");
 	if (have_sig) {
 		pthread_kill(sig_thread, SIGTERM);
 		pthread_join(sig_thread, NULL);
@@ -667,10 +688,12 @@ out:
 	snprintf(saved, sizeof(saved), "%s", cb_error_message());
 	cb_overlay_destroy(d.ov);
 	d.ov = NULL;
+	stop_phase(&mark, "the filesystem's teardown");
 	/* Only now: a worker still waiting on the mount is answered (ENOTCONN) once the FUSE
 	 * session is gone, never before. */
 	cb_daemon_worker_reap(&d);
 	cb_daemon_net_stop(); /* the proxy is gone with the backend: its last rows */
+	stop_phase(&mark, "the worker and the proxy");
 	if (d.db) {
 		unsigned long long marks, rows, txs;
 

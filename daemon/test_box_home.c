@@ -5,9 +5,12 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <ftw.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cowbox/box.h"
 #include "cowbox/error.h"
@@ -83,17 +86,68 @@ void box_tree_remove(const char *dir)
 	nftw(dir, remove_one, 16, FTW_DEPTH | FTW_PHYS);
 }
 
+/* A close that takes long: the daemon's threads as gdb sees them, taken before the client
+ * aborts its FUSE connection (30 s), so a stuck stop shows where it was stuck. */
+struct stop_watch {
+	pthread_mutex_t lock;
+	pthread_cond_t done_cond;
+	int done;
+	pid_t pid;
+	char stacks[12000];
+};
+
+static void *stop_watch_run(void *arg)
+{
+	struct stop_watch *w = arg;
+	struct timespec until;
+	char cmd[128];
+	size_t n = 0;
+	FILE *p;
+	int late;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 25;
+	pthread_mutex_lock(&w->lock);
+	while (!w->done && pthread_cond_timedwait(&w->done_cond, &w->lock, &until) != ETIMEDOUT)
+		;
+	late = !w->done;
+	pthread_mutex_unlock(&w->lock);
+	if (!late || w->pid <= 0 || kill(w->pid, 0) < 0)
+		return NULL;
+	snprintf(cmd, sizeof(cmd),
+		 "gdb -p %d -batch -nx -ex 'thread apply all bt 15' 2>&1 | grep '^#\\|^Thread'",
+		 (int)w->pid);
+	if ((p = popen(cmd, "re"))) {
+		n = fread(w->stacks, 1, sizeof(w->stacks) - 1, p);
+		pclose(p);
+	}
+	w->stacks[n] = '\0';
+	return NULL;
+}
+
 void box_close_checked(struct cb_box *box)
 {
 	char path[4200], msg[1024], tail[3001] = "";
 	const char *home = getenv("COWBOX_HOME");
+	struct stop_watch w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, ""};
+	pthread_t watcher;
+	char *mnt = NULL;
 	FILE *f;
 	size_t n;
-	int rc;
+	int rc, watching;
 
 	snprintf(path, sizeof(path), "%s/workspaces/%s/daemon.log", home ? home : "",
 		 cb_box_ref(box));
+	cb_ws_daemon(cb_box_ref(box), &w.pid, &mnt);
+	free(mnt);
+	watching = pthread_create(&watcher, NULL, stop_watch_run, &w) == 0;
 	rc = cb_box_close(box);
+	pthread_mutex_lock(&w.lock);
+	w.done = 1;
+	pthread_cond_signal(&w.done_cond);
+	pthread_mutex_unlock(&w.lock);
+	if (watching)
+		pthread_join(watcher, NULL);
 	if (rc == 0)
 		return;
 	snprintf(msg, sizeof(msg), "%s", cb_error_message());
@@ -105,5 +159,6 @@ void box_close_checked(struct cb_box *box)
 		tail[n] = '\0';
 		fclose(f);
 	}
-	cr_assert_fail("close: %s\n--- the end of %s:\n%s", msg, path, tail);
+	cr_assert_fail("close: %s\n--- the end of %s:\n%s\n--- its threads at 25 s:\n%s", msg, path,
+		       tail, w.stacks);
 }

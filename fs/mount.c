@@ -356,21 +356,47 @@ int cb_overlay_run(struct cb_overlay *ov)
 }
 
 /* See overlay.h. */
-void cb_overlay_stop(struct cb_overlay *ov)
+void cb_overlay_sync(struct cb_overlay *ov)
 {
 	int fd;
 
-	if (!ov || !ov->se)
-		return;
 	/* dirty pages of the writeback cache must reach us while workers still serve */
-	if (atomic_load(&ov->running) &&
+	if (ov && ov->se && atomic_load(&ov->running) &&
 	    (fd = open(ov->mountpoint, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0) {
 		syncfs(fd);
 		close(fd);
 	}
+}
+
+/* See overlay.h. */
+void cb_overlay_end(struct cb_overlay *ov)
+{
+	if (!ov || !ov->se)
+		return;
 	fuse_session_exit(ov->se);
 	if (atomic_load(&ov->running))
 		pthread_kill(ov->run_thread, SIGUSR2);
+}
+
+/* See overlay.h. */
+void cb_overlay_stop(struct cb_overlay *ov)
+{
+	cb_overlay_sync(ov);
+	cb_overlay_end(ov);
+}
+
+/* See overlay.h. */
+int cb_overlay_unmount(struct cb_overlay *ov)
+{
+	int rc = 0;
+
+	cb_overlay_sync(ov);
+	if (umount2(ov->mountpoint, UMOUNT_NOFOLLOW) == 0)
+		atomic_store(&ov->mounted, 0); /* libfuse would try again, and fail, at destroy */
+	else
+		rc = cb_error_set(errno, "umount %s: %s", ov->mountpoint, strerror(errno));
+	cb_overlay_end(ov);
+	return rc;
 }
 
 /* See overlay.h. */
@@ -380,7 +406,7 @@ void cb_overlay_destroy(struct cb_overlay *ov)
 		return;
 	if (ov->se) {
 		/* quiet when already unmounted; also frees libfuse's copy of the mount point */
-		if (ov->mounted)
+		if (atomic_load(&ov->mounted))
 			fuse_session_unmount(ov->se);
 		fuse_session_destroy(ov->se);
 	}

@@ -137,7 +137,7 @@ struct cb_overlay {
 	struct fuse_session *se;
 	char *mountpoint;
 	unsigned max_threads;
-	int mounted;
+	_Atomic int mounted; /* cleared by cb_overlay_unmount from another thread */
 	int debug;
 	pthread_t run_thread;
 	_Atomic int running;

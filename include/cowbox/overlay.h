@@ -43,8 +43,25 @@ int cb_overlay_run(struct cb_overlay *ov);
  * files that exist only in open handles). */
 int cb_overlay_upper_check(struct cb_overlay *ov, const char *upper_dir);
 
-/* Ask cb_overlay_run to return; safe from another thread and from a signal handler. */
+/* Ask cb_overlay_run to return; safe from another thread and from a signal handler.
+ * cb_overlay_sync, then cb_overlay_end. */
 void cb_overlay_stop(struct cb_overlay *ov);
+
+/* Flush the kernel's dirty pages of the mount to us while the workers still serve (syncfs
+ * of the mount point; nothing when the loop is not running). */
+void cb_overlay_sync(struct cb_overlay *ov);
+
+/* Stop for good: flush the dirty pages to us, unmount, and make cb_overlay_run return. Ours
+ * is the last reference to the mount unless another mount namespace was made while it was
+ * mounted (unshare -m, a VM's qemu, a sandbox being set up, a container): that namespace
+ * holds a private copy our umount does not reach, and the loop would otherwise wait for it to
+ * go. Such a copy answers ENOTCONN. -errno with a message when the umount is refused (EBUSY,
+ * EPERM); the loop ends all the same. */
+int cb_overlay_unmount(struct cb_overlay *ov);
+
+/* Make cb_overlay_run return, unmounted or not: once the session's /dev/fuse is closed, every
+ * copy of the mount left (another mount namespace's) answers ENOTCONN. */
+void cb_overlay_end(struct cb_overlay *ov);
 
 /* Unmount if still mounted, make the journal durable, free everything; NULL is accepted. */
 void cb_overlay_destroy(struct cb_overlay *ov);

@@ -1,6 +1,7 @@
 """A workspace's lifecycle over the raw protocol and the CLI: access levels (per connection,
 only lowered, bounded by the workspace's widest), hooks and the setup script run at create as
-a baseline turn, idle stop, apply."""
+a baseline turn, idle stop, a stop while another mount namespace holds a copy of the mount,
+apply."""
 
 import base64
 import ctypes
@@ -227,6 +228,51 @@ class IdleTest(cbtest.CowboxTestCase):
         c.close()
         time.sleep(3)
         self.assertTrue(cbtest.pid_alive(pid))
+
+
+class StopTest(cbtest.CowboxTestCase):
+    """A mount namespace made while a workspace is mounted (unshare -m, a VM's qemu, a
+    container, another sandbox being set up) holds a private copy of the mount that the
+    daemon's umount does not reach. The daemon used to wait for that copy to go: a VM running
+    beside it kept it from stopping for the VM's whole life."""
+
+    def test_a_copy_in_another_mount_namespace_does_not_keep_the_daemon(self):
+        ref = self.create(self.make_base({"a.txt": "alpha\n"}))
+        pid = self.mount(ref)
+        mnt = self.mountpoint(ref)
+        data = os.urandom(3 << 20)
+        # through the kernel's writeback cache, never synced: the stop must flush it to us
+        with open(os.path.join(mnt, "written.bin"), "wb") as f:
+            f.write(data)
+        holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                                   'cd "$1" && exec sleep 120', "sh", mnt])
+
+        def end_holder():
+            holder.kill()
+            holder.wait()
+        self.addCleanup(end_holder)
+
+        def holder_in_copy():
+            with open("/proc/%d/comm" % holder.pid) as f:
+                return f.read().strip() == "sleep"
+        cbtest.wait_for(holder_in_copy, 10, what="the holder inside its copy of the mount")
+        t0 = time.monotonic()
+        self.cowbox("umount", ref, timeout=90)
+        self.assertLess(time.monotonic() - t0, 10, "the stop waited for the copy")
+        self.assertFalse(cbtest.pid_alive(pid))
+        self.assertFalse(cbtest.is_fuse_mount(mnt))
+        # The copy is served no more: it says so rather than hang.
+        r = subprocess.run(["nsenter", "-t", str(holder.pid), "-m", "ls", mnt],
+                           capture_output=True, text=True, timeout=30)
+        self.assertNotEqual(r.returncode, 0, r.stdout)
+        self.assertIn("not connected", r.stderr)
+        with open(os.path.join(self.ws_dir(ref), "daemon.log")) as f:
+            log = f.read()
+        self.assertNotIn("umount", log.split("ready:")[-1].replace("unmounted", ""))
+        # Every byte written before the stop is there at the next mount.
+        self.mount(ref)
+        with open(os.path.join(mnt, "written.bin"), "rb") as f:
+            self.assertEqual(f.read(), data)
 
 
 def tree(root):

@@ -306,9 +306,9 @@ static void *daemon_signal_thread(void *arg)
 	return NULL;
 }
 
-/* The overlay flushes, unmounts and ends its loop (cb_overlay_unmount says why it ends the
- * loop itself). A refused umount (files still open: EBUSY; not root: EPERM) is logged; the
- * loop ends all the same. */
+/* Flush and unmount, then end the loop ourselves: a copy of the mount in another mount
+ * namespace would otherwise keep it (see cb_overlay_unmount). A refused umount (files still
+ * open: EBUSY; not root: EPERM) is logged, and the loop ends all the same. */
 void cb_daemon_request_stop(struct cb_daemon *d)
 {
 	double mark = now_seconds();
@@ -324,6 +324,7 @@ void cb_daemon_request_stop(struct cb_daemon *d)
 		cb_error_clear();
 	}
 	stop_phase(&mark, "the flush and the umount");
+	cb_overlay_end(d->ov);
 }
 
 /* The upper layer: <dir>/upper, or in place the folder itself (the base), read now since a

@@ -9,11 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mount.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "cowbox/error.h"
+#include "cowbox/overlay.h"
 #include "daemon.h"
 #include "util/smallfile.h"
 
@@ -76,14 +76,18 @@ static double idle_seconds(struct cb_daemon *d)
  * idle stop never pulls the tree from under a process; then stop as `close` does. */
 static void idle_stop(struct cb_daemon *d, double idle)
 {
-	if (umount2(d->mountpoint, UMOUNT_NOFOLLOW) < 0) {
-		if (errno == EBUSY) { /* in use by a process on the host: not idle */
-			pthread_mutex_lock(&d->conns_lock);
-			d->idle_since = mono_now();
-			pthread_mutex_unlock(&d->conns_lock);
-			return;
-		}
-		cb_daemon_log("idle stop: umount %s: %s", d->mountpoint, strerror(errno));
+	int rc = d->ov ? cb_overlay_unmount(d->ov) : 0;
+
+	if (rc == -EBUSY) { /* in use by a process on the host: not idle */
+		cb_error_clear();
+		pthread_mutex_lock(&d->conns_lock);
+		d->idle_since = mono_now();
+		pthread_mutex_unlock(&d->conns_lock);
+		return;
+	}
+	if (rc) {
+		cb_daemon_log("idle stop: %s", cb_error_message());
+		cb_error_clear();
 	}
 	cb_daemon_log("idle for %.0f s (idle_timeout %g s) with no client: stopping; the "
 		      "workspace stays on disk and its next use starts it again",

@@ -360,8 +360,9 @@ void cb_overlay_sync(struct cb_overlay *ov)
 {
 	int fd;
 
-	/* dirty pages of the writeback cache must reach us while workers still serve */
-	if (ov && ov->se && atomic_load(&ov->running) &&
+	/* dirty pages of the writeback cache must reach us while workers still serve; once
+	 * unmounted the mount point is the directory below (a syncfs of the host's disk) */
+	if (ov && ov->se && atomic_load(&ov->running) && atomic_load(&ov->mounted) &&
 	    (fd = open(ov->mountpoint, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0) {
 		syncfs(fd);
 		close(fd);
@@ -388,15 +389,13 @@ void cb_overlay_stop(struct cb_overlay *ov)
 /* See overlay.h. */
 int cb_overlay_unmount(struct cb_overlay *ov)
 {
-	int rc = 0;
-
+	if (!atomic_load(&ov->mounted))
+		return 0; /* an earlier call unmounted it */
 	cb_overlay_sync(ov);
-	if (umount2(ov->mountpoint, UMOUNT_NOFOLLOW) == 0)
-		atomic_store(&ov->mounted, 0); /* libfuse would try again, and fail, at destroy */
-	else
-		rc = cb_error_set(errno, "umount %s: %s", ov->mountpoint, strerror(errno));
-	cb_overlay_end(ov);
-	return rc;
+	if (umount2(ov->mountpoint, UMOUNT_NOFOLLOW) < 0)
+		return cb_error_set(errno, "umount %s: %s", ov->mountpoint, strerror(errno));
+	atomic_store(&ov->mounted, 0); /* libfuse would try again, and fail, at destroy */
+	return 0;
 }
 
 /* See overlay.h. */

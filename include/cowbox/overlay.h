@@ -51,12 +51,13 @@ void cb_overlay_stop(struct cb_overlay *ov);
  * of the mount point; nothing when the loop is not running). */
 void cb_overlay_sync(struct cb_overlay *ov);
 
-/* Stop for good: flush the dirty pages to us, unmount, and make cb_overlay_run return. Ours
- * is the last reference to the mount unless another mount namespace was made while it was
- * mounted (unshare -m, a VM's qemu, a sandbox being set up, a container): that namespace
- * holds a private copy our umount does not reach, and the loop would otherwise wait for it to
- * go. Such a copy answers ENOTCONN. -errno with a message when the umount is refused (EBUSY,
- * EPERM); the loop ends all the same. */
+/* Flush the kernel's dirty pages to us (cb_overlay_sync), then unmount: 0, or -errno with a
+ * message when the umount is refused (EBUSY: a process holds the mount; EPERM). Once it
+ * succeeded, later calls do nothing. The loop goes on serving: cb_overlay_end ends it, and
+ * must, since ours is the last reference to the mount only if no other mount namespace was
+ * made while it was mounted (unshare -m, a VM's qemu, a sandbox being set up, a container).
+ * Such a namespace holds a private copy our umount does not reach, for which the kernel
+ * keeps the connection; ended, the copy answers ENOTCONN. */
 int cb_overlay_unmount(struct cb_overlay *ov);
 
 /* Make cb_overlay_run return, unmounted or not: once the session's /dev/fuse is closed, every

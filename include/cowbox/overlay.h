@@ -48,7 +48,7 @@ int cb_overlay_upper_check(struct cb_overlay *ov, const char *upper_dir);
 void cb_overlay_stop(struct cb_overlay *ov);
 
 /* Flush the kernel's dirty pages of the mount to us while the workers still serve (syncfs
- * of the mount point; nothing when the loop is not running). */
+ * of the mount point; nothing when the loop is not running or the mount is gone). */
 void cb_overlay_sync(struct cb_overlay *ov);
 
 /* Flush the kernel's dirty pages to us (cb_overlay_sync), then unmount: 0, or -errno with a

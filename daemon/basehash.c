@@ -103,12 +103,24 @@ void cb_daemon_base_stats_log(struct cb_turns *t, const char *what)
 			      what, s.from_own, s.from_shared, s.hashed, s.shared_added);
 }
 
-/* A turns handle on the workspace's base, the home's shared cache attached. */
+static int turns_stopping(void *arg)
+{
+	struct cb_daemon *d = arg;
+
+	return __atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE);
+}
+
+/* A turns handle on the workspace's base, the home's shared cache attached; its hashing of
+ * the base gives up when the daemon stops. */
 int cb_daemon_turns_open(struct cb_daemon *d, const char *root, int shared, struct cb_turns **t)
 {
 	char blobs[4096];
-	struct cb_turns_config cfg = {
-	    .db_path = d->db_path, .blob_dir = blobs, .base_dir = d->base, .root = root};
+	struct cb_turns_config cfg = {.db_path = d->db_path,
+				      .blob_dir = blobs,
+				      .base_dir = d->base,
+				      .root = root,
+				      .stopping = turns_stopping,
+				      .stopping_arg = d};
 	int ret;
 
 	snprintf(blobs, sizeof(blobs), "%s/blobs", d->dir);

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,6 +94,16 @@ static int turns_read_bound(long long *out)
 	return 0;
 }
 
+/* The daemon shut our socket down (it is stopping) or died: a snapshot hashing a huge file
+ * gives up rather than hold the stop up. */
+static int worker_daemon_gone(void *arg)
+{
+	struct worker_state *w = arg;
+	struct pollfd p = {.fd = w->fd, .events = POLLRDHUP};
+
+	return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
 static int worker_open(struct worker_state *w, int progress, struct cb_turns **t)
 {
 	char blobs[4096];
@@ -108,6 +119,8 @@ static int worker_open(struct worker_state *w, int progress, struct cb_turns **t
 	    .root = w->mountpoint,
 	    .progress = progress ? worker_progress : NULL,
 	    .progress_arg = w,
+	    .stopping = worker_daemon_gone,
+	    .stopping_arg = w,
 	    .snapshot_max_bytes = bound,
 	};
 

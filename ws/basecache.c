@@ -466,9 +466,10 @@ static int pre_one(struct cb_turns *t, struct pre_file *f, struct cb_ws_prehash 
 		f->store = ret == 2;
 		return 0;
 	}
-	ret = cb_ws_hash_file_at(t->base_fd, f->path, -1, &f->h, &hst);
+	ret = ws_hash_file_at(t->base_fd, f->path, -1, &f->h, &hst, p->stopping, p->arg);
 	if (ret) {
-		/* Gone or unreadable now: the snapshot meets it and says so; not ours to fail. */
+		/* Gone or unreadable now: the snapshot meets it and says so; not ours to fail.
+		 * Given up for a stop: the loop sees the stop next. */
 		cb_error_clear();
 		f->failed = 1;
 		return 0;
@@ -577,6 +578,10 @@ int cb_ws_base_prehash(struct cb_turns *t, struct cb_ws_prehash *p)
 		}
 		if (!ret)
 			ret = pre_one(t, &w.f[i], p);
+		if (!ret && p->stopping && p->stopping(p->arg)) {
+			state = CB_PREHASH_STOPPED; /* and this file's hash was given up */
+			break;
+		}
 		if (S_ISREG(w.f[i].st.st_mode)) {
 			__atomic_add_fetch(&p->files_done, 1, __ATOMIC_RELAXED);
 			__atomic_add_fetch(&p->bytes_done, (long long)w.f[i].st.st_size,

@@ -30,6 +30,9 @@ struct base_walk {
 	pthread_mutex_t lock;
 	void (*progress)(void *, long long, long long, long long, long long);
 	void *progress_arg;
+	int (*stopping)(void *);
+	void *stopping_arg;
+	int stopped; /* under lock: a hash was given up, or stopping() said so */
 	double last_draw;
 };
 
@@ -58,20 +61,25 @@ static void *base_hash_thread(void *arg)
 {
 	struct base_walk *w = arg;
 
-	for (;;) {
+	for (unsigned files = 0;; files++) {
 		struct ws_base_file *it = NULL;
+		/* every 32 files: a small file hashes in tens of microseconds */
+		int stop = w->stopping && !(files % 32) && w->stopping(w->stopping_arg);
 
 		pthread_mutex_lock(&w->lock);
+		w->stopped |= stop;
 		while (w->next < w->n &&
 		       (w->it[w->next].cached || !S_ISREG(w->it[w->next].st.st_mode)))
 			w->next++;
-		if (w->next < w->n)
+		if (w->next < w->n && !w->stopped)
 			it = &w->it[w->next++];
 		pthread_mutex_unlock(&w->lock);
 		if (!it)
 			break;
-		it->err = cb_ws_hash_file_at(w->base_fd, it->path, -1, &it->h, &it->st);
+		it->err = ws_hash_file_at(w->base_fd, it->path, -1, &it->h, &it->st, w->stopping,
+					  w->stopping_arg);
 		pthread_mutex_lock(&w->lock);
+		w->stopped |= it->err == -ECANCELED;
 		w->done++;
 		w->bytes_done += it->st.st_size;
 		base_report(w, 0);
@@ -100,6 +108,9 @@ static int base_hash_misses(struct base_walk *w)
 		base_report(w, 1);
 	pthread_mutex_unlock(&w->lock);
 	pthread_mutex_destroy(&w->lock);
+	/* Files were left unhashed: nothing may be built from this walk. */
+	if (w->stopped)
+		return cb_error_set(ECANCELED, "hash base: given up, the daemon is stopping");
 	for (size_t i = 0; i < w->n; i++)
 		if (w->it[i].err)
 			return cb_error_set(w->it[i].err, "hash base %s: failed", w->it[i].path);
@@ -294,6 +305,8 @@ static int base_scan(struct cb_turns *t, struct base_walk *w)
 	w->base_fd = t->base_fd;
 	w->progress = t->progress;
 	w->progress_arg = t->progress_arg;
+	w->stopping = t->stopping;
+	w->stopping_arg = t->stopping_arg;
 	return ret ? ret : base_hash_misses(w);
 }
 

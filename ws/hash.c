@@ -91,8 +91,18 @@ static off_t next_hole(int fd, off_t off, off_t end)
  * it); a calloc per file cost a 256 KiB memset and page faults for every file hashed. */
 static unsigned char hash_zero[HASH_BUF];
 
-int cb_ws_hash_fd(int fd, int copy_fd, struct cb_hash *out, long long *size)
+/* Asked every HASH_STOP_EVERY buffers: whether the caller gave up on this hash. */
+#define HASH_STOP_EVERY 256
+
+static int hash_stopped(int (*stopping)(void *), void *arg, unsigned *chunks)
 {
+	return stopping && (++*chunks % HASH_STOP_EVERY) == 0 && stopping(arg);
+}
+
+static int hash_fd(int fd, int copy_fd, struct cb_hash *out, long long *size,
+		   int (*stopping)(void *), void *arg)
+{
+	unsigned chunks = 0;
 	EVP_MD_CTX *md = EVP_MD_CTX_new();
 	XXH3_state_t *xx = XXH3_createState();
 	unsigned char *buf = malloc(HASH_BUF);
@@ -124,6 +134,8 @@ int cb_ws_hash_fd(int fd, int copy_fd, struct cb_hash *out, long long *size)
 		for (; off < data; off += (off_t)HASH_BUF < data - off ? HASH_BUF : data - off) {
 			size_t n = (off_t)HASH_BUF < data - off ? HASH_BUF : (size_t)(data - off);
 
+			if (hash_stopped(stopping, arg, &chunks))
+				goto stopped;
 			EVP_DigestUpdate(md, zero, n);
 			XXH3_128bits_update(xx, zero, n);
 		}
@@ -135,8 +147,11 @@ int cb_ws_hash_fd(int fd, int copy_fd, struct cb_hash *out, long long *size)
 		while (off < hole) {
 			size_t want =
 			    (off_t)HASH_BUF < hole - off ? HASH_BUF : (size_t)(hole - off);
-			ssize_t r = pread(fd, buf, want, off);
+			ssize_t r;
 
+			if (hash_stopped(stopping, arg, &chunks))
+				goto stopped;
+			r = pread(fd, buf, want, off);
 			if (r < 0 && errno == EINTR)
 				continue;
 			if (r < 0) {
@@ -159,8 +174,11 @@ int cb_ws_hash_fd(int fd, int copy_fd, struct cb_hash *out, long long *size)
 	}
 	/* Bytes appended after the stat: read them too, so *size is what was hashed. */
 	for (;;) {
-		ssize_t r = pread(fd, buf, HASH_BUF, off);
+		ssize_t r;
 
+		if (hash_stopped(stopping, arg, &chunks))
+			goto stopped;
+		r = pread(fd, buf, HASH_BUF, off);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0) {
@@ -186,11 +204,19 @@ int cb_ws_hash_fd(int fd, int copy_fd, struct cb_hash *out, long long *size)
 	hash_xxh_out(XXH3_128bits_digest(xx), out->xxh3);
 	if (size)
 		*size = (long long)off;
+	goto out;
+stopped:
+	ret = cb_error_set(ECANCELED, "hash: stopped after %lld bytes", (long long)off);
 out:
 	free(buf);
 	XXH3_freeState(xx);
 	EVP_MD_CTX_free(md);
 	return ret;
+}
+
+int cb_ws_hash_fd(int fd, int copy_fd, struct cb_hash *out, long long *size)
+{
+	return hash_fd(fd, copy_fd, out, size, NULL, NULL);
 }
 
 void cb_ws_hash_bytes(const void *data, size_t len, struct cb_hash *out)
@@ -210,8 +236,9 @@ static int hash_stat_same(const struct stat *a, const struct stat *b)
 	       a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
 }
 
-int cb_ws_hash_file_at(int dirfd, const char *path, int copy_fd, struct cb_hash *out,
-		       struct stat *st)
+/* See turns_int.h. */
+int ws_hash_file_at(int dirfd, const char *path, int copy_fd, struct cb_hash *out, struct stat *st,
+		    int (*stopping)(void *), void *arg)
 {
 	int fd, ret;
 
@@ -225,13 +252,26 @@ int cb_ws_hash_file_at(int dirfd, const char *path, int copy_fd, struct cb_hash 
 		if (fd < 0)
 			return cb_error_wrap(fd, "hash");
 	}
-	ret = cb_ws_hash_open_file(fd, path, copy_fd, out, st);
+	ret = ws_hash_open_file(fd, path, copy_fd, out, st, stopping, arg);
 	close(fd);
 	return ret;
 }
 
+int cb_ws_hash_file_at(int dirfd, const char *path, int copy_fd, struct cb_hash *out,
+		       struct stat *st)
+{
+	return ws_hash_file_at(dirfd, path, copy_fd, out, st, NULL, NULL);
+}
+
 int cb_ws_hash_open_file(int fd, const char *path, int copy_fd, struct cb_hash *out,
 			 struct stat *st)
+{
+	return ws_hash_open_file(fd, path, copy_fd, out, st, NULL, NULL);
+}
+
+/* See turns_int.h. */
+int ws_hash_open_file(int fd, const char *path, int copy_fd, struct cb_hash *out, struct stat *st,
+		      int (*stopping)(void *), void *arg)
 {
 	struct stat before, after;
 	long long size = 0;
@@ -246,7 +286,7 @@ int cb_ws_hash_open_file(int fd, const char *path, int copy_fd, struct cb_hash *
 			ret = cb_error_set(EINVAL, "hash %s: not a regular file", path);
 			goto out;
 		}
-		ret = cb_ws_hash_fd(fd, copy_fd, out, &size);
+		ret = hash_fd(fd, copy_fd, out, &size, stopping, arg);
 		if (ret) {
 			ret = cb_error_wrap(ret, "hash %s", path);
 			goto out;

@@ -62,7 +62,8 @@ static void setup(void)
 	put(base, "docs/x.md", "x\n");
 	put(base, "docs/y.md", "y\n");
 	sh("cp -a %s/. %s/../live", base);
-	cfg = (struct cb_turns_config){dbp, blobs, base, live, NULL, NULL, 0};
+	cfg = (struct cb_turns_config){
+	    .db_path = dbp, .blob_dir = blobs, .base_dir = base, .root = live};
 	cr_assert_eq(cb_turns_open(&cfg, &T), 0, "%s", cb_error_message());
 }
 
@@ -226,7 +227,8 @@ Test(snapshot, first_is_base_then_incremental, .init = setup, .fini = teardown)
 Test(snapshot, base_cache_notices_change_behind_our_back, .init = setup, .fini = teardown)
 {
 	struct cb_entry was = {0}, e = {0};
-	struct cb_turns_config cfg = {dbp, blobs, base, live, NULL, NULL, 0};
+	struct cb_turns_config cfg = {
+	    .db_path = dbp, .blob_dir = blobs, .base_dir = base, .root = live};
 	struct cb_hash h;
 	char p[400];
 
@@ -268,7 +270,12 @@ static void progress_cb(void *arg, long long done, long long total, long long by
 Test(snapshot, first_hash_reports_progress, .init = setup, .fini = teardown)
 {
 	struct progress_seen seen = {0};
-	struct cb_turns_config cfg = {dbp, blobs, base, live, progress_cb, &seen, 0};
+	struct cb_turns_config cfg = {.db_path = dbp,
+				      .blob_dir = blobs,
+				      .base_dir = base,
+				      .root = live,
+				      .progress = progress_cb,
+				      .progress_arg = &seen};
 
 	cb_turns_close(T);
 	cr_assert_eq(cb_turns_open(&cfg, &T), 0);
@@ -558,7 +565,8 @@ Test(fork, upper_holds_only_the_difference, .init = setup, .fini = teardown)
 	 * a row planted in the source's cache under the file's exact current key (inode, size,
 	 * mtime, ctime) shows up as the fork's turn 0 hash, so it was not rehashed. */
 	{
-		struct cb_turns_config cfg = {fdb, fblobs, base, up, NULL, NULL, 0};
+		struct cb_turns_config cfg = {
+		    .db_path = fdb, .blob_dir = fblobs, .base_dir = base, .root = up};
 		struct cb_entry old = {0}, now = {0};
 		struct cb_turns *ft;
 		struct stat bst;

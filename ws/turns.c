@@ -27,6 +27,8 @@ int cb_turns_open(const struct cb_turns_config *cfg, struct cb_turns **out)
 	t->root_fd = t->base_fd = t->blob_fd = -1;
 	t->progress = cfg->progress;
 	t->progress_arg = cfg->progress_arg;
+	t->stopping = cfg->stopping;
+	t->stopping_arg = cfg->stopping_arg;
 	t->read_max = cfg->snapshot_max_bytes ? cfg->snapshot_max_bytes : CB_SNAPSHOT_MAX_BYTES;
 	t->read_left = -1;
 	if (mkdir(cfg->blob_dir, 0700) < 0 && errno != EEXIST) {
@@ -283,7 +285,7 @@ int ws_base_now(struct cb_turns *t, const char *path, struct cb_entry *out)
 	if (ret)
 		return ret < 0 ? ret : 0;
 	/* Not cached, or changed behind our back since it was: hash what is there now. */
-	ret = cb_ws_hash_file_at(t->base_fd, path, -1, &h, &st);
+	ret = ws_hash_file_at(t->base_fd, path, -1, &h, &st, t->stopping, t->stopping_arg);
 	if (ret)
 		return cb_error_wrap(ret, "base");
 	memcpy(out->sha256, h.sha256, CB_SHA256_LEN);
@@ -297,7 +299,8 @@ int ws_base_now(struct cb_turns *t, const char *path, struct cb_entry *out)
 /* Hash the live file open as fd (an O_PATH descriptor from entry_read: the inode that was
  * at path, whatever holds the name now), copying its bytes into copy_fd when that is >= 0,
  * and fill out's size, mode and hashes; h keeps the hashes that name the blob. */
-static int live_hash(const char *path, int fd, int copy_fd, struct cb_hash *h, struct cb_entry *out)
+static int live_hash(struct cb_turns *t, const char *path, int fd, int copy_fd, struct cb_hash *h,
+		     struct cb_entry *out)
 {
 	char proc[64];
 	struct stat st;
@@ -307,7 +310,7 @@ static int live_hash(const char *path, int fd, int copy_fd, struct cb_hash *h, s
 	rfd = open(proc, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
 	if (rfd < 0)
 		return cb_error_set(errno, "hash %s: open: %s", path, strerror(errno));
-	ret = cb_ws_hash_open_file(rfd, path, copy_fd, h, &st);
+	ret = ws_hash_open_file(rfd, path, copy_fd, h, &st, t->stopping, t->stopping_arg);
 	close(rfd);
 	if (ret)
 		return ret;
@@ -354,7 +357,7 @@ static int live_file(struct cb_turns *t, const char *path, int fd, int keep_blob
 			goto out;
 		}
 	}
-	ret = live_hash(path, fd, copy_fd, &h, out);
+	ret = live_hash(t, path, fd, copy_fd, &h, out);
 	if (ret || !keep_blob)
 		goto out;
 	if (base.type == CB_ENTRY_FILE && !memcmp(base.xxh3, h.xxh3, CB_XXH128_LEN))
@@ -370,7 +373,7 @@ static int live_file(struct cb_turns *t, const char *path, int fd, int keep_blob
 			ret = copy_fd;
 			goto out;
 		}
-		ret = live_hash(path, fd, copy_fd, &h, out);
+		ret = live_hash(t, path, fd, copy_fd, &h, out);
 		if (ret)
 			goto out;
 	}

@@ -22,6 +22,8 @@ struct cb_turns {
 	int blob_fd;
 	void (*progress)(void *, long long, long long, long long, long long);
 	void *progress_arg;
+	int (*stopping)(void *); /* cb_turns_config's */
+	void *stopping_arg;
 	struct ws_known *known; /* sorted by path; emptied by the next snapshot */
 	/* Whose files rollback and fork may leave setuid/setgid (cb_turns_set_setid_range). */
 	struct cb_beneath_setid setid;
@@ -41,6 +43,15 @@ struct cb_turns {
 	 * next map built from a walk takes it instead of walking. */
 	struct cb_ws_base_scan *ahead;
 };
+
+/* cb_ws_hash_file_at and cb_ws_hash_open_file that give up (-ECANCELED, "hash: stopped
+ * after N bytes") as soon as stopping(arg) says so; it is asked every 64 MiB of the file
+ * (holes included), so a stop of the daemon never waits for a huge file to be read. NULL:
+ * never. */
+int ws_hash_file_at(int dirfd, const char *path, int copy_fd, struct cb_hash *out, struct stat *st,
+		    int (*stopping)(void *), void *arg);
+int ws_hash_open_file(int fd, const char *path, int copy_fd, struct cb_hash *out, struct stat *st,
+		      int (*stopping)(void *), void *arg);
 
 /* Remember files just written (takes ownership of the array), forget them. */
 void ws_known_set(struct cb_turns *t, struct ws_known *known, size_t n);

@@ -83,6 +83,11 @@ struct cb_turns_config {
 	void (*progress)(void *arg, long long files_done, long long files_total,
 			 long long bytes_done, long long bytes_total);
 	void *progress_arg;
+	/* Asked while a snapshot hashes (the base's files before each one, and every 64 MiB of
+	 * any file): non-zero gives the snapshot up (-ECANCELED, nothing recorded), so a stop
+	 * of the daemon does not wait for a huge file to be read. NULL: never. */
+	int (*stopping)(void *arg);
+	void *stopping_arg;
 	/* The most file bytes one snapshot may read (the sizes of the files it hashes, holes
 	 * included): past it the snapshot fails naming the file, before reading it. 0: the
 	 * default, CB_SNAPSHOT_MAX_BYTES; < 0: no bound. */

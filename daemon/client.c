@@ -356,9 +356,6 @@ static void proc_line(const char *path, char *out, size_t cap)
 		close(fd);
 }
 
-/* A daemon that was killed but cannot finish dying (threads of an old version waiting on its
- * own mount), or one that never answers, keeps its lock, socket and /dev/fuse: aborting its
- * FUSE connection fails whatever it waits for, so it can exit. Said on stderr. */
 /* One line per thread of pid: its name, state and what the kernel says it waits in, so a
  * report of a stuck daemon shows where it was stuck. */
 static void stuck_threads(pid_t pid)
@@ -388,6 +385,9 @@ static void stuck_threads(pid_t pid)
 	closedir(dir);
 }
 
+/* A daemon that was killed but cannot finish dying (threads of an old version waiting on its
+ * own mount), or one that never answers, keeps its lock, socket and /dev/fuse: aborting its
+ * FUSE connection fails whatever it waits for, so it can exit. Said on stderr. */
 static void stuck_abort(const char *ref, pid_t pid, const char *mnt, const char *why)
 {
 	if (!mnt || !*mnt)

@@ -116,32 +116,56 @@ static int fuse_mount_minor(const char *path)
 	return minor;
 }
 
-int cb_ws_pid_dying(pid_t pid)
+/* What /proc/PID/status says of pid: 0 when it is gone (errno tells why), else 1 with its
+ * state letter, thread count and pending signals. */
+static int pid_status(pid_t pid, char *state, int *threads, unsigned long long *pending)
 {
-	char path[64], line[256], state = 0;
-	unsigned long long pending = 0;
-	int threads = 0;
+	char path[64], line[256];
 	FILE *f;
 
+	*state = 0;
+	*threads = 0;
+	*pending = 0;
 	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-	f = fopen(path, "re");
-	/* Gone while its lock is held: what holds it is what it left, its workers, and they
-	 * only stay when they cannot exit (waiting on its dead mount). */
-	if (!f)
-		return errno == ENOENT;
+	if (!(f = fopen(path, "re")))
+		return 0;
 	while (fgets(line, sizeof(line), f)) {
 		unsigned long long v;
 
-		if (sscanf(line, "State: %c", &state) == 1)
+		if (sscanf(line, "State: %c", state) == 1)
 			continue;
-		if (sscanf(line, "Threads: %d", &threads) == 1)
+		if (sscanf(line, "Threads: %d", threads) == 1)
 			continue;
 		if (sscanf(line, "ShdPnd: %llx", &v) == 1 || sscanf(line, "SigPnd: %llx", &v) == 1)
-			pending |= v;
+			*pending |= v;
 	}
 	fclose(f);
+	return 1;
+}
+
+int cb_ws_pid_dying(pid_t pid)
+{
+	unsigned long long pending;
+	int threads;
+	char state;
+
+	/* Gone while its lock is held: what holds it is what it left, its workers, and they
+	 * only stay when they cannot exit (waiting on its dead mount). */
+	if (!pid_status(pid, &state, &threads, &pending))
+		return errno == ENOENT;
 	/* A leader that exited while threads remain, or a SIGKILL not yet acted on. */
 	return (state == 'Z' && threads > 0) || (pending & (1ULL << (SIGKILL - 1)));
+}
+
+int cb_ws_pid_serving(pid_t pid)
+{
+	unsigned long long pending;
+	int threads;
+	char state;
+
+	if (!pid_status(pid, &state, &threads, &pending) || state == 'Z' || state == 'X')
+		return 0;
+	return !(pending & (1ULL << (SIGKILL - 1)));
 }
 
 int cb_ws_fuse_abort(const char *path)

@@ -168,30 +168,6 @@ void cb_ws_info_free(struct cb_ws_info *info)
 	memset(info, 0, sizeof(*info));
 }
 
-/* Whether pid, named by a held lock, still serves: not gone, not a zombie, not dying. Right
- * after a kill -9 the daemon's workers hold its lock for a moment longer. */
-static int ws_daemon_serving(pid_t pid)
-{
-	char path[64], buf[512];
-	int fd, serving = 0;
-	ssize_t n;
-
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-		return 0;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n > 0) {
-		char *st;
-
-		buf[n] = '\0';
-		st = strrchr(buf, ')');
-		/* the state letter follows the name's closing parenthesis */
-		serving = st && st[1] && st[2] && st[2] != 'Z' && st[2] != 'X';
-	}
-	return serving && !cb_ws_pid_dying(pid);
-}
-
 /* Describes a ref directory that exists, complete or not (list shows interrupted ones). */
 static int ws_describe(const char *ref, struct cb_ws_info *out)
 {
@@ -219,7 +195,7 @@ static int ws_describe(const char *ref, struct cb_ws_info *out)
 	cb_error_clear();
 	if ((rc = cb_ws_daemon(ref, &out->daemon_pid, &out->mountpoint)))
 		goto out;
-	if (out->daemon_pid > 0 && !ws_daemon_serving(out->daemon_pid))
+	if (out->daemon_pid > 0 && !cb_ws_pid_serving(out->daemon_pid))
 		out->daemon_pid = 0; /* killed: what is left of it is stale */
 	if (!out->mountpoint) {
 		char *real = realpath(out->dir, NULL);

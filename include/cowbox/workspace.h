@@ -137,6 +137,10 @@ int cb_ws_unmount(const char *path);
  * 1 if pid is gone (asked of the pid in a lock that is still held: its workers hold it, and
  * stay only while they wait on its dead mount). */
 int cb_ws_pid_dying(pid_t pid);
+/* 1 while pid runs and is neither a zombie nor about to die of a pending SIGKILL: a daemon
+ * named by a held lock that still serves (right after a kill -9 its workers hold the lock
+ * a moment longer). */
+int cb_ws_pid_serving(pid_t pid);
 
 /* Abort the FUSE connection of the mount at path (fusectl's abort file, mounting fusectl on
  * /sys/fs/fuse/connections if needed), which fails every request waiting on it, then detach

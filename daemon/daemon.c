@@ -317,14 +317,16 @@ void cb_daemon_request_stop(struct cb_daemon *d)
 	/* Commands and containers hold the mount; they go before the umount. */
 	cb_daemon_api_stop(d);
 	stop_phase(&mark, "ending the commands");
-	if (!d->ov)
-		return;
-	if (cb_overlay_unmount(d->ov)) {
-		daemon_log("%s; stopping the filesystem loop instead", cb_error_message());
-		cb_error_clear();
+	pthread_mutex_lock(&d->ov_stop_lock);
+	if (d->ov) {
+		if (cb_overlay_unmount(d->ov)) {
+			daemon_log("%s; stopping the filesystem loop instead", cb_error_message());
+			cb_error_clear();
+		}
+		stop_phase(&mark, "the flush and the umount");
+		cb_overlay_end(d->ov);
 	}
-	stop_phase(&mark, "the flush and the umount");
-	cb_overlay_end(d->ov);
+	pthread_mutex_unlock(&d->ov_stop_lock);
 }
 
 /* The upper layer: <dir>/upper, or in place the folder itself (the base), read now since a
@@ -398,6 +400,7 @@ static void daemon_free(struct cb_daemon *d)
 	pthread_mutex_destroy(&d->running_lock);
 	pthread_cond_destroy(&d->running_cond);
 	pthread_mutex_destroy(&d->api_stop_lock);
+	pthread_mutex_destroy(&d->ov_stop_lock);
 }
 
 struct base_seen {
@@ -554,6 +557,7 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	pthread_mutex_init(&d.running_lock, NULL);
 	pthread_cond_init(&d.running_cond, NULL);
 	pthread_mutex_init(&d.api_stop_lock, NULL);
+	pthread_mutex_init(&d.ov_stop_lock, NULL);
 	d.started = now_seconds();
 	d.pinned = opt->pinned;
 	/* Our pid goes into the lock at once: a dead daemon's pid left there could meanwhile
@@ -687,8 +691,10 @@ out:
 	char saved[1024];
 
 	snprintf(saved, sizeof(saved), "%s", cb_error_message());
+	pthread_mutex_lock(&d.ov_stop_lock);
 	cb_overlay_destroy(d.ov);
 	d.ov = NULL;
+	pthread_mutex_unlock(&d.ov_stop_lock);
 	stop_phase(&mark, "the filesystem's teardown");
 	/* Only now: a worker still waiting on the mount is answered (ENOTCONN) once the FUSE
 	 * session is gone, never before. */

@@ -92,6 +92,10 @@ struct cb_daemon {
 	int lock_fd;
 	int listen_fd;
 	int stopping; /* set once, by any thread; read and written with __atomic builtins */
+	/* held while a stop unmounts and ends d->ov, and while main destroys it: a stop asked
+	 * for by a thread main did not wait for (a connection past conns_shutdown's timeout)
+	 * then finds d->ov gone instead of freed */
+	pthread_mutex_t ov_stop_lock;
 	pthread_mutex_t conns_lock;
 	pthread_cond_t conns_cond;
 	struct cb_daemon_conn *conns;

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,10 @@ static void print_stats(struct cb_overlay *ov)
 	fflush(stdout);
 }
 
+/* Set by main once the loop returned: the signal thread leaves without touching the overlay,
+ * which main destroys only after joining it. */
+static _Atomic int loop_over;
+
 static void *signal_thread(void *arg)
 {
 	sigset_t set;
@@ -47,6 +52,8 @@ static void *signal_thread(void *arg)
 	sigaddset(&set, SIGHUP);
 	sigaddset(&set, SIGUSR1);
 	while (sigwait(&set, &sig) == 0) {
+		if (loop_over)
+			break;
 		if (sig == SIGUSR1) {
 			print_stats(arg);
 			continue;
@@ -65,7 +72,7 @@ int main(int argc, char **argv)
 	const char *db_path = NULL;
 	pthread_t th;
 	sigset_t set;
-	int i, r, status = 1;
+	int i, r, status = 1, have_thread = 0;
 
 	if (argc < 4) {
 		usage();
@@ -114,13 +121,19 @@ int main(int argc, char **argv)
 		fprintf(stderr, "cb-overlay-mount: cannot start the signal thread\n");
 		goto out;
 	}
-	pthread_detach(th);
+	have_thread = 1;
 	r = cb_overlay_run(ov);
 	if (r < 0)
 		fprintf(stderr, "cb-overlay-mount: %s\n", cb_error_message());
 	else
 		status = 0;
 out:
+	if (have_thread) {
+		/* a SIGTERM may be stopping the loop that already ended: wait for it to finish */
+		loop_over = 1;
+		pthread_kill(th, SIGHUP);
+		pthread_join(th, NULL);
+	}
 	cb_overlay_destroy(ov);
 	cb_db_close(db);
 	return status;

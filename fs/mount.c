@@ -263,6 +263,7 @@ int cb_overlay_mount(const struct cb_overlay_config *cfg, struct cb_overlay **ou
 	char opts[PATH_MAX + 128];
 	char *argv[4] = {"cowbox", "-o", opts, NULL};
 	struct fuse_args args;
+	struct stat under;
 	int r;
 
 	*out = NULL;
@@ -307,6 +308,12 @@ int cb_overlay_mount(const struct cb_overlay_config *cfg, struct cb_overlay **ou
 				 cfg->mountpoint);
 		goto fail;
 	}
+	/* read before the mount exists: afterwards a stat would be a request nobody serves yet */
+	if (lstat(cfg->mountpoint, &under) < 0) {
+		r = cb_error_set(errno, "mount %s: %s", cfg->mountpoint, strerror(errno));
+		goto fail;
+	}
+	ov->under_dev = under.st_dev;
 	if (fuse_session_mount(ov->se, cfg->mountpoint) != 0) {
 		r = cb_error_set(EIO, "mount %s: the kernel refused the FUSE mount (see stderr)",
 				 cfg->mountpoint);
@@ -358,15 +365,20 @@ int cb_overlay_run(struct cb_overlay *ov)
 /* See overlay.h. */
 void cb_overlay_sync(struct cb_overlay *ov)
 {
+	struct stat st;
 	int fd;
 
-	/* dirty pages of the writeback cache must reach us while workers still serve; once
-	 * unmounted the mount point is the directory below (a syncfs of the host's disk) */
-	if (ov && ov->se && atomic_load(&ov->running) && atomic_load(&ov->mounted) &&
-	    (fd = open(ov->mountpoint, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0) {
+	/* Dirty pages of the writeback cache must reach us while workers still serve. Once
+	 * unmounted (by us, or by anyone: `mounted` only knows of our umount) the mount point is
+	 * the directory below, whose syncfs would flush the host's disk for nothing. */
+	if (!ov || !ov->se || !atomic_load(&ov->running) || !atomic_load(&ov->mounted))
+		return;
+	fd = open(ov->mountpoint, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	if (fstat(fd, &st) == 0 && st.st_dev != ov->under_dev)
 		syncfs(fd);
-		close(fd);
-	}
+	close(fd);
 }
 
 /* See overlay.h. */

@@ -138,6 +138,7 @@ struct cb_overlay {
 	char *mountpoint;
 	unsigned max_threads;
 	_Atomic int mounted; /* cleared by cb_overlay_unmount from another thread */
+	dev_t under_dev;     /* the mount point's device before we mounted over it */
 	int debug;
 	pthread_t run_thread;
 	_Atomic int running;

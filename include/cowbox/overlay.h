@@ -64,7 +64,9 @@ int cb_overlay_unmount(struct cb_overlay *ov);
  * copy of the mount left (another mount namespace's) answers ENOTCONN. */
 void cb_overlay_end(struct cb_overlay *ov);
 
-/* Unmount if still mounted, make the journal durable, free everything; NULL is accepted. */
+/* Unmount if still mounted, make the journal durable, free everything; NULL is accepted.
+ * The caller makes sure no other thread is in, or will enter, cb_overlay_stop, _sync, _end
+ * or _unmount on ov: those read ov, and a signal thread left running is the usual culprit. */
 void cb_overlay_destroy(struct cb_overlay *ov);
 
 /* Change cb_overlay_config.id_base of a mounted overlay (a new workspace's options chose

@@ -11,11 +11,13 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cbtest import CowboxTestCase, is_fuse_mount, pid_alive, wait_for  # noqa: E402
+import fsharness  # noqa: E402
 
 HOLDER = r"""
 import os, sys, threading
@@ -77,6 +79,40 @@ class TeardownRaceTest(CowboxTestCase):
             self.assertFalse(is_fuse_mount(mnt))
             reports = self._sanitizer_reports(os.path.join(self.home, "workspaces"))
             self.assertEqual(reports, [], "trial %d seed %d" % (trial, seed))
+
+
+class StopWhileCopyEndsTest(unittest.TestCase):
+    """A copy of the mount in another mount namespace keeps the loop alive after our umount,
+    so a SIGTERM comes to stop it; the loop may end on its own (the copy goes) while that stop
+    runs. The stop must not touch the overlay main has begun to free (a use after free that
+    ASan caught in CI, in cb-overlay-mount's signal thread), and must exit 0."""
+
+    def test_sigterm_around_the_copys_end(self):
+        seed = int(os.environ.get("COWBOX_SEED") or random.randrange(1 << 30))
+        rng = random.Random(seed)
+        print("seed", seed, file=sys.stderr)
+        top = tempfile.mkdtemp(prefix="cb-fs-test-")
+        try:
+            for trial in range(6):
+                d = os.path.join(top, str(trial))
+                for sub in ("base", "upper", "mnt"):
+                    os.makedirs(os.path.join(d, sub))
+                mnt = os.path.join(d, "mnt")
+                mount = fsharness.Mount(os.path.join(d, "base"), os.path.join(d, "upper"), mnt)
+                with open(os.path.join(mnt, "f"), "wb") as f:
+                    f.write(b"x" * (1 << 20))
+                copy = subprocess.Popen(["unshare", "--mount", "--propagation", "private",
+                                         "sleep", "0.5"])
+                time.sleep(0.2)
+                fsharness.umount(mnt)
+                # the SIGTERM lands just before, at or after the copy's end
+                time.sleep(0.3 + rng.uniform(-0.1, 0.1))
+                mount.proc.send_signal(signal.SIGTERM)
+                copy.wait(timeout=10)
+                mount.proc.wait(timeout=30)
+                fsharness.close_checked(self, mount)
+        finally:
+            subprocess.run(["rm", "-rf", top])
 
 
 if __name__ == "__main__":

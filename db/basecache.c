@@ -14,6 +14,7 @@
 
 #include "cowbox/basecache.h"
 #include "cowbox/error.h"
+#include "cowbox/grow.h"
 
 /* 'cbbc': a file with another application id is not ours, whatever its tables say. */
 #define BC_APP_ID  0x63626263
@@ -25,6 +26,12 @@ static const char bc_schema_sql[] =
     "  WITHOUT ROWID;"
     "PRAGMA application_id = 1667392099;" /* BC_APP_ID */
     "PRAGMA user_version = 1;";
+
+/* Added to version 1 files by any handle that may write (older binaries ignore it). rows and
+ * sum come before data: reading them does not walk the blob's overflow pages. */
+static const char bc_pack_schema_sql[] =
+    "CREATE TABLE IF NOT EXISTS base_pack(id INTEGER PRIMARY KEY CHECK(id = 1), rows INTEGER, "
+    "  sum INTEGER, data BLOB);";
 
 enum { BQ_GET, BQ_PUT, BQ_LIST, BQ_LIST_FROM, BQ_LIST_UNTIL, BQ_LIST_RANGE, BQ_COUNT };
 
@@ -123,6 +130,9 @@ static int bc_schema(struct cb_db_basecache *c, int create)
 				   "shared base cache %s: not a cache of this version (application "
 				   "id %llx, version %lld); it is not used, and may be deleted",
 				   c->path, (unsigned long long)app, version);
+	if (!ret && create &&
+	    sqlite3_exec(c->db, bc_pack_schema_sql, NULL, NULL, NULL) != SQLITE_OK)
+		ret = bc_fail(c, "create");
 	if (!ret && sqlite3_exec(c->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
 		ret = bc_fail(c, "create");
 	if (ret)
@@ -323,5 +333,191 @@ int cb_db_basecache_commit(struct cb_db_basecache *c)
 		ret = bc_fail(c, "commit");
 		sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
 	}
+	return ret;
+}
+
+/* ---- the pack: every row of one whole base in one blob ----
+ * A first map over a base another workspace hashed needs all of its rows; read one by one
+ * (~400 ns each in SQLite) they cost more than the walk that checks them. The pack is one
+ * row: a header ("cbpk", version 1, the row count) and each row as a u16 path length, the
+ * path, the five key fields and both hashes, in path order; its xxh3 is kept beside it. A
+ * pack is a copy of rows, checked as they are (the caller compares each key with the file's
+ * stat): a stale or damaged pack costs lookups, never a wrong hash. */
+
+#define PACK_MAGIC    0x6b706263u /* "cbpk" */
+#define PACK_VERSION  1u
+#define PACK_HEAD     16
+#define PACK_FIXED    (2 + 5 * 8 + CB_SHA256_LEN + CB_XXH128_LEN) /* a row without its path */
+#define PACK_PATH_MAX 4096
+
+struct cb_basecache_pack {
+	unsigned char *data;
+	size_t len, cap;
+	unsigned long long rows;
+};
+
+int cb_basecache_pack_new(struct cb_basecache_pack **out)
+{
+	struct cb_basecache_pack *p = calloc(1, sizeof(*p));
+	unsigned int head[2] = {PACK_MAGIC, PACK_VERSION};
+
+	*out = NULL;
+	if (!p || cb_grow(&p->data, &p->cap, PACK_HEAD, 1, 1 << 20, "shared base cache pack")) {
+		free(p);
+		return cb_error_set(ENOMEM, "shared base cache pack: out of memory");
+	}
+	memcpy(p->data, head, sizeof(head));
+	p->len = PACK_HEAD;
+	*out = p;
+	return 0;
+}
+
+int cb_basecache_pack_add(struct cb_basecache_pack *p, const char *path,
+			  const struct cb_basecache_key *key, const unsigned char *sha256,
+			  const unsigned char *xxh3)
+{
+	size_t plen = strlen(path);
+	long long v[5] = {key->dev, key->ino, key->size, key->mtime_ns, key->ctime_ns};
+	unsigned short l = (unsigned short)plen;
+	unsigned char *at;
+
+	if (plen == 0 || plen >= PACK_PATH_MAX)
+		return cb_error_set(ENAMETOOLONG, "shared base cache pack: %s: path too long",
+				    path);
+	if (cb_grow(&p->data, &p->cap, p->len + PACK_FIXED + plen, 1, 1 << 20,
+		    "shared base cache pack"))
+		return -ENOMEM;
+	at = p->data + p->len;
+	memcpy(at, &l, 2);
+	memcpy(at + 2, path, plen);
+	memcpy(at + 2 + plen, v, sizeof(v));
+	memcpy(at + 2 + plen + sizeof(v), sha256, CB_SHA256_LEN);
+	memcpy(at + 2 + plen + sizeof(v) + CB_SHA256_LEN, xxh3, CB_XXH128_LEN);
+	p->len += PACK_FIXED + plen;
+	p->rows++;
+	return 0;
+}
+
+void cb_basecache_pack_free(struct cb_basecache_pack *p)
+{
+	if (!p)
+		return;
+	free(p->data);
+	free(p);
+}
+
+/* A statement on base_pack, prepared at first use: a reader's handle on a file that has no
+ * pack table yet has no pack. NULL when it cannot be prepared. */
+static sqlite3_stmt *bc_pack_stmt(struct cb_db_basecache *c, const char *sql)
+{
+	sqlite3_stmt *s = NULL;
+
+	if (sqlite3_prepare_v2(c->db, sql, -1, &s, NULL) != SQLITE_OK) {
+		sqlite3_finalize(s);
+		return NULL;
+	}
+	return s;
+}
+
+int cb_db_basecache_pack_store(struct cb_db_basecache *c, struct cb_basecache_pack *p)
+{
+	long long sum;
+	sqlite3_stmt *s = NULL;
+	int ret = 0;
+
+	memcpy(p->data + 8, &p->rows, sizeof(p->rows));
+	sum = (long long)XXH3_64bits(p->data, p->len);
+	/* The same pack is there already (another pass over the unchanged base): no write. */
+	if ((s = bc_pack_stmt(c, "SELECT 1 FROM base_pack WHERE id = 1 AND rows = ?1 AND "
+				 "sum = ?2"))) {
+		sqlite3_bind_int64(s, 1, (long long)p->rows);
+		sqlite3_bind_int64(s, 2, sum);
+		ret = sqlite3_step(s) == SQLITE_ROW;
+		sqlite3_finalize(s);
+		if (ret)
+			return 0;
+	}
+	if (!(s = bc_pack_stmt(c, "INSERT OR REPLACE INTO base_pack VALUES(1, ?1, ?2, ?3)")))
+		return bc_fail(c, "store the pack");
+	sqlite3_bind_int64(s, 1, (long long)p->rows);
+	sqlite3_bind_int64(s, 2, sum);
+	sqlite3_bind_blob64(s, 3, p->data, p->len, SQLITE_STATIC);
+	if (!(ret = cb_db_basecache_begin(c))) {
+		if (sqlite3_step(s) != SQLITE_DONE)
+			ret = bc_fail(c, "store the pack");
+		else
+			ret = cb_db_basecache_commit(c);
+		if (ret)
+			sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+	}
+	sqlite3_finalize(s);
+	return ret;
+}
+
+/* Call fn for each row of the pack data[0..len), which holds rows rows: 1 when every row
+ * was read, 0 when the bytes are not a whole pack (fn may have had some rows: each stands on
+ * its own), or fn's negative return. */
+static int bc_pack_read(const unsigned char *data, size_t len, unsigned long long rows,
+			int (*fn)(const struct cb_db_basecache_row *row, void *arg), void *arg)
+{
+	struct cb_db_basecache_row r;
+	unsigned int head[2];
+	unsigned long long n;
+	char path[PACK_PATH_MAX];
+	size_t at = PACK_HEAD;
+	int ret;
+
+	if (len < PACK_HEAD)
+		return 0;
+	memcpy(head, data, sizeof(head));
+	memcpy(&n, data + 8, sizeof(n));
+	if (head[0] != PACK_MAGIC || head[1] != PACK_VERSION || n != rows)
+		return 0;
+	for (unsigned long long i = 0; i < n; i++) {
+		unsigned short l;
+		long long v[5];
+
+		if (len - at < PACK_FIXED)
+			return 0;
+		memcpy(&l, data + at, 2);
+		if (!l || l >= PACK_PATH_MAX || len - at < PACK_FIXED + (size_t)l)
+			return 0;
+		memcpy(path, data + at + 2, l);
+		path[l] = '\0';
+		at += 2 + l;
+		memcpy(v, data + at, sizeof(v));
+		r.path = path;
+		r.key = (struct cb_basecache_key){v[0], v[1], v[2], v[3], v[4]};
+		memcpy(r.sha256, data + at + sizeof(v), CB_SHA256_LEN);
+		memcpy(r.xxh3, data + at + sizeof(v) + CB_SHA256_LEN, CB_XXH128_LEN);
+		at += sizeof(v) + CB_SHA256_LEN + CB_XXH128_LEN;
+		if ((ret = fn(&r, arg)) < 0)
+			return ret;
+	}
+	return at == len;
+}
+
+int cb_db_basecache_pack_list(struct cb_db_basecache *c,
+			      int (*fn)(const struct cb_db_basecache_row *row, void *arg),
+			      void *arg)
+{
+	sqlite3_stmt *s = bc_pack_stmt(c, "SELECT rows, sum, data FROM base_pack WHERE id = 1");
+	int ret = 0, rc;
+
+	if (!s)
+		return 0; /* no pack table: no pack */
+	/* One statement: its own read; the blob stays valid until the finalize. */
+	rc = sqlite3_step(s);
+	if (rc == SQLITE_ROW && sqlite3_column_type(s, 2) == SQLITE_BLOB) {
+		const unsigned char *data = sqlite3_column_blob(s, 2);
+		size_t len = (size_t)sqlite3_column_bytes(s, 2);
+
+		if (data && (long long)XXH3_64bits(data, len) == sqlite3_column_int64(s, 1))
+			ret = bc_pack_read(data, len,
+					   (unsigned long long)sqlite3_column_int64(s, 0), fn, arg);
+	} else if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+		ret = bc_fail(c, "read the pack");
+	}
+	sqlite3_finalize(s);
 	return ret;
 }

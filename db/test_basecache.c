@@ -1,7 +1,7 @@
 /* Unit tests of db/basecache.c: a row is a hit only for its exact key, a row changed on disk
  * is a miss, a file that is not a cache of this version is refused, two handles share rows,
  * the whole list and its ranges come in strcmp order without damaged rows, a reader beside a
- * handle reads the same rows. */
+ * handle reads the same rows, and the pack gives its rows or, damaged or missing, none. */
 #include "config.h"
 
 #include <criterion/criterion.h>
@@ -236,4 +236,83 @@ Test(basecache, a_reader_reads_beside_its_handle_and_never_creates)
 	cr_assert_null(r);
 	cr_assert_eq(access(path, F_OK), -1);
 	cb_db_basecache_close(c);
+}
+
+/* A cache whose pack holds "a-z" (ino 99), "a/a" and "b", in that order. */
+static struct cb_db_basecache *open_with_pack(void)
+{
+	struct cb_db_basecache *c = open_with_row();
+	struct cb_basecache_key k2 = key;
+	struct cb_basecache_pack *p;
+
+	k2.ino = 99;
+	cr_assert_eq(cb_basecache_pack_new(&p), 0);
+	cr_assert_eq(cb_basecache_pack_add(p, "a-z", &k2, sha, xxh), 0);
+	cr_assert_eq(cb_basecache_pack_add(p, "a/a", &key, sha, xxh), 0);
+	cr_assert_eq(cb_basecache_pack_add(p, "b", &key, sha, xxh), 0);
+	cr_assert_eq(cb_db_basecache_pack_store(c, p), 0, "%s", cb_error_message());
+	cb_basecache_pack_free(p);
+	return c;
+}
+
+Test(basecache, the_pack_gives_its_rows_in_the_order_they_were_added)
+{
+	struct cb_db_basecache *c = open_with_pack(), *r = NULL;
+	struct listed l = {0};
+
+	cr_assert_eq(cb_db_basecache_pack_list(c, list_row, &l), 1, "%s", cb_error_message());
+	cr_assert_eq(l.n, 3);
+	cr_assert_str_eq(l.paths[0], "a-z");
+	cr_assert_eq(l.keys[0].ino, 99);
+	cr_assert_str_eq(l.paths[1], "a/a");
+	cr_assert_str_eq(l.paths[2], "b");
+	cr_assert_eq(memcmp(&l.keys[2], &key, sizeof(key)), 0);
+	/* the rows are left as they were: the pack is beside them, not instead */
+	l = (struct listed){0};
+	cr_assert_eq(cb_db_basecache_list(c, list_row, &l), 0);
+	cr_assert_eq(l.n, 1);
+	/* a reader's handle reads the same pack */
+	cr_assert_eq(cb_db_basecache_open_reader(c, &r), 0, "%s", cb_error_message());
+	l = (struct listed){0};
+	cr_assert_eq(cb_db_basecache_pack_list(r, list_row, &l), 1);
+	cr_assert_eq(l.n, 3);
+	cb_db_basecache_close(r);
+	cb_db_basecache_close(c);
+}
+
+Test(basecache, a_damaged_pack_is_no_pack)
+{
+	struct cb_db_basecache *c = open_with_pack();
+	struct listed l = {0};
+
+	cb_db_basecache_close(c);
+	/* one byte of a hash flipped on disk: the checksum no longer holds, no row is given */
+	raw_exec("UPDATE base_pack SET data = substr(data, 1, length(data) - 1) || x'00'");
+	cr_assert_eq(cb_db_basecache_open(path, &c), 0);
+	cr_assert_eq(cb_db_basecache_pack_list(c, list_row, &l), 0);
+	cr_assert_eq(l.n, 0);
+	cb_db_basecache_close(c);
+	/* a file without the pack table (made by an older cowbox): no pack, no error; a handle
+	 * that may write adds the table */
+	raw_exec("DROP TABLE base_pack");
+	cr_assert_eq(cb_db_basecache_open(path, &c), 0);
+	cr_assert_eq(cb_db_basecache_pack_list(c, list_row, &l), 0);
+	cb_db_basecache_close(c);
+	c = open_with_pack();
+	cr_assert_eq(cb_db_basecache_pack_list(c, list_row, &l), 1);
+	cr_assert_eq(l.n, 3);
+	cb_db_basecache_close(c);
+}
+
+Test(basecache, a_pack_of_a_path_too_long_is_refused)
+{
+	struct cb_basecache_pack *p;
+	char longp[5000];
+
+	memset(longp, 'x', sizeof(longp) - 1);
+	longp[sizeof(longp) - 1] = '\0';
+	cr_assert_eq(cb_basecache_pack_new(&p), 0);
+	cr_assert_eq(cb_basecache_pack_add(p, longp, &key, sha, xxh), -ENAMETOOLONG);
+	cr_assert_eq(cb_basecache_pack_add(p, "", &key, sha, xxh), -ENAMETOOLONG);
+	cb_basecache_pack_free(p);
 }

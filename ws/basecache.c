@@ -264,7 +264,7 @@ static void *find_half_thread(void *arg)
 /* The shared cache's rows merged into files f, in one scan or, for many files, two at once
  * (a thread and a second handle taking the rows from the middle file's path on). The rows
  * found are counted in m->found. */
-static int find_shared(struct ws_basecache *bc, struct find_merge *m)
+static int find_shared_rows(struct ws_basecache *bc, struct find_merge *m)
 {
 	struct find_half h = {.ret = 0};
 	size_t half = m->n / 2;
@@ -290,6 +290,44 @@ static int find_shared(struct ws_basecache *bc, struct find_merge *m)
 	}
 	cb_db_basecache_close(h.db);
 	return ret;
+}
+
+/* Fewer files than this still missing after the pack are looked up one by one; more, and
+ * the rows are scanned. */
+#define FIND_LOOKUP_MAX 4096
+
+/* The shared cache merged into files f: its pack first (one read for a whole base), then the
+ * rows for what the pack did not vouch for (a file changed since, or no pack at all). */
+static int find_shared(struct ws_basecache *bc, struct find_merge *m)
+{
+	int packed = cb_db_basecache_pack_list(bc->db, find_shared_row, m);
+	size_t misses = 0;
+	int ret = 0;
+
+	if (packed < 0)
+		return packed;
+	for (size_t i = 0; i < m->n; i++)
+		misses += S_ISREG(m->f[i].st.st_mode) && !m->f[i].cached;
+	if (!misses)
+		return 0;
+	if (!packed || misses > FIND_LOOKUP_MAX) {
+		m->at = 0;
+		return find_shared_rows(bc, m);
+	}
+	for (size_t i = 0; i < m->n && ret >= 0; i++) {
+		struct ws_base_file *f = &m->f[i];
+		struct cb_basecache_key k;
+
+		if (!S_ISREG(f->st.st_mode) || f->cached)
+			continue;
+		cb_basecache_key_of(&f->st, &k);
+		ret = cb_db_basecache_get(bc->db, f->path, &k, f->h.sha256, f->h.xxh3);
+		if (ret > 0) {
+			f->cached = 2;
+			m->found++;
+		}
+	}
+	return ret < 0 ? ret : 0;
 }
 
 int ws_base_cache_find(struct cb_turns *t, struct ws_base_file *f, size_t n)
@@ -486,6 +524,35 @@ static int pre_file_cmp(const void *a, const void *b)
 	return strcmp(((const struct pre_file *)a)->path, ((const struct pre_file *)b)->path);
 }
 
+/* The most rows a pack is made of (about 30 MB): larger bases are read row by row. */
+#define PACK_ROWS_MAX 262144
+
+/* The whole walk (sorted) is hashed: every file's row, as the shared cache's pack, for the
+ * first map of the next workspace over this base. Best effort: a failure drops the shared
+ * cache for this handle, as any other would. */
+static void pre_store_pack(struct cb_turns *t, struct pre_walk *w)
+{
+	struct cb_basecache_pack *pack = NULL;
+	struct cb_basecache_key k;
+	int ret;
+
+	if (!t->bc || !t->bc->db || w->n > PACK_ROWS_MAX)
+		return;
+	ret = cb_basecache_pack_new(&pack);
+	for (size_t i = 0; i < w->n && !ret; i++) {
+		if (!S_ISREG(w->f[i].st.st_mode))
+			continue;
+		cb_basecache_key_of(&w->f[i].st, &k);
+		ret =
+		    cb_basecache_pack_add(pack, w->f[i].path, &k, w->f[i].h.sha256, w->f[i].h.xxh3);
+	}
+	if (!ret)
+		ret = cb_db_basecache_pack_store(t->bc->db, pack);
+	if (ret)
+		bc_drop(t->bc, cb_error_message());
+	cb_basecache_pack_free(pack);
+}
+
 /* The whole walk is hashed: write the base map the first snapshot would build from it (in
  * path order), marked prepared, so that the first snapshot only freezes it when the base
  * did not move since (cb_ws_base_trust_prepared). Nothing is prepared when an entry could
@@ -524,6 +591,8 @@ out:
 		ret = cb_db_turns_commit(t->db);
 	if (ret)
 		cb_db_turns_rollback(t->db);
+	if (!ret)
+		pre_store_pack(t, w);
 	return ret;
 }
 

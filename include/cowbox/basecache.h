@@ -64,6 +64,28 @@ int cb_db_basecache_put(struct cb_db_basecache *c, const char *path,
 int cb_db_basecache_begin(struct cb_db_basecache *c);
 int cb_db_basecache_commit(struct cb_db_basecache *c);
 
+/* The pack: every row of a whole base in one blob beside the rows, so that a first map reads
+ * them in one step (one row at a time costs more than the walk that checks them). */
+struct cb_basecache_pack;
+/* An empty pack, to add rows to in path order (strcmp's). 0 or -ENOMEM. */
+int cb_basecache_pack_new(struct cb_basecache_pack **out);
+/* Append one row; -ENAMETOOLONG for a path of PATH_MAX bytes or more, -ENOMEM. */
+int cb_basecache_pack_add(struct cb_basecache_pack *p, const char *path,
+			  const struct cb_basecache_key *key, const unsigned char *sha256,
+			  const unsigned char *xxh3);
+void cb_basecache_pack_free(struct cb_basecache_pack *p);
+/* Make p the cache's pack (replacing the one there, in one transaction; nothing is written
+ * when the same pack is there already). 0 or -errno. */
+int cb_db_basecache_pack_store(struct cb_db_basecache *c, struct cb_basecache_pack *p);
+/* Call fn for each row of the cache's pack, in the order they were added; fn returns 0, or
+ * -errno to end the read. 1 when the whole pack was read; 0 when there is none or it is
+ * damaged (its checksum or its layout is wrong: the rows fn had are intact, and the rest are
+ * for the caller to look up); fn's error or -errno when the database cannot be read. As
+ * with the rows, the caller compares each key with the file's stat. */
+int cb_db_basecache_pack_list(struct cb_db_basecache *c,
+			      int (*fn)(const struct cb_db_basecache_row *row, void *arg),
+			      void *arg);
+
 /* ---- db/turns_read.c: read transactions of the turn store ---- */
 
 struct cb_db_turns;

@@ -374,6 +374,8 @@ class BaseCacheTest(CowboxTestCase):
         db = sqlite3.connect(path)
         for p in damaged:
             db.execute("UPDATE base_hash SET sha256 = zeroblob(32) WHERE path = ?", (p,))
+        # without the pack (which would vouch for all but the changed files in one read)
+        db.execute("DELETE FROM base_pack")
         db.commit()
         db.close()
         real = base_map(base)
@@ -382,6 +384,62 @@ class BaseCacheTest(CowboxTestCase):
         own, shared, hashed = self.snapshot_stats(b)
         self.assertEqual((own + shared + hashed, hashed), (n, len(changed) + 2),
                          self.daemon_log(b))
+
+    def test_first_map_at_once_reads_the_pack_and_checks_each_row(self):
+        # The pass that hashed the whole base leaves its rows in one pack: a first map at
+        # once reads it instead of the rows (here all damaged: nothing comes from them),
+        # and still trusts a pack row only while the file's stat key holds.
+        n = 600
+        base = self.make_tree(n)
+        a = self.new_ws(base)
+        self.assertEqual(self.wait_hashed(a)["state"], "done")
+        self.cowbox("umount", a)
+        (path,) = self.cache_files()
+        db = sqlite3.connect(path)
+        self.assertEqual(db.execute("SELECT rows FROM base_pack").fetchone(), (n,))
+        db.execute("UPDATE base_hash SET sha256 = zeroblob(32)")
+        db.commit()
+        db.close()
+        victim = os.path.join(base, "d003", "f00003")
+        st = os.stat(victim)
+        with open(victim, "r+b") as f:
+            f.write(b"changed after the pack" [:max(st.st_size, 1)])
+        os.truncate(victim, st.st_size)
+        os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+        real = base_map(base)
+        b = self.new_ws_at_once(base)
+        self.assertEqual(self.snapshot_map(b), real)
+        own, shared, hashed = self.snapshot_stats(b)
+        self.assertEqual((own, shared, hashed), (0, n - 1, 1), self.daemon_log(b))
+
+    def test_damaged_pack_falls_back_to_the_rows(self):
+        n = 500
+        base = self.make_tree(n)
+        a = self.new_ws(base)
+        self.assertEqual(self.wait_hashed(a)["state"], "done")
+        self.cowbox("umount", a)
+        (path,) = self.cache_files()
+        db = sqlite3.connect(path)
+        # one byte of the pack changed on disk (its checksum no longer holds)
+        (good,) = db.execute("SELECT data FROM base_pack").fetchone()
+        data = bytearray(good)
+        data[len(data) // 2] ^= 0x40
+        db.execute("UPDATE base_pack SET data = ?", (bytes(data),))
+        db.commit()
+        real = base_map(base)
+        b = self.new_ws_at_once(base)
+        self.assertEqual(self.snapshot_map(b), real)
+        own, shared, hashed = self.snapshot_stats(b)
+        self.assertEqual((own + shared, hashed), (n, 0), self.daemon_log(b))
+        self.cowbox("umount", b)
+        # intact bytes, but a row count that is not the pack's own: not a pack either
+        db.execute("UPDATE base_pack SET data = ?, rows = rows + 1", (good,))
+        db.commit()
+        db.close()
+        c = self.new_ws_at_once(base)
+        self.assertEqual(self.snapshot_map(c), real)
+        own, shared, hashed = self.snapshot_stats(c)
+        self.assertEqual((own + shared, hashed), (n, 0), self.daemon_log(c))
 
     def test_damaged_shared_cache_falls_back_to_hashing(self):
         base = self.make_tree(150)

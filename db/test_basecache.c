@@ -129,6 +129,14 @@ struct listed {
 	int n;
 };
 
+/* l holds exactly the n paths given, in that order. */
+static void assert_paths(const struct listed *l, int n, const char *const *paths)
+{
+	cr_assert_eq(l->n, n);
+	for (int i = 0; i < n; i++)
+		cr_assert_str_eq(l->paths[i], paths[i]);
+}
+
 static int list_row(const struct cb_db_basecache_row *row, void *arg)
 {
 	struct listed *l = arg;
@@ -159,11 +167,8 @@ Test(basecache, the_list_is_in_strcmp_order_without_damaged_rows)
 	raw_exec("UPDATE base_hash SET size = 7 WHERE path = 'b'");
 	cr_assert_eq(cb_db_basecache_open(path, &c), 0);
 	cr_assert_eq(cb_db_basecache_list(c, list_row, &l), 0, "%s", cb_error_message());
-	cr_assert_eq(l.n, 3);
-	cr_assert_str_eq(l.paths[0], "a-z");
+	assert_paths(&l, 3, (const char *const[]){"a-z", "a/a", "a/b"});
 	cr_assert_eq(l.keys[0].ino, 99);
-	cr_assert_str_eq(l.paths[1], "a/a");
-	cr_assert_str_eq(l.paths[2], "a/b");
 	cr_assert_eq(memcmp(&l.keys[2], &key, sizeof(key)), 0);
 	cb_db_basecache_close(c);
 }
@@ -261,11 +266,8 @@ Test(basecache, the_pack_gives_its_rows_in_the_order_they_were_added)
 	struct listed l = {0};
 
 	cr_assert_eq(cb_db_basecache_pack_list(c, list_row, &l), 1, "%s", cb_error_message());
-	cr_assert_eq(l.n, 3);
-	cr_assert_str_eq(l.paths[0], "a-z");
+	assert_paths(&l, 3, (const char *const[]){"a-z", "a/a", "b"});
 	cr_assert_eq(l.keys[0].ino, 99);
-	cr_assert_str_eq(l.paths[1], "a/a");
-	cr_assert_str_eq(l.paths[2], "b");
 	cr_assert_eq(memcmp(&l.keys[2], &key, sizeof(key)), 0);
 	/* the rows are left as they were: the pack is beside them, not instead */
 	l = (struct listed){0};

@@ -14,7 +14,7 @@ noinst_HEADERS += include/cowbox/turns.h include/cowbox/fsck.h
 
 check_PROGRAMS += ws/test_turns
 TESTS += ws/test_turns
-ws_test_turns_SOURCES = ws/test_turns.c
+ws_test_turns_SOURCES = ws/test_turns.c ws/test_basewalk.c
 ws_test_turns_CFLAGS = $(CRITERION_TEST_CFLAGS)
 ws_test_turns_LDADD = ws/libcb_ws.la db/libcb_db.la util/libcb_util.la $(DEPS_LIBS) \
 	$(CRITERION_TEST_LIBS)
@@ -38,12 +38,6 @@ ws_test_resolve_fast_LDADD = ws/libcb_ws.la db/libcb_db.la util/libcb_util.la $(
 
 # the shared base hash cache and the background hash of the base
 ws_libcb_ws_la_SOURCES += ws/basecache.c ws/basewalk.c
-check_PROGRAMS += ws/test_basewalk
-TESTS += ws/test_basewalk
-ws_test_basewalk_SOURCES = ws/test_basewalk.c
-ws_test_basewalk_CFLAGS = $(CRITERION_TEST_CFLAGS)
-ws_test_basewalk_LDADD = ws/libcb_ws.la db/libcb_db.la util/libcb_util.la $(DEPS_LIBS) \
-	$(CRITERION_TEST_LIBS)
 
 # access levels: names, and the widest level a workspace serves
 ws_libcb_ws_la_SOURCES += ws/access.c

@@ -22,6 +22,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cbtest import CowboxTestCase, pid_alive, wait_for  # noqa: E402
 
 
+def rewrite_keeping_mtime(path, data):
+    """Overwrite the start of path with data, its size and mtime put back: only its ctime
+    (and its bytes) tell that it changed."""
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.write(data[:max(st.st_size, 1)])
+    os.truncate(path, st.st_size)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
 def base_map(base):
     """{relative path: sha256 hex} of every regular file under base, as sha256sum sees it."""
     out = {}
@@ -138,11 +148,7 @@ class BaseCacheTest(CowboxTestCase):
         self.assertEqual(self.wait_hashed(a)["state"], "done")
         # changed after the pass: same size, mtime put back; the watch sees it
         victim = os.path.join(base, "d002", "f00002")
-        st = os.stat(victim)
-        with open(victim, "r+b") as f:
-            f.write(b"changed after the background pass")
-        os.truncate(victim, st.st_size)
-        os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+        rewrite_keeping_mtime(victim, b"changed after the background pass")
         real = base_map(base)
         self.assertEqual(self.snapshot_map(a), real)
         own, shared, hashed = self.snapshot_stats(a)
@@ -266,12 +272,8 @@ class BaseCacheTest(CowboxTestCase):
         self.assertEqual(self.wait_hashed(a)["state"], "done")
         b = self.new_ws_at_once(base)
         self.read_ahead_logged(b)
-        victim = os.path.join(base, "d005", "f00005")
-        st = os.stat(victim)
-        with open(victim, "r+b") as f:
-            f.write(b"changed after the read ahead"[:max(st.st_size, 1)])
-        os.truncate(victim, st.st_size)
-        os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+        rewrite_keeping_mtime(os.path.join(base, "d005", "f00005"),
+                              b"changed after the read ahead")
         with open(os.path.join(base, "d006", "new"), "wb") as f:
             f.write(b"new after the read ahead")
         os.unlink(os.path.join(base, "d007", "f00007"))
@@ -385,27 +387,27 @@ class BaseCacheTest(CowboxTestCase):
         self.assertEqual((own + shared + hashed, hashed), (n, len(changed) + 2),
                          self.daemon_log(b))
 
-    def test_first_map_at_once_reads_the_pack_and_checks_each_row(self):
-        # The pass that hashed the whole base leaves its rows in one pack: a first map at
-        # once reads it instead of the rows (here all damaged: nothing comes from them),
-        # and still trusts a pack row only while the file's stat key holds.
-        n = 600
+    def hashed_base(self, n):
+        """A base of n files that a workspace hashed in the background (then unmounted):
+        the base and an open connection to its shared cache file."""
         base = self.make_tree(n)
         a = self.new_ws(base)
         self.assertEqual(self.wait_hashed(a)["state"], "done")
         self.cowbox("umount", a)
         (path,) = self.cache_files()
-        db = sqlite3.connect(path)
+        return base, sqlite3.connect(path)
+
+    def test_first_map_at_once_reads_the_pack_and_checks_each_row(self):
+        # The pass that hashed the whole base leaves its rows in one pack: a first map at
+        # once reads it instead of the rows (here all damaged: nothing comes from them),
+        # and still trusts a pack row only while the file's stat key holds.
+        n = 600
+        base, db = self.hashed_base(n)
         self.assertEqual(db.execute("SELECT rows FROM base_pack").fetchone(), (n,))
         db.execute("UPDATE base_hash SET sha256 = zeroblob(32)")
         db.commit()
         db.close()
-        victim = os.path.join(base, "d003", "f00003")
-        st = os.stat(victim)
-        with open(victim, "r+b") as f:
-            f.write(b"changed after the pack" [:max(st.st_size, 1)])
-        os.truncate(victim, st.st_size)
-        os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+        rewrite_keeping_mtime(os.path.join(base, "d003", "f00003"), b"changed after the pack")
         real = base_map(base)
         b = self.new_ws_at_once(base)
         self.assertEqual(self.snapshot_map(b), real)
@@ -414,12 +416,7 @@ class BaseCacheTest(CowboxTestCase):
 
     def test_damaged_pack_falls_back_to_the_rows(self):
         n = 500
-        base = self.make_tree(n)
-        a = self.new_ws(base)
-        self.assertEqual(self.wait_hashed(a)["state"], "done")
-        self.cowbox("umount", a)
-        (path,) = self.cache_files()
-        db = sqlite3.connect(path)
+        base, db = self.hashed_base(n)
         # one byte of the pack changed on disk (its checksum no longer holds)
         (good,) = db.execute("SELECT data FROM base_pack").fetchone()
         data = bytearray(good)

@@ -427,12 +427,16 @@ int cb_db_basecache_pack_store(struct cb_db_basecache *c, struct cb_basecache_pa
 
 	memcpy(p->data + 8, &p->rows, sizeof(p->rows));
 	sum = (long long)XXH3_64bits(p->data, p->len);
-	/* The same pack is there already (another pass over the unchanged base): no write. */
-	if ((s = bc_pack_stmt(c, "SELECT 1 FROM base_pack WHERE id = 1 AND rows = ?1 AND "
+	/* The same pack is there already, intact (another pass over the unchanged base): no
+	 * write. Its bytes are hashed again, not only its checksum column compared: a pack
+	 * damaged on disk is written anew. */
+	if ((s = bc_pack_stmt(c, "SELECT data FROM base_pack WHERE id = 1 AND rows = ?1 AND "
 				 "sum = ?2"))) {
 		sqlite3_bind_int64(s, 1, (long long)p->rows);
 		sqlite3_bind_int64(s, 2, sum);
-		ret = sqlite3_step(s) == SQLITE_ROW;
+		ret = sqlite3_step(s) == SQLITE_ROW &&
+		      (size_t)sqlite3_column_bytes(s, 0) == p->len &&
+		      (long long)XXH3_64bits(sqlite3_column_blob(s, 0), p->len) == sum;
 		sqlite3_finalize(s);
 		if (ret)
 			return 0;

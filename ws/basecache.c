@@ -365,6 +365,35 @@ void ws_base_cache_found(struct cb_turns *t, const struct ws_base_file *f, size_
 	}
 }
 
+/* The most rows a pack is made of (about 30 MB): larger bases are read row by row. */
+#define PACK_ROWS_MAX 262144
+
+void ws_basecache_pack(struct cb_turns *t, const void *arr, size_t n, ws_basecache_row_fn row)
+{
+	struct cb_basecache_pack *pack = NULL;
+	struct cb_basecache_key k;
+	int ret;
+
+	if (!t->bc || !t->bc->db || n > PACK_ROWS_MAX)
+		return;
+	ret = cb_basecache_pack_new(&pack);
+	for (size_t i = 0; i < n && !ret; i++) {
+		const struct stat *st;
+		const struct cb_hash *h;
+		const char *path;
+
+		if (!row(arr, i, &path, &st, &h) || !S_ISREG(st->st_mode))
+			continue;
+		cb_basecache_key_of(st, &k);
+		ret = cb_basecache_pack_add(pack, path, &k, h->sha256, h->xxh3);
+	}
+	if (!ret)
+		ret = cb_db_basecache_pack_store(t->bc->db, pack);
+	if (ret)
+		bc_drop(t->bc, cb_error_message());
+	cb_basecache_pack_free(pack);
+}
+
 /* ---- the background pass ---- */
 
 struct pre_file {
@@ -524,33 +553,16 @@ static int pre_file_cmp(const void *a, const void *b)
 	return strcmp(((const struct pre_file *)a)->path, ((const struct pre_file *)b)->path);
 }
 
-/* The most rows a pack is made of (about 30 MB): larger bases are read row by row. */
-#define PACK_ROWS_MAX 262144
-
-/* The whole walk (sorted) is hashed: every file's row, as the shared cache's pack, for the
- * first map of the next workspace over this base. Best effort: a failure drops the shared
- * cache for this handle, as any other would. */
-static void pre_store_pack(struct cb_turns *t, struct pre_walk *w)
+/* A file of the pass's walk for ws_basecache_pack. */
+static int pre_row(const void *arr, size_t i, const char **path, const struct stat **st,
+		   const struct cb_hash **h)
 {
-	struct cb_basecache_pack *pack = NULL;
-	struct cb_basecache_key k;
-	int ret;
+	const struct pre_file *f = (const struct pre_file *)arr + i;
 
-	if (!t->bc || !t->bc->db || w->n > PACK_ROWS_MAX)
-		return;
-	ret = cb_basecache_pack_new(&pack);
-	for (size_t i = 0; i < w->n && !ret; i++) {
-		if (!S_ISREG(w->f[i].st.st_mode))
-			continue;
-		cb_basecache_key_of(&w->f[i].st, &k);
-		ret =
-		    cb_basecache_pack_add(pack, w->f[i].path, &k, w->f[i].h.sha256, w->f[i].h.xxh3);
-	}
-	if (!ret)
-		ret = cb_db_basecache_pack_store(t->bc->db, pack);
-	if (ret)
-		bc_drop(t->bc, cb_error_message());
-	cb_basecache_pack_free(pack);
+	*path = f->path;
+	*st = &f->st;
+	*h = &f->h;
+	return 1;
 }
 
 /* The whole walk is hashed: write the base map the first snapshot would build from it (in
@@ -592,7 +604,7 @@ out:
 	if (ret)
 		cb_db_turns_rollback(t->db);
 	if (!ret)
-		pre_store_pack(t, w);
+		ws_basecache_pack(t, w->f, w->n, pre_row);
 	return ret;
 }
 

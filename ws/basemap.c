@@ -341,6 +341,18 @@ static int map_write(struct cb_turns *t, struct base_walk *w, int frozen, int pr
 }
 
 /* 1 if the background pass prepared the base map and the caller may trust it. */
+/* A walked entry for ws_basecache_pack. */
+static int walk_row(const void *arr, size_t i, const char **path, const struct stat **st,
+		    const struct cb_hash **h)
+{
+	const struct ws_base_file *f = (const struct ws_base_file *)arr + i;
+
+	*path = f->path;
+	*st = &f->st;
+	*h = &f->h;
+	return 1;
+}
+
 static int map_prepared(struct cb_turns *t)
 {
 	return t->base_prepared_ok && t->base_fd >= 0 && cb_db_turns_base_prepared(t->db) == 1;
@@ -383,6 +395,8 @@ int ws_map_ensure(struct cb_turns *t)
 		ret = cb_db_turns_commit(t->db);
 	if (!ret)
 		intx = 0;
+	if (!ret && w.n)
+		ws_basecache_pack(t, w.it, w.n, walk_row);
 out:
 	if (intx)
 		cb_db_turns_rollback(t->db);
@@ -490,6 +504,10 @@ int cb_ws_map_first_write(struct cb_turns *t, struct cb_ws_first_map *p)
 		ret = cb_db_turns_map_id_set(t->db, p->map_id);
 	if (!ret)
 		ret = cb_db_turns_commit(t->db);
+	/* The walk, every file hashed: the next workspace's first map reads it as one pack.
+	 * (After meta.db's commit: never while holding its write lock.) */
+	if (!ret)
+		ws_basecache_pack(t, p->w.it, p->w.n, walk_row);
 out:
 	cb_db_turns_rollback(t->db);
 	return ret ? cb_error_wrap(ret, "write the first map") : 0;

@@ -380,12 +380,16 @@ class BaseCacheTest(CowboxTestCase):
         db.execute("DELETE FROM base_pack")
         db.commit()
         db.close()
+        (own, shared, hashed), log = self.first_map_at_once(base)
+        self.assertEqual((own + shared + hashed, hashed), (n, len(changed) + 2), log)
+
+    def first_map_at_once(self, base):
+        """A new workspace over base without a pass of its own: its first map, checked
+        against sha256sum's, and (from meta.db's cache, from the shared cache, hashed)."""
         real = base_map(base)
         b = self.new_ws_at_once(base)
         self.assertEqual(self.snapshot_map(b), real)
-        own, shared, hashed = self.snapshot_stats(b)
-        self.assertEqual((own + shared + hashed, hashed), (n, len(changed) + 2),
-                         self.daemon_log(b))
+        return self.snapshot_stats(b), self.daemon_log(b)
 
     def hashed_base(self, n):
         """A base of n files that a workspace hashed in the background (then unmounted):
@@ -408,11 +412,29 @@ class BaseCacheTest(CowboxTestCase):
         db.commit()
         db.close()
         rewrite_keeping_mtime(os.path.join(base, "d003", "f00003"), b"changed after the pack")
-        real = base_map(base)
-        b = self.new_ws_at_once(base)
-        self.assertEqual(self.snapshot_map(b), real)
-        own, shared, hashed = self.snapshot_stats(b)
-        self.assertEqual((own, shared, hashed), (0, n - 1, 1), self.daemon_log(b))
+        stats, log = self.first_map_at_once(base)
+        self.assertEqual(stats, (0, n - 1, 1), log)
+
+    def test_a_first_map_that_hashed_the_base_leaves_the_pack(self):
+        # No background pass (a harness's snapshot() right after create): the first map
+        # hashes the base itself and leaves the pack behind it, whether the daemon answered
+        # it from the walk (the map asked for) or the worker built it (--changes).
+        for how in (["--json"], ["--changes", "--json"]):
+            n = 300
+            before = set(self.cache_files())
+            base = self.make_tree(n)
+            a = self.new_ws_at_once(base)
+            self.cowbox("snapshot", a, *how)
+            self.assertEqual(self.snapshot_stats(a)[2], n, self.daemon_log(a))
+            (path,) = set(self.cache_files()) - before
+            db = sqlite3.connect(path)
+            self.assertEqual(db.execute("SELECT rows FROM base_pack").fetchone(), (n,))
+            # every row damaged: what the next workspace takes comes from the pack
+            db.execute("UPDATE base_hash SET sha256 = zeroblob(32)")
+            db.commit()
+            db.close()
+            stats, log = self.first_map_at_once(base)
+            self.assertEqual(stats, (0, n, 0), log)
 
     def test_damaged_pack_falls_back_to_the_rows(self):
         n = 500
@@ -423,20 +445,16 @@ class BaseCacheTest(CowboxTestCase):
         data[len(data) // 2] ^= 0x40
         db.execute("UPDATE base_pack SET data = ?", (bytes(data),))
         db.commit()
-        real = base_map(base)
-        b = self.new_ws_at_once(base)
-        self.assertEqual(self.snapshot_map(b), real)
-        own, shared, hashed = self.snapshot_stats(b)
-        self.assertEqual((own + shared, hashed), (n, 0), self.daemon_log(b))
-        self.cowbox("umount", b)
+        (own, shared, hashed), log = self.first_map_at_once(base)
+        self.assertEqual((own + shared, hashed), (n, 0), log)
+        # (that first map wrote the pack anew, from its walk)
+        self.assertEqual(db.execute("SELECT data FROM base_pack").fetchone(), (good,))
         # intact bytes, but a row count that is not the pack's own: not a pack either
-        db.execute("UPDATE base_pack SET data = ?, rows = rows + 1", (good,))
+        db.execute("UPDATE base_pack SET rows = rows + 1")
         db.commit()
         db.close()
-        c = self.new_ws_at_once(base)
-        self.assertEqual(self.snapshot_map(c), real)
-        own, shared, hashed = self.snapshot_stats(c)
-        self.assertEqual((own + shared, hashed), (n, 0), self.daemon_log(c))
+        (own, shared, hashed), log = self.first_map_at_once(base)
+        self.assertEqual((own + shared, hashed), (n, 0), log)
 
     def test_damaged_shared_cache_falls_back_to_hashing(self):
         base = self.make_tree(150)

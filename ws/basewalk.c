@@ -192,6 +192,7 @@ static void *walk_thread(void *arg)
 	return NULL;
 }
 
+/* Runs by the address of their directory's queued path: the key run_of finds them by. */
 static int run_cmp(const void *a, const void *b)
 {
 	uintptr_t x = (uintptr_t)((const struct walk_run *)a)->dir,

@@ -201,12 +201,10 @@ out:
 	return ret;
 }
 
-/* After the reply, still under the turn lock: the rows of a map answered from the walk (or
- * walked after a reply that carried no map). A failure loses nothing the client relies on:
- * the id it was given is not adopted, so it gets the whole map next time, and the next turn
- * op builds the map from the base. */
-static void snapshot_first_write(struct cb_turns *t, struct cb_ws_first_map *p, const char *how,
-				 double seconds)
+/* After the reply, still under the turn lock: the rows of a map answered from the walk. A
+ * failure loses nothing the client relies on: the id it was given is not adopted, so it gets
+ * the whole map next time, and the next turn op builds the map from the base. */
+static void snapshot_first_write(struct cb_turns *t, struct cb_ws_first_map *p, double answered)
 {
 	const char *stall = getenv("COWBOX_TEST_MAP_WRITE_STALL");
 	struct timespec t0, t1;
@@ -218,49 +216,11 @@ static void snapshot_first_write(struct cb_turns *t, struct cb_ws_first_map *p, 
 	if (cb_ws_map_first_write(t, p))
 		cb_daemon_log("snapshot: %s (the next turn op builds the map)", cb_error_message());
 	clock_gettime(CLOCK_MONOTONIC, &t1);
-	cb_daemon_log(
-	    "snapshot: first map %s in %.3f s, its rows written in %.3f s after the reply", how,
-	    seconds, elapsed(&t0, &t1));
+	cb_daemon_log("snapshot: first map answered from the walk in %.3f s, its rows written in "
+		      "%.3f s after the reply",
+		      answered, elapsed(&t0, &t1));
 	cb_daemon_base_stats_log(t, "snapshot");
 	cb_ws_map_first_free(p);
-	cb_turns_close(t);
-}
-
-static int map_skip(const struct cb_entry *e, void *arg)
-{
-	(void)e;
-	(void)arg;
-	return 0;
-}
-
-/* After the reply to a snapshot that asked for no map, still under the turn lock: the first
- * map the worker left unbuilt (the turn changed nothing) is walked now, from the base read
- * ahead and the shared cache, and written, so that the next turn op finds it built. The
- * reply did not wait for any of it. A failure loses nothing: the next turn op builds it. */
-static void snapshot_first_after(struct cb_daemon *d)
-{
-	struct cb_ws_first_map *pending = NULL;
-	struct cb_turns *t = NULL;
-	struct timespec t0, t1;
-	long long id;
-	int ret;
-
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	ret = cb_daemon_turns_open(d, NULL, 0, &t);
-	if (!ret) {
-		cb_daemon_basecache_attach(d->dir, t, d->base);
-		cb_daemon_base_scan_take(d, t);
-		ret = cb_ws_map_first(t, map_skip, NULL, &pending, &id);
-	}
-	clock_gettime(CLOCK_MONOTONIC, &t1);
-	if (!ret && pending) {
-		snapshot_first_write(t, pending, "walked after the reply", elapsed(&t0, &t1));
-		return;
-	}
-	if (ret)
-		cb_daemon_log("snapshot: %s (the next turn op builds the map)", cb_error_message());
-	cb_error_clear();
-	cb_ws_map_first_free(pending);
 	cb_turns_close(t);
 }
 
@@ -284,20 +244,19 @@ static int op_snapshot(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 {
 	int files = json_is_true(json_object_get(req, "files"));
 	int progress = json_is_true(json_object_get(req, "progress"));
-	/* A first map is left to the daemon: with the map asked for, snapshot_files answers it
-	 * from the walk of the base and writes it after the reply; without, it is walked and
-	 * written after the reply. Not when progress is asked: the worker's build of the map
-	 * reports it while hashing the base. */
+	/* With the map asked for, a first one is left to snapshot_files (answered from the walk
+	 * of the base, written after the reply); not when progress is asked: the worker's build
+	 * of the map reports it while hashing the base. */
 	json_t *wreq =
 	    json_pack("{s:O*, s:b, s:b, s:b, s:b}", "label", json_object_get(req, "label"),
 		      "changes", json_is_true(json_object_get(req, "changes")), "files", 0,
-		      "progress", progress, "defer_map", !progress);
+		      "progress", progress, "defer_map", files && !progress);
 	struct cb_ws_first_map *pending = NULL;
 	struct cb_turns *t = NULL;
 	struct timespec t0, t1;
 	long long turn = 0;
 	json_t *r = NULL;
-	int ret, deferred = 0;
+	int ret;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	pthread_mutex_lock(&d->turn_lock);
@@ -307,8 +266,6 @@ static int op_snapshot(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 		ret = snapshot_files(d, conn, req, turn, r, &t, &pending);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	if (!ret) {
-		deferred = !files && json_is_true(json_object_get(r, "map_deferred"));
-		json_object_del(r, "map_deferred");
 		json_object_set_new(r, "turn", json_integer(turn));
 		json_object_set_new(r, "seconds", json_real(elapsed(&t0, &t1)));
 		ret = cb_daemon_reply(conn, json_object_get(req, "id"), r);
@@ -316,9 +273,7 @@ static int op_snapshot(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	}
 	/* The rows are durable before the lock lets the next turn op in. */
 	if (pending)
-		snapshot_first_write(t, pending, "answered from the walk", elapsed(&t0, &t1));
-	else if (deferred)
-		snapshot_first_after(d);
+		snapshot_first_write(t, pending, elapsed(&t0, &t1));
 	/* Taken by snapshot_files, or the worker built the first map: it serves no one now. */
 	cb_daemon_base_scan_drop(d);
 	pthread_mutex_unlock(&d->turn_lock);

@@ -274,8 +274,6 @@ static int worker_snapshot(struct worker_state *w, json_t *req, json_t **res)
 					     want_changes ? &changes : NULL);
 	if (!ret) {
 		*res = json_object();
-		if (cb_ws_snapshot_map_deferred(t))
-			json_object_set_new(*res, "map_deferred", json_true());
 		if (want_changes)
 			json_object_set_new(*res, "changes",
 					    cb_daemon_events_json(w->mountpoint, w->base, w->dir, t,

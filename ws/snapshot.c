@@ -396,7 +396,6 @@ static int snap_run(struct cb_turns *t, long long turn, const char *label, struc
 	t->read_left = -1;
 	if (!ret)
 		ret = snap_record(t, s, turn, label, changes, !defer);
-	t->map_deferred = !ret && defer;
 out:
 	free(rows);
 	cb_db_scratch_close(s);
@@ -407,11 +406,6 @@ out:
 void cb_ws_snapshot_defer_map(struct cb_turns *t)
 {
 	t->defer_map = 1;
-}
-
-int cb_ws_snapshot_map_deferred(const struct cb_turns *t)
-{
-	return t->map_deferred;
 }
 
 struct dirty_array {

@@ -39,7 +39,6 @@ struct cb_turns {
 	/* cb_ws_snapshot_defer_map: a snapshot that examines nothing leaves a map that would be
 	 * built from a walk to the caller (cb_ws_map_first answers from that walk). */
 	int defer_map;
-	int map_deferred; /* the last snapshot through t did leave it unbuilt */
 	/* cb_ws_base_scan_use: a walk of the base read ahead, vouched for by the caller; the
 	 * next map built from a walk takes it instead of walking. */
 	struct cb_ws_base_scan *ahead;

@@ -173,9 +173,6 @@ int cb_ws_map_list(struct cb_turns *t, int (*fn)(const struct cb_entry *, void *
  * would be built from a walk of the base: the caller answers the whole map next, with
  * cb_ws_map_first, under the same turn lock. */
 void cb_ws_snapshot_defer_map(struct cb_turns *t);
-/* 1 when the last snapshot through t did leave the map unbuilt (the caller is to build it
- * with cb_ws_map_first; if it does not, the next turn op builds it). */
-int cb_ws_snapshot_map_deferred(const struct cb_turns *t);
 
 /* A walk of the base read ahead of the first map (cb_ws_base_scan_ahead). */
 struct cb_ws_base_scan;

@@ -598,39 +598,6 @@ class BaseCacheTest(CowboxTestCase):
         r3 = c.request("snapshot", files=True, since=r2["turn"], map_id=r2["map_id"])
         self.assertIs(r3["full"], False, r3)
 
-    def test_first_map_without_the_map_asked_is_built_after_the_reply(self):
-        """A snapshot that asks for no map (`cowbox snapshot --changes`) on a workspace whose
-        base map was never built is answered before the walk of the base; the map is walked
-        and written after the reply, under the turn lock, so the next op finds it (or, after
-        a kill -9 in between, builds it from the base as it is then)."""
-        base = self.make_tree(60)
-        self.env["COWBOX_BACKGROUND_HASH"] = "0"
-        self.env["COWBOX_TEST_MAP_WRITE_STALL"] = "3"
-        a = self.new_ws(base)
-        c = self.client(a, timeout=60)
-        t0 = time.monotonic()
-        r = c.request("snapshot", changes=True)
-        self.assertLess(time.monotonic() - t0, 2.5, "the reply waited for the map's rows")
-        self.assertEqual(r["changes"], [])
-        self.assertNotIn("map_deferred", r)
-        # the next turn op waits for the rows, and the map is the base's
-        self.assertEqual(c.request("snapshot", files=True)["files"], base_map(base))
-        self.assertIn("first map walked after the reply", self.daemon_log(a))
-
-        self.env["COWBOX_TEST_MAP_WRITE_STALL"] = "60"
-        b = self.new_ws(base)
-        pid = self.daemon_pid(b)
-        c = self.client(b, timeout=60)
-        c.request("snapshot", changes=True)
-        os.kill(pid, signal.SIGKILL)  # in the stall: the reply went, the rows did not
-        wait_for(lambda: not pid_alive(pid), 10, what="the daemon to die")
-        with open(os.path.join(base, "d003", "f00003"), "wb") as f:
-            f.write(b"changed while the daemon was dead")
-        del self.env["COWBOX_TEST_MAP_WRITE_STALL"]
-        self.mount(b)
-        c = self.client(b, timeout=60)
-        self.assertEqual(c.request("snapshot", files=True)["files"], base_map(base))
-
 
 if __name__ == "__main__":
     unittest.main()

@@ -382,7 +382,8 @@ void ws_basecache_pack(struct cb_turns *t, const void *arr, size_t n, ws_basecac
 		const struct cb_hash *h;
 		const char *path;
 
-		if (!row(arr, i, &path, &st, &h) || !S_ISREG(st->st_mode))
+		row(arr, i, &path, &st, &h);
+		if (!S_ISREG(st->st_mode))
 			continue;
 		cb_basecache_key_of(st, &k);
 		ret = cb_basecache_pack_add(pack, path, &k, h->sha256, h->xxh3);
@@ -554,15 +555,14 @@ static int pre_file_cmp(const void *a, const void *b)
 }
 
 /* A file of the pass's walk for ws_basecache_pack. */
-static int pre_row(const void *arr, size_t i, const char **path, const struct stat **st,
-		   const struct cb_hash **h)
+static void pre_row(const void *arr, size_t i, const char **path, const struct stat **st,
+		    const struct cb_hash **h)
 {
 	const struct pre_file *f = (const struct pre_file *)arr + i;
 
 	*path = f->path;
 	*st = &f->st;
 	*h = &f->h;
-	return 1;
 }
 
 /* The whole walk is hashed: write the base map the first snapshot would build from it (in

@@ -340,19 +340,18 @@ static int map_write(struct cb_turns *t, struct base_walk *w, int frozen, int pr
 	return ret;
 }
 
-/* 1 if the background pass prepared the base map and the caller may trust it. */
 /* A walked entry for ws_basecache_pack. */
-static int walk_row(const void *arr, size_t i, const char **path, const struct stat **st,
-		    const struct cb_hash **h)
+static void walk_row(const void *arr, size_t i, const char **path, const struct stat **st,
+		     const struct cb_hash **h)
 {
 	const struct ws_base_file *f = (const struct ws_base_file *)arr + i;
 
 	*path = f->path;
 	*st = &f->st;
 	*h = &f->h;
-	return 1;
 }
 
+/* 1 if the background pass prepared the base map and the caller may trust it. */
 static int map_prepared(struct cb_turns *t)
 {
 	return t->base_prepared_ok && t->base_fd >= 0 && cb_db_turns_base_prepared(t->db) == 1;

@@ -141,9 +141,9 @@ int ws_base_cache_put(struct cb_turns *t, const char *path, const struct stat *s
 		      const struct cb_hash *h, int hashed);
 /* Write what is pending to the shared cache and close it. */
 void ws_basecache_detach(struct cb_turns *t);
-/* Row i of an array the caller knows: its path, stat and hashes; 0 to leave it out. */
-typedef int (*ws_basecache_row_fn)(const void *arr, size_t i, const char **path,
-				   const struct stat **st, const struct cb_hash **h);
+/* Row i of an array the caller knows: its path, stat and hashes. */
+typedef void (*ws_basecache_row_fn)(const void *arr, size_t i, const char **path,
+				    const struct stat **st, const struct cb_hash **h);
 /* Make the regular files of arr[0..n) (a whole walk of the base in path order, every one
  * hashed: row gives each) the shared cache's pack, for the first map of the next workspace
  * over this base. Best effort: nothing is written for a base of more than 262,144 entries

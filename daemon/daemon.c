@@ -574,6 +574,9 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	if (!opt->foreground && (rc = daemon_to_log(&d)))
 		goto out;
 	daemon_log("serving %s at %s", d.ref, d.mountpoint);
+	/* Only a session of our own: in the foreground the session is the caller's shell. */
+	if (!opt->foreground)
+		cb_daemon_sched_raise();
 	/* Forks this daemon's predecessor was building when it died are of no use to anyone. */
 	cb_ws_clean_unpublished();
 	/* Before any thread, database or /dev/fuse fd exists: the spawner inherits none. */

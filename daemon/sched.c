@@ -17,7 +17,7 @@
  * sandboxed commands start their own sessions (exec/shim.c, qemu and docker under the runner
  * too), so they cannot borrow the weight: only work the daemon does itself runs at it. */
 #define SCHED_DEFAULT_NICE (-5)
-#define SCHED_MOST_NICE (-10)
+#define SCHED_MOST_NICE	   (-10)
 
 /* The autogroup nice to ask for: COWBOX_DAEMON_NICE (SCHED_MOST_NICE..19) or the default.
  * Values out of range are clamped to the range's ends, so a typo cannot ask for more. */

@@ -171,7 +171,7 @@ class _LocalSandbox(_HarnessSandbox):
         where = self.workdir if cwd is None else os.path.join(self.workdir, str(cwd))
         if isinstance(cmd, str):
             cmd = ["sh", "-c", cmd]
-        return ["env", "-C", where, "PWD=" + where, "--"] + [str(c) for c in cmd], None
+        return ["env", "-C", where, "--", "PWD=" + where] + [str(c) for c in cmd], None
 
     async def _check_program(self, box, program):
         if program is None:

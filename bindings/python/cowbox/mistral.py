@@ -594,7 +594,7 @@ class DangerousLocalSandbox(_Base):
         where = folder if cwd is None else os.path.join(folder, str(cwd))
         if isinstance(command, str):
             command = [self.shell or "sh", "-c", command]
-        return ["env", "-C", where, "PWD=" + where, "--"] + [str(c) for c in command], None
+        return ["env", "-C", where, "--", "PWD=" + where] + [str(c) for c in command], None
 
     def _path(self, path, session):
         path = str(path)

@@ -12,6 +12,7 @@ import os
 import re
 import secrets as _secrets
 import shlex
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -113,6 +114,8 @@ def _check_own_ref(ref):
 
 # Creations in progress in this process, by box name: destroy(ref) waits for them.
 _creating = {}
+# Backends of this process: destroy(ref) lets go of the box in those that hold it.
+_live = weakref.WeakSet()
 
 
 def _create_options(image, cpus, memory_mb, allow_internet_access, allowed_hosts,
@@ -185,6 +188,7 @@ class BoxLiteSandboxBackend:
         self._env = dict(env or {})
         self._cowbox, self._home = cowbox, home
         self._lock = None
+        _live.add(self)
 
     def __repr__(self):  # env and box_options are kept out, as the page's repr does
         return "BoxLiteSandboxBackend(ref=%r, backend=%r)" % (self.ref, self._backend)
@@ -213,7 +217,7 @@ class BoxLiteSandboxBackend:
             except asyncio.CancelledError:
                 # A run cancelled before its box booted deletes that box itself.
                 try:
-                    await task
+                    await (await task).detach()
                 except BaseException:
                     pass
                 await Sandbox.destroy(name, cowbox=self._cowbox, home=self._home)
@@ -345,6 +349,9 @@ class BoxLiteSandbox:
                 await asyncio.shield(pending)
             except (Exception, asyncio.CancelledError):
                 pass
+        for backend in list(_live):  # let go first: the deletion ends their daemon
+            if backend.ref == ref and backend._box is not None:
+                await backend._box.detach()
         await Sandbox.destroy(ref.id, cowbox=self.cowbox, home=self.home)
 
     async def list_info(self):

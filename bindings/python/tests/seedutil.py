@@ -1,6 +1,6 @@
 """Shared by the seed-page tests (test_seed_*.py): a test case whose COWBOX_HOME is the
 process's own (so the pages' code runs unchanged, with no cowbox= or home= arguments), whose
-current directory is its tmp (for the pages' relative paths), and the docker engine check."""
+current directory is tmp/work (for the pages' relative paths), and the docker engine check."""
 
 import asyncio
 import os
@@ -37,7 +37,10 @@ class SeedTestCase(cbtest.CowboxTestCase):
         os.environ["COWBOX_HOME"] = self.home
         os.environ.setdefault("COWBOX", cbtest.COWBOX)
         cwd = os.getcwd()
-        os.chdir(self.tmp)
+        # Not the tmp itself: it holds COWBOX_HOME, which no volume may.
+        self.work = os.path.join(self.tmp, "work")
+        os.makedirs(self.work)
+        os.chdir(self.work)
 
         def restore():
             os.chdir(cwd)

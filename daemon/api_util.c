@@ -133,6 +133,10 @@ int cb_api_configure(struct cb_daemon *d, json_t *options)
 		if (rc < 0)
 			goto out;
 	}
+	/* docker: the engine's image, present or pulled now, for the same reason */
+	if (opt.image && cb_backend_find(opt.kind)->check_image &&
+	    (rc = cb_backend_find(opt.kind)->check_image(opt.image)) < 0)
+		goto out;
 	snprintf(marker, sizeof(marker), "%s/backend.created", d->dir);
 	pthread_mutex_lock(&d->api_lock);
 	if ((d->api_backend && d->api_backend->created) || access(marker, F_OK) == 0) {

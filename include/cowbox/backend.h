@@ -191,6 +191,11 @@ struct cb_backend_ops {
 	void (*close)(struct cb_backend *b);
 	/* Run the on_destroy hooks and remove the resources for good (the container). */
 	int (*destroy)(struct cb_backend *b);
+	/* At configure, an image the options name that is not a root tree (image_root 0): make
+	 * sure the engine has it (docker: in its store, else pulled from the registries of the
+	 * engine's own configuration), so that a bad image fails the configure naming it; NULL:
+	 * nothing to check. */
+	int (*check_image)(const char *image);
 };
 
 /* A workspace's backend, as a daemon holds it. */

@@ -12,6 +12,7 @@ import os
 import re
 import secrets as _secrets
 import shlex
+import shutil
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
@@ -29,6 +30,7 @@ _OWNED = ("image", "cpus", "memory_mib", "network", "working_dir", "env", "auto_
           "auto_remove")
 _BOX_OPTIONS = ("volumes", "ports", "secrets", "disk_size_gb", "user")
 _KVM_GET_API_VERSION = 0xAE00
+_KVM_CREATE_VM = 0xAE01
 
 
 class UserError(RuntimeError):
@@ -54,13 +56,31 @@ class CommandResult:
 
 
 def kvm_works():
-    """Whether /dev/kvm opens read-write and answers KVM_GET_API_VERSION."""
+    """Whether the vm backend would boot with KVM (backends/vm_boot.c, vm_kvm_usable):
+    COWBOX_VM_ACCEL=kvm|tcg decides; else /dev/kvm opens read-write, answers
+    KVM_GET_API_VERSION and makes a VM, and no daemon since the host's boot marked KVM
+    broken (vm/kvm.broken in the image cache)."""
+    want = os.environ.get("COWBOX_VM_ACCEL")
+    if want in ("kvm", "tcg"):
+        return want == "kvm"
+    cache = os.environ.get("COWBOX_IMAGE_CACHE", "/var/cache/cowbox")
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot_id = f.read().strip()
+        with open(os.path.join(cache, "vm", "kvm.broken")) as f:
+            if f.read().strip() == boot_id:
+                return False
+    except OSError:
+        pass
     try:
         fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
     except OSError:
         return False
     try:
-        return fcntl.ioctl(fd, _KVM_GET_API_VERSION) == 12
+        if fcntl.ioctl(fd, _KVM_GET_API_VERSION) != 12:
+            return False
+        os.close(fcntl.ioctl(fd, _KVM_CREATE_VM, 0))
+        return True
     except OSError:
         return False
     finally:
@@ -74,7 +94,8 @@ def default_backend():
     if chosen:
         return chosen
     cache = os.environ.get("COWBOX_IMAGE_CACHE", "/var/cache/cowbox")
-    if kvm_works() and os.path.exists(os.path.join(cache, "vm", "vmlinuz")):
+    if kvm_works() and os.path.exists(os.path.join(cache, "vm", "vmlinuz")) and \
+            shutil.which("qemu-system-x86_64"):
         return "vm"
     return "ns"
 

@@ -129,6 +129,10 @@ class _HarnessSandbox:
                     "any other operation) first, host_url does not block the event loop")
         return self.cowbox.host_url(port)
 
+    async def host_url_async(self, port):
+        """host_url, awaiting the workspace's creation and boot."""
+        return await (await self.start()).host_url_async(port)
+
     async def which(self, binary):
         return await (await self.start()).which(binary)
 

@@ -10,6 +10,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import cbtest  # noqa: E402  (tests/integration, on PYTHONPATH under make check)
 
+IMAGE_CACHE = os.environ.get("COWBOX_IMAGE_CACHE", "/var/cache/cowbox")
 DOCKER_IMAGE = os.environ.get("COWBOX_DOCKER_IMAGE", "cowbox-debian:bookworm")
 
 

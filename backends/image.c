@@ -1,5 +1,6 @@
-/* The ns backend's root images: an OCI layout or a name in the local podman store, resolved to
- * its config digest and unpacked once by umoci into $COWBOX_HOME/images/<hex>. */
+/* The ns backend's root images: an OCI layout or a name in the local podman store (pulled into
+ * it from the user's registries), resolved to its config digest, unpacked once into
+ * $COWBOX_HOME/images/<hex>. */
 #include "config.h"
 
 #include <errno.h>
@@ -289,19 +290,88 @@ out:
 	return rc;
 }
 
-/* A name in the local store: its image ID (the config digest) from podman, never a pull. */
+/* The registries.conf that names the registries cowbox pulls images from (the user's
+ * configuration, in containers-registries.conf(5)'s form): $COWBOX_REGISTRIES_CONF, else
+ * $COWBOX_HOME/registries.conf when it exists. *conf NULL: none, so never pull. */
+static int registries_conf(const char *spec, char **conf)
+{
+	const char *env = getenv("COWBOX_REGISTRIES_CONF");
+	char *home = NULL;
+	int rc;
+
+	*conf = NULL;
+	if (env && *env)
+		return (*conf = strdup(env))
+			   ? 0
+			   : cb_error_set(ENOMEM, "image %s: out of memory", spec);
+	if ((rc = cb_ws_home(&home)) < 0)
+		return rc;
+	if (asprintf(conf, "%s/registries.conf", home) < 0) {
+		*conf = NULL;
+		rc = cb_error_set(ENOMEM, "image %s: out of memory", spec);
+	} else if (access(*conf, F_OK) < 0) {
+		free(*conf);
+		*conf = NULL;
+	}
+	free(home);
+	return rc;
+}
+
+/* NAME:TAG@sha256:... (as BoxLite writes a pinned image) is NAME@sha256:...: the digest names
+ * the content, and podman refuses a tag beside it. */
+static void drop_tag_before_digest(char *name)
+{
+	char *at = strchr(name, '@'), *colon, *slash;
+
+	if (!at)
+		return;
+	*at = 0;
+	colon = strrchr(name, ':');
+	slash = strrchr(name, '/');
+	*at = '@';
+	if (colon && (!slash || colon > slash))
+		memmove(colon, at, strlen(at) + 1);
+}
+
+/* A name in the local store: its image ID (the config digest) from podman. One the store lacks
+ * is pulled into it (podman pull, by tag or by @sha256: digest) when a registries.conf of the
+ * user's names where from; the store then keeps it, so the next use pulls nothing. A name
+ * given as containers-storage:NAME is never pulled. */
 static int store_resolve(const char *spec, struct image_ref *r)
 {
-	char *argv[] = {"podman", "image", "inspect", "--format", "{{.Id}}", "--", NULL, NULL};
-	char *out = NULL, id[80];
+	char confarg[4200];
+	char *argv[] = {"env",	    confarg,   "podman", "image", "inspect",
+			"--format", "{{.Id}}", "--",	 NULL,	  NULL};
+	char *pull[] = {"env", confarg, "podman", "pull", "--quiet", "--", NULL, NULL};
+	char *conf = NULL, *out = NULL, *line, id[80];
+	char *const *inspect = argv + 2; /* podman alone, without a registries.conf */
 	int rc;
 
 	if (!(r->name = strdup(store_name(spec))))
 		return cb_error_set(ENOMEM, "image %s: out of memory", spec);
-	argv[6] = r->name;
-	if ((rc = image_tool(spec, "not found in the local podman store", argv, ENOENT, &out)) < 0)
+	drop_tag_before_digest(r->name);
+	argv[8] = pull[6] = r->name;
+	if (strncmp(spec, STORE_PREFIX, strlen(STORE_PREFIX)) &&
+	    (rc = registries_conf(spec, &conf)) < 0)
 		return rc;
-	snprintf(id, sizeof id, "sha256:%.*s", (int)strcspn(out, "\n"), out);
+	if (conf) {
+		snprintf(confarg, sizeof confarg, "CONTAINERS_REGISTRIES_CONF=%s", conf);
+		inspect = argv;
+	}
+	rc = image_tool(spec, "not found in the local podman store", inspect, ENOENT, &out);
+	if (rc == -ENOENT && conf) {
+		/* "podman pull --quiet" prints the image ID last */
+		rc = image_tool(spec, "not in the local podman store, and podman pull failed", pull,
+				ENOENT, &out);
+	}
+	free(conf);
+	if (rc < 0)
+		return rc;
+	while (*out && out[strlen(out) - 1] == '\n')
+		out[strlen(out) - 1] = 0;
+	line = strrchr(out, '\n');
+	line = line ? line + 1 : out;
+	snprintf(id, sizeof id, "sha256:%.*s", (int)strcspn(line, "\n"), line);
 	free(out);
 	return digest_hex(spec, "podman's image ID", id, r->hex);
 }

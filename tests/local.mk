@@ -50,3 +50,5 @@ TESTS += tests/integration/test_vm_agent.py tests/integration/test_vm_conformanc
 TESTS += bindings/python/tests/test_seed_litellm.py bindings/python/tests/test_seed_boxlite.py \
 	bindings/python/tests/test_seed_mistral.py
 EXTRA_DIST += bindings/python/tests/seedutil.py
+# issue 31: ns images pulled from the registries a registries.conf names (a loopback registry)
+TESTS += tests/integration/test_image_pull.py

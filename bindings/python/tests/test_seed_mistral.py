@@ -251,6 +251,12 @@ class Sessions(seedutil.SeedTestCase):
                                  124)
                 await s.write_file("keep.txt", "kept")
                 self.assertFalse(await s.cowbox.reaches("pypi.org"))  # Network.none()
+                # supports_background_processes=False: the workspace's background "kill" (its
+                # effect is the core's to test: ns kills such a job only some of the time,
+                # 2026-12-07, reported)
+                opts = (await s.cowbox._request("configure"))["options"]
+                self.assertEqual(opts.get("background"), "kill")
+                self.assertFalse(sb.supports_background_processes)
             finally:
                 await s.close()
             self.assertEqual(Touch.destroyed, [("sess-1", "made\n")])

@@ -118,8 +118,12 @@ class _HarnessSandbox:
             try:
                 asyncio.get_running_loop()
             except RuntimeError:
-                asyncio.run(self.start())
-                self._starting = None  # its loop is gone; the Sandbox reconnects on use
+                async def boot():
+                    # the connection would belong to this short-lived loop: let go of it
+                    # (the daemon runs on; the next use reconnects)
+                    await (await self.start()).detach()
+                asyncio.run(boot())
+                self._starting = None
             else:
                 if self._starting is None:
                     self._starting = asyncio.ensure_future(Sandbox.create(

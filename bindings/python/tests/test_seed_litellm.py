@@ -243,5 +243,23 @@ class HostUrlInLoop(seedutil.SeedTestCase):
         self.arun(main())
 
 
+class HostUrlOutsideLoop(seedutil.SeedTestCase):
+
+    def test_host_url_first_outside_a_loop(self):
+        # no event loop in this thread: host_url creates the workspace itself, and a later
+        # loop uses it
+        os.makedirs("repo")
+        box = sandbox.local("repo")
+        self.assertEqual(box.host_url(8001), "http://127.0.0.1:8001")
+
+        async def main():
+            try:
+                self.assertEqual((await box.run(["pwd"])).stdout.strip(),
+                                 os.path.realpath("repo"))
+            finally:
+                await box.close()
+        self.arun(main())
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -277,6 +277,39 @@ class Boxes(seedutil.SeedTestCase):
                 await cowbox.Sandbox.destroy(box.ref)
         self.arun(main(), 240)
 
+    def test_every_option_in_a_real_box(self):
+        os.makedirs("data")
+        os.chmod("data", 0o777)
+
+        async def main():
+            backend = BoxLiteSandboxBackend(
+                image=self.IMAGE, cpus=1, memory_mb=256, allow_internet_access=True,
+                allowed_hosts=["api.example.test", "10.0.0.0/8", "192.0.2.7"],
+                working_dir="/workspace/w", env={"E": "1"},
+                box_options={"volumes": [(os.path.abspath("data"), "/data", False)],
+                             "ports": [8080],
+                             "secrets": [{"host": "api.example.test", "header": "Authorization",
+                                          "value": "tok", "prefix": "Bearer "}],
+                             "disk_size_gb": 1, "user": "1000"})
+            try:
+                r = await backend.run(["sh", "-c", "id -u; pwd; echo $E; echo x > /data/f"])
+                self.assertEqual((r.exit_code, r.stdout), (0, "1000\n/workspace/w\n1\n"),
+                                 r.stderr)
+                with open("data/f") as f:
+                    self.assertEqual(f.read(), "x\n")
+                box = await backend.get_sandbox()
+                for host, ok in (("api.example.test", True), ("10.9.8.7", True),
+                                 ("192.0.2.7", True), ("pypi.org", False)):
+                    self.assertEqual(await box.reaches(host), ok, host)
+                opts = (await box._request("configure"))["options"]
+                self.assertEqual((opts["cpus"], opts["memory_mb"], opts["disk_mb"],
+                                  opts["user"]), (1, 256, 1024, "1000"))
+                self.assertEqual([b["host"] for b in opts["secrets"]], ["api.example.test"])
+                self.assertIn(8080, backend.published)
+            finally:
+                await BoxLiteSandbox().destroy(backend.ref)
+        self.arun(main(), 240)
+
     def test_no_network_by_default(self):
         port = self.serve_hello()
 

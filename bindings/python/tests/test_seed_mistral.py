@@ -9,6 +9,7 @@ import asyncio
 import inspect
 import os
 import subprocess
+import tempfile
 import unittest
 
 import seedutil
@@ -156,6 +157,15 @@ class Shape(unittest.TestCase):
         with self.assertRaises(ValueError):
             hb.binding()
         self.assertNotIn("from-env", repr(hb))
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "CB_SEED_TOKEN"), "w") as f:
+                f.write("from-file\n")
+            os.environ["COWBOX_SECRETS_DIR"] = d
+            try:
+                self.assertEqual(hb.binding().option()["file"],
+                                 os.path.join(d, "CB_SEED_TOKEN"))
+            finally:
+                del os.environ["COWBOX_SECRETS_DIR"]
 
     def test_hook_state_and_refusals(self):
         hook = Touch("a.txt", text="hi")

@@ -8,7 +8,6 @@ through one cowbox.Sandbox (box.cowbox once started); nothing here is a second s
 
 import asyncio
 import os
-import shlex
 
 from .errors import InvalidPathError, WorkspaceNotFoundError, WorkspaceUnavailableError
 from .sandbox import Sandbox

@@ -3,7 +3,6 @@ bindings, SandboxHook and GitIdentity, SandboxExecutionResult, and the sandboxes
 DangerousLocalSandbox, LocalDockerSandbox and CowboxSandbox, each a configuration whose
 session(...) is one cowbox workspace (hooks on_create at start, on_destroy at close)."""
 
-import asyncio
 import inspect
 import ipaddress
 import os
@@ -16,7 +15,8 @@ from typing import Literal
 
 from . import network as _cbnet
 from .errors import AccessDeniedError, WorkspaceError
-from .sandbox import ACCESS_LEVELS, Sandbox
+from .sandbox import ACCESS_LEVELS
+from .sandbox import Sandbox as _Workspace
 
 _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
 
@@ -339,13 +339,18 @@ class SandboxSession:
         await self.close()
 
 
-class _Base:
-    """What every sandbox shares: hooks, access, network; session() starts one."""
+class Sandbox:
+    """The options every sandbox takes (network, header_bindings, hooks, access);
+    session() starts one. The types below are the ones to build."""
 
     supported_access = "full"
     supported_network = ("none", "all", "allow")
     supported_header_bindings = (HeaderBinding,)
     supports_background_processes = True
+
+    def __init__(self, *, network=None, header_bindings=(), hooks=(), access=None):
+        self._init(network=network, header_bindings=header_bindings, hooks=hooks,
+                   access=access)
 
     def _init(self, *, network, header_bindings, hooks, access):
         if access is not None and access not in ACCESS_LEVELS:
@@ -385,7 +390,9 @@ class _Base:
         return path
 
     def _create_args(self, session_id):
-        raise NotImplementedError
+        raise TypeError("%s is the options every sandbox takes: build a "
+                        "DangerousLocalSandbox, LocalDockerSandbox or CowboxSandbox" %
+                        type(self).__name__)
 
     def session(self, session_id=None, *, cowbox=None, home=None):
         """A session: `async with sandbox.session() as s:` (or await it) creates the
@@ -406,11 +413,11 @@ class _Base:
         return s
 
     async def _open(self, s, session_id, cowbox, home):
-        return await Sandbox.create(cowbox=cowbox, home=home, **self._create_args(session_id))
+        return await _Workspace.create(cowbox=cowbox, home=home, **self._create_args(session_id))
 
     async def _end(self, s):
         await s.cowbox.close()
-        await Sandbox.destroy(s.cowbox.ref, cowbox=s._cowbox_bin, home=s._home)
+        await _Workspace.destroy(s.cowbox.ref, cowbox=s._cowbox_bin, home=s._home)
 
 
 class _Opening:
@@ -436,7 +443,7 @@ def _background(flag):
     return None if flag is None else ("keep" if flag else "kill")
 
 
-class LocalDockerSandbox(_Base):
+class LocalDockerSandbox(Sandbox):
     """A sandbox in a container of the docker engine ($DOCKER_HOST), one per session (removed
     at close). network defaults to Network.none(); a command without a timeout of its own
     gets default_exec_timeout_seconds (600) and ends with exit code 124."""
@@ -466,7 +473,7 @@ class LocalDockerSandbox(_Base):
         return {k: v for k, v in args.items() if v is not None}
 
 
-class CowboxSandbox(_Base):
+class CowboxSandbox(Sandbox):
     """LocalDockerSandbox's shape on any cowbox backend (ns by default), plus what cowbox
     enforces: Network.allow with HeaderBinding secrets, egress=EgressPolicy.custom(...)
     (the CIDRs opened through the egress proxy on top of Network.none()), instance_id
@@ -528,16 +535,16 @@ class CowboxSandbox(_Base):
 
     async def _open(self, s, session_id, cowbox, home):
         name = self._name(session_id)
-        for ws in await Sandbox.list(cowbox=cowbox, home=home):
+        for ws in await _Workspace.list(cowbox=cowbox, home=home):
             if ws.get("name") == name:  # a reopened session finds its workspace
-                return await Sandbox.attach(ws["ref"], cowbox=cowbox, home=home)
+                return await _Workspace.attach(ws["ref"], cowbox=cowbox, home=home)
         return await super()._open(s, session_id, cowbox, home)
 
     async def _end(self, s):
         await s.cowbox.close()  # kept: the same instance_id and session find it again
 
 
-class DangerousLocalSandbox(_Base):
+class DangerousLocalSandbox(Sandbox):
     """Commands run on this machine as your user, with no isolation, in workspace (a host
     folder; by default a new one under ~/.cache/mistral-vibe-harness-local-host/). The
     network is always Network.all(). Edits are journaled (an in-place cowbox workspace)."""
@@ -585,7 +592,7 @@ class DangerousLocalSandbox(_Base):
                 "timeout": self.default_exec_timeout_seconds}
         if self.access:
             args["access"] = self.access
-        return await Sandbox.create(cowbox=cowbox, home=home,
+        return await _Workspace.create(cowbox=cowbox, home=home,
                                     **{k: v for k, v in args.items() if v is not None})
 
     def _cmd(self, command, cwd, session):
@@ -604,12 +611,12 @@ class DangerousLocalSandbox(_Base):
 
     async def _end(self, s):
         await s.cowbox.close()
-        await Sandbox.destroy(s.cowbox.ref, cowbox=s._cowbox_bin, home=s._home)
+        await _Workspace.destroy(s.cowbox.ref, cowbox=s._cowbox_bin, home=s._home)
         if self.delete_on_cleanup and s.folder:
             shutil.rmtree(s.folder, ignore_errors=True)
 
 
 __all__ = ["Network", "EgressPolicy", "HeaderBinding", "GitHubBinding", "MistralApiBinding",
-           "WorkspaceHeaderBindings", "SandboxHook", "GitIdentity", "SandboxExecutionResult",
-           "SandboxCallbackContext", "SandboxSession", "DangerousLocalSandbox",
+           "WorkspaceHeaderBindings", "Sandbox", "SandboxHook", "GitIdentity",
+           "SandboxExecutionResult", "SandboxCallbackContext", "SandboxSession", "DangerousLocalSandbox",
            "LocalDockerSandbox", "CowboxSandbox"]

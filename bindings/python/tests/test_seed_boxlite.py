@@ -7,7 +7,6 @@ import asyncio
 import inspect
 import os
 import shutil
-import subprocess
 import time
 import unittest
 from pathlib import Path

@@ -3,7 +3,6 @@ examples run as written on cowbox.litellm (the model's turns replaced by the too
 runtime makes), sandbox.local on the local backend and sandbox.docker on the docker engine;
 its Sandbox protocol checked member by member, signatures and real calls."""
 
-import asyncio
 import hashlib
 import inspect
 import os

@@ -5,7 +5,6 @@ signature and by a real call; its sandboxes run sessions on the local backend
 CowboxSandbox(backend="docker")), the model's tool calls replaced by session.execute and the
 file tools."""
 
-import asyncio
 import inspect
 import os
 import subprocess
@@ -16,6 +15,7 @@ import seedutil
 from seedutil import DOCKER_IMAGE
 
 import cowbox
+from cowbox.mistral import Sandbox as MistralSandboxBase
 from cowbox.mistral import (CowboxSandbox, DangerousLocalSandbox, EgressPolicy, GitHubBinding,
                             GitIdentity, HeaderBinding, LocalDockerSandbox, MistralApiBinding,
                             Network, SandboxExecutionResult, SandboxHook,
@@ -24,6 +24,7 @@ from cowbox.mistral import (CowboxSandbox, DangerousLocalSandbox, EgressPolicy, 
 ACCESS = ("access", None)
 # The page's signatures: (keyword, default) for each class, all keyword-only.
 SIGNATURES = {
+    MistralSandboxBase: [("network", None), ("header_bindings", ()), ("hooks", ()), ACCESS],
     DangerousLocalSandbox: [("shell", None), ("default_exec_timeout_seconds", None),
                             ("workspace", None), ("delete_on_cleanup", None), ("hooks", ()),
                             ACCESS],
@@ -96,6 +97,8 @@ class Shape(unittest.TestCase):
         # declared on each type
         for cls in (DangerousLocalSandbox, LocalDockerSandbox, CowboxSandbox):
             self.assertEqual(cls.supported_access, "full")
+            self.assertTrue(issubclass(cls, MistralSandboxBase))
+        self.assertEqual(MistralSandboxBase().network, Network.none())
         self.assertEqual(DangerousLocalSandbox.supported_network, ("all",))
         self.assertEqual(CowboxSandbox.supported_header_bindings, (HeaderBinding,))
         self.assertEqual(LocalDockerSandbox.supported_header_bindings, ())

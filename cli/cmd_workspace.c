@@ -16,6 +16,7 @@
 #include "cowbox/client.h"
 #include "cowbox/daemon.h"
 #include "cowbox/image.h"
+#include "cowbox/net.h"
 #include "cowbox/workspace.h"
 
 static const char create_usage[] =
@@ -560,6 +561,7 @@ int cmd_info(int argc, char **argv)
 	json_t *limits = NULL, *allow = NULL, *secrets = NULL;
 	/* the image its commands run in: docker's default when none is set (cowbox/image.h) */
 	char *image = NULL;
+	unsigned long proxy_conns = 0; /* the egress proxy's cap (network public or allow) */
 
 	if (cb_backend_options_load(i.dir, &bo) == 0) {
 		/* the daemon's answer also says what the upper layer holds against its quota */
@@ -573,6 +575,8 @@ int cmd_info(int argc, char **argv)
 		if (cb_backend_image_of(&bo) && !(image = strdup(cb_backend_image_of(&bo))))
 			cb_error_clear(); /* out of memory: info shows no image */
 		secrets = bo.n_secrets ? cb_backend_secrets_to_json(&bo) : NULL; /* no values */
+		if (cb_backend_net_proxied(&bo))
+			proxy_conns = bo.proxy_conns ? bo.proxy_conns : CB_NET_MAX_CONNS;
 		if (bo.net == CB_BACKEND_NET_HOST)
 			fprintf(stderr, "cowbox info: warning: network host: the workspace's "
 					"commands share the host's network namespace (its "
@@ -616,6 +620,9 @@ int cmd_info(int argc, char **argv)
 			json_object_set_new(j, "image", image ? json_string(image) : json_null());
 			if (secrets)
 				json_object_set_new(j, "secrets", secrets);
+			if (proxy_conns)
+				json_object_set_new(j, "proxy_conns",
+						    json_integer((json_int_t)proxy_conns));
 		}
 		free(image);
 		if (limits)
@@ -647,6 +654,9 @@ int cmd_info(int argc, char **argv)
 	for (size_t k = 0; k < json_array_size(allow); k++)
 		printf("allow:       %s\n", json_string_value(json_array_get(allow, k)));
 	json_decref(allow);
+	if (proxy_conns)
+		printf("proxy conns: %lu at once (past them the longest idle is closed)\n",
+		       proxy_conns);
 	for (size_t k = 0; k < json_array_size(secrets); k++) {
 		json_t *e = json_array_get(secrets, k);
 

@@ -113,6 +113,8 @@ class ProxyFdsTest(cbtest.CowboxTestCase):
             self.skipTest("a hard RLIMIT_NOFILE of %d leaves nothing to raise" % hard)
         ref, c = self.workspace((1024, hard), "--proxy-conns", "100")
         self.assertEqual(self.limits(self.daemon_pid(ref)), [hard, hard])
+        self.assertEqual(self.cowbox_json("info", ref)["proxy_conns"], 100)
+        self.assertIn("proxy conns: 100 at once", self.cowbox("info", ref).stdout)
         # 300 idle tunnels at once: at most 100 open, the rest refused (none idle yet)
         got = self.tunnels(c, 0, 300)
         self.assertLessEqual(got.count("open"), 100, got)

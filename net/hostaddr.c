@@ -41,24 +41,62 @@ static int dest_of(const struct sockaddr *sa, uint8_t out[16], size_t *len)
 	return AF_INET6;
 }
 
-int cb_net_host_own(const struct sockaddr *sa)
+/* The answer to request seq on fd, which may first hold answers to earlier questions that
+ * timed out: 1 local, 0 not, -errno with a message. */
+static int route_answer(int fd, uint32_t seq)
 {
+	union {
+		struct nlmsghdr n;
+		char buf[8192];
+	} ans;
+
+	for (;;) {
+		struct pollfd pf = {.fd = fd, .events = POLLIN};
+		ssize_t n;
+
+		if (poll(&pf, 1, ROUTE_ANSWER_TIMEOUT_MS) != 1)
+			return cb_error_set(ETIMEDOUT, "host addresses: netlink gave no answer");
+		n = recv(fd, &ans, sizeof ans, 0);
+		if (n < 0)
+			return cb_error_set(errno, "host addresses: netlink: %s", strerror(errno));
+		for (struct nlmsghdr *h = &ans.n; NLMSG_OK(h, (size_t)n); h = NLMSG_NEXT(h, n)) {
+			if (h->nlmsg_seq != seq)
+				continue;
+			if (h->nlmsg_type == NLMSG_ERROR) {
+				const struct nlmsgerr *e = NLMSG_DATA(h);
+
+				/* no route at all (unreachable): certainly not the host's own */
+				if (e->error == -ENETUNREACH || e->error == -EHOSTUNREACH ||
+				    !e->error)
+					return 0;
+				return cb_error_set(-e->error, "host addresses: netlink: %s",
+						    strerror(-e->error));
+			}
+			if (h->nlmsg_type == RTM_NEWROUTE) {
+				const struct rtmsg *r = NLMSG_DATA(h);
+
+				/* a local route: an address of one of its interfaces (or a range
+				 * it claims, as AnyIP does); a broadcast one is delivered to it as
+				 * well */
+				return r->rtm_type == RTN_LOCAL || r->rtm_type == RTN_BROADCAST;
+			}
+		}
+	}
+}
+
+int cb_net_host_own(int *nl, const struct sockaddr *sa)
+{
+	static uint32_t next_seq;
 	struct {
 		struct nlmsghdr n;
 		struct rtmsg r;
 		struct rtattr a;
 		uint8_t addr[16];
 	} req;
-	union {
-		struct nlmsghdr n;
-		char buf[8192];
-	} ans;
 	struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
-	struct pollfd pf;
 	uint8_t addr[16];
 	size_t alen;
-	int fam = dest_of(sa, addr, &alen), fd = -1, rc;
-	ssize_t n;
+	int fam = dest_of(sa, addr, &alen), rc;
 
 	if (fam < 0)
 		return cb_error_set(EAFNOSUPPORT, "host addresses: not an IP address");
@@ -66,54 +104,23 @@ int cb_net_host_own(const struct sockaddr *sa)
 	req.n.nlmsg_len = (uint32_t)(NLMSG_LENGTH(sizeof req.r) + RTA_LENGTH(alen));
 	req.n.nlmsg_type = RTM_GETROUTE;
 	req.n.nlmsg_flags = NLM_F_REQUEST;
-	req.n.nlmsg_seq = 1;
+	req.n.nlmsg_seq = __atomic_add_fetch(&next_seq, 1, __ATOMIC_RELAXED);
 	req.r.rtm_family = (unsigned char)fam;
 	req.r.rtm_dst_len = (unsigned char)(alen * 8);
 	req.a.rta_type = RTA_DST;
 	req.a.rta_len = (unsigned short)RTA_LENGTH(alen);
 	memcpy(req.addr, addr, alen);
-	fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
-	if (fd < 0) {
+	/* the caller's socket, kept between questions: a netlink socket's close alone costs
+	 * about as much as the question */
+	if (*nl < 0 && (*nl = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE)) < 0)
+		return cb_error_set(errno, "host addresses: netlink: %s", strerror(errno));
+	if (sendto(*nl, &req, req.n.nlmsg_len, 0, (struct sockaddr *)&kernel, sizeof kernel) < 0)
 		rc = cb_error_set(errno, "host addresses: netlink: %s", strerror(errno));
-		goto out;
+	else
+		rc = route_answer(*nl, req.n.nlmsg_seq);
+	if (rc < 0) { /* a fresh socket next time: nothing stale waits there */
+		close(*nl);
+		*nl = -1;
 	}
-	if (sendto(fd, &req, req.n.nlmsg_len, 0, (struct sockaddr *)&kernel, sizeof kernel) < 0) {
-		rc = cb_error_set(errno, "host addresses: netlink: %s", strerror(errno));
-		goto out;
-	}
-	pf = (struct pollfd){.fd = fd, .events = POLLIN};
-	if (poll(&pf, 1, ROUTE_ANSWER_TIMEOUT_MS) != 1) {
-		rc = cb_error_set(ETIMEDOUT, "host addresses: netlink gave no answer");
-		goto out;
-	}
-	n = recv(fd, &ans, sizeof ans, 0);
-	if (n < 0) {
-		rc = cb_error_set(errno, "host addresses: netlink: %s", strerror(errno));
-		goto out;
-	}
-	rc = cb_error_set(EPROTO, "host addresses: netlink gave no route");
-	for (struct nlmsghdr *h = &ans.n; NLMSG_OK(h, (size_t)n); h = NLMSG_NEXT(h, n)) {
-		if (h->nlmsg_type == NLMSG_ERROR) {
-			const struct nlmsgerr *e = NLMSG_DATA(h);
-
-			/* no route at all (unreachable): certainly not the host's own */
-			rc = e->error == -ENETUNREACH || e->error == -EHOSTUNREACH || !e->error
-				 ? 0
-				 : cb_error_set(-e->error, "host addresses: netlink: %s",
-						strerror(-e->error));
-			break;
-		}
-		if (h->nlmsg_type == RTM_NEWROUTE) {
-			const struct rtmsg *r = NLMSG_DATA(h);
-
-			/* a local route: an address of one of its interfaces (or a range it
-			 * claims, as AnyIP does); a broadcast one is delivered to it as well */
-			rc = r->rtm_type == RTN_LOCAL || r->rtm_type == RTN_BROADCAST;
-			break;
-		}
-	}
-out:
-	if (fd >= 0)
-		close(fd);
 	return rc;
 }

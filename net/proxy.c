@@ -225,7 +225,7 @@ static void host_own_refused(struct pconn *c, const struct sockaddr *sa)
 
 	if (cb_net_entry_names_addr(c->p->policy, sa, c->port))
 		return;
-	own = cb_net_host_own(sa);
+	own = cb_net_host_own(&c->l->nl, sa);
 	if (!own)
 		return;
 	cb_net_proxy_addr_text(sa, txt, sizeof txt);
@@ -699,6 +699,7 @@ static int loop_init(struct cb_net_proxy *p, struct cb_net_loop *l, int index, d
 
 	l->p = p;
 	l->index = index;
+	l->nl = -1;
 	snprintf(tmo, sizeof tmo, "%g", dns_timeout > 0 ? dns_timeout : 5.0);
 	/* a resolver per loop: its requests and callbacks stay on the loop of their conn */
 	pthread_mutex_init(&l->hand_lock, NULL);
@@ -726,6 +727,8 @@ static void loop_free(struct cb_net_loop *l)
 	while (l->conns)
 		conn_free(l->conns);
 	cb_net_pipes_trim(&l->pipes, 0);
+	if (l->p && l->nl >= 0)
+		close(l->nl);
 	if (l->stop_ev)
 		event_free(l->stop_ev);
 	if (l->hand_ev)

@@ -63,6 +63,7 @@ struct cb_net_loop {
 	size_t open; /* atomic: its connections, counted from the hand-off (the pipe pool is
 			trimmed when none are) */
 	struct cb_net_pipes pipes;
+	int nl; /* its netlink socket, for the host's own addresses (-1: none yet) */
 	pthread_mutex_t hand_lock; /* guards hand[] */
 	int hand[CB_NET_HAND_MAX];
 	size_t hand_n;

@@ -87,8 +87,10 @@ int cb_net_entry_names_addr(const struct cb_net_policy *p, const struct sockaddr
 /* Whether the host (this network namespace) delivers sa's address to itself: 1 for an address
  * of any of its interfaces (or a local route's range), 0 for one it routes elsewhere or cannot
  * reach, -errno with a message when the kernel cannot be asked (callers refuse then). Asked of
- * the routing tables by netlink at each call: an address added a moment ago counts. */
-int cb_net_host_own(const struct sockaddr *sa);
+ * the routing tables by netlink at each call: an address added a moment ago counts. *nl is
+ * the caller's netlink socket (-1: one is made; the caller closes it), used by one thread at a
+ * time. */
+int cb_net_host_own(int *nl, const struct sockaddr *sa);
 
 /* ---- the proxy (net/proxy.c) ---- */
 

@@ -89,8 +89,14 @@ static void conn_free(struct pconn *c)
 	if (c->next)
 		c->next->prev = c->prev;
 	__atomic_sub_fetch(&p->open, 1, __ATOMIC_RELAXED);
-	if (!__atomic_sub_fetch(&l->open, 1, __ATOMIC_RELAXED))
+	if (!__atomic_sub_fetch(&l->open, 1, __ATOMIC_RELAXED)) {
 		cb_net_pipes_trim(&l->pipes, 2); /* one connection's */
+		/* the netlink socket is kept for a burst, not while idle */
+		if (l->nl >= 0) {
+			close(l->nl);
+			l->nl = -1;
+		}
+	}
 	free(c);
 }
 

@@ -63,7 +63,8 @@ struct cb_net_loop {
 	size_t open; /* atomic: its connections, counted from the hand-off (the pipe pool is
 			trimmed when none are) */
 	struct cb_net_pipes pipes;
-	int nl; /* its netlink socket, for the host's own addresses (-1: none yet) */
+	int nl; /* its netlink socket, for the host's own addresses (-1: none; closed when the
+		   loop has no connection left) */
 	pthread_mutex_t hand_lock; /* guards hand[] */
 	int hand[CB_NET_HAND_MAX];
 	size_t hand_n;

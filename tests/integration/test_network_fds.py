@@ -124,7 +124,10 @@ class ProxyFdsTest(cbtest.CowboxTestCase):
         self.assertTrue(any("connections open (the cap)" in r["rule"] for r in rows), rows[-3:])
 
     def test_reserve_kept_under_a_low_hard_limit_oldest_idle_closed_first(self):
-        # soft = hard = 1024: nothing to raise; the cap comes down to keep the reserve
+        # soft = hard = 1024: nothing to raise; the cap comes down to keep the reserve. One
+        # event loop: each loop closes its own longest idle, so with several the order is
+        # only roughly the global one
+        self.env["COWBOX_PROXY_LOOPS"] = "1"
         ref, c = self.workspace((1024, 1024))
         self.assertEqual(self.limits(self.daemon_pid(ref)), [1024, 1024])
         got = self.tunnels(c, 1.5, 300, 40)
@@ -134,10 +137,9 @@ class ProxyFdsTest(cbtest.CowboxTestCase):
         self.assertGreater(first.count("closed"), 0, got)
         kept = first.count("open") + 40
         self.assertLess(kept, 1024 // 6, got)  # far below what the limit would hold
-        # the oldest went first (each event loop closes its own longest idle, so the order
-        # is only roughly the global one)
+        # the oldest went first: the tunnels of the first batch still open are its last
         answered = [s for s in first if s != "refused"]
-        self.assertEqual(answered[:10], ["closed"] * 10, got)
+        self.assertEqual(answered, sorted(answered, key=lambda s: s == "open"), got)
         self.assert_workspace_works(ref)
         # the daemon still has room: its fds stay below its limit minus the reserve
         self.assertLess(cbtest.fd_count(self.daemon_pid(ref)), 1024 - 256)

@@ -52,15 +52,16 @@ struct cb_pasta {
 /* pasta must not open the host's loopback to the namespace nor forward any port either way:
  * -t/-u none (nothing from the host in), -T/-U none (no ns loopback port to the host's),
  * --no-map-gw (the gateway's address is the real gateway, not the host). It runs as root
- * (--runas 0:0) because dropping to nobody would lose the right to enter the namespace and
- * the parent-death signal that ends it with its keeper; it drops its capabilities but
+ * (--runas 0:CB_PASTA_GID: uid 0, and a group of its own that the host's firewall rule for it
+ * matches, exec/pasta_guard.c) because dropping to nobody would lose the right to enter the
+ * namespace and the parent-death signal that ends it with its keeper; it drops its capabilities but
  * CAP_NET_BIND_SERVICE and CAP_SYS_ADMIN itself and runs under its own seccomp filter. */
 static void pasta_argv(struct cb_pasta *p)
 {
 	static char *const fixed[] = {
 	    "pasta",	    "--foreground",
 	    "--quiet",	    "--stderr",
-	    "--runas",	    "0:0",
+	    "--runas",	    "0:" CB_PASTA_GID_TEXT,
 	    "--config-net", "--no-map-gw",
 	    "-t",	    "none",
 	    "-u",	    "none",
@@ -180,8 +181,10 @@ int cb_pasta_start(int netns_fd, const char *log_path, const char *pid_path, str
 		goto out;
 	}
 	unlink(pid_path);
-	/* before pasta relays a single packet: the host's addresses are refused already */
-	if ((rc = cb_pasta_guard_start(p->netns_fd, &p->guard)) < 0)
+	/* before pasta relays a single packet: the host's addresses are refused already, by the
+	 * host's rule for pasta's group and by the namespace's own */
+	if ((rc = cb_pasta_host_rule()) < 0 ||
+	    (rc = cb_pasta_guard_start(p->netns_fd, &p->guard)) < 0)
 		goto out;
 	pasta_argv(p);
 	if ((rc = pthread_create(&p->keeper, NULL, pasta_keeper, p))) {

@@ -162,19 +162,18 @@ out:
 	return rc;
 }
 
-/* In the forked child (async-signal-safe calls only): the tool name in netns_fd reads the
- * rules on in; its exit status goes to the status pipe (the daemon's reaper may reap this child,
- * not the grandchild it waits for itself). */
-static void restore_child(int netns_fd, const char *name, const char *const *paths, int in, int err,
-			  int status)
+/* In the forked child (async-signal-safe calls only): argv (argv[0] picks the tool: iptables
+ * and its kin are one multi-call binary) run from one of paths, in netns_fd unless it is -1,
+ * reading in; its exit status goes to the status pipe (the daemon's reaper may reap this
+ * child, not the grandchild it waits for itself). */
+static void tool_child(int netns_fd, char *const *argv, const char *const *paths, int in, int err,
+		       int status)
 {
-	/* the name picks the tool: both are one multi-call binary (xtables-nft-multi) */
-	char *const argv[] = {(char *)name, NULL};
 	char *const envp[] = {(char *)"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
 	int st = 127 << 8;
 	pid_t pid;
 
-	if (setns(netns_fd, CLONE_NEWNET) < 0)
+	if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) < 0)
 		_exit(126);
 	pid = fork();
 	if (pid == 0) {
@@ -191,39 +190,39 @@ static void restore_child(int netns_fd, const char *name, const char *const *pat
 	_exit(0);
 }
 
-/* The rules r into netns_fd's filter table, replacing it whole (atomically): 0, or -errno with
- * a message quoting the tool. The rules are a file (a memfd) to its stdin: no pipe to fill, no
- * SIGPIPE when it is missing. */
-static int restore(int netns_fd, int v6, const struct rules *r)
+/* Run argv[0] (found in /usr/sbin or /sbin) in netns_fd (-1: here) with input on its stdin (a
+ * memfd: no pipe to fill, no SIGPIPE when the tool is missing): its exit status (0-255), with
+ * what it said in words (one line), or -errno with a message when it could not be run. */
+static int run_tool(int netns_fd, char *const *argv, const char *input, size_t len, char *words,
+		    size_t wsize)
 {
-	static const char *const paths4[] = {"/usr/sbin/iptables-restore", "/sbin/iptables-restore",
-					     NULL};
-	static const char *const paths6[] = {"/usr/sbin/ip6tables-restore",
-					     "/sbin/ip6tables-restore", NULL};
-	const char *name = v6 ? "ip6tables-restore" : "iptables-restore";
+	char p1[64], p2[64];
+	const char *const paths[] = {p1, p2, NULL};
 	int in = memfd_create("cowbox-rules", MFD_CLOEXEC), err[2] = {-1, -1}, status[2] = {-1, -1},
-	    st = -1, rc = 0;
-	char words[300] = "";
+	    st = -1, rc;
 	ssize_t n, got = 0;
 	pid_t pid;
 
-	if (in < 0 || pwrite(in, r->text, r->len, 0) != (ssize_t)r->len ||
+	snprintf(p1, sizeof p1, "/usr/sbin/%s", argv[0]);
+	snprintf(p2, sizeof p2, "/sbin/%s", argv[0]);
+	words[0] = 0;
+	if (in < 0 || (len && pwrite(in, input, len, 0) != (ssize_t)len) ||
 	    pipe2(err, O_CLOEXEC) < 0 || pipe2(status, O_CLOEXEC) < 0) {
-		rc = cb_error_set(errno, "network all: %s: %s", name, strerror(errno));
+		rc = cb_error_set(errno, "network all: %s: %s", argv[0], strerror(errno));
 		goto out;
 	}
 	pid = fork();
 	if (pid == 0)
-		restore_child(netns_fd, name, v6 ? paths6 : paths4, in, err[1], status[1]);
+		tool_child(netns_fd, argv, paths, in, err[1], status[1]);
 	if (pid < 0) {
-		rc = cb_error_set(errno, "network all: %s: fork: %s", name, strerror(errno));
+		rc = cb_error_set(errno, "network all: %s: fork: %s", argv[0], strerror(errno));
 		goto out;
 	}
 	close(err[1]);
 	close(status[1]);
 	err[1] = status[1] = -1;
-	while (got < (ssize_t)sizeof words - 1 &&
-	       (n = read(err[0], words + got, sizeof words - 1 - (size_t)got)) > 0)
+	while (got < (ssize_t)wsize - 1 &&
+	       (n = read(err[0], words + got, wsize - 1 - (size_t)got)) > 0)
 		got += n;
 	words[got] = 0;
 	for (char *c = words; *c; c++)
@@ -234,11 +233,7 @@ static int restore(int netns_fd, int v6, const struct rules *r)
 	/* the daemon's reaper may have taken the child already: its grandchild's status is in */
 	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
 		;
-	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st))
-		rc = cb_error_set(EPERM,
-				  "network all: cannot keep the host's addresses out of the "
-				  "namespace: %s: %s",
-				  name, *words ? words : "failed");
+	rc = st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : 126;
 out:
 	if (in >= 0)
 		close(in);
@@ -248,6 +243,106 @@ out:
 		if (status[i] >= 0)
 			close(status[i]);
 	}
+	return rc;
+}
+
+/* The rules r into netns_fd's filter table, replacing it whole (atomically): 0, or -errno with
+ * a message quoting the tool. */
+static int restore(int netns_fd, int v6, const struct rules *r)
+{
+	char *const argv[] = {v6 ? "ip6tables-restore" : "iptables-restore", NULL};
+	char words[300];
+	int rc = run_tool(netns_fd, argv, r->text, r->len, words, sizeof words);
+
+	if (rc > 0)
+		rc = cb_error_set(EPERM,
+				  "network all: cannot keep the host's addresses out of the "
+				  "namespace: %s: %s",
+				  argv[0], *words ? words : "failed");
+	return rc;
+}
+
+/* The host's rule for pasta's sockets (see cb_pasta_host_rule), for one tool (iptables or
+ * ip6tables): each part checked (-C) and made only when missing, so that the workspaces
+ * already served are never without it. */
+static int host_rule(const char *tool)
+{
+	static const char *const match[] = {"-m", "owner",    "--gid-owner", CB_PASTA_GID_TEXT,
+					    "-m", "addrtype", "--dst-type",  "LOCAL"};
+	char words[300];
+	int rc;
+
+	/* the chain (made unless there), then its two rules, then the jump to it first */
+	{
+		char *const argv[] = {(char *)tool, "-w", "-N", "COWBOX-PASTA", NULL};
+
+		if ((rc = run_tool(-1, argv, NULL, 0, words, sizeof words)) < 0)
+			return rc;
+	}
+	for (int tcp = 1; tcp >= 0; tcp--) {
+		char *argv[24];
+		size_t n = 0;
+
+		argv[n++] = (char *)tool;
+		argv[n++] = "-w";
+		argv[n++] = "-C";
+		argv[n++] = "COWBOX-PASTA";
+		for (size_t i = 0; i < sizeof match / sizeof *match; i++)
+			argv[n++] = (char *)match[i];
+		if (tcp) {
+			argv[n++] = "-p";
+			argv[n++] = "tcp";
+		}
+		argv[n++] = "-j";
+		argv[n++] = "REJECT";
+		if (tcp) {
+			argv[n++] = "--reject-with";
+			argv[n++] = "tcp-reset";
+		}
+		argv[n] = NULL;
+		if ((rc = run_tool(-1, argv, NULL, 0, words, sizeof words)) < 0)
+			return rc;
+		if (rc == 0)
+			continue;
+		argv[2] = "-A";
+		if ((rc = run_tool(-1, argv, NULL, 0, words, sizeof words)) != 0)
+			goto fail;
+	}
+	{
+		char *argv[] = {(char *)tool, "-w", "-C", "OUTPUT", "-j", "COWBOX-PASTA", NULL};
+		char *ins[] = {(char *)tool, "-w", "-I", "OUTPUT", "1", "-j", "COWBOX-PASTA", NULL};
+
+		if ((rc = run_tool(-1, argv, NULL, 0, words, sizeof words)) < 0)
+			return rc;
+		if (rc && (rc = run_tool(-1, ins, NULL, 0, words, sizeof words)) != 0)
+			goto fail;
+	}
+	return 0;
+fail:
+	return rc < 0 ? rc
+		      : cb_error_set(EPERM,
+				     "network all: cannot keep the host's addresses from pasta: "
+				     "%s: %s",
+				     tool, *words ? words : "failed");
+}
+
+/* Whether the host has an IPv6 address (else ip6tables may well be missing or unusable). */
+static int host_has_ipv6(void)
+{
+	FILE *f = fopen("/proc/net/if_inet6", "re");
+	int c = f ? fgetc(f) : EOF;
+
+	if (f)
+		fclose(f);
+	return c != EOF;
+}
+
+int cb_pasta_host_rule(void)
+{
+	int rc = host_rule("iptables");
+
+	if (!rc && host_has_ipv6())
+		rc = host_rule("ip6tables");
 	return rc;
 }
 

@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import threading
+import time
 import unittest
 
 import cbtest
@@ -16,6 +17,34 @@ import cbtest
 # TEST-NET-1 (public-looking to the policy: not a special range), one address per run
 ADDR = "192.0.2.%d" % (os.getpid() % 250 + 2)
 DEV = "cbha%d" % (os.getpid() % 100000)  # and its peer, DEV + "p": within 15 bytes
+
+
+# Inside the sandbox: connect to ADDR:PORT from 16 threads for SECONDS; prints the successes
+# and the tries.
+HAMMER = r"""
+import socket, sys, threading, time
+addr, port, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+hits = tries = 0
+end = time.time() + secs
+def worker():
+    global hits, tries
+    while time.time() < end:
+        s = socket.socket()
+        s.settimeout(0.2)
+        try:
+            s.connect((addr, port))
+            hits += 1
+        except OSError:
+            pass
+        tries += 1
+        s.close()
+ts = [threading.Thread(target=worker) for _ in range(16)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+print(hits, tries)
+"""
 
 
 def sh(*args, check=True):
@@ -31,6 +60,7 @@ class HostAddressTest(cbtest.CowboxTestCase):
         # address exists; it answers one line and closes
         cls.srv = socket.create_server(("0.0.0.0", 0))
         cls.port = cls.srv.getsockname()[1]
+        cls.accepted = 0
 
         def serve():
             while True:
@@ -38,6 +68,7 @@ class HostAddressTest(cbtest.CowboxTestCase):
                     c, _ = cls.srv.accept()
                 except OSError:
                     return
+                cls.accepted += 1
                 with c:
                     c.settimeout(5)
                     try:
@@ -139,6 +170,38 @@ class HostAddressTest(cbtest.CowboxTestCase):
                                      "curl -sS -m 10 --noproxy '*' http://%s:%d/"
                                      % (ADDR, self.port))
         self.assertNotIn("hello from host", out)
+
+    def test_all_address_churn_race(self):
+        """The host gains and loses the address over and over while the sandbox tries to
+        connect to it from 16 threads: not one connection in the moments between a change
+        and any rewrite of rules (COWBOX_SOAK_SECONDS, default 3, makes it a soak)."""
+        secs = float(os.environ.get("COWBOX_SOAK_SECONDS", "3"))
+        ref, c = self.workspace("all")
+        self.add_address()
+        before = self.accepted
+        stop = time.time() + secs
+        cycles = [0]
+
+        def churn():
+            while time.time() < stop:
+                sh("ip", "addr", "del", ADDR + "/32", "dev", DEV, check=False)
+                time.sleep(0.03)
+                sh("ip", "addr", "add", ADDR + "/32", "dev", DEV, check=False)
+                time.sleep(0.1)
+                cycles[0] += 1
+        t = threading.Thread(target=churn)
+        t.start()
+        try:
+            code, out, err = self.run_in(c, "python3 -c '%s' %s %d %s"
+                                         % (HAMMER, ADDR, self.port, secs), timeout=secs + 60)
+        finally:
+            t.join()
+        self.assertEqual(code, 0, err)
+        hits, tries = map(int, out.split())
+        self.assertGreater(cycles[0], 2)
+        self.assertGreater(tries, cycles[0])
+        self.assertEqual((hits, self.accepted - before), (0, 0),
+                         "%d cycles, %d tries" % (cycles[0], tries))
 
     def ok(self, c, op, **args):
         r = c.request(op, **args)

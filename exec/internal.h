@@ -8,6 +8,7 @@
 
 #include "cowbox/exec.h"
 #include "cowbox/sandbox.h"
+#include "exec/pasta_guard.h"
 
 /* A ThreadSanitizer build (exec/test_run_tsan.sh): TSan follows fork but not a raw clone,
  * whose child inherits the runtime's locks and thread state as they were (run.c, shim.c). */
@@ -207,16 +208,6 @@ void cb_cgroup_destroy(struct cb_cgroup *cg);
 struct cb_pasta_guard;
 int cb_pasta_guard_start(int netns_fd, struct cb_pasta_guard **out);
 
-/* pasta runs with this group (and uid 0): a group no account uses, so that the host's
- * firewall can tell pasta's sockets from every other's. */
-#define CB_PASTA_GID	  2147483630
-#define CB_PASTA_GID_TEXT "2147483630"
-/* The exact half of the guard: in the caller's (the host's) namespace, a chain COWBOX-PASTA
- * jumped to first from OUTPUT rejects every packet of a socket of CB_PASTA_GID to an address
- * the host delivers to itself (addrtype LOCAL, decided per packet: no address is ever new to
- * it), each part checked and made only when missing (iptables, and ip6tables when the host
- * has IPv6). 0, or -errno with a message quoting the tool. */
-int cb_pasta_host_rule(void);
 /* Stop its thread and free g (the rules stay with the namespace); NULL is fine. */
 void cb_pasta_guard_stop(struct cb_pasta_guard *g);
 

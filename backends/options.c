@@ -265,6 +265,18 @@ static int opt_limit(json_t *v, const char *key, unsigned long *out)
 	return rc;
 }
 
+/* The egress proxy's cap on connections: 1 to 65536 (0 or absent: the default, 256). */
+static int opt_proxy_conns(json_t *v, unsigned long *out)
+{
+	json_int_t n = json_is_integer(v) ? json_integer_value(v) : -1;
+
+	if (n < 0 || n > 65536)
+		return cb_error_set(EINVAL, "backend option proxy_conns: a count of connections, "
+					    "1 to 65536 (0: the default, 256)");
+	*out = (unsigned long)n;
+	return 0;
+}
+
 static int opt_hooks(json_t *v, const char *key, char **out)
 {
 	size_t i;
@@ -381,6 +393,8 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 			rc = opt_allow(v, &out->allow);
 		else if (!strcmp(key, "secrets"))
 			rc = cb_backend_secrets_from_json(v, out);
+		else if (!strcmp(key, "proxy_conns"))
+			rc = opt_proxy_conns(v, &out->proxy_conns);
 		else if (!strcmp(key, "on_create"))
 			rc = opt_hooks(v, key, out->on_create);
 		else if (!strcmp(key, "on_destroy"))
@@ -420,6 +434,9 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 					  "capability to switch users with");
 	if (!rc && out->allow && out->net != CB_BACKEND_NET_ALLOW)
 		rc = cb_error_set(EINVAL, "backend option allow: only with network allow");
+	if (!rc && out->proxy_conns && !cb_backend_net_proxied(out))
+		rc = cb_error_set(EINVAL, "backend option proxy_conns: only with network public "
+					  "or allow (the egress proxy's)");
 	if (!rc && out->n_secrets && !cb_backend_net_proxied(out))
 		rc = cb_error_set(EINVAL, "backend option secrets: only with network public or "
 					  "allow (the egress proxy sets them)");
@@ -475,6 +492,8 @@ json_t *cb_backend_options_to_json(const struct cb_backend_options *o)
 	}
 	if (o->n_secrets)
 		json_object_set_new(j, "secrets", cb_backend_secrets_to_json(o));
+	if (o->proxy_conns)
+		json_object_set_new(j, "proxy_conns", json_integer((json_int_t)o->proxy_conns));
 	/* the limits in effect, 0 for none: loading this again gives the same ones */
 	cb_backend_limits_of(o, &lim);
 	json_object_set_new(j, "timeout", json_real(lim.timeout));

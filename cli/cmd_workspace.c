@@ -16,6 +16,7 @@
 #include "cowbox/client.h"
 #include "cowbox/daemon.h"
 #include "cowbox/image.h"
+#include "cowbox/net.h"
 #include "cowbox/workspace.h"
 
 static const char create_usage[] =
@@ -26,7 +27,8 @@ static const char create_usage[] =
     "                     [--access none|files|full] [--idle-timeout SECONDS]\n"
     "                     [--network none|all|host|public|allow [--allow ENTRY]...]\n"
     "                     [--secret HOST:HEADER:env:VAR|file:PATH[:PATH_PREFIX]\n"
-    "                      [--secret-prefix TEXT] [--secret-suffix TEXT]]... [--json]\n"
+    "                      [--secret-prefix TEXT] [--secret-suffix TEXT]]...\n"
+    "                     [--proxy-conns N] [--json]\n"
     "Create a workspace over the read-only directory DIR (none: an empty workspace) and\n"
     "print its ref (cb- and 32 hex digits). NAME is an optional unique alias.\n"
     "--in-place DIR: the agent's edits land in DIR itself (the mount's upper layer is DIR),\n"
@@ -50,7 +52,8 @@ static const char create_usage[] =
     "held it that long (default 600, 0: never); `cowbox mount` keeps it until umount.\n"
     "--network public or allow: commands reach the network only through the workspace's\n"
     "egress proxy (public addresses, or what the --allow entries name: host, host:port,\n"
-    "*.domain, an address or a CIDR; see docs/network.md).\n"
+    "*.domain, an address or a CIDR; see docs/network.md). --proxy-conns caps the proxy's\n"
+    "connections open at once (default 256; past it the longest idle one is closed).\n"
     "--secret (public or allow): HTTPS requests to HOST whose path starts with PATH_PREFIX\n"
     "(default /) get HEADER set by the proxy to the secret (between --secret-prefix and\n"
     "--secret-suffix, e.g. 'Bearer '), which never enters the sandbox: env:VAR is read now\n"
@@ -71,7 +74,8 @@ struct create_opts {
 	const char *net; /* --network */
 	const char *allow[CREATE_MAX_ALLOW]; /* the --allow entries */
 	int n_allow;
-	json_t *secrets; /* the --secret entries (backend option secrets), or NULL */
+	json_t *secrets;       /* the --secret entries (backend option secrets), or NULL */
+	long long proxy_conns; /* --proxy-conns; -1: the default */
 };
 
 /* --network / --allow: checked as the options of any client are (backend.c). */
@@ -80,9 +84,11 @@ static int create_network(struct cb_backend_options *bo, const struct create_opt
 	json_t *j, *allow;
 	int rc;
 
-	if (!co->net && !co->n_allow && !co->secrets)
+	if (!co->net && !co->n_allow && !co->secrets && co->proxy_conns < 0)
 		return 0;
 	j = cb_backend_options_to_json(bo);
+	if (co->proxy_conns >= 0)
+		json_object_set_new(j, "proxy_conns", json_integer(co->proxy_conns));
 	if (co->secrets)
 		json_object_set(j, "secrets", co->secrets);
 	if (co->net)
@@ -130,7 +136,7 @@ static int create_options(const char *ref, const struct create_opts *co)
 	    (co->idle >= 0 && (rc = cb_daemon_idle_save(dir, (double)co->idle)) < 0))
 		goto out;
 	if (mb < 0 && inodes < 0 && !co->user && !co->shell && !co->background && !co->n_volumes &&
-	    !co->net && !co->n_allow && !co->secrets && !co->image)
+	    !co->net && !co->n_allow && !co->secrets && !co->image && co->proxy_conns < 0)
 		goto out;
 	if ((rc = cb_backend_options_load(dir, &bo)) < 0)
 		goto out;
@@ -229,12 +235,14 @@ int cmd_create(int argc, char **argv)
 	    {"secret", required_argument, NULL, 'K'},
 	    {"secret-prefix", required_argument, NULL, 'P'},
 	    {"secret-suffix", required_argument, NULL, 'X'},
+	    {"proxy-conns", required_argument, NULL, 'C'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct cli_common common = {0};
 	const char *base = NULL, *name = NULL, *in_place = NULL;
 	char ref[CB_WS_REF_LEN + 1];
-	struct create_opts co = {.disk_mb = -1, .disk_inodes = -1, .access = -1, .idle = -1};
+	struct create_opts co = {
+	    .disk_mb = -1, .disk_inodes = -1, .access = -1, .idle = -1, .proxy_conns = -1};
 	int c, status, rc;
 
 	while ((c = cli_getopt(argc, argv, "b:n:", opts, &common, create_usage, &status)) > 0) {
@@ -268,6 +276,8 @@ int cmd_create(int argc, char **argv)
 		else if (c == 'n')
 			name = optarg;
 		else if (c == 'T' && parse_count("--idle-timeout", optarg, &co.idle))
+			return CLI_USAGE;
+		else if (c == 'C' && parse_count("--proxy-conns", optarg, &co.proxy_conns))
 			return CLI_USAGE;
 		else if (c == 'A' && (co.access = cb_access_parse(optarg)) < 0)
 			return cli_usage_error(create_usage, "--access: %s", cb_error_message());
@@ -551,6 +561,7 @@ int cmd_info(int argc, char **argv)
 	json_t *limits = NULL, *allow = NULL, *secrets = NULL;
 	/* the image its commands run in: docker's default when none is set (cowbox/image.h) */
 	char *image = NULL;
+	unsigned long proxy_conns = 0; /* the egress proxy's cap (network public or allow) */
 
 	if (cb_backend_options_load(i.dir, &bo) == 0) {
 		/* the daemon's answer also says what the upper layer holds against its quota */
@@ -564,6 +575,8 @@ int cmd_info(int argc, char **argv)
 		if (cb_backend_image_of(&bo) && !(image = strdup(cb_backend_image_of(&bo))))
 			cb_error_clear(); /* out of memory: info shows no image */
 		secrets = bo.n_secrets ? cb_backend_secrets_to_json(&bo) : NULL; /* no values */
+		if (cb_backend_net_proxied(&bo))
+			proxy_conns = bo.proxy_conns ? bo.proxy_conns : CB_NET_MAX_CONNS;
 		if (bo.net == CB_BACKEND_NET_HOST)
 			fprintf(stderr, "cowbox info: warning: network host: the workspace's "
 					"commands share the host's network namespace (its "
@@ -607,6 +620,9 @@ int cmd_info(int argc, char **argv)
 			json_object_set_new(j, "image", image ? json_string(image) : json_null());
 			if (secrets)
 				json_object_set_new(j, "secrets", secrets);
+			if (proxy_conns)
+				json_object_set_new(j, "proxy_conns",
+						    json_integer((json_int_t)proxy_conns));
 		}
 		free(image);
 		if (limits)
@@ -638,6 +654,9 @@ int cmd_info(int argc, char **argv)
 	for (size_t k = 0; k < json_array_size(allow); k++)
 		printf("allow:       %s\n", json_string_value(json_array_get(allow, k)));
 	json_decref(allow);
+	if (proxy_conns)
+		printf("proxy conns: %lu at once (past them the longest idle is closed)\n",
+		       proxy_conns);
 	for (size_t k = 0; k < json_array_size(secrets); k++) {
 		json_t *e = json_array_get(secrets, k);
 

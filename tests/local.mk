@@ -32,6 +32,7 @@ TESTS += tests/integration/test_basecache.py
 TESTS += tests/integration/test_lifecycle.py bindings/python/tests/test_lifecycle.py
 # the network policy and its egress proxy: allow entries, private ranges, the network log
 TESTS += tests/integration/test_network_policy.py tests/integration/test_network_secrets.py
+TESTS += tests/integration/test_network_hostaddr.py tests/integration/test_network_fds.py
 # in-place workspaces: the upper layer is the user's folder
 TESTS += tests/integration/test_in_place.py
 # the ns backend's OCI images: layouts, the local store, the cache

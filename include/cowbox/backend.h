@@ -113,6 +113,8 @@ struct cb_backend_options {
 			   (with no capabilities); the workspace's files keep their host ids */
 	struct cb_backend_secret *secrets; /* header secrets (network public or allow) */
 	size_t n_secrets;
+	unsigned long proxy_conns; /* network public or allow: the egress proxy's connections
+				      open at once (the longest idle closed past it); 0: 256 */
 };
 
 /* One command for a backend. Only argv (or shell) is required. */

@@ -250,7 +250,7 @@ class Sandbox:
                      on_create=(), on_destroy=(), setup_script=None, setup_timeout=None,
                      privileged=False, shell=None, user=None, background=None, volumes=None,
                      access=None, idle_timeout=None, in_place=False, cowbox=None, home=None,
-                     header_bindings=None):
+                     header_bindings=None, proxy_conns=None):
         """A new workspace over base (a directory, or None for an empty one) with these
         backend options; the backend itself boots on first use. network is "none" (the
         default of ns and docker), "all" (outbound through user-mode networking, not the
@@ -258,7 +258,8 @@ class Sandbox:
         cowbox.Network: Network.public() or Network.allow(hosts=[...]) reach the network
         only through the workspace's egress proxy (docs/network.md); there,
         header_bindings (cowbox.HeaderBinding) set secret headers on HTTPS requests to
-        their hosts without the secret entering the sandbox.
+        their hosts without the secret entering the sandbox; proxy_conns caps the proxy's
+        connections open at once (default 256; past it the longest idle one is closed).
         image is the commands' root: for ns a directory, "oci:PATH[:TAG]" (an OCI image
         layout) or an image in the local podman store ("containers-storage:NAME" or NAME,
         never pulled), unpacked once into a root cached under COWBOX_HOME/images that later
@@ -319,7 +320,8 @@ class Sandbox:
                            ("cpus", cpus), ("memory_mb", memory_mb), ("pids", pids),
                            ("disk_mb", disk_mb), ("disk_inodes", disk_inodes), ("image", image),
                            ("setup_script", setup_script), ("setup_timeout", setup_timeout),
-                           ("shell", shell), ("user", user), ("background", background)):
+                           ("shell", shell), ("user", user), ("background", background),
+                           ("proxy_conns", proxy_conns)):
             if value is not None:
                 options[key] = value
         if header_bindings:

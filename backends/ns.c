@@ -153,7 +153,11 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	struct cb_backend_limits lim;
 	struct cb_sandbox_bind binds[1 + CB_BACKEND_MAX_VOLUMES];
 	char **env = NULL, *cwd = NULL, home[4200], bundle[4200];
-	int rc;
+	char vol_paths[CB_BACKEND_MAX_VOLUMES][32];
+	int vol_fds[CB_BACKEND_MAX_VOLUMES], rc;
+
+	for (size_t i = 0; i < CB_BACKEND_MAX_VOLUMES; i++)
+		vol_fds[i] = -1;
 
 	if ((rc = cb_backend_env(b, cmd->env, &env)) < 0)
 		return rc;
@@ -180,10 +184,19 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 		sb.user = s->image.user;
 	snprintf(home, sizeof(home), "%s/home", b->dir);
 	binds[0] = (struct cb_sandbox_bind){.src = home, .dst = CB_BACKEND_HOME, .writable = 1};
-	for (size_t i = 0; i < b->opt.n_volumes; i++)
-		binds[1 + i] = (struct cb_sandbox_bind){.src = b->opt.volumes[i].src,
+	/* Each volume is bound from a handle on the very directory it named when given,
+	 * reached through no symlink now: a sandbox that can write a parent of its host path
+	 * cannot point it elsewhere (the bind clones what the handle holds, not a path). */
+	for (size_t i = 0; i < b->opt.n_volumes; i++) {
+		if ((vol_fds[i] = cb_backend_volume_open(&b->opt.volumes[i])) < 0) {
+			rc = vol_fds[i];
+			goto out;
+		}
+		snprintf(vol_paths[i], sizeof(vol_paths[i]), "/proc/self/fd/%d", vol_fds[i]);
+		binds[1 + i] = (struct cb_sandbox_bind){.src = vol_paths[i],
 							.dst = b->opt.volumes[i].dst,
 							.writable = b->opt.volumes[i].writable};
+	}
 	sb.binds = binds;
 	sb.n_binds = 1 + b->opt.n_volumes;
 	/* header secrets: the sandbox's TLS clients trust the workspace's CA */
@@ -213,6 +226,9 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	spec.sandbox = &sb;
 	rc = cb_exec_start(&spec, cb, out);
 out:
+	for (size_t i = 0; i < CB_BACKEND_MAX_VOLUMES; i++)
+		if (vol_fds[i] >= 0)
+			close(vol_fds[i]);
 	free(cwd);
 	cb_exec_env_free(env);
 	return rc;

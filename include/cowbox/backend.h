@@ -70,9 +70,12 @@ struct cb_backend_secret {
 
 /* A host directory bound into the sandbox (ns, docker). */
 struct cb_backend_volume {
-	char *src; /* host directory, absolute (resolved when the options are read) */
+	char *src; /* host directory, absolute (resolved once, when the volume is given) */
 	char *dst; /* absolute path inside */
 	int writable;
+	/* the directory src named when the volume was given (backend.json's volume_ids): every
+	 * command's bind must find this very directory there; ino 0: not known (an older file) */
+	unsigned long long dev, ino;
 };
 
 /* The options every backend takes. They shape a new workspace's backend and are kept in
@@ -272,6 +275,12 @@ int cb_backend_env_from_json(json_t *obj, const char *what, char ***out);
  * a new reference in *out); -EINVAL naming spec when it has no PATH. Checked in full by
  * cb_backend_options_from_json. */
 int cb_backend_volume_spec(const char *spec, json_t **out);
+
+/* Open volume v's host directory for a bind: an O_PATH fd of src reached through no symlink
+ * (openat2 RESOLVE_NO_SYMLINKS from /), which must still be the directory (device and inode)
+ * it named when the volume was given. The fd, or -errno with a message naming the volume
+ * (-ELOOP: a symlink is on the way now; -ESTALE: another directory is in its place). */
+int cb_backend_volume_open(const struct cb_backend_volume *v);
 
 /* The background mode of a name ("keep", "kill"): -EINVAL naming what for anything else. */
 int cb_backend_bg_parse(const char *what, const char *s, enum cb_backend_bg *out);

@@ -182,6 +182,9 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	/* the image's User, as docker runs its commands (a privileged sandbox switches none) */
 	if (!sb.user && !sb.privileged)
 		sb.user = s->image.user;
+	/* mounted again if its filesystem went (a daemon stop released it meanwhile) */
+	if ((rc = cb_backend_home_ready(b)) < 0)
+		goto out;
 	snprintf(home, sizeof(home), "%s/home", b->dir);
 	binds[0] = (struct cb_sandbox_bind){.src = home, .dst = CB_BACKEND_HOME, .writable = 1};
 	/* Each volume is bound from a handle on the very directory it named when given,

@@ -515,6 +515,10 @@ static void info_limits_print(json_t *l)
 		printf("; used %s, %lld inodes", cli_size(json_integer_value(used), s1, sizeof(s1)),
 		       (long long)json_integer_value(json_object_get(l, "disk_used_inodes")));
 	printf("\n");
+	if (json_integer_value(json_object_get(l, "home_bytes")) > 0)
+		printf("home cap:    %s (/home/cowbox: a filesystem of its own)\n",
+		       cli_size(json_integer_value(json_object_get(l, "home_bytes")), s1,
+				sizeof(s1)));
 }
 
 int cmd_info(int argc, char **argv)

@@ -46,3 +46,4 @@ TESTS += tests/integration/test_public_api.py tests/integration/test_api_request
 TESTS += tests/integration/test_vm_agent.py tests/integration/test_vm_conformance.py \
 	tests/integration/test_vm_lifecycle.py
 TESTS += tests/integration/test_volume_swap.py
+TESTS += tests/integration/test_home_quota.py

@@ -242,10 +242,12 @@ struct cb_backend_limits {
 	unsigned long pids, memory_mb;
 	int oom_score_adj;
 	unsigned long long disk_bytes, disk_inodes;
+	unsigned long long home_bytes; /* the persistent home's own cap (confined: the disk
+					  quota, its own filesystem; 0: none) */
 };
 void cb_backend_limits_of(const struct cb_backend_options *o, struct cb_backend_limits *out);
 /* Their JSON form (info): {"timeout","memory_mb","pids","oom_score_adj","disk_bytes",
- * "disk_inodes"}, 0 for none; a new reference. */
+ * "disk_inodes","home_bytes"}, 0 for none; a new reference. */
 json_t *cb_backend_limits_json(const struct cb_backend_limits *l);
 
 /* Parse options from JSON ({"backend":"ns","env":{"K":"V"},"working_dir":...,"timeout":...,
@@ -275,6 +277,17 @@ int cb_backend_env_from_json(json_t *obj, const char *what, char ***out);
  * a new reference in *out); -EINVAL naming spec when it has no PATH. Checked in full by
  * cb_backend_options_from_json. */
 int cb_backend_volume_spec(const char *spec, json_t **out);
+
+/* The persistent home's cap in bytes (the disk quota; 0: none, or a backend without a home). */
+unsigned long long cb_backend_home_cap(const struct cb_backend_options *o);
+/* Make <workspace dir>/home ready for a command's bind: under a cap (and as root), its own
+ * ext4 filesystem (home.img, made at the first call, on a loop device) mounted there, nosuid
+ * and nodev; an older plain home's files are copied in once. Idempotent and safe between
+ * the daemon and cowbox exec REF (a lock file); 0 or -errno with a message. */
+int cb_backend_home_ready(struct cb_backend *b);
+/* Unmount dir's home if it is mounted (lazily: commands running keep theirs). */
+void cb_backend_home_release(const char *dir);
+
 
 /* Open volume v's host directory for a bind: an O_PATH fd of src reached through no symlink
  * (openat2 RESOLVE_NO_SYMLINKS from /), which must still be the directory (device and inode)

@@ -21,6 +21,7 @@ struct ns_state {
 	int netns_fd; /* the workspace's network namespace; -1: the host's or a fresh one each */
 	struct cb_pasta *pasta; /* network all: the user-mode networking of netns_fd */
 	char *image_root;	/* the image option's root directory (NULL: the host's) */
+	int image_hold;		/* keeps image_root from cowbox image prune (-1: none) */
 	struct cb_backend_image_config image; /* an OCI image's Env and User */
 };
 
@@ -29,6 +30,8 @@ static void ns_state_free(struct ns_state *s)
 	if (!s)
 		return;
 	cb_pasta_stop(s->pasta);
+	if (s->image_hold >= 0)
+		close(s->image_hold);
 	free(s->image_root);
 	cb_backend_image_config_free(&s->image);
 	if (s->netns_fd >= 0)
@@ -40,15 +43,18 @@ static void ns_state_free(struct ns_state *s)
 static int ns_state_new(struct cb_backend *b, struct ns_state **out)
 {
 	struct ns_state *s = calloc(1, sizeof(*s));
+	struct cb_backend_image_cap cap;
 	int rc = 0;
 
 	*out = NULL;
 	if (!s)
 		return cb_error_set(ENOMEM, "ns backend: out of memory");
 	s->netns_fd = -1;
+	s->image_hold = -1;
 	/* an OCI image is unpacked on the first workspace's boot, then reused from the cache */
-	if (b->opt.image &&
-	    (rc = cb_backend_image_root(b->opt.image, &s->image_root, &s->image)) < 0)
+	cb_backend_image_cap_of(&b->opt, &cap);
+	if (b->opt.image && (rc = cb_backend_image_root_capped(b->opt.image, &cap, &s->image_root,
+							       &s->image, &s->image_hold)) < 0)
 		goto out;
 	if (s->image.user && (rc = cb_backend_user_check("its User", s->image.user)) < 0) {
 		cb_error_wrap(rc, "image %s: ", b->opt.image);

@@ -462,6 +462,8 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 			rc = opt_limit(v, key, &out->disk_mb);
 		else if (!strcmp(key, "disk_inodes"))
 			rc = opt_limit(v, key, &out->disk_inodes);
+		else if (!strcmp(key, "image_max_mb"))
+			rc = opt_limit(v, key, &out->image_max_mb);
 		else if (!strcmp(key, "setup_timeout"))
 			rc = opt_number(v, key, &out->setup_timeout);
 		else if (!strcmp(key, "cpus"))
@@ -582,6 +584,11 @@ json_t *cb_backend_options_to_json(const struct cb_backend_options *o)
 	}
 	json_object_set_new(j, "disk_mb", json_integer((json_int_t)(lim.disk_bytes >> 20)));
 	json_object_set_new(j, "disk_inodes", json_integer((json_int_t)lim.disk_inodes));
+	if (o->image_max_mb)
+		json_object_set_new(j, "image_max_mb",
+				    json_integer(o->image_max_mb == CB_BACKEND_NO_LIMIT
+						     ? 0
+						     : (json_int_t)o->image_max_mb));
 	json_object_set_new(j, "on_create", c);
 	json_object_set_new(j, "on_destroy", d);
 	json_object_set_new(j, "setup_timeout", json_real(o->setup_timeout));

@@ -441,7 +441,10 @@ static int vm_create(struct cb_backend *b)
 		goto out;
 	}
 	if (b->opt.image) {
-		rc = cb_backend_image_root(b->opt.image, &rootfs, &s->image);
+		struct cb_backend_image_cap cap;
+
+		cb_backend_image_cap_of(&b->opt, &cap);
+		rc = cb_backend_image_root_capped(b->opt.image, &cap, &rootfs, &s->image, NULL);
 		/* its User runs the commands that name none, as on ns and docker */
 		if (rc == 0 && s->image.user &&
 		    (rc = cb_backend_user_check("its User", s->image.user)) < 0)

@@ -126,9 +126,11 @@ int cb_api_configure(struct cb_daemon *d, json_t *options)
 	/* ns: an OCI image is unpacked now (once: the cache keeps it), so that a bad image fails
 	 * the configure that names it rather than the first command */
 	if (opt.image && cb_backend_find(opt.kind)->image_root) {
+		struct cb_backend_image_cap cap;
 		char *root = NULL;
 
-		rc = cb_backend_image_root(opt.image, &root, NULL);
+		cb_backend_image_cap_of(&opt, &cap);
+		rc = cb_backend_image_root_capped(opt.image, &cap, &root, NULL, NULL);
 		free(root);
 		if (rc < 0)
 			goto out;

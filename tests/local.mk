@@ -47,3 +47,4 @@ TESTS += tests/integration/test_vm_agent.py tests/integration/test_vm_conformanc
 	tests/integration/test_vm_lifecycle.py
 TESTS += tests/integration/test_volume_swap.py
 TESTS += tests/integration/test_home_quota.py
+TESTS += tests/integration/test_image_caps.py

@@ -99,6 +99,8 @@ struct cb_backend_options {
 	unsigned long pids;	   /* cap on processes and threads (ns, docker); 0: 1024 */
 	unsigned long disk_mb;	   /* upper-layer quota in MiB (the filesystem); 0: 10240 */
 	unsigned long disk_inodes; /* upper-layer inode quota; 0: 1000000 */
+	unsigned long image_max_mb; /* ns: cap on an OCI image's unpacked bytes, MiB (at its first
+				       unpack); 0: disk_mb's */
 	char *image; /* ns: a directory, oci:PATH[:TAG] or a local podman image (cowbox/image.h);
 			docker: an image name (NULL: cb_backend_image_of's default) */
 	char *on_create[CB_BACKEND_MAX_HOOKS];	/* shell commands run once, on creation */
@@ -287,7 +289,6 @@ unsigned long long cb_backend_home_cap(const struct cb_backend_options *o);
 int cb_backend_home_ready(struct cb_backend *b);
 /* Unmount dir's home if it is mounted (lazily: commands running keep theirs). */
 void cb_backend_home_release(const char *dir);
-
 
 /* Open volume v's host directory for a bind: an O_PATH fd of src reached through no symlink
  * (openat2 RESOLVE_NO_SYMLINKS from /), which must still be the directory (device and inode)

@@ -441,8 +441,11 @@ static int image_measure(const char *spec, const char *layout, const char *tag,
 		if ((rc = image_tool(spec, "measure a layer", argv, EIO, &out)) < 0)
 			goto out;
 		if (sscanf(out, "%llu %llu", &b, &n) != 2) {
-			rc = cb_error_set(EIO, "image %s: layer %.12s: tar cannot list it (%s)",
-					  spec, hex, last_line(out));
+			rc = cb_error_set(EIO,
+					  "image %s: layer %.12s: tar cannot list it (damaged, or "
+					  "compressed in a way tar does not know), so its unpacked "
+					  "size cannot be checked against the cap",
+					  spec, hex);
 			goto out;
 		}
 		bytes += b;

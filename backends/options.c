@@ -101,7 +101,7 @@ int cb_backend_volume_open(const struct cb_backend_volume *v)
 				     "directories alone; refusing to bind it): ",
 				     v->dst);
 	if (fstat(fd, &st) < 0 || !S_ISDIR(st.st_mode)) {
-		int err = S_ISDIR(st.st_mode) ? errno : ENOTDIR;
+		int err = fstat(fd, &st) < 0 ? errno : ENOTDIR;
 
 		close(fd);
 		return cb_error_set(err, "volume %s: %s: %s", v->dst, v->src, strerror(err));

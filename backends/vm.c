@@ -78,6 +78,13 @@ static int vm_volume_args(struct cb_backend *b, int mmio, struct vm_volumes *v, 
 
 	for (size_t i = 0; i < b->opt.n_volumes; i++) {
 		const struct cb_backend_volume *vol = &b->opt.volumes[i];
+		/* qemu opens it by path: checked here (no symlink on the way, the directory it
+		 * named when given), the window until qemu opens it remains */
+		int vfd = cb_backend_volume_open(vol);
+
+		if (vfd < 0)
+			return vfd;
+		close(vfd);
 
 		snprintf(v->fsdev[i], sizeof(v->fsdev[i]), "local,id=fsv%zu,path=%s,%s", i,
 			 vol->src,

@@ -58,6 +58,23 @@ class HomeQuotaTest(CowboxTestCase):
         self.cowbox("rm", self.ref)
         self.assertEqual(mounts_under(home), [])
 
+    def test_a_killed_daemons_home_is_reused_then_removed_with_the_workspace(self):
+        self.sh("echo kept > ~/note")
+        home = os.path.join(os.path.realpath(self.ws_dir(self.ref)), "home")
+        pid = self.daemon_pid(self.ref)
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not self.daemon_pid(self.ref), 20, what="the daemon to die")
+        self.assertEqual(len(mounts_under(home)), 1)
+        # the next daemon finds it mounted and uses it (no second mount on top)
+        self.assertEqual(self.sh("cat ~/note").stdout, "kept\n")
+        self.assertEqual(len(mounts_under(home)), 1)
+        pid = self.daemon_pid(self.ref)
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not self.daemon_pid(self.ref), 20, what="the daemon to die")
+        self.cowbox("rm", self.ref)
+        self.assertEqual(mounts_under(home), [])
+        self.assertFalse(os.path.exists(self.ws_dir(self.ref)))
+
     def test_an_older_plain_home_is_carried_in(self):
         other = self.cowbox("create", "--disk-mb", "16").stdout.strip()
         home = os.path.join(self.ws_dir(other), "home")

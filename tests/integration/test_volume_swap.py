@@ -78,14 +78,16 @@ class VolumeSwapTest(CowboxTestCase):
     def test_rename_exchange_race_never_shows_the_other_directory(self):
         # A's sandbox swaps /data/d (the volume's parent) with a symlink to evil/ in a loop
         # while B starts commands; each must be refused or see the real volume.
+        # scripts/soak-volume-swap runs this for minutes
+        seconds = float(os.environ.get("COWBOX_VOLUME_RACE_SECONDS", "5"))
         loop = subprocess.Popen(
-            [COWBOX, "exec", self.a, "--", "python3", "-c", SWAP_LOOP, self.evil, "6",
-             "/data"], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True)
+            [COWBOX, "exec", self.a, "--timeout", str(int(seconds) + 60), "--", "python3",
+             "-c", SWAP_LOOP, self.evil, str(seconds + 1), "/data"], env=self.env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             self.assertEqual(loop.stdout.readline().strip(), "ready")
             seen = {"real": 0, "refused": 0}
-            end = time.monotonic() + 5
+            end = time.monotonic() + seconds
             while time.monotonic() < end:
                 p = self.read_b()
                 self.assertNotIn("EVIL", p.stdout + p.stderr)
@@ -94,7 +96,7 @@ class VolumeSwapTest(CowboxTestCase):
                     seen["real"] += 1
                 else:
                     seen["refused"] += 1
-            out, err = loop.communicate(timeout=30)
+            out, err = loop.communicate(timeout=60)
         finally:
             if loop.poll() is None:
                 loop.kill()

@@ -92,7 +92,11 @@ static int home_mount(const char *img, const char *home)
 		goto out;
 	}
 	if ((ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC)) < 0) {
-		rc = cb_error_set(errno, "home: /dev/loop-control: %s", strerror(errno));
+		rc = cb_error_set(errno,
+				  "home: /dev/loop-control: %s (the home under a disk quota is a "
+				  "filesystem on a loop device; disk_mb 0 keeps a plain, uncapped "
+				  "home)",
+				  strerror(errno));
 		goto out;
 	}
 	for (int tries = 0; tries < 16; tries++) {

@@ -116,6 +116,10 @@ class VolumeSwapTest(CowboxTestCase):
         self.cowbox("create", "--in-place", folder, "--name", "ip")
         self.assert_fails(["create", "--volume", os.path.join(folder, "sub") + ":/s"],
                           "an in-place folder")
+        # an in-place workspace's volume of its own subfolder
+        own = self.make_base({"sub/y": "y\n"})
+        self.assert_fails(["create", "--in-place", own, "--volume",
+                           os.path.join(own, "sub") + ":/s"], "an in-place folder")
         # two read-only volumes may nest: neither is written
         self.cowbox("create", "--volume", self.shared + ":/data", "--volume",
                     inner + ":/inner")

@@ -404,6 +404,36 @@ out:
 	return rc;
 }
 
+/* Bytes (allocated) and inodes of the tree at dfd/name, by directory fd. */
+struct tree_size {
+	unsigned long long bytes, inodes;
+};
+
+static void tree_measure(int dfd, const char *name, struct tree_size *t)
+{
+	struct stat st;
+	int fd;
+
+	if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return;
+	t->inodes++;
+	t->bytes += (unsigned long long)st.st_blocks * 512;
+	if (!S_ISDIR(st.st_mode) ||
+	    (fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+		return;
+	DIR *d = fdopendir(fd);
+	struct dirent *de;
+
+	if (!d) {
+		close(fd);
+		return;
+	}
+	while ((de = readdir(d)))
+		if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+			tree_measure(dirfd(d), de->d_name, t);
+	closedir(d);
+}
+
 /* One layer blob's listing, summed by tar and awk as it streams (no output to hold): "BYTES
  * ENTRIES", or "FAIL" when tar could not read it. */
 static const char LAYER_MEASURE[] =
@@ -509,8 +539,26 @@ static int image_unpack(const char *spec, const char *images, int dfd, struct im
 		unpack[6] = unpack[5];
 		unpack[5] = "--rootless";
 	}
-	if ((rc = image_tool(spec, "umoci unpack failed", unpack, EIO, NULL)) < 0 ||
-	    (rc = settings_save(spec, dfd, r)) < 0)
+	if ((rc = image_tool(spec, "umoci unpack failed", unpack, EIO, NULL)) < 0)
+		goto out;
+	/* What umoci wrote, counted again: a root well over its cap is never kept. The listing
+	 * kept the disk from filling; this checks the result, in allocated blocks (an eighth
+	 * of slack: directories and extents cost a little more than the listing counts). */
+	if (cap && (cap->bytes || cap->inodes)) {
+		struct tree_size t = {0};
+
+		tree_measure(dfd, tmp_root, &t);
+		if ((cap->bytes && t.bytes > cap->bytes + cap->bytes / 8) ||
+		    (cap->inodes && t.inodes > cap->inodes + cap->inodes / 8)) {
+			rc = cb_error_set(EFBIG,
+					  "image %s: unpacked it holds %llu MiB, %llu inodes, more "
+					  "than its cap (%llu MiB, %llu inodes): removed",
+					  spec, t.bytes >> 20, t.inodes, cap->bytes >> 20,
+					  cap->inodes);
+			goto out;
+		}
+	}
+	if ((rc = settings_save(spec, dfd, r)) < 0)
 		goto out;
 	/* the root's files on disk before its name says it is complete */
 	if (syncfs(dfd) < 0) {
@@ -704,36 +752,6 @@ static int image_user(const struct cb_ws_info *info, void *arg)
 	free(r.name);
 	cb_backend_options_free(&o);
 	return 0;
-}
-
-/* Bytes (allocated) and inodes of the tree at dfd/name, by directory fd. */
-struct tree_size {
-	unsigned long long bytes, inodes;
-};
-
-static void tree_measure(int dfd, const char *name, struct tree_size *t)
-{
-	struct stat st;
-	int fd;
-
-	if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-		return;
-	t->inodes++;
-	t->bytes += (unsigned long long)st.st_blocks * 512;
-	if (!S_ISDIR(st.st_mode) ||
-	    (fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
-		return;
-	DIR *d = fdopendir(fd);
-	struct dirent *de;
-
-	if (!d) {
-		close(fd);
-		return;
-	}
-	while ((de = readdir(d)))
-		if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
-			tree_measure(dirfd(d), de->d_name, t);
-	closedir(d);
 }
 
 int cb_backend_image_list(json_t **out)

@@ -263,6 +263,29 @@ out:
 	return rc;
 }
 
+int cb_backend_home_open(struct cb_backend *b)
+{
+	char home[4200];
+	struct statfs fs;
+	int rc, fd;
+
+	if ((rc = cb_backend_home_ready(b)) < 0)
+		return rc;
+	snprintf(home, sizeof(home), "%s/home", b->dir);
+	if ((fd = open(home, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+		return cb_error_set(errno, "home: open %s: %s", home, strerror(errno));
+	/* a daemon stop may have unmounted it since: never the plain directory under a cap */
+	if (cb_backend_home_cap(&b->opt) && geteuid() == 0 &&
+	    (fstatfs(fd, &fs) < 0 || fs.f_type != HOME_EXT4_MAGIC)) {
+		close(fd);
+		return cb_error_set(ESTALE,
+				    "home: %s is no longer its capped filesystem (the "
+				    "workspace is stopping?)",
+				    home);
+	}
+	return fd;
+}
+
 void cb_backend_home_release(const char *dir)
 {
 	char home[4200];

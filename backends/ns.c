@@ -160,7 +160,7 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	struct cb_sandbox_bind binds[1 + CB_BACKEND_MAX_VOLUMES];
 	char **env = NULL, *cwd = NULL, home[4200], bundle[4200];
 	char vol_paths[CB_BACKEND_MAX_VOLUMES][32];
-	int vol_fds[CB_BACKEND_MAX_VOLUMES], rc;
+	int vol_fds[CB_BACKEND_MAX_VOLUMES], home_fd = -1, rc;
 
 	for (size_t i = 0; i < CB_BACKEND_MAX_VOLUMES; i++)
 		vol_fds[i] = -1;
@@ -188,10 +188,13 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	/* the image's User, as docker runs its commands (a privileged sandbox switches none) */
 	if (!sb.user && !sb.privileged)
 		sb.user = s->image.user;
-	/* mounted again if its filesystem went (a daemon stop released it meanwhile) */
-	if ((rc = cb_backend_home_ready(b)) < 0)
+	/* mounted again if its filesystem went (a daemon stop released it meanwhile), and
+	 * bound from a handle on it */
+	if ((home_fd = cb_backend_home_open(b)) < 0) {
+		rc = home_fd;
 		goto out;
-	snprintf(home, sizeof(home), "%s/home", b->dir);
+	}
+	snprintf(home, sizeof(home), "/proc/self/fd/%d", home_fd);
 	binds[0] = (struct cb_sandbox_bind){.src = home, .dst = CB_BACKEND_HOME, .writable = 1};
 	/* Each volume is bound from a handle on the very directory it named when given,
 	 * reached through no symlink now: a sandbox that can write a parent of its host path
@@ -235,6 +238,8 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	spec.sandbox = &sb;
 	rc = cb_exec_start(&spec, cb, out);
 out:
+	if (home_fd >= 0)
+		close(home_fd);
 	for (size_t i = 0; i < CB_BACKEND_MAX_VOLUMES; i++)
 		if (vol_fds[i] >= 0)
 			close(vol_fds[i]);

@@ -287,6 +287,10 @@ unsigned long long cb_backend_home_cap(const struct cb_backend_options *o);
  * and nodev; an older plain home's files are copied in once. Idempotent and safe between
  * the daemon and cowbox exec REF (a lock file); 0 or -errno with a message. */
 int cb_backend_home_ready(struct cb_backend *b);
+/* cb_backend_home_ready, then an O_PATH fd of the home to bind from: under a cap, checked to
+ * be its filesystem's root (a stop racing the command cannot leave it the plain directory
+ * beneath). The fd, or -errno with a message. */
+int cb_backend_home_open(struct cb_backend *b);
 /* Unmount dir's home if it is mounted (lazily: commands running keep theirs). */
 void cb_backend_home_release(const char *dir);
 

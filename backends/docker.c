@@ -166,6 +166,15 @@ static int docker_create(struct cb_backend *b)
 		argv[n++] = cavol;
 	}
 	for (size_t i = 0; i < b->opt.n_volumes; i++) {
+		/* the engine binds by path: checked here (no symlink on the way, the directory
+		 * it named when given), the window until the engine resolves it remains */
+		int vfd = cb_backend_volume_open(&b->opt.volumes[i]);
+
+		if (vfd < 0) {
+			rc = vfd;
+			goto out;
+		}
+		close(vfd);
 		snprintf(vols[i], sizeof(vols[i]), "%s:%s:%s", b->opt.volumes[i].src,
 			 b->opt.volumes[i].dst, b->opt.volumes[i].writable ? "rw" : "ro");
 		argv[n++] = "-v";

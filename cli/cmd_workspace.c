@@ -109,10 +109,12 @@ static int create_network(struct cb_backend_options *bo, const struct create_opt
  * for the workspace's daemon), so that a bad image fails the create. */
 static int create_image(struct cb_backend_options *bo, const char *image)
 {
+	struct cb_backend_image_cap cap;
 	char *root = NULL;
 	int rc;
 
-	if ((rc = cb_backend_image_root(image, &root, NULL)) < 0)
+	cb_backend_image_cap_of(bo, &cap);
+	if ((rc = cb_backend_image_root_capped(image, &cap, &root, NULL, NULL)) < 0)
 		return rc;
 	free(root);
 	free(bo->image);
@@ -525,6 +527,10 @@ static void info_limits_print(json_t *l)
 		printf("; used %s, %lld inodes", cli_size(json_integer_value(used), s1, sizeof(s1)),
 		       (long long)json_integer_value(json_object_get(l, "disk_used_inodes")));
 	printf("\n");
+	if (json_integer_value(json_object_get(l, "home_bytes")) > 0)
+		printf(
+		    "home cap:    %s (/home/cowbox: a filesystem of its own)\n",
+		    cli_size(json_integer_value(json_object_get(l, "home_bytes")), s1, sizeof(s1)));
 }
 
 int cmd_info(int argc, char **argv)

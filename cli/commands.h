@@ -45,4 +45,7 @@ int cmd_unpublish(int argc, char **argv);
 /* Checking and repairing stored state (cli/cmd_fsck.c). */
 int cmd_fsck(int argc, char **argv);
 
+/* The ns backend's unpacked OCI images: ls, prune (cli/cmd_image.c). */
+int cmd_image(int argc, char **argv);
+
 #endif

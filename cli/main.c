@@ -35,6 +35,7 @@ const struct cli_command cli_commands[] = {
     {"publish", cmd_publish, "reach a server inside the sandbox from the host's 127.0.0.1"},
     {"unpublish", cmd_unpublish, "close a port publish opened"},
     {"fsck", cmd_fsck, "check blobs, base and meta.db; --repair what can be repaired"},
+    {"image", cmd_image, "list (ls) or collect (prune) the unpacked OCI image roots"},
     {NULL, NULL, NULL},
 };
 

@@ -53,3 +53,6 @@ TESTS += bindings/python/tests/test_seed_litellm.py bindings/python/tests/test_s
 EXTRA_DIST += bindings/python/tests/seedutil.py
 # issue 31: ns images pulled from the registries a registries.conf names (a loopback registry)
 TESTS += tests/integration/test_image_pull.py
+TESTS += tests/integration/test_volume_swap.py
+TESTS += tests/integration/test_home_quota.py
+TESTS += tests/integration/test_image_caps.py

@@ -88,6 +88,13 @@ static void pasta_child(struct cb_pasta *p, pid_t keeper_tid)
 					    "/usr/sbin/pasta"};
 	int null = open("/dev/null", O_RDWR | O_CLOEXEC);
 
+	/* The group pasta's --runas asks for, taken now: a change of group clears the
+	 * parent-death signal, so taken after it pasta outlived a daemon killed with -9.
+	 * Raw syscalls: glibc's setresgid signals threads this raw clone does not have. */
+	gid_t gid = CB_PASTA_GID;
+	if (geteuid() == 0 && getegid() != gid &&
+	    (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, gid, gid, gid) < 0))
+		_exit(126);
 	/* Dies with the keeper thread, and so with the process, however that ends. */
 	prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
 	if (syscall(SYS_tgkill, getppid(), keeper_tid, 0) < 0)

@@ -22,6 +22,7 @@
 #include "cowbox/workspace.h"
 #include "cowbox/backend.h"
 #include "cowbox/error.h"
+#include "cowbox/fsck.h"
 #include "cowbox/grow.h"
 #include "cowbox/journal.h"
 #include "cowbox/overlay.h"
@@ -595,6 +596,18 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	cb_db_meta_get(d.db, "base", &d.base);
 	cb_db_meta_get(d.db, "name", &d.name);
 	cb_error_clear();
+	/* Marks a damaged log lost (found by the fold at the open) are made good before the
+	 * mount serves anything: upper/ holds still while it is walked. */
+	long long rescanned;
+	if ((rc = cb_ws_marks_rescan(d.db, d.db_path, d.upper, d.in_place ? NULL : d.base,
+				     &rescanned)) < 0)
+		goto out;
+	if (rc)
+		daemon_log(
+		    "the mark log lost marks (see 'cowbox fsck %s'): %lld paths of the upper "
+		    "layer and of the last turn journaled as changed",
+		    d.ref, rescanned);
+	rc = 0;
 	if ((rc = cb_daemon_worker_init(&d)))
 		goto out;
 	unsigned long id_base;

@@ -245,3 +245,20 @@ int cb_db_meta_set(struct cb_db *db, const char *key, const char *value)
 	cb_mutex_unlock(&db->sql_lock);
 	return rc;
 }
+
+int cb_db_meta_del(struct cb_db *db, const char *key)
+{
+	sqlite3_stmt *st = NULL;
+	int rc;
+
+	cb_mutex_lock(&db->sql_lock);
+	rc = sqlite3_prepare_v2(db->sql, "DELETE FROM meta WHERE key = ?1", -1, &st, NULL);
+	if (rc == SQLITE_OK) {
+		sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+		rc = sqlite3_step(st);
+	}
+	rc = rc == SQLITE_DONE ? 0 : cb_db_error(db, rc, "delete meta");
+	sqlite3_finalize(st);
+	cb_mutex_unlock(&db->sql_lock);
+	return rc;
+}

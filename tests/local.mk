@@ -45,3 +45,6 @@ TESTS += tests/integration/test_public_api.py tests/integration/test_api_request
 # shared VM, and its lifecycle (two boots; each boot is tens of seconds under TCG)
 TESTS += tests/integration/test_vm_agent.py tests/integration/test_vm_conformance.py \
 	tests/integration/test_vm_lifecycle.py
+# issue 29 (3): fsck and logical damage: a damaged mark log, deleted journal/turn rows,
+# damaged meta.db pages, apply's temporary files, staging directories of dead daemons.
+TESTS += tests/integration/test_fsck_logical.py

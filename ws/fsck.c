@@ -18,6 +18,7 @@
 #include "cowbox/fsck.h"
 #include "cowbox/grow.h"
 #include "cowbox/journal.h"
+#include "cowbox/turn_store.h"
 #include "cowbox/turns.h"
 #include "cowbox/workspace.h"
 #include "turns_int.h"
@@ -242,6 +243,115 @@ out:
 	return ret;
 }
 
+/* ---- a mark log that lost bytes: journal what they may have held ---- */
+
+struct rescan {
+	struct cb_db *db;
+	int upper_fd, base_fd;
+	long long marked;
+	char **gone; /* map paths neither layer holds, marked after the map is read */
+	size_t n, cap;
+};
+
+/* Every entry of upper/ may have changed since the last turn: a directory with all below it
+ * (an opaque one hides base entries the map still has), a whiteout as a deleted subtree. */
+static int rescan_upper(int dirfd, const char *name, const char *path, const struct stat *st,
+			void *arg)
+{
+	struct rescan *rs = arg;
+	struct cb_change ch = {.kind = CB_CHANGE_WRITE, .path = path};
+
+	(void)dirfd;
+	(void)name;
+	if (S_ISCHR(st->st_mode) && st->st_rdev == makedev(0, 0))
+		ch.kind = CB_CHANGE_DELETE, ch.subtree = 1;
+	else if (S_ISDIR(st->st_mode))
+		ch.subtree = 1;
+	rs->marked++;
+	return cb_journal_mark(rs->db, &ch, 1);
+}
+
+/* A path of the last turn that is in neither layer was deleted with no whiteout (it was only
+ * ever in upper/): nothing in upper/ names it, so it is marked by name. */
+static int rescan_map(const struct cb_entry *e, void *arg)
+{
+	struct rescan *rs = arg;
+	struct stat st;
+	int rc;
+
+	if (!e->path[0] || !strcmp(e->path, ".") ||
+	    cb_beneath_stat(rs->upper_fd, e->path, &st) == 0 ||
+	    (rs->base_fd >= 0 && cb_beneath_stat(rs->base_fd, e->path, &st) == 0))
+		return 0;
+	if ((rc = cb_grow(&rs->gone, &rs->cap, rs->n, sizeof(*rs->gone), 64, "marks rescan")))
+		return rc;
+	if (!(rs->gone[rs->n] = strdup(e->path)))
+		return cb_error_set(ENOMEM, "marks rescan: out of memory");
+	rs->n++;
+	return 0;
+}
+
+int cb_ws_marks_rescan(struct cb_db *db, const char *db_path, const char *upper, const char *base,
+		       long long *marked)
+{
+	struct rescan rs = {.db = db, .upper_fd = -1, .base_fd = -1};
+	struct cb_db_turns *t = NULL;
+	char *pending = NULL;
+	int ret = cb_db_meta_get(db, CB_MARKS_RESCAN_KEY, &pending);
+
+	if (marked)
+		*marked = 0;
+	if (ret == -ENOENT) {
+		cb_error_clear();
+		return 0;
+	}
+	if (ret)
+		return ret;
+	rs.upper_fd = open(upper, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (rs.upper_fd < 0) {
+		ret = cb_error_set(errno, "journal the lost marks: upper layer %s: %s", upper,
+				   strerror(errno));
+		goto out;
+	}
+	/* A base that is gone holds nothing: its paths are marked too (harmless: a mark only
+	 * makes the snapshot look). */
+	if (base)
+		rs.base_fd = open(base, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if ((ret = cb_db_turns_open(db_path, &t)) ||
+	    (ret = cb_db_turns_map_list(t, NULL, rescan_map, &rs)))
+		goto out;
+	cb_db_turns_close(t);
+	t = NULL;
+	for (size_t i = 0; i < rs.n && !ret; i++) {
+		struct cb_change ch = {.kind = CB_CHANGE_DELETE, .path = rs.gone[i], .subtree = 1};
+
+		rs.marked++;
+		ret = cb_journal_mark(db, &ch, 1);
+	}
+	if (!ret)
+		ret = cb_beneath_walk(rs.upper_fd, rescan_upper, &rs);
+	/* The marks are in the log or the table (either survives a kill -9) before the request
+	 * to make them goes. */
+	if (!ret)
+		ret = cb_db_meta_del(db, CB_MARKS_RESCAN_KEY);
+	if (ret)
+		ret = cb_error_wrap(ret, "journal the paths of %s the lost marks may have held",
+				    upper);
+out:
+	cb_db_turns_close(t);
+	for (size_t i = 0; i < rs.n; i++)
+		free(rs.gone[i]);
+	free(rs.gone);
+	if (rs.upper_fd >= 0)
+		close(rs.upper_fd);
+	if (rs.base_fd >= 0)
+		close(rs.base_fd);
+	free(pending);
+	if (!ret && marked)
+		*marked = rs.marked;
+	return ret ? ret : 1;
+}
+
 /* ---- rebuilding a meta.db that cannot be used ---- */
 
 struct rebuild {
@@ -412,6 +522,69 @@ out:
 	return ret;
 }
 
+/* A mark log that lost bytes is a problem until --repair has journaled what they may have
+ * held (if the next mount has not yet) and has been told: never a silent clean. */
+static int fsck_marks(struct cb_db *db, const char *db_path, const char *dir, const char *base,
+		      int repair, struct cb_fsck_report *r)
+{
+	char *lost = NULL, *in_place = NULL, *upper = NULL, *pending = NULL;
+	long long marked = 0;
+	int ret = cb_db_meta_get(db, CB_MARKS_LOST_KEY, &lost), walked;
+
+	if (ret == -ENOENT) {
+		cb_error_clear();
+		return 0;
+	}
+	if (ret)
+		return ret;
+	if (cb_db_meta_get(db, "in_place", &in_place) == 0 && !strcmp(in_place, "1") && base)
+		upper = strdup(base);
+	else if ((ret = ws_pathf(&upper, "%s/upper", dir)))
+		goto out;
+	cb_error_clear();
+	if (!upper) {
+		ret = cb_error_set(ENOMEM, "fsck: out of memory");
+		goto out;
+	}
+	if (!repair) {
+		int waiting = cb_db_meta_get(db, CB_MARKS_RESCAN_KEY, &pending) == 0;
+
+		cb_error_clear();
+		ret = fsck_add(r, "marks", NULL, NULL, 0, -1, 0,
+			       "%s; %s; 'cowbox fsck --repair %s' journals them and clears this",
+			       lost,
+			       waiting ? "the paths they may have held are not journaled yet (the "
+					 "next mount journals every path of upper/ that differs "
+					 "from the last turn)"
+				       : "every path of upper/ that differs from the last turn has "
+					 "been journaled since, so the next snapshot records them",
+			       r->ref);
+		goto out;
+	}
+	if ((walked = cb_ws_marks_rescan(db, db_path, upper, base, &marked)) < 0) {
+		ret = walked;
+		goto out;
+	}
+	if ((ret = cb_db_meta_del(db, CB_MARKS_LOST_KEY)))
+		goto out;
+	if (walked)
+		ret = fsck_add(r, "marks", NULL, NULL, 0, -1, 1,
+			       "%s; %lld paths of upper/ and of the last turn journaled as "
+			       "changed, so the next snapshot records the tree as it is",
+			       lost, marked);
+	else
+		ret = fsck_add(r, "marks", NULL, NULL, 0, -1, 1,
+			       "%s; the paths they may have held were journaled at a mount "
+			       "since",
+			       lost);
+out:
+	free(lost);
+	free(in_place);
+	free(upper);
+	free(pending);
+	return ret;
+}
+
 int cb_ws_fsck(const char *arg, int repair, const char *base_opt, struct cb_fsck_report *out)
 {
 	char ref[CB_WS_REF_LEN + 1];
@@ -443,6 +616,8 @@ int cb_ws_fsck(const char *arg, int repair, const char *base_opt, struct cb_fsck
 		goto out;
 	cb_db_meta_get(db, "base", &base);
 	cb_error_clear();
+	if ((ret = fsck_marks(db, db_path, dir, base, repair, out)))
+		goto out;
 	cb_db_close(db);
 	db = NULL;
 	ret = fsck_turns(dir, db_path, base, repair, out);

@@ -89,6 +89,17 @@ int cb_db_meta_get(struct cb_db *db, const char *key, char **value);
 /* Set a key of the workspace's metadata, committed before it returns. */
 int cb_db_meta_set(struct cb_db *db, const char *key, const char *value);
 
+/* Remove a key of the workspace's metadata (none there is no error), committed before it
+ * returns. */
+int cb_db_meta_del(struct cb_db *db, const char *key);
+
+/* Meta keys a fold of a damaged mark log sets (db/journal_log.c): LOST says which log lost
+ * which bytes (kept until `cowbox fsck --repair` has seen it), RESCAN that the upper layer
+ * still has to be walked and every path that differs from the last turn journaled
+ * (cleared by the walk: cb_ws_marks_rescan). */
+#define CB_MARKS_LOST_KEY   "marks_lost"
+#define CB_MARKS_RESCAN_KEY "marks_rescan"
+
 /* Counters since this handle was opened: marks asked for, rows recorded (log records, or rows
  * committed without the log), SQLite transactions (folds of the log, or commits without it). */
 void cb_journal_stats(struct cb_db *db, unsigned long long *marks, unsigned long long *rows,

@@ -212,8 +212,202 @@ static int fsck_repair_cache(struct cb_turns *t, struct cb_fsck_report *r)
 	return 0;
 }
 
-static int fsck_turns(const char *dir, const char *db_path, const char *base, int repair,
-		      struct cb_fsck_report *r)
+/* ---- the turn store and the journal against each other and against upper/ ---- */
+
+/* A turn that holds fewer rows than it recorded lost some: a rollback or fork to it (and to a
+ * later turn that did not record those paths again) gives a wrong tree. */
+static int fsck_short_turn(long long turn, long long recorded, long long held, void *arg)
+{
+	return fsck_add(arg, "turn_rows", NULL, NULL, turn, -1, 0,
+			"turn %lld recorded %lld changed paths but turn_delta holds %lld of them "
+			"(rows deleted behind cowbox's back): rollback and fork to turn %lld or "
+			"later may give a wrong tree",
+			turn, recorded, held, turn);
+}
+
+struct fsck_upper {
+	struct cb_turns *t;
+	struct cb_fsck_report *r;
+	char **odd; /* paths whose live entry differs from the last turn's map */
+	int *gone;  /* ... and whether the path is gone (deleted) */
+	size_t n, cap, gcap;
+	struct fsck_jrow {
+		char *path;
+		int subtree;
+	} * rows; /* the open turn's journal, sorted by path */
+	size_t nrows, rcap;
+};
+
+static int fsck_odd_add(struct fsck_upper *u, const char *path, int gone)
+{
+	int rc = cb_grow(&u->odd, &u->cap, u->n, sizeof(*u->odd), 64, "fsck");
+
+	if (!rc)
+		rc = cb_grow(&u->gone, &u->gcap, u->n, sizeof(*u->gone), 64, "fsck");
+	if (rc)
+		return rc;
+	if (!(u->odd[u->n] = strdup(path)))
+		return cb_error_set(ENOMEM, "fsck: out of memory");
+	u->gone[u->n++] = gone;
+	return 0;
+}
+
+/* Each entry of upper/ against the map: what the next snapshot would compare it with. */
+static int fsck_upper_visit(int dirfd, const char *name, const char *path, const struct stat *st,
+			    void *arg)
+{
+	struct fsck_upper *u = arg;
+	struct cb_entry old = {0}, now = {0};
+	int ret, same;
+
+	(void)dirfd;
+	(void)name;
+	if (ws_is_tmp_name(path))
+		return 0;
+	if ((ret = cb_db_turns_map_get(u->t->db, path, &old)) < 0)
+		return ret;
+	if (S_ISCHR(st->st_mode) && st->st_rdev == makedev(0, 0)) {
+		same = ret == 0 || old.type == CB_ENTRY_ABSENT;
+		cb_entry_clear(&old);
+		return same ? 0 : fsck_odd_add(u, path, 1);
+	}
+	ret = ws_live_entry(u->t, path, 0, &now);
+	if (ret) {
+		/* changed meanwhile (mounted): its mark, if any, is read after the walk */
+		cb_entry_clear(&old);
+		cb_error_clear();
+		return fsck_odd_add(u, path, 0);
+	}
+	same = cb_entry_same(&old, &now);
+	cb_entry_clear(&old);
+	cb_entry_clear(&now);
+	return same ? 0 : fsck_odd_add(u, path, 0);
+}
+
+/* A path of the last turn that neither layer holds was deleted. */
+static int fsck_map_visit(const struct cb_entry *e, void *arg)
+{
+	struct fsck_upper *u = arg;
+	struct stat st;
+
+	if (e->type == CB_ENTRY_ABSENT || !e->path[0] || ws_is_tmp_name(e->path) ||
+	    cb_beneath_stat(u->t->root_fd, e->path, &st) == 0 ||
+	    (!u->t->in_place && u->t->base_fd >= 0 &&
+	     cb_beneath_stat(u->t->base_fd, e->path, &st) == 0))
+		return 0;
+	return fsck_odd_add(u, e->path, 1);
+}
+
+static int fsck_jrow(const struct cb_journal_row *row, void *arg)
+{
+	struct fsck_upper *u = arg;
+	int rc = cb_grow(&u->rows, &u->rcap, u->nrows, sizeof(*u->rows), 64, "fsck");
+
+	if (rc)
+		return rc;
+	if (!(u->rows[u->nrows].path = strdup(row->path)))
+		return cb_error_set(ENOMEM, "fsck: out of memory");
+	u->rows[u->nrows++].subtree = row->subtree;
+	return 0;
+}
+
+static int fsck_jrow_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct fsck_jrow *)a)->path, ((const struct fsck_jrow *)b)->path);
+}
+
+/* 1 if the next snapshot examines path: the journal names it, or names a directory above it
+ * with its subtree, or one the map has as no directory (a new one: walked whole). */
+static int fsck_covered(struct fsck_upper *u, const char *path)
+{
+	char *p = strdup(path), *slash;
+	int covered = 0;
+
+	if (!p)
+		return 1; /* no false alarm for want of memory */
+	for (int self = 1; !covered; self = 0) {
+		struct fsck_jrow key = {.path = p}, *hit;
+
+		/* the rows are unique per (path, kind): any of a path's rows with subtree */
+		hit = bsearch(&key, u->rows, u->nrows, sizeof(*u->rows), fsck_jrow_cmp);
+		if (hit) {
+			while (hit > u->rows && !strcmp(hit[-1].path, p))
+				hit--;
+			for (; hit < u->rows + u->nrows && !strcmp(hit->path, p); hit++) {
+				struct cb_entry e = {0};
+
+				if (self || hit->subtree ||
+				    cb_db_turns_map_get(u->t->db, p, &e) != 1 ||
+				    e.type != CB_ENTRY_DIR)
+					covered = 1;
+				cb_entry_clear(&e);
+			}
+		}
+		if (covered || !(slash = strrchr(p, '/')))
+			break;
+		*slash = '\0';
+	}
+	cb_error_clear();
+	free(p);
+	return covered;
+}
+
+/* upper/ against the last turn plus the open turn's journal: every difference must have a
+ * mark, or the next snapshot leaves it out (rows deleted from `journal`, marks lost). The
+ * walk comes first and the journal is read after it: a change made meanwhile was marked
+ * before it was made, so it is never a false alarm. repair: mark what has none. */
+static int fsck_upper(struct cb_turns *t, struct cb_db *db, int repair, struct cb_fsck_report *r)
+{
+	struct fsck_upper u = {.t = t, .r = r};
+	long long latest = cb_db_turns_latest(t->db), open_turn;
+	int ret = 0;
+
+	/* A map not built for the latest turn (deferred) says nothing about it; in place the
+	 * folder is changed behind the mount by design (the mount walks it). */
+	if (t->root_fd < 0 || t->in_place || cb_db_turns_map_turn(t->db) != latest)
+		return 0;
+	if ((ret = cb_beneath_walk(t->root_fd, fsck_upper_visit, &u)) ||
+	    (ret = cb_db_turns_map_list(t->db, NULL, fsck_map_visit, &u)))
+		goto out;
+	if (!u.n)
+		goto out;
+	open_turn = cb_journal_turn(db);
+	if ((ret = cb_journal_list(db, open_turn, fsck_jrow, &u)))
+		goto out;
+	qsort(u.rows, u.nrows, sizeof(*u.rows), fsck_jrow_cmp);
+	for (size_t i = 0; i < u.n && !ret; i++) {
+		struct cb_change ch = {.kind = u.gone[i] ? CB_CHANGE_DELETE : CB_CHANGE_WRITE,
+				       .path = u.odd[i],
+				       .subtree = u.gone[i]};
+		int fixed = 0;
+
+		if (fsck_covered(&u, u.odd[i]))
+			continue;
+		if (repair) {
+			if ((ret = cb_journal_mark(db, &ch, 1)))
+				break;
+			fixed = 1;
+		}
+		ret = fsck_add(r, "journal", u.odd[i], NULL, open_turn, -1, fixed,
+			       "%s %s since turn %lld but the journal of the open turn %lld has no "
+			       "mark for it (rows deleted or marks lost): the next snapshot would "
+			       "leave it out%s",
+			       u.odd[i], u.gone[i] ? "is gone" : "changed", latest, open_turn,
+			       fixed ? "; journaled now" : "");
+	}
+out:
+	for (size_t i = 0; i < u.n; i++)
+		free(u.odd[i]);
+	for (size_t i = 0; i < u.nrows; i++)
+		free(u.rows[i].path);
+	free(u.odd);
+	free(u.gone);
+	free(u.rows);
+	return ret;
+}
+
+static int fsck_turns(const char *dir, const char *db_path, const char *base, struct cb_db *db,
+		      int repair, struct cb_fsck_report *r)
 {
 	char *blobs = NULL, *upper = NULL;
 	struct cb_turns *t = NULL;
@@ -234,6 +428,10 @@ static int fsck_turns(const char *dir, const char *db_path, const char *base, in
 		ret = cb_db_turns_base_files(t->db, fsck_base_file, &c);
 	if (!ret)
 		ret = cb_db_turns_base_cache_list(t->db, fsck_cache_row, &c);
+	if (!ret)
+		ret = cb_db_turns_short_turns(t->db, fsck_short_turn, r);
+	if (!ret)
+		ret = fsck_upper(t, db, repair, r);
 	if (!ret && repair)
 		ret = fsck_repair_cache(t, r);
 out:
@@ -618,9 +816,7 @@ int cb_ws_fsck(const char *arg, int repair, const char *base_opt, struct cb_fsck
 	cb_error_clear();
 	if ((ret = fsck_marks(db, db_path, dir, base, repair, out)))
 		goto out;
-	cb_db_close(db);
-	db = NULL;
-	ret = fsck_turns(dir, db_path, base, repair, out);
+	ret = fsck_turns(dir, db_path, base, db, repair, out);
 out:
 	cb_db_close(db);
 	free(base);

@@ -3,9 +3,11 @@ cowbox's back. Each fault is injected by hand into a real workspace (real FUSE, 
 fsck must name it and never exit 0 over it, and the repair (or the next mount) must leave the
 next snapshot recording the tree as it is, losing no good turn."""
 
+import json
 import os
 import random
 import signal
+import sqlite3
 import struct
 import sys
 import time
@@ -125,6 +127,109 @@ class MarkLogDamageTest(CowboxTestCase):
         self.assertEqual(snap["files"], files_of(after), "seed %d" % SEED)
         self.assertNotIn("made.txt", snap["files"])
         self.assertNotIn("gone/deep/x", snap["files"])
+
+
+class JournalRowsTest(CowboxTestCase):
+    """Rows deleted from `journal` and `turn_delta` with SQLite behind cowbox's back."""
+
+    def fsck_json(self, *args):
+        """fsck --json, which exits 1 while a problem is left."""
+        proc = self.cowbox("fsck", self.ref, *args, "--json", check=False)
+        rep = json.loads(proc.stdout)
+        self.assertEqual(proc.returncode, 0 if rep["ok"] else 1)
+        return rep
+
+    def setUp(self):
+        super().setUp()
+        self.ref = self.create(self.make_base({"src/a.txt": "base a\n",
+                                               "src/b.txt": "base b\n"}), "j")
+        self.mount(self.ref)
+        self.mnt = self.mountpoint(self.ref)
+        self.db = os.path.join(self.ws_dir(self.ref), "meta.db")
+
+    def write(self, rel, text):
+        path = os.path.join(self.mnt, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+
+    def sql(self, query, *args):
+        con = sqlite3.connect(self.db)
+        try:
+            n = con.execute(query, args).rowcount
+            con.commit()
+        finally:
+            con.close()
+        return n
+
+    def test_deleted_journal_rows_are_found_and_journaled_again(self):
+        self.cowbox_json("snapshot", self.ref)
+        self.write("new/kept.txt", "kept\n")
+        self.write("new/lost.txt", "lost\n")
+        self.write("src/a.txt", "changed a\n")
+        os.unlink(os.path.join(self.mnt, "src", "b.txt"))
+        after = tree_state(self.mnt)
+        self.cowbox("umount", self.ref)  # the log folded into the table
+        # the new directory's own row too: a new directory is walked whole by the snapshot
+        self.assertGreaterEqual(self.sql(
+            "DELETE FROM journal WHERE path IN ('new', 'new/lost.txt', 'src/a.txt', "
+            "'src/b.txt')"), 4)
+        proc = self.cowbox("fsck", self.ref, check=False)
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+        rep = self.fsck_json()
+        self.assertFalse(rep["ok"])
+        found = {p["path"] for p in rep["problems"] if p["kind"] == "journal"}
+        self.assertEqual(found, {"new", "new/lost.txt", "src/a.txt", "src/b.txt"}, rep)
+        rep = self.cowbox_json("fsck", self.ref, "--repair")
+        self.assertTrue(rep["ok"], rep)
+        self.assertTrue(self.cowbox_json("fsck", self.ref)["ok"])
+        self.mount(self.ref)
+        snap = self.cowbox_json("snapshot", self.ref)
+        self.assertEqual(snap["files"], files_of(after))
+
+    def test_deleted_journal_rows_are_found_while_mounted(self):
+        self.cowbox_json("snapshot", self.ref)
+        self.write("x/one.txt", "one\n")
+        self.write("x/two.txt", "two\n")
+        after = tree_state(self.mnt)
+        self.cowbox("umount", self.ref)  # folded, so the rows are in the table
+        self.assertGreaterEqual(self.sql("DELETE FROM journal WHERE path IN ('x', 'x/two.txt')"),
+                                2)
+        self.mount(self.ref)
+        rep = self.cowbox_json("fsck", self.ref, "--repair")
+        self.assertEqual([(p["kind"], p["path"], p["repaired"]) for p in rep["problems"]],
+                         [("journal", "x", True), ("journal", "x/two.txt", True)], rep)
+        snap = self.cowbox_json("snapshot", self.ref)
+        self.assertEqual(snap["files"], files_of(after))
+
+    def test_deleted_turn_rows_are_named_with_their_turn(self):
+        self.write("t1.txt", "one\n")
+        self.cowbox_json("snapshot", self.ref)
+        self.write("t2.txt", "two\n")
+        self.cowbox_json("snapshot", self.ref)
+        self.assertTrue(self.cowbox_json("fsck", self.ref)["ok"])
+        self.assertEqual(self.sql("DELETE FROM turn_delta WHERE turn = 1 AND path = 't1.txt'"),
+                         1)
+        proc = self.cowbox("fsck", self.ref, check=False)
+        self.assertEqual(proc.returncode, 1, proc.stdout)
+        self.assertIn("PROBLEM turn_rows: turn 1 recorded", proc.stdout)
+        rep = self.fsck_json("--repair")
+        self.assertFalse(rep["ok"], "lost turn rows cannot be made up")
+        rows = [p for p in rep["problems"] if p["kind"] == "turn_rows"]
+        self.assertEqual([(p["first_turn"], p["last_turn"]) for p in rows], [(1, -1)])
+
+    def test_a_busy_clean_workspace_is_clean(self):
+        self.cowbox_json("snapshot", self.ref)
+        for i in range(30):
+            self.write("d%d/f%d.txt" % (i % 3, i), "x" * i)
+        os.unlink(os.path.join(self.mnt, "src", "a.txt"))
+        os.rename(os.path.join(self.mnt, "d0"), os.path.join(self.mnt, "moved"))
+        os.chmod(os.path.join(self.mnt, "src", "b.txt"), 0o600)
+        self.assertTrue(self.cowbox_json("fsck", self.ref)["ok"])
+        self.cowbox_json("snapshot", self.ref)
+        self.write("moved/again.txt", "again\n")
+        self.cowbox("umount", self.ref)
+        self.assertTrue(self.cowbox_json("fsck", self.ref)["ok"])
 
 
 if __name__ == "__main__":

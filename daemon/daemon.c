@@ -577,6 +577,14 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	daemon_log("serving %s at %s", d.ref, d.mountpoint);
 	/* Forks this daemon's predecessor was building when it died are of no use to anyone. */
 	cb_ws_clean_unpublished();
+	/* ... and so are the temporary files of an apply it was killed during. */
+	int swept = cb_ws_apply_sweep(d.dir, NULL, NULL);
+	if (swept > 0)
+		daemon_log("removed %d temporary file%s of an apply that was killed midway", swept,
+			   swept == 1 ? "" : "s");
+	else if (swept < 0)
+		daemon_log("%s (the temporary files of a killed apply stay)", cb_error_message());
+	cb_error_clear();
 	/* Before any thread, database or /dev/fuse fd exists: the spawner inherits none. */
 	if ((rc = cb_daemon_worker_start(&d)))
 		goto out;

@@ -783,6 +783,14 @@ out:
 	return ret;
 }
 
+/* A temporary file of an apply that was killed is cowbox's own litter in the user's folder:
+ * removed (with or without --repair) and reported. */
+static int fsck_apply_temp(const char *path, void *arg)
+{
+	return fsck_add(arg, "apply_temp", path, NULL, 0, -1, 1,
+			"%s: a temporary file of an apply that was killed midway; removed", path);
+}
+
 int cb_ws_fsck(const char *arg, int repair, const char *base_opt, struct cb_fsck_report *out)
 {
 	char ref[CB_WS_REF_LEN + 1];
@@ -795,6 +803,8 @@ int cb_ws_fsck(const char *arg, int repair, const char *base_opt, struct cb_fsck
 	    (ret = cb_ws_path(ref, "meta.db", &db_path)))
 		goto out;
 	memcpy(out->ref, ref, sizeof(out->ref));
+	if ((ret = cb_ws_apply_sweep(dir, fsck_apply_temp, out)) < 0)
+		goto out;
 	ret = ws_open_complete(db_path, &db);
 	if (ret == -EUCLEAN || ret == -EILSEQ) {
 		char why[1024];

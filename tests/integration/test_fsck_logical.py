@@ -9,11 +9,13 @@ import random
 import signal
 import sqlite3
 import struct
+import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
-from cbtest import CowboxTestCase, reap_children
+from cbtest import COWBOX, CowboxTestCase, pid_alive, reap_children, wait_for
 from turnutil import files_of, tree_state
 
 SEED = int(os.environ.get("COWBOX_SEED") or random.randrange(1 << 31))
@@ -230,6 +232,71 @@ class JournalRowsTest(CowboxTestCase):
         self.write("moved/again.txt", "again\n")
         self.cowbox("umount", self.ref)
         self.assertTrue(self.cowbox_json("fsck", self.ref)["ok"])
+
+
+class ApplyTempTest(CowboxTestCase):
+    """`apply` killed with -9 while it writes a file: its temporary file, named for its
+    origin, is removed by fsck or by the daemon's next start, never left in the folder."""
+
+    def setUp(self):
+        super().setUp()
+        self.ref = self.create(self.make_base({"a.txt": "a\n"}), "ap")
+        self.pid = self.mount(self.ref)
+        mnt = self.mountpoint(self.ref)
+        chunk = os.urandom(1 << 20)
+        for i in range(6):
+            with open(os.path.join(mnt, "big%d.bin" % i), "wb") as f:
+                for _ in range(24):
+                    f.write(chunk)
+        self.dst = tempfile.mkdtemp(prefix="dst-", dir=self.tmp)
+        with open(os.path.join(self.dst, "a.txt"), "w") as f:
+            f.write("a\n")
+        with open(os.path.join(self.dst, "mine.txt"), "w") as f:
+            f.write("the user's own file\n")
+
+    def temps(self):
+        return [n for n in os.listdir(self.dst) if ".cowbox-apply" in n]
+
+    def kill_apply_midway(self):
+        proc = subprocess.Popen([COWBOX, "apply", self.ref, "--to", self.dst], env=self.env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(proc.wait)
+        deadline = time.monotonic() + 60
+        while not self.temps():
+            self.assertLess(time.monotonic(), deadline, "apply made no temporary file")
+            self.assertIsNone(proc.poll(), "apply ended before a temporary file was seen")
+            time.sleep(0.001)
+        os.kill(self.pid, signal.SIGKILL)
+        proc.wait(60)
+        wait_for(lambda: not pid_alive(self.pid), what="the killed daemon gone")
+        reap_children()
+        left = self.temps()
+        self.assertEqual(len(left), 1, left)
+        self.assertRegex(left[0], r"^big\d\.bin\.cowbox-apply-%s$" % self.ref)
+        return left[0]
+
+    def test_fsck_removes_a_killed_applys_temporary_file(self):
+        left = self.kill_apply_midway()
+        rep = json.loads(self.cowbox("fsck", self.ref, "--json").stdout)
+        self.assertTrue(rep["ok"], rep)
+        self.assertEqual([(p["kind"], p["path"], p["repaired"]) for p in rep["problems"]],
+                         [("apply_temp", os.path.join(self.dst, left), True)])
+        self.assertEqual(self.temps(), [])
+        with open(os.path.join(self.dst, "mine.txt")) as f:
+            self.assertEqual(f.read(), "the user's own file\n")
+        self.assertEqual(json.loads(self.cowbox("fsck", self.ref, "--json").stdout)["problems"],
+                         [])
+
+    def test_the_daemons_next_start_removes_it(self):
+        self.kill_apply_midway()
+        self.pid = self.mount(self.ref)
+        self.assertEqual(self.temps(), [])
+        with open(os.path.join(self.ws_dir(self.ref), "daemon.log")) as f:
+            self.assertIn("removed 1 temporary file of an apply that was killed", f.read())
+        self.cowbox_json("apply", self.ref, "--to", self.dst)
+        self.assertEqual(self.temps(), [])
+        self.assertEqual(sorted(os.listdir(self.dst)),
+                         ["a.txt"] + ["big%d.bin" % i for i in range(6)] + ["mine.txt"])
 
 
 if __name__ == "__main__":

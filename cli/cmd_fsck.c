@@ -28,7 +28,8 @@ static const char fsck_usage[] =
 static void fsck_turns_text(const struct cb_fsck_problem *p, char *buf, size_t len)
 {
 	if (!strcmp(p->kind, "base_cache") || !strcmp(p->kind, "meta.db") ||
-	    !strcmp(p->kind, "marks") || !strcmp(p->kind, "apply_temp"))
+	    !strcmp(p->kind, "marks") || !strcmp(p->kind, "apply_temp") ||
+	    !strcmp(p->kind, "staging"))
 		snprintf(buf, len, "-");
 	else if (p->last_turn < 0)
 		snprintf(buf, len, "%lld and later", p->first_turn);

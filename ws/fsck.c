@@ -791,6 +791,15 @@ static int fsck_apply_temp(const char *path, void *arg)
 			"%s: a temporary file of an apply that was killed midway; removed", path);
 }
 
+/* A staging directory of a fork whose builder died (never a workspace): removed, reported. */
+static int fsck_unpublished(const char *path, void *arg)
+{
+	return fsck_add(arg, "staging", path, NULL, 0, -1, 1,
+			"%s: a fork's staging directory whose daemon died before publishing it; "
+			"removed",
+			path);
+}
+
 int cb_ws_fsck(const char *arg, int repair, const char *base_opt, struct cb_fsck_report *out)
 {
 	char ref[CB_WS_REF_LEN + 1];
@@ -799,6 +808,8 @@ int cb_ws_fsck(const char *arg, int repair, const char *base_opt, struct cb_fsck
 	int ret;
 
 	memset(out, 0, sizeof(*out));
+	/* before cb_ws_find, which would sweep them unreported */
+	cb_ws_sweep_unpublished(fsck_unpublished, out);
 	if ((ret = cb_ws_find(arg, ref)) || (ret = cb_ws_path(ref, NULL, &dir)) ||
 	    (ret = cb_ws_path(ref, "meta.db", &db_path)))
 		goto out;
@@ -832,5 +843,7 @@ out:
 	free(base);
 	free(db_path);
 	free(dir);
+	if (ret) /* the caller frees only a report it got */
+		cb_ws_fsck_free(out);
 	return ret;
 }

@@ -69,8 +69,12 @@ int cb_ws_create_unpublished(const char *base, const char *name, char ref[CB_WS_
 int cb_ws_publish(const char *ref, const char *dir, const char *name);
 /* Delete an unpublished workspace (a fork that failed). */
 void cb_ws_delete_unpublished(const char *dir);
-/* Delete unpublished workspaces whose builder is dead (a fork killed midway). */
+/* Delete unpublished workspaces whose builder is dead (a fork killed midway): gone, or a
+ * zombie. Run by every command that opens $COWBOX_HOME to name a workspace (find, ls,
+ * create, rm) and by the daemon's start. */
 void cb_ws_clean_unpublished(void);
+/* The same, calling fn (may be NULL) with each removed directory's path; returns how many. */
+int cb_ws_sweep_unpublished(int (*fn)(const char *path, void *arg), void *arg);
 
 /* Turn a ref or a name into the ref of a complete workspace cowbox created; anything else
  * (a malformed ref, an unknown name, a path, an interrupted creation) is refused with a

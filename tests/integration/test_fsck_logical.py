@@ -299,5 +299,49 @@ class ApplyTempTest(CowboxTestCase):
                          ["a.txt"] + ["big%d.bin" % i for i in range(6)] + ["mine.txt"])
 
 
+class StagingSweepTest(CowboxTestCase):
+    """A fork's staging directory (workspaces/.unpublished-PID-REF) whose daemon was killed:
+    swept by every command that opens COWBOX_HOME, also while the killed daemon is still a
+    zombie (its parent has not waited for it: kill(pid, 0) still succeeds), and named by
+    fsck. One whose builder is alive stays."""
+
+    def zombie(self):
+        p = subprocess.Popen(["true"])
+        self.addCleanup(p.wait)
+        wait_for(lambda: open("/proc/%d/stat" % p.pid).read().rsplit(")", 1)[1].split()[0]
+                 == "Z", what="a zombie")
+        return p.pid
+
+    def staging(self, pid):
+        d = os.path.join(self.home, "workspaces",
+                         ".unpublished-%d-cb-%s" % (pid, os.urandom(16).hex()))
+        os.makedirs(os.path.join(d, "upper", "src"))
+        with open(os.path.join(d, "upper", "src", "big"), "wb") as f:
+            f.write(os.urandom(1 << 20))
+        return d
+
+    def test_dead_builders_staging_is_swept_and_named(self):
+        ref = self.create(name="s")
+        other = self.create(name="t")
+        live = self.staging(os.getpid())
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        dead = self.staging(gone.pid)
+        zombie = self.staging(self.zombie())
+        rep = json.loads(self.cowbox("fsck", ref, "--json").stdout)
+        self.assertTrue(rep["ok"], rep)
+        self.assertEqual(sorted((p["kind"], p["path"], p["repaired"]) for p in rep["problems"]),
+                         sorted([("staging", dead, True), ("staging", zombie, True)]))
+        self.assertFalse(os.path.exists(dead))
+        self.assertFalse(os.path.exists(zombie))
+        self.assertTrue(os.path.exists(live), "a live builder's staging stays")
+        for args in (["create"], ["info", ref], ["ls"], ["rm", other]):
+            with self.subTest(args=args):
+                left = self.staging(self.zombie())
+                self.cowbox(*args)
+                self.assertFalse(os.path.exists(left), args)
+        self.assertTrue(os.path.exists(live))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -20,8 +20,9 @@ static const char fsck_usage[] =
     "repaired), 1 otherwise.\n"
     "--repair drops unusable base-cache rows, journals every path that lost marks may have\n"
     "held (upper/ against the last turn), and rebuilds a missing, empty, corrupt or\n"
-    "incomplete meta.db as a workspace with no turns over the intact upper layer (the\n"
-    "workspace must be unmounted; the old file is kept as meta.db.damaged-TIME; the\n"
+    "incomplete meta.db from every row SQLite can still read of it (the turns before the\n"
+    "first one with rows lost are kept; the lost ones are named) over the intact upper\n"
+    "layer (the workspace must be unmounted; the old file is kept as meta.db.damaged-TIME; the\n"
     "agent's files are never touched). --base DIR gives the base for a rebuild when the\n"
     "recorded one is lost.\n";
 

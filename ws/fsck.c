@@ -641,8 +641,9 @@ static int fsck_rebuild(const char *ref, const char *dir, const char *db_path, c
 	char *mnt = NULL;
 	struct cb_db *db = NULL;
 	struct rebuild rb = {0};
+	struct cb_db_salvage sv = {0};
 	pid_t pid = 0;
-	int ret, upper_fd;
+	int ret, upper_fd, salvaged = 0;
 
 	ret = cb_ws_daemon(ref, &pid, &mnt);
 	free(mnt);
@@ -694,6 +695,19 @@ static int fsck_rebuild(const char *ref, const char *dir, const char *db_path, c
 	}
 	if ((ret = ws_pathf(&upper, "%s/upper", dir)))
 		goto out;
+	/* Every row SQLite can still read of the old file, and the turns that are whole. */
+	if (kept && (ret = cb_db_salvage(db, kept, &sv)))
+		goto out;
+	if (kept && !sv.unreadable) {
+		/* the journal's open turn is read at the open: the salvage moved it */
+		cb_db_close(db);
+		db = NULL;
+		if ((ret = cb_db_open(db_path, &db)) ||
+		    (base && (ret = cb_db_meta_set(db, "base", base))) ||
+		    (name && (ret = cb_db_meta_set(db, "name", name))))
+			goto out;
+		salvaged = 1;
+	}
 	rb.db = db;
 	upper_fd = open(upper, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (upper_fd < 0)
@@ -704,7 +718,27 @@ static int fsck_rebuild(const char *ref, const char *dir, const char *db_path, c
 		close(upper_fd);
 	if (!ret)
 		ret = cb_db_meta_set(db, "created", "1");
-	if (!ret)
+	if (!ret && salvaged) {
+		char lost[128] = "";
+
+		if (sv.kept + 1 == sv.latest)
+			snprintf(lost, sizeof(lost), "; turn %lld could not be recovered",
+				 sv.latest);
+		else if (sv.kept < sv.latest)
+			snprintf(lost, sizeof(lost), "; turns %lld-%lld could not be recovered",
+				 sv.kept + 1, sv.latest);
+		ret = fsck_add(r, "meta.db", db_path, kept, sv.kept + 1, -1, sv.kept >= sv.latest,
+			       "%s; rebuilt from its %lld readable rows (%d table%s cut short by "
+			       "damaged pages): turns %s%lld kept as they were%s%s; the %lld paths "
+			       "of upper/ journaled, so the next snapshot records the tree as it "
+			       "is; the old file is kept as %s",
+			       why, sv.rows, sv.damaged_tables, sv.damaged_tables == 1 ? "" : "s",
+			       sv.kept ? "1-" : "", sv.kept, lost,
+			       sv.lost_base_map ? "; the base map was damaged: built from the base "
+						  "again when needed"
+						: "",
+			       rb.marked, kept);
+	} else if (!ret)
 		ret = fsck_add(r, "meta.db", db_path, kept, 0, -1, 1,
 			       "%s; rebuilt as a workspace with no turns over the %lld paths of "
 			       "upper/ (base %s)%s%s",
@@ -817,6 +851,11 @@ int cb_ws_fsck(const char *arg, int repair, const char *base_opt, struct cb_fsck
 	if ((ret = cb_ws_apply_sweep(dir, fsck_apply_temp, out)) < 0)
 		goto out;
 	ret = ws_open_complete(db_path, &db);
+	/* A file that opens may still have damaged pages further in. */
+	if (!ret && (ret = cb_db_quick_check(db)) == -EILSEQ) {
+		cb_db_close(db);
+		db = NULL;
+	}
 	if (ret == -EUCLEAN || ret == -EILSEQ) {
 		char why[1024];
 

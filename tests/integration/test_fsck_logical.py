@@ -343,5 +343,61 @@ class StagingSweepTest(CowboxTestCase):
         self.assertTrue(os.path.exists(live))
 
 
+class MetaDbPagesTest(CowboxTestCase):
+    """meta.db with a damaged page (the last leaf of turn_delta, which holds turn 3's rows):
+    fsck names it, every open that reads it says to run fsck --repair, and --repair keeps
+    turns 1 and 2 exactly, names turn 3 as lost, and the next snapshot records the tree."""
+
+    def test_damaged_page_is_named_and_repair_keeps_the_good_turns(self):
+        ref = self.create(self.make_base({"keep.txt": "base\n"}), "p")
+        self.mount(ref)
+        mnt = self.mountpoint(ref)
+        states = {}
+        for turn, d in ((1, "a"), (2, "b"), (3, "z")):
+            os.makedirs(os.path.join(mnt, d))
+            for i in range(150):
+                with open(os.path.join(mnt, d, "file-with-a-longer-name-%03d.txt" % i),
+                          "w") as f:
+                    f.write("%s %d\n" % (d, i))
+            self.assertEqual(self.cowbox_json("snapshot", ref)["turn"], turn)
+            states[turn] = files_of(tree_state(mnt))
+        self.cowbox("umount", ref)
+        db = os.path.join(self.ws_dir(ref), "meta.db")
+        con = sqlite3.connect(db)
+        leaves = [r[0] for r in con.execute(
+            "SELECT pageno FROM dbstat WHERE name = 'turn_delta' AND pagetype = 'leaf' "
+            "ORDER BY path DESC")]
+        page = con.execute("PRAGMA page_size").fetchone()[0]
+        con.close()
+        self.assertGreater(len(leaves), 3, "turn_delta spans pages")
+        with open(db, "r+b") as f:
+            f.seek((leaves[0] - 1) * page)
+            f.write(b"\xff" * 64)
+        proc = self.cowbox("fsck", ref, check=False)
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+        self.assertIn("PROBLEM meta.db", proc.stdout)
+        self.assertIn("damaged", proc.stdout)
+        proc = self.cowbox("diff", ref, "2", "3", check=False)
+        self.assertNotEqual(proc.returncode, 0, proc.stdout)
+        self.assertIn("run `cowbox fsck --repair %s`" % ref, proc.stderr)
+        self.cowbox("umount", ref, check=False)  # diff may have started the daemon
+        proc = self.cowbox("fsck", ref, "--repair", "--json", check=False)
+        rep = json.loads(proc.stdout)
+        self.assertEqual(proc.returncode, 1, "turn 3 is lost: not all repaired")
+        meta = [p for p in rep["problems"] if p["kind"] == "meta.db"]
+        self.assertEqual(len(meta), 1, rep)
+        self.assertIn("turns 1-2 kept", meta[0]["detail"])
+        self.assertIn("turn 3 could not be recovered", meta[0]["detail"])
+        self.assertEqual(meta[0]["first_turn"], 3)
+        self.mount(ref)
+        snap = self.cowbox_json("snapshot", ref)
+        self.assertEqual(snap["files"], states[3])
+        for turn in (1, 2):
+            self.cowbox("rollback", ref, turn)
+            self.assertEqual(files_of(tree_state(mnt)), states[turn], "turn %d" % turn)
+        self.cowbox("rollback", ref, snap["turn"])
+        self.assertEqual(files_of(tree_state(mnt)), states[3])
+
+
 if __name__ == "__main__":
     unittest.main()

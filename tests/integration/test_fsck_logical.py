@@ -3,6 +3,7 @@ cowbox's back. Each fault is injected by hand into a real workspace (real FUSE, 
 fsck must name it and never exit 0 over it, and the repair (or the next mount) must leave the
 next snapshot recording the tree as it is, losing no good turn."""
 
+import errno
 import json
 import os
 import random
@@ -397,6 +398,61 @@ class MetaDbPagesTest(CowboxTestCase):
             self.assertEqual(files_of(tree_state(mnt)), states[turn], "turn %d" % turn)
         self.cowbox("rollback", ref, snap["turn"])
         self.assertEqual(files_of(tree_state(mnt)), states[3])
+
+
+class QuotaAccountingTest(CowboxTestCase):
+    """The disk quota counts extended attributes (names and values), and a resize past the
+    upper filesystem's largest file is EFBIG, as the filesystem says, not the quota's ENOSPC."""
+
+    def setUp(self):
+        super().setUp()
+        self.ref = self.cowbox("create", "--base", self.make_base({"a.txt": "a\n"}), "--name",
+                               "q", "--disk-mb", "4").stdout.strip()
+        self.mount(self.ref)
+        self.mnt = self.mountpoint(self.ref)
+
+    def used(self):
+        return self.cowbox_json("info", self.ref)["limits"]["disk_used_bytes"]
+
+    def test_xattrs_count_toward_the_quota(self):
+        value = b"v" * 3000
+        name = "user.big"
+        before = self.used()
+        made = 0
+        with self.assertRaises(OSError) as cm:
+            for i in range(1600):  # 4.8 MB of values against a 4 MiB quota
+                path = os.path.join(self.mnt, "x%04d" % i)
+                open(path, "w").close()
+                os.setxattr(path, name, value)
+                made += 1
+        self.assertEqual(cm.exception.errno, errno.ENOSPC)
+        cost = len(name) + len(value)
+        self.assertLessEqual(made * cost, 4 << 20)
+        self.assertGreater(made * cost, (4 << 20) - 2 * cost)
+        used = self.used()
+        self.assertGreaterEqual(used - before, made * cost)
+        # removing gives it back, replacing costs only the difference
+        for i in range(10):
+            os.removexattr(os.path.join(self.mnt, "x%04d" % i), name)
+        self.assertEqual(self.used(), used - 10 * cost)
+        os.setxattr(os.path.join(self.mnt, "x%04d" % 20), name, b"w" * 1000)
+        self.assertEqual(self.used(), used - 10 * cost - 2000)
+        # the count at the next mount (a walk of upper/) sees the same bytes
+        now = self.used()
+        self.cowbox("umount", self.ref)
+        self.mount(self.ref)
+        self.assertEqual(self.used(), now)
+
+    def test_truncate_past_the_largest_file_is_efbig(self):
+        path = os.path.join(self.mnt, "far")
+        open(path, "w").close()
+        with self.assertRaises(OSError) as cm:
+            os.truncate(path, 1 << 62)
+        self.assertEqual(cm.exception.errno, errno.EFBIG)
+        # within the filesystem's largest size, the quota still says ENOSPC
+        with self.assertRaises(OSError) as cm:
+            os.truncate(path, 1 << 40)
+        self.assertEqual(cm.exception.errno, errno.ENOSPC)
 
 
 if __name__ == "__main__":

@@ -279,6 +279,9 @@ unsigned long long ov_quota_cost(mode_t mode, off_t size);
 /* What the extended attributes of the file at path (a /proc/self/fd path, not followed) cost
  * the quota: the bytes of every name and value but the overlay's own. */
 unsigned long long ov_quota_xattr_cost(const char *path);
+/* What the xattrs of upper/'s entry at path (st its lstat) give back when that entry goes
+ * (read before it goes; 0 when another name keeps them): for ov_quota_give after. */
+long long ov_quota_xattr_gone(struct cb_overlay *ov, const char *path, const struct stat *st);
 /* Reserve bytes and inodes before a change: -ENOSPC past a limit (nothing taken). */
 int ov_quota_take(struct cb_overlay *ov, long long bytes, long long inodes);
 /* Give them back (a change that failed, or a removal). Never fails. */

@@ -47,6 +47,23 @@ unsigned long long ov_quota_xattr_cost(const char *path)
 	return cost;
 }
 
+/* See ov.h. */
+long long ov_quota_xattr_gone(struct cb_overlay *ov, const char *path, const struct stat *st)
+{
+	unsigned long long cost;
+	char *p = NULL;
+	int held = -1;
+
+	/* another name keeps a hard-linked file's xattrs; a symlink's cannot be user.* */
+	if (!atomic_load(&ov->quota_on) || S_ISLNK(st->st_mode) ||
+	    (S_ISREG(st->st_mode) && st->st_nlink > 1) ||
+	    ov_proc_path(ov->upper_fd, path, &p, &held))
+		return 0;
+	cost = ov_quota_xattr_cost(p);
+	ov_proc_path_free(p, held);
+	return (long long)cost;
+}
+
 /* The largest size a file of upper/ may have: found with an unnamed file (O_TMPFILE) that
  * ftruncate makes sparse (no block is used) by halving; 2^63-1 when it cannot be found. */
 static long long ov_upper_max_size(struct cb_overlay *ov)

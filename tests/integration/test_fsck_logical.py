@@ -437,6 +437,15 @@ class QuotaAccountingTest(CowboxTestCase):
         self.assertEqual(self.used(), used - 10 * cost)
         os.setxattr(os.path.join(self.mnt, "x%04d" % 20), name, b"w" * 1000)
         self.assertEqual(self.used(), used - 10 * cost - 2000)
+        # deleting a file, or renaming another over it, gives its xattrs back
+        now = self.used()
+        os.unlink(os.path.join(self.mnt, "x%04d" % 30))
+        os.rename(os.path.join(self.mnt, "x%04d" % 5), os.path.join(self.mnt, "x%04d" % 31))
+        self.assertEqual(self.used(), now - 2 * cost)
+        os.mkdir(os.path.join(self.mnt, "d"))
+        os.setxattr(os.path.join(self.mnt, "d"), name, value)
+        os.rmdir(os.path.join(self.mnt, "d"))
+        self.assertEqual(self.used(), now - 2 * cost)
         # the count at the next mount (a walk of upper/) sees the same bytes
         now = self.used()
         self.cowbox("umount", self.ref)

@@ -15,17 +15,22 @@
 static const char fsck_usage[] =
     "usage: cowbox fsck REF [--repair] [--base DIR] [--json]\n"
     "Check every blob and base file the workspace's turns need (read and hashed), every\n"
-    "base-cache row and meta.db; print each problem with the turns it breaks. Exit 0 when\n"
-    "nothing is wrong (or everything found was repaired), 1 otherwise.\n"
-    "--repair drops unusable base-cache rows and rebuilds a missing, empty, corrupt or\n"
-    "incomplete meta.db as a workspace with no turns over the intact upper layer (the\n"
-    "workspace must be unmounted; the old file is kept as meta.db.damaged-TIME; the\n"
+    "base-cache row, meta.db and the mark log (marks lost to damage); print each problem\n"
+    "with the turns it breaks. Exit 0 when nothing is wrong (or everything found was\n"
+    "repaired), 1 otherwise.\n"
+    "--repair drops unusable base-cache rows, journals every path that lost marks may have\n"
+    "held (upper/ against the last turn), and rebuilds a missing, empty, corrupt or\n"
+    "incomplete meta.db from every row SQLite can still read of it (the turns before the\n"
+    "first one with rows lost are kept; the lost ones are named) over the intact upper\n"
+    "layer (the workspace must be unmounted; the old file is kept as meta.db.damaged-TIME; the\n"
     "agent's files are never touched). --base DIR gives the base for a rebuild when the\n"
     "recorded one is lost.\n";
 
 static void fsck_turns_text(const struct cb_fsck_problem *p, char *buf, size_t len)
 {
-	if (!strcmp(p->kind, "base_cache") || !strcmp(p->kind, "meta.db"))
+	if (!strcmp(p->kind, "base_cache") || !strcmp(p->kind, "meta.db") ||
+	    !strcmp(p->kind, "marks") || !strcmp(p->kind, "apply_temp") ||
+	    !strcmp(p->kind, "staging"))
 		snprintf(buf, len, "-");
 	else if (p->last_turn < 0)
 		snprintf(buf, len, "%lld and later", p->first_turn);

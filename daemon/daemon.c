@@ -23,6 +23,7 @@
 #include "cowbox/workspace.h"
 #include "cowbox/backend.h"
 #include "cowbox/error.h"
+#include "cowbox/fsck.h"
 #include "cowbox/grow.h"
 #include "cowbox/journal.h"
 #include "cowbox/overlay.h"
@@ -603,6 +604,14 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	daemon_raise_nofile();
 	/* Forks this daemon's predecessor was building when it died are of no use to anyone. */
 	cb_ws_clean_unpublished();
+	/* ... and so are the temporary files of an apply it was killed during. */
+	int swept = cb_ws_apply_sweep(d.dir, NULL, NULL);
+	if (swept > 0)
+		daemon_log("removed %d temporary file%s of an apply that was killed midway", swept,
+			   swept == 1 ? "" : "s");
+	else if (swept < 0)
+		daemon_log("%s (the temporary files of a killed apply stay)", cb_error_message());
+	cb_error_clear();
 	/* Before any thread, database or /dev/fuse fd exists: the spawner inherits none. */
 	if ((rc = cb_daemon_worker_start(&d)))
 		goto out;
@@ -622,6 +631,18 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	cb_db_meta_get(d.db, "base", &d.base);
 	cb_db_meta_get(d.db, "name", &d.name);
 	cb_error_clear();
+	/* Marks a damaged log lost (found by the fold at the open) are made good before the
+	 * mount serves anything: upper/ holds still while it is walked. */
+	long long rescanned;
+	if ((rc = cb_ws_marks_rescan(d.db, d.db_path, d.upper, d.in_place ? NULL : d.base,
+				     &rescanned)) < 0)
+		goto out;
+	if (rc)
+		daemon_log(
+		    "the mark log lost marks (see 'cowbox fsck %s'): %lld paths of the upper "
+		    "layer and of the last turn journaled as changed",
+		    d.ref, rescanned);
+	rc = 0;
 	if ((rc = cb_daemon_worker_init(&d)))
 		goto out;
 	unsigned long id_base;

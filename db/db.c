@@ -35,11 +35,36 @@ static int db_errno(int rc)
 }
 
 /* Messages look like "meta.db /x/meta.db: migrate: file is not a database". */
+/* See db.h. */
+void cb_db_damage_hint(const char *path, int rc, char *buf, size_t size)
+{
+	char dir[4096], *slash;
+	const char *ref;
+
+	buf[0] = '\0';
+	if ((rc & 0xff) != SQLITE_CORRUPT && (rc & 0xff) != SQLITE_NOTADB)
+		return;
+	/* <home>/workspaces/<ref>/meta.db: the ref is the directory's name */
+	snprintf(dir, sizeof(dir), "%s", path ? path : "");
+	if ((slash = strrchr(dir, '/')))
+		*slash = '\0';
+	ref = (slash = strrchr(dir, '/')) ? slash + 1 : "REF";
+	snprintf(buf, size,
+		 " (the file is damaged: run `cowbox fsck --repair %s`, which keeps it aside and "
+		 "rebuilds it from its readable rows and upper/)",
+		 ref[0] ? ref : "REF");
+}
+
 int cb_db_error(struct cb_db *db, int rc, const char *what)
 {
 	const char *why = db && db->sql ? sqlite3_errmsg(db->sql) : sqlite3_errstr(rc);
+	char hint[4400];
 
-	return cb_error_set(db_errno(rc), "database %s: %s: %s", db ? db->path : "?", what, why);
+	cb_db_damage_hint(db ? db->path : NULL, rc, hint, sizeof(hint));
+	if (!hint[0] && db && db->sql)
+		cb_db_damage_hint(db->path, sqlite3_errcode(db->sql), hint, sizeof(hint));
+	return cb_error_set(db_errno(rc), "database %s: %s: %s%s", db ? db->path : "?", what, why,
+			    hint);
 }
 
 static int db_exec(struct cb_db *db, const char *sql, const char *what)
@@ -242,6 +267,23 @@ int cb_db_meta_set(struct cb_db *db, const char *key, const char *value)
 	rc = rc == SQLITE_DONE ? 0 : cb_db_error(db, rc, "write meta");
 	sqlite3_reset(db->st_meta_set);
 	sqlite3_clear_bindings(db->st_meta_set);
+	cb_mutex_unlock(&db->sql_lock);
+	return rc;
+}
+
+int cb_db_meta_del(struct cb_db *db, const char *key)
+{
+	sqlite3_stmt *st = NULL;
+	int rc;
+
+	cb_mutex_lock(&db->sql_lock);
+	rc = sqlite3_prepare_v2(db->sql, "DELETE FROM meta WHERE key = ?1", -1, &st, NULL);
+	if (rc == SQLITE_OK) {
+		sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+		rc = sqlite3_step(st);
+	}
+	rc = rc == SQLITE_DONE ? 0 : cb_db_error(db, rc, "delete meta");
+	sqlite3_finalize(st);
 	cb_mutex_unlock(&db->sql_lock);
 	return rc;
 }

@@ -96,6 +96,11 @@ void cb_db_turns_bind_entry(sqlite3_stmt *s, int pathpos, int first, const struc
 /* Read columns path, type, mode, size, sha256, xxh3, target, pid, comm; strings borrowed. */
 void cb_db_turns_column_entry(sqlite3_stmt *s, struct cb_entry *e);
 
+/* For an SQLite result rc that says the file at path is damaged (SQLITE_CORRUPT,
+ * SQLITE_NOTADB): " (the file is damaged: run `cowbox fsck --repair REF` ...)" into buf, the
+ * ref taken from path's directory; else "". */
+void cb_db_damage_hint(const char *path, int rc, char *buf, size_t size);
+
 /* The mark log's records (db/marklog.c). Encode one mark of turn into buf: its length, or 0
  * when it does not fit (size >= cb_marklog_max_record() always fits a valid mark). */
 size_t cb_marklog_encode(const struct cb_change *c, long long turn, double time, char *buf,

@@ -118,6 +118,33 @@ static int sync_dir(struct cb_db *db)
 	return rc;
 }
 
+/* Bytes of a log that are no whole record may have held marks of changes that were made: the
+ * loss is recorded in the same transaction as the rest of the log's rows (meta
+ * CB_MARKS_LOST_KEY says where, CB_MARKS_RESCAN_KEY asks for a walk of the upper layer that
+ * journals what they may have held), so no opener, whoever folds, can forget it. sql_lock
+ * held, inside the fold's transaction. */
+static int note_lost(struct cb_db *db, const char *name, size_t dropped, size_t offset)
+{
+	static const char *const keys[] = {CB_MARKS_LOST_KEY, CB_MARKS_RESCAN_KEY};
+	char what[4600];
+	int rc = 0;
+
+	CB_ASSERT_HELD(&db->sql_lock);
+	snprintf(what, sizeof(what),
+		 "journal log %s: %zu bytes at offset %zu are no whole record (damage, or a "
+		 "write torn by a crash): the marks they held are lost",
+		 name, dropped, offset);
+	for (size_t i = 0; i < 2 && !rc; i++) {
+		sqlite3_bind_text(db->st_meta_set, 1, keys[i], -1, SQLITE_STATIC);
+		sqlite3_bind_text(db->st_meta_set, 2, i ? "1" : what, -1, SQLITE_STATIC);
+		rc = sqlite3_step(db->st_meta_set);
+		rc = rc == SQLITE_DONE ? 0 : cb_db_error(db, rc, "record lost marks");
+		sqlite3_reset(db->st_meta_set);
+		sqlite3_clear_bindings(db->st_meta_set);
+	}
+	return rc;
+}
+
 /* The log on fd into the journal table in one transaction; the file is left as it is. A tail
  * that is no whole, valid record (a write torn by a crash, or damage) is reported and
  * dropped, never applied; *dropped gets its length. No lock of the caller's is needed but
@@ -139,6 +166,8 @@ static int fold_file(struct cb_db *db, int fd, const char *name, size_t *dropped
 		rc = cb_db_error(db, rc, "begin journal transaction");
 	} else {
 		rc = cb_marklog_parse(buf, len, &valid, fold_row, &f);
+		if (!rc && valid < len)
+			rc = note_lost(db, name, len - valid, valid);
 		if (!rc && sqlite3_exec(db->sql, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
 			rc = cb_db_error(db, sqlite3_errcode(db->sql), "commit journal");
 		if (rc)
@@ -151,7 +180,8 @@ static int fold_file(struct cb_db *db, int fd, const char *name, size_t *dropped
 		fprintf(stderr,
 			"cowbox: journal log %s: dropped %zu bytes at offset %zu that are no whole "
 			"record (a write torn by a crash, or damage); the %zu bytes before are "
-			"kept\n",
+			"kept, and the next mount or 'cowbox fsck --repair' journals every path "
+			"of the upper layer that differs from the last turn\n",
 			name, len - valid, valid, valid);
 		*dropped = len - valid;
 	}

@@ -40,3 +40,5 @@ db_test_basecache_SOURCES = db/test_basecache.c
 db_test_basecache_CFLAGS = $(CRITERION_TEST_CFLAGS)
 db_test_basecache_LDADD = db/libcb_db.la util/libcb_util.la $(SQLITE3_LIBS) $(XXHASH_LIBS) \
 	$(CRITERION_TEST_LIBS)
+# rebuilding a damaged meta.db from its readable rows (fsck --repair)
+db_libcb_db_la_SOURCES += db/salvage.c

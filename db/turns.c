@@ -113,7 +113,10 @@ int cb_db_turns_fail(struct cb_db_turns *t, const char *what)
 		  : code == SQLITE_FULL			       ? ENOSPC
 		  : code == SQLITE_READONLY		       ? EROFS
 							       : EIO;
-	return cb_error_set(err, "turn store: %s: %s", what, sqlite3_errmsg(t->db));
+	char hint[4400];
+
+	cb_db_damage_hint(sqlite3_db_filename(t->db, "main"), code, hint, sizeof(hint));
+	return cb_error_set(err, "turn store: %s: %s%s", what, sqlite3_errmsg(t->db), hint);
 }
 
 /* A prepared statement, reset and cleared for a new use. */

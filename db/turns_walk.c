@@ -122,3 +122,26 @@ int cb_db_turns_base_cache_del(struct cb_db_turns *t, const char *path)
 	sqlite3_finalize(s);
 	return ret;
 }
+
+static int walk_short_row(sqlite3_stmt *s, void *fn, void *arg)
+{
+	int (*cb)(long long, long long, long long, void *) =
+	    (int (*)(long long, long long, long long, void *))fn;
+
+	return cb(sqlite3_column_int64(s, 0), sqlite3_column_int64(s, 1),
+		  sqlite3_column_int64(s, 2), arg);
+}
+
+/* See turn_store.h. A prune adds rows to the oldest turn it keeps (never takes any), so only
+ * fewer rows than recorded is a loss. */
+int cb_db_turns_short_turns(struct cb_db_turns *t,
+			    int (*fn)(long long turn, long long recorded, long long held,
+				      void *arg),
+			    void *arg)
+{
+	return walk_each(t,
+			 "SELECT turn, changes, held FROM (SELECT t.turn, t.changes, (SELECT "
+			 "count(*) FROM turn_delta d WHERE d.turn = t.turn) AS held FROM turns t) "
+			 "WHERE held < changes ORDER BY turn",
+			 walk_short_row, (void *)fn, arg, "count each turn's rows");
+}

@@ -421,6 +421,7 @@ static void ov_remove(fuse_req_t req, fuse_ino_t parent_ino, const char *name, i
 	struct ov_inode *parent = ov_inode_get(ov, parent_ino), *in;
 	char *path = NULL;
 	struct stat ust, bst;
+	long long xattrs = 0;
 	int r, in_upper, in_base, keep = -1;
 
 	cb_rwlock_write(&ov->tab.ns);
@@ -449,6 +450,8 @@ static void ov_remove(fuse_req_t req, fuse_ino_t parent_ino, const char *name, i
 		goto out;
 	if (!dir)
 		keep = ov_keep_fd_for(ov, in, path);
+	if (in_upper)
+		xattrs = ov_quota_xattr_gone(ov, path, &ust);
 	if (in_upper && dir) {
 		r = ov_clear_whiteouts(ov->upper_fd, path);
 		if (r == 0 && ov_unlinkat(ov->upper_fd, path, AT_REMOVEDIR) < 0)
@@ -468,6 +471,8 @@ static void ov_remove(fuse_req_t req, fuse_ino_t parent_ino, const char *name, i
 		if (r == 0)
 			r = ov_make_whiteout(ov->upper_fd, path);
 	}
+	if (r == 0 && xattrs)
+		ov_quota_give(ov, xattrs, 0);
 	if (r == 0 && in)
 		ov_name_gone(ov, in, parent, name, keep), keep = -1;
 out:

@@ -128,6 +128,8 @@ static void ov_change_xattr(fuse_req_t req, fuse_ino_t ino, const char *name, co
 	struct cb_overlay *ov = ov_of(req);
 	struct ov_inode *in = ov_inode_get(ov, ino);
 	char *path = NULL, *acl = NULL;
+	long long old_cost = 0, new_cost = 0, taken = 0;
+	ssize_t old;
 	int follow, held = -1, r;
 
 	if (ov_name_is_private(name)) {
@@ -157,6 +159,15 @@ static void ov_change_xattr(fuse_req_t req, fuse_ino_t ino, const char *name, co
 		r = ov_mark_inode(ov, req, in, CB_CHANGE_META);
 	if (r == 0)
 		r = ov_xattr_path(ov, in, &path, &held, &follow);
+	/* Names and values count toward the disk quota: what a change adds is taken before
+	 * it (ENOSPC past the limit), what it frees given back after. */
+	if (r == 0) {
+		old = follow ? getxattr(path, name, NULL, 0) : lgetxattr(path, name, NULL, 0);
+		old_cost = old < 0 ? 0 : (long long)(strlen(name) + (size_t)old);
+		new_cost = remove ? 0 : (long long)(strlen(name) + size);
+		if (new_cost > old_cost && (r = ov_quota_take(ov, new_cost - old_cost, 0)) == 0)
+			taken = new_cost - old_cost;
+	}
 	if (r == 0 && remove)
 		r = (follow ? removexattr(path, name) : lremovexattr(path, name)) < 0 ? -errno : 0;
 	else if (r == 0)
@@ -164,6 +175,10 @@ static void ov_change_xattr(fuse_req_t req, fuse_ino_t ino, const char *name, co
 			    : lsetxattr(path, name, value, size, flags)) < 0
 			? -errno
 			: 0;
+	if (r < 0 && taken)
+		ov_quota_give(ov, taken, 0);
+	else if (r == 0 && old_cost > new_cost)
+		ov_quota_give(ov, old_cost - new_cost, 0);
 	cb_rwlock_unlock(&ov->tab.ns);
 	ov_proc_path_free(path, held);
 	free(acl);

@@ -160,6 +160,9 @@ struct cb_overlay {
 	_Atomic int quota_on; /* counting (some limit is set) */
 	pthread_mutex_t quota_lock;
 	unsigned long long used_bytes, used_inodes; /* under quota_lock */
+	/* the upper filesystem's largest file size (probed when the quota starts counting):
+	 * a resize past it is EFBIG, as the filesystem says, never the quota's ENOSPC */
+	long long upper_max_size;
 };
 
 /* An open file: the fd and the layer it was opened in (a read-only base fd is reopened in
@@ -272,6 +275,13 @@ int ov_ensure_upper_dir(struct cb_overlay *ov, struct ov_inode *dir);
 /* quota.c: the upper layer's quota. What an entry costs: 4 KiB per non-regular entry, the
  * apparent size rounded up to 4 KiB for a regular file. */
 unsigned long long ov_quota_cost(mode_t mode, off_t size);
+
+/* What the extended attributes of the file at path (a /proc/self/fd path, not followed) cost
+ * the quota: the bytes of every name and value but the overlay's own. */
+unsigned long long ov_quota_xattr_cost(const char *path);
+/* What the xattrs of upper/'s entry at path (st its lstat) give back when that entry goes
+ * (read before it goes; 0 when another name keeps them): for ov_quota_give after. */
+long long ov_quota_xattr_gone(struct cb_overlay *ov, const char *path, const struct stat *st);
 /* Reserve bytes and inodes before a change: -ENOSPC past a limit (nothing taken). */
 int ov_quota_take(struct cb_overlay *ov, long long bytes, long long inodes);
 /* Give them back (a change that failed, or a removal). Never fails. */

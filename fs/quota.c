@@ -7,7 +7,9 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "cowbox/error.h"
@@ -23,6 +25,74 @@ unsigned long long ov_quota_cost(mode_t mode, off_t size)
 		return OV_QUOTA_BLOCK;
 	return size <= 0 ? 0
 			 : ((unsigned long long)size + OV_QUOTA_BLOCK - 1) & ~(OV_QUOTA_BLOCK - 1);
+}
+
+/* See ov.h. */
+unsigned long long ov_quota_xattr_cost(const char *path)
+{
+	ssize_t n = llistxattr(path, NULL, 0);
+	unsigned long long cost = 0;
+	char *names;
+
+	if (n <= 0 || !(names = malloc((size_t)n)))
+		return 0;
+	n = llistxattr(path, names, (size_t)n);
+	for (char *p = names; n > 0 && p < names + n; p += strlen(p) + 1) {
+		ssize_t v = ov_name_is_private(p) ? -1 : lgetxattr(path, p, NULL, 0);
+
+		if (v >= 0)
+			cost += strlen(p) + (unsigned long long)v;
+	}
+	free(names);
+	return cost;
+}
+
+/* See ov.h. */
+long long ov_quota_xattr_gone(struct cb_overlay *ov, const char *path, const struct stat *st)
+{
+	unsigned long long cost;
+	char *p = NULL;
+	int held = -1;
+
+	/* another name keeps a hard-linked file's xattrs; a symlink's cannot be user.* */
+	if (!atomic_load(&ov->quota_on) || S_ISLNK(st->st_mode) ||
+	    (S_ISREG(st->st_mode) && st->st_nlink > 1) ||
+	    ov_proc_path(ov->upper_fd, path, &p, &held))
+		return 0;
+	cost = ov_quota_xattr_cost(p);
+	ov_proc_path_free(p, held);
+	return (long long)cost;
+}
+
+/* The largest size a file of upper/ may have: found with an unnamed file (O_TMPFILE) that
+ * ftruncate makes sparse (no block is used) by halving; 2^63-1 when it cannot be found. */
+static long long ov_upper_max_size(struct cb_overlay *ov)
+{
+	long long lo = 1LL << 20, hi = 0x7fffffffffffffffLL;
+	int fd = openat(ov->upper_fd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+
+	if (fd < 0 || ftruncate(fd, lo) < 0) {
+		if (fd >= 0)
+			close(fd);
+		return hi;
+	}
+	if (ftruncate(fd, hi) == 0) {
+		close(fd);
+		return hi;
+	}
+	/* lo fits, hi does not */
+	while (hi - lo > 1) {
+		long long mid = lo + (hi - lo) / 2;
+
+		if (ftruncate(fd, mid) == 0)
+			lo = mid;
+		else if (errno == EFBIG || errno == EINVAL)
+			hi = mid;
+		else
+			break;
+	}
+	close(fd);
+	return lo;
 }
 
 /* See ov.h. */
@@ -73,6 +143,8 @@ int ov_quota_resize_begin(struct cb_overlay *ov, struct ov_inode *in, int fd, of
 	q->in = NULL;
 	if (!atomic_load(&ov->quota_on) || !atomic_load(&ov->quota_bytes))
 		return 0;
+	if (ov->upper_max_size && new_end > ov->upper_max_size)
+		return -EFBIG; /* what the filesystem itself would say: no quota could allow it */
 	cb_mutex_lock(&in->lock);
 	if (fstat(fd, &st) < 0) {
 		r = -errno;
@@ -173,6 +245,12 @@ static int ov_quota_walk_dir(struct ov_quota_walk *w, int dirfd)
 			continue;
 		w->bytes += ov_quota_cost(st.st_mode, st.st_size);
 		w->inodes++;
+		if (!S_ISLNK(st.st_mode)) {
+			char path[64 + 256];
+
+			snprintf(path, sizeof(path), "/proc/self/fd/%d/%s", dirfd, de->d_name);
+			w->bytes += ov_quota_xattr_cost(path);
+		}
 		if (!S_ISDIR(st.st_mode))
 			continue;
 		fd = openat(dirfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -199,6 +277,7 @@ int cb_overlay_set_quota(struct cb_overlay *ov, unsigned long long bytes, unsign
 	}
 	if (atomic_load(&ov->quota_on))
 		return 0; /* counting already */
+	ov->upper_max_size = ov_upper_max_size(ov);
 	fd = openat(ov->upper_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	r = fd < 0 ? -errno : ov_quota_walk_dir(&w, fd);
 	free(w.linked);

@@ -74,6 +74,7 @@ static int ov_rename_at(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *
 			const char *spath, const char *dpath)
 {
 	struct stat sust, sbst, dust, dbst;
+	long long dxattrs = 0;
 	struct ov_inode *sin = NULL, *din = NULL;
 	int s_up, s_base, d_up, d_base, r = 0, stemp = 0, dtemp = 0, keep = -1, sdir, ddir = 0;
 	int exchange = (flags & RENAME_EXCHANGE) != 0;
@@ -131,6 +132,8 @@ static int ov_rename_at(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *
 	} else {
 		if (din && !ddir)
 			keep = ov_keep_fd_for(ov, din, dpath);
+		if (d_up) /* the replaced entry's xattrs go with it */
+			dxattrs = ov_quota_xattr_gone(ov, dpath, &dust);
 		r = ov_rename_clear_target(ov, dpath);
 		if (r < 0)
 			goto out;
@@ -149,6 +152,8 @@ static int ov_rename_at(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *
 		ov_quota_gone(ov, &dust);
 	else if (!exchange && d_up)
 		ov_upper_name_gone(ov, din, &dust, keep);
+	if (!exchange && dxattrs)
+		ov_quota_give(ov, dxattrs, 0);
 	if (!exchange && din) {
 		ov_name_gone(ov, din, dp, dname, keep);
 		keep = -1;

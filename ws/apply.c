@@ -4,6 +4,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,17 +108,183 @@ static int apply_content(struct cb_turns *t, const struct cb_entry *e, int fd)
 	return rc;
 }
 
-/* e's file or symlink made under a temporary name beside path, then renamed over it. The
- * name is the same on every run (not per process), so that a run killed between the two
- * leaves at most one such file per path, removed by the next run over that path. */
-static int apply_write(struct cb_turns *t, int root, const struct cb_entry *e)
+/* ---- temporary files: named for their origin, listed before they exist ---- */
+
+/* A temporary file of apply is "NAME.cowbox-apply-REF" beside NAME (or, when that would be
+ * longer than a name may be, ".cowbox-apply-REF-HASH" with a hash of NAME): anyone who finds
+ * one in their folder sees what made it, and the same apply run again over the same path
+ * replaces it. Before it is made, its path is appended to the workspace's "apply.pending"
+ * (the first line: the pid of the applier and the target folder), so that a run killed with
+ * -9 leaves nothing that the daemon's next start or fsck cannot find and remove
+ * (cb_ws_apply_sweep) without walking the user's folder. */
+#define APPLY_TMP     ".cowbox-apply-"
+#define APPLY_PENDING "apply.pending"
+
+struct apply_log {
+	int fd; /* apply.pending, or -1: then no temporary file is made at all */
+	char ref[CB_WS_REF_LEN + 1];
+};
+
+/* The temporary name for path (malloc'd), from the workspace's ref. */
+static char *apply_tmp_name(const struct apply_log *log, const char *path)
 {
+	const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
+	int dirlen = slash ? (int)(slash - path + 1) : 0;
+	unsigned long long h = 1469598103934665603ULL;
 	char *tmp = NULL;
+
+	if (strlen(name) + strlen(APPLY_TMP) + strlen(log->ref) <= NAME_MAX) {
+		if (asprintf(&tmp, "%s" APPLY_TMP "%s", path, log->ref) < 0)
+			tmp = NULL;
+		return tmp;
+	}
+	for (const char *c = name; *c; c++)
+		h = (h ^ (unsigned char)*c) * 1099511628211ULL;
+	if (asprintf(&tmp, "%.*s" APPLY_TMP "%s-%016llx", dirlen, path, log->ref, h) < 0)
+		tmp = NULL;
+	return tmp;
+}
+
+/* 1 if name (a last component) is a temporary file of apply by workspace ref. */
+static int apply_tmp_named(const char *name, const char *ref)
+{
+	const char *at = strstr(name, APPLY_TMP);
+
+	return at && !strncmp(at + strlen(APPLY_TMP), ref, strlen(ref));
+}
+
+/* Start the list: the previous run's (if any) is swept first, by the caller. */
+static int apply_log_open(struct apply_log *log, const char *ws_dir, const char *target)
+{
+	char *path = NULL, *line = NULL;
+	const char *base = strrchr(ws_dir, '/');
+	int rc = 0, n;
+
+	log->fd = -1;
+	snprintf(log->ref, sizeof(log->ref), "%s", base ? base + 1 : ws_dir);
+	if (asprintf(&path, "%s/" APPLY_PENDING, ws_dir) < 0 ||
+	    (n = asprintf(&line, "%d\t%s\n", (int)getpid(), target)) < 0) {
+		rc = cb_error_set(ENOMEM, "apply: out of memory");
+		goto out;
+	}
+	log->fd =
+	    open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (log->fd < 0)
+		rc = cb_error_set(errno, "apply: %s: %s", path, strerror(errno));
+	else if (write(log->fd, line, (size_t)n) != n)
+		rc = cb_error_set(errno ? errno : EIO, "apply: write %s: %s", path,
+				  strerror(errno ? errno : EIO));
+out:
+	if (rc && log->fd >= 0) {
+		close(log->fd);
+		log->fd = -1;
+		unlink(path);
+	}
+	free(path);
+	free(line);
+	return rc;
+}
+
+/* One temporary path into the list before it is made: one write(2), NUL-terminated. */
+static int apply_log_add(struct apply_log *log, const char *tmp)
+{
+	size_t n = strlen(tmp) + 1;
+
+	if (write(log->fd, tmp, n) != (ssize_t)n)
+		return cb_error_set(errno ? errno : EIO, "apply: record %s: %s", tmp,
+				    strerror(errno ? errno : EIO));
+	return 0;
+}
+
+/* A run that ended (done or failed, its temporaries removed) needs no list. */
+static void apply_log_close(struct apply_log *log, const char *ws_dir)
+{
+	char *path = NULL;
+
+	if (log->fd < 0)
+		return;
+	close(log->fd);
+	log->fd = -1;
+	if (asprintf(&path, "%s/" APPLY_PENDING, ws_dir) >= 0)
+		unlink(path);
+	free(path);
+}
+
+/* See apply.h. */
+int cb_ws_apply_sweep(const char *ws_dir, int (*fn)(const char *path, void *arg), void *arg)
+{
+	char *path = NULL, *buf = NULL, *target, *nl, *p, ref[CB_WS_REF_LEN + 1];
+	const char *base = strrchr(ws_dir, '/');
+	struct stat st;
+	size_t len = 0;
+	FILE *f = NULL;
+	int rc = 0, root = -1, pid, removed = 0;
+
+	snprintf(ref, sizeof(ref), "%s", base ? base + 1 : ws_dir);
+	if (asprintf(&path, "%s/" APPLY_PENDING, ws_dir) < 0)
+		return cb_error_set(ENOMEM, "apply: out of memory");
+	f = fopen(path, "re");
+	if (!f) {
+		rc = errno == ENOENT ? 0 : cb_error_set(errno, "%s: %s", path, strerror(errno));
+		goto out;
+	}
+	if (fstat(fileno(f), &st) < 0 || !(buf = calloc(1, (size_t)st.st_size + 1))) {
+		rc = cb_error_set(ENOMEM, "%s: out of memory", path);
+		goto out;
+	}
+	len = fread(buf, 1, (size_t)st.st_size, f);
+	nl = memchr(buf, '\n', len);
+	/* A run still going (fsck beside a live daemon, or on a thread of this one) keeps its
+	 * list and its files: a run that ended removed its list itself. */
+	if (!nl || sscanf(buf, "%d\t", &pid) != 1 ||
+	    (pid > 0 && (pid == getpid() || kill(pid, 0) == 0 || errno != ESRCH)))
+		goto out;
+	*nl = '\0';
+	target = strchr(buf, '\t');
+	if (!target || (root = open(target + 1, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+		goto drop; /* the folder is gone: so are its temporaries */
+	for (p = nl + 1; p < buf + len && !rc; p += strlen(p) + 1) {
+		const char *last = strrchr(p, '/');
+		char *full = NULL;
+
+		/* only what this workspace's apply named as its own, beneath the target */
+		if (!*p || !apply_tmp_named(last ? last + 1 : p, ref) ||
+		    cb_beneath_stat(root, p, &st) < 0) {
+			cb_error_clear();
+			continue;
+		}
+		if ((rc = cb_beneath_remove_tree(root, p)) < 0)
+			break;
+		removed++;
+		if (fn && asprintf(&full, "%s/%s", target + 1, p) >= 0)
+			rc = fn(full, arg);
+		free(full);
+	}
+drop:
+	if (!rc && unlink(path) < 0 && errno != ENOENT)
+		rc = cb_error_set(errno, "%s: unlink: %s", path, strerror(errno));
+out:
+	if (f)
+		fclose(f);
+	if (root >= 0)
+		close(root);
+	free(buf);
+	free(path);
+	return rc < 0 ? rc : removed;
+}
+
+/* e's file or symlink made under a temporary name beside path, then renamed over it. */
+static int apply_write(struct cb_turns *t, struct apply_log *log, int root,
+		       const struct cb_entry *e)
+{
+	char *tmp;
 	int fd, rc;
 
 	/* On the heap: a path may be longer than PATH_MAX (util/beneath resolves it in pieces). */
-	if (asprintf(&tmp, "%s.cowbox-apply", e->path) < 0)
+	if (!(tmp = apply_tmp_name(log, e->path)))
 		return cb_error_set(ENOMEM, "apply %s: out of memory", e->path);
+	if ((rc = apply_log_add(log, tmp)))
+		goto out;
 	cb_beneath_remove_tree(root, tmp);
 	cb_error_clear();
 	if (e->type == CB_ENTRY_SYMLINK) {
@@ -167,15 +335,23 @@ void cb_ws_apply_result_free(struct cb_ws_apply_result *res)
 int cb_ws_apply(struct cb_turns *t, long long a, long long b, const char *target,
 		struct cb_ws_apply_result *res)
 {
+	struct apply_log log = {.fd = -1};
 	struct cb_diff diff = {0};
-	char *done = NULL, why[256];
+	char *done = NULL, why[256], *ws_dir = NULL, *slash;
 	size_t cap = 0, i;
 	int root = -1, rc;
 
 	memset(res, 0, sizeof(*res));
+	/* the workspace's directory holds its database (and the list of temporaries) */
+	if (!(ws_dir = strdup(t->db_path)))
+		return cb_error_set(ENOMEM, "apply: out of memory");
+	if ((slash = strrchr(ws_dir, '/')))
+		*slash = '\0';
 	root = open(target, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (root < 0)
-		return cb_error_set(errno, "apply: target %s: %s", target, strerror(errno));
+	if (root < 0) {
+		rc = cb_error_set(errno, "apply: target %s: %s", target, strerror(errno));
+		goto out;
+	}
 	if ((rc = cb_ws_diff(t, a, b, NULL, 0, &diff)) < 0)
 		goto out;
 	if (diff.n && !(done = calloc(diff.n, 1))) {
@@ -219,6 +395,10 @@ int cb_ws_apply(struct cb_turns *t, long long a, long long b, const char *target
 				  res->conflicts[0], res->nconflicts > 1 ? ", ..." : "");
 		goto out;
 	}
+	/* What an earlier run killed midway left goes before this run lists its own. */
+	if ((rc = cb_ws_apply_sweep(ws_dir, NULL, NULL)) < 0 ||
+	    (rc = apply_log_open(&log, ws_dir, target)))
+		goto out;
 	/* Deletions and type changes away from a directory, deepest first. */
 	for (i = diff.n; i-- > 0;) {
 		const struct cb_diff_event *ev = &diff.ev[i];
@@ -244,7 +424,7 @@ int cb_ws_apply(struct cb_turns *t, long long a, long long b, const char *target
 				cb_beneath_remove_tree(root, e->path);
 			rc = cb_beneath_mkdir(root, e->path, e->mode);
 		} else
-			rc = apply_write(t, root, e);
+			rc = apply_write(t, &log, root, e);
 		if (rc < 0) {
 			rc = cb_error_wrap(rc, "apply: %s/%s", target, e->path);
 			goto out;
@@ -253,8 +433,11 @@ int cb_ws_apply(struct cb_turns *t, long long a, long long b, const char *target
 	}
 	rc = 0;
 out:
+	apply_log_close(&log, ws_dir);
 	free(done);
+	free(ws_dir);
 	cb_ws_diff_free(&diff);
-	close(root);
+	if (root >= 0)
+		close(root);
 	return rc;
 }

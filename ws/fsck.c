@@ -18,6 +18,7 @@
 #include "cowbox/fsck.h"
 #include "cowbox/grow.h"
 #include "cowbox/journal.h"
+#include "cowbox/turn_store.h"
 #include "cowbox/turns.h"
 #include "cowbox/workspace.h"
 #include "turns_int.h"
@@ -211,8 +212,202 @@ static int fsck_repair_cache(struct cb_turns *t, struct cb_fsck_report *r)
 	return 0;
 }
 
-static int fsck_turns(const char *dir, const char *db_path, const char *base, int repair,
-		      struct cb_fsck_report *r)
+/* ---- the turn store and the journal against each other and against upper/ ---- */
+
+/* A turn that holds fewer rows than it recorded lost some: a rollback or fork to it (and to a
+ * later turn that did not record those paths again) gives a wrong tree. */
+static int fsck_short_turn(long long turn, long long recorded, long long held, void *arg)
+{
+	return fsck_add(arg, "turn_rows", NULL, NULL, turn, -1, 0,
+			"turn %lld recorded %lld changed paths but turn_delta holds %lld of them "
+			"(rows deleted behind cowbox's back): rollback and fork to turn %lld or "
+			"later may give a wrong tree",
+			turn, recorded, held, turn);
+}
+
+struct fsck_upper {
+	struct cb_turns *t;
+	struct cb_fsck_report *r;
+	char **odd; /* paths whose live entry differs from the last turn's map */
+	int *gone;  /* ... and whether the path is gone (deleted) */
+	size_t n, cap, gcap;
+	struct fsck_jrow {
+		char *path;
+		int subtree;
+	} * rows; /* the open turn's journal, sorted by path */
+	size_t nrows, rcap;
+};
+
+static int fsck_odd_add(struct fsck_upper *u, const char *path, int gone)
+{
+	int rc = cb_grow(&u->odd, &u->cap, u->n, sizeof(*u->odd), 64, "fsck");
+
+	if (!rc)
+		rc = cb_grow(&u->gone, &u->gcap, u->n, sizeof(*u->gone), 64, "fsck");
+	if (rc)
+		return rc;
+	if (!(u->odd[u->n] = strdup(path)))
+		return cb_error_set(ENOMEM, "fsck: out of memory");
+	u->gone[u->n++] = gone;
+	return 0;
+}
+
+/* Each entry of upper/ against the map: what the next snapshot would compare it with. */
+static int fsck_upper_visit(int dirfd, const char *name, const char *path, const struct stat *st,
+			    void *arg)
+{
+	struct fsck_upper *u = arg;
+	struct cb_entry old = {0}, now = {0};
+	int ret, same;
+
+	(void)dirfd;
+	(void)name;
+	if (ws_is_tmp_name(path))
+		return 0;
+	if ((ret = cb_db_turns_map_get(u->t->db, path, &old)) < 0)
+		return ret;
+	if (S_ISCHR(st->st_mode) && st->st_rdev == makedev(0, 0)) {
+		same = ret == 0 || old.type == CB_ENTRY_ABSENT;
+		cb_entry_clear(&old);
+		return same ? 0 : fsck_odd_add(u, path, 1);
+	}
+	ret = ws_live_entry(u->t, path, 0, &now);
+	if (ret) {
+		/* changed meanwhile (mounted): its mark, if any, is read after the walk */
+		cb_entry_clear(&old);
+		cb_error_clear();
+		return fsck_odd_add(u, path, 0);
+	}
+	same = cb_entry_same(&old, &now);
+	cb_entry_clear(&old);
+	cb_entry_clear(&now);
+	return same ? 0 : fsck_odd_add(u, path, 0);
+}
+
+/* A path of the last turn that neither layer holds was deleted. */
+static int fsck_map_visit(const struct cb_entry *e, void *arg)
+{
+	struct fsck_upper *u = arg;
+	struct stat st;
+
+	if (e->type == CB_ENTRY_ABSENT || !e->path[0] || ws_is_tmp_name(e->path) ||
+	    cb_beneath_stat(u->t->root_fd, e->path, &st) == 0 ||
+	    (!u->t->in_place && u->t->base_fd >= 0 &&
+	     cb_beneath_stat(u->t->base_fd, e->path, &st) == 0))
+		return 0;
+	return fsck_odd_add(u, e->path, 1);
+}
+
+static int fsck_jrow(const struct cb_journal_row *row, void *arg)
+{
+	struct fsck_upper *u = arg;
+	int rc = cb_grow(&u->rows, &u->rcap, u->nrows, sizeof(*u->rows), 64, "fsck");
+
+	if (rc)
+		return rc;
+	if (!(u->rows[u->nrows].path = strdup(row->path)))
+		return cb_error_set(ENOMEM, "fsck: out of memory");
+	u->rows[u->nrows++].subtree = row->subtree;
+	return 0;
+}
+
+static int fsck_jrow_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct fsck_jrow *)a)->path, ((const struct fsck_jrow *)b)->path);
+}
+
+/* 1 if the next snapshot examines path: the journal names it, or names a directory above it
+ * with its subtree, or one the map has as no directory (a new one: walked whole). */
+static int fsck_covered(struct fsck_upper *u, const char *path)
+{
+	char *p = strdup(path), *slash;
+	int covered = 0;
+
+	if (!p)
+		return 1; /* no false alarm for want of memory */
+	for (int self = 1; !covered; self = 0) {
+		struct fsck_jrow key = {.path = p}, *hit;
+
+		/* the rows are unique per (path, kind): any of a path's rows with subtree */
+		hit = bsearch(&key, u->rows, u->nrows, sizeof(*u->rows), fsck_jrow_cmp);
+		if (hit) {
+			while (hit > u->rows && !strcmp(hit[-1].path, p))
+				hit--;
+			for (; hit < u->rows + u->nrows && !strcmp(hit->path, p); hit++) {
+				struct cb_entry e = {0};
+
+				if (self || hit->subtree ||
+				    cb_db_turns_map_get(u->t->db, p, &e) != 1 ||
+				    e.type != CB_ENTRY_DIR)
+					covered = 1;
+				cb_entry_clear(&e);
+			}
+		}
+		if (covered || !(slash = strrchr(p, '/')))
+			break;
+		*slash = '\0';
+	}
+	cb_error_clear();
+	free(p);
+	return covered;
+}
+
+/* upper/ against the last turn plus the open turn's journal: every difference must have a
+ * mark, or the next snapshot leaves it out (rows deleted from `journal`, marks lost). The
+ * walk comes first and the journal is read after it: a change made meanwhile was marked
+ * before it was made, so it is never a false alarm. repair: mark what has none. */
+static int fsck_upper(struct cb_turns *t, struct cb_db *db, int repair, struct cb_fsck_report *r)
+{
+	struct fsck_upper u = {.t = t, .r = r};
+	long long latest = cb_db_turns_latest(t->db), open_turn;
+	int ret = 0;
+
+	/* A map not built for the latest turn (deferred) says nothing about it; in place the
+	 * folder is changed behind the mount by design (the mount walks it). */
+	if (t->root_fd < 0 || t->in_place || cb_db_turns_map_turn(t->db) != latest)
+		return 0;
+	if ((ret = cb_beneath_walk(t->root_fd, fsck_upper_visit, &u)) ||
+	    (ret = cb_db_turns_map_list(t->db, NULL, fsck_map_visit, &u)))
+		goto out;
+	if (!u.n)
+		goto out;
+	open_turn = cb_journal_turn(db);
+	if ((ret = cb_journal_list(db, open_turn, fsck_jrow, &u)))
+		goto out;
+	qsort(u.rows, u.nrows, sizeof(*u.rows), fsck_jrow_cmp);
+	for (size_t i = 0; i < u.n && !ret; i++) {
+		struct cb_change ch = {.kind = u.gone[i] ? CB_CHANGE_DELETE : CB_CHANGE_WRITE,
+				       .path = u.odd[i],
+				       .subtree = u.gone[i]};
+		int fixed = 0;
+
+		if (fsck_covered(&u, u.odd[i]))
+			continue;
+		if (repair) {
+			if ((ret = cb_journal_mark(db, &ch, 1)))
+				break;
+			fixed = 1;
+		}
+		ret = fsck_add(r, "journal", u.odd[i], NULL, open_turn, -1, fixed,
+			       "%s %s since turn %lld but the journal of the open turn %lld has no "
+			       "mark for it (rows deleted or marks lost): the next snapshot would "
+			       "leave it out%s",
+			       u.odd[i], u.gone[i] ? "is gone" : "changed", latest, open_turn,
+			       fixed ? "; journaled now" : "");
+	}
+out:
+	for (size_t i = 0; i < u.n; i++)
+		free(u.odd[i]);
+	for (size_t i = 0; i < u.nrows; i++)
+		free(u.rows[i].path);
+	free(u.odd);
+	free(u.gone);
+	free(u.rows);
+	return ret;
+}
+
+static int fsck_turns(const char *dir, const char *db_path, const char *base, struct cb_db *db,
+		      int repair, struct cb_fsck_report *r)
 {
 	char *blobs = NULL, *upper = NULL;
 	struct cb_turns *t = NULL;
@@ -233,6 +428,10 @@ static int fsck_turns(const char *dir, const char *db_path, const char *base, in
 		ret = cb_db_turns_base_files(t->db, fsck_base_file, &c);
 	if (!ret)
 		ret = cb_db_turns_base_cache_list(t->db, fsck_cache_row, &c);
+	if (!ret)
+		ret = cb_db_turns_short_turns(t->db, fsck_short_turn, r);
+	if (!ret)
+		ret = fsck_upper(t, db, repair, r);
 	if (!ret && repair)
 		ret = fsck_repair_cache(t, r);
 out:
@@ -240,6 +439,115 @@ out:
 	free(blobs);
 	free(upper);
 	return ret;
+}
+
+/* ---- a mark log that lost bytes: journal what they may have held ---- */
+
+struct rescan {
+	struct cb_db *db;
+	int upper_fd, base_fd;
+	long long marked;
+	char **gone; /* map paths neither layer holds, marked after the map is read */
+	size_t n, cap;
+};
+
+/* Every entry of upper/ may have changed since the last turn: a directory with all below it
+ * (an opaque one hides base entries the map still has), a whiteout as a deleted subtree. */
+static int rescan_upper(int dirfd, const char *name, const char *path, const struct stat *st,
+			void *arg)
+{
+	struct rescan *rs = arg;
+	struct cb_change ch = {.kind = CB_CHANGE_WRITE, .path = path};
+
+	(void)dirfd;
+	(void)name;
+	if (S_ISCHR(st->st_mode) && st->st_rdev == makedev(0, 0))
+		ch.kind = CB_CHANGE_DELETE, ch.subtree = 1;
+	else if (S_ISDIR(st->st_mode))
+		ch.subtree = 1;
+	rs->marked++;
+	return cb_journal_mark(rs->db, &ch, 1);
+}
+
+/* A path of the last turn that is in neither layer was deleted with no whiteout (it was only
+ * ever in upper/): nothing in upper/ names it, so it is marked by name. */
+static int rescan_map(const struct cb_entry *e, void *arg)
+{
+	struct rescan *rs = arg;
+	struct stat st;
+	int rc;
+
+	if (!e->path[0] || !strcmp(e->path, ".") ||
+	    cb_beneath_stat(rs->upper_fd, e->path, &st) == 0 ||
+	    (rs->base_fd >= 0 && cb_beneath_stat(rs->base_fd, e->path, &st) == 0))
+		return 0;
+	if ((rc = cb_grow(&rs->gone, &rs->cap, rs->n, sizeof(*rs->gone), 64, "marks rescan")))
+		return rc;
+	if (!(rs->gone[rs->n] = strdup(e->path)))
+		return cb_error_set(ENOMEM, "marks rescan: out of memory");
+	rs->n++;
+	return 0;
+}
+
+int cb_ws_marks_rescan(struct cb_db *db, const char *db_path, const char *upper, const char *base,
+		       long long *marked)
+{
+	struct rescan rs = {.db = db, .upper_fd = -1, .base_fd = -1};
+	struct cb_db_turns *t = NULL;
+	char *pending = NULL;
+	int ret = cb_db_meta_get(db, CB_MARKS_RESCAN_KEY, &pending);
+
+	if (marked)
+		*marked = 0;
+	if (ret == -ENOENT) {
+		cb_error_clear();
+		return 0;
+	}
+	if (ret)
+		return ret;
+	rs.upper_fd = open(upper, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (rs.upper_fd < 0) {
+		ret = cb_error_set(errno, "journal the lost marks: upper layer %s: %s", upper,
+				   strerror(errno));
+		goto out;
+	}
+	/* A base that is gone holds nothing: its paths are marked too (harmless: a mark only
+	 * makes the snapshot look). */
+	if (base)
+		rs.base_fd = open(base, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if ((ret = cb_db_turns_open(db_path, &t)) ||
+	    (ret = cb_db_turns_map_list(t, NULL, rescan_map, &rs)))
+		goto out;
+	cb_db_turns_close(t);
+	t = NULL;
+	for (size_t i = 0; i < rs.n && !ret; i++) {
+		struct cb_change ch = {.kind = CB_CHANGE_DELETE, .path = rs.gone[i], .subtree = 1};
+
+		rs.marked++;
+		ret = cb_journal_mark(db, &ch, 1);
+	}
+	if (!ret)
+		ret = cb_beneath_walk(rs.upper_fd, rescan_upper, &rs);
+	/* The marks are in the log or the table (either survives a kill -9) before the request
+	 * to make them goes. */
+	if (!ret)
+		ret = cb_db_meta_del(db, CB_MARKS_RESCAN_KEY);
+	if (ret)
+		ret = cb_error_wrap(ret, "journal the paths of %s the lost marks may have held",
+				    upper);
+out:
+	cb_db_turns_close(t);
+	for (size_t i = 0; i < rs.n; i++)
+		free(rs.gone[i]);
+	free(rs.gone);
+	if (rs.upper_fd >= 0)
+		close(rs.upper_fd);
+	if (rs.base_fd >= 0)
+		close(rs.base_fd);
+	free(pending);
+	if (!ret && marked)
+		*marked = rs.marked;
+	return ret ? ret : 1;
 }
 
 /* ---- rebuilding a meta.db that cannot be used ---- */
@@ -333,8 +641,9 @@ static int fsck_rebuild(const char *ref, const char *dir, const char *db_path, c
 	char *mnt = NULL;
 	struct cb_db *db = NULL;
 	struct rebuild rb = {0};
+	struct cb_db_salvage sv = {0};
 	pid_t pid = 0;
-	int ret, upper_fd;
+	int ret, upper_fd, salvaged = 0;
 
 	ret = cb_ws_daemon(ref, &pid, &mnt);
 	free(mnt);
@@ -386,6 +695,19 @@ static int fsck_rebuild(const char *ref, const char *dir, const char *db_path, c
 	}
 	if ((ret = ws_pathf(&upper, "%s/upper", dir)))
 		goto out;
+	/* Every row SQLite can still read of the old file, and the turns that are whole. */
+	if (kept && (ret = cb_db_salvage(db, kept, &sv)))
+		goto out;
+	if (kept && !sv.unreadable) {
+		/* the journal's open turn is read at the open: the salvage moved it */
+		cb_db_close(db);
+		db = NULL;
+		if ((ret = cb_db_open(db_path, &db)) ||
+		    (base && (ret = cb_db_meta_set(db, "base", base))) ||
+		    (name && (ret = cb_db_meta_set(db, "name", name))))
+			goto out;
+		salvaged = 1;
+	}
 	rb.db = db;
 	upper_fd = open(upper, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (upper_fd < 0)
@@ -396,7 +718,27 @@ static int fsck_rebuild(const char *ref, const char *dir, const char *db_path, c
 		close(upper_fd);
 	if (!ret)
 		ret = cb_db_meta_set(db, "created", "1");
-	if (!ret)
+	if (!ret && salvaged) {
+		char lost[128] = "";
+
+		if (sv.kept + 1 == sv.latest)
+			snprintf(lost, sizeof(lost), "; turn %lld could not be recovered",
+				 sv.latest);
+		else if (sv.kept < sv.latest)
+			snprintf(lost, sizeof(lost), "; turns %lld-%lld could not be recovered",
+				 sv.kept + 1, sv.latest);
+		ret = fsck_add(r, "meta.db", db_path, kept, sv.kept + 1, -1, sv.kept >= sv.latest,
+			       "%s; rebuilt from its %lld readable rows (%d table%s cut short by "
+			       "damaged pages): turns %s%lld kept as they were%s%s; the %lld paths "
+			       "of upper/ journaled, so the next snapshot records the tree as it "
+			       "is; the old file is kept as %s",
+			       why, sv.rows, sv.damaged_tables, sv.damaged_tables == 1 ? "" : "s",
+			       sv.kept ? "1-" : "", sv.kept, lost,
+			       sv.lost_base_map ? "; the base map was damaged: built from the base "
+						  "again when needed"
+						: "",
+			       rb.marked, kept);
+	} else if (!ret)
 		ret = fsck_add(r, "meta.db", db_path, kept, 0, -1, 1,
 			       "%s; rebuilt as a workspace with no turns over the %lld paths of "
 			       "upper/ (base %s)%s%s",
@@ -412,6 +754,86 @@ out:
 	return ret;
 }
 
+/* A mark log that lost bytes is a problem until --repair has journaled what they may have
+ * held (if the next mount has not yet) and has been told: never a silent clean. */
+static int fsck_marks(struct cb_db *db, const char *db_path, const char *dir, const char *base,
+		      int repair, struct cb_fsck_report *r)
+{
+	char *lost = NULL, *in_place = NULL, *upper = NULL, *pending = NULL;
+	long long marked = 0;
+	int ret = cb_db_meta_get(db, CB_MARKS_LOST_KEY, &lost), walked;
+
+	if (ret == -ENOENT) {
+		cb_error_clear();
+		return 0;
+	}
+	if (ret)
+		return ret;
+	if (cb_db_meta_get(db, "in_place", &in_place) == 0 && !strcmp(in_place, "1") && base)
+		upper = strdup(base);
+	else if ((ret = ws_pathf(&upper, "%s/upper", dir)))
+		goto out;
+	cb_error_clear();
+	if (!upper) {
+		ret = cb_error_set(ENOMEM, "fsck: out of memory");
+		goto out;
+	}
+	if (!repair) {
+		int waiting = cb_db_meta_get(db, CB_MARKS_RESCAN_KEY, &pending) == 0;
+
+		cb_error_clear();
+		ret = fsck_add(r, "marks", NULL, NULL, 0, -1, 0,
+			       "%s; %s; 'cowbox fsck --repair %s' journals them and clears this",
+			       lost,
+			       waiting ? "the paths they may have held are not journaled yet (the "
+					 "next mount journals every path of upper/ that differs "
+					 "from the last turn)"
+				       : "every path of upper/ that differs from the last turn has "
+					 "been journaled since, so the next snapshot records them",
+			       r->ref);
+		goto out;
+	}
+	if ((walked = cb_ws_marks_rescan(db, db_path, upper, base, &marked)) < 0) {
+		ret = walked;
+		goto out;
+	}
+	if ((ret = cb_db_meta_del(db, CB_MARKS_LOST_KEY)))
+		goto out;
+	if (walked)
+		ret = fsck_add(r, "marks", NULL, NULL, 0, -1, 1,
+			       "%s; %lld paths of upper/ and of the last turn journaled as "
+			       "changed, so the next snapshot records the tree as it is",
+			       lost, marked);
+	else
+		ret = fsck_add(r, "marks", NULL, NULL, 0, -1, 1,
+			       "%s; the paths they may have held were journaled at a mount "
+			       "since",
+			       lost);
+out:
+	free(lost);
+	free(in_place);
+	free(upper);
+	free(pending);
+	return ret;
+}
+
+/* A temporary file of an apply that was killed is cowbox's own litter in the user's folder:
+ * removed (with or without --repair) and reported. */
+static int fsck_apply_temp(const char *path, void *arg)
+{
+	return fsck_add(arg, "apply_temp", path, NULL, 0, -1, 1,
+			"%s: a temporary file of an apply that was killed midway; removed", path);
+}
+
+/* A staging directory of a fork whose builder died (never a workspace): removed, reported. */
+static int fsck_unpublished(const char *path, void *arg)
+{
+	return fsck_add(arg, "staging", path, NULL, 0, -1, 1,
+			"%s: a fork's staging directory whose daemon died before publishing it; "
+			"removed",
+			path);
+}
+
 int cb_ws_fsck(const char *arg, int repair, const char *base_opt, struct cb_fsck_report *out)
 {
 	char ref[CB_WS_REF_LEN + 1];
@@ -420,11 +842,20 @@ int cb_ws_fsck(const char *arg, int repair, const char *base_opt, struct cb_fsck
 	int ret;
 
 	memset(out, 0, sizeof(*out));
+	/* before cb_ws_find, which would sweep them unreported */
+	cb_ws_sweep_unpublished(fsck_unpublished, out);
 	if ((ret = cb_ws_find(arg, ref)) || (ret = cb_ws_path(ref, NULL, &dir)) ||
 	    (ret = cb_ws_path(ref, "meta.db", &db_path)))
 		goto out;
 	memcpy(out->ref, ref, sizeof(out->ref));
+	if ((ret = cb_ws_apply_sweep(dir, fsck_apply_temp, out)) < 0)
+		goto out;
 	ret = ws_open_complete(db_path, &db);
+	/* A file that opens may still have damaged pages further in. */
+	if (!ret && (ret = cb_db_quick_check(db)) == -EILSEQ) {
+		cb_db_close(db);
+		db = NULL;
+	}
 	if (ret == -EUCLEAN || ret == -EILSEQ) {
 		char why[1024];
 
@@ -443,13 +874,15 @@ int cb_ws_fsck(const char *arg, int repair, const char *base_opt, struct cb_fsck
 		goto out;
 	cb_db_meta_get(db, "base", &base);
 	cb_error_clear();
-	cb_db_close(db);
-	db = NULL;
-	ret = fsck_turns(dir, db_path, base, repair, out);
+	if ((ret = fsck_marks(db, db_path, dir, base, repair, out)))
+		goto out;
+	ret = fsck_turns(dir, db_path, base, db, repair, out);
 out:
 	cb_db_close(db);
 	free(base);
 	free(db_path);
 	free(dir);
+	if (ret) /* the caller frees only a report it got */
+		cb_ws_fsck_free(out);
 	return ret;
 }

@@ -5,6 +5,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pwd.h>
 #include <signal.h>
@@ -266,6 +267,7 @@ static int ws_create_begin(const char *name, char **home)
 		return rc;
 	if ((rc = cb_ws_home(home)))
 		return rc;
+	cb_ws_clean_unpublished();
 	if (name && ws_name_lookup(*home, name, other) == 0)
 		return cb_error_set(EEXIST, "the name '%s' is already used by %s", name, other);
 	return 0;
@@ -432,10 +434,37 @@ void cb_ws_delete_unpublished(const char *dir)
 	ws_delete_tree(dir);
 }
 
-void cb_ws_clean_unpublished(void)
+/* 1 if the builder pid of a staging directory is gone: no such process, or one that is dead
+ * already and only waits to be reaped (a zombie answers kill(pid, 0) like a live one: a daemon
+ * killed with -9 whose parent has not waited for it yet). */
+static int unpublished_owner_dead(int pid)
+{
+	char path[64], buf[512], *paren;
+	ssize_t n;
+	int fd;
+
+	if (kill(pid, 0) < 0)
+		return errno == ESRCH;
+	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	/* "pid (comm) S ...": the command name may hold anything, so the state follows the last
+	 * ')' */
+	paren = strrchr(buf, ')');
+	return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+}
+
+int cb_ws_sweep_unpublished(int (*fn)(const char *path, void *arg), void *arg)
 {
 	char *home = NULL, *dir = NULL, *path = NULL;
 	struct dirent *de;
+	int removed = 0;
 	DIR *d;
 
 	if (cb_ws_home(&home) || ws_pathf(&dir, "%s/workspaces", home))
@@ -446,10 +475,16 @@ void cb_ws_clean_unpublished(void)
 
 		if (strncmp(de->d_name, WS_UNPUBLISHED, strlen(WS_UNPUBLISHED)) ||
 		    sscanf(de->d_name + strlen(WS_UNPUBLISHED), "%d-", &pid) != 1 || pid <= 0 ||
-		    kill(pid, 0) == 0 || errno != ESRCH)
+		    !unpublished_owner_dead(pid))
 			continue;
-		if (!ws_pathf(&path, "%s/%s", dir, de->d_name))
+		if (!ws_pathf(&path, "%s/%s", dir, de->d_name)) {
 			ws_delete_tree(path);
+			if (access(path, F_OK) < 0 && errno == ENOENT) {
+				removed++;
+				if (fn)
+					fn(path, arg);
+			}
+		}
 		free(path);
 		path = NULL;
 	}
@@ -459,6 +494,12 @@ out:
 	cb_error_clear();
 	free(dir);
 	free(home);
+	return removed;
+}
+
+void cb_ws_clean_unpublished(void)
+{
+	cb_ws_sweep_unpublished(NULL, NULL);
 }
 
 int cb_ws_resolve(const char *arg, char ref[CB_WS_REF_LEN + 1])
@@ -498,6 +539,9 @@ int cb_ws_find(const char *arg, char ref[CB_WS_REF_LEN + 1])
 				    arg);
 	if ((rc = cb_ws_home(&home)))
 		return rc;
+	/* Every command that names a workspace: forks whose builder died go (ls, create and rm
+	 * sweep too). */
+	cb_ws_clean_unpublished();
 	if (cb_ws_ref_syntax(arg))
 		memcpy(ref, arg, CB_WS_REF_LEN + 1);
 	else if ((rc = ws_name_lookup(home, arg, ref)))

@@ -357,6 +357,7 @@ int cb_ws_remove(const char *arg)
 
 	if ((rc = cb_ws_home(&home)))
 		return rc;
+	cb_ws_clean_unpublished();
 	if (cb_ws_ref_syntax(arg)) {
 		memcpy(ref, arg, sizeof(ref));
 	} else if ((rc = cb_ws_resolve(arg, ref))) {

@@ -8,7 +8,8 @@
 #include "cowbox/workspace.h"
 
 struct cb_fsck_problem {
-	/* "blob", "base" (a turn-0 file the base no longer holds), "base_cache" or "meta.db" */
+	/* "blob", "base" (a turn-0 file the base no longer holds), "base_cache", "meta.db" or
+	 * "marks" (the mark log lost bytes: changes made then may be missing from the journal) */
 	const char *kind;
 	char *path;   /* the workspace path it concerns (for meta.db: the file) */
 	char *object; /* the blob's name, or the kept copy of a rebuilt meta.db; may be NULL */
@@ -34,5 +35,18 @@ struct cb_fsck_report {
  * cb_ws_fsck_free) also when problems were found; -errno if the check itself failed. */
 int cb_ws_fsck(const char *ref_or_name, int repair, const char *base, struct cb_fsck_report *out);
 void cb_ws_fsck_free(struct cb_fsck_report *r);
+
+struct cb_db;
+
+/* When a fold found the mark log damaged (meta CB_MARKS_RESCAN_KEY, cowbox/journal.h): journal
+ * every path the lost marks may have held, so that the next snapshot records the tree as it
+ * is: each entry of upper (a directory with its subtree, a whiteout as a deleted subtree), and
+ * each path of the last turn's map that neither upper nor base holds any more; then clear the
+ * key. upper must not change meanwhile (unmounted, or before the mount serves). db_path is
+ * the database db is open on; base may be NULL. Returns 1 and *marked (may be NULL) when it
+ * walked, 0 when nothing was pending, -errno with a message naming the path on failure (the
+ * key stays, so the walk is tried again). */
+int cb_ws_marks_rescan(struct cb_db *db, const char *db_path, const char *upper, const char *base,
+		       long long *marked);
 
 #endif

@@ -89,6 +89,41 @@ int cb_db_meta_get(struct cb_db *db, const char *key, char **value);
 /* Set a key of the workspace's metadata, committed before it returns. */
 int cb_db_meta_set(struct cb_db *db, const char *key, const char *value);
 
+/* Remove a key of the workspace's metadata (none there is no error), committed before it
+ * returns. */
+int cb_db_meta_del(struct cb_db *db, const char *key);
+
+/* Meta keys a fold of a damaged mark log sets (db/journal_log.c): LOST says which log lost
+ * which bytes (kept until `cowbox fsck --repair` has seen it), RESCAN that the upper layer
+ * still has to be walked and every path that differs from the last turn journaled
+ * (cleared by the walk: cb_ws_marks_rescan). */
+/* What cb_db_salvage got back from a damaged file. */
+struct cb_db_salvage {
+	int unreadable;	    /* not even its schema could be read: nothing copied */
+	long long rows;	    /* rows copied */
+	int damaged_tables; /* tables a damaged page cut short */
+	int lost_base_map, lost_meta;
+	long long oldest, latest; /* the turns the damaged file had (as far as it says) */
+	long long kept;		  /* turns oldest..kept are whole and kept (0: none) */
+};
+
+/* Fill db (a fresh database, schema made, nothing else yet) with every row SQLite can still
+ * read of the damaged file at path damaged (meta, turns, turn_delta, turn_meta, base_map;
+ * each table scanned forward to its first damaged page and backward to it),
+ * then keep the turns up to the first one that is missing or short of rows (later turns are
+ * built on it), rebuild the turn map for the last one kept, and make the open turn the next.
+ * A damaged base map is dropped (built from the base again when needed). Nothing of the
+ * damaged file is changed. 0 with *res filled (res->unreadable when nothing could be read),
+ * or -errno when db could not take the rows. */
+int cb_db_salvage(struct cb_db *db, const char *damaged, struct cb_db_salvage *res);
+
+/* SQLite's quick_check of the whole file: 0 when it is sound, -EILSEQ with a message naming
+ * the file and SQLite's first finding otherwise. */
+int cb_db_quick_check(struct cb_db *db);
+
+#define CB_MARKS_LOST_KEY   "marks_lost"
+#define CB_MARKS_RESCAN_KEY "marks_rescan"
+
 /* Counters since this handle was opened: marks asked for, rows recorded (log records, or rows
  * committed without the log), SQLite transactions (folds of the log, or commits without it). */
 void cb_journal_stats(struct cb_db *db, unsigned long long *marks, unsigned long long *rows,

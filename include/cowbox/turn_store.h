@@ -198,6 +198,13 @@ int cb_db_turns_base_cache_list(struct cb_db_turns *t,
 				int (*fn)(const struct cb_db_cache_row *row, void *arg), void *arg);
 int cb_db_turns_base_cache_del(struct cb_db_turns *t, const char *path);
 
+/* Each turn whose turn_delta rows are fewer than the changed paths it recorded (rows deleted
+ * behind cowbox's back): fn gets the turn, the count it recorded and the rows left, by turn. */
+int cb_db_turns_short_turns(struct cb_db_turns *t,
+			    int (*fn)(long long turn, long long recorded, long long held,
+				      void *arg),
+			    void *arg);
+
 /* Read one key of meta.db's metadata without opening it for writing (no migration, nothing
  * created): for a damaged file. 0 and *value (malloc'd), or -ENOENT; no message set. */
 int cb_db_meta_peek(const char *path, const char *key, char **value);

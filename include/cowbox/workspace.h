@@ -69,8 +69,12 @@ int cb_ws_create_unpublished(const char *base, const char *name, char ref[CB_WS_
 int cb_ws_publish(const char *ref, const char *dir, const char *name);
 /* Delete an unpublished workspace (a fork that failed). */
 void cb_ws_delete_unpublished(const char *dir);
-/* Delete unpublished workspaces whose builder is dead (a fork killed midway). */
+/* Delete unpublished workspaces whose builder is dead (a fork killed midway): gone, or a
+ * zombie. Run by every command that opens $COWBOX_HOME to name a workspace (find, ls,
+ * create, rm) and by the daemon's start. */
 void cb_ws_clean_unpublished(void);
+/* The same, calling fn (may be NULL) with each removed directory's path; returns how many. */
+int cb_ws_sweep_unpublished(int (*fn)(const char *path, void *arg), void *arg);
 
 /* Turn a ref or a name into the ref of a complete workspace cowbox created; anything else
  * (a malformed ref, an unknown name, a path, an interrupted creation) is refused with a
@@ -181,11 +185,20 @@ struct cb_ws_apply_result {
  * SHA-256, symlink target); a path already as turn b has it is left alone. Any other state is
  * a conflict, and then nothing is written: -EEXIST with the list in res. Otherwise deletions
  * go first (deepest first), then directories, files (content copied from the base or its
- * blob into a temporary name beside it, checked against the turn's hashes, then renamed over)
+ * blob into a temporary name beside it, "NAME.cowbox-apply-REF", listed first in the
+ * workspace's apply.pending for cb_ws_apply_sweep; checked against the turn's hashes, then
+ * renamed over)
  * and symlinks. Every path goes through util/beneath.c (no symlink, no "..", nothing outside
  * target). Free res with cb_ws_apply_result_free. */
 int cb_ws_apply(struct cb_turns *t, long long a, long long b, const char *target,
 		struct cb_ws_apply_result *res);
 void cb_ws_apply_result_free(struct cb_ws_apply_result *res);
+
+/* Remove the temporary files an apply of the workspace in ws_dir left in its target when it
+ * was killed (named "NAME.cowbox-apply-REF", listed in ws_dir/apply.pending before each was
+ * made; only such names, beneath the target, are touched), then the list. A list whose
+ * applier is still alive is left alone. fn (may be NULL) gets each removed file's full
+ * path. Returns how many were removed, or -errno with a message. */
+int cb_ws_apply_sweep(const char *ws_dir, int (*fn)(const char *path, void *arg), void *arg);
 
 #endif

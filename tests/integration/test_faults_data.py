@@ -574,11 +574,16 @@ class MetaDbFaultsTest(CowboxTestCase):
         self.assertIn("turn_delta", proc.stderr)
         self.assertIn("meta.db", proc.stderr)
         self.assertIn("fsck", proc.stderr)
-        self.repair_and_check()
+        self.repair_and_check(lost_turn=True)
 
-    def repair_and_check(self, kept=True):
-        """fsck --repair rebuilds the database; the agent's file is there and recorded."""
-        self.cowbox("fsck", self.ref, "--repair")
+    def repair_and_check(self, kept=True, lost_turn=False):
+        """fsck --repair rebuilds the database; the agent's file is there and recorded. A
+        turn whose rows were lost is named, and the repair then exits 1."""
+        proc = self.cowbox("fsck", self.ref, "--repair", check=False)
+        self.assertEqual(proc.returncode, 1 if lost_turn else 0, proc.stdout + proc.stderr)
+        if lost_turn:
+            self.assertIn("turn 1 could not be recovered", proc.stdout)
+        self.assertEqual(self.cowbox("fsck", self.ref, check=False).returncode, 0)
         # the damaged file itself (its -wal, -shm and mark log may go aside beside it)
         self.assertEqual(kept, bool([n for n in os.listdir(self.ws_dir(self.ref))
                                      if re.fullmatch(r"meta\.db\.damaged-\d+", n)]))

@@ -445,7 +445,7 @@ class ApplyTest(cbtest.CowboxTestCase):
             self.assertNotEqual(p.returncode, 0, "apply said done after its daemon was "
                                 "killed: %s %s" % (out, err))
         for name in os.listdir(many):
-            if name.endswith(".cowbox-apply"):
+            if ".cowbox-apply-" in name:
                 continue  # the one in flight: never renamed into place
             with open(os.path.join(many, name)) as f:
                 self.assertEqual(f.read(), "%s\n" % name[1:-4], name)

@@ -473,9 +473,15 @@ static int vm_create(struct cb_backend *b)
 	    (rc = vm_start_qemu(b, s, rootfs)) < 0)
 		goto out;
 	rc = vm_wait_hello(s);
-	/* KVM that did not boot the guest: noted for the host's other daemons, then TCG */
-	if (rc == -ETIMEDOUT && s->kvm && !getenv("COWBOX_VM_ACCEL")) {
-		vm_kvm_mark_broken();
+	/* KVM that did not boot the guest (hung in the firmware: a timeout; or qemu refused by
+	 * it: "failed to set MSR ..."): TCG once, and noted for the host's other daemons, in
+	 * daemon.log; a qemu that fails under TCG too failed for its own reasons, and KVM is
+	 * not blamed for it. */
+	if ((rc == -ETIMEDOUT || rc == -EIO) && s->kvm && !getenv("COWBOX_VM_ACCEL")) {
+		char why[512];
+		int hung = rc == -ETIMEDOUT;
+
+		snprintf(why, sizeof(why), "%s", cb_error_message());
 		vm_stop(s);
 		cb_exec_free(s->qemu);
 		s->qemu = NULL;
@@ -494,6 +500,14 @@ static int vm_create(struct cb_backend *b)
 		}
 		if ((rc = vm_start_qemu(b, s, rootfs)) == 0)
 			rc = vm_wait_hello(s);
+		if (rc == 0 || hung) {
+			vm_kvm_mark_broken();
+			fprintf(
+			    stderr,
+			    "cowbox: vm backend: KVM did not boot the guest (%s); KVM is marked "
+			    "broken until the host reboots (%s/vm/kvm.broken), and the VM %s\n",
+			    why, vm_cache(), rc == 0 ? "booted under TCG" : "failed under TCG too");
+		}
 	}
 	if (rc < 0 || (rc = vm_relay_start(s)) < 0)
 		goto out;

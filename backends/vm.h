@@ -136,8 +136,9 @@ int vm_pump_release(struct vm_pump *p);
 /* The cache setup-vm fills: vm/vmlinuz, vm/modules.cpio.gz, rootfs-bookworm
  * ($COWBOX_IMAGE_CACHE, else /var/cache/cowbox). */
 const char *vm_cache(void);
-/* Whether to boot with KVM: COWBOX_VM_ACCEL=kvm|tcg decides; else /dev/kvm must open and make
- * a VM and no daemon since the host's boot may have seen it fail to boot the guest. */
+/* Whether to boot with KVM: COWBOX_VM_ACCEL=kvm|tcg decides; else /dev/kvm must open, make a
+ * VM and a vCPU that takes the host's feature MSRs as qemu sets them, and no daemon since the
+ * host's boot may have seen it fail to boot the guest. */
 int vm_kvm_usable(void);
 /* Note, for the host's other daemons until it reboots, that KVM did not boot the guest. */
 void vm_kvm_mark_broken(void);

@@ -68,22 +68,52 @@ void vm_kvm_mark_broken(void)
 	}
 }
 
-/* Whether to boot with KVM: COWBOX_VM_ACCEL=kvm|tcg decides; else /dev/kvm must open and make
- * a VM (a device node alone proves nothing: a container may show one it cannot use), and no
- * daemon since the host's boot may have seen it fail to boot the guest. */
+/* MSR_IA32_ARCH_CAPABILITIES: qemu's `-cpu host` copies the value /dev/kvm reports for it
+ * into every vCPU and aborts when KVM refuses it ("failed to set MSR 0x10a"), as some nested
+ * hosts' KVM does with its own value. */
+#define VM_MSR_ARCH_CAPABILITIES 0x10a
+
+/* Whether a vCPU takes what qemu will set on it: a vCPU is made, and the feature MSRs qemu
+ * copies from the host are set on it with the values /dev/kvm itself reports. */
+static int vm_kvm_vcpu_ok(int kvm, int vm)
+{
+	struct {
+		struct kvm_msrs head;
+		struct kvm_msr_entry entry[1];
+	} msrs = {.head.nmsrs = 1, .entry[0].index = VM_MSR_ARCH_CAPABILITIES};
+	int vcpu = ioctl(vm, KVM_CREATE_VCPU, 0), ok = 0;
+
+	if (vcpu < 0)
+		return 0;
+	/* a host that has no such feature MSR gives qemu none to set: nothing to refuse */
+	if (ioctl(kvm, KVM_GET_MSRS, &msrs) != 1)
+		ok = 1;
+	else
+		ok = ioctl(vcpu, KVM_SET_MSRS, &msrs) == 1;
+	close(vcpu);
+	return ok;
+}
+
+/* Whether to boot with KVM: COWBOX_VM_ACCEL=tcg says no, =kvm yes where /dev/kvm makes a VM
+ * (qemu then says why it fails); else /dev/kvm must open, make a VM and a vCPU that takes the
+ * host's own feature MSRs (a device node alone proves nothing: a container may show one it cannot
+ * use, a nested host one whose vCPUs refuse qemu), and no daemon since the host's boot may have
+ * seen it fail to boot the guest. */
 int vm_kvm_usable(void)
 {
 	const char *want = getenv("COWBOX_VM_ACCEL");
-	int fd, vm = -1, ok = 0;
+	int fd, vm = -1, ok = 0, forced = 0;
 
 	if (want && !strcmp(want, "tcg"))
 		return 0;
-	if (!(want && !strcmp(want, "kvm")) && vm_kvm_marked_broken())
+	if (want && !strcmp(want, "kvm"))
+		forced = 1;
+	else if (vm_kvm_marked_broken())
 		return 0;
 	fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
 	if (fd >= 0 && ioctl(fd, KVM_GET_API_VERSION, 0) == KVM_API_VERSION &&
 	    (vm = ioctl(fd, KVM_CREATE_VM, 0)) >= 0)
-		ok = 1;
+		ok = forced || vm_kvm_vcpu_ok(fd, vm);
 	if (vm >= 0)
 		close(vm);
 	if (fd >= 0)

@@ -517,6 +517,9 @@ static int run_ref(const struct cli_exec_opts *o, struct cli_run *r)
 	cmd.env = (char *const *)env;
 	cmd.user = o->user;
 	cmd.cwd = o->cwd;
+	/* `cowbox exec` ends what its command started with itself (nothing here keeps a job past
+	 * this process): at once, not after the output drain, whatever the workspace's option */
+	cmd.background = CB_BACKEND_BG_KILL;
 	cmd.timeout = o->set & CLI_SET_TIMEOUT ? (o->timeout > 0 ? o->timeout : -1)
 		      : o->shell_mode	       ? -1
 					       : 0;

@@ -79,7 +79,9 @@ static void *daemon_sig_loop(void *arg)
 
 int cli_exec_daemon(const struct cli_exec_opts *o, struct cb_exec_result *res)
 {
-	struct cb_box_run_options ro = {.env = o->env, .cwd = o->cwd, .user = o->user};
+	/* as in-process: the command's background jobs end with it (cmd_exec.c, run_ref) */
+	struct cb_box_run_options ro = {
+	    .env = o->env, .cwd = o->cwd, .user = o->user, .background = "kill"};
 	struct cb_box_result br = {0};
 	struct daemon_out out = {.json = o->json};
 	struct daemon_sig sig = {0};

@@ -413,6 +413,14 @@ int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res)
 			kill_sent = 1;
 			cb_exec_send_kill(h, SIGKILL);
 		}
+		/* Nowhere to keep what the command left (no keep set: background "kill", the CLI's
+		 * `cowbox exec`): it ends with the command, now, not at the drain's end (a job that
+		 * holds stdout would otherwise run up to 2 s more, and write); the drain then
+		 * reads what the pipes still hold. */
+		if (ended && have_status && !h->keep_set && !kill_sent) {
+			kill_sent = 1;
+			cb_exec_send_kill(h, SIGKILL);
+		}
 		if (deadline && !term_sent && t >= deadline && !ended) {
 			res->timed_out = 1;
 			term_sent = 1;

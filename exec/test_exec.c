@@ -134,6 +134,41 @@ Test(exec, background_job_holding_stdout_returns_within_2s)
 	cb_exec_result_free(&r);
 }
 
+/* With no keep set, what the command left ends when it does, not at the drain's end: a job
+ * holding stdout, a setsid'd one and a double-forked one (each seen running first) leave no
+ * mark 1 s later, and their output before the exit is still read. */
+Test(exec, jobs_end_with_the_command_without_a_keep_set)
+{
+	char dir[] = "/tmp/cb-exec-test-XXXXXX", script[1024], path[64];
+	struct timespec t0, t1;
+
+	cr_assert(mkdtemp(dir));
+	snprintf(script, sizeof script,
+		 "cd %s; (echo job; echo > ran-amp; sleep 1; echo > late-amp) & "
+		 "setsid sh -c 'echo > ran-setsid; sleep 1; echo > late-setsid' & "
+		 "sh -c '(sh -c \"echo > ran-fork; sleep 1; echo > late-fork\" & ) &'; "
+		 "for f in ran-amp ran-setsid ran-fork; do "
+		 "while [ ! -e $f ]; do sleep 0.01; done; done; echo hi",
+		 dir);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	struct cb_exec_result r = run_shell(script, 0);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	double took = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+	cr_expect_eq(r.exit_code, 0);
+	cr_expect_str_eq(r.out, "job\nhi\n");
+	cr_expect(took < 1.8, "took %.2f s (held by the 2 s drain?)", took);
+	cb_exec_result_free(&r);
+	usleep(1500 * 1000);
+	const char *names[] = {"amp", "setsid", "fork"};
+	for (int i = 0; i < 3; i++) {
+		snprintf(path, sizeof path, "%s/ran-%s", dir, names[i]);
+		cr_expect_eq(unlink(path), 0, "%s never ran", path);
+		snprintf(path, sizeof path, "%s/late-%s", dir, names[i]);
+		cr_expect_neq(unlink(path), 0, "%s outlived its command", path);
+	}
+	cr_expect_eq(rmdir(dir), 0);
+}
+
 Test(exec, binary_output_intact)
 {
 	unsigned char in[256 * 64];

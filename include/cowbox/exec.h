@@ -104,10 +104,12 @@ int cb_exec_start(const struct cb_exec_spec *spec, const struct cb_exec_callback
 		  struct cb_exec **out);
 
 /* Supervise until the command and everything it started is gone, at most 2 s after the
- * command itself exits: output is read until every writer closes it or those 2 s pass, then
- * whatever the command left running (background jobs, daemons, setsid'd or not) is killed,
- * so a command never outlives its call; or, with spec.keep and a command that ended by
- * itself (no timeout, kill or output cap), handed to that set still running. Fill res (free with
+ * command itself exits. Without spec.keep, whatever the command left running (background
+ * jobs, daemons, setsid'd or not) is killed as soon as the command's exit is known, so
+ * nothing a command started outlives it; output is then read until every writer closes it
+ * or those 2 s pass. With spec.keep and a command that ended by itself (no timeout, kill or
+ * output cap), its jobs are handed to that set still running after that drain; else they
+ * are killed then. Fill res (free with
  * cb_exec_result_free, also after an error). Returns 0, or -errno when the sandbox could not be set
  * up (the message says which step and why). Call once. */
 int cb_exec_wait(struct cb_exec *h, struct cb_exec_result *res);

@@ -515,6 +515,35 @@ class Conformance:
         with self.assertRaises(cowbox.InvalidRequestError):
             self.run_with(body, background="detach")
 
+    def test_background_kill_ends_every_job_with_its_command(self):
+        # background="kill": every process a command started ends when the command does, not
+        # at the end of the 2 s output drain (a job sleeping 2 s there used to write, now and
+        # then): one that holds stdout (&), one in a session of its own that holds it too
+        # (setsid), one double-forked away with its output elsewhere; 20 times over. Each
+        # job marks that it ran before the command exits, so the test sees them started.
+        if not self.KILLS_TREE_AT_ONCE:
+            self.skipTest("docker's jobs end through its engine (docker_signal_tree)")
+        script = ("(echo > ran-amp-{i}; sleep 2; echo > late-amp-{i}) & "
+                  "setsid sh -c 'echo > ran-setsid-{i}; sleep 2; echo > late-setsid-{i}' & "
+                  "sh -c '(sh -c \"echo > ran-fork-{i}; sleep 2; echo > late-fork-{i}\" "
+                  ">/dev/null 2>&1 &) &'; "
+                  "for f in ran-amp-{i} ran-setsid-{i} ran-fork-{i}; do "
+                  "while [ ! -e $f ]; do sleep 0.01; done; done; echo {i}")
+
+        async def body(box):
+            t0 = time.monotonic()
+            for i in range(20):
+                r = await box.run(["sh", "-c", script.format(i=i)])
+                self.assertEqual((r.exit_code, r.stdout), (0, "%d\n" % i), r.stderr)
+            took = time.monotonic() - t0
+            await asyncio.sleep(2.5)  # past the last jobs' sleep 2
+            names = (await box.run(["ls"])).stdout.split()
+            self.assertEqual(len([n for n in names if n.startswith("ran-")]), 60)
+            self.assertEqual([n for n in names if n.startswith("late-")], [])
+            # nor did any hold its call for the drain (20 of them would be 40 s)
+            self.assertLess(took, 20)
+        self.run_with(body, background="kill")
+
     def test_working_dir(self):
         # BoxLite's working_dir: an absolute directory under the workspace, made if missing;
         # commands start there and relative read/write paths resolve against it, while

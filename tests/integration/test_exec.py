@@ -123,6 +123,36 @@ class TestExecDir(ExecTestCase):
             self.assertEqual(p.stdout, "started\n", p.stderr)
             self.assertEqual(host_pids_with(marker), [], backend)
 
+    def test_jobs_end_with_the_command(self):
+        # `cowbox exec` ends what its command started with itself, at once (not after the
+        # 2 s output drain): a job that holds stdout (&), a setsid'd one and a double-forked
+        # one, each seen running before the command exits, write nothing 1 s later; by
+        # --dir (ns, local) and by REF (in-process, whatever the workspace's background).
+        script = ("(echo > ran-amp; sleep 1; echo > late-amp) & "
+                  "setsid sh -c 'echo > ran-setsid; sleep 1; echo > late-setsid' & "
+                  "sh -c '(sh -c \"echo > ran-fork; sleep 1; echo > late-fork\" "
+                  ">/dev/null 2>&1 &) &'; "
+                  "for f in ran-amp ran-setsid ran-fork; do "
+                  "while [ ! -e $f ]; do sleep 0.01; done; done; echo started")
+        ref = self.create(base=self.make_base({"a.txt": "a\n"}), name="jobs")
+        mnt = self.cowbox_json("info", ref)["mountpoint"]
+        for where, args in ((self.ws, ("--dir", self.ws, "--backend", "ns")),
+                            (self.ws, ("--dir", self.ws, "--backend", "local")),
+                            (mnt, (ref,))):
+            t0 = time.monotonic()
+            p = self.cowbox("exec", *args, "--", "sh", "-c", script, timeout=30)
+            took = time.monotonic() - t0
+            self.assertEqual((p.returncode, p.stdout), (0, "started\n"), (args, p.stderr))
+            time.sleep(1.5)
+            names = sorted(os.listdir(where))
+            self.assertEqual([n for n in names if n.startswith("ran-")],
+                             ["ran-amp", "ran-fork", "ran-setsid"], args)
+            self.assertEqual([n for n in names if n.startswith("late-")], [], args)
+            self.assertLess(took, 1.9, args)  # no 2 s drain held the call
+            for n in names:
+                if n.startswith("ran-"):
+                    os.unlink(os.path.join(where, n))
+
     def test_stdin_reaches_the_command(self):
         p = self.run_exec("--", "wc", "-c", input="x" * 1000)
         self.assertEqual(p.stdout.strip(), "1000")

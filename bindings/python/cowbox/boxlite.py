@@ -13,6 +13,7 @@ import re
 import secrets as _secrets
 import shlex
 import shutil
+import struct
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
@@ -31,6 +32,10 @@ _OWNED = ("image", "cpus", "memory_mib", "network", "working_dir", "env", "auto_
 _BOX_OPTIONS = ("volumes", "ports", "secrets", "disk_size_gb", "user")
 _KVM_GET_API_VERSION = 0xAE00
 _KVM_CREATE_VM = 0xAE01
+_KVM_CREATE_VCPU = 0xAE41
+_KVM_GET_MSRS = 0xC008AE88  # _IOWR(KVMIO, 0x88, struct kvm_msrs)
+_KVM_SET_MSRS = 0x4008AE89  # _IOW(KVMIO, 0x89, struct kvm_msrs)
+_MSR_IA32_ARCH_CAPABILITIES = 0x10A
 
 
 class UserError(RuntimeError):
@@ -55,11 +60,25 @@ class CommandResult:
     stderr: str
 
 
+def _kvm_vcpu_ok(kvm, vm):
+    """Whether a vCPU takes the host's own IA32_ARCH_CAPABILITIES as qemu's -cpu host sets
+    it (backends/vm_boot.c, vm_kvm_vcpu_ok): some nested hosts' KVM refuses it and qemu
+    aborts with "failed to set MSR 0x10a"."""
+    vcpu = fcntl.ioctl(vm, _KVM_CREATE_VCPU, 0)
+    try:
+        msrs = bytearray(struct.pack("<IIIIQ", 1, 0, _MSR_IA32_ARCH_CAPABILITIES, 0, 0))
+        if fcntl.ioctl(kvm, _KVM_GET_MSRS, msrs, True) != 1:
+            return True  # no such feature MSR: qemu sets none
+        return fcntl.ioctl(vcpu, _KVM_SET_MSRS, msrs, True) == 1
+    finally:
+        os.close(vcpu)
+
+
 def kvm_works():
     """Whether the vm backend would boot with KVM (backends/vm_boot.c, vm_kvm_usable):
     COWBOX_VM_ACCEL=kvm|tcg decides; else /dev/kvm opens read-write, answers
-    KVM_GET_API_VERSION and makes a VM, and no daemon since the host's boot marked KVM
-    broken (vm/kvm.broken in the image cache)."""
+    KVM_GET_API_VERSION, makes a VM and a vCPU that takes the host's feature MSRs, and no
+    daemon since the host's boot marked KVM broken (vm/kvm.broken in the image cache)."""
     want = os.environ.get("COWBOX_VM_ACCEL")
     if want in ("kvm", "tcg"):
         return want == "kvm"
@@ -79,8 +98,11 @@ def kvm_works():
     try:
         if fcntl.ioctl(fd, _KVM_GET_API_VERSION) != 12:
             return False
-        os.close(fcntl.ioctl(fd, _KVM_CREATE_VM, 0))
-        return True
+        vm = fcntl.ioctl(fd, _KVM_CREATE_VM, 0)
+        try:
+            return _kvm_vcpu_ok(fd, vm)
+        finally:
+            os.close(vm)
     except OSError:
         return False
     finally:

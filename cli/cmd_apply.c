@@ -62,7 +62,7 @@ int cmd_apply(int argc, char **argv)
 	if ((rc = cb_ws_resolve(argv[optind], ref)) ||
 	    (rc = cb_daemon_ensure(ref, NULL, 30000, NULL)) || (rc = cb_daemon_connect(ref, &c)) ||
 	    (rc = cb_client_send(c, req, &id))) {
-		status = cli_fail("apply", NULL);
+		status = cli_fail_rc("apply", rc);
 		goto out;
 	}
 	while (!(rc = cb_client_recv(c, -1, &msg)) &&
@@ -71,25 +71,31 @@ int cmd_apply(int argc, char **argv)
 		msg = NULL;
 	}
 	if (rc) {
-		status = cli_fail("apply", NULL);
+		status = cli_fail_rc("apply", rc);
 		goto out;
 	}
 	if ((err = json_object_get(msg, "error"))) {
 		json_t *list = json_object_get(err, "conflicts"), *v;
 		size_t i;
 
+		const char *code = json_string_value(json_object_get(err, "code")) ?: "failed";
+
 		if (common.json) {
-			cli_print_json(json_incref(err));
+			cli_print_json(json_pack("{s:O}", "error", err));
 		} else if (json_array_size(list)) {
 			fprintf(stderr, "cowbox apply: refused, nothing written: %zu conflict%s\n",
 				json_array_size(list), json_array_size(list) == 1 ? "" : "s");
 			json_array_foreach(list, i, v)
-			    fprintf(stderr, "  %s\n", json_string_value(v));
+			    fprintf(stderr, "  %s\n", cli_q_text(json_string_value(v) ?: ""));
 		} else {
 			fprintf(stderr, "cowbox apply: %s\n",
 				json_string_value(json_object_get(err, "message")));
 		}
-		status = CLI_FAIL;
+		/* the exit status of its code (4 for a conflict), as cli_fail gives it */
+		status = !strcmp(code, "conflict") || !strcmp(code, "in_use") ? CLI_CONFLICT
+			 : !strcmp(code, "not_found")			      ? CLI_NOT_FOUND
+			 : !strcmp(code, "access_denied")		      ? CLI_REFUSED
+									      : CLI_FAIL;
 		goto out;
 	}
 	if (common.json) {
@@ -99,7 +105,7 @@ int cmd_apply(int argc, char **argv)
 	printf("applied turns %lld..%lld onto %s: %lld written, %lld deleted, %lld already so\n",
 	       (long long)json_integer_value(json_object_get(msg, "from_turn")),
 	       (long long)json_integer_value(json_object_get(msg, "to_turn")),
-	       json_string_value(json_object_get(msg, "to")),
+	       cli_q(json_string_value(json_object_get(msg, "to")) ?: ""),
 	       (long long)json_integer_value(json_object_get(msg, "written")),
 	       (long long)json_integer_value(json_object_get(msg, "deleted")),
 	       (long long)json_integer_value(json_object_get(msg, "unchanged")));

@@ -96,8 +96,8 @@ int cmd_umount(int argc, char **argv)
 		;
 	if (cli_one_ref(c, argc, argv, umount_usage, &status))
 		return status;
-	if (cb_ws_info(argv[optind], &info))
-		return cli_fail("umount", NULL);
+	if ((status = cb_ws_info(argv[optind], &info)))
+		return cli_fail_rc("umount", status);
 	was_mounted = info.state == CB_WS_MOUNTED;
 	/* A dead daemon's mount and socket go too, so umount always leaves a clean state. */
 	if (cb_daemon_stop(info.ref, 30000) || cb_ws_clear_stale(info.ref)) {
@@ -166,7 +166,8 @@ static int log_row(const struct cb_journal_row *r, void *arg)
 			      "pid", (json_int_t)r->pid, "comm", r->comm));
 	strftime(stamp, sizeof(stamp), "%Y-%m-%d %H:%M:%S", localtime_r(&t, &tm));
 	printf("%-4lld %s  %-11s %s%s  (pid %d %s)\n", r->turn, stamp, cb_change_kind_name(r->kind),
-	       r->path, r->subtree ? "/**" : "", (int)r->pid, r->comm ? r->comm : "?");
+	       cli_q(r->path), r->subtree ? "/**" : "", (int)r->pid,
+	       r->comm ? cli_q(r->comm) : "?");
 	return 0;
 }
 

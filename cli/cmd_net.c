@@ -30,7 +30,7 @@ static int net_request(const char *cmd, const char *ref_arg, json_t *req, json_t
 	else
 		rc = cb_client_request(c, req, -1, reply); /* takes req */
 	cb_client_close(c);
-	return rc ? cli_fail(cmd, NULL) : CLI_OK;
+	return rc ? cli_fail_rc(cmd, rc) : CLI_OK;
 }
 
 static const char reaches_usage[] =
@@ -85,7 +85,7 @@ void cli_print_net_rows(json_t *rows)
 		       (long long)json_integer_value(json_object_get(r, "turn")), when,
 		       json_string_value(json_object_get(r, "proto")),
 		       json_is_true(json_object_get(r, "allowed")) ? "allowed" : "refused",
-		       json_string_value(json_object_get(r, "name")),
+		       cli_q(json_string_value(json_object_get(r, "name")) ?: ""),
 		       json_string_value(json_object_get(r, "address")),
 		       (long long)json_integer_value(json_object_get(r, "port")),
 		       (long long)json_integer_value(json_object_get(r, "bytes_up")),

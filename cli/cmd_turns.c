@@ -125,7 +125,7 @@ static int turns_request_ex(const char *cmd, const char *ref_arg, json_t *req, i
 	    (rc = cb_daemon_connect(ref, &c))) {
 		json_decref(req);
 		cb_client_close(c);
-		return cli_fail(cmd, NULL);
+		return cli_fail_rc(cmd, rc);
 	}
 	if ((progress && isatty(STDERR_FILENO)) || sink) {
 		if (progress && isatty(STDERR_FILENO))
@@ -137,7 +137,7 @@ static int turns_request_ex(const char *cmd, const char *ref_arg, json_t *req, i
 		rc = cb_client_request(c, req, -1, reply);
 	}
 	cb_client_close(c);
-	return rc ? cli_fail(cmd, NULL) : CLI_OK;
+	return rc ? cli_fail_rc(cmd, rc) : CLI_OK;
 }
 
 static int turns_request(const char *cmd, const char *ref_arg, json_t *req, json_t **reply)
@@ -187,7 +187,7 @@ static void print_event(json_t *ev)
 	    strcmp(json_string_value(json_object_get(new, "type")), "absent") ? new : old;
 
 	printf("%-12s %-7s %s", kind, json_string_value(json_object_get(shown, "type")),
-	       json_string_value(json_object_get(ev, "path")));
+	       cli_q(json_string_value(json_object_get(ev, "path")) ?: ""));
 	if (!strcmp(kind, "modified") || !strcmp(kind, "type_changed"))
 		printf("  %.12s -> %.12s", short_hash(old), short_hash(new));
 	else if (!strcmp(kind, "created"))
@@ -200,7 +200,7 @@ static void print_event(json_t *ev)
 		       (unsigned long long)json_integer_value(json_object_get(new, "mode")));
 	if (json_integer_value(json_object_get(ev, "pid")))
 		printf("  (pid %lld %s)", (long long)json_integer_value(json_object_get(ev, "pid")),
-		       comm ? comm : "?");
+		       comm ? cli_q(comm) : "?");
 	putchar('\n');
 }
 
@@ -345,8 +345,8 @@ static int print_patch(json_t *ev)
 	snprintf(la, sizeof(la), "a/%s", path);
 	snprintf(lb, sizeof(lb), "b/%s", path);
 	if (is_binary(fa) || is_binary(fb)) {
-		printf("Binary files %s and %s differ\n", a ? la : "/dev/null",
-		       b ? lb : "/dev/null");
+		printf("Binary files %s and %s differ\n", a ? cli_q(la) : "/dev/null",
+		       b ? cli_q(lb) : "/dev/null");
 		goto out;
 	}
 	fflush(stdout);
@@ -539,8 +539,8 @@ int cmd_fork(int argc, char **argv)
 		return cli_usage_error(fork_usage, "fork takes a workspace and a turn number");
 	if (!name)
 		return cli_usage_error(fork_usage, "fork needs --name NEW");
-	if (cb_ws_name_check(name))
-		return cli_fail("fork", NULL);
+	if ((status = cb_ws_name_check(name)))
+		return cli_fail_rc("fork", status);
 	status = turns_request(
 	    "fork", argv[optind],
 	    json_pack("{s:s, s:I, s:s}", "op", "fork", "turn", (json_int_t)turn, "name", name),
@@ -584,7 +584,7 @@ int cmd_turns(int argc, char **argv)
 		printf("%6lld  %s  %7lld  %s\n",
 		       (long long)json_integer_value(json_object_get(t, "turn")), when,
 		       (long long)json_integer_value(json_object_get(t, "changes")),
-		       json_string_value(json_object_get(t, "label")) ?: "");
+		       cli_q(json_string_value(json_object_get(t, "label")) ?: ""));
 	}
 	printf(
 	    "open turn: %lld; blobs: %lld (%s)\n",

@@ -295,15 +295,15 @@ int cmd_create(int argc, char **argv)
 		json_decref(co.secrets);
 		return cli_usage_error(create_usage, "--base and --in-place exclude each other");
 	}
-	if (in_place ? cb_ws_create_in_place(in_place, name, stderr, ref)
-		     : cb_ws_create(base, name, stderr, ref)) {
+	if ((rc = in_place ? cb_ws_create_in_place(in_place, name, stderr, ref)
+			   : cb_ws_create(base, name, stderr, ref))) {
 		json_decref(co.secrets);
-		return cli_fail("create", NULL);
+		return cli_fail_rc("create", rc);
 	}
 	rc = create_options(ref, &co);
 	json_decref(co.secrets);
 	if (rc < 0) {
-		int st = cli_fail("create", NULL);
+		int st = cli_fail_rc("create", rc);
 
 		cb_ws_remove(ref);
 		return st;
@@ -358,7 +358,7 @@ static const char *ls_field(json_t *row, const char *key)
 {
 	const char *v = json_string_value(json_object_get(row, key));
 
-	return v && *v ? v : "-";
+	return v && *v ? cli_q(v) : "-";
 }
 
 /* Columns as wide as their widest value, the mount point last since it is the longest. */
@@ -534,8 +534,8 @@ int cmd_info(int argc, char **argv)
 			stats = 1;
 	if (cli_one_ref(c, argc, argv, info_usage, &status))
 		return status;
-	if (cb_ws_info(argv[optind], &i))
-		return cli_fail("info", NULL);
+	if ((status = cb_ws_info(argv[optind], &i)))
+		return cli_fail_rc("info", status);
 	if (i.daemon_pid > 0)
 		fs = info_fs_query(i.ref, stats);
 	/* The blob store's size */
@@ -616,7 +616,7 @@ int cmd_info(int argc, char **argv)
 	}
 	printf("ref:         %s\n", i.ref);
 	printf("name:        %s\n", i.name ? i.name : "-");
-	printf("base:        %s\n", i.base ? i.base : "- (empty workspace)");
+	printf("base:        %s\n", i.base ? cli_q(i.base) : "- (empty workspace)");
 	printf("mode:        %s\n", i.in_place ? "in place (the agent's edits land in the base "
 						 "folder; the journal keeps its turns)"
 					       : "copy-on-write (the base is never written)");
@@ -681,18 +681,26 @@ static const char rm_usage[] =
 int cmd_rm(int argc, char **argv)
 {
 	struct cli_common common = {0};
+	char ref[CB_WS_REF_LEN + 1];
 	int c, status;
 
 	while ((c = cli_getopt(argc, argv, "", NULL, &common, rm_usage, &status)) > 0)
 		;
 	if (cli_one_ref(c, argc, argv, rm_usage, &status))
 		return status;
+	/* the ref a name stands for, for --json (a workspace already gone keeps what was given) */
+	if (cb_ws_resolve(argv[optind], ref) < 0) {
+		cb_error_clear();
+		snprintf(ref, sizeof(ref), "%s", "");
+	}
 	/* A crashed daemon's docker container goes too. */
 	if (cb_backend_remove_leftovers(argv[optind]) < 0)
 		fprintf(stderr, "cowbox rm: warning: %s\n", cb_error_message());
-	if (cb_ws_remove(argv[optind]))
-		return cli_fail("rm", NULL);
+	if ((status = cb_ws_remove(argv[optind])))
+		return cli_fail_rc("rm", status);
 	if (common.json)
-		return cli_print_json(json_pack("{s:s, s:b}", "ref", argv[optind], "removed", 1));
+		return cli_print_json(json_pack(
+		    "{s:s, s:s?, s:b}", "ref", *ref ? ref : argv[optind], "name",
+		    *ref && strcmp(ref, argv[optind]) ? argv[optind] : NULL, "removed", *ref != 0));
 	return CLI_OK;
 }

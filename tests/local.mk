@@ -45,3 +45,5 @@ TESTS += tests/integration/test_public_api.py tests/integration/test_api_request
 # shared VM, and its lifecycle (two boots; each boot is tens of seconds under TCG)
 TESTS += tests/integration/test_vm_agent.py tests/integration/test_vm_conformance.py \
 	tests/integration/test_vm_lifecycle.py
+# The CLI as a person meets it, as transcripts (cli/).
+TESTS += tests/integration/test_cli_transcript.py

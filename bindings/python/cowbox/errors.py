@@ -97,6 +97,16 @@ _BY_CODE = {
 }
 
 
+def cli_error(cls, command, stderr, **kw):
+    """The exception cls for a failed `cowbox COMMAND` whose stderr is stderr: the CLI's own
+    "cowbox COMMAND: why" lines as they are (said once, not prefixed again), else stderr
+    after that prefix."""
+    lines = [line for line in stderr.strip().splitlines()
+             if line.startswith("cowbox %s: " % command)]
+    message = "\n".join(lines) if lines else "cowbox %s: %s" % (command, stderr.strip())
+    return cls(message, **kw)
+
+
 def error_from_reply(error, result=None):
     """The exception for a protocol error object {"code":..., "message":..., "result":...}."""
     code = error.get("code", "unavailable")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from . import directio
 from .connection import Connection, SendFailed, request_sync
 from .errors import (AccessDeniedError, InvalidRequestError, WorkspaceError, WorkspaceNotFoundError,
-                     WorkspaceUnavailableError, error_from_reply)
+                     WorkspaceUnavailableError, cli_error, error_from_reply)
 
 CHUNK = 1 << 20  # bytes per read/write request; large files take several
 # A whole map frame's budget asked of the daemon (under LINE_LIMIT): ~12k files a frame, so
@@ -335,7 +335,7 @@ class Sandbox:
             ["--name", name] if name else [])
         rc, out, err = await _cowbox(tmp.cowbox, tmp._env, *args)
         if rc != 0:
-            raise WorkspaceError("cowbox create: " + err, code="invalid_request")
+            raise cli_error(WorkspaceError, "create", err, code="invalid_request")
         box = cls(out.strip().splitlines()[-1], cowbox=cowbox, home=home)
         # On record before its daemon boots (BoxLite logs the id before it starts), so a
         # workspace left by a caller that died half-way can be found and destroyed.
@@ -381,7 +381,7 @@ class Sandbox:
         Sandbox.__init__(tmp, "cb-" + "0" * 32, cowbox=cowbox, home=home)
         rc, out, err = await _cowbox(tmp.cowbox, tmp._env, "ls", "--json")
         if rc != 0:
-            raise WorkspaceUnavailableError("cowbox ls: " + err)
+            raise cli_error(WorkspaceUnavailableError, "ls", err)
         return json.loads(out)
 
     @classmethod
@@ -408,7 +408,7 @@ class Sandbox:
         if rc != 0:
             if "no workspace" in err:
                 return
-            raise WorkspaceUnavailableError("cowbox info %s: %s" % (ref, err))
+            raise cli_error(WorkspaceUnavailableError, "info", err)
         try:
             await box._connect()
             await box._conn.request("destroy")
@@ -420,7 +420,7 @@ class Sandbox:
                 box._conn = None
         rc, _, err = await _cowbox(box.cowbox, box._env, "rm", ref)
         if rc != 0:
-            raise WorkspaceUnavailableError("cowbox rm %s: %s" % (ref, err))
+            raise cli_error(WorkspaceUnavailableError, "rm", err)
 
     async def _connect(self):
         if self._lock is None:

@@ -1,0 +1,236 @@
+"""The CLI a person meets, as transcripts: each case runs cowbox commands and compares their
+standard output, standard error and exit status with what a user is promised (issue 33: one
+clean error line, usage errors, --json errors and exit statuses; issue 30: quoted names)."""
+
+import json
+import os
+import re
+import shlex
+
+from cbtest import COWBOX, CowboxTestCase
+
+# A transcript: "$ cowbox ARGS" runs a command; the lines after it are its standard output
+# ("! " lines: its standard error), in order, then "[N]" its exit status. "<*>" in an expected
+# line matches any text, <NAME> is the case's value NAME, and an expected line that opens with
+# "{" is JSON, compared as a value.
+
+
+def _fill(line, values):
+    return re.sub(r"<(\w+)>", lambda m: values[m.group(1)], line)
+
+
+class TranscriptCase(CowboxTestCase):
+    def _same(self, want, got, where):
+        if want.startswith("{") and "<*>" not in want:
+            try:
+                value = json.loads(got)
+            except ValueError:
+                self.fail("not JSON: %r\n%s" % (got, where))
+            self.assertEqual(value, json.loads(want), where)
+        else:
+            pattern = "^" + ".*".join(re.escape(p) for p in want.split("<*>")) + "$"
+            self.assertRegex(got, pattern, where)
+
+    def transcript(self, text, **values):
+        cmd, out, err = None, [], []
+        for raw in text.strip("\n").splitlines():
+            line = raw.strip()
+            if not line:
+                continue
+            if line.startswith("$ cowbox "):
+                cmd = shlex.split(_fill(line[len("$ cowbox "):], values))
+                out, err = [], []
+            elif re.fullmatch(r"\[\d+\]", line):
+                self._run(cmd, out, err, int(line[1:-1]))
+                cmd = None
+            elif line.startswith("!"):
+                err.append(_fill(line[2:], values))
+            else:
+                out.append(_fill(line, values))
+        self.assertIsNone(cmd, "a transcript's command lacks its [status]")
+
+    def _run(self, args, out, err, status):
+        proc = self.cowbox(*args, check=False)
+        # the ref cowbox create logs as it makes a workspace is not part of a transcript
+        got_err = [l for l in proc.stderr.splitlines()
+                   if not l.startswith("cowbox: creating workspace ")]
+        where = "$ cowbox %s\nexit %d\nstdout:\n%s\nstderr:\n%s" % (
+            " ".join(args), proc.returncode, proc.stdout, proc.stderr)
+        self.assertEqual(proc.returncode, status, where)
+        for want, got, name in ((out, proc.stdout.splitlines(), "stdout"),
+                                (err, got_err, "stderr")):
+            self.assertEqual(len(got), len(want), "%s lines: %s" % (name, where))
+            for w, g in zip(want, got):
+                self._same(w, g, where)
+
+
+class TestErrors(TranscriptCase):
+    def test_one_clean_error_line_and_its_status(self):
+        base = self.make_base({"a.txt": "a\n"})
+        self.create(base, name="w")
+        self.transcript("""
+            $ cowbox diff w 99
+            ! cowbox diff: turn 99 does not exist (latest: 0)
+            [3]
+            $ cowbox diff w 99 --json
+            {"error": {"code": "not_found", "message": "turn 99 does not exist (latest: 0)"}}
+            ! cowbox diff: turn 99 does not exist (latest: 0)
+            [3]
+            $ cowbox info nope
+            ! cowbox info: no workspace named 'nope'
+            [3]
+            $ cowbox info nope --json
+            {"error": {"code": "not_found", "message": "no workspace named 'nope'"}}
+            ! cowbox info: no workspace named 'nope'
+            [3]
+            $ cowbox create --name w
+            ! cowbox create: <*>already used by <*>
+            [4]
+        """)
+
+    def test_usage_errors_name_the_token_and_point_at_help(self):
+        self.transcript("""
+            $ cowbox exec -it w sh
+            ! cowbox exec: unknown option '-i' in '-it'
+            ! usage: cowbox exec REF|--dir DIR [OPTIONS] [--] CMD [ARG...]
+            ! see `cowbox exec --help`
+            [2]
+            $ cowbox diff --frob w 1
+            ! cowbox diff: unknown option '--frob'
+            ! usage: cowbox diff REF A [B] [--json] [--patch] [--net]
+            ! see `cowbox diff --help`
+            [2]
+            $ cowbox info
+            ! cowbox info: missing the workspace (a ref or name)
+            ! usage: cowbox info REF [--stats] [--json]
+            ! see `cowbox info --help`
+            [2]
+            $ cowbox info a b
+            ! cowbox info: one workspace only: unexpected 'b'
+            ! usage: cowbox info REF [--stats] [--json]
+            ! see `cowbox info --help`
+            [2]
+            $ cowbox create --disk-mb lots
+            ! cowbox create: --disk-mb needs a whole number >= 0, not 'lots'
+            ! usage: cowbox create <*> ...
+            ! see `cowbox create --help`
+            [2]
+            $ cowbox snapshot --label
+            ! cowbox snapshot: missing value for option '--label'
+            ! usage: <*>
+            ! see `cowbox snapshot --help`
+            [2]
+            $ cowbox info --json
+            {"error": {"code": "usage", "message": "missing the workspace (a ref or name)"}}
+            ! cowbox info: missing the workspace (a ref or name)
+            ! usage: cowbox info REF [--stats] [--json]
+            ! see `cowbox info --help`
+            [2]
+        """)
+
+    def test_did_you_mean(self):
+        self.transcript("""
+            $ cowbox dif w 1
+            ! cowbox: unknown command 'dif'
+            ! did you mean: diff
+            ! see `cowbox --help`
+            [2]
+            $ cowbox snapshto w
+            ! cowbox: unknown command 'snapshto'
+            ! did you mean: snapshot
+            ! see `cowbox --help`
+            [2]
+            $ cowbox un w
+            ! cowbox: unknown command 'un'
+            ! did you mean: unpublish
+            ! see `cowbox --help`
+            [2]
+            $ cowbox frobnicate
+            ! cowbox: unknown command 'frobnicate'
+            ! see `cowbox --help`
+            [2]
+        """)
+
+    def test_rm_json_returns_the_real_ref(self):
+        ref = self.create(name="gone")
+        self.transcript("""
+            $ cowbox rm gone --json
+            {"ref": "<ref>", "name": "gone", "removed": true}
+            [0]
+            $ cowbox rm <ref> --json
+            {"ref": "<ref>", "name": null, "removed": false}
+            [0]
+            $ cowbox rm gone
+            ! cowbox rm: no workspace named 'gone'
+            [3]
+        """, ref=ref)
+
+    def test_python_says_the_command_once(self):
+        import asyncio
+
+        import cowbox
+
+        async def bad_create():
+            with self.assertRaises(cowbox.WorkspaceError) as cm:
+                await cowbox.Sandbox.create(None, name="no/slash", cowbox=COWBOX, home=self.home)
+            return str(cm.exception)
+
+        message = asyncio.run(bad_create())
+        self.assertTrue(message.startswith("cowbox create: "), message)
+        self.assertEqual(message.count("cowbox create:"), 1, message)
+        self.assertIn("bad workspace name", message)
+
+    def test_exit_statuses_are_the_man_pages(self):
+        # the table of man/cowbox.1's EXIT STATUS is the one the CLI keeps (cli/cmd_common.h)
+        top = os.path.join(os.path.dirname(__file__), "..", "..")
+        with open(os.path.join(top, "man", "cowbox.1")) as f:
+            man = f.read()
+        table = man[man.index(".SH EXIT STATUS"):man.index(".SH ENVIRONMENT")]
+        rows = dict(re.findall(r"^(\d)\t([^\t]*)\t", table, re.M))
+        with open(os.path.join(top, "cli", "cmd_common.h")) as f:
+            header = f.read()
+        defined = {int(v) for v in re.findall(r"#define CLI_\w+\s+(\d)", header)}
+        self.assertEqual({int(k) for k in rows}, defined)
+        self.assertEqual(rows["3"], "not_found")
+        self.assertEqual(rows["2"], "usage")
+
+
+class TestQuotedNames(TranscriptCase):
+    def test_a_name_cannot_forge_a_line(self):
+        # issue 30.7: "notes.txt<TAB>deleted file Makefile.am" made diff and log print a line
+        # saying Makefile.am was deleted. Quoted as git's core.quotePath quotes; --json exact.
+        forged = "notes.txt\tdeleted file Makefile.am"
+        newline = "two\nlines"
+        base = self.make_base({"Makefile.am": "x\n"})
+        ref = self.create(base, name="q")
+        self.mount(ref)
+        mnt = self.mountpoint(ref)
+        for name in (forged, newline, " lead", "back\\slash", "plain.txt"):
+            with open(os.path.join(mnt, name), "w") as f:
+                f.write("x\n")
+        self.cowbox("snapshot", "q")
+        proc = self.cowbox("diff", "q", "0")
+        lines = proc.stdout.splitlines()
+        self.assertEqual(len(lines), 5, proc.stdout)
+        paths = [re.match(r"^created\s+file\s+(\S.*?)  [0-9a-f]{12}", l).group(1) for l in lines]
+        self.assertEqual(sorted(paths), sorted(['" lead"', '"back\\\\slash"',
+                                                '"notes.txt\\tdeleted file Makefile.am"',
+                                                "plain.txt", '"two\\nlines"']))
+        log = self.cowbox("log", "q").stdout
+        self.assertEqual(len(log.splitlines()), 5, log)
+        self.assertIn('"notes.txt\\tdeleted file Makefile.am"', log)
+        self.assertNotIn("\tdeleted", log)
+        snap = self.cowbox("snapshot", "q").stdout
+        self.assertIn('"two\\nlines"  ', snap)
+        # --json stays exact
+        events = json.loads(self.cowbox("diff", "q", "0", "--json").stdout)["events"]
+        self.assertEqual(sorted(e["path"] for e in events),
+                         sorted([forged, newline, " lead", "back\\slash", "plain.txt"]))
+        rows = json.loads(self.cowbox("log", "q", "--json").stdout)
+        self.assertIn(forged, [r["path"] for r in rows])
+
+
+if __name__ == "__main__":
+    import unittest
+
+    unittest.main()

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "cmd_common.h"
 #include "cowbox/error.h"
@@ -330,6 +331,60 @@ int cli_print_reply_json(json_t *reply)
 	json_object_del(reply, "id");
 	json_object_del(reply, "ok");
 	return cli_print_json(reply);
+}
+
+int cli_parse_mib(const char *s, long long *mib)
+{
+	unsigned long long n;
+	char *end;
+
+	errno = 0;
+	n = strtoull(s, &end, 10);
+	if (!*s || *s == '-' || errno || end == s)
+		goto bad;
+	switch (*end ? *end | 0x20 : 'm') {
+	case 'k':
+		n = (n + 1023) / 1024;
+		break;
+	case 'm':
+		break;
+	case 'g':
+		n = n > (1ULL << 40) ? 0 : n * 1024;
+		break;
+	case 't':
+		n = n > (1ULL << 30) ? 0 : n * 1024 * 1024;
+		break;
+	default:
+		goto bad;
+	}
+	/* one letter, optionally "b" or "ib" after it (512mb, 2GiB) */
+	if (*end && end[1] && strcasecmp(end + 1, "b") && strcasecmp(end + 1, "ib"))
+		goto bad;
+	if (n > (1ULL << 40) || (!n && strtoull(s, NULL, 10)))
+		goto bad;
+	*mib = (long long)n;
+	return 0;
+bad:
+	return cb_error_set(EINVAL, "a size in MiB or with a unit (512m, 2g) is expected, not '%s'",
+			    s);
+}
+
+int cli_env_arg(const char *arg, char **out)
+{
+	const char *eq = strchr(arg, '='), *v;
+
+	*out = NULL;
+	if (!*arg || eq == arg)
+		return cb_error_set(EINVAL, "--env needs K=V or a name, not '%s'", arg);
+	if (eq) {
+		*out = strdup(arg);
+	} else {
+		if (!(v = getenv(arg)))
+			return cb_error_set(EINVAL, "--env %s: %s is not set here", arg, arg);
+		if (asprintf(out, "%s=%s", arg, v) < 0)
+			*out = NULL;
+	}
+	return *out ? 0 : cb_error_set(ENOMEM, "out of memory");
 }
 
 const char *cli_size(long long bytes, char *buf, size_t size)

@@ -84,6 +84,14 @@ void cli_print_net_rows(json_t *rows);
  * be), for the sandbox to join: -errno with a message (-ESTALE when it went away meanwhile). */
 int cli_workspace_netns(const char *ref, int *out);
 
+/* A size in MiB from "512", "512m", "2g", "1t" or "4096k" (binary units, case ignored; k
+ * rounds up to whole MiB): 0, or -EINVAL with a message naming s. */
+int cli_parse_mib(const char *s, long long *mib);
+
+/* --env's argument as "K=V" in *out (malloc'd): K=V as it is; K alone takes this process's
+ * value of K (docker's --env K). -EINVAL with a message for an empty name or a K not set. */
+int cli_env_arg(const char *arg, char **out);
+
 /* A human size: "0 B", "12.3 KiB", ... into buf. */
 const char *cli_size(long long bytes, char *buf, size_t size);
 

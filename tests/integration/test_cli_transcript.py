@@ -110,8 +110,8 @@ class TestErrors(TranscriptCase):
             ! usage: cowbox info REF [--stats] [--json]
             ! see `cowbox info --help`
             [2]
-            $ cowbox create --disk-mb lots
-            ! cowbox create: --disk-mb needs a whole number >= 0, not 'lots'
+            $ cowbox create --disk-inodes lots
+            ! cowbox create: --disk-inodes needs a whole number >= 0, not 'lots'
             ! usage: cowbox create <*> ...
             ! see `cowbox create --help`
             [2]
@@ -193,6 +193,127 @@ class TestErrors(TranscriptCase):
         self.assertEqual({int(k) for k in rows}, defined)
         self.assertEqual(rows["3"], "not_found")
         self.assertEqual(rows["2"], "usage")
+
+
+TOP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+LONG_OPT = r"(?<![\w-])--[a-z][a-z0-9-]*"
+
+
+def _man_sections(commands):
+    """Each command's entry of man/cowbox.1 (from its ".TP/.B CMD" line to the next command's,
+    or the next section), with roff's dashes and font changes taken out."""
+    with open(os.path.join(TOP, "man", "cowbox.1")) as f:
+        lines = f.read().split("\n")
+
+    def norm(text):
+        return re.sub(r"\\f[BIRP]", "", text.replace("\\-", "-"))
+
+    starts = [(i, norm(m.group(1))) for i, l in enumerate(lines)
+              for m in [re.match(r"^\.B (\S+)", l)]
+              if m and i and lines[i - 1] == ".TP" and norm(m.group(1)) in commands]
+    sections = {}
+    for k, (i, cmd) in enumerate(starts):
+        end = starts[k + 1][0] if k + 1 < len(starts) else len(lines)
+        for j in range(i + 1, end):
+            if lines[j].startswith((".SS", ".SH")):
+                end = j
+                break
+        sections[cmd] = norm("\n".join(lines[i:end]))
+    return sections
+
+
+class TestOptionsAndManPage(TranscriptCase):
+    # CLI-only spellings of an API option (docker's units) and the parts of one (a secret's
+    # prefix and suffix belong to the --secret before them)
+    CLI_ONLY = {"--memory": "memory_mb", "--disk": "disk_mb", "--secret-prefix": "header_bindings",
+                "--secret-suffix": "header_bindings"}
+    # the API's plural option, the CLI's repeatable flag
+    API_TO_FLAG = {"volumes": "--volume", "header_bindings": "--secret", "secrets": "--secret"}
+    NOT_OPTIONS = {"cls", "cowbox", "home"}  # COWBOX_BIN and COWBOX_HOME, not the workspace's
+
+    def test_create_takes_every_option_of_the_api_and_no_other(self):
+        import inspect
+
+        import cowbox
+
+        api = set(inspect.signature(cowbox.Sandbox.create).parameters) - self.NOT_OPTIONS
+        api |= {"allow"}  # cowbox.Network.allow(hosts=...): the backend option allow
+        flags = set(re.findall(LONG_OPT, self.cowbox("create", "--help").stdout))
+        flags -= {"--help", "--json"}
+        flag_of = {a: self.API_TO_FLAG.get(a, "--" + a.replace("_", "-")) for a in api}
+        self.assertEqual(sorted(a for a in api if flag_of[a] not in flags), [],
+                         "API options without a create flag")
+        known = set(flag_of.values()) | set(self.CLI_ONLY)
+        self.assertEqual(sorted(flags - known), [], "create flags the API does not have")
+        # and the daemon's own list: every backend option configure knows has its flag
+        ref = self.create()
+        self.mount(ref)
+        options = self.client(ref).request("configure")["options"]
+        for key in options:
+            self.assertIn(self.API_TO_FLAG.get(key, "--" + key.replace("_", "-")),
+                          flags, key)
+
+    def test_the_man_page_and_help_name_the_same_options(self):
+        commands = re.findall(r"^  ([a-z-]+) ", self.cowbox("--help").stdout, re.M)
+        self.assertIn("create", commands)
+        sections = _man_sections(commands)
+        for cmd in commands:
+            with self.subTest(cmd=cmd):
+                self.assertIn(cmd, sections, "man/cowbox.1 has no entry for " + cmd)
+                helped = set(re.findall(LONG_OPT, self.cowbox(cmd, "--help").stdout))
+                manned = set(re.findall(LONG_OPT, sections[cmd]))
+                # every command takes --help and --json (said once, at the top of the page)
+                helped -= {"--help", "--json"}
+                manned -= {"--help", "--json"}
+                self.assertEqual(sorted(helped - manned), [], "in --help, not the man page")
+                self.assertEqual(sorted(manned - helped), [], "in the man page, not --help")
+
+    def test_create_options_land_as_the_api_keeps_them(self):
+        self.env["CB_T_HOST"] = "from the host"
+        self.transcript("""
+            $ cowbox create --backend vm --name v
+            <*>
+            [0]
+            $ cowbox create --backend nope
+            ! cowbox create: --backend is <*>, not 'nope'
+            ! usage: <*>
+            ! see `cowbox create --help`
+            [2]
+            $ cowbox create --memory 1g --disk 2g --pids 50 --timeout 30 --cpus 0.5 --env A=1 --env CB_T_HOST --working-dir sub --on-destroy true --name o
+            <*>
+            [0]
+            $ cowbox create --memory lots
+            ! cowbox create: --memory-mb: a size in MiB or with a unit (512m, 2g) is expected, not 'lots'
+            ! usage: <*>
+            ! see `cowbox create --help`
+            [2]
+            $ cowbox create --env CB_T_UNSET
+            ! cowbox create: --env CB_T_UNSET: CB_T_UNSET is not set here
+            ! usage: <*>
+            ! see `cowbox create --help`
+            [2]
+        """)
+        self.assertEqual(self.cowbox_json("info", "v")["backend"], "vm")
+        with open(os.path.join(self.ws_dir(self.cowbox_json("info", "o")["ref"]),
+                               "backend.json")) as f:
+            opts = json.load(f)
+        self.assertEqual((opts["memory_mb"], opts["disk_mb"], opts["pids"], opts["timeout"],
+                          opts["cpus"], opts["working_dir"], opts["on_destroy"]),
+                         (1024, 2048, 50, 30, 0.5, "sub", ["true"]))
+        self.assertEqual(opts["env"], {"A": "1", "CB_T_HOST": "from the host"})
+
+    def test_create_runs_its_hooks_as_the_api_does(self):
+        out = self.cowbox_json("create", "--name", "h", "--on-create", "echo a > a.txt",
+                               "--setup-script", "echo s > s.txt")
+        self.assertEqual(out["baseline_turn"], 1)
+        turns = self.cowbox_json("turns", "h")["turns"]
+        self.assertEqual([(t["turn"], t["label"]) for t in turns], [(1, "on_create")])
+        paths = [e["path"] for e in self.cowbox_json("diff", "h", "0")["events"]]
+        self.assertEqual(sorted(paths), ["a.txt", "s.txt"])
+        # a failing hook fails the create and leaves nothing
+        proc = self.cowbox("create", "--name", "bad", "--on-create", "exit 3", check=False)
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertEqual([w["name"] for w in self.cowbox_json("ls")], ["h"])
 
 
 class TestQuotedNames(TranscriptCase):

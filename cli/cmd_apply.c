@@ -15,6 +15,7 @@
 
 static const char apply_usage[] =
     "usage: cowbox apply REF [--turn N] [--to DIR] [--json]\n"
+    "N is a number, last, last~N or a label, as diff takes a turn.\n"
     "Write the changes of turn N (from turn N-1), or without --turn all of them since the\n"
     "base (a snapshot is recorded first), onto the base folder or DIR. Every path is checked\n"
     "first: where the folder no longer holds what the workspace recorded (a file edited\n"
@@ -31,20 +32,15 @@ int cmd_apply(int argc, char **argv)
 	};
 	struct cli_common common = {0};
 	json_t *req = json_pack("{s:s}", "op", "apply"), *msg = NULL, *err;
-	char ref[CB_WS_REF_LEN + 1], *to = NULL, *end;
+	char ref[CB_WS_REF_LEN + 1], *to = NULL;
+	const char *turn = NULL;
 	struct cb_client *c = NULL;
 	int ch, status = CLI_FAIL, rc;
 	long long id;
 
 	while ((ch = cli_getopt(argc, argv, "", opts, &common, apply_usage, &status)) > 0) {
 		if (ch == 't') {
-			long long n = strtoll(optarg, &end, 10);
-
-			if (!*optarg || *end || n < 1) {
-				json_decref(req);
-				return cli_usage_error(apply_usage, "--turn needs a turn >= 1");
-			}
-			json_object_set_new(req, "turn", json_integer(n));
+			turn = optarg;
 		} else if (ch == 'o') {
 			free(to);
 			if (!(to = realpath(optarg, NULL))) {
@@ -58,6 +54,20 @@ int cmd_apply(int argc, char **argv)
 	if (cli_one_ref(ch, argc, argv, apply_usage, &status)) {
 		json_decref(req);
 		return status;
+	}
+	if (turn) {
+		long long n;
+
+		if ((rc = cli_turn(argv[optind], turn, &n)) < 0) {
+			json_decref(req);
+			return cli_fail_rc("apply", rc);
+		}
+		if (n < 1) {
+			json_decref(req);
+			return cli_usage_error(apply_usage, "--turn needs a turn >= 1, not %lld",
+					       n);
+		}
+		json_object_set_new(req, "turn", json_integer(n));
 	}
 	if ((rc = cb_ws_resolve(argv[optind], ref)) ||
 	    (rc = cb_daemon_ensure(ref, NULL, 30000, NULL)) || (rc = cb_daemon_connect(ref, &c)) ||

@@ -92,6 +92,12 @@ int cli_parse_mib(const char *s, long long *mib);
  * value of K (docker's --env K). -EINVAL with a message for an empty name or a K not set. */
 int cli_env_arg(const char *arg, char **out);
 
+/* A turn of workspace ref_arg as a person types it: a number (0: the base), "last" (the
+ * latest recorded turn; 0 when none is), "last~N" (N recorded turns before it) or a label
+ * (its latest turn). Only a name asks the workspace's daemon (started if need be) for its
+ * turns. 0, or -errno with a message (-ENOENT: no such turn or label). cli/cmd_turns.c. */
+int cli_turn(const char *ref_arg, const char *s, long long *out);
+
 /* A human size: "0 B", "12.3 KiB", ... into buf. */
 const char *cli_size(long long bytes, char *buf, size_t size);
 

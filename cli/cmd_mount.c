@@ -174,7 +174,8 @@ static int log_row(const struct cb_journal_row *r, void *arg)
 static const char log_usage[] =
     "usage: cowbox log REF [--turn N] [--json]\n"
     "Show the journal: the first change to each path in each turn, with its kind, time and\n"
-    "the pid and command that made it. --turn N shows one turn only.\n";
+    "the pid and command that made it. --turn N shows one turn only (a number, last,\n"
+    "last~N or a label, as diff takes a turn).\n";
 
 int cmd_log(int argc, char **argv)
 {
@@ -184,19 +185,20 @@ int cmd_log(int argc, char **argv)
 	};
 	struct cli_common common = {0};
 	struct log_state s = {0};
-	char ref[CB_WS_REF_LEN + 1], *path = NULL, *end;
+	char ref[CB_WS_REF_LEN + 1], *path = NULL;
+	const char *turn_arg = NULL;
 	struct cb_db *db = NULL;
 	long long turn = 0;
 	int c, status, rc;
 
-	while ((c = cli_getopt(argc, argv, "t:", opts, &common, log_usage, &status)) > 0) {
-		errno = 0;
-		turn = strtoll(optarg, &end, 10);
-		if (errno || *end || turn < 1)
-			return cli_usage_error(log_usage, "bad turn '%s': a number from 1", optarg);
-	}
+	while ((c = cli_getopt(argc, argv, "t:", opts, &common, log_usage, &status)) > 0)
+		turn_arg = optarg;
 	if (cli_one_ref(c, argc, argv, log_usage, &status))
 		return status;
+	if (turn_arg && (rc = cli_turn(argv[optind], turn_arg, &turn)) < 0)
+		return cli_fail_rc("log", rc);
+	if (turn_arg && turn < 1)
+		return cli_usage_error(log_usage, "bad turn '%s': a turn from 1", turn_arg);
 	/* The journal is read straight from meta.db: WAL lets us read while the daemon writes. */
 	if (cb_ws_resolve(argv[optind], ref) || cb_ws_path(ref, "meta.db", &path) ||
 	    cb_db_open(path, &db)) {

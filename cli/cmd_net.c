@@ -134,6 +134,41 @@ static int port_command(int argc, char **argv, const char *op, const char *usage
 	return CLI_OK;
 }
 
+static const char host_url_usage[] =
+    "usage: cowbox host-url REF PORT [--json]\n"
+    "The URL by which code inside the workspace's sandbox reaches PORT of the host's\n"
+    "127.0.0.1, and only that port, under any network mode (the API's host_url): e.g.\n"
+    "http://127.0.0.1:PORT (ns, local, vm), http://host.docker.internal:PORT (docker).\n";
+
+int cmd_host_url(int argc, char **argv)
+{
+	struct cli_common common = {0};
+	json_t *reply;
+	char *end;
+	long port;
+	int c, status;
+
+	while ((c = cli_getopt(argc, argv, "", NULL, &common, host_url_usage, &status)) > 0)
+		;
+	if (c < 0)
+		return status;
+	if (argc - optind != 2)
+		return cli_usage_error(host_url_usage, "host-url takes REF and PORT");
+	port = strtol(argv[optind + 1], &end, 10);
+	if (!*argv[optind + 1] || *end || port < 1 || port > 65535)
+		return cli_usage_error(host_url_usage, "PORT is 1-65535, not '%s'",
+				       argv[optind + 1]);
+	status = net_request("host-url", argv[optind],
+			     json_pack("{s:s, s:i}", "op", "host_url", "port", (int)port), &reply);
+	if (status)
+		return status;
+	if (common.json)
+		return cli_print_reply_json(reply);
+	printf("%s\n", json_string_value(json_object_get(reply, "url")) ?: "");
+	json_decref(reply);
+	return CLI_OK;
+}
+
 int cmd_publish(int argc, char **argv)
 {
 	return port_command(argc, argv, "publish", publish_usage);

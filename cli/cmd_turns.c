@@ -154,6 +154,62 @@ static int parse_turn(const char *s, long long *out)
 	return errno || end == s || *end || *out < 0 ? -1 : 0;
 }
 
+/* The turn "last~N" (N >= 0) or label names among the recorded turns (oldest first). */
+static int turn_named(json_t *turns, const char *s, long long *out)
+{
+	size_t n = json_array_size(turns), i;
+	long long back = 0;
+	json_t *t;
+
+	if (!strcmp(s, "last") || !strncmp(s, "last~", 5)) {
+		if (s[4] && parse_turn(s + 5, &back))
+			return cb_error_set(EINVAL, "'%s': last~N takes a number N >= 0", s);
+		/* the base, turn 0, is before the first recorded turn */
+		if ((long long)n < back)
+			return cb_error_set(ENOENT, "'%s': only %zu turn%s before the last", s,
+					    n ? n - 1 : 0, n == 2 ? "" : "s");
+		if ((long long)n == back) {
+			*out = 0;
+			return 0;
+		}
+		*out = json_integer_value(
+		    json_object_get(json_array_get(turns, n - 1 - back), "turn"));
+		return 0;
+	}
+	for (i = n; i-- > 0;) { /* the latest turn of that label */
+		t = json_array_get(turns, i);
+		if (!strcmp(json_string_value(json_object_get(t, "label")) ?: "", s)) {
+			*out = json_integer_value(json_object_get(t, "turn"));
+			return 0;
+		}
+	}
+	return cb_error_set(ENOENT,
+			    "no turn labelled '%s' (a turn is a number, last, last~N or a "
+			    "label)",
+			    s);
+}
+
+int cli_turn(const char *ref_arg, const char *s, long long *out)
+{
+	char ref[CB_WS_REF_LEN + 1];
+	struct cb_client *c = NULL;
+	json_t *reply = NULL;
+	int rc;
+
+	if (!parse_turn(s, out))
+		return 0;
+	if (!*s)
+		return cb_error_set(EINVAL, "an empty turn");
+	if (!(rc = cb_ws_resolve(ref_arg, ref)) &&
+	    !(rc = cb_daemon_ensure(ref, NULL, 30000, NULL)) &&
+	    !(rc = cb_daemon_connect(ref, &c)) &&
+	    !(rc = cb_client_request(c, json_pack("{s:s}", "op", "turns"), -1, &reply)))
+		rc = turn_named(json_object_get(reply, "turns"), s, out);
+	json_decref(reply);
+	cb_client_close(c);
+	return rc;
+}
+
 /* A map frame that came parsed (not in the daemon's own text form). */
 static void files_frame(json_t *frame, void *arg)
 {
@@ -380,6 +436,8 @@ out:
 }
 
 static const char diff_usage[] = "usage: cowbox diff REF A [B] [--json] [--patch] [--net]\n"
+				 "A turn is a number (0: the base), last, last~N (N turns before "
+				 "the last)\nor a label (its latest turn).\n"
 				 "What changed from turn A to turn B (default: the live tree): "
 				 "created, modified,\ndeleted, type_changed, mode_changed, with "
 				 "hashes, modes and who changed it.\n--net: then what the egress "
@@ -405,9 +463,9 @@ int cmd_diff(int argc, char **argv)
 		return status;
 	if (optind + 2 != argc && optind + 3 != argc)
 		return cli_usage_error(diff_usage, "diff takes a workspace and one or two turns");
-	if (parse_turn(argv[optind + 1], &a) ||
-	    (optind + 3 == argc && parse_turn(argv[optind + 2], &b)))
-		return cli_usage_error(diff_usage, "a turn is a number (0 is the base)");
+	if ((status = cli_turn(argv[optind], argv[optind + 1], &a)) ||
+	    (optind + 3 == argc && (status = cli_turn(argv[optind], argv[optind + 2], &b))))
+		return cli_fail_rc("diff", status);
 	req = json_pack("{s:s, s:I, s:b}", "op", "diff", "a", (json_int_t)a, "sources", patch);
 	if (net)
 		json_object_set_new(req, "network", json_true());
@@ -446,7 +504,8 @@ int cmd_diff(int argc, char **argv)
 
 static const char rollback_usage[] =
     "usage: cowbox rollback REF TURN [--json]\n"
-    "Make the live workspace exactly what it was at TURN (0: the base); the rollback is\n"
+    "Make the live workspace exactly what it was at TURN (0: the base; last, last~N or a\n"
+    "label, as diff takes them); the rollback is\n"
     "recorded as a new turn, so rolling back to the turn before it undoes it.\n";
 
 int cmd_rollback(int argc, char **argv)
@@ -460,9 +519,10 @@ int cmd_rollback(int argc, char **argv)
 		;
 	if (c < 0)
 		return status;
-	if (optind + 2 != argc || parse_turn(argv[optind + 1], &turn))
-		return cli_usage_error(rollback_usage,
-				       "rollback takes a workspace and a turn number");
+	if (optind + 2 != argc)
+		return cli_usage_error(rollback_usage, "rollback takes a workspace and a turn");
+	if ((status = cli_turn(argv[optind], argv[optind + 1], &turn)))
+		return cli_fail_rc("rollback", status);
 	status = turns_request("rollback", argv[optind],
 			       json_pack("{s:s, s:I}", "op", "rollback", "turn", (json_int_t)turn),
 			       &reply);
@@ -515,9 +575,10 @@ int cmd_prune(int argc, char **argv)
 	return CLI_OK;
 }
 
-static const char fork_usage[] = "usage: cowbox fork REF TURN --name NEW [--json]\n"
-				 "Create workspace NEW starting at REF's TURN, sharing its base "
-				 "and blobs; prints its ref.\n";
+static const char fork_usage[] =
+    "usage: cowbox fork REF TURN --name NEW [--json]\n"
+    "Create workspace NEW starting at REF's TURN (a number, last, "
+    "last~N or a label),\nsharing its base and blobs; prints its ref.\n";
 
 int cmd_fork(int argc, char **argv)
 {
@@ -535,11 +596,13 @@ int cmd_fork(int argc, char **argv)
 		name = optarg;
 	if (c < 0)
 		return status;
-	if (optind + 2 != argc || parse_turn(argv[optind + 1], &turn))
-		return cli_usage_error(fork_usage, "fork takes a workspace and a turn number");
+	if (optind + 2 != argc)
+		return cli_usage_error(fork_usage, "fork takes a workspace and a turn");
 	if (!name)
 		return cli_usage_error(fork_usage, "fork needs --name NEW");
 	if ((status = cb_ws_name_check(name)))
+		return cli_fail_rc("fork", status);
+	if ((status = cli_turn(argv[optind], argv[optind + 1], &turn)))
 		return cli_fail_rc("fork", status);
 	status = turns_request(
 	    "fork", argv[optind],

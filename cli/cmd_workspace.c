@@ -536,7 +536,10 @@ int cmd_ls(int argc, char **argv)
 }
 
 static const char info_usage[] =
-    "usage: cowbox info REF [--stats] [--json]\n"
+    "usage: cowbox info REF [--stats] [--json | -f FIELD]\n"
+    "-f, --field FIELD: print one field of --json's object and nothing else (for scripts):\n"
+    "a string as it is, e.g. `cowbox info -f mountpoint REF`; FIELD.KEY goes into an object\n"
+    "(limits.memory_mb).\n"
     "Show a workspace: name, base, state, daemon pid, mount point, upper size; while it is\n"
     "mounted also its libfuse, FUSE transport (io_uring or /dev/fuse) and fast paths, and how\n"
     "far the background hash of the base got (files and bytes hashed of the total).\n"
@@ -628,21 +631,71 @@ static void info_limits_print(json_t *l)
 	printf("\n");
 }
 
+/* info -f FIELD: one value of the --json object (FIELD.KEY goes into an object), a string as
+ * it is, null as an empty line, anything else as JSON; j is consumed. */
+static int info_field(json_t *j, const char *field)
+{
+	json_t *v = j;
+	const char *p = field;
+	int status = CLI_OK;
+
+	while (v && *p) {
+		size_t n = strcspn(p, ".");
+		char key[128];
+
+		snprintf(key, sizeof(key), "%.*s", (int)(n < sizeof(key) ? n : sizeof(key) - 1), p);
+		v = json_is_object(v) ? json_object_get(v, key) : NULL;
+		p += n + (p[n] == '.');
+	}
+	if (!v) {
+		const char *k;
+		json_t *x;
+		char names[1024] = "";
+		size_t len = 0;
+
+		json_object_foreach(j, k, x)
+		{
+			int w =
+			    snprintf(names + len, sizeof(names) - len, "%s%s", len ? ", " : "", k);
+
+			if (w < 0 || (size_t)w >= sizeof(names) - len)
+				break;
+			len += (size_t)w;
+		}
+		status = cli_usage_error(info_usage, "no field '%s' (fields: %s)", field, names);
+	} else if (json_is_string(v)) {
+		printf("%s\n", json_string_value(v));
+	} else if (json_is_null(v)) {
+		printf("\n");
+	} else {
+		char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+
+		printf("%s\n", text ? text : "");
+		free(text);
+	}
+	json_decref(j);
+	return status;
+}
+
 int cmd_info(int argc, char **argv)
 {
 	static const struct option opts[] = {
 	    {"stats", no_argument, NULL, 's'},
+	    {"field", required_argument, NULL, 'f'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct cli_common common = {0};
 	struct cb_ws_info i;
 	json_t *fs = NULL;
+	const char *field = NULL;
 	char size[32];
 	int c, status, stats = 0;
 
-	while ((c = cli_getopt(argc, argv, "", opts, &common, info_usage, &status)) > 0)
+	while ((c = cli_getopt(argc, argv, "f:", opts, &common, info_usage, &status)) > 0)
 		if (c == 's')
 			stats = 1;
+		else if (c == 'f')
+			field = optarg;
 	if (cli_one_ref(c, argc, argv, info_usage, &status))
 		return status;
 	if ((status = cb_ws_info(argv[optind], &i)))
@@ -692,7 +745,7 @@ int cmd_info(int argc, char **argv)
 	int level = cb_ws_access_load(i.dir);
 	if (level < 0 || cb_daemon_idle_load(i.dir, &idle) < 0)
 		cb_error_clear();
-	if (common.json) {
+	if (common.json || field) {
 		json_t *j = info_json(&i);
 
 		json_object_set_new(j, "supported_access", json_string(cb_access_name(level)));
@@ -723,7 +776,7 @@ int cmd_info(int argc, char **argv)
 		if (limits)
 			json_object_set_new(j, "limits", limits);
 		cb_ws_info_free(&i);
-		return cli_print_json(j);
+		return field ? info_field(j, field) : cli_print_json(j);
 	}
 	printf("ref:         %s\n", i.ref);
 	printf("name:        %s\n", i.name ? i.name : "-");

@@ -34,6 +34,7 @@ const struct cli_command cli_commands[] = {
     {"net-log", cmd_net_log, "what the workspace's egress proxy let through or refused"},
     {"publish", cmd_publish, "reach a server inside the sandbox from the host's 127.0.0.1"},
     {"unpublish", cmd_unpublish, "close a port publish opened"},
+    {"host-url", cmd_host_url, "the URL by which the sandbox reaches a port of the host"},
     {"fsck", cmd_fsck, "check blobs, base and meta.db; --repair what can be repaired"},
     {NULL, NULL, NULL},
 };

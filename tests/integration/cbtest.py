@@ -54,6 +54,26 @@ while time.monotonic() < end:
 print("swaps", swaps, flush=True)
 """
 
+def quote_path(name):
+    """name as cowbox's text output shows it (git's core.quotePath, cli_q in
+    cli/cmd_common.c): as it is, or in double quotes with C escapes when it holds a control
+    character, a backslash, a double quote or a leading or trailing blank."""
+    if not (name[:1] in (" ", "\t") or name[-1:] in (" ", "\t")) and not any(
+            c < " " or c in "\x7f\\\"" for c in name):
+        return name
+    esc = {"\a": "a", "\b": "b", "\t": "t", "\n": "n", "\v": "v", "\f": "f", "\r": "r",
+           '"': '"', "\\": "\\"}
+    out = []
+    for c in name:
+        if c in esc:
+            out.append("\\" + esc[c])
+        elif c < " " or c == "\x7f":
+            out.append("\\%03o" % ord(c))
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
 def makefile_var(name):
     """A variable of the configured build's Makefile (COWBOX_BUILDDIR; "" if it has none)."""
     with open(os.path.join(os.environ.get("COWBOX_BUILDDIR", ""), "Makefile")) as f:

@@ -12,7 +12,7 @@ from cbtest import COWBOX, CowboxTestCase
 # A transcript: "$ cowbox ARGS" runs a command; the lines after it are its standard output
 # ("! " lines: its standard error), in order, then "[N]" its exit status. "<*>" in an expected
 # line matches any text, <NAME> is the case's value NAME, and an expected line that opens with
-# "{" is JSON, compared as a value.
+# "{" is JSON, compared as a value; "<empty>" is an empty line.
 
 
 def _fill(line, values):
@@ -45,8 +45,8 @@ class TranscriptCase(CowboxTestCase):
                 cmd = None
             elif line.startswith("!"):
                 err.append(_fill(line[2:], values))
-            else:
-                out.append(_fill(line, values))
+            else:  # "<empty>": an empty line
+                out.append("" if line == "<empty>" else _fill(line, values))
         self.assertIsNone(cmd, "a transcript's command lacks its [status]")
 
     def _run(self, args, out, err, status):
@@ -102,12 +102,12 @@ class TestErrors(TranscriptCase):
             [2]
             $ cowbox info
             ! cowbox info: missing the workspace (a ref or name)
-            ! usage: cowbox info REF [--stats] [--json]
+            ! usage: cowbox info REF [--stats] [--json | -f FIELD]
             ! see `cowbox info --help`
             [2]
             $ cowbox info a b
             ! cowbox info: one workspace only: unexpected 'b'
-            ! usage: cowbox info REF [--stats] [--json]
+            ! usage: cowbox info REF [--stats] [--json | -f FIELD]
             ! see `cowbox info --help`
             [2]
             $ cowbox create --disk-inodes lots
@@ -123,7 +123,7 @@ class TestErrors(TranscriptCase):
             $ cowbox info --json
             {"error": {"code": "usage", "message": "missing the workspace (a ref or name)"}}
             ! cowbox info: missing the workspace (a ref or name)
-            ! usage: cowbox info REF [--stats] [--json]
+            ! usage: cowbox info REF [--stats] [--json | -f FIELD]
             ! see `cowbox info --help`
             [2]
         """)
@@ -314,6 +314,79 @@ class TestOptionsAndManPage(TranscriptCase):
         proc = self.cowbox("create", "--name", "bad", "--on-create", "exit 3", check=False)
         self.assertNotEqual(proc.returncode, 0)
         self.assertEqual([w["name"] for w in self.cowbox_json("ls")], ["h"])
+
+
+class TestTurnReferences(TranscriptCase):
+    def test_last_last_n_and_labels_wherever_a_turn_is_taken(self):
+        base = self.make_base({"a.txt": "a\n"})
+        ref = self.create(base, name="w")
+        self.mount(ref)
+        mnt = self.mountpoint(ref)
+        with open(os.path.join(mnt, "one.txt"), "w") as f:
+            f.write("1\n")
+        self.cowbox("snapshot", "w", "--label", "first")
+        with open(os.path.join(mnt, "two.txt"), "w") as f:
+            f.write("2\n")
+        self.cowbox("snapshot", "w")
+        self.transcript("""
+            $ cowbox diff w last~1 last
+            created      file    two.txt  <*>
+            [0]
+            $ cowbox diff w last~2 first
+            created      file    one.txt  <*>
+            [0]
+            $ cowbox diff w last~3
+            ! cowbox diff: 'last~3': only 1 turn before the last
+            [3]
+            $ cowbox diff w nosuch
+            ! cowbox diff: no turn labelled 'nosuch' (a turn is a number, last, last~N or a label)
+            [3]
+            $ cowbox log w --turn first
+            1    <*>  create      one.txt  (pid <*>)
+            [0]
+            $ cowbox fork w first --name f
+            cb-<*>
+            [0]
+            $ cowbox rollback w first
+            rolled back to turn 1: 1 paths restored, recorded as turn 3
+            [0]
+            $ cowbox diff w last~1 last
+            deleted      file    two.txt  (pid <*>)
+            [0]
+        """)
+        fork = self.cowbox_json("info", "f")["ref"]
+        self.mount(fork)
+        self.assertEqual(sorted(os.listdir(self.mountpoint(fork))), ["a.txt", "one.txt"])
+
+    def test_info_field_and_host_url(self):
+        ref = self.create(name="w")
+        self.transcript("""
+            $ cowbox info -f ref w
+            <ref>
+            [0]
+            $ cowbox info --field name w
+            w
+            [0]
+            $ cowbox info -f base w
+            <empty>
+            [0]
+            $ cowbox info -f limits.pids w
+            1024
+            [0]
+            $ cowbox info -f nope w
+            ! cowbox info: no field 'nope' (fields: ref, name, <*>)
+            ! usage: cowbox info REF [--stats] [--json | -f FIELD]
+            ! see `cowbox info --help`
+            [2]
+            $ cowbox host-url w 8080
+            http://127.0.0.1:8080
+            [0]
+            $ cowbox host-url w 0
+            ! cowbox host-url: PORT is 1-65535, not '0'
+            ! usage: cowbox host-url REF PORT [--json]
+            ! see `cowbox host-url --help`
+            [2]
+        """, ref=ref)
 
 
 class TestQuotedNames(TranscriptCase):

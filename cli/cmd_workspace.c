@@ -838,24 +838,56 @@ int cmd_info(int argc, char **argv)
 }
 
 static const char rm_usage[] =
-    "usage: cowbox rm REF [--json]\n"
+    "usage: cowbox rm REF [-f] [--json]\n"
     "Stop the workspace's daemon, unmount it and delete it with its upper layer and journal.\n"
-    "Removing a workspace that is already gone succeeds quietly.\n";
+    "Removing a workspace that is already gone succeeds quietly. A mounted workspace with\n"
+    "changes no snapshot recorded (`cowbox diff REF last` lists them) is kept unless -f,\n"
+    "--force is given (exit 4).\n";
+
+/* The changes of a served workspace since its last turn (0 when it is not served). */
+static long long rm_unrecorded(const char *ref)
+{
+	struct cb_client *c = NULL;
+	json_t *reply = NULL;
+	long long n = 0, last;
+
+	if (cb_daemon_connect(ref, &c) == 0 && cli_turn(ref, "last", &last) == 0 &&
+	    cb_client_request(c, json_pack("{s:s, s:I}", "op", "diff", "a", (json_int_t)last),
+			      60000, &reply) == 0)
+		n = (long long)json_array_size(json_object_get(reply, "events"));
+	cb_error_clear();
+	json_decref(reply);
+	cb_client_close(c);
+	return n;
+}
 
 int cmd_rm(int argc, char **argv)
 {
+	static const struct option opts[] = {
+	    {"force", no_argument, NULL, 'f'},
+	    {NULL, 0, NULL, 0},
+	};
 	struct cli_common common = {0};
 	char ref[CB_WS_REF_LEN + 1];
-	int c, status;
+	int c, status, force = 0;
+	long long unrecorded;
 
-	while ((c = cli_getopt(argc, argv, "", NULL, &common, rm_usage, &status)) > 0)
-		;
+	while ((c = cli_getopt(argc, argv, "f", opts, &common, rm_usage, &status)) > 0)
+		force = 1;
 	if (cli_one_ref(c, argc, argv, rm_usage, &status))
 		return status;
 	/* the ref a name stands for, for --json (a workspace already gone keeps what was given) */
 	if (cb_ws_resolve(argv[optind], ref) < 0) {
 		cb_error_clear();
 		snprintf(ref, sizeof(ref), "%s", "");
+	}
+	if (*ref && !force && (unrecorded = rm_unrecorded(ref)) > 0) {
+		cli_set_code("conflict");
+		return cli_fail(
+		    "rm",
+		    "%s is mounted with %lld change%s no snapshot recorded (`cowbox diff "
+		    "%s last`); -f removes it anyway",
+		    argv[optind], unrecorded, unrecorded == 1 ? "" : "s", argv[optind]);
 	}
 	/* A crashed daemon's docker container goes too. */
 	if (cb_backend_remove_leftovers(argv[optind]) < 0)

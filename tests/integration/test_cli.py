@@ -231,7 +231,9 @@ class TestMount(CowboxTestCase):
         with open(os.path.join(mnt, "new.txt")) as f:
             self.assertEqual(f.read(), "new\n")
         self.assertGreater(self.cowbox_json("info", ref)["upper_bytes"], 0)
-        self.cowbox("rm", ref)
+        # changes no snapshot recorded: rm asks for -f
+        self.assert_fails(["rm", ref], "no snapshot recorded", status=4)
+        self.cowbox("rm", "-f", ref)
         self.assertFalse(is_fuse_mount(mnt))
         self.assertFalse(os.path.exists(self.ws_dir(ref)))
 

@@ -90,8 +90,8 @@ class TestErrors(TranscriptCase):
 
     def test_usage_errors_name_the_token_and_point_at_help(self):
         self.transcript("""
-            $ cowbox exec -it w sh
-            ! cowbox exec: unknown option '-i' in '-it'
+            $ cowbox exec -xt w sh
+            ! cowbox exec: unknown option '-x' in '-xt'
             ! usage: cowbox exec REF|--dir DIR [OPTIONS] [--] CMD [ARG...]
             ! see `cowbox exec --help`
             [2]
@@ -387,6 +387,94 @@ class TestTurnReferences(TranscriptCase):
             ! see `cowbox host-url --help`
             [2]
         """, ref=ref)
+
+
+class TestDockerHabits(TranscriptCase):
+    def test_exec_short_options_env_from_the_host_and_units(self):
+        self.create(name="w")
+        self.env["CB_T_HOST"] = "from the host"
+        self.transcript("""
+            $ cowbox exec -e A=1 -e CB_T_HOST -w . -u 0 w -- sh -c 'echo "$A/$CB_T_HOST"; id -u; pwd'
+            1/from the host
+            0
+            /workspace
+            [0]
+            $ cowbox exec -t w -- sh -c 'test -t 0 && test -t 1 && echo on a tty'
+            on a tty
+            [0]
+            $ cowbox exec -i w -- sh -c 'test -t 0 || cat'
+            [0]
+            $ cowbox exec --memory 64m w -- true
+            [0]
+            $ cowbox exec --memory lots w -- true
+            ! cowbox exec: --memory: a size in MiB or with a unit (512m, 2g) is expected, not 'lots'
+            ! usage: cowbox exec REF|--dir DIR [OPTIONS] [--] CMD [ARG...]
+            ! see `cowbox exec --help`
+            [2]
+            $ cowbox exec -e CB_T_UNSET w -- true
+            ! cowbox exec: --env CB_T_UNSET: CB_T_UNSET is not set here
+            ! usage: cowbox exec REF|--dir DIR [OPTIONS] [--] CMD [ARG...]
+            ! see `cowbox exec --help`
+            [2]
+        """)
+
+    def test_detached_server_reached_through_publish(self):
+        import time
+        import urllib.request
+
+        ref = self.create(name="w")
+        self.mount(ref)
+        port = 20000 + os.getpid() % 10000  # inside the sandbox's own namespace
+        self.transcript("""
+            $ cowbox exec -d w -- python3 -m http.server <port> --bind 127.0.0.1
+            [0]
+            $ cowbox exec -d --dir /tmp -- true
+            ! cowbox exec: -d runs a job in a workspace on its own options: no --dir, -t, --json, --image, --network, --privileged, --backend or limits
+            ! see `cowbox exec --help`
+            [2]
+        """, port=str(port))
+        address = self.cowbox("publish", "w", str(port)).stdout.strip()
+        deadline, body = time.monotonic() + 20, None
+        while body is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen("http://%s/" % address, timeout=2) as r:
+                    body = r.read()
+            except OSError:
+                time.sleep(0.2)
+        self.assertIsNotNone(body, "the detached server never answered")
+        self.assertIn(b"Directory listing", body)
+
+    def test_rm_of_unrecorded_changes_asks_for_force(self):
+        ref = self.create(name="w")
+        self.mount(ref)
+        with open(os.path.join(self.mountpoint(ref), "f.txt"), "w") as f:
+            f.write("x\n")
+        self.transcript("""
+            $ cowbox rm w
+            ! cowbox rm: w is mounted with 1 change no snapshot recorded (`cowbox diff w last`); -f removes it anyway
+            [4]
+            $ cowbox rm w --json
+            {"error": {"code": "conflict", "message": "w is mounted with 1 change no snapshot recorded (`cowbox diff w last`); -f removes it anyway"}}
+            ! cowbox rm: <*>
+            [4]
+            $ cowbox snapshot w
+            turn 1
+            f.txt  <*>
+            [0]
+            $ cowbox rm w
+            [0]
+        """)
+        ref = self.create(name="v")
+        self.mount(ref)
+        with open(os.path.join(self.mountpoint(ref), "f.txt"), "w") as f:
+            f.write("x\n")
+        self.transcript("""
+            $ cowbox rm -f v
+            [0]
+            $ cowbox info v
+            ! cowbox info: no workspace named 'v'
+            [3]
+        """)
 
 
 class TestQuotedNames(TranscriptCase):

@@ -357,7 +357,7 @@ class Sandbox:
         except BaseException:
             # Refused options (or a cancel): the fresh workspace is of no use to anyone.
             await box.close()
-            await _cowbox(box.cowbox, box._env, "rm", box.ref)
+            await _cowbox(box.cowbox, box._env, "rm", "-f", box.ref)
             raise
         return box
 
@@ -418,7 +418,7 @@ class Sandbox:
             if box._conn:
                 await box._conn.close()
                 box._conn = None
-        rc, _, err = await _cowbox(box.cowbox, box._env, "rm", ref)
+        rc, _, err = await _cowbox(box.cowbox, box._env, "rm", "-f", ref)
         if rc != 0:
             raise cli_error(WorkspaceUnavailableError, "rm", err)
 

@@ -571,6 +571,12 @@ static void info_fs_print(json_t *d)
 	json_t *fs = json_object_get(d, "fs"), *st = json_object_get(d, "fs_stats"), *v;
 	const char *op;
 	json_t *bh = json_object_get(d, "base_hash");
+	size_t k;
+
+	json_array_foreach(json_object_get(d, "published"), k, v)
+	    printf("published:   127.0.0.1:%lld -> port %lld inside\n",
+		   (long long)json_integer_value(json_object_get(v, "host_port")),
+		   (long long)json_integer_value(json_object_get(v, "port")));
 
 	if (bh)
 		printf("base hash:   %s, %lld of %lld files, %lld of %lld bytes (%lld from the "
@@ -759,6 +765,8 @@ int cmd_info(int argc, char **argv)
 				json_object_set(j, "fs_stats", json_object_get(fs, "fs_stats"));
 			if (json_object_get(fs, "base_hash"))
 				json_object_set(j, "base_hash", json_object_get(fs, "base_hash"));
+			if (json_object_get(fs, "published"))
+				json_object_set(j, "published", json_object_get(fs, "published"));
 			json_decref(fs);
 		}
 		if (net) {

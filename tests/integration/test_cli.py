@@ -187,7 +187,8 @@ class TestHelp(CowboxTestCase):
                 self.assert_fails([cmd, "--no-such-option"], "unknown option", status=2)
         self.assert_fails(["frobnicate"], "unknown command", status=2)
         self.assert_fails(["info"], "usage:", status=2)
-        self.assert_fails(["log", "x", "--turn", "zero"], "bad turn", status=2)
+        self.assert_fails(["log", "x", "--turn", "0"], "bad turn", status=2)
+        self.assert_fails(["log", "x", "--turn", "zero"], "no workspace named", status=3)
 
 
 class TestMount(CowboxTestCase):

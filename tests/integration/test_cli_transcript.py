@@ -6,13 +6,14 @@ import json
 import os
 import re
 import shlex
+import socket
 
 from cbtest import COWBOX, CowboxTestCase
 
 # A transcript: "$ cowbox ARGS" runs a command; the lines after it are its standard output
 # ("! " lines: its standard error), in order, then "[N]" its exit status. "<*>" in an expected
 # line matches any text, <NAME> is the case's value NAME, and an expected line that opens with
-# "{" is JSON, compared as a value; "<empty>" is an empty line.
+# "{" or "[{" is JSON, compared as a value; "<empty>" is an empty line.
 
 
 def _fill(line, values):
@@ -21,7 +22,7 @@ def _fill(line, values):
 
 class TranscriptCase(CowboxTestCase):
     def _same(self, want, got, where):
-        if want.startswith("{") and "<*>" not in want:
+        if want.startswith(("{", "[{")) and "<*>" not in want:
             try:
                 value = json.loads(got)
             except ValueError:
@@ -443,6 +444,29 @@ class TestDockerHabits(TranscriptCase):
                 time.sleep(0.2)
         self.assertIsNotNone(body, "the detached server never answered")
         self.assertIn(b"Directory listing", body)
+        # publish HOST_PORT:PORT as docker's -p, and info lists what is open
+        with socket.socket() as probe:  # a free port of the host's loopback
+            probe.bind(("127.0.0.1", 0))
+            host_port = probe.getsockname()[1]
+        self.transcript("""
+            $ cowbox unpublish w <port>
+            [0]
+            $ cowbox publish w <host>:<port>
+            127.0.0.1:<host>
+            [0]
+            $ cowbox publish w 1<host>:<port>
+            ! cowbox publish: HOST_PORT is 1-65535, not '1<host>'
+            ! usage: cowbox publish REF [HOST_PORT:]PORT [--json]
+            ! see `cowbox publish --help`
+            [2]
+            $ cowbox info -f published w
+            [{"port": <port>, "host_port": <host>, "address": "127.0.0.1:<host>"}]
+            [0]
+        """, port=str(port), host=str(host_port))
+        self.assertIn("published:   127.0.0.1:%d -> port %d inside" % (host_port, port),
+                      self.cowbox("info", "w").stdout)
+        with urllib.request.urlopen("http://127.0.0.1:%d/" % host_port, timeout=5) as r:
+            self.assertIn(b"Directory listing", r.read())
 
     def test_rm_of_unrecorded_changes_asks_for_force(self):
         ref = self.create(name="w")

@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import socket
+import subprocess
 
 from cbtest import COWBOX, CowboxTestCase
 
@@ -534,6 +535,31 @@ class TestQuotedNames(TranscriptCase):
                          sorted([forged, newline, " lead", "back\\slash", "plain.txt"]))
         rows = json.loads(self.cowbox("log", "q", "--json").stdout)
         self.assertIn(forged, [r["path"] for r in rows])
+
+
+class TestDiffCredit(TranscriptCase):
+    def test_each_path_is_its_own_first_changes(self):
+        # issue 30.9: a file made in a directory made in the same turn was credited to the
+        # directory's maker; log was right. Live and between turns, each path is its own.
+        ref = self.create(name="w")
+        self.mount(ref)
+        mnt = self.mountpoint(ref)
+        os.mkdir(os.path.join(mnt, "d"))
+        subprocess.run(["sh", "-c", "echo x > d/f"], cwd=mnt, check=True)
+        subprocess.run(["cp", "/etc/hostname", os.path.join(mnt, "d", "c")], check=True)
+        live = self.cowbox_json("diff", "w", "0")["events"]
+        self.assertEqual({e["path"]: e["comm"] for e in live},
+                         {"d": "python3", "d/f": "sh", "d/c": "cp"})
+        logged = {r["path"]: r["comm"] for r in self.cowbox_json("log", "w")}
+        self.assertEqual(logged, {"d": "python3", "d/f": "sh", "d/c": "cp"})
+        self.cowbox("snapshot", "w")
+        turned = self.cowbox_json("diff", "w", "0", "1")["events"]
+        self.assertEqual({e["path"]: e["comm"] for e in turned}, logged)
+        # a directory moved in whole is still its mover's, below it too
+        subprocess.run(["mv", os.path.join(mnt, "d"), os.path.join(mnt, "m")], check=True)
+        moved = self.cowbox_json("diff", "w", "last")["events"]
+        self.assertEqual({e["path"]: e["comm"] for e in moved if e["event"] == "created"},
+                         {"m": "mv", "m/f": "mv", "m/c": "mv"})
 
 
 if __name__ == "__main__":

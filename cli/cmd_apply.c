@@ -75,11 +75,13 @@ int cmd_apply(int argc, char **argv)
 		status = cli_fail_rc("apply", rc);
 		goto out;
 	}
+	cli_phase("apply", "writing the changes of %s", argv[optind]);
 	while (!(rc = cb_client_recv(c, -1, &msg)) &&
 	       json_integer_value(json_object_get(msg, "id")) != id) {
 		json_decref(msg);
 		msg = NULL;
 	}
+	cli_phase_done();
 	if (rc) {
 		status = cli_fail_rc("apply", rc);
 		goto out;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "cmd_common.h"
 #include "cowbox/error.h"
@@ -184,6 +185,7 @@ static int report(const char *cmd, const char *code, const char *msg)
 {
 	int k = code_known(code, strlen(code));
 
+	cli_phase_done();
 	fprintf(stderr, "cowbox %s: %s\n", cmd, msg);
 	if (cli_json_errors) {
 		json_t *j = json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", msg);
@@ -240,6 +242,7 @@ int cli_usage_error(const char *usage, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
+	cli_phase_done();
 	fprintf(stderr, "cowbox%s%s: %s\n", *cmd ? " " : "", cmd, msg);
 	n = line_end ? (size_t)(line_end - usage) : strlen(usage);
 	/* the synopsis's first line; "..." when it goes on (create's takes several) */
@@ -385,6 +388,33 @@ int cli_env_arg(const char *arg, char **out)
 			*out = NULL;
 	}
 	return *out ? 0 : cb_error_set(ENOMEM, "out of memory");
+}
+
+/* Whether a phase line is on the terminal now. */
+static int phase_shown;
+
+void cli_phase(const char *cmd, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!isatty(STDERR_FILENO))
+		return;
+	fprintf(stderr, "\r\033[Kcowbox %s: ", cmd);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputs("...", stderr);
+	fflush(stderr);
+	phase_shown = 1;
+}
+
+void cli_phase_done(void)
+{
+	if (!phase_shown)
+		return;
+	fputs("\r\033[K", stderr);
+	fflush(stderr);
+	phase_shown = 0;
 }
 
 const char *cli_size(long long bytes, char *buf, size_t size)

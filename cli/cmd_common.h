@@ -98,6 +98,12 @@ int cli_env_arg(const char *arg, char **out);
  * turns. 0, or -errno with a message (-ENOENT: no such turn or label). cli/cmd_turns.c. */
 int cli_turn(const char *ref_arg, const char *s, long long *out);
 
+/* What a long command is doing now, on standard error's line, when standard error is a
+ * terminal (nothing on a pipe): "cowbox CMD: TEXT..." replaced by the next phase and erased
+ * by cli_phase_done. */
+void cli_phase(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cli_phase_done(void);
+
 /* A human size: "0 B", "12.3 KiB", ... into buf. */
 const char *cli_size(long long bytes, char *buf, size_t size);
 

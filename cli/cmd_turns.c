@@ -261,11 +261,44 @@ static void print_event(json_t *ev)
 }
 
 static const char snapshot_usage[] =
-    "usage: cowbox snapshot REF [--label TEXT] [--json | --format sha256sum] [--changes]\n"
-    "Record a new turn and print every regular file's path and SHA-256 (only what changed\n"
-    "since the previous turn with --changes). --format sha256sum prints exactly what\n"
-    "sha256sum prints at the mount root, so `sha256sum -c` verifies it there. The map is\n"
-    "written as it streams from the daemon, sorted by path.\n";
+    "usage: cowbox snapshot REF [--label TEXT] [--json | --format sha256sum|map] [--changes]\n"
+    "Record a new turn. On a terminal it prints one line, \"turn 5: 2 created, 1 modified,\n"
+    "0 deleted\"; on a pipe, with --json or --format map, every regular file's path and\n"
+    "SHA-256 (only what changed since the previous turn with --changes). --format sha256sum\n"
+    "prints exactly what sha256sum prints at the mount root, so `sha256sum -c` verifies it\n"
+    "there. The map is written as it streams from the daemon, sorted by path.\n";
+
+/* snapshot on a terminal: the turn and how many paths it created, modified and deleted. */
+static int snapshot_summary(const char *ref_arg, const char *label)
+{
+	long long created = 0, modified = 0, deleted = 0;
+	json_t *reply, *ev;
+	size_t i;
+	int status;
+
+	status = turns_request_ex(
+	    "snapshot", ref_arg,
+	    json_pack("{s:s, s:s?, s:b}", "op", "snapshot", "label", label, "changes", 1), 1, NULL,
+	    &reply);
+	if (status)
+		return status;
+	json_array_foreach(json_object_get(reply, "changes"), i, ev)
+	{
+		const char *kind = json_string_value(json_object_get(ev, "event")) ?: "";
+
+		if (!strcmp(kind, "created"))
+			created++;
+		else if (!strcmp(kind, "deleted"))
+			deleted++;
+		else
+			modified++; /* modified, type_changed, mode_changed */
+	}
+	printf("turn %lld: %lld created, %lld modified, %lld deleted\n",
+	       (long long)json_integer_value(json_object_get(reply, "turn")), created, modified,
+	       deleted);
+	json_decref(reply);
+	return CLI_OK;
+}
 
 int cmd_snapshot(int argc, char **argv)
 {
@@ -277,7 +310,7 @@ int cmd_snapshot(int argc, char **argv)
 	};
 	struct cli_common common = {0};
 	const char *label = NULL;
-	int c, status, changes = 0, sha256sum = 0;
+	int c, status, changes = 0, sha256sum = 0, map = 0;
 	json_t *reply, *ev;
 	size_t i;
 
@@ -288,6 +321,8 @@ int cmd_snapshot(int argc, char **argv)
 			changes = 1;
 		else if (!strcmp(optarg, "sha256sum"))
 			sha256sum = 1;
+		else if (!strcmp(optarg, "map"))
+			map = 1;
 		else
 			return cli_usage_error(snapshot_usage, "unknown --format '%s'", optarg);
 	}
@@ -296,6 +331,9 @@ int cmd_snapshot(int argc, char **argv)
 	if (sha256sum && (common.json || changes))
 		return cli_usage_error(snapshot_usage,
 				       "--format sha256sum goes with neither --json nor --changes");
+	/* a person at a terminal reads one line; a pipe, --json or --format get the map */
+	if (!changes && !common.json && !sha256sum && !map && isatty(STDOUT_FILENO))
+		return snapshot_summary(argv[optind], label);
 	if (!changes) {
 		/* The map is written as it streams in: the CLI never holds it whole. */
 		struct cli_map_printer p = {.json = common.json, .sha256sum = sha256sum};
@@ -523,9 +561,11 @@ int cmd_rollback(int argc, char **argv)
 		return cli_usage_error(rollback_usage, "rollback takes a workspace and a turn");
 	if ((status = cli_turn(argv[optind], argv[optind + 1], &turn)))
 		return cli_fail_rc("rollback", status);
+	cli_phase("rollback", "making %s what it was at turn %lld", argv[optind], turn);
 	status = turns_request("rollback", argv[optind],
 			       json_pack("{s:s, s:I}", "op", "rollback", "turn", (json_int_t)turn),
 			       &reply);
+	cli_phase_done();
 	if (status)
 		return status;
 	if (common.json)
@@ -604,10 +644,12 @@ int cmd_fork(int argc, char **argv)
 		return cli_fail_rc("fork", status);
 	if ((status = cli_turn(argv[optind], argv[optind + 1], &turn)))
 		return cli_fail_rc("fork", status);
+	cli_phase("fork", "copying turn %lld of %s into %s", turn, argv[optind], name);
 	status = turns_request(
 	    "fork", argv[optind],
 	    json_pack("{s:s, s:I, s:s}", "op", "fork", "turn", (json_int_t)turn, "name", name),
 	    &reply);
+	cli_phase_done();
 	if (status)
 		return status;
 	if (common.json)

@@ -129,8 +129,13 @@ static int create_options(const char *ref, struct create_opts *co)
 		goto out;
 	if (!json_object_size(co->options))
 		goto out;
-	if (co->image && (rc = create_image(backend, co->image)) < 0)
-		goto out;
+	if (co->image) {
+		cli_phase("create", "unpacking the image %s", co->image);
+		rc = create_image(backend, co->image);
+		cli_phase_done();
+		if (rc < 0)
+			goto out;
+	}
 	if ((rc = cb_backend_options_from_json(co->options, &bo)) < 0)
 		goto out;
 	rc = cb_backend_options_save(dir, &bo);
@@ -402,8 +407,11 @@ int cmd_create(int argc, char **argv)
 	}
 	rc = create_options(ref, &co);
 	if (!rc && (json_object_get(co.options, "on_create") ||
-		    json_object_get(co.options, "setup_script")))
+		    json_object_get(co.options, "setup_script"))) {
+		cli_phase("create", "running the on-create hooks and setup script");
 		rc = create_hooks(ref, co.options, &baseline);
+		cli_phase_done();
+	}
 	if (rc < 0) {
 		status = cli_fail_rc("create", rc);
 		cb_daemon_stop(ref, 30000);
@@ -898,9 +906,12 @@ int cmd_rm(int argc, char **argv)
 		    argv[optind], unrecorded, unrecorded == 1 ? "" : "s", argv[optind]);
 	}
 	/* A crashed daemon's docker container goes too. */
+	cli_phase("rm", "stopping %s and removing its files", argv[optind]);
 	if (cb_backend_remove_leftovers(argv[optind]) < 0)
 		fprintf(stderr, "cowbox rm: warning: %s\n", cb_error_message());
-	if ((status = cb_ws_remove(argv[optind])))
+	status = cb_ws_remove(argv[optind]);
+	cli_phase_done();
+	if (status)
 		return cli_fail_rc("rm", status);
 	if (common.json)
 		return cli_print_json(json_pack(

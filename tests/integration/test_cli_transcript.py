@@ -9,7 +9,7 @@ import shlex
 import socket
 import subprocess
 
-from cbtest import COWBOX, CowboxTestCase
+from cbtest import COWBOX, CowboxTestCase, makefile_var
 
 # A transcript: "$ cowbox ARGS" runs a command; the lines after it are its standard output
 # ("! " lines: its standard error), in order, then "[N]" its exit status. "<*>" in an expected
@@ -181,6 +181,46 @@ class TestErrors(TranscriptCase):
         self.assertTrue(message.startswith("cowbox create: "), message)
         self.assertEqual(message.count("cowbox create:"), 1, message)
         self.assertIn("bad workspace name", message)
+
+    def test_python_raises_the_standard_subclasses_and_finds_cowbox_bin(self):
+        import asyncio
+
+        import cowbox
+
+        missing = os.path.join(self.tmp, "missing")
+        afile = os.path.join(self.tmp, "afile")
+        with open(afile, "w") as f:
+            f.write("x")
+
+        async def body():
+            with self.assertRaises(FileNotFoundError) as cm:
+                await cowbox.Sandbox.create(missing, cowbox=COWBOX, home=self.home)
+            self.assertIsInstance(cm.exception, cowbox.WorkspaceError)
+            with self.assertRaises(NotADirectoryError):
+                await cowbox.Sandbox.create(afile, cowbox=COWBOX, home=self.home)
+            box = await cowbox.Sandbox.create(None, cowbox=COWBOX, home=self.home)
+            try:
+                with self.assertRaises(FileNotFoundError) as cm:
+                    await box.read("no/such/file")
+                self.assertIsInstance(cm.exception, cowbox.WorkspaceNotFoundError)
+            finally:
+                await box.close()
+            # the binary from COWBOX_BIN, with a hint when it is not there
+            saved = dict(os.environ)
+            os.environ.pop("COWBOX", None)
+            os.environ["COWBOX_BIN"] = os.path.join(self.tmp, "no-cowbox")
+            try:
+                with self.assertRaises(FileNotFoundError) as cm:
+                    await cowbox.Sandbox.create(None, home=self.home)
+                self.assertIn("COWBOX_BIN", str(cm.exception))
+                os.environ["COWBOX_BIN"] = COWBOX
+                rows = await cowbox.Sandbox.list(home=self.home)
+                self.assertEqual(len(rows), 1)
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
+
+        asyncio.run(body())
 
     def test_exit_statuses_are_the_man_pages(self):
         # the table of man/cowbox.1's EXIT STATUS is the one the CLI keeps (cli/cmd_common.h)
@@ -535,6 +575,108 @@ class TestQuotedNames(TranscriptCase):
                          sorted([forged, newline, " lead", "back\\slash", "plain.txt"]))
         rows = json.loads(self.cowbox("log", "q", "--json").stdout)
         self.assertIn(forged, [r["path"] for r in rows])
+
+
+class TestOnATerminal(TranscriptCase):
+    def on_tty(self, *args):
+        """cowbox ARGS with its stdout and stderr on a pseudo-terminal: (status, text)."""
+        import pty
+
+        master, slave = pty.openpty()
+        proc = subprocess.Popen([COWBOX] + list(args), stdout=slave, stderr=slave,
+                                stdin=subprocess.DEVNULL, env=self.env)
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+        os.close(master)
+        return proc.wait(timeout=60), b"".join(chunks).decode()
+
+    def test_snapshot_says_one_line_on_a_terminal_and_the_map_on_a_pipe(self):
+        base = self.make_base({"a.txt": "a\n", "b.txt": "b\n", "c.txt": "c\n"})
+        ref = self.create(base, name="w")
+        self.mount(ref)
+        mnt = self.mountpoint(ref)
+        for name in ("new1", "new2"):
+            with open(os.path.join(mnt, name), "w") as f:
+                f.write("n\n")
+        with open(os.path.join(mnt, "a.txt"), "w") as f:
+            f.write("changed\n")
+        os.unlink(os.path.join(mnt, "b.txt"))
+        status, text = self.on_tty("snapshot", "w")
+        self.assertEqual(status, 0, text)
+        self.assertEqual(text.replace("\r", "").strip().splitlines()[-1],
+                         "turn 1: 2 created, 1 modified, 1 deleted")
+        # on a pipe (and with --format map) the whole map, as before
+        self.transcript("""
+            $ cowbox snapshot w
+            turn <*>
+            a.txt  <*>
+            c.txt  <*>
+            new1  <*>
+            new2  <*>
+            [0]
+        """)
+        status, text = self.on_tty("snapshot", "w", "--format", "map")
+        self.assertEqual(len(text.strip().splitlines()), 5, text)
+
+    def test_phases_on_a_terminal_only(self):
+        base = self.make_base({"a.txt": "a\n"})
+        ref = self.create(base, name="w")
+        self.mount(ref)
+        with open(os.path.join(self.mountpoint(ref), "n.txt"), "w") as f:
+            f.write("n\n")
+        self.cowbox("snapshot", "w")
+        status, text = self.on_tty("rollback", "w", "0")
+        self.assertEqual(status, 0, text)
+        self.assertIn("cowbox rollback: making w what it was at turn 0...", text)
+        self.assertIn("rolled back to turn 0", text)
+        proc = self.cowbox("rollback", "w", "1")
+        self.assertEqual(proc.stderr, "")  # nothing on a pipe
+
+
+class TestOnboarding(TranscriptCase):
+    def test_embed_builds_with_the_documented_line_from_a_build(self):
+        # examples/embed.c says: cc embed.c $(pkg-config --cflags --libs cowbox); a build
+        # directory on PKG_CONFIG_PATH serves it through cowbox-uninstalled.pc
+        build = os.environ.get("COWBOX_BUILDDIR", "")
+        self.assertTrue(os.path.exists(os.path.join(build, "cowbox-uninstalled.pc")))
+        env = dict(self.env, PKG_CONFIG_PATH=build)
+        flags = subprocess.run(["pkg-config", "--cflags", "--libs", "cowbox"], env=env,
+                               capture_output=True, text=True, check=True).stdout.split()
+        exe = os.path.join(self.tmp, "embed")
+        # a library built with the sanitizers needs programs linked with them as well
+        san = makefile_var("SANITIZER_FLAGS").split()
+        subprocess.run(["cc"] + san + [os.path.join(TOP, "examples", "embed.c"), "-o", exe] +
+                       flags, check=True, env=env)
+        base = self.make_base({"README": "the sample\n"})
+        proc = subprocess.run([exe, base], env=dict(self.env, COWBOX_BIN=COWBOX),
+                              capture_output=True, text=True, timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertRegex(proc.stdout.splitlines()[0], r"^create: cb-[0-9a-f]{32} ")
+
+    def test_the_readme_walkthrough_runs(self):
+        with open(os.path.join(TOP, "README.md")) as f:
+            readme = f.read()
+        block = readme[readme.index("By hand, after"):]
+        block = block[block.index("```\n") + 4:]
+        block = block[:block.index("```")]
+        lines = [l for l in block.splitlines() if l.strip()]
+        self.assertLessEqual(len(lines), 10)
+        build = os.path.dirname(os.path.abspath(COWBOX))
+        script = "set -e\n" + block.replace("$PWD/build", build)
+        proc = subprocess.run(["bash", "-c", script], cwd=TOP, env=self.env,
+                              capture_output=True, text=True, timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("rolled back to turn 0", proc.stdout)
+        self.assertIn("+edited by hand", proc.stdout)
+        self.assertEqual(self.cowbox_json("ls"), [])
 
 
 class TestDiffCredit(TranscriptCase):

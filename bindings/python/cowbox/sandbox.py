@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from . import directio
 from .connection import Connection, SendFailed, request_sync
 from .errors import (AccessDeniedError, InvalidRequestError, WorkspaceError, WorkspaceNotFoundError,
-                     WorkspaceUnavailableError, cli_error, error_from_reply)
+                     WorkspaceUnavailableError, cli_error, error_from_reply,
+                     BaseNotADirectoryError, BaseNotFoundError, CowboxBinaryNotFoundError)
 
 CHUNK = 1 << 20  # bytes per read/write request; large files take several
 # A whole map frame's budget asked of the daemon (under LINE_LIMIT): ~12k files a frame, so
@@ -185,9 +186,14 @@ class Process:
 
 
 async def _cowbox(binary, env, *args):
-    proc = await asyncio.create_subprocess_exec(
-        binary, *args, env=env, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            binary, *args, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    except FileNotFoundError:
+        raise CowboxBinaryNotFoundError(
+            "the cowbox binary %r was not found: set COWBOX_BIN to it (a build's "
+            "build/cowbox) or put cowbox on PATH" % (binary,)) from None
     out, err = await proc.communicate()
     return proc.returncode, out.decode(), err.decode().strip()
 
@@ -211,7 +217,10 @@ class Sandbox:
         self._access = access
         self.access = None
         self.supported_access = None
-        self.cowbox = cowbox or os.environ.get("COWBOX", "cowbox")
+        # the binary: cowbox=, else $COWBOX_BIN (what the C library and the daemon's own
+        # start read too), else $COWBOX (the tests' older name), else cowbox on PATH
+        self.cowbox = (cowbox or os.environ.get("COWBOX_BIN") or os.environ.get("COWBOX")
+                       or "cowbox")
         self._env = dict(os.environ)
         if home:
             self._env["COWBOX_HOME"] = home
@@ -298,6 +307,10 @@ class Sandbox:
         _check_access(access)
         if in_place and not base:
             raise ValueError("in_place=True needs base: the folder to work in")
+        if base is not None and not os.path.exists(base):
+            raise BaseNotFoundError("base %s: no such directory" % (base,))
+        if base is not None and not os.path.isdir(base):
+            raise BaseNotADirectoryError("base %s: not a directory" % (base,))
         on_create = list(on_create)
         hooks = [h for h in on_create if not isinstance(h, str)]
         for h in hooks:

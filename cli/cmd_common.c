@@ -25,7 +25,7 @@ void cli_set_code(const char *code)
 
 /* The bad token of a getopt error: the cluster or long option that holds it (getopt has moved
  * optind past it, or not yet when more letters follow in the same cluster). */
-static const char *bad_token(int argc, char **argv, int c)
+static const char *bad_token(int argc, char **argv)
 {
 	for (int k = optind - 1; k <= optind && k < argc; k++) {
 		const char *a = k > 0 ? argv[k] : NULL;
@@ -35,7 +35,6 @@ static const char *bad_token(int argc, char **argv, int c)
 		if (optopt ? (a[1] != '-' && strchr(a + 1, optopt)) : a[1] == '-')
 			return a;
 	}
-	(void)c;
 	return optind > 0 && optind - 1 < argc ? argv[optind - 1] : "";
 }
 
@@ -74,7 +73,7 @@ int cli_getopt(int argc, char **argv, const char *shortopts, const struct option
 			return -1;
 		}
 		if (c == '?' || c == ':') {
-			const char *tok = bad_token(argc, argv, c);
+			const char *tok = bad_token(argc, argv);
 
 			if (c == ':')
 				*status =

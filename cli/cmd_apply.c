@@ -72,6 +72,8 @@ int cmd_apply(int argc, char **argv)
 	if ((rc = cb_ws_resolve(argv[optind], ref)) ||
 	    (rc = cb_daemon_ensure(ref, NULL, 30000, NULL)) || (rc = cb_daemon_connect(ref, &c)) ||
 	    (rc = cb_client_send(c, req, &id))) {
+		if (!c) /* not sent: cb_client_send takes req */
+			json_decref(req);
 		status = cli_fail_rc("apply", rc);
 		goto out;
 	}

@@ -291,7 +291,7 @@ bad:
 
 void cli_map_end(struct cli_map_printer *p)
 {
-	if (p->json)
+	if (p->json && p->started) /* a map that never began (a failed request) has no end */
 		puts("}}");
 	free(p->rows_buf);
 	p->rows_buf = NULL;

@@ -90,6 +90,21 @@ class TestErrors(TranscriptCase):
             [4]
         """)
 
+    def test_every_command_says_not_found_the_same_way(self):
+        extra = {"diff": ["0"], "rollback": ["0"], "fork": ["0", "--name", "f"],
+                 "prune": ["--keep", "1"], "reaches": ["example.com"], "publish": ["80"],
+                 "unpublish": ["80"], "host-url": ["80"]}
+        commands = re.findall(r"^  ([a-z-]+) ", self.cowbox("--help").stdout, re.M)
+        for cmd in commands:
+            if cmd in ("create", "ls", "exec", "shell"):
+                continue
+            with self.subTest(cmd=cmd):
+                proc = self.cowbox(cmd, "nope", *extra.get(cmd, []), "--json", check=False)
+                self.assertEqual(proc.returncode, 3, proc.stderr)
+                self.assertEqual(json.loads(proc.stdout), {"error": {
+                    "code": "not_found", "message": "no workspace named 'nope'"}})
+                self.assertEqual(proc.stderr, "cowbox %s: no workspace named 'nope'\n" % cmd)
+
     def test_usage_errors_name_the_token_and_point_at_help(self):
         self.transcript("""
             $ cowbox exec -xt w sh

@@ -103,16 +103,15 @@ static void exec_usage(FILE *out, const char *name)
 				   "                       reaches a server started so\n");
 }
 
+/* 0, or -EINVAL with the message a usage error says. */
 static int parse_number(const char *opt, const char *s, double *out)
 {
 	char *end;
 	errno = 0;
 	*out = strtod(s ? s : "", &end);
-	if (!s || !*s || *end || errno || *out < 0) {
-		fprintf(stderr, "cowbox: %s needs a non-negative number, not '%s'\n", opt,
-			s ? s : "");
-		return -1;
-	}
+	if (!s || !*s || *end || errno || *out < 0)
+		return cb_error_set(EINVAL, "%s needs a non-negative number, not '%s'", opt,
+				    s ? s : "");
 	return 0;
 }
 
@@ -189,8 +188,7 @@ static int parse_exec_args(int argc, char **argv, int want_cmd, struct cli_exec_
 			break;
 		case 'u':
 			if (cb_backend_user_check("--user", optarg) < 0) {
-				fprintf(stderr, "cowbox %s: %s\n", argv[0], cb_error_message());
-				status = 2;
+				status = cli_usage_error(usage, "%s", cb_error_message());
 				goto out;
 			}
 			o->user = optarg;
@@ -200,8 +198,7 @@ static int parse_exec_args(int argc, char **argv, int want_cmd, struct cli_exec_
 			break;
 		case 's':
 			if (!want_cmd) {
-				status =
-				    cli_usage_error(usage, "%s: unknown option --shell", argv[0]);
+				status = cli_usage_error(usage, "unknown option '--shell'");
 				goto out;
 			}
 			o->shell = optarg;
@@ -232,10 +229,8 @@ static int parse_exec_args(int argc, char **argv, int want_cmd, struct cli_exec_
 		case 'n':
 			if (strcmp(optarg, "none") && strcmp(optarg, "all") &&
 			    strcmp(optarg, "host")) {
-				fprintf(stderr,
-					"cowbox %s: --network is none, all or host, not '%s'\n",
-					argv[0], optarg);
-				status = 2;
+				status = cli_usage_error(
+				    usage, "--network is none, all or host, not '%s'", optarg);
 				goto out;
 			}
 			o->net = optarg;
@@ -243,9 +238,8 @@ static int parse_exec_args(int argc, char **argv, int want_cmd, struct cli_exec_
 		case 'b':
 			/* what can run in this process: a sandbox of its own, or the host */
 			if (!cb_backend_find(optarg) || !cb_backend_find(optarg)->join) {
-				fprintf(stderr, "cowbox %s: --backend is ns or local, not '%s'\n",
-					argv[0], optarg);
-				status = 2;
+				status = cli_usage_error(
+				    usage, "--backend is ns or local, not '%s'", optarg);
 				goto out;
 			}
 			o->backend = optarg;
@@ -265,7 +259,7 @@ static int parse_exec_args(int argc, char **argv, int want_cmd, struct cli_exec_
 					 : c == 'C'	  ? "--cpus"
 							  : "--pids",
 					 optarg, &d) < 0) {
-				status = 2;
+				status = cli_usage_error(usage, "%s", cb_error_message());
 				goto out;
 			}
 			if (c == OPT_TIMEOUT)
@@ -279,19 +273,16 @@ static int parse_exec_args(int argc, char **argv, int want_cmd, struct cli_exec_
 	o->json = common.json;
 	o->cmd = argv + optind;
 	o->n_cmd = argc - optind;
-	status = 2;
+	status = 0;
 	if (!o->ref == !o->dir)
-		fprintf(stderr, "cowbox %s: give a workspace REF or --dir DIR (one of them)\n",
-			argv[0]);
+		status = cli_usage_error(usage, "give a workspace REF or --dir DIR (one of them)");
 	else if (want_cmd && !o->n_cmd && !o->shell)
-		fprintf(stderr, "cowbox %s: no command given (cowbox %s REF -- CMD [ARG...])\n",
-			argv[0], argv[0]);
+		status = cli_usage_error(usage, "no command given (cowbox %s REF -- CMD [ARG...])",
+					 argv[0]);
 	else if (!want_cmd && o->n_cmd)
-		fprintf(stderr, "cowbox %s: unexpected argument '%s'\n", argv[0], o->cmd[0]);
+		status = cli_usage_error(usage, "unexpected argument '%s'", o->cmd[0]);
 	else if (!want_cmd && o->json)
-		fprintf(stderr, "cowbox %s: --json: a shell is interactive\n", argv[0]);
-	else
-		status = 0;
+		status = cli_usage_error(usage, "--json: a shell is interactive");
 out:
 	free(usage);
 	return status;

@@ -112,8 +112,8 @@ static int create_image(const char *backend, const char *image)
 }
 
 /* The options kept for the workspace: checked as the options of any client are
- * (backends/options.c), saved in its backend.json; --access and --idle-timeout in the
- * workspace directory, for its daemons. */
+ * (backends/options.c), saved in its backend.json; --idle-timeout in the workspace
+ * directory, for its daemons (--access once the hooks ran: create_access). */
 static int create_options(const char *ref, struct create_opts *co)
 {
 	struct cb_backend_options bo;
@@ -124,7 +124,6 @@ static int create_options(const char *ref, struct create_opts *co)
 	if (co->secrets)
 		json_object_set(co->options, "secrets", co->secrets);
 	if ((rc = cb_ws_path(ref, NULL, &dir)) < 0 ||
-	    (co->access >= 0 && (rc = cb_ws_access_save(dir, co->access)) < 0) ||
 	    (co->idle >= 0 && (rc = cb_daemon_idle_save(dir, (double)co->idle)) < 0))
 		goto out;
 	if (!json_object_size(co->options))
@@ -141,6 +140,28 @@ static int create_options(const char *ref, struct create_opts *co)
 	rc = cb_backend_options_save(dir, &bo);
 	cb_backend_options_free(&bo);
 out:
+	free(dir);
+	return rc;
+}
+
+/* --access: saved in the workspace directory; a daemon the hooks started serves it at once. */
+static int create_access(const char *ref, int level)
+{
+	struct cb_client *c = NULL;
+	char *dir = NULL;
+	int rc;
+
+	if ((rc = cb_ws_path(ref, NULL, &dir)) < 0 || (rc = cb_ws_access_save(dir, level)) < 0)
+		goto out;
+	if (cb_daemon_connect(ref, &c) < 0) /* no daemon: the file is all there is */
+		cb_error_clear();
+	else
+		rc = cb_client_request(c,
+				       json_pack("{s:s, s:s, s:b}", "op", "access", "level",
+						 cb_access_name(level), "workspace", 1),
+				       10000, NULL);
+out:
+	cb_client_close(c);
 	free(dir);
 	return rc;
 }
@@ -412,6 +433,10 @@ int cmd_create(int argc, char **argv)
 		rc = create_hooks(ref, co.options, &baseline);
 		cli_phase_done();
 	}
+	/* the widest access last: configure with options (the hooks) needs full, as the API's
+	 * create sets it after configure */
+	if (!rc && co.access >= 0)
+		rc = create_access(ref, co.access);
 	if (rc < 0) {
 		status = cli_fail_rc("create", rc);
 		cb_daemon_stop(ref, 30000);

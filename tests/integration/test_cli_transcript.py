@@ -367,6 +367,14 @@ class TestOptionsAndManPage(TranscriptCase):
         self.assertEqual([(t["turn"], t["label"]) for t in turns], [(1, "on_create")])
         paths = [e["path"] for e in self.cowbox_json("diff", "h", "0")["events"]]
         self.assertEqual(sorted(paths), ["a.txt", "s.txt"])
+        # with a narrower access too: the hooks run first, then the level applies
+        out = self.cowbox_json("create", "--name", "narrow", "--on-create", "echo n > n.txt",
+                               "--access", "files")
+        self.assertEqual(out["baseline_turn"], 1)
+        self.assertEqual(self.cowbox("access", "narrow").stdout.strip(), "files")
+        self.assertEqual(self.cowbox("exec", "narrow", "--", "true", check=False).returncode,
+                         125)
+        self.cowbox("rm", "narrow")
         # a failing hook fails the create and leaves nothing
         proc = self.cowbox("create", "--name", "bad", "--on-create", "exit 3", check=False)
         self.assertNotEqual(proc.returncode, 0)

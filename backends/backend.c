@@ -156,18 +156,11 @@ static int backend_first_create(struct cb_backend *b)
 }
 
 /* The persistent home: <workspace dir>/home, outside the upper layer (snapshots cover the
- * project only), removed with the workspace. Sticky and writable by all, like /tmp: it
- * belongs to no sandbox id, and any user option's user keeps its files there. */
+ * project only), removed with the workspace; under the disk quota its own capped filesystem
+ * (backends/home.c). */
 static int backend_home(struct cb_backend *b)
 {
-	char path[4200];
-
-	snprintf(path, sizeof(path), "%s/home", b->dir);
-	if (mkdir(path, 0700) < 0 && errno != EEXIST)
-		return cb_error_set(errno, "mkdir %s: %s", path, strerror(errno));
-	if (chmod(path, 01777) < 0)
-		return cb_error_set(errno, "chmod %s: %s", path, strerror(errno));
-	return 0;
+	return cb_backend_home_ready(b);
 }
 
 /* What a command needs on disk before any runs: its working_dir and (confined) its home. */
@@ -251,6 +244,8 @@ int cb_backend_remove_leftovers(const char *ref_or_name)
 		free(dir);
 		return 0; /* nothing cowbox knows: whoever removes it says so */
 	}
+	/* a crashed daemon's home filesystem: unmounted before its directory goes */
+	cb_backend_home_release(dir);
 	rc = cb_backend_options_load(dir, &opt);
 	free(dir);
 	if (rc < 0)

@@ -166,6 +166,15 @@ static int docker_create(struct cb_backend *b)
 		argv[n++] = cavol;
 	}
 	for (size_t i = 0; i < b->opt.n_volumes; i++) {
+		/* the engine binds by path: checked here (no symlink on the way, the directory
+		 * it named when given), the window until the engine resolves it remains */
+		int vfd = cb_backend_volume_open(&b->opt.volumes[i]);
+
+		if (vfd < 0) {
+			rc = vfd;
+			goto out;
+		}
+		close(vfd);
 		snprintf(vols[i], sizeof(vols[i]), "%s:%s:%s", b->opt.volumes[i].src,
 			 b->opt.volumes[i].dst, b->opt.volumes[i].writable ? "rw" : "ro");
 		argv[n++] = "-v";
@@ -512,6 +521,26 @@ static int docker_validate(struct cb_backend_options *o, json_t *j)
 	return 0;
 }
 
+/* The image in the engine's store, or pulled into it now from the registries the engine's
+ * own configuration names (podman: registries.conf); what docker run would have done at the
+ * first command, done at configure so that a bad image fails it naming the image. */
+static int docker_check_image(const char *image)
+{
+	char *inspect[] = {"docker",  "image",	     "inspect", "--format",
+			   "{{.Id}}", (char *)image, NULL};
+	char *pull[] = {"docker", "pull", "--quiet", (char *)image, NULL};
+	int rc;
+
+	if (docker_check(inspect, 60, NULL) == 0)
+		return 0;
+	if ((rc = docker_check(pull, 600, NULL)) < 0)
+		return cb_error_wrap(rc == -EIO ? -ENOENT : rc,
+				     "docker backend: image %s is not in the engine's store and "
+				     "could not be pulled",
+				     image);
+	return 0;
+}
+
 static const char *docker_workdir(const char *mountpoint)
 {
 	(void)mountpoint;
@@ -541,4 +570,5 @@ const struct cb_backend_ops cb_backend_docker = {
     .host_url = docker_host_url,
     .close = docker_close,
     .destroy = docker_destroy,
+    .check_image = docker_check_image,
 };

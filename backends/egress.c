@@ -83,6 +83,7 @@ int cb_backend_proxy_serve(struct cb_backend *b, int listen_fd)
 	cfg.policy = pol;
 	cfg.record = b->net_record;
 	cfg.record_arg = b->net_record_arg;
+	cfg.max_conns = b->opt.proxy_conns;
 	rc = cb_net_proxy_start(&cfg, &b->proxy);
 	cfg.listen_fd = -1; /* the proxy's now, or closed by it */
 out:

@@ -31,14 +31,15 @@ void cb_backend_limits_of(const struct cb_backend_options *o, struct cb_backend_
 	out->pids = limit_or(o->pids, CB_BACKEND_DEFAULT_PIDS);
 	out->memory_mb = limit_or(o->memory_mb, CB_BACKEND_DEFAULT_MEMORY_MB);
 	out->oom_score_adj = CB_BACKEND_OOM_SCORE_ADJ;
+	out->home_bytes = out->disk_bytes;
 }
 
 json_t *cb_backend_limits_json(const struct cb_backend_limits *l)
 {
-	return json_pack("{s:f, s:I, s:I, s:i, s:I, s:I}", "timeout", l->timeout, "memory_mb",
+	return json_pack("{s:f, s:I, s:I, s:i, s:I, s:I, s:I}", "timeout", l->timeout, "memory_mb",
 			 (json_int_t)l->memory_mb, "pids", (json_int_t)l->pids, "oom_score_adj",
 			 l->oom_score_adj, "disk_bytes", (json_int_t)l->disk_bytes, "disk_inodes",
-			 (json_int_t)l->disk_inodes);
+			 (json_int_t)l->disk_inodes, "home_bytes", (json_int_t)l->home_bytes);
 }
 
 static int env_put(char **env, size_t *n, const char *entry)

@@ -1,7 +1,9 @@
-/* The ns backend's root images: an OCI layout or a name in the local podman store, resolved to
- * its config digest and unpacked once by umoci into $COWBOX_HOME/images/<hex>. */
+/* The ns backend's root images: an OCI layout or a name in the local podman store (pulled into
+ * it from the user's registries), resolved to its config digest, unpacked once into
+ * $COWBOX_HOME/images/<hex>. */
 #include "config.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -289,19 +291,88 @@ out:
 	return rc;
 }
 
-/* A name in the local store: its image ID (the config digest) from podman, never a pull. */
+/* The registries.conf that names the registries cowbox pulls images from (the user's
+ * configuration, in containers-registries.conf(5)'s form): $COWBOX_REGISTRIES_CONF, else
+ * $COWBOX_HOME/registries.conf when it exists. *conf NULL: none, so never pull. */
+static int registries_conf(const char *spec, char **conf)
+{
+	const char *env = getenv("COWBOX_REGISTRIES_CONF");
+	char *home = NULL;
+	int rc;
+
+	*conf = NULL;
+	if (env && *env)
+		return (*conf = strdup(env))
+			   ? 0
+			   : cb_error_set(ENOMEM, "image %s: out of memory", spec);
+	if ((rc = cb_ws_home(&home)) < 0)
+		return rc;
+	if (asprintf(conf, "%s/registries.conf", home) < 0) {
+		*conf = NULL;
+		rc = cb_error_set(ENOMEM, "image %s: out of memory", spec);
+	} else if (access(*conf, F_OK) < 0) {
+		free(*conf);
+		*conf = NULL;
+	}
+	free(home);
+	return rc;
+}
+
+/* NAME:TAG@sha256:... (as BoxLite writes a pinned image) is NAME@sha256:...: the digest names
+ * the content, and podman refuses a tag beside it. */
+static void drop_tag_before_digest(char *name)
+{
+	char *at = strchr(name, '@'), *colon, *slash;
+
+	if (!at)
+		return;
+	*at = 0;
+	colon = strrchr(name, ':');
+	slash = strrchr(name, '/');
+	*at = '@';
+	if (colon && (!slash || colon > slash))
+		memmove(colon, at, strlen(at) + 1);
+}
+
+/* A name in the local store: its image ID (the config digest) from podman. One the store lacks
+ * is pulled into it (podman pull, by tag or by @sha256: digest) when a registries.conf of the
+ * user's names where from; the store then keeps it, so the next use pulls nothing. A name
+ * given as containers-storage:NAME is never pulled. */
 static int store_resolve(const char *spec, struct image_ref *r)
 {
-	char *argv[] = {"podman", "image", "inspect", "--format", "{{.Id}}", "--", NULL, NULL};
-	char *out = NULL, id[80];
+	char confarg[4200];
+	char *argv[] = {"env",	    confarg,   "podman", "image", "inspect",
+			"--format", "{{.Id}}", "--",	 NULL,	  NULL};
+	char *pull[] = {"env", confarg, "podman", "pull", "--quiet", "--", NULL, NULL};
+	char *conf = NULL, *out = NULL, *line, id[80];
+	char *const *inspect = argv + 2; /* podman alone, without a registries.conf */
 	int rc;
 
 	if (!(r->name = strdup(store_name(spec))))
 		return cb_error_set(ENOMEM, "image %s: out of memory", spec);
-	argv[6] = r->name;
-	if ((rc = image_tool(spec, "not found in the local podman store", argv, ENOENT, &out)) < 0)
+	drop_tag_before_digest(r->name);
+	argv[8] = pull[6] = r->name;
+	if (strncmp(spec, STORE_PREFIX, strlen(STORE_PREFIX)) &&
+	    (rc = registries_conf(spec, &conf)) < 0)
 		return rc;
-	snprintf(id, sizeof id, "sha256:%.*s", (int)strcspn(out, "\n"), out);
+	if (conf) {
+		snprintf(confarg, sizeof confarg, "CONTAINERS_REGISTRIES_CONF=%s", conf);
+		inspect = argv;
+	}
+	rc = image_tool(spec, "not found in the local podman store", inspect, ENOENT, &out);
+	if (rc == -ENOENT && conf) {
+		/* "podman pull --quiet" prints the image ID last */
+		rc = image_tool(spec, "not in the local podman store, and podman pull failed", pull,
+				ENOENT, &out);
+	}
+	free(conf);
+	if (rc < 0)
+		return rc;
+	while (*out && out[strlen(out) - 1] == '\n')
+		out[strlen(out) - 1] = 0;
+	line = strrchr(out, '\n');
+	line = line ? line + 1 : out;
+	snprintf(id, sizeof id, "sha256:%.*s", (int)strcspn(line, "\n"), line);
 	free(out);
 	return digest_hex(spec, "podman's image ID", id, r->hex);
 }
@@ -403,10 +474,106 @@ out:
 	return rc;
 }
 
+/* Bytes (allocated) and inodes of the tree at dfd/name, by directory fd. */
+struct tree_size {
+	unsigned long long bytes, inodes;
+};
+
+static void tree_measure(int dfd, const char *name, struct tree_size *t)
+{
+	struct stat st;
+	int fd;
+
+	if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return;
+	t->inodes++;
+	t->bytes += (unsigned long long)st.st_blocks * 512;
+	if (!S_ISDIR(st.st_mode) ||
+	    (fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+		return;
+	DIR *d = fdopendir(fd);
+	struct dirent *de;
+
+	if (!d) {
+		close(fd);
+		return;
+	}
+	while ((de = readdir(d)))
+		if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+			tree_measure(dirfd(d), de->d_name, t);
+	closedir(d);
+}
+
+/* One layer blob's listing, summed by tar and awk as it streams (no output to hold): "BYTES
+ * ENTRIES", or "FAIL" when tar could not read it. */
+static const char LAYER_MEASURE[] =
+    "{ tar --numeric-owner -tvf \"$1\" || echo '//FAIL//'; } | awk '"
+    "$0 == \"//FAIL//\" { bad = 1; next } "
+    "{ n++; s += ($1 ~ /^-/ ? int(($3 + 4095) / 4096) * 4096 : 4096) } "
+    "END { if (bad) print \"FAIL\"; else printf \"%.0f %.0f\\n\", s, n }'";
+
+/* What the image's layers hold once unpacked, summed over its layers (a later layer's
+ * whiteouts are not subtracted: an upper bound), refused over cap before umoci writes
+ * anything. */
+static int image_measure(const char *spec, const char *layout, const char *tag,
+			 const struct cb_backend_image_cap *cap)
+{
+	char *t = strdup(tag ? tag : ""), *out = NULL, path[4400], hex[65];
+	char *argv[] = {"sh", "-c", (char *)LAYER_MEASURE, "sh", path, NULL};
+	unsigned long long bytes = 0, inodes = 0;
+	json_t *manifest = NULL, *layer;
+	size_t i;
+	int rc;
+
+	if (!t)
+		return cb_error_set(ENOMEM, "image %s: out of memory", spec);
+	if ((rc = oci_manifest(spec, layout, &t, &manifest)) < 0)
+		goto out;
+	json_array_foreach(json_object_get(manifest, "layers"), i, layer)
+	{
+		unsigned long long b = 0, n = 0;
+
+		if ((rc = digest_hex(spec, "layer",
+				     json_string_value(json_object_get(layer, "digest")), hex)) < 0)
+			goto out;
+		snprintf(path, sizeof path, "%s/blobs/sha256/%s", layout, hex);
+		free(out);
+		if ((rc = image_tool(spec, "measure a layer", argv, EIO, &out)) < 0)
+			goto out;
+		if (sscanf(out, "%llu %llu", &b, &n) != 2) {
+			rc = cb_error_set(EIO,
+					  "image %s: layer %.12s: tar cannot list it (damaged, or "
+					  "compressed in a way tar does not know), so its unpacked "
+					  "size cannot be checked against the cap",
+					  spec, hex);
+			goto out;
+		}
+		bytes += b;
+		inodes += n;
+		if ((cap->bytes && bytes > cap->bytes) || (cap->inodes && inodes > cap->inodes)) {
+			rc = cb_error_set(
+			    EFBIG,
+			    "image %s: unpacked it would hold more than its cap (%llu "
+			    "MiB, %llu inodes; so far %llu MiB, %llu inodes, at layer "
+			    "%zu of %zu): refused before unpacking (backend options "
+			    "image_max_mb, disk_mb, disk_inodes)",
+			    spec, cap->bytes >> 20, cap->inodes, bytes >> 20, inodes, i + 1,
+			    json_array_size(json_object_get(manifest, "layers")));
+			goto out;
+		}
+	}
+out:
+	json_decref(manifest);
+	free(out);
+	free(t);
+	return rc;
+}
+
 /* Under the digest's lock, with <hex> absent: copy (a store image) and unpack into <hex>.tmp,
  * then rename its rootfs to <hex>. A <hex>.tmp found here is a killed unpack's: removed, as is
  * this one's when it fails. */
-static int image_unpack(const char *spec, const char *images, int dfd, struct image_ref *r)
+static int image_unpack(const char *spec, const char *images, int dfd, struct image_ref *r,
+			const struct cb_backend_image_cap *cap)
 {
 	char tmp[80], tmp_root[100], path[4400], layout_arg[4400], src[100], root_arg[4400];
 	char *copy[] = {"skopeo", "copy", "--quiet", src, layout_arg, NULL};
@@ -432,6 +599,9 @@ static int image_unpack(const char *spec, const char *images, int dfd, struct im
 		    0)
 			goto out;
 	}
+	if (cap && (cap->bytes || cap->inodes) &&
+	    (rc = image_measure(spec, r->layout, r->tag, cap)) < 0)
+		goto out;
 	snprintf(layout_arg, sizeof layout_arg, "%s:%s", r->layout, r->tag);
 	snprintf(root_arg, sizeof root_arg, "%s/%s", images, tmp_root);
 	/* not root: owners as they can be (umoci maps them to the caller) */
@@ -439,8 +609,26 @@ static int image_unpack(const char *spec, const char *images, int dfd, struct im
 		unpack[6] = unpack[5];
 		unpack[5] = "--rootless";
 	}
-	if ((rc = image_tool(spec, "umoci unpack failed", unpack, EIO, NULL)) < 0 ||
-	    (rc = settings_save(spec, dfd, r)) < 0)
+	if ((rc = image_tool(spec, "umoci unpack failed", unpack, EIO, NULL)) < 0)
+		goto out;
+	/* What umoci wrote, counted again: a root well over its cap is never kept. The listing
+	 * kept the disk from filling; this checks the result, in allocated blocks (an eighth
+	 * of slack: directories and extents cost a little more than the listing counts). */
+	if (cap && (cap->bytes || cap->inodes)) {
+		struct tree_size t = {0};
+
+		tree_measure(dfd, tmp_root, &t);
+		if ((cap->bytes && t.bytes > cap->bytes + cap->bytes / 8) ||
+		    (cap->inodes && t.inodes > cap->inodes + cap->inodes / 8)) {
+			rc = cb_error_set(EFBIG,
+					  "image %s: unpacked it holds %llu MiB, %llu inodes, more "
+					  "than its cap (%llu MiB, %llu inodes): removed",
+					  spec, t.bytes >> 20, t.inodes, cap->bytes >> 20,
+					  cap->inodes);
+			goto out;
+		}
+	}
+	if ((rc = settings_save(spec, dfd, r)) < 0)
 		goto out;
 	/* the root's files on disk before its name says it is complete */
 	if (syncfs(dfd) < 0) {
@@ -487,7 +675,31 @@ out:
 	return rc;
 }
 
+void cb_backend_image_cap_of(const struct cb_backend_options *o, struct cb_backend_image_cap *out)
+{
+	struct cb_backend_options none = {0};
+	struct cb_backend_limits lim;
+
+	cb_backend_limits_of(o ? o : &none, &lim);
+	out->inodes = lim.disk_inodes;
+	if (o && o->image_max_mb == CB_BACKEND_NO_LIMIT)
+		out->bytes = 0;
+	else if (o && o->image_max_mb)
+		out->bytes = (unsigned long long)o->image_max_mb << 20;
+	else
+		out->bytes = lim.disk_bytes;
+}
+
 int cb_backend_image_root(const char *spec, char **root, struct cb_backend_image_config *cfg)
+{
+	struct cb_backend_image_cap cap;
+
+	cb_backend_image_cap_of(NULL, &cap);
+	return cb_backend_image_root_capped(spec, &cap, root, cfg, NULL);
+}
+
+int cb_backend_image_root_capped(const char *spec, const struct cb_backend_image_cap *cap,
+				 char **root, struct cb_backend_image_config *cfg, int *hold)
 {
 	enum cb_backend_image_kind kind = cb_backend_image_kind(spec);
 	struct image_ref r = {0};
@@ -496,6 +708,8 @@ int cb_backend_image_root(const char *spec, char **root, struct cb_backend_image
 	int rc, dfd = -1, lfd = -1;
 
 	*root = NULL;
+	if (hold)
+		*hold = -1;
 	if (cfg)
 		*cfg = (struct cb_backend_image_config){0};
 	if ((rc = cb_backend_image_check(spec)) < 0)
@@ -512,14 +726,40 @@ int cb_backend_image_root(const char *spec, char **root, struct cb_backend_image
 	    (rc = images_dir(spec, &images, &dfd)) < 0)
 		goto out;
 	snprintf(lock, sizeof lock, "%s.lock", r.hex);
-	if ((lfd = openat(dfd, lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0 ||
-	    flock(lfd, LOCK_EX) < 0) {
+	if ((lfd = openat(dfd, lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0) {
 		rc = cb_error_set(errno, "image %s: lock %s/%s: %s", spec, images, lock,
 				  strerror(errno));
 		goto out;
 	}
-	if (fstatat(dfd, r.hex, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode))
-		rc = image_unpack(spec, images, dfd, &r);
+	/* The digest's lock: shared while a root is used (held: a backend's state, a sandbox's
+	 * life; prune takes it exclusively without waiting, so it leaves a held root alone),
+	 * exclusive to unpack a missing one. flock's change between the two is not atomic: the
+	 * root is looked for again under the shared lock after each unpack. */
+	for (int tries = 0;; tries++) {
+		if (flock(lfd, LOCK_SH) < 0) {
+			rc = cb_error_set(errno, "image %s: lock %s/%s: %s", spec, images, lock,
+					  strerror(errno));
+			goto out;
+		}
+		if (fstatat(dfd, r.hex, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
+			break;
+		if (tries == 3) {
+			rc = cb_error_set(EAGAIN, "image %s: its root kept being pruned", spec);
+			goto out;
+		}
+		if (flock(lfd, LOCK_EX) < 0) {
+			rc = cb_error_set(errno, "image %s: lock %s/%s: %s", spec, images, lock,
+					  strerror(errno));
+			goto out;
+		}
+		if ((fstatat(dfd, r.hex, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode)) &&
+		    (rc = image_unpack(spec, images, dfd, &r, cap)) < 0)
+			goto out;
+	}
+	if (hold) {
+		*hold = lfd;
+		lfd = -1;
+	}
 	if (!rc && cfg)
 		rc = settings_load(spec, dfd, r.hex, cfg);
 	if (!rc && asprintf(root, "%s/%s", images, r.hex) < 0) {
@@ -535,5 +775,192 @@ out:
 	free(r.layout);
 	free(r.tag);
 	free(r.name);
+	return rc;
+}
+
+/* Is name an unpacked root's ("<64 lowercase hex>")? */
+static int root_name(const char *name)
+{
+	size_t n = strspn(name, "0123456789abcdef");
+
+	return n == 64 && !name[64];
+}
+
+/* The roots the workspaces' image options resolve to now, as a JSON object {hex: [refs]}. */
+struct image_users {
+	json_t *by_hex;
+};
+
+static int image_user(const struct cb_ws_info *info, void *arg)
+{
+	struct image_users *u = arg;
+	struct cb_backend_options o;
+	struct image_ref r = {0};
+	enum cb_backend_image_kind kind;
+	int rc;
+
+	if (cb_backend_options_load(info->dir, &o) < 0) {
+		cb_error_clear(); /* a workspace being made or removed: it uses nothing yet */
+		return 0;
+	}
+	if (o.image && cb_backend_find(o.kind)->image_root &&
+	    (kind = cb_backend_image_kind(o.image)) != CB_BACKEND_IMAGE_DIR) {
+		rc = kind == CB_BACKEND_IMAGE_OCI ? oci_resolve(o.image, &r)
+						  : store_resolve(o.image, &r);
+		if (rc == 0) {
+			json_t *refs = json_object_get(u->by_hex, r.hex);
+
+			if (!refs)
+				json_object_set_new(u->by_hex, r.hex, refs = json_array());
+			json_array_append_new(refs, json_string(info->ref));
+		} else {
+			cb_error_clear(); /* an image it can no longer resolve: it uses no root */
+		}
+	}
+	free(r.layout);
+	free(r.tag);
+	free(r.name);
+	cb_backend_options_free(&o);
+	return 0;
+}
+
+int cb_backend_image_list(json_t **out)
+{
+	struct image_users u = {.by_hex = json_object()};
+	json_t *list = json_array();
+	char *images = NULL;
+	int rc, dfd = -1;
+	DIR *d = NULL;
+	struct dirent *de;
+
+	*out = NULL;
+	if ((rc = images_dir("ls", &images, &dfd)) < 0 || (rc = cb_ws_list(image_user, &u)) < 0)
+		goto out;
+	if (!(d = opendir(images))) {
+		rc = cb_error_set(errno, "image ls: %s: %s", images, strerror(errno));
+		goto out;
+	}
+	while ((de = readdir(d))) {
+		struct tree_size t = {0};
+		struct stat st;
+		json_t *refs;
+
+		if (!root_name(de->d_name) ||
+		    fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode))
+			continue;
+		tree_measure(dfd, de->d_name, &t);
+		refs = json_object_get(u.by_hex, de->d_name);
+		json_array_append_new(list, json_pack("{s:s, s:I, s:I, s:o}", "id", de->d_name,
+						      "bytes", (json_int_t)t.bytes, "inodes",
+						      (json_int_t)t.inodes, "workspaces",
+						      refs ? json_incref(refs) : json_array()));
+	}
+	*out = json_pack("{s:s, s:O}", "dir", images, "images", list);
+	if (!*out)
+		rc = cb_error_set(ENOMEM, "image ls: out of memory");
+out:
+	if (d)
+		closedir(d);
+	if (dfd >= 0)
+		close(dfd);
+	free(images);
+	json_decref(list);
+	json_decref(u.by_hex);
+	return rc;
+}
+
+/* Remove images/<name> (a root or a killed unpack's leftover) if its lock is free: taken
+ * exclusively without waiting (a backend holding the root, or an unpack of it, keeps it), the
+ * root renamed out of its name first (an image_root waiting on the lock then finds it gone
+ * and unpacks it again), then removed. 1 if removed, 0 if in use, -errno. */
+static int prune_one(int dfd, const char *images, const char *name, const char *hex,
+		     unsigned long long *bytes)
+{
+	char lock[80], gone[80];
+	struct tree_size t = {0};
+	int lfd, rc = 0;
+
+	snprintf(lock, sizeof lock, "%s.lock", hex);
+	snprintf(gone, sizeof gone, "%s.pruned", hex);
+	if ((lfd = openat(dfd, lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0)
+		return cb_error_set(errno, "image prune: %s/%s: %s", images, lock, strerror(errno));
+	if (flock(lfd, LOCK_EX | LOCK_NB) < 0) {
+		rc = errno == EWOULDBLOCK ? 0
+					  : cb_error_set(errno, "image prune: lock %s/%s: %s",
+							 images, lock, strerror(errno));
+		goto out;
+	}
+	if (root_name(name) && renameat(dfd, name, dfd, gone) < 0) {
+		rc = errno == ENOENT ? 0
+				     : cb_error_set(errno, "image prune: rename %s/%s: %s", images,
+						    name, strerror(errno));
+		goto out;
+	}
+	tree_measure(dfd, root_name(name) ? gone : name, &t);
+	if ((rc = cb_beneath_remove_tree(dfd, root_name(name) ? gone : name)) < 0)
+		goto out;
+	if (root_name(name)) {
+		char settings[80];
+
+		snprintf(settings, sizeof settings, "%s.json", hex);
+		unlinkat(dfd, settings, 0); /* its Env and User, beside it */
+	}
+	*bytes += t.bytes;
+	rc = 1;
+out:
+	close(lfd);
+	return rc;
+}
+
+int cb_backend_image_prune(json_t **out)
+{
+	struct image_users u = {.by_hex = json_object()};
+	json_t *removed = json_array();
+	unsigned long long bytes = 0;
+	char *images = NULL, hex[65];
+	int rc, dfd = -1;
+	DIR *d = NULL;
+	struct dirent *de;
+
+	*out = NULL;
+	if ((rc = images_dir("prune", &images, &dfd)) < 0 || (rc = cb_ws_list(image_user, &u)) < 0)
+		goto out;
+	if (!(d = opendir(images))) {
+		rc = cb_error_set(errno, "image prune: %s: %s", images, strerror(errno));
+		goto out;
+	}
+	while ((de = readdir(d))) {
+		size_t n = strlen(de->d_name);
+		struct stat st;
+		int r;
+
+		/* roots no workspace uses, a killed unpack's <hex>.tmp, a killed prune's
+		 * <hex>.pruned */
+		if (n < 64 || strspn(de->d_name, "0123456789abcdef") != 64 ||
+		    (n > 64 && strcmp(de->d_name + 64, ".tmp") &&
+		     strcmp(de->d_name + 64, ".pruned")))
+			continue;
+		memcpy(hex, de->d_name, 64);
+		hex[64] = 0;
+		if (fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+		    !S_ISDIR(st.st_mode) || (n == 64 && json_object_get(u.by_hex, hex)))
+			continue;
+		if ((r = prune_one(dfd, images, de->d_name, hex, &bytes)) < 0) {
+			rc = r;
+			goto out;
+		}
+		if (r == 1 && n == 64)
+			json_array_append_new(removed, json_string(hex));
+	}
+	if (!(*out = json_pack("{s:O, s:I}", "removed", removed, "bytes", (json_int_t)bytes)))
+		rc = cb_error_set(ENOMEM, "image prune: out of memory");
+out:
+	if (d)
+		closedir(d);
+	if (dfd >= 0)
+		close(dfd);
+	free(images);
+	json_decref(removed);
+	json_decref(u.by_hex);
 	return rc;
 }

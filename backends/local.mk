@@ -1,7 +1,7 @@
 # backends layer: ns, local and docker, one table of operations each (include/cowbox/backend.h).
 noinst_LTLIBRARIES += backends/libcb_backends.la
 backends_libcb_backends_la_SOURCES = backends/common.h backends/common.c backends/backend.c \
-	backends/options.c backends/env.c \
+	backends/options.c backends/env.c backends/home.c \
 	backends/pathio.c backends/forward.c backends/egress.c backends/secrets.c backends/image.c backends/ns.c \
 	backends/local.c backends/docker.c backends/vm.c backends/vm_boot.c backends/vm.h backends/vm_net.c backends/vm_relay.c \
 	backends/vm_frame.c backends/vm_frame.h backends/vm_forward.c backends/vm_stream.c \

@@ -21,6 +21,7 @@ struct ns_state {
 	int netns_fd; /* the workspace's network namespace; -1: the host's or a fresh one each */
 	struct cb_pasta *pasta; /* network all: the user-mode networking of netns_fd */
 	char *image_root;	/* the image option's root directory (NULL: the host's) */
+	int image_hold;		/* keeps image_root from cowbox image prune (-1: none) */
 	struct cb_backend_image_config image; /* an OCI image's Env and User */
 };
 
@@ -29,6 +30,8 @@ static void ns_state_free(struct ns_state *s)
 	if (!s)
 		return;
 	cb_pasta_stop(s->pasta);
+	if (s->image_hold >= 0)
+		close(s->image_hold);
 	free(s->image_root);
 	cb_backend_image_config_free(&s->image);
 	if (s->netns_fd >= 0)
@@ -40,15 +43,18 @@ static void ns_state_free(struct ns_state *s)
 static int ns_state_new(struct cb_backend *b, struct ns_state **out)
 {
 	struct ns_state *s = calloc(1, sizeof(*s));
+	struct cb_backend_image_cap cap;
 	int rc = 0;
 
 	*out = NULL;
 	if (!s)
 		return cb_error_set(ENOMEM, "ns backend: out of memory");
 	s->netns_fd = -1;
+	s->image_hold = -1;
 	/* an OCI image is unpacked on the first workspace's boot, then reused from the cache */
-	if (b->opt.image &&
-	    (rc = cb_backend_image_root(b->opt.image, &s->image_root, &s->image)) < 0)
+	cb_backend_image_cap_of(&b->opt, &cap);
+	if (b->opt.image && (rc = cb_backend_image_root_capped(b->opt.image, &cap, &s->image_root,
+							       &s->image, &s->image_hold)) < 0)
 		goto out;
 	if (s->image.user && (rc = cb_backend_user_check("its User", s->image.user)) < 0) {
 		cb_error_wrap(rc, "image %s: ", b->opt.image);
@@ -153,7 +159,11 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	struct cb_backend_limits lim;
 	struct cb_sandbox_bind binds[1 + CB_BACKEND_MAX_VOLUMES];
 	char **env = NULL, *cwd = NULL, home[4200], bundle[4200];
-	int rc;
+	char vol_paths[CB_BACKEND_MAX_VOLUMES][32];
+	int vol_fds[CB_BACKEND_MAX_VOLUMES], home_fd = -1, rc;
+
+	for (size_t i = 0; i < CB_BACKEND_MAX_VOLUMES; i++)
+		vol_fds[i] = -1;
 
 	if ((rc = cb_backend_env(b, cmd->env, &env)) < 0)
 		return rc;
@@ -178,12 +188,27 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	/* the image's User, as docker runs its commands (a privileged sandbox switches none) */
 	if (!sb.user && !sb.privileged)
 		sb.user = s->image.user;
-	snprintf(home, sizeof(home), "%s/home", b->dir);
+	/* mounted again if its filesystem went (a daemon stop released it meanwhile), and
+	 * bound from a handle on it */
+	if ((home_fd = cb_backend_home_open(b)) < 0) {
+		rc = home_fd;
+		goto out;
+	}
+	snprintf(home, sizeof(home), "/proc/self/fd/%d", home_fd);
 	binds[0] = (struct cb_sandbox_bind){.src = home, .dst = CB_BACKEND_HOME, .writable = 1};
-	for (size_t i = 0; i < b->opt.n_volumes; i++)
-		binds[1 + i] = (struct cb_sandbox_bind){.src = b->opt.volumes[i].src,
+	/* Each volume is bound from a handle on the very directory it named when given,
+	 * reached through no symlink now: a sandbox that can write a parent of its host path
+	 * cannot point it elsewhere (the bind clones what the handle holds, not a path). */
+	for (size_t i = 0; i < b->opt.n_volumes; i++) {
+		if ((vol_fds[i] = cb_backend_volume_open(&b->opt.volumes[i])) < 0) {
+			rc = vol_fds[i];
+			goto out;
+		}
+		snprintf(vol_paths[i], sizeof(vol_paths[i]), "/proc/self/fd/%d", vol_fds[i]);
+		binds[1 + i] = (struct cb_sandbox_bind){.src = vol_paths[i],
 							.dst = b->opt.volumes[i].dst,
 							.writable = b->opt.volumes[i].writable};
+	}
 	sb.binds = binds;
 	sb.n_binds = 1 + b->opt.n_volumes;
 	/* header secrets: the sandbox's TLS clients trust the workspace's CA */
@@ -213,6 +238,11 @@ static int ns_exec(struct cb_backend *b, const struct cb_backend_cmd *cmd,
 	spec.sandbox = &sb;
 	rc = cb_exec_start(&spec, cb, out);
 out:
+	if (home_fd >= 0)
+		close(home_fd);
+	for (size_t i = 0; i < CB_BACKEND_MAX_VOLUMES; i++)
+		if (vol_fds[i] >= 0)
+			close(vol_fds[i]);
 	free(cwd);
 	cb_exec_env_free(env);
 	return rc;

@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,11 +75,62 @@ static int path_under(const char *path, const char *dir)
 	return !strncmp(path, dir, n) && (path[n] == '/' || !path[n] || n == 1);
 }
 
+/* The O_PATH fd of the absolute directory path, reached from / through no symlink and no
+ * "..": the rule the sandbox cannot bend by swapping a component of it for a symlink. */
+static int volume_open_nofollow(const char *path)
+{
+	int root, fd;
+
+	if (path[0] != '/' || !path[1 + strspn(path + 1, "/")])
+		return cb_error_set(EINVAL, "volume %s: not an absolute directory below /", path);
+	if ((root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
+		return cb_error_set(errno, "open /: %s", strerror(errno));
+	fd = cb_beneath_open(root, path + strspn(path, "/"), O_PATH | O_DIRECTORY | O_CLOEXEC, 0);
+	close(root);
+	return fd;
+}
+
+int cb_backend_volume_open(const struct cb_backend_volume *v)
+{
+	struct stat st;
+	int fd = volume_open_nofollow(v->src);
+
+	if (fd < 0)
+		return cb_error_wrap(fd,
+				     "volume %s (its host path no longer leads to it through "
+				     "directories alone; refusing to bind it): ",
+				     v->dst);
+	if (fstat(fd, &st) < 0 || !S_ISDIR(st.st_mode)) {
+		int err = fstat(fd, &st) < 0 ? errno : ENOTDIR;
+
+		close(fd);
+		return cb_error_set(err, "volume %s: %s: %s", v->dst, v->src, strerror(err));
+	}
+	if (v->ino &&
+	    ((unsigned long long)st.st_dev != v->dev || (unsigned long long)st.st_ino != v->ino)) {
+		close(fd);
+		return cb_error_set(ESTALE,
+				    "volume %s: %s is no longer the directory it named when the "
+				    "volume was given (device %llu inode %llu, now %llu/%llu); "
+				    "refusing to bind it (give the volume again if this is meant)",
+				    v->dst, v->src, v->dev, v->ino, (unsigned long long)st.st_dev,
+				    (unsigned long long)st.st_ino);
+	}
+	return fd;
+}
+
 /* One volume: [HOST_DIR, PATH] or [HOST_DIR, PATH, "ro"|"rw"] (read-only unless asked).
- * The host directory must exist and lie outside $COWBOX_HOME (the workspaces, their
- * databases and control sockets); the path inside is absolute, outside what the sandbox
- * builds itself. */
-static int opt_volume(json_t *v, struct cb_backend_volume *out)
+ * Given anew (id is NULL and !stored), HOST_DIR is resolved here once (realpath: the
+ * caller's own symlinks are followed now, never again) and its device and inode kept. Read
+ * back from backend.json (stored), it is taken as it was resolved then: id holds what it
+ * named ([DEV, INO]), checked by every command's bind (cb_backend_volume_open); a file
+ * without ids has its identity taken through no symlink now, and nothing is refused here
+ * (a volume gone or swapped is refused when a command would bind it, not when the
+ * workspace is read). The host directory must lie outside $COWBOX_HOME (the workspaces,
+ * their databases and control sockets) and outside every in-place folder (a sandbox writes
+ * it: it could swap the volume's path); the path inside is absolute, outside what the
+ * sandbox builds itself. */
+static int opt_volume(json_t *v, json_t *id, int stored, struct cb_backend_volume *out)
 {
 	static const char *const reserved[] = {
 	    "/usr",    "/etc",	     "/bin", "/sbin", "/lib", "/lib32",	      "/lib64",
@@ -87,23 +139,46 @@ static int opt_volume(json_t *v, struct cb_backend_volume *out)
 	const char *dst = json_string_value(json_array_get(v, 1));
 	const char *mode = json_string_value(json_array_get(v, 2));
 	char *home = NULL;
-	int rc = 0;
+	int rc = 0, fd = -1;
+	struct stat st;
 
 	if (!json_is_array(v) || json_array_size(v) < 2 || json_array_size(v) > 3 || !src || !dst ||
 	    (json_array_size(v) == 3 && (!mode || (strcmp(mode, "ro") && strcmp(mode, "rw")))))
 		return cb_error_set(EINVAL, "backend option volumes: each is [HOST_DIR, PATH] or "
 					    "[HOST_DIR, PATH, \"ro\"|\"rw\"]");
 	out->writable = mode && !strcmp(mode, "rw");
-	if (src[0] != '/' || !(out->src = realpath(src, NULL))) {
-		rc = cb_error_set(EINVAL, "backend option volumes: %s: %s", src,
-				  src[0] != '/' ? "give an absolute host directory"
-						: strerror(errno));
+	if (src[0] != '/') {
+		rc = cb_error_set(EINVAL,
+				  "backend option volumes: %s: give an absolute host "
+				  "directory",
+				  src);
 		goto out;
 	}
-	struct stat st;
-	if (stat(out->src, &st) < 0 || !S_ISDIR(st.st_mode)) {
-		rc = cb_error_set(ENOTDIR, "backend option volumes: %s: not a directory", src);
+	if (stored) {
+		if (!(out->src = strdup(src))) {
+			rc = cb_error_set(ENOMEM, "backend options: out of memory");
+			goto out;
+		}
+	} else if (!(out->src = realpath(src, NULL))) {
+		rc = cb_error_set(EINVAL, "backend option volumes: %s: %s", src, strerror(errno));
 		goto out;
+	}
+	if (json_is_array(id) && json_is_integer(json_array_get(id, 0)) &&
+	    json_is_integer(json_array_get(id, 1))) {
+		out->dev = (unsigned long long)json_integer_value(json_array_get(id, 0));
+		out->ino = (unsigned long long)json_integer_value(json_array_get(id, 1));
+	} else if ((fd = volume_open_nofollow(out->src)) < 0 || fstat(fd, &st) < 0 ||
+		   !S_ISDIR(st.st_mode)) {
+		if (stored) {
+			cb_error_clear(); /* refused at the bind, with its reason */
+		} else {
+			rc = cb_error_set(ENOTDIR, "backend option volumes: %s: not a directory",
+					  src);
+			goto out;
+		}
+	} else {
+		out->dev = (unsigned long long)st.st_dev;
+		out->ino = (unsigned long long)st.st_ino;
 	}
 	if (cb_ws_home(&home) == 0) {
 		char *real = realpath(home, NULL);
@@ -123,11 +198,13 @@ static int opt_volume(json_t *v, struct cb_backend_volume *out)
 		goto out;
 	char *folder = NULL;
 
-	if (out->writable && (rc = cb_ws_in_place_overlap(out->src, &folder)) == 1)
+	/* Read-only too when given anew: the folder's sandbox could put a symlink on this
+	 * volume's path (one kept from before is left to the bind's checks). */
+	if ((out->writable || !stored) && (rc = cb_ws_in_place_overlap(out->src, &folder)) == 1)
 		rc = cb_error_set(EINVAL,
 				  "backend option volumes: %s holds or is under %s, an in-place "
-				  "folder: it is written only through its workspace's mount "
-				  "(bind it read-only)",
+				  "folder: a sandbox writes it (bind it through the workspace, "
+				  "or a folder outside it)",
 				  src, folder);
 	free(folder);
 	if (rc)
@@ -157,11 +234,16 @@ static int opt_volume(json_t *v, struct cb_backend_volume *out)
 	if (!(out->dst = strdup(dst)))
 		rc = cb_error_set(ENOMEM, "backend options: out of memory");
 out:
+	if (fd >= 0)
+		close(fd);
 	free(home);
 	return rc;
 }
 
-static int opt_volumes(json_t *v, struct cb_backend_options *o)
+/* ids: backend.json's volume_ids (NULL: the volumes are given anew). A volume inside (or
+ * holding) another one that is read-write is refused: the sandbox writes that one, so it
+ * could swap this one's path. */
+static int opt_volumes(json_t *v, json_t *ids, struct cb_backend_options *o)
 {
 	size_t i;
 	json_t *e;
@@ -172,11 +254,22 @@ static int opt_volumes(json_t *v, struct cb_backend_options *o)
 				    CB_BACKEND_MAX_VOLUMES);
 	json_array_foreach(v, i, e)
 	{
-		rc = opt_volume(e, &o->volumes[o->n_volumes]);
+		rc = opt_volume(e, json_array_get(ids, i), ids != NULL, &o->volumes[o->n_volumes]);
 		o->n_volumes++; /* freed with the options, also half made */
 		if (rc)
 			return rc;
 	}
+	for (i = 0; !ids && i < o->n_volumes; i++)
+		for (size_t k = 0; k < o->n_volumes; k++) {
+			const struct cb_backend_volume *a = &o->volumes[i], *b = &o->volumes[k];
+
+			if (i != k && b->writable && path_under(a->src, b->src))
+				return cb_error_set(EINVAL,
+						    "backend option volumes: %s is inside %s, a "
+						    "read-write volume: the sandbox could swap its "
+						    "path (give one of them only)",
+						    a->src, b->src);
+		}
 	return 0;
 }
 
@@ -263,6 +356,18 @@ static int opt_limit(json_t *v, const char *key, unsigned long *out)
 	if (rc == 0)
 		*out = num >= 1 ? (unsigned long)num : CB_BACKEND_NO_LIMIT;
 	return rc;
+}
+
+/* The egress proxy's cap on connections: 1 to 65536 (0 or absent: the default, 256). */
+static int opt_proxy_conns(json_t *v, unsigned long *out)
+{
+	json_int_t n = json_is_integer(v) ? json_integer_value(v) : -1;
+
+	if (n < 0 || n > 65536)
+		return cb_error_set(EINVAL, "backend option proxy_conns: a count of connections, "
+					    "1 to 65536 (0: the default, 256)");
+	*out = (unsigned long)n;
+	return 0;
 }
 
 static int opt_hooks(json_t *v, const char *key, char **out)
@@ -369,6 +474,8 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 			rc = opt_limit(v, key, &out->disk_mb);
 		else if (!strcmp(key, "disk_inodes"))
 			rc = opt_limit(v, key, &out->disk_inodes);
+		else if (!strcmp(key, "image_max_mb"))
+			rc = opt_limit(v, key, &out->image_max_mb);
 		else if (!strcmp(key, "setup_timeout"))
 			rc = opt_number(v, key, &out->setup_timeout);
 		else if (!strcmp(key, "cpus"))
@@ -381,6 +488,8 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 			rc = opt_allow(v, &out->allow);
 		else if (!strcmp(key, "secrets"))
 			rc = cb_backend_secrets_from_json(v, out);
+		else if (!strcmp(key, "proxy_conns"))
+			rc = opt_proxy_conns(v, &out->proxy_conns);
 		else if (!strcmp(key, "on_create"))
 			rc = opt_hooks(v, key, out->on_create);
 		else if (!strcmp(key, "on_destroy"))
@@ -394,7 +503,11 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 		} else if (!strcmp(key, "user"))
 			rc = opt_user(v, &out->user);
 		else if (!strcmp(key, "volumes"))
-			rc = opt_volumes(v, out);
+			rc = opt_volumes(v, json_object_get(j, "volume_ids"), out);
+		else if (!strcmp(key, "volume_ids"))
+			rc = json_is_array(v)
+				 ? 0
+				 : cb_error_set(EINVAL, "backend option volume_ids: a list");
 		else if (!strcmp(key, "background"))
 			rc = cb_backend_bg_parse("backend option background", json_string_value(v),
 						 &out->background);
@@ -420,6 +533,9 @@ int cb_backend_options_from_json(json_t *j, struct cb_backend_options *out)
 					  "capability to switch users with");
 	if (!rc && out->allow && out->net != CB_BACKEND_NET_ALLOW)
 		rc = cb_error_set(EINVAL, "backend option allow: only with network allow");
+	if (!rc && out->proxy_conns && !cb_backend_net_proxied(out))
+		rc = cb_error_set(EINVAL, "backend option proxy_conns: only with network public "
+					  "or allow (the egress proxy's)");
 	if (!rc && out->n_secrets && !cb_backend_net_proxied(out))
 		rc = cb_error_set(EINVAL, "backend option secrets: only with network public or "
 					  "allow (the egress proxy sets them)");
@@ -475,6 +591,8 @@ json_t *cb_backend_options_to_json(const struct cb_backend_options *o)
 	}
 	if (o->n_secrets)
 		json_object_set_new(j, "secrets", cb_backend_secrets_to_json(o));
+	if (o->proxy_conns)
+		json_object_set_new(j, "proxy_conns", json_integer((json_int_t)o->proxy_conns));
 	/* the limits in effect, 0 for none: loading this again gives the same ones */
 	cb_backend_limits_of(o, &lim);
 	json_object_set_new(j, "timeout", json_real(lim.timeout));
@@ -485,6 +603,11 @@ json_t *cb_backend_options_to_json(const struct cb_backend_options *o)
 	}
 	json_object_set_new(j, "disk_mb", json_integer((json_int_t)(lim.disk_bytes >> 20)));
 	json_object_set_new(j, "disk_inodes", json_integer((json_int_t)lim.disk_inodes));
+	if (o->image_max_mb)
+		json_object_set_new(j, "image_max_mb",
+				    json_integer(o->image_max_mb == CB_BACKEND_NO_LIMIT
+						     ? 0
+						     : (json_int_t)o->image_max_mb));
 	json_object_set_new(j, "on_create", c);
 	json_object_set_new(j, "on_destroy", d);
 	json_object_set_new(j, "setup_timeout", json_real(o->setup_timeout));
@@ -503,6 +626,16 @@ json_t *cb_backend_options_to_json(const struct cb_backend_options *o)
 			    vols, json_pack("[s,s,s]", o->volumes[i].src, o->volumes[i].dst,
 					    o->volumes[i].writable ? "rw" : "ro"));
 		json_object_set_new(j, "volumes", vols);
+		/* what each named when given, checked by every bind (cb_backend_volume_open) */
+		json_t *ids = json_array();
+
+		for (size_t i = 0; i < o->n_volumes; i++)
+			json_array_append_new(ids, o->volumes[i].ino
+						       ? json_pack("[I,I]",
+								   (json_int_t)o->volumes[i].dev,
+								   (json_int_t)o->volumes[i].ino)
+						       : json_null());
+		json_object_set_new(j, "volume_ids", ids);
 	}
 	if (o->working_dir)
 		json_object_set_new(j, "working_dir", json_string(o->working_dir));
@@ -549,6 +682,10 @@ int cb_backend_options_load(const char *dir, struct cb_backend_options *out)
 	} else if (!(j = json_load_file(path, 0, &jerr))) {
 		return cb_error_set(EIO, "%s: line %d: %s", path, jerr.line, jerr.text);
 	}
+	/* Its volumes were resolved when given: never again through a symlink (an older file
+	 * without their ids has them taken that way, see opt_volume). */
+	if (j && json_object_get(j, "volumes") && !json_object_get(j, "volume_ids"))
+		json_object_set_new(j, "volume_ids", json_array());
 	/* a file an older cowbox saved, brought up to date by its backend */
 	if (j && (ops = cb_backend_find(json_string_value(json_object_get(j, "backend")))) &&
 	    ops->upgrade)

@@ -78,6 +78,13 @@ static int vm_volume_args(struct cb_backend *b, int mmio, struct vm_volumes *v, 
 
 	for (size_t i = 0; i < b->opt.n_volumes; i++) {
 		const struct cb_backend_volume *vol = &b->opt.volumes[i];
+		/* qemu opens it by path: checked here (no symlink on the way, the directory it
+		 * named when given), the window until qemu opens it remains */
+		int vfd = cb_backend_volume_open(vol);
+
+		if (vfd < 0)
+			return vfd;
+		close(vfd);
 
 		snprintf(v->fsdev[i], sizeof(v->fsdev[i]), "local,id=fsv%zu,path=%s,%s", i,
 			 vol->src,
@@ -441,7 +448,10 @@ static int vm_create(struct cb_backend *b)
 		goto out;
 	}
 	if (b->opt.image) {
-		rc = cb_backend_image_root(b->opt.image, &rootfs, &s->image);
+		struct cb_backend_image_cap cap;
+
+		cb_backend_image_cap_of(&b->opt, &cap);
+		rc = cb_backend_image_root_capped(b->opt.image, &cap, &rootfs, &s->image, NULL);
 		/* its User runs the commands that name none, as on ns and docker */
 		if (rc == 0 && s->image.user &&
 		    (rc = cb_backend_user_check("its User", s->image.user)) < 0)

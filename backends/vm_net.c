@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cowbox/error.h"
+#include "exec/pasta_guard.h"
 #include "vm.h"
 
 #define VM_NET_START_SECS 10.0	/* for passt to listen */
@@ -138,11 +139,19 @@ static int vm_net_start_passt(struct vm_state *s, const char *addr, const char *
 			 * is the real one, not the host (--no-map-gw) */
 			"-4", "--no-map-gw", "-t", "none", "-u", "none", "--no-dhcp", "--no-ndp",
 			"--no-dhcpv6", "--no-ra", "-a", (char *)addr, "-n", (char *)prefix, "-g",
-			(char *)gw, "--socket", s->net_sock, NULL};
+			(char *)gw, "--socket", s->net_sock,
+			/* as root: nobody, in a group of its own that the host's firewall keeps
+			 * from the host's own addresses (exec/pasta_guard.c) */
+			"--runas", "65534:" CB_PASTA_GID_TEXT, NULL};
+	size_t runas = sizeof argv / sizeof *argv - 3;
 	struct cb_exec_spec spec = {.argv = argv, .env = env, .output_limit = 1u << 20};
 	double end;
 	int rc;
 
+	if (geteuid() != 0)
+		argv[runas] = NULL; /* passt drops to nobody itself, in nobody's group */
+	else if ((rc = cb_pasta_host_rule()) < 0)
+		return rc;
 	if ((rc = cb_exec_start(&spec, NULL, &s->passt)) < 0)
 		return cb_error_wrap(rc, "network all: start passt (Debian package passt): ");
 	for (end = (double)time(NULL) + VM_NET_START_SECS;;) {

@@ -16,6 +16,7 @@
 #include "cowbox/client.h"
 #include "cowbox/daemon.h"
 #include "cowbox/image.h"
+#include "cowbox/net.h"
 #include "cowbox/workspace.h"
 
 static const char create_usage[] =
@@ -33,6 +34,8 @@ static const char create_usage[] =
     "  --network none|all|host|public|allow  (default none); public and allow go through\n"
     "                         the workspace's egress proxy (docs/network.md)\n"
     "  --allow ENTRY          under allow: host, host:port, *.domain, an address or a CIDR\n"
+    "  --proxy-conns N        (public, allow) the egress proxy's connections open at once\n"
+    "                         (default 256; past it the longest idle one is closed)\n"
     "  --secret HOST:HEADER:env:VAR|file:PATH[:PATH_PREFIX] [--secret-prefix TEXT]\n"
     "         [--secret-suffix TEXT]  (public, allow) HTTPS requests to HOST get HEADER set\n"
     "                         by the proxy; the secret never enters the sandbox\n"
@@ -98,14 +101,17 @@ static void opt_append(json_t *o, const char *key, json_t *value)
 /* --image: checked as configure checks it, and an OCI image unpacked now (the cache keeps it
  * for the workspace's daemon), so that a bad image fails the create. docker's image is the
  * engine's to find. */
-static int create_image(const char *backend, const char *image)
+static int create_image(const struct cb_backend_options *bo, const char *image)
 {
+	struct cb_backend_image_cap cap;
 	char *root = NULL;
 	int rc;
 
-	if (backend && cb_backend_find(backend) && !cb_backend_find(backend)->image_root)
+	if (bo->kind && cb_backend_find(bo->kind) && !cb_backend_find(bo->kind)->image_root)
 		return 0;
-	if ((rc = cb_backend_image_root(image, &root, NULL)) < 0)
+	/* unpacked under the cap the workspace's options set, as its daemon would */
+	cb_backend_image_cap_of(bo, &cap);
+	if ((rc = cb_backend_image_root_capped(image, &cap, &root, NULL, NULL)) < 0)
 		return rc;
 	free(root);
 	return 0;
@@ -117,7 +123,6 @@ static int create_image(const char *backend, const char *image)
 static int create_options(const char *ref, struct create_opts *co)
 {
 	struct cb_backend_options bo;
-	const char *backend = json_string_value(json_object_get(co->options, "backend"));
 	char *dir = NULL;
 	int rc;
 
@@ -128,16 +133,15 @@ static int create_options(const char *ref, struct create_opts *co)
 		goto out;
 	if (!json_object_size(co->options))
 		goto out;
-	if (co->image) {
-		cli_phase("create", "unpacking the image %s", co->image);
-		rc = create_image(backend, co->image);
-		cli_phase_done();
-		if (rc < 0)
-			goto out;
-	}
 	if ((rc = cb_backend_options_from_json(co->options, &bo)) < 0)
 		goto out;
-	rc = cb_backend_options_save(dir, &bo);
+	if (co->image) {
+		cli_phase("create", "unpacking the image %s", co->image);
+		rc = create_image(&bo, co->image);
+		cli_phase_done();
+	}
+	if (!rc)
+		rc = cb_backend_options_save(dir, &bo);
 	cb_backend_options_free(&bo);
 out:
 	free(dir);
@@ -344,6 +348,11 @@ static int create_flag(struct create_opts *co, int c, const char *arg)
 		return CLI_OK;
 	case 'T':
 		return parse_count("--idle-timeout", arg, &co->idle) ? CLI_USAGE : CLI_OK;
+	case 'X' + 257:
+		if (parse_count("--proxy-conns", arg, &n))
+			return CLI_USAGE;
+		json_object_set_new(o, "proxy_conns", json_integer(n));
+		return CLI_OK;
 	case 'A':
 		if ((co->access = cb_access_parse(arg)) < 0)
 			return cli_usage_error(create_usage, "--access: %s", cb_error_message());
@@ -390,6 +399,7 @@ int cmd_create(int argc, char **argv)
 	    {"privileged", no_argument, NULL, 'R'},
 	    {"access", required_argument, NULL, 'A'},
 	    {"idle-timeout", required_argument, NULL, 'T'},
+	    {"proxy-conns", required_argument, NULL, 'X' + 257},
 	    {NULL, 0, NULL, 0},
 	};
 	struct cli_common common = {0};
@@ -668,6 +678,10 @@ static void info_limits_print(json_t *l)
 		printf("; used %s, %lld inodes", cli_size(json_integer_value(used), s1, sizeof(s1)),
 		       (long long)json_integer_value(json_object_get(l, "disk_used_inodes")));
 	printf("\n");
+	if (json_integer_value(json_object_get(l, "home_bytes")) > 0)
+		printf(
+		    "home cap:    %s (/home/cowbox: a filesystem of its own)\n",
+		    cli_size(json_integer_value(json_object_get(l, "home_bytes")), s1, sizeof(s1)));
 }
 
 /* info -f FIELD: one value of the --json object (FIELD.KEY goes into an object), a string as
@@ -754,6 +768,7 @@ int cmd_info(int argc, char **argv)
 	json_t *limits = NULL, *allow = NULL, *secrets = NULL;
 	/* the image its commands run in: docker's default when none is set (cowbox/image.h) */
 	char *image = NULL;
+	unsigned long proxy_conns = 0; /* the egress proxy's cap (network public or allow) */
 
 	if (cb_backend_options_load(i.dir, &bo) == 0) {
 		/* the daemon's answer also says what the upper layer holds against its quota */
@@ -767,6 +782,8 @@ int cmd_info(int argc, char **argv)
 		if (cb_backend_image_of(&bo) && !(image = strdup(cb_backend_image_of(&bo))))
 			cb_error_clear(); /* out of memory: info shows no image */
 		secrets = bo.n_secrets ? cb_backend_secrets_to_json(&bo) : NULL; /* no values */
+		if (cb_backend_net_proxied(&bo))
+			proxy_conns = bo.proxy_conns ? bo.proxy_conns : CB_NET_MAX_CONNS;
 		if (bo.net == CB_BACKEND_NET_HOST)
 			fprintf(stderr, "cowbox info: warning: network host: the workspace's "
 					"commands share the host's network namespace (its "
@@ -812,6 +829,9 @@ int cmd_info(int argc, char **argv)
 			json_object_set_new(j, "image", image ? json_string(image) : json_null());
 			if (secrets)
 				json_object_set_new(j, "secrets", secrets);
+			if (proxy_conns)
+				json_object_set_new(j, "proxy_conns",
+						    json_integer((json_int_t)proxy_conns));
 		}
 		free(image);
 		if (limits)
@@ -843,6 +863,9 @@ int cmd_info(int argc, char **argv)
 	for (size_t k = 0; k < json_array_size(allow); k++)
 		printf("allow:       %s\n", json_string_value(json_array_get(allow, k)));
 	json_decref(allow);
+	if (proxy_conns)
+		printf("proxy conns: %lu at once (past them the longest idle is closed)\n",
+		       proxy_conns);
 	for (size_t k = 0; k < json_array_size(secrets); k++) {
 		json_t *e = json_array_get(secrets, k);
 

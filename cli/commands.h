@@ -46,4 +46,7 @@ int cmd_host_url(int argc, char **argv);
 /* Checking and repairing stored state (cli/cmd_fsck.c). */
 int cmd_fsck(int argc, char **argv);
 
+/* The ns backend's unpacked OCI images: ls, prune (cli/cmd_image.c). */
+int cmd_image(int argc, char **argv);
+
 #endif

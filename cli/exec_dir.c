@@ -123,7 +123,8 @@ int cli_exec_dir(const struct cli_exec_opts *o, struct cli_run *r)
 	static char *shell_argv[] = {"/bin/sh", "-i", NULL},
 		    *bash_argv[] = {"/bin/bash", "-i", NULL};
 	char *dir = NULL, *image_root = NULL, **env = NULL, *cwd = NULL, probe[4096];
-	int local = dir_on_host(o), rc;
+	int local = dir_on_host(o), image_hold = -1, rc;
+	struct cb_backend_image_cap cap;
 	sigset_t set;
 
 	if (!(dir = realpath(o->dir, NULL)))
@@ -142,7 +143,10 @@ int cli_exec_dir(const struct cli_exec_opts *o, struct cli_run *r)
 	r->timeout = lim.timeout;
 	r->memory_mb = lim.memory_mb;
 	/* an OCI image: unpacked once into the cache */
-	if (!local && o->image && (rc = cb_backend_image_root(o->image, &image_root, &cfg)) < 0)
+	/* held until the command ends: cowbox image prune leaves it alone meanwhile */
+	cb_backend_image_cap_of(NULL, &cap);
+	if (!local && o->image &&
+	    (rc = cb_backend_image_root_capped(o->image, &cap, &image_root, &cfg, &image_hold)) < 0)
 		goto out;
 	rc = -ENOMEM;
 	if (!(env = dir_env(o, local, &cfg)))
@@ -219,6 +223,8 @@ out:
 	cli_user_net_stop(&net);
 	cb_exec_env_free(env);
 	cb_backend_image_config_free(&cfg);
+	if (image_hold >= 0)
+		close(image_hold);
 	free(image_root);
 	free(cwd);
 	free(dir);

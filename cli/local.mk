@@ -9,6 +9,7 @@ cowbox_SOURCES += cli/cmd_exec.c cli/exec.h cli/exec_net.c cli/exec_dir.c cli/ex
 # and relocating them was most of the binary's start (see docs/performance.md, Exec).
 cowbox_LDADD = daemon/libcb_daemon.la backends/libcb_backends.la net/libcb_net.la exec/libcb_exec.la \
 	ws/libcb_ws.la fs/libcb_fs.la db/libcb_db.la util/libcb_util.la $(COWBOX_BIN_DEPS)
-cowbox_SOURCES += cli/cmd_turns.c cli/map_print.h cli/map_print.c cli/cmd_fsck.c cli/cmd_net.c
+cowbox_SOURCES += cli/cmd_turns.c cli/map_print.h cli/map_print.c cli/cmd_fsck.c cli/cmd_net.c \
+	cli/cmd_image.c
 cowbox_SOURCES += cli/cmd_access.c cli/cmd_apply.c
 dist_man_MANS += man/cowbox.1

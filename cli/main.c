@@ -36,6 +36,7 @@ const struct cli_command cli_commands[] = {
     {"unpublish", cmd_unpublish, "close a port publish opened"},
     {"host-url", cmd_host_url, "the URL by which the sandbox reaches a port of the host"},
     {"fsck", cmd_fsck, "check blobs, base and meta.db; --repair what can be repaired"},
+    {"image", cmd_image, "list (ls) or collect (prune) the unpacked OCI image roots"},
     {NULL, NULL, NULL},
 };
 

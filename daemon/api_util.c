@@ -126,13 +126,19 @@ int cb_api_configure(struct cb_daemon *d, json_t *options)
 	/* ns: an OCI image is unpacked now (once: the cache keeps it), so that a bad image fails
 	 * the configure that names it rather than the first command */
 	if (opt.image && cb_backend_find(opt.kind)->image_root) {
+		struct cb_backend_image_cap cap;
 		char *root = NULL;
 
-		rc = cb_backend_image_root(opt.image, &root, NULL);
+		cb_backend_image_cap_of(&opt, &cap);
+		rc = cb_backend_image_root_capped(opt.image, &cap, &root, NULL, NULL);
 		free(root);
 		if (rc < 0)
 			goto out;
 	}
+	/* docker: the engine's image, present or pulled now, for the same reason */
+	if (opt.image && cb_backend_find(opt.kind)->check_image &&
+	    (rc = cb_backend_find(opt.kind)->check_image(opt.image)) < 0)
+		goto out;
 	snprintf(marker, sizeof(marker), "%s/backend.created", d->dir);
 	pthread_mutex_lock(&d->api_lock);
 	if ((d->api_backend && d->api_backend->created) || access(marker, F_OK) == 0) {
@@ -165,6 +171,10 @@ void cb_api_backend_release(struct cb_daemon *d)
 	d->api_backend = NULL;
 	pthread_mutex_unlock(&d->api_lock);
 	cb_backend_free(gone);
+	/* the home's capped filesystem is mounted while the daemon serves (backends/home.c);
+	 * a daemon that failed before it found its workspace has no directory */
+	if (d->dir)
+		cb_backend_home_release(d->dir);
 }
 
 static const char b64_alphabet[] =

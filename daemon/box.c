@@ -352,6 +352,8 @@ static int options_json(const struct cb_box_options *o, json_t **out)
 	limit_json(j, "pids", o->pids);
 	limit_json(j, "disk_mb", o->disk_mb);
 	limit_json(j, "disk_inodes", o->disk_inodes);
+	if (o->proxy_conns)
+		json_object_set_new(j, "proxy_conns", json_integer((json_int_t)o->proxy_conns));
 	if (o->image)
 		json_object_set_new(j, "image", json_string(o->image));
 	if (o->timeout != 0)

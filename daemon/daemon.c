@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -535,6 +536,28 @@ int cb_daemon_ids(const char *dir, int privileged, unsigned long *base)
 	return privileged ? 0 : cb_ws_ids_ensure(dir, base);
 }
 
+/* The mount, the turn ops, the workers and the egress proxy share one table of open files: a
+ * host's usual soft limit (1,024) is far below what it allows, and the proxy sizes its cap to
+ * leave the others a reserve of it (docs/network.md#connection-cap). The soft limit goes up
+ * to the hard one, before the spawner and every thread inherit it. */
+static void daemon_raise_nofile(void)
+{
+	struct rlimit rl;
+	rlim_t was;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= rl.rlim_max)
+		return;
+	was = rl.rlim_cur;
+	rl.rlim_cur = rl.rlim_max;
+	if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+		daemon_log("open files: cannot raise the soft limit %llu to %llu: %s",
+			   (unsigned long long)was, (unsigned long long)rl.rlim_max,
+			   strerror(errno));
+	else
+		daemon_log("open files: soft limit raised from %llu to %llu",
+			   (unsigned long long)was, (unsigned long long)rl.rlim_max);
+}
+
 int cb_daemon_serve(const struct cb_daemon_options *opt)
 {
 	struct cb_daemon d = {.lock_fd = -1, .listen_fd = -1, .spawner_fd = -1};
@@ -574,6 +597,10 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	if (!opt->foreground && (rc = daemon_to_log(&d)))
 		goto out;
 	daemon_log("serving %s at %s", d.ref, d.mountpoint);
+	/* Only a session of our own: in the foreground the session is the caller's shell. */
+	if (!opt->foreground)
+		cb_daemon_sched_raise();
+	daemon_raise_nofile();
 	/* Forks this daemon's predecessor was building when it died are of no use to anyone. */
 	cb_ws_clean_unpublished();
 	/* Before any thread, database or /dev/fuse fd exists: the spawner inherits none. */

@@ -201,6 +201,12 @@ void cb_daemon_request_stop(struct cb_daemon *d);
 /* A timestamped line in daemon.log (stderr in the foreground); any thread, and the worker. */
 void cb_daemon_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* ---- daemon/sched.c: the daemon's CPU share on a busy host ---- */
+/* Give this process's session (autogroup) the nice COWBOX_DAEMON_NICE (default -5, at most
+ * -10); call once the daemon leads a session of its own. 0, or -errno when the kernel refused
+ * (logged; the daemon serves on at the default share). */
+int cb_daemon_sched_raise(void);
+
 /* ---- daemon/basewatch.c: whether the base may have changed since the last look ---- */
 struct cb_daemon_basewatch;
 /* Watch every directory of the base (inotify); 0 or -errno with a message. */

@@ -4,7 +4,7 @@ daemon_libcb_daemon_la_SOURCES = daemon/daemon.h daemon/daemon.c daemon/conn.c \
 	daemon/reaper.c daemon/ops.c daemon/ops_core.c daemon/client.c daemon/errcode.h daemon/errcode.c \
 	daemon/worker.c daemon/workproc.c
 daemon_libcb_daemon_la_SOURCES += daemon/basehash.c daemon/basewatch.c daemon/access.c \
-	daemon/idle.c daemon/ops_apply.c
+	daemon/idle.c daemon/ops_apply.c daemon/sched.c
 COWBOX_LAYERS += daemon/libcb_daemon.la
 noinst_HEADERS += include/cowbox/client_served.h
 # The daemon's unit tests use its internals, which libcowbox.so does not export: they link

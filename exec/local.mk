@@ -2,7 +2,7 @@
 # namespace sandbox (ns*.c, cgroup.c) and pasta.c (user-mode networking for network all).
 noinst_LTLIBRARIES += exec/libcb_exec.la
 exec_libcb_exec_la_SOURCES = exec/internal.h exec/run.h exec/run.c exec/run_io.c exec/shim.c \
-	exec/env.c exec/ns.c exec/tree.c exec/pasta.c \
+	exec/env.c exec/ns.c exec/tree.c exec/pasta.c exec/pasta_guard.h exec/pasta_guard.c \
 	exec/ns_harden.c exec/ns_user.c exec/cgroup.c exec/keep.c
 COWBOX_LAYERS += exec/libcb_exec.la
 

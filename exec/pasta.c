@@ -1,5 +1,6 @@
 /* User-mode networking for a network namespace: pasta (Debian's passt) relays the namespace's
- * outbound TCP, UDP and DNS through host sockets; the host's loopback stays out of reach. */
+ * outbound TCP, UDP and DNS through host sockets; the host's loopback stays out of reach, and
+ * its other addresses too (exec/pasta_guard.c). */
 #include "config.h"
 
 #include <errno.h>
@@ -19,6 +20,7 @@
 
 #include "cowbox/error.h"
 #include "cowbox/sandbox.h"
+#include "internal.h"
 #include "run.h"
 
 #ifndef CLONE_PIDFD
@@ -44,20 +46,22 @@ struct cb_pasta {
 	int stop;	/* starter to keeper: kill pasta and return */
 	char *argv[32]; /* built before clone: the child only calls execve */
 	char *envp[2];
+	struct cb_pasta_guard *guard; /* the host's own addresses kept out */
 };
 
 /* pasta must not open the host's loopback to the namespace nor forward any port either way:
  * -t/-u none (nothing from the host in), -T/-U none (no ns loopback port to the host's),
  * --no-map-gw (the gateway's address is the real gateway, not the host). It runs as root
- * (--runas 0:0) because dropping to nobody would lose the right to enter the namespace and
- * the parent-death signal that ends it with its keeper; it drops its capabilities but
+ * (--runas 0:CB_PASTA_GID: uid 0, and a group of its own that the host's firewall rule for it
+ * matches, exec/pasta_guard.c) because dropping to nobody would lose the right to enter the
+ * namespace and the parent-death signal that ends it with its keeper; it drops its capabilities but
  * CAP_NET_BIND_SERVICE and CAP_SYS_ADMIN itself and runs under its own seccomp filter. */
 static void pasta_argv(struct cb_pasta *p)
 {
 	static char *const fixed[] = {
 	    "pasta",	    "--foreground",
 	    "--quiet",	    "--stderr",
-	    "--runas",	    "0:0",
+	    "--runas",	    "0:" CB_PASTA_GID_TEXT,
 	    "--config-net", "--no-map-gw",
 	    "-t",	    "none",
 	    "-u",	    "none",
@@ -177,6 +181,11 @@ int cb_pasta_start(int netns_fd, const char *log_path, const char *pid_path, str
 		goto out;
 	}
 	unlink(pid_path);
+	/* before pasta relays a single packet: the host's addresses are refused already, by the
+	 * host's rule for pasta's group and by the namespace's own */
+	if ((rc = cb_pasta_host_rule()) < 0 ||
+	    (rc = cb_pasta_guard_start(p->netns_fd, &p->guard)) < 0)
+		goto out;
 	pasta_argv(p);
 	if ((rc = pthread_create(&p->keeper, NULL, pasta_keeper, p))) {
 		rc = cb_error_set(rc, "pasta: keeper thread: %s", strerror(rc));
@@ -213,6 +222,7 @@ out:
 	if (p && keeper)
 		cb_pasta_stop(p);
 	else if (p) {
+		cb_pasta_guard_stop(p->guard);
 		if (p->netns_fd >= 0)
 			close(p->netns_fd);
 		if (p->log_fd >= 0)
@@ -234,6 +244,7 @@ void cb_pasta_stop(struct cb_pasta *p)
 	pthread_cond_broadcast(&p->cond);
 	pthread_mutex_unlock(&p->lock);
 	pthread_join(p->keeper, NULL);
+	cb_pasta_guard_stop(p->guard);
 	if (p->pidfd >= 0)
 		close(p->pidfd);
 	close(p->netns_fd);

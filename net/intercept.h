@@ -60,16 +60,27 @@ void cb_net_icpt_tls_error(SSL *ssl, unsigned long err, char *buf, size_t size);
 /* The request stream of one intercepted connection, from the sandbox to the destination. */
 struct cb_net_rewriter {
 	const struct cb_net_icpt_host *host;
+	/* What names the host besides each request's Host and target, all checked against
+	 * host->name on every request: the sandbox's SNI (NULL: it sent none) and the
+	 * connection's target (the CONNECT or SOCKS5 name and port). */
+	const char *sni;
+	const char *target;
+	int port;
+	int misdirected; /* the refusal is a name mismatch (answered 421, not 400) */
 	int state;
 	unsigned long long left; /* bytes of the body or chunk still to pass */
 	int injected;		 /* a secret went into at least one request */
-	const char *error;	 /* why the stream was refused (static text) */
+	const char *error;	 /* why the stream was refused (static text, or why[]) */
+	char why[320];		 /* a misdirected request's reason, naming what it named */
 };
 
 /* Move what can be moved of in to out: each request head with the host's headers set where
  * the path matches, bodies (Content-Length or chunked) untouched, anything after an Upgrade
  * raw. An incomplete head waits in in. 0, or -1 with rw->error: a malformed or ambiguous
- * request (both Content-Length and chunked, folded lines, bare LF, a head over 16 KiB). */
+ * request (both Content-Length and chunked, folded lines, bare LF, a head over 16 KiB), or,
+ * with rw->misdirected set, one whose SNI, connection target, absolute target's authority or
+ * Host (exactly one, required) does not name the bound host (a port given must be the
+ * connection's): on a shared front end such a request reaches another site. */
 int cb_net_rewrite(struct cb_net_rewriter *rw, struct evbuffer *in, struct evbuffer *out);
 
 #endif

@@ -3,7 +3,7 @@
 noinst_LTLIBRARIES += net/libcb_net.la
 net_libcb_net_la_SOURCES = net/policy.c net/proxy_util.h net/proxy_util.c net/proxy.c \
 	net/proxy_conn.h net/relay.c net/intercept.h net/intercept.c net/rewrite.c net/ca.c \
-	net/tunnel.h net/tunnel.c
+	net/tunnel.h net/tunnel.c net/hostaddr.c
 net_libcb_net_la_CFLAGS = $(AM_CFLAGS)
 COWBOX_LAYERS += net/libcb_net.la
 noinst_HEADERS += include/cowbox/net.h

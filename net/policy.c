@@ -374,6 +374,21 @@ void cb_net_check_name(const struct cb_net_policy *p, const char *name, int port
 	verdict(v, 0, "no allow entry matches %s:%s", n, ps);
 }
 
+int cb_net_entry_names_addr(const struct cb_net_policy *p, const struct sockaddr *sa, int port)
+{
+	uint8_t a[16];
+	int fam = addr_of(sa, a);
+
+	for (size_t i = 0; fam && i < p->n; i++) {
+		const struct cb_net_entry *e = &p->entries[i];
+
+		if (e->kind == CB_NET_ENTRY_CIDR && e->family == fam &&
+		    prefix_match(a, e->addr, e->prefix) && port_ok(e, port))
+			return 1;
+	}
+	return 0;
+}
+
 void cb_net_check_addr(const struct cb_net_policy *p, const char *name, const struct sockaddr *sa,
 		       int port, struct cb_net_verdict *v)
 {

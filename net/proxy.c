@@ -1,6 +1,7 @@
 /* The egress proxy of a workspace: HTTP CONNECT, plain HTTP and SOCKS5 on one listener served by
  * several event loops, names resolved here (libevent's evdns), every destination checked by the
- * policy on its address, then connected; net/relay.c takes each connection from there. */
+ * policy on its address (and never the host's own), then connected; net/relay.c takes each
+ * connection from there. Its connections are capped, the longest idle closed first. */
 #include "config.h"
 
 #include <arpa/inet.h>
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -25,8 +27,9 @@
 #include "cowbox/error.h"
 #include "net/proxy_conn.h"
 
-#define HEAD_MAX     16384 /* an HTTP request head or a SOCKS5 request, in bytes */
-#define HEAD_TIMEOUT 30	   /* seconds for the client to send it */
+#define HEAD_MAX	   16384 /* an HTTP request head or a SOCKS5 request, in bytes */
+#define HEAD_TIMEOUT	   30	 /* seconds for the client to send it */
+#define FINISH_TLS_TIMEOUT 5	 /* seconds for an intercepted client to close after an answer */
 
 static double now_mono(void)
 {
@@ -86,8 +89,14 @@ static void conn_free(struct pconn *c)
 	if (c->next)
 		c->next->prev = c->prev;
 	__atomic_sub_fetch(&p->open, 1, __ATOMIC_RELAXED);
-	if (!__atomic_sub_fetch(&l->open, 1, __ATOMIC_RELAXED))
+	if (!__atomic_sub_fetch(&l->open, 1, __ATOMIC_RELAXED)) {
 		cb_net_pipes_trim(&l->pipes, 2); /* one connection's */
+		/* the netlink socket is kept for a burst, not while idle */
+		if (l->nl >= 0) {
+			close(l->nl);
+			l->nl = -1;
+		}
+	}
 	free(c);
 }
 
@@ -117,8 +126,17 @@ void cb_net_conn_close_when_flushed(struct bufferevent *bev, void *arg)
 void cb_net_conn_close_event(struct bufferevent *bev, short what, void *arg)
 {
 	(void)bev;
-	(void)what;
+	/* an intercepted client's handshake can be reported after its first request was read
+	 * (and refused): that is no end */
+	if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)))
+		return;
 	cb_net_conn_close(arg);
+}
+
+static void discard(struct bufferevent *bev, void *arg)
+{
+	(void)arg;
+	evbuffer_drain(bufferevent_get_input(bev), evbuffer_get_length(bufferevent_get_input(bev)));
 }
 
 /* The client's last words are out once its buffer drains; nothing more is read. */
@@ -128,6 +146,17 @@ static void finish(struct pconn *c)
 	if (c->up) {
 		bufferevent_free(c->up);
 		c->up = NULL;
+	}
+	if (c->cli_tls) {
+		/* the TLS layer takes the answer at once, and what its socket has still to send
+		 * would go with a close now: the client, told "Connection: close", closes once
+		 * it has read it (what it sends meanwhile is dropped), or the timeout does */
+		struct timeval tv = {FINISH_TLS_TIMEOUT, 0};
+
+		bufferevent_setcb(c->cli, discard, NULL, cb_net_conn_close_event, c);
+		bufferevent_set_timeouts(c->cli, &tv, &tv);
+		bufferevent_enable(c->cli, EV_READ);
+		return;
 	}
 	bufferevent_disable(c->cli, EV_READ);
 	bufferevent_setcb(c->cli, NULL, cb_net_conn_close_when_flushed, cb_net_conn_close_event, c);
@@ -193,6 +222,29 @@ void cb_net_conn_fail(struct pconn *c, int allowed, int code, unsigned char rep,
 	answer_error(c, code, code == 400 ? "Bad Request" : "Bad Gateway", rep);
 }
 
+/* Under every mode, an address of the host's own (any interface's, asked now) is refused
+ * unless an address or CIDR entry names it: the daemon's services listen there. */
+static void host_own_refused(struct pconn *c, const struct sockaddr *sa)
+{
+	char txt[64];
+	int own;
+
+	if (cb_net_entry_names_addr(c->p->policy, sa, c->port))
+		return;
+	own = cb_net_host_own(&c->l->nl, sa);
+	if (!own)
+		return;
+	cb_net_proxy_addr_text(sa, txt, sizeof txt);
+	c->v.allowed = 0;
+	if (own > 0)
+		snprintf(c->v.rule, sizeof c->v.rule,
+			 "address %s is the host's own (refused unless an entry names it)", txt);
+	else
+		snprintf(c->v.rule, sizeof c->v.rule,
+			 "address %s: cannot tell whether it is the host's own (%s)", txt,
+			 cb_error_message());
+}
+
 /* The first of the addresses the policy allows is connected to; the check is on it. */
 static void connect_addrs(struct pconn *c, struct sockaddr **sas, size_t n)
 {
@@ -203,6 +255,8 @@ static void connect_addrs(struct pconn *c, struct sockaddr **sas, size_t n)
 	for (size_t i = 0; i < n && !use; i++) {
 		cb_net_proxy_set_port(sas[i], c->port);
 		cb_net_check_addr(c->p->policy, c->name, sas[i], c->port, &c->v);
+		if (c->v.allowed)
+			host_own_refused(c, sas[i]);
 		if (i == 0) {
 			first = c->v;
 			cb_net_proxy_addr_text(sas[i], c->address, sizeof c->address);
@@ -418,6 +472,52 @@ static void read_head(struct bufferevent *bev, void *arg)
 	}
 }
 
+/* Past the cap (c, just opened, made it so): the connection of loop l idle longest (no byte
+ * either way for CB_NET_IDLE_MIN at least, its bytes compared with what the last look saw)
+ * is closed for c; with none idle c is, a busy proxy's transfers going first. A loop looks
+ * at its own connections only: they are its thread's; the loops are kept even. 0, or -1
+ * when c was closed. */
+static int make_room(struct cb_net_loop *l, struct pconn *c)
+{
+	double now = now_mono();
+	struct pconn *oldest = NULL;
+	size_t max = l->p->max_conns;
+
+	for (struct pconn *o = l->conns; o; o = o->next) {
+		unsigned long long up = 0, down = 0;
+
+		if (o == c || o->closing || o->st == ST_CLOSING)
+			continue;
+		if (o->tun)
+			cb_net_tunnel_bytes(o->tun, &up, &down);
+		up += down + o->bytes_up + o->bytes_down;
+		if (up != o->seen) {
+			o->seen = up;
+			o->seen_at = now;
+		}
+		if (now - o->seen_at >= CB_NET_IDLE_MIN &&
+		    (!oldest || o->seen_at < oldest->seen_at))
+			oldest = o;
+	}
+	if (oldest) {
+		char was[160]; /* its verdict's rule, and why it went */
+
+		snprintf(was, sizeof was, "%.159s", oldest->v.rule);
+		snprintf(oldest->v.rule, sizeof oldest->v.rule,
+			 "%s; closed idle %.0f s at the cap of %zu connections", was,
+			 now - oldest->seen_at, max);
+		cb_net_conn_close(oldest);
+		return 0;
+	}
+	c->proto = "tcp"; /* not read yet: what it would have asked for is unknown */
+	c->v.allowed = 0;
+	snprintf(c->v.rule, sizeof c->v.rule,
+		 "refused: %zu connections open (the cap) and none idle for %.0f s", max,
+		 CB_NET_IDLE_MIN);
+	conn_free(c);
+	return -1;
+}
+
 /* A connection given to loop l (its open count already raised): its head is read with a
  * timeout. */
 static void conn_new(struct cb_net_loop *l, int fd)
@@ -433,13 +533,15 @@ static void conn_new(struct cb_net_loop *l, int fd)
 	}
 	c->p = l->p;
 	c->l = l;
-	c->t0 = now_mono();
+	c->t0 = c->seen_at = now_mono();
 	c->t0_wall = now_wall();
 	c->next = l->conns;
 	if (l->conns)
 		l->conns->prev = c;
 	l->conns = c;
-	__atomic_add_fetch(&l->p->open, 1, __ATOMIC_RELAXED);
+	if (__atomic_add_fetch(&l->p->open, 1, __ATOMIC_RELAXED) > l->p->max_conns &&
+	    make_room(l, c) < 0)
+		return;
 	bufferevent_setcb(c->cli, read_head, NULL, cb_net_conn_close_event, c);
 	bufferevent_set_timeouts(c->cli, &tv, NULL);
 	bufferevent_enable(c->cli, EV_READ);
@@ -603,6 +705,7 @@ static int loop_init(struct cb_net_proxy *p, struct cb_net_loop *l, int index, d
 
 	l->p = p;
 	l->index = index;
+	l->nl = -1;
 	snprintf(tmo, sizeof tmo, "%g", dns_timeout > 0 ? dns_timeout : 5.0);
 	/* a resolver per loop: its requests and callbacks stay on the loop of their conn */
 	pthread_mutex_init(&l->hand_lock, NULL);
@@ -630,6 +733,8 @@ static void loop_free(struct cb_net_loop *l)
 	while (l->conns)
 		conn_free(l->conns);
 	cb_net_pipes_trim(&l->pipes, 0);
+	if (l->p && l->nl >= 0)
+		close(l->nl);
 	if (l->stop_ev)
 		event_free(l->stop_ev);
 	if (l->hand_ev)
@@ -681,6 +786,22 @@ static int loops_wanted(int asked)
 	return n < 1 ? 1 : n > CB_NET_LOOPS_MAX ? CB_NET_LOOPS_MAX : (int)n;
 }
 
+/* The cap on connections: asked (0: CB_NET_MAX_CONNS), lowered so that they, the loops' pipe
+ * pools and CB_NET_FD_RESERVE fit the open-file limit (at least 4 connections). */
+static size_t conns_cap(size_t asked, int n_loops)
+{
+	size_t cap = asked ? asked : CB_NET_MAX_CONNS, budget;
+	size_t fixed = CB_NET_FD_RESERVE + (size_t)n_loops * CB_NET_PIPES_MAX * 2;
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY)
+		return cap;
+	budget = rl.rlim_cur > fixed ? (size_t)(rl.rlim_cur - fixed) / CB_NET_FDS_PER_CONN : 0;
+	if (budget < 4)
+		budget = 4;
+	return cap < budget ? cap : budget;
+}
+
 int cb_net_proxy_start(const struct cb_net_proxy_config *cfg, struct cb_net_proxy **out)
 {
 	struct cb_net_proxy *p = calloc(1, sizeof(*p));
@@ -721,6 +842,7 @@ int cb_net_proxy_start(const struct cb_net_proxy_config *cfg, struct cb_net_prox
 		if ((rc = loop_init(p, &p->loops[i], i, cfg->dns_timeout)) < 0)
 			goto out;
 	}
+	p->max_conns = conns_cap(cfg->max_conns, p->n_loops);
 	for (int i = 0; i < p->n_loops; i++) {
 		struct cb_net_loop *l = &p->loops[i];
 		char name[16];
@@ -750,6 +872,11 @@ void cb_net_proxy_stop(struct cb_net_proxy *p)
 size_t cb_net_proxy_open_count(struct cb_net_proxy *p)
 {
 	return __atomic_load_n(&p->open, __ATOMIC_RELAXED);
+}
+
+size_t cb_net_proxy_max_conns(struct cb_net_proxy *p)
+{
+	return p->max_conns;
 }
 
 size_t cb_net_proxy_loop_open(struct cb_net_proxy *p, int i)

@@ -39,6 +39,8 @@ struct pconn {
 	int cli_tls_ok;			/* the sandbox's handshake succeeded */
 	struct cb_net_rewriter rw;
 	struct cb_net_tunnel *tun; /* a plain tunnel relays in the kernel (net/tunnel.c) */
+	unsigned long long seen;   /* its bytes either way when last looked at (the cap) */
+	double seen_at;		   /* when they last changed (its start before) */
 };
 
 #define CB_NET_LOOPS_MAX 4
@@ -61,6 +63,8 @@ struct cb_net_loop {
 	size_t open; /* atomic: its connections, counted from the hand-off (the pipe pool is
 			trimmed when none are) */
 	struct cb_net_pipes pipes;
+	int nl; /* its netlink socket, for the host's own addresses (-1: none; closed when the
+		   loop has no connection left) */
 	pthread_mutex_t hand_lock; /* guards hand[] */
 	int hand[CB_NET_HAND_MAX];
 	size_t hand_n;
@@ -75,6 +79,7 @@ struct cb_net_proxy {
 	void (*record)(void *arg, const struct cb_net_record *r);
 	void *record_arg;
 	size_t open;		  /* atomic: connections of all loops */
+	size_t max_conns;	  /* the cap on open; past it a loop closes its longest idle */
 	struct cb_net_icpt *icpt; /* NULL: no header secrets */
 	int n_loops;
 	struct cb_net_loop loops[CB_NET_LOOPS_MAX];

@@ -46,11 +46,18 @@ static void relay_read(struct bufferevent *bev, void *arg)
 		c->bytes_down += n;
 	out = bufferevent_get_output(other);
 	if (bev == c->cli && c->bound) {
+		/* the handshake is done before the first byte of a request is read */
+		c->rw.sni = SSL_get_servername(bufferevent_openssl_get_ssl(c->cli),
+					       TLSEXT_NAMETYPE_host_name);
 		if (cb_net_rewrite(&c->rw, in, out) < 0) {
-			c->v.allowed = 1;
+			/* a misdirected request is the policy's refusal, logged as refused */
+			c->v.allowed = !c->rw.misdirected;
 			snprintf(c->v.rule, sizeof c->v.rule, "intercepted request refused: %s",
 				 c->rw.error);
-			cb_net_conn_http_answer(c, 400, "Bad Request", c->v.rule);
+			if (c->rw.misdirected)
+				cb_net_conn_http_answer(c, 421, "Misdirected Request", c->v.rule);
+			else
+				cb_net_conn_http_answer(c, 400, "Bad Request", c->v.rule);
 			return;
 		}
 	} else {
@@ -115,6 +122,8 @@ static int intercept_client(struct pconn *c)
 	c->cli = tls;
 	c->cli_tls = 1;
 	c->rw.host = c->bound;
+	c->rw.target = c->name;
+	c->rw.port = c->port;
 	return 0;
 }
 

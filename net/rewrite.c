@@ -1,5 +1,6 @@
 /* Header secrets' request stream: each HTTP/1.1 request head the sandbox sends on an intercepted
- * connection checked and given the bound host's headers, bodies and chunks passed through. */
+ * connection checked (it must name the bound host) and given the bound host's headers, bodies
+ * and chunks passed through. */
 #include "config.h"
 
 #include <ctype.h>
@@ -10,6 +11,7 @@
 #include <strings.h>
 
 #include "net/intercept.h"
+#include "net/proxy_util.h"
 
 #define HEAD_MAX       16384 /* a request head or a trailer, in bytes */
 #define CHUNK_LINE_MAX 1024  /* a chunk-size line */
@@ -94,12 +96,112 @@ static int path_matches(const char *target, size_t tlen, const char *prefix)
 	return 1;
 }
 
+/* Whether s[0..n) is the bound host's name (case-insensitive, a trailing dot on either side
+ * ignored). */
+static int name_is(const char *bound, const char *s, size_t n)
+{
+	size_t bl = strlen(bound);
+
+	if (bl > 1 && bound[bl - 1] == '.')
+		bl--;
+	if (n > 1 && s[n - 1] == '.')
+		n--;
+	return bl == n && !strncasecmp(bound, s, n);
+}
+
+/* Whether an authority a[0..n) ("host", "host:port", "[v6]", "[v6]:port") names the bound
+ * host, and the connection's port when it gives one. */
+static int authority_names(const struct cb_net_rewriter *rw, const char *a, size_t n)
+{
+	const char *host = a, *port = NULL, *end = a + n;
+	size_t hl;
+	long v = 0;
+
+	if (n && a[0] == '[') {
+		const char *e = memchr(a, ']', n);
+
+		if (!e || (e + 1 < end && e[1] != ':'))
+			return 0;
+		host = a + 1;
+		hl = (size_t)(e - host);
+		if (e + 1 < end)
+			port = e + 2;
+	} else {
+		const char *colon = memchr(a, ':', n);
+
+		hl = colon ? (size_t)(colon - a) : n;
+		if (colon)
+			port = colon + 1;
+	}
+	if (port) {
+		if (port == end || end - port > 5)
+			return 0;
+		for (const char *c = port; c < end; c++) {
+			if (!isdigit((unsigned char)*c))
+				return 0;
+			v = v * 10 + (*c - '0');
+		}
+		if (v != rw->port)
+			return 0;
+	}
+	return hl && name_is(rw->host->name, host, hl);
+}
+
+/* A misdirected request: refused with the reason naming what it named (at most 100 bytes of
+ * it, control bytes as '?'), or only what was missing when s is NULL. */
+static int misdirect(struct cb_net_rewriter *rw, const char *what, const char *s, size_t n)
+{
+	char shown[101];
+	size_t k = n < 100 ? n : 100;
+
+	for (size_t i = 0; s && i < k; i++)
+		shown[i] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
+	shown[s ? k : 0] = 0;
+	if (s)
+		snprintf(rw->why, sizeof rw->why, "misdirected request: %s '%s' is not %s:%d", what,
+			 shown, rw->host->name, rw->port);
+	else
+		snprintf(rw->why, sizeof rw->why, "misdirected request: %s (bound host %s:%d)",
+			 what, rw->host->name, rw->port);
+	rw->misdirected = 1;
+	return refuse(rw, rw->why);
+}
+
+/* The connection's names and the request target checked against the bound host: the SNI
+ * (required for a name; an address has none), the connection's target and an absolute
+ * target's authority (no user info). An origin-form path or "*" names no host. */
+static int check_target(struct cb_net_rewriter *rw, const char *t, size_t tlen)
+{
+	const char *host = rw->host->name, *colon, *auth, *ae;
+	struct sockaddr_storage lit;
+
+	if (!rw->target || !name_is(host, rw->target, strlen(rw->target)))
+		return misdirect(rw, "the connection's target", rw->target ? rw->target : "",
+				 rw->target ? strlen(rw->target) : 0);
+	if (!rw->sni && cb_net_proxy_literal(host, &lit) != 0)
+		return misdirect(rw, "no TLS server name (SNI)", NULL, 0);
+	if (rw->sni && !name_is(host, rw->sni, strlen(rw->sni)))
+		return misdirect(rw, "the TLS server name (SNI)", rw->sni, strlen(rw->sni));
+	if ((tlen && t[0] == '/') || (tlen == 1 && t[0] == '*'))
+		return 0;
+	colon = memchr(t, ':', tlen);
+	if (!colon || (size_t)(t + tlen - colon) < 3 || strncmp(colon, "://", 3))
+		return misdirect(rw, "the request target", t, tlen);
+	auth = colon + 3;
+	for (ae = auth; ae < t + tlen && *ae != '/' && *ae != '?' && *ae != '#'; ae++)
+		;
+	if (memchr(auth, '@', (size_t)(ae - auth)) ||
+	    !authority_names(rw, auth, (size_t)(ae - auth)))
+		return misdirect(rw, "the request target's authority", auth, (size_t)(ae - auth));
+	return 0;
+}
+
 /* One request head (ending in CRLF CRLF) checked and rewritten into out. */
 static int rewrite_head(struct cb_net_rewriter *rw, const char *head, size_t len,
 			struct evbuffer *out)
 {
 	const char *eol = memchr(head, '\n', len), *sp1, *sp2, *l, *end = head + len - 2;
-	int cl_seen = 0, chunked = 0, upgrade = 0, set[64] = {0};
+	int cl_seen = 0, chunked = 0, upgrade = 0, hosts = 0, set[64] = {0};
 	unsigned long long cl = 0;
 	const struct cb_net_icpt_host *h = rw->host;
 
@@ -113,6 +215,8 @@ static int rewrite_head(struct cb_net_rewriter *rw, const char *head, size_t len
 		return refuse(rw, "bad request line (METHOD TARGET HTTP/1.x)");
 	if (sp1 - head == 7 && !strncmp(head, "CONNECT", 7))
 		return refuse(rw, "CONNECT inside an intercepted connection");
+	if (check_target(rw, sp1 + 1, (size_t)(sp2 - sp1 - 1)) < 0)
+		return -1;
 	for (size_t k = 0; k < h->n && k < 64; k++)
 		set[k] = path_matches(sp1 + 1, (size_t)(sp2 - sp1 - 1), h->b[k].path_prefix);
 	evbuffer_add(out, head, (size_t)(eol + 1 - head));
@@ -147,6 +251,11 @@ static int rewrite_head(struct cb_net_rewriter *rw, const char *head, size_t len
 			chunked = 1;
 		} else if (is_header(l, n, "upgrade")) {
 			upgrade = 1;
+		} else if (is_header(l, n, "host")) {
+			if (hosts++)
+				return misdirect(rw, "a second Host", v, vlen);
+			if (!authority_names(rw, v, vlen))
+				return misdirect(rw, "Host", v, vlen);
 		}
 		for (size_t k = 0; k < h->n && k < 64; k++)
 			if (set[k] && is_header(l, n, h->b[k].header))
@@ -157,6 +266,8 @@ static int rewrite_head(struct cb_net_rewriter *rw, const char *head, size_t len
 	}
 	if (cl_seen && chunked)
 		return refuse(rw, "both Content-Length and Transfer-Encoding");
+	if (!hosts)
+		return misdirect(rw, "no Host header", NULL, 0);
 	for (size_t k = 0; k < h->n && k < 64; k++)
 		if (set[k]) {
 			evbuffer_add_printf(out, "%s: %s%s%s\r\n", h->b[k].header, h->b[k].prefix,

@@ -32,7 +32,8 @@ static struct cb_net_icpt_host host = {.name = "api.test", .n = 2, .b = binds};
 /* The stream in (fed in pieces of step bytes) as the destination gets it; NULL if refused. */
 static char *rewrite(const char *in, size_t step, const char **error)
 {
-	struct cb_net_rewriter rw = {.host = &host};
+	struct cb_net_rewriter rw = {
+	    .host = &host, .sni = "api.test", .target = "api.test", .port = 443};
 	struct evbuffer *i = evbuffer_new(), *o = evbuffer_new();
 	size_t len = strlen(in), n;
 	char *out = NULL;
@@ -58,14 +59,16 @@ Test(rewrite, headers_set_replaced_and_bodies_kept_in_any_pieces)
 	static const char in[] =
 	    "POST /v1/a HTTP/1.1\r\nHost: api.test\r\nauthorization: mine\r\nContent-Length: 5"
 	    "\r\n\r\nhello"
-	    "POST /v1/b HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nT: 1\r\n\r\n"
-	    "GET /v2/c HTTP/1.1\r\nAuthorization: mine\r\n\r\n";
+	    "POST /v1/b HTTP/1.1\r\nHost: API.test.:443\r\nTransfer-Encoding: "
+	    "chunked\r\n\r\n3\r\nabc"
+	    "\r\n0\r\nT: 1\r\n\r\n"
+	    "GET /v2/c HTTP/1.1\r\nHost: api.test\r\nAuthorization: mine\r\n\r\n";
 	static const char want[] =
 	    "POST /v1/a HTTP/1.1\r\nHost: api.test\r\nContent-Length: 5\r\n"
 	    "Authorization: Bearer S3CRET\r\nX-Key: K!\r\n\r\nhello"
-	    "POST /v1/b HTTP/1.1\r\nTransfer-Encoding: chunked\r\nAuthorization: Bearer S3CRET\r\n"
-	    "X-Key: K!\r\n\r\n3\r\nabc\r\n0\r\nT: 1\r\n\r\n"
-	    "GET /v2/c HTTP/1.1\r\nAuthorization: mine\r\nX-Key: K!\r\n\r\n";
+	    "POST /v1/b HTTP/1.1\r\nHost: API.test.:443\r\nTransfer-Encoding: chunked\r\n"
+	    "Authorization: Bearer S3CRET\r\nX-Key: K!\r\n\r\n3\r\nabc\r\n0\r\nT: 1\r\n\r\n"
+	    "GET /v2/c HTTP/1.1\r\nHost: api.test\r\nAuthorization: mine\r\nX-Key: K!\r\n\r\n";
 	const char *err;
 
 	for (size_t step = 1; step <= sizeof in; step += step < 8 ? 1 : 37) {
@@ -104,7 +107,8 @@ Test(rewrite, path_prefix_needs_a_clean_path)
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		char *out;
 
-		snprintf(req, sizeof req, "GET %s HTTP/1.1\r\n\r\n", cases[i].target);
+		snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: api.test\r\n\r\n",
+			 cases[i].target);
 		out = rewrite(req, sizeof req, &err);
 		cr_assert(out, "%s refused: %s", cases[i].target, err);
 		cr_expect_eq(!!strstr(out, "S3CRET"), cases[i].set, "%s", cases[i].target);
@@ -115,19 +119,20 @@ Test(rewrite, path_prefix_needs_a_clean_path)
 Test(rewrite, ambiguous_requests_refused)
 {
 	static const char *const bad[] = {
-	    "GET / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
-	    "GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
-	    "GET / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
-	    "GET / HTTP/1.1\r\nX: a\r\n b\r\n\r\n",
-	    "GET / HTTP/1.1\r\nX: a\nY: b\r\n\r\n",
-	    "GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
-	    "GET / HTTP/1.1\r\nnocolon\r\n\r\n",
-	    "GET /v1/ HTTP/1.1\r\nAuthorization : mine\r\n\r\n",
-	    "GET / HTTP/1.1\r\n: empty\r\n\r\n",
+	    "GET / HTTP/1.1\r\nHost: api.test\r\nContent-Length: 1\r\nTransfer-Encoding: "
+	    "chunked\r\n\r\n",
+	    "GET / HTTP/1.1\r\nHost: api.test\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+	    "GET / HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+	    "GET / HTTP/1.1\r\nHost: api.test\r\nX: a\r\n b\r\n\r\n",
+	    "GET / HTTP/1.1\r\nHost: api.test\r\nX: a\nY: b\r\n\r\n",
+	    "GET / HTTP/1.1\r\nHost: api.test\r\nContent-Length: -1\r\n\r\n",
+	    "GET / HTTP/1.1\r\nHost: api.test\r\nnocolon\r\n\r\n",
+	    "GET /v1/ HTTP/1.1\r\nHost: api.test\r\nAuthorization : mine\r\n\r\n",
+	    "GET / HTTP/1.1\r\nHost: api.test\r\n: empty\r\n\r\n",
 	    "GET /\r\n\r\n",
-	    "CONNECT a:443 HTTP/1.1\r\n\r\n",
-	    "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-	    "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nabX\r\n",
+	    "CONNECT a:443 HTTP/1.1\r\nHost: api.test\r\n\r\n",
+	    "POST / HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+	    "POST / HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nabX\r\n",
 	};
 	const char *err;
 
@@ -142,14 +147,67 @@ Test(rewrite, ambiguous_requests_refused)
 Test(rewrite, upgrade_goes_raw)
 {
 	const char *err;
-	char *out = rewrite("GET /v1/ws HTTP/1.1\r\nUpgrade: websocket\r\n\r\nGET /v1/ HTTP/1.1"
-			    "\r\n\r\n",
+	char *out = rewrite("GET /v1/ws HTTP/1.1\r\nHost: api.test\r\nUpgrade: websocket\r\n\r\n"
+			    "GET /v1/ HTTP/1.1\r\n\r\n",
 			    7, &err);
 
-	cr_assert(out);
-	cr_expect_str_eq(out, "GET /v1/ws HTTP/1.1\r\nUpgrade: websocket\r\nAuthorization: Bearer "
-			      "S3CRET\r\nX-Key: K!\r\n\r\nGET /v1/ HTTP/1.1\r\n\r\n");
+	cr_assert(out, "%s", err);
+	cr_expect_str_eq(out, "GET /v1/ws HTTP/1.1\r\nHost: api.test\r\nUpgrade: websocket\r\n"
+			      "Authorization: Bearer S3CRET\r\nX-Key: K!\r\n\r\nGET /v1/ HTTP/1.1"
+			      "\r\n\r\n");
 	free(out);
+}
+
+/* Header secrets follow the request: a request on a connection to the bound host that names
+ * another host (Host, an absolute target, the SNI, the connection's target) is refused as
+ * misdirected before any of it goes out, whichever request of the connection it is. */
+Test(rewrite, misdirected_requests_refused)
+{
+	static const struct {
+		const char *sni, *target, *req;
+	} bad[] = {
+	    {"api.test", "api.test", "GET /v1/x HTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	    {"api.test", "api.test", "GET /v1/x HTTP/1.1\r\nHost: api.test.evil.test\r\n\r\n"},
+	    {"api.test", "api.test", "GET /v1/x HTTP/1.1\r\nHost: api.test:8443\r\n\r\n"},
+	    {"api.test", "api.test", "GET /v1/x HTTP/1.1\r\nHost: api.test:\r\n\r\n"},
+	    {"api.test", "api.test", "GET /v1/x HTTP/1.1\r\n\r\n"},
+	    {"api.test", "api.test",
+	     "GET /v1/x HTTP/1.1\r\nHost: api.test\r\nHost: evil.test\r\n\r\n"},
+	    {"api.test", "api.test",
+	     "GET https://evil.test/v1/x HTTP/1.1\r\nHost: api.test\r\n\r\n"},
+	    {"api.test", "api.test",
+	     "GET https://api.test@evil.test/v1/x HTTP/1.1\r\nHost: api.test\r\n\r\n"},
+	    {"api.test", "api.test", "GET evil.test:443 HTTP/1.1\r\nHost: api.test\r\n\r\n"},
+	    {"evil.test", "api.test", "GET /v1/x HTTP/1.1\r\nHost: api.test\r\n\r\n"},
+	    {NULL, "api.test", "GET /v1/x HTTP/1.1\r\nHost: api.test\r\n\r\n"},
+	    {"api.test", "evil.test", "GET /v1/x HTTP/1.1\r\nHost: api.test\r\n\r\n"},
+	    /* the second request of a keep-alive connection */
+	    {"api.test", "api.test",
+	     "GET /v1/a HTTP/1.1\r\nHost: api.test\r\n\r\nGET /v1/b HTTP/1.1\r\nHost: evil.test"
+	     "\r\n\r\n"},
+	};
+
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		struct cb_net_rewriter rw = {
+		    .host = &host, .sni = bad[i].sni, .target = bad[i].target, .port = 443};
+		struct evbuffer *in = evbuffer_new(), *out = evbuffer_new();
+		size_t n;
+		char *got;
+
+		evbuffer_add(in, bad[i].req, strlen(bad[i].req));
+		cr_expect_eq(cb_net_rewrite(&rw, in, out), -1, "accepted: %s", bad[i].req);
+		cr_expect(rw.misdirected, "%s: %s", bad[i].req, rw.error);
+		cr_expect(rw.error && strstr(rw.error, "misdirected request"), "%s", bad[i].req);
+		/* nothing of the refused request went out, and no secret with it */
+		n = evbuffer_get_length(out);
+		got = calloc(1, n + 1);
+		evbuffer_remove(out, got, n);
+		cr_expect_null(strstr(got, "evil"), "%s went out: %s", bad[i].req, got);
+		cr_expect_leq(n, strlen(bad[i].req) + 64, "%s", bad[i].req);
+		free(got);
+		evbuffer_free(in);
+		evbuffer_free(out);
+	}
 }
 
 Test(ca, made_private_and_signs_verifiable_leaves)
@@ -190,9 +248,11 @@ Test(ca, made_private_and_signs_verifiable_leaves)
 Test(rewrite, fuzzed_streams)
 {
 	static const char *const seeds[] = {
-	    "POST /v1/a HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET /v1/ HTTP/1.1\r\n\r\n",
-	    "POST /v1/b HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
-	    "GET /v1/ws HTTP/1.1\r\nUpgrade: x\r\nAuthorization: a\r\n\r\nraw",
+	    "POST /v1/a HTTP/1.1\r\nHost: api.test\r\nContent-Length: 3\r\n\r\nabcGET /v1/ "
+	    "HTTP/1.1\r\nHost: api.test\r\n\r\n",
+	    "POST /v1/b HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc"
+	    "\r\n0\r\n\r\n",
+	    "GET /v1/ws HTTP/1.1\r\nHost: api.test\r\nUpgrade: x\r\nAuthorization: a\r\n\r\nraw",
 	};
 	const char *env = getenv("COWBOX_SEED");
 	unsigned seed = env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)getpid();
@@ -202,7 +262,8 @@ Test(rewrite, fuzzed_streams)
 	for (int iter = 0; iter < 3000; iter++) {
 		char buf[512];
 		size_t len = strlen(strcpy(buf, seeds[random() % 3]));
-		struct cb_net_rewriter rw = {.host = &host};
+		struct cb_net_rewriter rw = {
+		    .host = &host, .sni = "api.test", .target = "api.test", .port = 443};
 		struct evbuffer *i = evbuffer_new(), *o = evbuffer_new();
 		int rc = 0;
 

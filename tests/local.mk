@@ -32,6 +32,7 @@ TESTS += tests/integration/test_basecache.py
 TESTS += tests/integration/test_lifecycle.py bindings/python/tests/test_lifecycle.py
 # the network policy and its egress proxy: allow entries, private ranges, the network log
 TESTS += tests/integration/test_network_policy.py tests/integration/test_network_secrets.py
+TESTS += tests/integration/test_network_hostaddr.py tests/integration/test_network_fds.py
 # in-place workspaces: the upper layer is the user's folder
 TESTS += tests/integration/test_in_place.py
 # the ns backend's OCI images: layouts, the local store, the cache
@@ -47,3 +48,13 @@ TESTS += tests/integration/test_vm_agent.py tests/integration/test_vm_conformanc
 	tests/integration/test_vm_lifecycle.py
 # The CLI as a person meets it, as transcripts (cli/).
 TESTS += tests/integration/test_cli_transcript.py
+# issue 31: the seed pages' code on cowbox.litellm, cowbox.boxlite and cowbox.mistral (ns,
+# local, and the docker engine where scripts/setup-podman made one)
+TESTS += bindings/python/tests/test_seed_litellm.py bindings/python/tests/test_seed_boxlite.py \
+	bindings/python/tests/test_seed_mistral.py
+EXTRA_DIST += bindings/python/tests/seedutil.py
+# issue 31: ns images pulled from the registries a registries.conf names (a loopback registry)
+TESTS += tests/integration/test_image_pull.py
+TESTS += tests/integration/test_volume_swap.py
+TESTS += tests/integration/test_home_quota.py
+TESTS += tests/integration/test_image_caps.py

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -400,6 +401,17 @@ int cb_ws_remove(const char *arg)
 	db = NULL;
 	cb_error_clear();
 	rc = 0;
+	/* The persistent home's own filesystem (backends/home.c) that a killed daemon left
+	 * mounted: detached first, so the delete below stays on the workspace's disk. */
+	if ((rc = ws_pathf(&trash, "%s/home", dir)))
+		goto out;
+	struct stat dir_st, home_st;
+
+	if (stat(dir, &dir_st) == 0 && lstat(trash, &home_st) == 0 && S_ISDIR(home_st.st_mode) &&
+	    home_st.st_dev != dir_st.st_dev)
+		umount2(trash, MNT_DETACH);
+	free(trash);
+	trash = NULL;
 	/* Rename first so that a crash mid-delete leaves no half workspace under its ref. */
 	if ((rc = ws_pathf(&trash, "%s/workspaces/.trash-%s", home, ref)))
 		goto out;

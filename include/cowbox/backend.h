@@ -70,9 +70,12 @@ struct cb_backend_secret {
 
 /* A host directory bound into the sandbox (ns, docker). */
 struct cb_backend_volume {
-	char *src; /* host directory, absolute (resolved when the options are read) */
+	char *src; /* host directory, absolute (resolved once, when the volume is given) */
 	char *dst; /* absolute path inside */
 	int writable;
+	/* the directory src named when the volume was given (backend.json's volume_ids): every
+	 * command's bind must find this very directory there; ino 0: not known (an older file) */
+	unsigned long long dev, ino;
 };
 
 /* The options every backend takes. They shape a new workspace's backend and are kept in
@@ -96,6 +99,8 @@ struct cb_backend_options {
 	unsigned long pids;	   /* cap on processes and threads (ns, docker); 0: 1024 */
 	unsigned long disk_mb;	   /* upper-layer quota in MiB (the filesystem); 0: 10240 */
 	unsigned long disk_inodes; /* upper-layer inode quota; 0: 1000000 */
+	unsigned long image_max_mb; /* ns: cap on an OCI image's unpacked bytes, MiB (at its first
+				       unpack); 0: disk_mb's */
 	char *image; /* ns: a directory, oci:PATH[:TAG] or a local podman image (cowbox/image.h);
 			docker: an image name (NULL: cb_backend_image_of's default) */
 	char *on_create[CB_BACKEND_MAX_HOOKS];	/* shell commands run once, on creation */
@@ -113,6 +118,8 @@ struct cb_backend_options {
 			   (with no capabilities); the workspace's files keep their host ids */
 	struct cb_backend_secret *secrets; /* header secrets (network public or allow) */
 	size_t n_secrets;
+	unsigned long proxy_conns; /* network public or allow: the egress proxy's connections
+				      open at once (the longest idle closed past it); 0: 256 */
 };
 
 /* One command for a backend. Only argv (or shell) is required. */
@@ -191,6 +198,11 @@ struct cb_backend_ops {
 	void (*close)(struct cb_backend *b);
 	/* Run the on_destroy hooks and remove the resources for good (the container). */
 	int (*destroy)(struct cb_backend *b);
+	/* At configure, an image the options name that is not a root tree (image_root 0): make
+	 * sure the engine has it (docker: in its store, else pulled from the registries of the
+	 * engine's own configuration), so that a bad image fails the configure naming it; NULL:
+	 * nothing to check. */
+	int (*check_image)(const char *image);
 };
 
 /* A workspace's backend, as a daemon holds it. */
@@ -239,10 +251,12 @@ struct cb_backend_limits {
 	unsigned long pids, memory_mb;
 	int oom_score_adj;
 	unsigned long long disk_bytes, disk_inodes;
+	unsigned long long home_bytes; /* the persistent home's own cap (confined: the disk
+					  quota, its own filesystem; 0: none) */
 };
 void cb_backend_limits_of(const struct cb_backend_options *o, struct cb_backend_limits *out);
 /* Their JSON form (info): {"timeout","memory_mb","pids","oom_score_adj","disk_bytes",
- * "disk_inodes"}, 0 for none; a new reference. */
+ * "disk_inodes","home_bytes"}, 0 for none; a new reference. */
 json_t *cb_backend_limits_json(const struct cb_backend_limits *l);
 
 /* Parse options from JSON ({"backend":"ns","env":{"K":"V"},"working_dir":...,"timeout":...,
@@ -272,6 +286,26 @@ int cb_backend_env_from_json(json_t *obj, const char *what, char ***out);
  * a new reference in *out); -EINVAL naming spec when it has no PATH. Checked in full by
  * cb_backend_options_from_json. */
 int cb_backend_volume_spec(const char *spec, json_t **out);
+
+/* The persistent home's cap in bytes (the disk quota; 0: none, or a backend without a home). */
+unsigned long long cb_backend_home_cap(const struct cb_backend_options *o);
+/* Make <workspace dir>/home ready for a command's bind: under a cap (and as root), its own
+ * ext4 filesystem (home.img, made at the first call, on a loop device) mounted there, nosuid
+ * and nodev; an older plain home's files are copied in once. Idempotent and safe between
+ * the daemon and cowbox exec REF (a lock file); 0 or -errno with a message. */
+int cb_backend_home_ready(struct cb_backend *b);
+/* cb_backend_home_ready, then an O_PATH fd of the home to bind from: under a cap, checked to
+ * be its filesystem's root (a stop racing the command cannot leave it the plain directory
+ * beneath). The fd, or -errno with a message. */
+int cb_backend_home_open(struct cb_backend *b);
+/* Unmount dir's home if it is mounted (lazily: commands running keep theirs). */
+void cb_backend_home_release(const char *dir);
+
+/* Open volume v's host directory for a bind: an O_PATH fd of src reached through no symlink
+ * (openat2 RESOLVE_NO_SYMLINKS from /), which must still be the directory (device and inode)
+ * it named when the volume was given. The fd, or -errno with a message naming the volume
+ * (-ELOOP: a symlink is on the way now; -ESTALE: another directory is in its place). */
+int cb_backend_volume_open(const struct cb_backend_volume *v);
 
 /* The background mode of a name ("keep", "kill"): -EINVAL naming what for anything else. */
 int cb_backend_bg_parse(const char *what, const char *s, enum cb_backend_bg *out);

@@ -80,6 +80,8 @@ struct cb_box_options {
 					* (keeping the disk); 0: 600; < 0: never */
 	bool in_place;		       /* the agent's edits land in base itself, which is
 					* recorded as turn 0 first (cb_ws_create_in_place) */
+	unsigned long proxy_conns;     /* network public or allow: the egress proxy's
+					* connections open at once; 0: 256 */
 };
 
 /* Per command; a NULL options pointer means all defaults. */

@@ -3,6 +3,8 @@
 #ifndef COWBOX_IMAGE_H
 #define COWBOX_IMAGE_H
 
+#include <jansson.h>
+
 /* The docker backend's image when neither its image option nor $COWBOX_DOCKER_IMAGE names one:
  * the Debian 12 minbase image that scripts/setup-podman builds into the local store. */
 #define CB_BACKEND_DOCKER_DEFAULT_IMAGE "cowbox-debian:bookworm"
@@ -50,5 +52,33 @@ void cb_backend_image_config_free(struct cb_backend_image_config *c);
  * name the image and what went wrong (not found, not an OCI layout, unpack failed); a name is
  * looked up in the local store only, never pulled. */
 int cb_backend_image_root(const char *spec, char **root, struct cb_backend_image_config *cfg);
+
+struct cb_backend_options;
+
+/* What an unpack may write: the sum of the image's layers' entries (each file rounded up to a
+ * 4 KiB block) and their count; 0: no cap. */
+struct cb_backend_image_cap {
+	unsigned long long bytes, inodes;
+};
+/* The cap options o give (image_max_mb, else the disk quota; disk_inodes); o NULL: the
+ * defaults. */
+void cb_backend_image_cap_of(const struct cb_backend_options *o, struct cb_backend_image_cap *out);
+/* cb_backend_image_root, with an unpack (a first use) measured first: the layers are listed
+ * (tar -tv, whatever their compression) and an image over cap is refused (-EFBIG, naming the
+ * image, what it would unpack to and the cap) before anything is written. cap NULL: none. */
+int cb_backend_image_root_capped(const char *spec, const struct cb_backend_image_cap *cap,
+				 char **root, struct cb_backend_image_config *cfg, int *hold);
+/* hold (not NULL): for an unpacked root, *hold is an fd holding it (a shared lock) until
+ * closed, so that cb_backend_image_prune leaves it alone; -1 for a directory image. */
+
+/* The unpacked roots under $COWBOX_HOME/images: {"dir", "images": [{"id" (the config
+ * digest's hex), "bytes" (allocated), "inodes", "workspaces": [refs whose image option
+ * resolves to it now]}]}; a new reference in *out. */
+int cb_backend_image_list(json_t **out);
+/* Remove every root no workspace's image option resolves to now and none holds (a running
+ * backend or sandbox, an unpack: each holds its digest's lock, which prune takes without
+ * waiting), and the leftovers of killed unpacks. Idempotent; a create racing it finds its
+ * root gone and unpacks it again. {"removed": [ids], "bytes"}; a new reference in *out. */
+int cb_backend_image_prune(json_t **out);
 
 #endif

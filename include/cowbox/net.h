@@ -80,6 +80,18 @@ int cb_net_reaches(const struct cb_net_policy *p, const char *dest, struct cb_ne
 /* The special range an address lies in ("loopback 127.0.0.0/8", ...), NULL for a public one. */
 const char *cb_net_special_range(const struct sockaddr *sa);
 
+/* Whether an address or CIDR entry of p with a matching port contains sa's address (what
+ * opens a special range or one of the host's own addresses). */
+int cb_net_entry_names_addr(const struct cb_net_policy *p, const struct sockaddr *sa, int port);
+
+/* Whether the host (this network namespace) delivers sa's address to itself: 1 for an address
+ * of any of its interfaces (or a local route's range), 0 for one it routes elsewhere or cannot
+ * reach, -errno with a message when the kernel cannot be asked (callers refuse then). Asked of
+ * the routing tables by netlink at each call: an address added a moment ago counts. *nl is
+ * the caller's netlink socket (-1: one is made; the caller closes it), used by one thread at a
+ * time. */
+int cb_net_host_own(int *nl, const struct sockaddr *sa);
+
 /* ---- the proxy (net/proxy.c) ---- */
 
 /* One connection attempt as the proxy saw it, for the network log. */
@@ -123,7 +135,16 @@ struct cb_net_proxy_config {
 	const struct cb_net_binding *bindings; /* copied */
 	size_t n_bindings;
 	const char *ca_dir; /* holds CB_NET_CA_KEY and CB_NET_CA_CERT; needed with bindings */
+	/* Connections open at once (docs/network.md#connection-cap); 0: CB_NET_MAX_CONNS. Lowered
+	 * at start so that they, at CB_NET_FDS_PER_CONN each, leave CB_NET_FD_RESERVE of the
+	 * process's open-file limit to the mount and the turn ops. */
+	size_t max_conns;
 };
+
+#define CB_NET_MAX_CONNS    256 /* the default cap of a workspace's proxy connections */
+#define CB_NET_FDS_PER_CONN 6	/* a tunnel's: two sockets, two pipes */
+#define CB_NET_FD_RESERVE   512 /* fds of the daemon's limit the proxy never counts on */
+#define CB_NET_IDLE_MIN	    1.0 /* seconds without a byte before a tunnel counts as idle */
 
 struct cb_net_proxy;
 
@@ -136,6 +157,8 @@ int cb_net_proxy_start(const struct cb_net_proxy_config *cfg, struct cb_net_prox
 void cb_net_proxy_stop(struct cb_net_proxy *p);
 /* Connections open now (tests, info). */
 size_t cb_net_proxy_open_count(struct cb_net_proxy *p);
+/* The cap on connections it keeps (max_conns as lowered for the fd reserve). */
+size_t cb_net_proxy_max_conns(struct cb_net_proxy *p);
 
 /* ---- the workspace's certificate authority (net/ca.c) ---- */
 

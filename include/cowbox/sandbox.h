@@ -81,9 +81,13 @@ struct cb_sandbox {
 /* User-mode networking (exec/pasta.c) for a network namespace the caller keeps: pasta, from
  * Debian's passt package, relays the namespace's outbound TCP, UDP (and so DNS) through host
  * sockets, while the host's loopback, its abstract unix sockets and every port of the host
- * stay out of reach (no port forwarding either way, the gateway is not mapped to the host).
- * A thread of the caller keeps pasta: it ends with cb_pasta_stop or, if the caller's process
- * dies, with it (a parent-death signal); nothing is left running. */
+ * stay out of reach (no port forwarding either way, the gateway is not mapped to the host),
+ * and so does every other address of the host's interfaces: pasta runs with a group of its
+ * own whose packets to any local address a chain of the host's firewall (COWBOX-PASTA) rejects,
+ * and the namespace's firewall rejects them too, rewritten by a thread of the caller whenever
+ * the host's addresses change (both need Debian's iptables). A thread of the caller keeps pasta: it
+ * ends with cb_pasta_stop or, if the caller's process dies, with it (a parent-death signal);
+ * nothing is left running. */
 struct cb_pasta;
 
 /* Start pasta for netns_fd (an fd of a network namespace with loopback up; duplicated, the

@@ -265,14 +265,15 @@ class ApiTest(cbtest.CowboxTestCase):
         proc = self.cowbox("serve", self.ref, "--foreground", check=False, timeout=30)
         self.assertNotEqual(proc.returncode, 0)
         self.assertIn("in use by pid", proc.stderr)
-        # unavailable: a docker backend whose image cannot start.
+        # A docker backend whose image the engine neither has nor can pull: configure fails,
+        # naming the image (issue 31), not the first command.
         other = self.create(self.base)
         self.mount(other)
         c2 = self.client(other)
-        self.ok("configure", c=c2, options={"backend": "docker", "image": "cowbox-no-such:img"})
-        env = dict(os.environ)
-        r = c2.request("run", cmd=["true"])
+        r = c2.request("configure", options={"backend": "docker",
+                                             "image": "cowbox-no-such:img"})
         self.assertIn(r["error"]["code"], ("unavailable", "not_found"), r)
+        self.assertIn("cowbox-no-such:img", r["error"]["message"])
         self.ok("ping")
 
     # --- concurrency, crash, reattach ---

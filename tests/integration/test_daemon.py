@@ -1,6 +1,7 @@
 """The workspace daemon: its control protocol (hello, ops, malformed input), no fd leaks over
 many clients, close, and recovery after a kill -9 with every answered change journaled."""
 
+import base64
 import json
 import os
 import random
@@ -223,6 +224,55 @@ class TestCrash(CowboxTestCase):
         self.cowbox("rm", ref)
         self.assertFalse(is_fuse_mount(where))
         self.assertFalse(os.path.exists(self.ws_dir(ref)))
+
+
+class TestSchedulingShare(CowboxTestCase):
+    """A daemon `cowbox mount` started leads a session of its own, whose autogroup gets a
+    higher CPU weight (nice -5 by default) so a loaded host's other sessions do not starve
+    its FUSE threads; the commands it runs start sessions of their own at the default weight,
+    so a sandbox cannot borrow the daemon's share (daemon/sched.c)."""
+
+    @staticmethod
+    def autogroup_nice(text):
+        # "/autogroup-42 nice -5"
+        return int(text.split()[-1])
+
+    def setUp(self):
+        super().setUp()
+        if not os.path.exists("/proc/self/autogroup"):
+            self.skipTest("kernel without autogroups")
+
+    def test_daemon_raised_commands_not(self):
+        ref = self.create(self.make_base({"a": "x"}))
+        pid = self.mount(ref)
+        with open("/proc/%d/autogroup" % pid) as f:
+            self.assertEqual(self.autogroup_nice(f.read()), -5)
+        with open("/proc/self/autogroup") as f:
+            mine = f.read()
+        # `cowbox exec` through the CLI, and a command through the daemon's API (exec op):
+        # each in a session of its own at nice 0, and a setsid inside changes nothing.
+        out = self.cowbox("exec", ref, "--", "sh", "-c",
+                          "cat /proc/self/autogroup; setsid cat /proc/self/autogroup").stdout
+        for line in out.splitlines():
+            self.assertEqual(self.autogroup_nice(line), 0, out)
+            self.assertNotEqual(line.split()[0], mine.split()[0])
+        c = self.client(ref)
+        reply = c.request("run", cmd=["cat", "/proc/self/autogroup"], timeout=30)
+        c.close()
+        self.assertEqual(reply.get("exit_code"), 0, reply)
+        api_line = base64.b64decode(reply["stdout"]).decode()
+        self.assertEqual(self.autogroup_nice(api_line), 0, reply)
+        with open("/proc/%d/autogroup" % pid) as f:
+            self.assertNotEqual(f.read().split()[0], api_line.split()[0])
+
+    def test_the_share_is_bounded_and_can_be_lowered(self):
+        for asked, got in (("-50", -10), ("3", 3), ("junk", -5)):
+            self.env["COWBOX_DAEMON_NICE"] = asked
+            ref = self.create(self.make_base({"a": asked}))
+            pid = self.mount(ref)
+            with open("/proc/%d/autogroup" % pid) as f:
+                self.assertEqual(self.autogroup_nice(f.read()), got, asked)
+            self.cowbox("umount", ref)
 
 
 if __name__ == "__main__":

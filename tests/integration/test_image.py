@@ -157,8 +157,11 @@ class ImageTest(cbtest.CowboxTestCase):
         with open(big, "wb") as f:
             f.write(head)
         hex_bad = ociutil.add_image(bad, "base", "other", [ociutil.entry("x", data=b"x")])
-        self.assert_fails(["exec", "--dir", self.ws, "--image", "oci:%s:other" % bad, "--",
-                           "true"], "image oci:%s:other: umoci unpack failed" % bad, status=125)
+        # (the unpack's cap lists the layers first: tar finds it damaged before umoci would)
+        p = self.assert_fails(["exec", "--dir", self.ws, "--image", "oci:%s:other" % bad, "--",
+                               "true"], "image oci:%s:other: " % bad, status=125)
+        self.assertTrue("umoci unpack failed" in p.stderr or "tar cannot list it" in p.stderr,
+                        p.stderr)
         # nothing that looks like a root, and no leftover
         self.assertFalse(os.path.exists(os.path.join(self.images(), hex_bad)))
         self.assertFalse(os.path.exists(os.path.join(self.images(), hex_bad + ".tmp")))

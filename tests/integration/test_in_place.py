@@ -254,10 +254,12 @@ class InPlaceTest(CowboxTestCase):
                           "exclude each other", status=2)
         self.assert_fails(["create", "--in-place", self.folder],
                           "is already the folder of workspace %s (ip)" % self.ref)
-        # Another sandbox may not write the folder past its mount (read-only is fine).
+        # Another sandbox may not write the folder past its mount, nor bind a path in it that
+        # the folder's own sandbox could swap for a symlink (issue 30, 1: read-only too).
         self.assert_fails(["create", "--volume", "%s/sub:/data:rw" % self.folder],
                           "an in-place folder")
-        self.cowbox("create", "--volume", "%s/sub:/data:ro" % self.folder)
+        self.assert_fails(["create", "--volume", "%s/sub:/data:ro" % self.folder],
+                          "an in-place folder")
         self.mount(self.ref)
         self.snapshot()
         # The folder is the live tree: apply onto it, or a fork over it, makes no sense.

@@ -368,6 +368,68 @@ class NetworkSecretsTest(cbtest.CowboxTestCase):
         self.assertEqual(len(rows), 1, rows)
         self.assertTrue(rows[0]["secret"])
 
+    def test_secret_follows_the_request_not_the_connection(self):
+        """Attack: on an intercepted connection to the bound host, a request that names
+        another host of the same front end (Host, an absolute target, the SNI; the first
+        request of a connection or a later one) would carry the secret there. Each is refused
+        with 421 before it goes out, and logged as refused."""
+        ref, c = self.workspace()
+        url = "https://api.example.test/v1/x"
+        fmt = "-o /tmp/body -w '%{http_code}\\n'; cat /tmp/body"
+
+        def curl(args):
+            code, out, err = self.run_in(c, "curl -sS -m 20 %s %s" % (args, fmt))
+            self.assertNotIn(self.secret, out)
+            self.assertNotIn(self.file_secret, out)
+            return out, err
+        # Host names another site of the same server
+        out, err = curl("-H 'Host: other.example.test' " + url)
+        self.assertTrue(out.startswith("421\n"), out + err)
+        self.assertIn("misdirected request: Host 'other.example.test'", out)
+        # an absolute target naming it (curl sends Host: api.example.test)
+        out, err = curl("--request-target https://other.example.test/v1/x " + url)
+        self.assertTrue(out.startswith("421\n"), out + err)
+        self.assertIn("request target's authority 'other.example.test'", out)
+        # a keep-alive connection: the first request is the bound host's, the second not
+        code, out, err = self.run_in(
+            c, "curl -sS -m 20 -v %s --next -H 'Host: other.example.test' "
+            "https://api.example.test/v1/y" % url)
+        self.assertIn("Re-using existing connection", err)
+        self.assertEqual(out.count(self.secret), 1, out)  # the first one's, echoed
+        self.assertIn("misdirected request: Host 'other.example.test'", out)
+        # the SNI names another host (the client takes any certificate)
+        sni = r"""
+import socket, ssl
+s = socket.create_connection(("127.0.0.1", 3128))
+s.sendall(b"CONNECT api.example.test:443 HTTP/1.1\r\n\r\n")
+assert s.recv(4096).startswith(b"HTTP/1.1 200")
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+t = ctx.wrap_socket(s, server_hostname="other.example.test")
+t.sendall(b"GET /v1/z HTTP/1.1\r\nHost: api.example.test\r\nConnection: close\r\n\r\n")
+data = b""
+while b"\r\n\r\n" not in data or len(data.partition(b"\r\n\r\n")[2]) < int(
+        data.lower().partition(b"content-length: ")[2].split(b"\r")[0]):
+    d = t.recv(65536)
+    if not d:
+        break
+    data += d
+print(data.decode(errors="replace"))
+"""
+        code, out, err = self.run_in(c, "python3 -c '%s'" % sni.replace("'", "'\\''"))
+        self.assertTrue(out.startswith("HTTP/1.1 421 Misdirected Request"), out + err)
+        self.assertIn("the TLS server name (SNI) 'other.example.test'", out)
+        self.assertNotIn(self.secret, out)
+        # a request naming the bound host still gets it, on its own connection
+        s, _ = self.seen(c, url)
+        self.assertEqual(s["headers"]["Authorization"], "Bearer " + self.secret)
+        rows = [r for r in self.ok(c, "net_log")["rows"]
+                if "misdirected request" in r["rule"]]
+        self.assertEqual(len(rows), 4, rows)
+        self.assertFalse(any(r["allowed"] for r in rows), rows)
+        self.assertIn("misdirected request", self.cowbox("net-log", ref).stdout)
+
     def test_secret_nowhere_inside(self):
         ref, c = self.workspace()
         s, _ = self.seen(c, "https://api.example.test/v1/")

@@ -182,10 +182,13 @@ class VmLifecycleTest(cbtest.CowboxTestCase):
         self.assertEqual((await box.run(["true"])).exit_code, 0)
 
     def test_network_all(self):
-        """network all: passt with --no-map-gw. A server on a host address that is not
-        loopback (a dummy interface's) answers the guest; the same server's twin on the host's
-        127.0.0.1 answers neither at 127.0.0.1 (the guest's own loopback) nor at the gateway's
-        address (qemu's slirp or a mapped gateway would reach it there)."""
+        """network all: passt with --no-map-gw, in a group the host's firewall keeps from the
+        host's own addresses. A server on a host address that is not loopback (a veth end's)
+        does not answer the guest (issue 30: the host's own addresses are not reachable), while
+        one behind it in a namespace of the test's (another machine, as far as the host can
+        tell) does; the same server's twin on the host's 127.0.0.1 answers neither at 127.0.0.1 (the guest's
+        own loopback) nor at the gateway's address (qemu's slirp or a mapped gateway would
+        reach it there)."""
         addr = "10.251.78.%d" % (os.getpid() % 250 + 2)
         dev = "cbvm%d" % (os.getpid() % 100000)  # and its peer, dev + "p": within 15 bytes
         # a veth pair in the host's namespace: one end holds the address (no dummy module here)
@@ -193,8 +196,30 @@ class VmLifecycleTest(cbtest.CowboxTestCase):
                        check=True)
         self.addCleanup(subprocess.run, ["ip", "link", "del", dev], capture_output=True)
         subprocess.run(["ip", "addr", "add", addr + "/32", "dev", dev], check=True)
-        for d in (dev, dev + "p"):
-            subprocess.run(["ip", "link", "set", d, "up"], check=True)
+        # the peer end in a namespace of its own, holding an address the host routes to it
+        peer, ns = "10.251.79.%d" % (os.getpid() % 250 + 2), "cbvmn%d" % (os.getpid() % 100000)
+        nse = ["ip", "netns", "exec", ns]
+        subprocess.run(["ip", "netns", "add", ns], check=True)
+        self.addCleanup(subprocess.run, ["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "set", dev + "p", "netns", ns], check=True)
+        subprocess.run(["ip", "link", "set", dev, "up"], check=True)
+        for cmd in (["ip", "addr", "add", peer + "/32", "dev", dev + "p"],
+                    ["ip", "link", "set", dev + "p", "up"], ["ip", "link", "set", "lo", "up"],
+                    ["ip", "route", "add", addr + "/32", "dev", dev + "p"]):
+            subprocess.run(nse + cmd, check=True)
+        subprocess.run(["ip", "route", "add", peer + "/32", "dev", dev], check=True)
+        peer_srv = subprocess.Popen(nse + ["python3", "-c",
+                                           "import socket\n"
+                                           "s = socket.create_server((%r, 8765))\n"
+                                           "print('ready', flush=True)\n"
+                                           "while True:\n"
+                                           "    c, _ = s.accept(); c.sendall(b'hello from peer\\n')"
+                                           "; c.close()\n" % peer],
+                                    stdout=subprocess.PIPE, text=True)
+        self.addCleanup(peer_srv.stdout.close)
+        self.addCleanup(peer_srv.wait)
+        self.addCleanup(peer_srv.kill)
+        self.assertEqual(peer_srv.stdout.readline().strip(), "ready")
         servers = []
         for host in (addr, "127.0.0.1"):
             srv = socket.create_server((host, 0))
@@ -227,8 +252,11 @@ class VmLifecycleTest(cbtest.CowboxTestCase):
                 self.assertEqual(len(r.stdout.split()), 2, r.stdout)  # lo and the NIC
                 passt = self.passt_pids(self.daemon_pid(box.ref))
                 self.assertEqual(len(passt), 1, passt)
-                r = await box.run(["bash", "-c", probe % (addr, servers[0])], timeout=60)
-                self.assertEqual(r.stdout, "hello from %s\n" % addr, r.stderr)
+                r = await box.run(["bash", "-c", probe % (peer, 8765)], timeout=60)
+                self.assertEqual(r.stdout, "hello from peer\n", r.stderr)
+                r = await box.run(["bash", "-c", "timeout 10 bash -c '%s'"
+                                   % (probe % (addr, servers[0]))], timeout=60)
+                self.assertNotIn("hello", r.stdout, addr)
                 for host in ("127.0.0.1", gw):
                     r = await box.run(["bash", "-c", "timeout 10 bash -c '%s'"
                                        % (probe % (host, servers[1]))], timeout=60)

@@ -23,6 +23,10 @@ FRAME_BYTES = 1 << 20
 _REF = re.compile(r"^cb-[0-9a-f]{32}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 log = logging.getLogger("cowbox")
+# host_url's wait for the daemon's answer (the backend's boot): inside a running event loop,
+# which it must not hold, and outside one.
+HOST_URL_LOOP_WAIT = 2.0
+HOST_URL_WAIT = 300.0
 ACCESS_LEVELS = ("none", "files", "full")  # narrowest first
 
 
@@ -255,7 +259,7 @@ class Sandbox:
                      on_create=(), on_destroy=(), setup_script=None, setup_timeout=None,
                      privileged=False, shell=None, user=None, background=None, volumes=None,
                      access=None, idle_timeout=None, in_place=False, cowbox=None, home=None,
-                     header_bindings=None):
+                     header_bindings=None, proxy_conns=None):
         """A new workspace over base (a directory, or None for an empty one) with these
         backend options; the backend itself boots on first use. network is "none" (the
         default of ns and docker), "all" (outbound through user-mode networking, not the
@@ -263,7 +267,8 @@ class Sandbox:
         cowbox.Network: Network.public() or Network.allow(hosts=[...]) reach the network
         only through the workspace's egress proxy (docs/network.md); there,
         header_bindings (cowbox.HeaderBinding) set secret headers on HTTPS requests to
-        their hosts without the secret entering the sandbox.
+        their hosts without the secret entering the sandbox; proxy_conns caps the proxy's
+        connections open at once (default 256; past it the longest idle one is closed).
         image is the commands' root: for ns a directory, "oci:PATH[:TAG]" (an OCI image
         layout) or an image in the local podman store ("containers-storage:NAME" or NAME,
         never pulled), unpacked once into a root cached under COWBOX_HOME/images that later
@@ -328,7 +333,8 @@ class Sandbox:
                            ("cpus", cpus), ("memory_mb", memory_mb), ("pids", pids),
                            ("disk_mb", disk_mb), ("disk_inodes", disk_inodes), ("image", image),
                            ("setup_script", setup_script), ("setup_timeout", setup_timeout),
-                           ("shell", shell), ("user", user), ("background", background)):
+                           ("shell", shell), ("user", user), ("background", background),
+                           ("proxy_conns", proxy_conns)):
             if value is not None:
                 options[key] = value
         if header_bindings:
@@ -667,7 +673,35 @@ class Sandbox:
                                                                       proc.stderr.strip()))
             mnt = json.loads(proc.stdout)["mountpoint"]
             self._sock = os.path.join(os.path.dirname(mnt), "control.sock")
-        return request_sync(self._sock, "host_url", port=int(port))["url"]
+        try:
+            asyncio.get_running_loop()
+            in_loop = True
+        except RuntimeError:
+            in_loop = False
+        # The daemon answers once the backend is up: at once when it runs, after its boot
+        # otherwise (a vm's takes tens of seconds under TCG). Inside a running event loop
+        # this call may not hold the loop for that: it waits HOST_URL_LOOP_WAIT seconds at
+        # most, the boot going on in the daemon, and then says so; host_url_async awaits it.
+        try:
+            return request_sync(self._sock, "host_url", port=int(port),
+                                timeout=HOST_URL_LOOP_WAIT if in_loop else HOST_URL_WAIT)["url"]
+        except WorkspaceError:
+            raise
+        except TimeoutError:
+            raise WorkspaceUnavailableError(
+                "host_url: workspace %s is still booting%s" % (
+                    self.ref, "; await box.host_url_async(port), or call host_url again once "
+                    "it is up (this call does not hold the event loop)" if in_loop else
+                    " after %d s" % HOST_URL_WAIT)) from None
+        except OSError as e:
+            raise WorkspaceUnavailableError("host_url: workspace %s: %s" % (self.ref, e)) from None
+
+    async def host_url_async(self, port):
+        """host_url, awaiting the backend's boot without holding the event loop."""
+        if self._access not in (None, "full") or self.access not in (None, "full"):
+            raise AccessDeniedError("host_url refused: this sandbox has access %s, and "
+                                    "host_url needs full" % (self.access or self._access))
+        return (await self._request("host_url", port=int(port)))["url"]
 
     async def which(self, binary):
         """The path of binary on the sandbox's PATH, or None."""

@@ -66,9 +66,10 @@ static void *publish_main(void *arg)
 	return NULL;
 }
 
+/* *port: the host port asked for (0: any free one) in, the one listening out. */
 static int listen_host(int *fd, int *port)
 {
-	struct sockaddr_in sa = {.sin_family = AF_INET};
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)*port)};
 	socklen_t len = sizeof(sa);
 
 	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -80,6 +81,9 @@ static int listen_host(int *fd, int *port)
 		if (*fd >= 0)
 			close(*fd);
 		*fd = -1;
+		if (*port)
+			return cb_error_set(e, "publish: listen on the host's 127.0.0.1:%d: %s",
+					    *port, strerror(e));
 		return cb_error_set(e, "publish: listen on the host's 127.0.0.1: %s", strerror(e));
 	}
 	*port = ntohs(sa.sin_port);
@@ -112,7 +116,7 @@ static void publish_stop(struct cb_published *p)
 }
 
 /* A published port of its own thread; NULL with a message on failure. */
-static struct cb_published *publish_new(int netns_fd, int port, int *rc)
+static struct cb_published *publish_new(int netns_fd, int port, int host_port, int *rc)
 {
 	struct cb_published *p = calloc(1, sizeof(*p));
 
@@ -121,6 +125,7 @@ static struct cb_published *publish_new(int netns_fd, int port, int *rc)
 		return NULL;
 	}
 	p->port = port;
+	p->host_port = host_port;
 	p->listen_fd = p->netns_fd = -1;
 	if ((*rc = cb_relays_new(&p->relays)) < 0)
 		goto fail;
@@ -160,20 +165,31 @@ int cb_publish_add(struct cb_backend *b, int port, int *host_port)
 	struct cb_published *p;
 	int rc = 0;
 
+	int want = *host_port;
+
 	*host_port = 0;
 	if (port < 1 || port > 65535)
 		return cb_error_set(EINVAL, "publish: port %d is not in 1-65535", port);
+	if (want < 0 || want > 65535)
+		return cb_error_set(EINVAL, "publish: host port %d is not in 1-65535", want);
 	pthread_mutex_lock(&b->lock);
 	for (p = b->pub; p; p = p->next)
-		if (p->port == port)
+		if (p->port == port) {
+			if (want && p->host_port != want)
+				rc = cb_error_set(EEXIST,
+						  "publish: port %d is published at 127.0.0.1:%d "
+						  "already (unpublish it first)",
+						  port, p->host_port);
 			goto out;
+		}
 	if (!b->created || b->netns_fd < 0) {
 		rc = cb_error_set(EOPNOTSUPP, "publish: the workspace has no network namespace of "
 					      "its own here (network host, the local backend, or a "
 					      "daemon not running as root)");
 		goto out;
 	}
-	if ((rc = own_namespace(b->netns_fd)) < 0 || !(p = publish_new(b->netns_fd, port, &rc)))
+	if ((rc = own_namespace(b->netns_fd)) < 0 ||
+	    !(p = publish_new(b->netns_fd, port, want, &rc)))
 		goto out;
 	p->next = b->pub;
 	b->pub = p;
@@ -182,6 +198,21 @@ out:
 		*host_port = p->host_port;
 	pthread_mutex_unlock(&b->lock);
 	return rc;
+}
+
+json_t *cb_publish_json(struct cb_backend *b)
+{
+	json_t *list = json_array();
+	char addr[32];
+
+	pthread_mutex_lock(&b->lock);
+	for (struct cb_published *p = b->pub; list && p; p = p->next) {
+		snprintf(addr, sizeof(addr), "127.0.0.1:%d", p->host_port);
+		json_array_append_new(list, json_pack("{s:i, s:i, s:s}", "port", p->port,
+						      "host_port", p->host_port, "address", addr));
+	}
+	pthread_mutex_unlock(&b->lock);
+	return list;
 }
 
 int cb_publish_remove(struct cb_backend *b, int port)

@@ -53,13 +53,14 @@ int cmd_access(int argc, char **argv)
 						     "an optional level");
 	if (argc - optind == 2 && (level = cb_access_parse(argv[optind + 1])) < 0)
 		return cli_usage_error(access_usage, "%s", cb_error_message());
-	if (cb_ws_resolve(argv[optind], ref) < 0 || cb_ws_path(ref, NULL, &dir) < 0 ||
-	    (have = cb_ws_access_load(dir)) < 0) {
+	if ((rc = cb_ws_resolve(argv[optind], ref)) < 0 || (rc = cb_ws_path(ref, NULL, &dir)) < 0 ||
+	    (rc = have = cb_ws_access_load(dir)) < 0) {
 		free(dir);
-		return cli_fail("access", NULL);
+		return cli_fail_rc("access", rc);
 	}
 	if (level > have) {
 		free(dir);
+		cli_set_code("access_denied");
 		return cli_fail("access",
 				"access %s refused: workspace %s serves at most %s; a level can "
 				"only be lowered",
@@ -71,7 +72,7 @@ int cmd_access(int argc, char **argv)
 			rc = cb_ws_access_save(dir, level);
 		if (rc < 0) {
 			free(dir);
-			return cli_fail("access", NULL);
+			return cli_fail_rc("access", rc);
 		}
 		have = level;
 	}

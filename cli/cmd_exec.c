@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cmd_common.h"
+#include "cowbox/box.h"
 #include "util/fdio.h"
 #include "commands.h"
 #include "cowbox/access.h"
@@ -41,9 +42,10 @@ static void exec_usage(FILE *out, const char *name)
 	    "or\n"
 	    "                       as soon as the command has ended), exit 124; default 600\n"
 	    "                       (the workspace's option; a shell: none), 0: none\n"
-	    "  --env K=V            add to the environment (repeatable)\n"
-	    "  --cwd DIR            working directory, relative to /workspace\n"
-	    "  --user NAME|UID[:G]  run as this user inside the sandbox (default: the\n"
+	    "  -e, --env K=V|K      add to the environment (repeatable); K alone passes this\n"
+	    "                       shell's value of K\n"
+	    "  -w, --cwd, --workdir DIR  working directory, relative to /workspace\n"
+	    "  -u, --user NAME|UID[:G]  run as this user inside the sandbox (default: the\n"
 	    "                       workspace's user option, else the sandbox's root)\n"
 	    "  --network MODE       none (default): loopback only; all: outbound TCP/UDP/DNS\n"
 	    "                       through pasta, not the host's loopback or its abstract\n"
@@ -51,7 +53,8 @@ static void exec_usage(FILE *out, const char *name)
 	    "                       Not given, a workspace's command is in the workspace's\n"
 	    "                       own namespace (its network option), as its API commands\n"
 	    "  --cpus N             CPU quota (e.g. 0.5)\n"
-	    "  --memory MB          memory cap; exceeding it kills the command (exit 137);\n"
+	    "  --memory SIZE        memory cap in MiB, or 512m, 2g; exceeding it kills the\n"
+	    "                       command (exit 137);\n"
 	    "                       default 4096 (or the workspace's option), 0: none. The\n"
 	    "                       command's oom_score_adj is 500: the host OOM killer's\n"
 	    "                       first pick\n"
@@ -83,19 +86,32 @@ static void exec_usage(FILE *out, const char *name)
 	    name, strcmp(name, "exec") ? "" : " [--] CMD [ARG...]",
 	    strcmp(name, "exec") ? ""
 				 : "  --shell STRING       run STRING with /bin/sh -c (so does a "
-				   "single CMD with spaces)\n");
+				   "single CMD with spaces)\n"
+				   "  -i, --interactive    stdin is passed to the command (always: "
+				   "accepted as docker's)\n"
+				   "  -t, --tty            the command on a pseudo-terminal of the "
+				   "caller's size\n"
+				   "                       (ns, local, --dir)\n"
+				   "  -d, --detach         start it as a background job of the "
+				   "workspace's daemon:\n"
+				   "                       it runs on after exec returns, until "
+				   "the\n"
+				   "                       workspace closes (umount, rm, or the "
+				   "daemon's idle stop),\n"
+				   "                       its output dropped, as the API's jobs; "
+				   "`cowbox publish`\n"
+				   "                       reaches a server started so\n");
 }
 
+/* 0, or -EINVAL with the message a usage error says. */
 static int parse_number(const char *opt, const char *s, double *out)
 {
 	char *end;
 	errno = 0;
 	*out = strtod(s ? s : "", &end);
-	if (!s || !*s || *end || errno || *out < 0) {
-		fprintf(stderr, "cowbox: %s needs a non-negative number, not '%s'\n", opt,
-			s ? s : "");
-		return -1;
-	}
+	if (!s || !*s || *end || errno || *out < 0)
+		return cb_error_set(EINVAL, "%s needs a non-negative number, not '%s'", opt,
+				    s ? s : "");
 	return 0;
 }
 
@@ -104,21 +120,27 @@ static int parse_number(const char *opt, const char *s, double *out)
  * operand or after "--". */
 static int parse_exec_args(int argc, char **argv, int want_cmd, struct cli_exec_opts *o)
 {
+	/* docker's short options mean what they mean there: -e -w -u -i -t -d */
+	enum { OPT_DIR = 1000, OPT_IMAGE, OPT_TIMEOUT };
 	static const struct option own[] = {
-	    {"dir", required_argument, NULL, 'd'},
-	    {"cwd", required_argument, NULL, 'c'},
+	    {"dir", required_argument, NULL, OPT_DIR},
+	    {"cwd", required_argument, NULL, 'w'},
+	    {"workdir", required_argument, NULL, 'w'},
 	    {"user", required_argument, NULL, 'u'},
-	    {"image", required_argument, NULL, 'i'},
+	    {"image", required_argument, NULL, OPT_IMAGE},
 	    {"shell", required_argument, NULL, 's'},
 	    {"userns", no_argument, NULL, 'U'},
 	    {"privileged", no_argument, NULL, 'P'},
 	    {"env", required_argument, NULL, 'e'},
 	    {"network", required_argument, NULL, 'n'},
 	    {"backend", required_argument, NULL, 'b'},
-	    {"timeout", required_argument, NULL, 't'},
+	    {"timeout", required_argument, NULL, OPT_TIMEOUT},
 	    {"cpus", required_argument, NULL, 'C'},
 	    {"memory", required_argument, NULL, 'm'},
 	    {"pids", required_argument, NULL, 'p'},
+	    {"interactive", no_argument, NULL, 'i'},
+	    {"tty", no_argument, NULL, 't'},
+	    {"detach", no_argument, NULL, 'd'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct cli_common common = {0};
@@ -135,7 +157,8 @@ static int parse_exec_args(int argc, char **argv, int want_cmd, struct cli_exec_
 	o->shell_mode = !want_cmd;
 	optind = 1;
 	for (;;) {
-		c = cli_getopt(argc, argv, "+", own, &common, usage, &status);
+		c = cli_getopt(argc, argv, want_cmd ? "+e:w:u:itd" : "+e:w:u:", own, &common, usage,
+			       &status);
 		if (c < 0) {
 			status = status == CLI_OK ? -1 : status;
 			goto out;
@@ -149,27 +172,33 @@ static int parse_exec_args(int argc, char **argv, int want_cmd, struct cli_exec_
 			break;
 		}
 		switch (c) {
-		case 'd':
+		case OPT_DIR:
 			o->dir = optarg;
 			break;
-		case 'c':
+		case 'w':
 			o->cwd = optarg;
+			break;
+		case 'i':
+			break; /* stdin is passed to the command: the default */
+		case 't':
+			o->tty = 1;
+			break;
+		case 'd':
+			o->detach = 1;
 			break;
 		case 'u':
 			if (cb_backend_user_check("--user", optarg) < 0) {
-				fprintf(stderr, "cowbox %s: %s\n", argv[0], cb_error_message());
-				status = 2;
+				status = cli_usage_error(usage, "%s", cb_error_message());
 				goto out;
 			}
 			o->user = optarg;
 			break;
-		case 'i':
+		case OPT_IMAGE:
 			o->image = optarg;
 			break;
 		case 's':
 			if (!want_cmd) {
-				status =
-				    cli_usage_error(usage, "%s: unknown option --shell", argv[0]);
+				status = cli_usage_error(usage, "unknown option '--shell'");
 				goto out;
 			}
 			o->shell = optarg;
@@ -180,27 +209,28 @@ static int parse_exec_args(int argc, char **argv, int want_cmd, struct cli_exec_
 			o->privileged = 1;
 			break;
 		case 'e':
-			if (!strchr(optarg, '=') || optarg[0] == '=') {
-				fprintf(stderr, "cowbox %s: --env needs K=V, not '%s'\n", argv[0],
-					optarg);
-				status = 2;
-				goto out;
-			}
 			if (o->n_env >= CLI_EXEC_MAX_ENV) {
-				fprintf(stderr, "cowbox %s: more than %d --env\n", argv[0],
-					CLI_EXEC_MAX_ENV);
-				status = 2;
+				status =
+				    cli_usage_error(usage, "more than %d --env", CLI_EXEC_MAX_ENV);
 				goto out;
 			}
-			o->env[o->n_env++] = optarg;
+			if (strchr(optarg, '=') && optarg[0] != '=') {
+				o->env[o->n_env++] = optarg;
+				break;
+			}
+			/* --env K: this shell's value of K, as docker passes it */
+			if (cli_env_arg(optarg, &o->env_taken[o->n_env]) < 0) {
+				status = cli_usage_error(usage, "%s", cb_error_message());
+				goto out;
+			}
+			o->env[o->n_env] = o->env_taken[o->n_env];
+			o->n_env++;
 			break;
 		case 'n':
 			if (strcmp(optarg, "none") && strcmp(optarg, "all") &&
 			    strcmp(optarg, "host")) {
-				fprintf(stderr,
-					"cowbox %s: --network is none, all or host, not '%s'\n",
-					argv[0], optarg);
-				status = 2;
+				status = cli_usage_error(
+				    usage, "--network is none, all or host, not '%s'", optarg);
 				goto out;
 			}
 			o->net = optarg;
@@ -208,28 +238,34 @@ static int parse_exec_args(int argc, char **argv, int want_cmd, struct cli_exec_
 		case 'b':
 			/* what can run in this process: a sandbox of its own, or the host */
 			if (!cb_backend_find(optarg) || !cb_backend_find(optarg)->join) {
-				fprintf(stderr, "cowbox %s: --backend is ns or local, not '%s'\n",
-					argv[0], optarg);
-				status = 2;
+				status = cli_usage_error(
+				    usage, "--backend is ns or local, not '%s'", optarg);
 				goto out;
 			}
 			o->backend = optarg;
 			break;
-		default: /* the numbers */
-			if (parse_number(c == 't'   ? "--timeout"
-					 : c == 'C' ? "--cpus"
-					 : c == 'm' ? "--memory"
-						    : "--pids",
-					 optarg, &d) < 0) {
-				status = 2;
+		case 'm': {
+			long long mib;
+
+			if (cli_parse_mib(optarg, &mib) < 0) {
+				status = cli_usage_error(usage, "--memory: %s", cb_error_message());
 				goto out;
 			}
-			if (c == 't')
+			o->memory = (unsigned long)mib, o->set |= CLI_SET_MEMORY;
+			break;
+		}
+		default: /* the numbers */
+			if (parse_number(c == OPT_TIMEOUT ? "--timeout"
+					 : c == 'C'	  ? "--cpus"
+							  : "--pids",
+					 optarg, &d) < 0) {
+				status = cli_usage_error(usage, "%s", cb_error_message());
+				goto out;
+			}
+			if (c == OPT_TIMEOUT)
 				o->timeout = d, o->set |= CLI_SET_TIMEOUT;
 			else if (c == 'C')
 				o->cpus = d;
-			else if (c == 'm')
-				o->memory = (unsigned long)d, o->set |= CLI_SET_MEMORY;
 			else
 				o->pids = (unsigned long)d, o->set |= CLI_SET_PIDS;
 		}
@@ -237,19 +273,16 @@ static int parse_exec_args(int argc, char **argv, int want_cmd, struct cli_exec_
 	o->json = common.json;
 	o->cmd = argv + optind;
 	o->n_cmd = argc - optind;
-	status = 2;
+	status = 0;
 	if (!o->ref == !o->dir)
-		fprintf(stderr, "cowbox %s: give a workspace REF or --dir DIR (one of them)\n",
-			argv[0]);
+		status = cli_usage_error(usage, "give a workspace REF or --dir DIR (one of them)");
 	else if (want_cmd && !o->n_cmd && !o->shell)
-		fprintf(stderr, "cowbox %s: no command given (cowbox %s REF -- CMD [ARG...])\n",
-			argv[0], argv[0]);
+		status = cli_usage_error(usage, "no command given (cowbox %s REF -- CMD [ARG...])",
+					 argv[0]);
 	else if (!want_cmd && o->n_cmd)
-		fprintf(stderr, "cowbox %s: unexpected argument '%s'\n", argv[0], o->cmd[0]);
+		status = cli_usage_error(usage, "unexpected argument '%s'", o->cmd[0]);
 	else if (!want_cmd && o->json)
-		fprintf(stderr, "cowbox %s: --json: a shell is interactive\n", argv[0]);
-	else
-		status = 0;
+		status = cli_usage_error(usage, "--json: a shell is interactive");
 out:
 	free(usage);
 	return status;
@@ -474,14 +507,15 @@ static int run_ref(const struct cli_exec_opts *o, struct cli_run *r)
 	if ((rc = cb_backend_open(ref, wsdir, mount, name, &r->b)) < 0)
 		goto out;
 	if (!r->b->ops->join) {
-		if (o->shell_mode || o->image || o->cpus > 0 || o->set & ~CLI_SET_TIMEOUT ||
-		    o->net || o->privileged || o->backend) {
+		if (o->shell_mode || o->tty || o->image || o->cpus > 0 ||
+		    o->set & ~CLI_SET_TIMEOUT || o->net || o->privileged || o->backend) {
 			r->usage = 1;
-			rc = cb_error_set(EINVAL,
-					  "the %s backend's commands run through the workspace's "
-					  "daemon, on its options: no shell, --image, --network, "
-					  "--cpus, --memory, --pids, --privileged or --backend",
-					  r->b->ops->name);
+			rc = cb_error_set(
+			    EINVAL,
+			    "the %s backend's commands run through the workspace's "
+			    "daemon, on its options: no shell, -t, --image, --network, "
+			    "--cpus, --memory, --pids, --privileged or --backend",
+			    r->b->ops->name);
 			goto out;
 		}
 		cb_backend_free(r->b);
@@ -499,13 +533,16 @@ static int run_ref(const struct cli_exec_opts *o, struct cli_run *r)
 	else if (r->b->opt.privileged && geteuid() == 0)
 		fprintf(stderr, "cowbox: warning: privileged: the command runs as host uid 0 (no "
 				"capabilities), not in a user namespace\n");
-	/* an interactive shell: bash when there is one, on a pty, TERM from here, no timeout */
-	if (o->shell_mode) {
+	/* an interactive shell (or exec -t): a pty, TERM from here; a shell: bash when there is
+	 * one, no timeout */
+	if (o->shell_mode || o->tty) {
 		snprintf(tbuf, sizeof tbuf, "TERM=%s", term && *term ? term : "dumb");
 		env[0] = tbuf;
-		cmd.shell = "command -v bash >/dev/null 2>&1 && exec bash -i; exec sh -i";
 		cmd.tty = 1;
 		cli_tty_size(&cmd.tty_rows, &cmd.tty_cols);
+	}
+	if (o->shell_mode) {
+		cmd.shell = "command -v bash >/dev/null 2>&1 && exec bash -i; exec sh -i";
 	} else if (o->shell) {
 		cmd.shell = o->shell;
 	} else if (o->n_cmd == 1 && strchr(o->cmd[0], ' ')) {
@@ -586,6 +623,61 @@ static int print_result(const struct cli_exec_opts *o, const struct cli_run *r)
 	return res->exit_code;
 }
 
+/* s single-quoted for sh, appended to *buf (a memstream). */
+static void sh_quote(FILE *f, const char *s)
+{
+	fputc('\'', f);
+	for (; *s; s++)
+		if (*s == '\'')
+			fputs("'\\''", f);
+		else
+			fputc(*s, f);
+	fputc('\'', f);
+}
+
+/* exec -d: the command as a background job of a run through the workspace's daemon (its
+ * background option keep for this run), which returns once the job started: the job runs on
+ * until the workspace closes, as the API's jobs do, its output dropped. */
+static int run_detached(const struct cli_exec_opts *o)
+{
+	struct cb_box_run_options ro = {
+	    .env = o->env, .cwd = o->cwd, .user = o->user, .background = "keep"};
+	struct cb_box_result res = {0};
+	struct cb_box *box = NULL;
+	char *job = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&job, &len);
+	int rc;
+
+	if (!f)
+		return cb_error_set(ENOMEM, "out of memory");
+	fputs("( ", f);
+	if (o->shell || o->n_cmd == 1) {
+		fputs("sh -c ", f);
+		sh_quote(f, o->shell ? o->shell : o->cmd[0]);
+	} else {
+		fputs("exec", f);
+		for (int i = 0; i < o->n_cmd; i++) {
+			fputc(' ', f);
+			sh_quote(f, o->cmd[i]);
+		}
+	}
+	fputs(" ) </dev/null >/dev/null 2>&1 &", f);
+	if (fclose(f) || !job) {
+		free(job);
+		return cb_error_set(ENOMEM, "out of memory");
+	}
+	if (!(rc = cb_box_open(o->ref, &box)))
+		rc = cb_box_run(box, NULL, job, &ro, &res);
+	if (!rc && res.exit_code)
+		rc = cb_error_set(EIO, "the job did not start (exit %d): %s", res.exit_code,
+				  res.err ? res.err : "");
+	cb_box_result_free(&res);
+	cb_box_detach(box);
+	free(job);
+	return rc;
+}
+
 static int run_in_workspace(int argc, char **argv, int shell_mode)
 {
 	struct cli_exec_opts o = {0};
@@ -595,8 +687,23 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 	status = parse_exec_args(argc, argv, !shell_mode, &o);
 	if (!status && o.dir)
 		status = cli_exec_dir_usage(&o, argv[0]);
+	if (!status && o.detach &&
+	    (o.dir || o.tty || o.json || o.image || o.net || o.privileged || o.backend || o.set ||
+	     o.cpus > 0)) {
+		fprintf(stderr,
+			"cowbox %s: -d runs a job in a workspace on its own options: no "
+			"--dir, -t, --json, --image, --network, --privileged, --backend or "
+			"limits\nsee `cowbox %s --help`\n",
+			argv[0], argv[0]);
+		status = CLI_USAGE;
+	}
 	if (status)
-		return status < 0 ? 0 : status;
+		goto out;
+	if (o.detach) {
+		rc = run_detached(&o);
+		status = rc < 0 ? cli_fail_rc(argv[0], rc) : CLI_OK;
+		goto out;
+	}
 	rc = o.dir ? cli_exec_dir(&o, &r) : run_ref(&o, &r);
 	if (rc < 0) {
 		fprintf(stderr, "cowbox %s: %s\n", argv[0], cb_error_message());
@@ -607,7 +714,10 @@ static int run_in_workspace(int argc, char **argv, int shell_mode)
 	cb_exec_result_free(&r.res);
 	cb_exec_free(r.h);
 	cb_backend_free(r.b);
-	return status;
+out:
+	for (int i = 0; i < o.n_env; i++)
+		free(o.env_taken[i]);
+	return status < 0 ? 0 : status;
 }
 
 int cmd_exec(int argc, char **argv)

@@ -60,8 +60,8 @@ int cmd_fsck(int argc, char **argv)
 	}
 	if (cli_one_ref(c, argc, argv, fsck_usage, &status))
 		return status;
-	if (cb_ws_fsck(argv[optind], repair, base, &r))
-		return cli_fail("fsck", NULL);
+	if ((status = cb_ws_fsck(argv[optind], repair, base, &r)))
+		return cli_fail_rc("fsck", status);
 	for (size_t i = 0; i < r.n; i++)
 		left += !r.p[i].repaired;
 	if (common.json) {
@@ -78,7 +78,7 @@ int cmd_fsck(int argc, char **argv)
 
 		fsck_turns_text(&r.p[i], turns, sizeof(turns));
 		printf("%s %s: %s (turns: %s)\n", r.p[i].repaired ? "repaired" : "PROBLEM",
-		       r.p[i].kind, r.p[i].detail, turns);
+		       r.p[i].kind, cli_q_text(r.p[i].detail), turns);
 	}
 	printf("%s: %lld blobs, %lld base files, %lld base-cache rows checked; %zu problems, %d "
 	       "left\n",

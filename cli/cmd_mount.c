@@ -64,11 +64,11 @@ int cmd_mount(int argc, char **argv)
 	if (foreground) {
 		struct cb_daemon_options opt = {ref, dir, 1, 0, !idle};
 
-		return cb_daemon_serve(&opt) ? cli_fail("mount", NULL) : CLI_OK;
+		return (status = cb_daemon_serve(&opt)) ? cli_fail_rc("mount", status) : CLI_OK;
 	}
-	if (cb_daemon_ensure(ref, dir, 30000, &pid) || (!idle && mount_pin(ref)) ||
-	    cb_ws_info(ref, &info))
-		return cli_fail("mount", NULL);
+	if ((status = cb_daemon_ensure(ref, dir, 30000, &pid)) ||
+	    (!idle && (status = mount_pin(ref))) || (status = cb_ws_info(ref, &info)))
+		return cli_fail_rc("mount", status);
 	if (common.json) {
 		json_t *j =
 		    json_pack("{s:s, s:s, s:I, s:b}", "ref", info.ref, "mountpoint",
@@ -96,13 +96,13 @@ int cmd_umount(int argc, char **argv)
 		;
 	if (cli_one_ref(c, argc, argv, umount_usage, &status))
 		return status;
-	if (cb_ws_info(argv[optind], &info))
-		return cli_fail("umount", NULL);
+	if ((status = cb_ws_info(argv[optind], &info)))
+		return cli_fail_rc("umount", status);
 	was_mounted = info.state == CB_WS_MOUNTED;
 	/* A dead daemon's mount and socket go too, so umount always leaves a clean state. */
-	if (cb_daemon_stop(info.ref, 30000) || cb_ws_clear_stale(info.ref)) {
+	if ((status = cb_daemon_stop(info.ref, 30000)) || (status = cb_ws_clear_stale(info.ref))) {
 		cb_ws_info_free(&info);
-		return cli_fail("umount", NULL);
+		return cli_fail_rc("umount", status);
 	}
 	if (common.json)
 		cli_print_json(
@@ -142,7 +142,7 @@ int cmd_serve(int argc, char **argv)
 	if (cli_one_ref(c, argc, argv, serve_usage, &status))
 		return status;
 	opt.ref = argv[optind];
-	return cb_daemon_serve(&opt) ? cli_fail("serve", NULL) : CLI_OK;
+	return (status = cb_daemon_serve(&opt)) ? cli_fail_rc("serve", status) : CLI_OK;
 }
 
 struct log_state {
@@ -166,14 +166,16 @@ static int log_row(const struct cb_journal_row *r, void *arg)
 			      "pid", (json_int_t)r->pid, "comm", r->comm));
 	strftime(stamp, sizeof(stamp), "%Y-%m-%d %H:%M:%S", localtime_r(&t, &tm));
 	printf("%-4lld %s  %-11s %s%s  (pid %d %s)\n", r->turn, stamp, cb_change_kind_name(r->kind),
-	       r->path, r->subtree ? "/**" : "", (int)r->pid, r->comm ? r->comm : "?");
+	       cli_q(r->path), r->subtree ? "/**" : "", (int)r->pid,
+	       r->comm ? cli_q(r->comm) : "?");
 	return 0;
 }
 
 static const char log_usage[] =
     "usage: cowbox log REF [--turn N] [--json]\n"
     "Show the journal: the first change to each path in each turn, with its kind, time and\n"
-    "the pid and command that made it. --turn N shows one turn only.\n";
+    "the pid and command that made it. --turn N shows one turn only (a number, last,\n"
+    "last~N or a label, as diff takes a turn).\n";
 
 int cmd_log(int argc, char **argv)
 {
@@ -183,24 +185,25 @@ int cmd_log(int argc, char **argv)
 	};
 	struct cli_common common = {0};
 	struct log_state s = {0};
-	char ref[CB_WS_REF_LEN + 1], *path = NULL, *end;
+	char ref[CB_WS_REF_LEN + 1], *path = NULL;
+	const char *turn_arg = NULL;
 	struct cb_db *db = NULL;
 	long long turn = 0;
 	int c, status, rc;
 
-	while ((c = cli_getopt(argc, argv, "t:", opts, &common, log_usage, &status)) > 0) {
-		errno = 0;
-		turn = strtoll(optarg, &end, 10);
-		if (errno || *end || turn < 1)
-			return cli_usage_error(log_usage, "bad turn '%s': a number from 1", optarg);
-	}
+	while ((c = cli_getopt(argc, argv, "t:", opts, &common, log_usage, &status)) > 0)
+		turn_arg = optarg;
 	if (cli_one_ref(c, argc, argv, log_usage, &status))
 		return status;
+	if (turn_arg && (rc = cli_turn(argv[optind], turn_arg, &turn)) < 0)
+		return cli_fail_rc("log", rc);
+	if (turn_arg && turn < 1)
+		return cli_usage_error(log_usage, "bad turn '%s': a turn from 1", turn_arg);
 	/* The journal is read straight from meta.db: WAL lets us read while the daemon writes. */
-	if (cb_ws_resolve(argv[optind], ref) || cb_ws_path(ref, "meta.db", &path) ||
-	    cb_db_open(path, &db)) {
+	if ((rc = cb_ws_resolve(argv[optind], ref)) || (rc = cb_ws_path(ref, "meta.db", &path)) ||
+	    (rc = cb_db_open(path, &db))) {
 		free(path);
-		return cli_fail("log", NULL);
+		return cli_fail_rc("log", rc);
 	}
 	s.json = common.json;
 	if (s.json)
@@ -210,7 +213,7 @@ int cmd_log(int argc, char **argv)
 	free(path);
 	if (rc) {
 		json_decref(s.rows);
-		return cli_fail("log", NULL);
+		return cli_fail_rc("log", rc);
 	}
 	return s.json ? cli_print_json(s.rows) : CLI_OK;
 }

@@ -30,7 +30,7 @@ static int net_request(const char *cmd, const char *ref_arg, json_t *req, json_t
 	else
 		rc = cb_client_request(c, req, -1, reply); /* takes req */
 	cb_client_close(c);
-	return rc ? cli_fail(cmd, NULL) : CLI_OK;
+	return rc ? cli_fail_rc(cmd, rc) : CLI_OK;
 }
 
 static const char reaches_usage[] =
@@ -85,7 +85,7 @@ void cli_print_net_rows(json_t *rows)
 		       (long long)json_integer_value(json_object_get(r, "turn")), when,
 		       json_string_value(json_object_get(r, "proto")),
 		       json_is_true(json_object_get(r, "allowed")) ? "allowed" : "refused",
-		       json_string_value(json_object_get(r, "name")),
+		       cli_q(json_string_value(json_object_get(r, "name")) ?: ""),
 		       json_string_value(json_object_get(r, "address")),
 		       (long long)json_integer_value(json_object_get(r, "port")),
 		       (long long)json_integer_value(json_object_get(r, "bytes_up")),
@@ -96,10 +96,11 @@ void cli_print_net_rows(json_t *rows)
 }
 
 static const char publish_usage[] =
-    "usage: cowbox publish REF PORT [--json]\n"
+    "usage: cowbox publish REF [HOST_PORT:]PORT [--json]\n"
     "Make a server listening on 127.0.0.1:PORT inside the workspace's sandbox reachable from\n"
-    "the host; prints the host address (127.0.0.1:HOSTPORT). It stays open until `cowbox\n"
-    "unpublish REF PORT` or as long as the workspace's daemon runs.\n";
+    "the host at 127.0.0.1:HOST_PORT (a free port when not given); prints that address. It\n"
+    "stays open until `cowbox unpublish REF PORT` or as long as the workspace's daemon runs;\n"
+    "`cowbox info` lists the open ones.\n";
 
 static const char unpublish_usage[] = "usage: cowbox unpublish REF PORT [--json]\n"
 				      "Close a port cowbox publish opened, and its connections.\n";
@@ -108,9 +109,10 @@ static const char unpublish_usage[] = "usage: cowbox unpublish REF PORT [--json]
 static int port_command(int argc, char **argv, const char *op, const char *usage)
 {
 	struct cli_common common = {0};
-	json_t *reply;
+	json_t *reply, *req;
+	const char *arg, *colon;
 	char *end;
-	long port;
+	long port, host_port = 0;
 	int c, status;
 
 	while ((c = cli_getopt(argc, argv, "", NULL, &common, usage, &status)) > 0)
@@ -119,17 +121,63 @@ static int port_command(int argc, char **argv, const char *op, const char *usage
 		return status;
 	if (argc - optind != 2)
 		return cli_usage_error(usage, "%s takes REF and PORT", op);
-	port = strtol(argv[optind + 1], &end, 10);
-	if (!*argv[optind + 1] || *end || port < 1 || port > 65535)
-		return cli_usage_error(usage, "PORT is 1-65535, not '%s'", argv[optind + 1]);
-	status = net_request(op, argv[optind], json_pack("{s:s, s:i}", "op", op, "port", (int)port),
-			     &reply);
+	arg = argv[optind + 1];
+	/* publish's HOST_PORT:PORT, as docker's -p */
+	if ((colon = strchr(arg, ':')) && !strcmp(op, "publish")) {
+		host_port = strtol(arg, &end, 10);
+		if (end != colon || host_port < 1 || host_port > 65535)
+			return cli_usage_error(usage, "HOST_PORT is 1-65535, not '%.*s'",
+					       (int)(colon - arg), arg);
+		arg = colon + 1;
+	}
+	port = strtol(arg, &end, 10);
+	if (!*arg || *end || port < 1 || port > 65535)
+		return cli_usage_error(usage, "PORT is 1-65535, not '%s'", arg);
+	req = json_pack("{s:s, s:i}", "op", op, "port", (int)port);
+	if (host_port)
+		json_object_set_new(req, "host_port", json_integer(host_port));
+	status = net_request(op, argv[optind], req, &reply);
 	if (status)
 		return status;
 	if (common.json)
 		return cli_print_reply_json(reply);
 	if (json_object_get(reply, "address"))
 		printf("%s\n", json_string_value(json_object_get(reply, "address")));
+	json_decref(reply);
+	return CLI_OK;
+}
+
+static const char host_url_usage[] =
+    "usage: cowbox host-url REF PORT [--json]\n"
+    "The URL by which code inside the workspace's sandbox reaches PORT of the host's\n"
+    "127.0.0.1, and only that port, under any network mode (the API's host_url): e.g.\n"
+    "http://127.0.0.1:PORT (ns, local, vm), http://host.docker.internal:PORT (docker).\n";
+
+int cmd_host_url(int argc, char **argv)
+{
+	struct cli_common common = {0};
+	json_t *reply;
+	char *end;
+	long port;
+	int c, status;
+
+	while ((c = cli_getopt(argc, argv, "", NULL, &common, host_url_usage, &status)) > 0)
+		;
+	if (c < 0)
+		return status;
+	if (argc - optind != 2)
+		return cli_usage_error(host_url_usage, "host-url takes REF and PORT");
+	port = strtol(argv[optind + 1], &end, 10);
+	if (!*argv[optind + 1] || *end || port < 1 || port > 65535)
+		return cli_usage_error(host_url_usage, "PORT is 1-65535, not '%s'",
+				       argv[optind + 1]);
+	status = net_request("host-url", argv[optind],
+			     json_pack("{s:s, s:i}", "op", "host_url", "port", (int)port), &reply);
+	if (status)
+		return status;
+	if (common.json)
+		return cli_print_reply_json(reply);
+	printf("%s\n", json_string_value(json_object_get(reply, "url")) ?: "");
 	json_decref(reply);
 	return CLI_OK;
 }

@@ -125,7 +125,7 @@ static int turns_request_ex(const char *cmd, const char *ref_arg, json_t *req, i
 	    (rc = cb_daemon_connect(ref, &c))) {
 		json_decref(req);
 		cb_client_close(c);
-		return cli_fail(cmd, NULL);
+		return cli_fail_rc(cmd, rc);
 	}
 	if ((progress && isatty(STDERR_FILENO)) || sink) {
 		if (progress && isatty(STDERR_FILENO))
@@ -137,7 +137,7 @@ static int turns_request_ex(const char *cmd, const char *ref_arg, json_t *req, i
 		rc = cb_client_request(c, req, -1, reply);
 	}
 	cb_client_close(c);
-	return rc ? cli_fail(cmd, NULL) : CLI_OK;
+	return rc ? cli_fail_rc(cmd, rc) : CLI_OK;
 }
 
 static int turns_request(const char *cmd, const char *ref_arg, json_t *req, json_t **reply)
@@ -152,6 +152,62 @@ static int parse_turn(const char *s, long long *out)
 	errno = 0;
 	*out = strtoll(s, &end, 10);
 	return errno || end == s || *end || *out < 0 ? -1 : 0;
+}
+
+/* The turn "last~N" (N >= 0) or label names among the recorded turns (oldest first). */
+static int turn_named(json_t *turns, const char *s, long long *out)
+{
+	size_t n = json_array_size(turns), i;
+	long long back = 0;
+	json_t *t;
+
+	if (!strcmp(s, "last") || !strncmp(s, "last~", 5)) {
+		if (s[4] && parse_turn(s + 5, &back))
+			return cb_error_set(EINVAL, "'%s': last~N takes a number N >= 0", s);
+		/* the base, turn 0, is before the first recorded turn */
+		if ((long long)n < back)
+			return cb_error_set(ENOENT, "'%s': only %zu turn%s before the last", s,
+					    n ? n - 1 : 0, n == 2 ? "" : "s");
+		if ((long long)n == back) {
+			*out = 0;
+			return 0;
+		}
+		*out = json_integer_value(
+		    json_object_get(json_array_get(turns, n - 1 - back), "turn"));
+		return 0;
+	}
+	for (i = n; i-- > 0;) { /* the latest turn of that label */
+		t = json_array_get(turns, i);
+		if (!strcmp(json_string_value(json_object_get(t, "label")) ?: "", s)) {
+			*out = json_integer_value(json_object_get(t, "turn"));
+			return 0;
+		}
+	}
+	return cb_error_set(ENOENT,
+			    "no turn labelled '%s' (a turn is a number, last, last~N or a "
+			    "label)",
+			    s);
+}
+
+int cli_turn(const char *ref_arg, const char *s, long long *out)
+{
+	char ref[CB_WS_REF_LEN + 1];
+	struct cb_client *c = NULL;
+	json_t *reply = NULL;
+	int rc;
+
+	if (!parse_turn(s, out))
+		return 0;
+	if (!*s)
+		return cb_error_set(EINVAL, "an empty turn");
+	if (!(rc = cb_ws_resolve(ref_arg, ref)) &&
+	    !(rc = cb_daemon_ensure(ref, NULL, 30000, NULL)) &&
+	    !(rc = cb_daemon_connect(ref, &c)) &&
+	    !(rc = cb_client_request(c, json_pack("{s:s}", "op", "turns"), -1, &reply)))
+		rc = turn_named(json_object_get(reply, "turns"), s, out);
+	json_decref(reply);
+	cb_client_close(c);
+	return rc;
 }
 
 /* A map frame that came parsed (not in the daemon's own text form). */
@@ -187,7 +243,7 @@ static void print_event(json_t *ev)
 	    strcmp(json_string_value(json_object_get(new, "type")), "absent") ? new : old;
 
 	printf("%-12s %-7s %s", kind, json_string_value(json_object_get(shown, "type")),
-	       json_string_value(json_object_get(ev, "path")));
+	       cli_q(json_string_value(json_object_get(ev, "path")) ?: ""));
 	if (!strcmp(kind, "modified") || !strcmp(kind, "type_changed"))
 		printf("  %.12s -> %.12s", short_hash(old), short_hash(new));
 	else if (!strcmp(kind, "created"))
@@ -200,16 +256,49 @@ static void print_event(json_t *ev)
 		       (unsigned long long)json_integer_value(json_object_get(new, "mode")));
 	if (json_integer_value(json_object_get(ev, "pid")))
 		printf("  (pid %lld %s)", (long long)json_integer_value(json_object_get(ev, "pid")),
-		       comm ? comm : "?");
+		       comm ? cli_q(comm) : "?");
 	putchar('\n');
 }
 
 static const char snapshot_usage[] =
-    "usage: cowbox snapshot REF [--label TEXT] [--json | --format sha256sum] [--changes]\n"
-    "Record a new turn and print every regular file's path and SHA-256 (only what changed\n"
-    "since the previous turn with --changes). --format sha256sum prints exactly what\n"
-    "sha256sum prints at the mount root, so `sha256sum -c` verifies it there. The map is\n"
-    "written as it streams from the daemon, sorted by path.\n";
+    "usage: cowbox snapshot REF [--label TEXT] [--json | --format sha256sum|map] [--changes]\n"
+    "Record a new turn. On a terminal it prints one line, \"turn 5: 2 created, 1 modified,\n"
+    "0 deleted\"; on a pipe, with --json or --format map, every regular file's path and\n"
+    "SHA-256 (only what changed since the previous turn with --changes). --format sha256sum\n"
+    "prints exactly what sha256sum prints at the mount root, so `sha256sum -c` verifies it\n"
+    "there. The map is written as it streams from the daemon, sorted by path.\n";
+
+/* snapshot on a terminal: the turn and how many paths it created, modified and deleted. */
+static int snapshot_summary(const char *ref_arg, const char *label)
+{
+	long long created = 0, modified = 0, deleted = 0;
+	json_t *reply, *ev;
+	size_t i;
+	int status;
+
+	status = turns_request_ex(
+	    "snapshot", ref_arg,
+	    json_pack("{s:s, s:s?, s:b}", "op", "snapshot", "label", label, "changes", 1), 1, NULL,
+	    &reply);
+	if (status)
+		return status;
+	json_array_foreach(json_object_get(reply, "changes"), i, ev)
+	{
+		const char *kind = json_string_value(json_object_get(ev, "event")) ?: "";
+
+		if (!strcmp(kind, "created"))
+			created++;
+		else if (!strcmp(kind, "deleted"))
+			deleted++;
+		else
+			modified++; /* modified, type_changed, mode_changed */
+	}
+	printf("turn %lld: %lld created, %lld modified, %lld deleted\n",
+	       (long long)json_integer_value(json_object_get(reply, "turn")), created, modified,
+	       deleted);
+	json_decref(reply);
+	return CLI_OK;
+}
 
 int cmd_snapshot(int argc, char **argv)
 {
@@ -221,7 +310,7 @@ int cmd_snapshot(int argc, char **argv)
 	};
 	struct cli_common common = {0};
 	const char *label = NULL;
-	int c, status, changes = 0, sha256sum = 0;
+	int c, status, changes = 0, sha256sum = 0, map = 0;
 	json_t *reply, *ev;
 	size_t i;
 
@@ -232,6 +321,8 @@ int cmd_snapshot(int argc, char **argv)
 			changes = 1;
 		else if (!strcmp(optarg, "sha256sum"))
 			sha256sum = 1;
+		else if (!strcmp(optarg, "map"))
+			map = 1;
 		else
 			return cli_usage_error(snapshot_usage, "unknown --format '%s'", optarg);
 	}
@@ -240,6 +331,9 @@ int cmd_snapshot(int argc, char **argv)
 	if (sha256sum && (common.json || changes))
 		return cli_usage_error(snapshot_usage,
 				       "--format sha256sum goes with neither --json nor --changes");
+	/* a person at a terminal reads one line; a pipe, --json or --format get the map */
+	if (!changes && !common.json && !sha256sum && !map && isatty(STDOUT_FILENO))
+		return snapshot_summary(argv[optind], label);
 	if (!changes) {
 		/* The map is written as it streams in: the CLI never holds it whole. */
 		struct cli_map_printer p = {.json = common.json, .sha256sum = sha256sum};
@@ -345,8 +439,8 @@ static int print_patch(json_t *ev)
 	snprintf(la, sizeof(la), "a/%s", path);
 	snprintf(lb, sizeof(lb), "b/%s", path);
 	if (is_binary(fa) || is_binary(fb)) {
-		printf("Binary files %s and %s differ\n", a ? la : "/dev/null",
-		       b ? lb : "/dev/null");
+		printf("Binary files %s and %s differ\n", a ? cli_q(la) : "/dev/null",
+		       b ? cli_q(lb) : "/dev/null");
 		goto out;
 	}
 	fflush(stdout);
@@ -380,6 +474,8 @@ out:
 }
 
 static const char diff_usage[] = "usage: cowbox diff REF A [B] [--json] [--patch] [--net]\n"
+				 "A turn is a number (0: the base), last, last~N (N turns before "
+				 "the last)\nor a label (its latest turn).\n"
 				 "What changed from turn A to turn B (default: the live tree): "
 				 "created, modified,\ndeleted, type_changed, mode_changed, with "
 				 "hashes, modes and who changed it.\n--net: then what the egress "
@@ -405,9 +501,9 @@ int cmd_diff(int argc, char **argv)
 		return status;
 	if (optind + 2 != argc && optind + 3 != argc)
 		return cli_usage_error(diff_usage, "diff takes a workspace and one or two turns");
-	if (parse_turn(argv[optind + 1], &a) ||
-	    (optind + 3 == argc && parse_turn(argv[optind + 2], &b)))
-		return cli_usage_error(diff_usage, "a turn is a number (0 is the base)");
+	if ((status = cli_turn(argv[optind], argv[optind + 1], &a)) ||
+	    (optind + 3 == argc && (status = cli_turn(argv[optind], argv[optind + 2], &b))))
+		return cli_fail_rc("diff", status);
 	req = json_pack("{s:s, s:I, s:b}", "op", "diff", "a", (json_int_t)a, "sources", patch);
 	if (net)
 		json_object_set_new(req, "network", json_true());
@@ -446,7 +542,8 @@ int cmd_diff(int argc, char **argv)
 
 static const char rollback_usage[] =
     "usage: cowbox rollback REF TURN [--json]\n"
-    "Make the live workspace exactly what it was at TURN (0: the base); the rollback is\n"
+    "Make the live workspace exactly what it was at TURN (0: the base; last, last~N or a\n"
+    "label, as diff takes them); the rollback is\n"
     "recorded as a new turn, so rolling back to the turn before it undoes it.\n";
 
 int cmd_rollback(int argc, char **argv)
@@ -460,12 +557,15 @@ int cmd_rollback(int argc, char **argv)
 		;
 	if (c < 0)
 		return status;
-	if (optind + 2 != argc || parse_turn(argv[optind + 1], &turn))
-		return cli_usage_error(rollback_usage,
-				       "rollback takes a workspace and a turn number");
+	if (optind + 2 != argc)
+		return cli_usage_error(rollback_usage, "rollback takes a workspace and a turn");
+	if ((status = cli_turn(argv[optind], argv[optind + 1], &turn)))
+		return cli_fail_rc("rollback", status);
+	cli_phase("rollback", "making %s what it was at turn %lld", argv[optind], turn);
 	status = turns_request("rollback", argv[optind],
 			       json_pack("{s:s, s:I}", "op", "rollback", "turn", (json_int_t)turn),
 			       &reply);
+	cli_phase_done();
 	if (status)
 		return status;
 	if (common.json)
@@ -515,9 +615,10 @@ int cmd_prune(int argc, char **argv)
 	return CLI_OK;
 }
 
-static const char fork_usage[] = "usage: cowbox fork REF TURN --name NEW [--json]\n"
-				 "Create workspace NEW starting at REF's TURN, sharing its base "
-				 "and blobs; prints its ref.\n";
+static const char fork_usage[] =
+    "usage: cowbox fork REF TURN --name NEW [--json]\n"
+    "Create workspace NEW starting at REF's TURN (a number, last, "
+    "last~N or a label),\nsharing its base and blobs; prints its ref.\n";
 
 int cmd_fork(int argc, char **argv)
 {
@@ -535,16 +636,20 @@ int cmd_fork(int argc, char **argv)
 		name = optarg;
 	if (c < 0)
 		return status;
-	if (optind + 2 != argc || parse_turn(argv[optind + 1], &turn))
-		return cli_usage_error(fork_usage, "fork takes a workspace and a turn number");
+	if (optind + 2 != argc)
+		return cli_usage_error(fork_usage, "fork takes a workspace and a turn");
 	if (!name)
 		return cli_usage_error(fork_usage, "fork needs --name NEW");
-	if (cb_ws_name_check(name))
-		return cli_fail("fork", NULL);
+	if ((status = cb_ws_name_check(name)))
+		return cli_fail_rc("fork", status);
+	if ((status = cli_turn(argv[optind], argv[optind + 1], &turn)))
+		return cli_fail_rc("fork", status);
+	cli_phase("fork", "copying turn %lld of %s into %s", turn, argv[optind], name);
 	status = turns_request(
 	    "fork", argv[optind],
 	    json_pack("{s:s, s:I, s:s}", "op", "fork", "turn", (json_int_t)turn, "name", name),
 	    &reply);
+	cli_phase_done();
 	if (status)
 		return status;
 	if (common.json)
@@ -584,7 +689,7 @@ int cmd_turns(int argc, char **argv)
 		printf("%6lld  %s  %7lld  %s\n",
 		       (long long)json_integer_value(json_object_get(t, "turn")), when,
 		       (long long)json_integer_value(json_object_get(t, "changes")),
-		       json_string_value(json_object_get(t, "label")) ?: "");
+		       cli_q(json_string_value(json_object_get(t, "label")) ?: ""));
 	}
 	printf(
 	    "open turn: %lld; blobs: %lld (%s)\n",

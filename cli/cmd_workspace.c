@@ -20,164 +20,171 @@
 #include "cowbox/workspace.h"
 
 static const char create_usage[] =
-    "usage: cowbox create [--base DIR | --in-place DIR] [--name NAME] [--disk-mb N]\n"
-    "                     [--disk-inodes N] [--image IMAGE]\n"
-    "                     [--user NAME|UID[:GROUP]] [--shell sh|bash]\n"
-    "                     [--background keep|kill] [--volume HOST_DIR:PATH[:ro|rw]]...\n"
-    "                     [--access none|files|full] [--idle-timeout SECONDS]\n"
-    "                     [--network none|all|host|public|allow [--allow ENTRY]...]\n"
-    "                     [--secret HOST:HEADER:env:VAR|file:PATH[:PATH_PREFIX]\n"
-    "                      [--secret-prefix TEXT] [--secret-suffix TEXT]]...\n"
-    "                     [--proxy-conns N] [--json]\n"
+    "usage: cowbox create [--base DIR | --in-place DIR] [--name NAME] [OPTIONS] [--json]\n"
+    "  --backend ns|local|docker|vm  where commands run (default ns: a namespace sandbox;\n"
+    "                         local: on the host, NOT isolated; docker: a container of the\n"
+    "                         engine; vm: a qemu VM under its own kernel)\n"
+    "  --image IMAGE          the root commands see (ns, vm) or the engine's image (docker):\n"
+    "                         a directory, oci:PATH[:TAG] or a name in the local podman\n"
+    "                         store (containers-storage:NAME or NAME, never pulled)\n"
+    "  --env K=V | --env K    every command gets K=V (K alone: this shell's value of K)\n"
+    "  --working-dir DIR      where commands start, under /workspace\n"
+    "  --user NAME|UID[:GROUP] commands run as this user inside (ns, docker, vm)\n"
+    "  --shell sh|bash        what runs command strings and hooks (default sh)\n"
+    "  --network none|all|host|public|allow  (default none); public and allow go through\n"
+    "                         the workspace's egress proxy (docs/network.md)\n"
+    "  --allow ENTRY          under allow: host, host:port, *.domain, an address or a CIDR\n"
+    "  --proxy-conns N        (public, allow) the egress proxy's connections open at once\n"
+    "                         (default 256; past it the longest idle one is closed)\n"
+    "  --secret HOST:HEADER:env:VAR|file:PATH[:PATH_PREFIX] [--secret-prefix TEXT]\n"
+    "         [--secret-suffix TEXT]  (public, allow) HTTPS requests to HOST get HEADER set\n"
+    "                         by the proxy; the secret never enters the sandbox\n"
+    "  --volume HOST_DIR:PATH[:ro|rw]  bind a host directory in (read-only unless rw), <= 8\n"
+    "  --timeout SECONDS      each command's default limit (default 600, 0: none)\n"
+    "  --cpus N               CPU quota (e.g. 0.5)\n"
+    "  --memory-mb SIZE       memory cap in MiB, or 512m, 2g (default 4096, 0: none);\n"
+    "                         --memory is the same\n"
+    "  --pids N               processes and threads (default 1024, 0: none)\n"
+    "  --disk-mb SIZE         quota of the workspace's changes in MiB, or 1g (default 10240,\n"
+    "                         0: none); --disk is the same. Past it writes fail with ENOSPC\n"
+    "  --disk-inodes N        inodes of its changes (default 1000000, 0: none)\n"
+    "  --on-create CMD        a shell command run once at create, in order (repeatable);\n"
+    "                         what the hooks change is the turn labelled on_create\n"
+    "  --setup-script SCRIPT  shell run once after the on-create hooks\n"
+    "  --setup-timeout SECONDS  its limit (default 600)\n"
+    "  --on-destroy CMD       a shell command run when the workspace is removed (repeatable)\n"
+    "  --background keep|kill  jobs a command leaves running (&, nohup, setsid) run on until\n"
+    "                         the workspace closes (keep, the default) or end with it\n"
+    "  --privileged           (ns) commands run as the host's uid 0, no user namespace\n"
+    "  --access none|files|full  the widest level it serves (default full): files allows\n"
+    "                         read, write and turns but no command; none only what its\n"
+    "                         owner uses (info, snapshot, diff, turns, close)\n"
+    "  --idle-timeout SECONDS  a daemon the API started stops once no client held it that\n"
+    "                         long (default 600, 0: never); `cowbox mount` keeps it\n"
     "Create a workspace over the read-only directory DIR (none: an empty workspace) and\n"
     "print its ref (cb- and 32 hex digits). NAME is an optional unique alias.\n"
     "--in-place DIR: the agent's edits land in DIR itself (the mount's upper layer is DIR),\n"
     "journaled as usual; DIR is recorded as turn 0 first (its files kept as blobs), so\n"
     "snapshot, diff and rollback work. rm leaves DIR as it is.\n"
-    "--disk-mb and --disk-inodes set the quota of the workspace's changes (its upper layer;\n"
-    "default 10240 MiB and 1000000 inodes, 0: none): past it, writes fail with ENOSPC.\n"
-    "--image is the root its commands see (ns) instead of the host's /usr, /etc, ...: a\n"
-    "directory, oci:PATH[:TAG] (an OCI image layout) or a name in the local podman store\n"
-    "(containers-storage:NAME or NAME, never pulled), unpacked once into a cached root.\n"
-    "--user runs the workspace's commands as that user inside the sandbox (ns, docker);\n"
-    "--shell is the shell of command strings and hooks (default sh). --background keep\n"
-    "(default): jobs a command started with &, nohup or setsid run on until the workspace\n"
-    "closes (API commands; `cowbox exec` ends them with itself); kill: they end with it.\n"
-    "--volume binds a host directory in (ns, docker; read-only unless :rw; none under\n"
-    "$COWBOX_HOME), up to 8.\n"
-    "--access is the widest level it serves (default full): files allows read, write and\n"
-    "the turn operations but no command; none only what its owner uses (info, snapshot,\n"
-    "diff, turns, close). A connection may lower its own level, never raise it.\n"
-    "--idle-timeout: a daemon the API started stops (keeping the disk) once no client has\n"
-    "held it that long (default 600, 0: never); `cowbox mount` keeps it until umount.\n"
-    "--network public or allow: commands reach the network only through the workspace's\n"
-    "egress proxy (public addresses, or what the --allow entries name: host, host:port,\n"
-    "*.domain, an address or a CIDR; see docs/network.md). --proxy-conns caps the proxy's\n"
-    "connections open at once (default 256; past it the longest idle one is closed).\n"
-    "--secret (public or allow): HTTPS requests to HOST whose path starts with PATH_PREFIX\n"
-    "(default /) get HEADER set by the proxy to the secret (between --secret-prefix and\n"
-    "--secret-suffix, e.g. 'Bearer '), which never enters the sandbox: env:VAR is read now\n"
-    "and kept 0600 outside the workspace, file:PATH is read each time the proxy starts.\n";
+    "Each option is the API's create option of the same name (docs/protocol.md, configure),\n"
+    "kept in the workspace's backend.json and checked as the API checks it; an OCI image is\n"
+    "unpacked now, so that a bad image fails the create. With --on-create or\n"
+    "--setup-script the workspace's daemon starts now and runs them (it stops after its\n"
+    "idle timeout); a failing hook fails the create, which removes the workspace.\n";
 
 /* --allow entries one create takes (more belong in a policy file, not a command line) */
 #define CREATE_MAX_ALLOW 256
 
-/* The backend options create takes, kept in the workspace's backend.json. */
+/* What create's flags say: the backend options (the API's configure options, as JSON, checked
+ * by cb_backend_options_from_json) and what lives beside them. */
 struct create_opts {
-	long long disk_mb, disk_inodes; /* -1: the default; 0: none */
-	const char *user, *shell, *image;
-	enum cb_backend_bg background;
-	const char *volumes[CB_BACKEND_MAX_VOLUMES + 1]; /* the --volume flags */
+	json_t *options;   /* the backend options given */
+	json_t *secrets;   /* the --secret entries (backend option secrets), or NULL */
+	int access;	   /* the widest level it serves (cowbox/access.h); -1: the default */
+	long long idle;	   /* --idle-timeout in seconds; -1: the default */
+	const char *image; /* --image, checked (and unpacked) before it is kept */
 	int n_volumes;
-	int access;	 /* the widest level it serves (cowbox/access.h); -1: the default */
-	long long idle;	 /* --idle-timeout in seconds; -1: the default */
-	const char *net; /* --network */
-	const char *allow[CREATE_MAX_ALLOW]; /* the --allow entries */
-	int n_allow;
-	json_t *secrets;       /* the --secret entries (backend option secrets), or NULL */
-	long long proxy_conns; /* --proxy-conns; -1: the default */
 };
 
-/* --network / --allow: checked as the options of any client are (backend.c). */
-static int create_network(struct cb_backend_options *bo, const struct create_opts *co)
+/* Append value to the array option key of o (made on first use). */
+static void opt_append(json_t *o, const char *key, json_t *value)
 {
-	json_t *j, *allow;
-	int rc;
+	json_t *a = json_object_get(o, key);
 
-	if (!co->net && !co->n_allow && !co->secrets && co->proxy_conns < 0)
-		return 0;
-	j = cb_backend_options_to_json(bo);
-	if (co->proxy_conns >= 0)
-		json_object_set_new(j, "proxy_conns", json_integer(co->proxy_conns));
-	if (co->secrets)
-		json_object_set(j, "secrets", co->secrets);
-	if (co->net)
-		json_object_set_new(j, "network", json_string(co->net));
-	if (co->n_allow) {
-		allow = json_array();
-		for (int i = 0; i < co->n_allow; i++)
-			json_array_append_new(allow, json_string(co->allow[i]));
-		json_object_set_new(j, "allow", allow);
+	if (!a) {
+		a = json_array();
+		json_object_set_new(o, key, a);
 	}
-	cb_backend_options_free(bo);
-	rc = cb_backend_options_from_json(j, bo);
-	json_decref(j);
-	return rc;
+	json_array_append_new(a, value);
 }
 
 /* --image: checked as configure checks it, and an OCI image unpacked now (the cache keeps it
- * for the workspace's daemon), so that a bad image fails the create. */
-static int create_image(struct cb_backend_options *bo, const char *image)
+ * for the workspace's daemon), so that a bad image fails the create. docker's image is the
+ * engine's to find. */
+static int create_image(const struct cb_backend_options *bo, const char *image)
 {
 	struct cb_backend_image_cap cap;
 	char *root = NULL;
 	int rc;
 
+	if (bo->kind && cb_backend_find(bo->kind) && !cb_backend_find(bo->kind)->image_root)
+		return 0;
+	/* unpacked under the cap the workspace's options set, as its daemon would */
 	cb_backend_image_cap_of(bo, &cap);
 	if ((rc = cb_backend_image_root_capped(image, &cap, &root, NULL, NULL)) < 0)
 		return rc;
 	free(root);
-	free(bo->image);
-	if (!(bo->image = strdup(image)))
-		rc = cb_error_set(ENOMEM, "out of memory");
-	return rc;
+	return 0;
 }
 
-/* --disk-mb / --disk-inodes (0 there: none), --user, --shell, --network: kept in the workspace's
- * backend options, checked as configure checks them; --access and --idle-timeout in the
- * workspace directory, for its daemons. */
-static int create_options(const char *ref, const struct create_opts *co)
+/* The options kept for the workspace: checked as the options of any client are
+ * (backends/options.c), saved in its backend.json; --idle-timeout in the workspace
+ * directory, for its daemons (--access once the hooks ran: create_access). */
+static int create_options(const char *ref, struct create_opts *co)
 {
 	struct cb_backend_options bo;
-	long long mb = co->disk_mb, inodes = co->disk_inodes;
 	char *dir = NULL;
 	int rc;
 
+	if (co->secrets)
+		json_object_set(co->options, "secrets", co->secrets);
 	if ((rc = cb_ws_path(ref, NULL, &dir)) < 0 ||
-	    (co->access >= 0 && (rc = cb_ws_access_save(dir, co->access)) < 0) ||
 	    (co->idle >= 0 && (rc = cb_daemon_idle_save(dir, (double)co->idle)) < 0))
 		goto out;
-	if (mb < 0 && inodes < 0 && !co->user && !co->shell && !co->background && !co->n_volumes &&
-	    !co->net && !co->n_allow && !co->secrets && !co->image && co->proxy_conns < 0)
+	if (!json_object_size(co->options))
 		goto out;
-	if ((rc = cb_backend_options_load(dir, &bo)) < 0)
+	if ((rc = cb_backend_options_from_json(co->options, &bo)) < 0)
 		goto out;
-	if (mb >= 0)
-		bo.disk_mb = mb ? (unsigned long)mb : CB_BACKEND_NO_LIMIT;
-	if (inodes >= 0)
-		bo.disk_inodes = inodes ? (unsigned long)inodes : CB_BACKEND_NO_LIMIT;
-	if (co->user && !(bo.user = strdup(co->user)))
-		rc = cb_error_set(ENOMEM, "out of memory");
-	if (co->shell && !(bo.shell = strdup(co->shell)))
-		rc = cb_error_set(ENOMEM, "out of memory");
-	if (!rc && co->image)
+	if (co->image) {
+		cli_phase("create", "unpacking the image %s", co->image);
 		rc = create_image(&bo, co->image);
-	if (co->background)
-		bo.background = co->background;
-	if (!rc && co->n_volumes) {
-		/* checked as configure checks them: host directories resolved, COWBOX_HOME out */
-		struct cb_backend_options vo;
-		json_t *j = json_object(), *vols = json_array(), *v;
-
-		for (int i = 0; !rc && i < co->n_volumes; i++)
-			if (!(rc = cb_backend_volume_spec(co->volumes[i], &v)))
-				json_array_append_new(vols, v);
-		json_object_set_new(j, "volumes", vols);
-		if (!rc && !(rc = cb_backend_options_from_json(j, &vo))) {
-			memcpy(bo.volumes, vo.volumes, sizeof bo.volumes);
-			bo.n_volumes = vo.n_volumes;
-			vo.n_volumes = 0;
-			cb_backend_options_free(&vo);
-		}
-		json_decref(j);
+		cli_phase_done();
 	}
-	if (!rc)
-		rc = create_network(&bo, co);
 	if (!rc)
 		rc = cb_backend_options_save(dir, &bo);
 	cb_backend_options_free(&bo);
 out:
 	free(dir);
+	return rc;
+}
+
+/* --access: saved in the workspace directory; a daemon the hooks started serves it at once. */
+static int create_access(const char *ref, int level)
+{
+	struct cb_client *c = NULL;
+	char *dir = NULL;
+	int rc;
+
+	if ((rc = cb_ws_path(ref, NULL, &dir)) < 0 || (rc = cb_ws_access_save(dir, level)) < 0)
+		goto out;
+	if (cb_daemon_connect(ref, &c) < 0) /* no daemon: the file is all there is */
+		cb_error_clear();
+	else
+		rc = cb_client_request(c,
+				       json_pack("{s:s, s:s, s:b}", "op", "access", "level",
+						 cb_access_name(level), "workspace", 1),
+				       10000, NULL);
+out:
+	cb_client_close(c);
+	free(dir);
+	return rc;
+}
+
+/* Hooks and the setup script run at create, in the workspace's daemon (configure with the
+ * options, as the API's create sends it): *baseline is the on_create turn. */
+static int create_hooks(const char *ref, json_t *options, long long *baseline)
+{
+	struct cb_client *c = NULL;
+	json_t *reply = NULL;
+	int rc;
+
+	if (!(rc = cb_daemon_ensure(ref, NULL, 30000, NULL)) && !(rc = cb_daemon_connect(ref, &c)))
+		rc = cb_client_request(
+		    c, json_pack("{s:s, s:O}", "op", "configure", "options", options), -1, &reply);
+	if (!rc)
+		*baseline = json_integer_value(json_object_get(reply, "baseline_turn"));
+	json_decref(reply);
+	cb_client_close(c);
 	return rc;
 }
 
@@ -189,10 +196,8 @@ static int create_secret(struct create_opts *co, int c, const char *arg)
 	if (c == 'K') {
 		if (!co->secrets)
 			co->secrets = json_array();
-		if (cli_secret_json(arg, NULL, NULL, &e) < 0) {
-			json_decref(co->secrets);
+		if (cli_secret_json(arg, NULL, NULL, &e) < 0)
 			return cli_usage_error(create_usage, "%s", cb_error_message());
-		}
 		json_array_append_new(co->secrets, e);
 		return CLI_OK;
 	}
@@ -217,122 +222,259 @@ static int parse_count(const char *opt, const char *s, long long *out)
 	return 0;
 }
 
+static int parse_seconds(const char *opt, const char *s, double *out)
+{
+	char *end;
+
+	errno = 0;
+	*out = strtod(s, &end);
+	if (!*s || *end || errno || *out < 0)
+		return cli_usage_error(create_usage, "%s needs a number >= 0, not '%s'", opt, s);
+	return 0;
+}
+
+/* One create flag into co: CLI_OK, or the exit status of a usage error. */
+static int create_flag(struct create_opts *co, int c, const char *arg)
+{
+	json_t *o = co->options, *v = NULL;
+	long long n;
+	double d;
+
+	switch (c) {
+	case 'B':
+		if (!cb_backend_find(arg))
+			return cli_usage_error(create_usage, "--backend is %s, not '%s'",
+					       cb_backend_kinds(), arg);
+		json_object_set_new(o, "backend", json_string(arg));
+		return CLI_OK;
+	case 'D':
+	case 'Y':
+	case 'm':
+		if (cli_parse_mib(arg, &n) < 0)
+			return cli_usage_error(create_usage, "%s: %s",
+					       c == 'm' ? "--memory-mb" : "--disk-mb",
+					       cb_error_message());
+		json_object_set_new(o, c == 'm' ? "memory_mb" : "disk_mb", json_integer(n));
+		return CLI_OK;
+	case 'I':
+	case 'p':
+		if (parse_count(c == 'I' ? "--disk-inodes" : "--pids", arg, &n))
+			return CLI_USAGE;
+		json_object_set_new(o, c == 'I' ? "disk_inodes" : "pids", json_integer(n));
+		return CLI_OK;
+	case 't':
+	case 'C':
+	case 'Z':
+		if (parse_seconds(c == 't'   ? "--timeout"
+				  : c == 'C' ? "--cpus"
+					     : "--setup-timeout",
+				  arg, &d))
+			return CLI_USAGE;
+		json_object_set_new(o,
+				    c == 't'   ? "timeout"
+				    : c == 'C' ? "cpus"
+					       : "setup_timeout",
+				    json_real(d));
+		return CLI_OK;
+	case 'U':
+		if (cb_backend_user_check("--user", arg) < 0)
+			return cli_usage_error(create_usage, "%s", cb_error_message());
+		json_object_set_new(o, "user", json_string(arg));
+		return CLI_OK;
+	case 'S':
+		if (strcmp(arg, "sh") && strcmp(arg, "bash"))
+			return cli_usage_error(create_usage, "--shell is sh or bash, not '%s'",
+					       arg);
+		json_object_set_new(o, "shell", json_string(arg));
+		return CLI_OK;
+	case 'G': {
+		enum cb_backend_bg bg;
+
+		if (cb_backend_bg_parse("--background", arg, &bg) < 0)
+			return cli_usage_error(create_usage, "%s", cb_error_message());
+		json_object_set_new(o, "background", json_string(arg));
+		return CLI_OK;
+	}
+	case 'V':
+		if (co->n_volumes == CB_BACKEND_MAX_VOLUMES)
+			return cli_usage_error(create_usage, "at most %d --volume",
+					       CB_BACKEND_MAX_VOLUMES);
+		/* checked as configure checks them: host directories resolved, COWBOX_HOME out */
+		if (cb_backend_volume_spec(arg, &v) < 0)
+			return cli_fail_rc("create", -EINVAL);
+		opt_append(o, "volumes", v);
+		co->n_volumes++;
+		return CLI_OK;
+	case 'M':
+		co->image = arg;
+		json_object_set_new(o, "image", json_string(arg));
+		return CLI_OK;
+	case 'N':
+		json_object_set_new(o, "network", json_string(arg));
+		return CLI_OK;
+	case 'W':
+		if (json_array_size(json_object_get(o, "allow")) == CREATE_MAX_ALLOW)
+			return cli_usage_error(create_usage, "at most %d --allow",
+					       CREATE_MAX_ALLOW);
+		opt_append(o, "allow", json_string(arg));
+		return CLI_OK;
+	case 'E': {
+		char *kv = NULL;
+
+		if (cli_env_arg(arg, &kv) < 0)
+			return cli_usage_error(create_usage, "%s", cb_error_message());
+		json_t *env = json_object_get(o, "env");
+		char *eq = strchr(kv, '=');
+
+		if (!env)
+			json_object_set_new(o, "env", env = json_object());
+		*eq = 0;
+		json_object_set_new(env, kv, json_string(eq + 1));
+		free(kv);
+		return CLI_OK;
+	}
+	case 'w':
+		json_object_set_new(o, "working_dir", json_string(arg));
+		return CLI_OK;
+	case 'O':
+	case 'X' + 256:
+		opt_append(o, c == 'O' ? "on_create" : "on_destroy", json_string(arg));
+		return CLI_OK;
+	case 's':
+		json_object_set_new(o, "setup_script", json_string(arg));
+		return CLI_OK;
+	case 'R':
+		json_object_set_new(o, "privileged", json_true());
+		return CLI_OK;
+	case 'T':
+		return parse_count("--idle-timeout", arg, &co->idle) ? CLI_USAGE : CLI_OK;
+	case 'X' + 257:
+		if (parse_count("--proxy-conns", arg, &n))
+			return CLI_USAGE;
+		json_object_set_new(o, "proxy_conns", json_integer(n));
+		return CLI_OK;
+	case 'A':
+		if ((co->access = cb_access_parse(arg)) < 0)
+			return cli_usage_error(create_usage, "--access: %s", cb_error_message());
+		return CLI_OK;
+	case 'K':
+	case 'P':
+	case 'X':
+		return create_secret(co, c, arg);
+	}
+	return cli_usage_error(create_usage, "unknown option");
+}
+
 int cmd_create(int argc, char **argv)
 {
 	static const struct option opts[] = {
 	    {"base", required_argument, NULL, 'b'},
 	    {"in-place", required_argument, NULL, 'i'},
 	    {"name", required_argument, NULL, 'n'},
-	    {"disk-mb", required_argument, NULL, 'D'},
-	    {"disk-inodes", required_argument, NULL, 'I'},
-	    {"user", required_argument, NULL, 'U'},
+	    {"backend", required_argument, NULL, 'B'},
 	    {"image", required_argument, NULL, 'M'},
+	    {"env", required_argument, NULL, 'E'},
+	    {"working-dir", required_argument, NULL, 'w'},
+	    {"user", required_argument, NULL, 'U'},
 	    {"shell", required_argument, NULL, 'S'},
-	    {"background", required_argument, NULL, 'G'},
-	    {"volume", required_argument, NULL, 'V'},
-	    {"access", required_argument, NULL, 'A'},
-	    {"idle-timeout", required_argument, NULL, 'T'},
 	    {"network", required_argument, NULL, 'N'},
 	    {"allow", required_argument, NULL, 'W'},
 	    {"secret", required_argument, NULL, 'K'},
 	    {"secret-prefix", required_argument, NULL, 'P'},
 	    {"secret-suffix", required_argument, NULL, 'X'},
-	    {"proxy-conns", required_argument, NULL, 'C'},
+	    {"volume", required_argument, NULL, 'V'},
+	    {"timeout", required_argument, NULL, 't'},
+	    {"cpus", required_argument, NULL, 'C'},
+	    {"memory-mb", required_argument, NULL, 'm'},
+	    {"memory", required_argument, NULL, 'm'},
+	    {"pids", required_argument, NULL, 'p'},
+	    {"disk-mb", required_argument, NULL, 'D'},
+	    {"disk", required_argument, NULL, 'Y'},
+	    {"disk-inodes", required_argument, NULL, 'I'},
+	    {"on-create", required_argument, NULL, 'O'},
+	    {"setup-script", required_argument, NULL, 's'},
+	    {"setup-timeout", required_argument, NULL, 'Z'},
+	    {"on-destroy", required_argument, NULL, 'X' + 256},
+	    {"background", required_argument, NULL, 'G'},
+	    {"privileged", no_argument, NULL, 'R'},
+	    {"access", required_argument, NULL, 'A'},
+	    {"idle-timeout", required_argument, NULL, 'T'},
+	    {"proxy-conns", required_argument, NULL, 'X' + 257},
 	    {NULL, 0, NULL, 0},
 	};
 	struct cli_common common = {0};
 	const char *base = NULL, *name = NULL, *in_place = NULL;
 	char ref[CB_WS_REF_LEN + 1];
-	struct create_opts co = {
-	    .disk_mb = -1, .disk_inodes = -1, .access = -1, .idle = -1, .proxy_conns = -1};
-	int c, status, rc;
+	struct create_opts co = {.access = -1, .idle = -1};
+	long long baseline = -1;
+	int c, status = CLI_OK, rc;
 
+	co.options = json_object();
 	while ((c = cli_getopt(argc, argv, "b:n:", opts, &common, create_usage, &status)) > 0) {
 		if (c == 'b')
 			base = optarg;
 		else if (c == 'i')
 			in_place = optarg;
-		else if (c == 'D' && parse_count("--disk-mb", optarg, &co.disk_mb))
-			return CLI_USAGE;
-		else if (c == 'I' && parse_count("--disk-inodes", optarg, &co.disk_inodes))
-			return CLI_USAGE;
-		else if (c == 'U' && cb_backend_user_check("--user", optarg) < 0)
-			return cli_usage_error(create_usage, "%s", cb_error_message());
-		else if (c == 'U')
-			co.user = optarg;
-		else if (c == 'M')
-			co.image = optarg;
-		else if (c == 'S' && strcmp(optarg, "sh") && strcmp(optarg, "bash"))
-			return cli_usage_error(create_usage, "--shell is sh or bash, not '%s'",
-					       optarg);
-		else if (c == 'S')
-			co.shell = optarg;
-		else if (c == 'G' &&
-			 cb_backend_bg_parse("--background", optarg, &co.background) < 0)
-			return cli_usage_error(create_usage, "%s", cb_error_message());
-		else if (c == 'V' && co.n_volumes == CB_BACKEND_MAX_VOLUMES)
-			return cli_usage_error(create_usage, "at most %d --volume",
-					       CB_BACKEND_MAX_VOLUMES);
-		else if (c == 'V')
-			co.volumes[co.n_volumes++] = optarg;
 		else if (c == 'n')
 			name = optarg;
-		else if (c == 'T' && parse_count("--idle-timeout", optarg, &co.idle))
-			return CLI_USAGE;
-		else if (c == 'C' && parse_count("--proxy-conns", optarg, &co.proxy_conns))
-			return CLI_USAGE;
-		else if (c == 'A' && (co.access = cb_access_parse(optarg)) < 0)
-			return cli_usage_error(create_usage, "--access: %s", cb_error_message());
-		else if (c == 'N')
-			co.net = optarg;
-		else if (c == 'W' && co.n_allow == CREATE_MAX_ALLOW)
-			return cli_usage_error(create_usage, "at most %d --allow",
-					       CREATE_MAX_ALLOW);
-		else if (c == 'W')
-			co.allow[co.n_allow++] = optarg;
-		else if ((c == 'K' || c == 'P' || c == 'X') &&
-			 (rc = create_secret(&co, c, optarg)) != CLI_OK)
-			return rc;
+		else if ((status = create_flag(&co, c, optarg)) != CLI_OK)
+			goto out;
 	}
-	if (c < 0) {
-		json_decref(co.secrets);
-		return status;
-	}
+	if (c < 0)
+		goto out;
 	if (optind != argc) {
-		json_decref(co.secrets);
-		return cli_usage_error(create_usage, "create takes no operand ('%s')",
-				       argv[optind]);
+		status =
+		    cli_usage_error(create_usage, "create takes no operand ('%s')", argv[optind]);
+		goto out;
 	}
 	if (base && in_place) {
-		json_decref(co.secrets);
-		return cli_usage_error(create_usage, "--base and --in-place exclude each other");
+		status = cli_usage_error(create_usage, "--base and --in-place exclude each other");
+		goto out;
 	}
-	if (in_place ? cb_ws_create_in_place(in_place, name, stderr, ref)
-		     : cb_ws_create(base, name, stderr, ref)) {
-		json_decref(co.secrets);
-		return cli_fail("create", NULL);
+	if ((rc = in_place ? cb_ws_create_in_place(in_place, name, stderr, ref)
+			   : cb_ws_create(base, name, stderr, ref))) {
+		status = cli_fail_rc("create", rc);
+		goto out;
 	}
 	rc = create_options(ref, &co);
-	json_decref(co.secrets);
+	if (!rc && (json_object_get(co.options, "on_create") ||
+		    json_object_get(co.options, "setup_script"))) {
+		cli_phase("create", "running the on-create hooks and setup script");
+		rc = create_hooks(ref, co.options, &baseline);
+		cli_phase_done();
+	}
+	/* the widest access last: configure with options (the hooks) needs full, as the API's
+	 * create sets it after configure */
+	if (!rc && co.access >= 0)
+		rc = create_access(ref, co.access);
 	if (rc < 0) {
-		int st = cli_fail("create", NULL);
-
+		status = cli_fail_rc("create", rc);
+		cb_daemon_stop(ref, 30000);
+		cb_error_clear();
 		cb_ws_remove(ref);
-		return st;
+		goto out;
 	}
 	if (common.json) {
 		struct cb_ws_info info;
 
-		if (cb_ws_info(ref, &info))
-			return cli_fail("create", NULL);
+		if ((rc = cb_ws_info(ref, &info))) {
+			status = cli_fail_rc("create", rc);
+			goto out;
+		}
 		json_t *j = json_pack("{s:s, s:s?, s:s?, s:s}", "ref", ref, "name", info.name,
 				      "base", info.base, "mountpoint", info.mountpoint);
 
+		if (baseline >= 0)
+			json_object_set_new(j, "baseline_turn", json_integer(baseline));
 		cb_ws_info_free(&info);
-		return cli_print_json(j);
+		status = cli_print_json(j);
+		goto out;
 	}
 	printf("%s\n", ref);
-	return CLI_OK;
+out:
+	json_decref(co.options);
+	json_decref(co.secrets);
+	return status;
 }
 
 /* network allow's entries (NULL under the other modes). */
@@ -370,7 +512,7 @@ static const char *ls_field(json_t *row, const char *key)
 {
 	const char *v = json_string_value(json_object_get(row, key));
 
-	return v && *v ? v : "-";
+	return v && *v ? cli_q(v) : "-";
 }
 
 /* Columns as wide as their widest value, the mount point last since it is the longest. */
@@ -437,7 +579,10 @@ int cmd_ls(int argc, char **argv)
 }
 
 static const char info_usage[] =
-    "usage: cowbox info REF [--stats] [--json]\n"
+    "usage: cowbox info REF [--stats] [--json | -f FIELD]\n"
+    "-f, --field FIELD: print one field of --json's object and nothing else (for scripts):\n"
+    "a string as it is, e.g. `cowbox info -f mountpoint REF`; FIELD.KEY goes into an object\n"
+    "(limits.memory_mb).\n"
     "Show a workspace: name, base, state, daemon pid, mount point, upper size; while it is\n"
     "mounted also its libfuse, FUSE transport (io_uring or /dev/fuse) and fast paths, and how\n"
     "far the background hash of the base got (files and bytes hashed of the total).\n"
@@ -469,6 +614,12 @@ static void info_fs_print(json_t *d)
 	json_t *fs = json_object_get(d, "fs"), *st = json_object_get(d, "fs_stats"), *v;
 	const char *op;
 	json_t *bh = json_object_get(d, "base_hash");
+	size_t k;
+
+	json_array_foreach(json_object_get(d, "published"), k, v)
+	    printf("published:   127.0.0.1:%lld -> port %lld inside\n",
+		   (long long)json_integer_value(json_object_get(v, "host_port")),
+		   (long long)json_integer_value(json_object_get(v, "port")));
 
 	if (bh)
 		printf("base hash:   %s, %lld of %lld files, %lld of %lld bytes (%lld from the "
@@ -533,25 +684,75 @@ static void info_limits_print(json_t *l)
 		    cli_size(json_integer_value(json_object_get(l, "home_bytes")), s1, sizeof(s1)));
 }
 
+/* info -f FIELD: one value of the --json object (FIELD.KEY goes into an object), a string as
+ * it is, null as an empty line, anything else as JSON; j is consumed. */
+static int info_field(json_t *j, const char *field)
+{
+	json_t *v = j;
+	const char *p = field;
+	int status = CLI_OK;
+
+	while (v && *p) {
+		size_t n = strcspn(p, ".");
+		char key[128];
+
+		snprintf(key, sizeof(key), "%.*s", (int)(n < sizeof(key) ? n : sizeof(key) - 1), p);
+		v = json_is_object(v) ? json_object_get(v, key) : NULL;
+		p += n + (p[n] == '.');
+	}
+	if (!v) {
+		const char *k;
+		json_t *x;
+		char names[1024] = "";
+		size_t len = 0;
+
+		json_object_foreach(j, k, x)
+		{
+			int w =
+			    snprintf(names + len, sizeof(names) - len, "%s%s", len ? ", " : "", k);
+
+			if (w < 0 || (size_t)w >= sizeof(names) - len)
+				break;
+			len += (size_t)w;
+		}
+		status = cli_usage_error(info_usage, "no field '%s' (fields: %s)", field, names);
+	} else if (json_is_string(v)) {
+		printf("%s\n", json_string_value(v));
+	} else if (json_is_null(v)) {
+		printf("\n");
+	} else {
+		char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+
+		printf("%s\n", text ? text : "");
+		free(text);
+	}
+	json_decref(j);
+	return status;
+}
+
 int cmd_info(int argc, char **argv)
 {
 	static const struct option opts[] = {
 	    {"stats", no_argument, NULL, 's'},
+	    {"field", required_argument, NULL, 'f'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct cli_common common = {0};
 	struct cb_ws_info i;
 	json_t *fs = NULL;
+	const char *field = NULL;
 	char size[32];
 	int c, status, stats = 0;
 
-	while ((c = cli_getopt(argc, argv, "", opts, &common, info_usage, &status)) > 0)
+	while ((c = cli_getopt(argc, argv, "f:", opts, &common, info_usage, &status)) > 0)
 		if (c == 's')
 			stats = 1;
+		else if (c == 'f')
+			field = optarg;
 	if (cli_one_ref(c, argc, argv, info_usage, &status))
 		return status;
-	if (cb_ws_info(argv[optind], &i))
-		return cli_fail("info", NULL);
+	if ((status = cb_ws_info(argv[optind], &i)))
+		return cli_fail_rc("info", status);
 	if (i.daemon_pid > 0)
 		fs = info_fs_query(i.ref, stats);
 	/* The blob store's size */
@@ -600,7 +801,7 @@ int cmd_info(int argc, char **argv)
 	int level = cb_ws_access_load(i.dir);
 	if (level < 0 || cb_daemon_idle_load(i.dir, &idle) < 0)
 		cb_error_clear();
-	if (common.json) {
+	if (common.json || field) {
 		json_t *j = info_json(&i);
 
 		json_object_set_new(j, "supported_access", json_string(cb_access_name(level)));
@@ -614,6 +815,8 @@ int cmd_info(int argc, char **argv)
 				json_object_set(j, "fs_stats", json_object_get(fs, "fs_stats"));
 			if (json_object_get(fs, "base_hash"))
 				json_object_set(j, "base_hash", json_object_get(fs, "base_hash"));
+			if (json_object_get(fs, "published"))
+				json_object_set(j, "published", json_object_get(fs, "published"));
 			json_decref(fs);
 		}
 		if (net) {
@@ -634,11 +837,11 @@ int cmd_info(int argc, char **argv)
 		if (limits)
 			json_object_set_new(j, "limits", limits);
 		cb_ws_info_free(&i);
-		return cli_print_json(j);
+		return field ? info_field(j, field) : cli_print_json(j);
 	}
 	printf("ref:         %s\n", i.ref);
 	printf("name:        %s\n", i.name ? i.name : "-");
-	printf("base:        %s\n", i.base ? i.base : "- (empty workspace)");
+	printf("base:        %s\n", i.base ? cli_q(i.base) : "- (empty workspace)");
 	printf("mode:        %s\n", i.in_place ? "in place (the agent's edits land in the base "
 						 "folder; the journal keeps its turns)"
 					       : "copy-on-write (the base is never written)");
@@ -699,25 +902,68 @@ int cmd_info(int argc, char **argv)
 }
 
 static const char rm_usage[] =
-    "usage: cowbox rm REF [--json]\n"
+    "usage: cowbox rm REF [-f] [--json]\n"
     "Stop the workspace's daemon, unmount it and delete it with its upper layer and journal.\n"
-    "Removing a workspace that is already gone succeeds quietly.\n";
+    "Removing a workspace that is already gone succeeds quietly. A mounted workspace with\n"
+    "changes no snapshot recorded (`cowbox diff REF last` lists them) is kept unless -f,\n"
+    "--force is given (exit 4).\n";
+
+/* The changes of a served workspace since its last turn (0 when it is not served). */
+static long long rm_unrecorded(const char *ref)
+{
+	struct cb_client *c = NULL;
+	json_t *reply = NULL;
+	long long n = 0, last;
+
+	if (cb_daemon_connect(ref, &c) == 0 && cli_turn(ref, "last", &last) == 0 &&
+	    cb_client_request(c, json_pack("{s:s, s:I}", "op", "diff", "a", (json_int_t)last),
+			      60000, &reply) == 0)
+		n = (long long)json_array_size(json_object_get(reply, "events"));
+	cb_error_clear();
+	json_decref(reply);
+	cb_client_close(c);
+	return n;
+}
 
 int cmd_rm(int argc, char **argv)
 {
+	static const struct option opts[] = {
+	    {"force", no_argument, NULL, 'f'},
+	    {NULL, 0, NULL, 0},
+	};
 	struct cli_common common = {0};
-	int c, status;
+	char ref[CB_WS_REF_LEN + 1];
+	int c, status, force = 0;
+	long long unrecorded;
 
-	while ((c = cli_getopt(argc, argv, "", NULL, &common, rm_usage, &status)) > 0)
-		;
+	while ((c = cli_getopt(argc, argv, "f", opts, &common, rm_usage, &status)) > 0)
+		force = 1;
 	if (cli_one_ref(c, argc, argv, rm_usage, &status))
 		return status;
+	/* the ref a name stands for, for --json (a workspace already gone keeps what was given) */
+	if (cb_ws_resolve(argv[optind], ref) < 0) {
+		cb_error_clear();
+		snprintf(ref, sizeof(ref), "%s", "");
+	}
+	if (*ref && !force && (unrecorded = rm_unrecorded(ref)) > 0) {
+		cli_set_code("conflict");
+		return cli_fail(
+		    "rm",
+		    "%s is mounted with %lld change%s no snapshot recorded (`cowbox diff "
+		    "%s last`); -f removes it anyway",
+		    argv[optind], unrecorded, unrecorded == 1 ? "" : "s", argv[optind]);
+	}
 	/* A crashed daemon's docker container goes too. */
+	cli_phase("rm", "stopping %s and removing its files", argv[optind]);
 	if (cb_backend_remove_leftovers(argv[optind]) < 0)
 		fprintf(stderr, "cowbox rm: warning: %s\n", cb_error_message());
-	if (cb_ws_remove(argv[optind]))
-		return cli_fail("rm", NULL);
+	status = cb_ws_remove(argv[optind]);
+	cli_phase_done();
+	if (status)
+		return cli_fail_rc("rm", status);
 	if (common.json)
-		return cli_print_json(json_pack("{s:s, s:b}", "ref", argv[optind], "removed", 1));
+		return cli_print_json(json_pack(
+		    "{s:s, s:s?, s:b}", "ref", *ref ? ref : argv[optind], "name",
+		    *ref && strcmp(ref, argv[optind]) ? argv[optind] : NULL, "removed", *ref != 0));
 	return CLI_OK;
 }

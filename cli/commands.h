@@ -41,6 +41,7 @@ int cmd_reaches(int argc, char **argv);
 int cmd_net_log(int argc, char **argv);
 int cmd_publish(int argc, char **argv);
 int cmd_unpublish(int argc, char **argv);
+int cmd_host_url(int argc, char **argv);
 
 /* Checking and repairing stored state (cli/cmd_fsck.c). */
 int cmd_fsck(int argc, char **argv);

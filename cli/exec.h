@@ -20,7 +20,10 @@ struct cli_exec_opts {
 	unsigned long memory, pids;
 	int set; /* CLI_SET_*: the limits given (0 there means none) */
 	int privileged, json, shell_mode;
+	int tty;    /* -t: the command on a pseudo-terminal */
+	int detach; /* -d: started through the daemon as a background job, not waited for */
 	const char *env[CLI_EXEC_MAX_ENV + 1]; /* --env, NULL-terminated */
+	char *env_taken[CLI_EXEC_MAX_ENV];     /* the --env K entries made here, to free */
 	int n_env;
 	char **cmd;
 	int n_cmd;

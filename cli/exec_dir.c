@@ -197,11 +197,13 @@ int cli_exec_dir(const struct cli_exec_opts *o, struct cli_run *r)
 		spec.sandbox = &sb;
 		spec.cwd = o->cwd;
 	}
+	if (o->shell_mode || o->tty) { /* a shell, or exec -t */
+		spec.tty = 1;
+		cli_tty_size(&spec.tty_rows, &spec.tty_cols);
+	}
 	if (o->shell_mode) {
 		snprintf(probe, sizeof probe, "%s/usr/bin/bash", image_root ? image_root : "");
 		spec.argv = access(probe, X_OK) == 0 ? bash_argv : shell_argv;
-		spec.tty = 1;
-		cli_tty_size(&spec.tty_rows, &spec.tty_cols);
 	} else if (o->shell) {
 		spec.shell = o->shell;
 	} else if (o->n_cmd == 1 && strchr(o->cmd[0], ' ')) {

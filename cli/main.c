@@ -34,6 +34,7 @@ const struct cli_command cli_commands[] = {
     {"net-log", cmd_net_log, "what the workspace's egress proxy let through or refused"},
     {"publish", cmd_publish, "reach a server inside the sandbox from the host's 127.0.0.1"},
     {"unpublish", cmd_unpublish, "close a port publish opened"},
+    {"host-url", cmd_host_url, "the URL by which the sandbox reaches a port of the host"},
     {"fsck", cmd_fsck, "check blobs, base and meta.db; --repair what can be repaired"},
     {"image", cmd_image, "list (ls) or collect (prune) the unpacked OCI image roots"},
     {NULL, NULL, NULL},
@@ -47,6 +48,63 @@ static void cli_usage(FILE *out)
 		fprintf(out, "  %-10s %s\n", c->name, c->summary);
 	fprintf(out,
 		"\nRun 'cowbox COMMAND --help' for a command's options; 'man cowbox' for more.\n");
+}
+
+/* Edits (insert, delete, change, swap of neighbours) from a to b, for "did you mean". */
+static size_t edit_distance(const char *a, const char *b)
+{
+	size_t la = strlen(a), lb = strlen(b), d[16][16];
+
+	if (la > 15 || lb > 15)
+		return 99;
+	for (size_t i = 0; i <= la; i++)
+		for (size_t j = 0; j <= lb; j++) {
+			size_t best;
+
+			if (!i || !j) {
+				d[i][j] = i + j;
+				continue;
+			}
+			best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+			if (d[i - 1][j] + 1 < best)
+				best = d[i - 1][j] + 1;
+			if (d[i][j - 1] + 1 < best)
+				best = d[i][j - 1] + 1;
+			if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+			    d[i - 2][j - 2] + 1 < best)
+				best = d[i - 2][j - 2] + 1;
+			d[i][j] = best;
+		}
+	return d[la][lb];
+}
+
+/* An unknown command: the commands within two edits of it (or that it starts), if any. */
+static int unknown_command(const char *name)
+{
+	size_t best = 3;
+	int found = 0;
+
+	fprintf(stderr, "cowbox: unknown command '%s'\n", name);
+	for (const struct cli_command *c = cli_commands; c->name; c++) {
+		size_t d = edit_distance(name, c->name);
+
+		if (strlen(name) >= 2 && !strncmp(c->name, name, strlen(name)))
+			d = 1;
+		if (d < best)
+			best = d;
+	}
+	for (const struct cli_command *c = cli_commands; best < 3 && c->name; c++) {
+		size_t d = edit_distance(name, c->name);
+
+		if (strlen(name) >= 2 && !strncmp(c->name, name, strlen(name)))
+			d = 1;
+		if (d == best)
+			fprintf(stderr, "%s%s", found++ ? ", " : "did you mean: ", c->name);
+	}
+	if (found)
+		fputc('\n', stderr);
+	fprintf(stderr, "see `cowbox --help`\n");
+	return 2;
 }
 
 int main(int argc, char **argv)
@@ -66,6 +124,5 @@ int main(int argc, char **argv)
 	for (const struct cli_command *c = cli_commands; c->name; c++)
 		if (!strcmp(c->name, argv[1]))
 			return c->run(argc - 1, argv + 1);
-	fprintf(stderr, "cowbox: unknown command '%s' (see cowbox --help)\n", argv[1]);
-	return 2;
+	return unknown_command(argv[1]);
 }

@@ -9,6 +9,7 @@
 
 #include "cowbox/error.h"
 #include "cowbox/grow.h"
+#include "cmd_common.h"
 #include "map_print.h"
 
 struct map_row {
@@ -99,7 +100,7 @@ static void map_print_rows(struct cli_map_printer *p, struct map_row *rows, size
 		} else if (p->sha256sum) {
 			print_sha256sum(h, rows[i].path);
 		} else {
-			fputs_unlocked(rows[i].path, stdout);
+			fputs_unlocked(cli_q(rows[i].path), stdout); /* no forged rows */
 			fputs_unlocked("  ", stdout);
 			fputs_unlocked(h, stdout);
 			putchar_unlocked('\n');
@@ -290,7 +291,7 @@ bad:
 
 void cli_map_end(struct cli_map_printer *p)
 {
-	if (p->json)
+	if (p->json && p->started) /* a map that never began (a failed request) has no end */
 		puts("}}");
 	free(p->rows_buf);
 	p->rows_buf = NULL;

@@ -12,6 +12,10 @@
  * caller to drop with cb_api_backend_put (b may be NULL). When create is set its resources
  * are made too (cb_backend_ensure); on failure nothing is held. */
 int cb_api_backend(struct cb_daemon *d, int create, struct cb_backend **out);
+
+/* info's "published": the ports publish opened ([{port, host_port, address}]), when the
+ * backend is open (daemon/ops_net.c). */
+void cb_daemon_publish_info(struct cb_daemon *d, json_t *r);
 void cb_api_backend_put(struct cb_daemon *d, struct cb_backend *b);
 
 /* Replace the backend's options (configure op): refused with -EBUSY once it was created. */

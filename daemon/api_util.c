@@ -171,8 +171,10 @@ void cb_api_backend_release(struct cb_daemon *d)
 	d->api_backend = NULL;
 	pthread_mutex_unlock(&d->api_lock);
 	cb_backend_free(gone);
-	/* the home's capped filesystem is mounted while the daemon serves (backends/home.c) */
-	cb_backend_home_release(d->dir);
+	/* the home's capped filesystem is mounted while the daemon serves (backends/home.c);
+	 * a daemon that failed before it found its workspace has no directory */
+	if (d->dir)
+		cb_backend_home_release(d->dir);
 }
 
 static const char b64_alphabet[] =

@@ -340,7 +340,8 @@ static void exec_serve(const char *ref, const char *mountpoint)
 		execlp(bin, "cowbox", "serve", ref, "--mountpoint", mountpoint, (char *)NULL);
 	else
 		execlp(bin, "cowbox", "serve", ref, (char *)NULL);
-	fprintf(stderr, "cowbox: exec %s: %s\n", bin, strerror(errno));
+	fprintf(stderr, "cowbox: exec %s: %s%s\n", bin, strerror(errno),
+		errno == ENOENT ? " (set COWBOX_BIN to the cowbox binary, or put it on PATH)" : "");
 	_exit(127);
 }
 

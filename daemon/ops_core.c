@@ -8,6 +8,7 @@
 #include "cowbox/error.h"
 #include "cowbox/journal.h"
 #include "cowbox/overlay.h"
+#include "api.h"
 #include "daemon.h"
 
 static int op_hello(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
@@ -92,6 +93,7 @@ static int op_info(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 		json_object_set_new(r, "base", d->base ? json_string(d->base) : json_null());
 		json_object_set_new(r, "in_place", json_boolean(d->in_place));
 		info_network(d, r);
+		cb_daemon_publish_info(d, r);
 		info_fs(d, req, r);
 		cb_daemon_basehash_info(d, r);
 		json_object_update_new(r, cb_daemon_access_json(conn));

@@ -118,6 +118,12 @@ static int op_publish(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *
 	char addr[32];
 	int rc, port, host_port = 0;
 
+	json_t *hp = json_object_get(req, "host_port");
+
+	if (hp &&
+	    (!json_is_integer(hp) || json_integer_value(hp) < 1 || json_integer_value(hp) > 65535))
+		return cb_error_set(EINVAL, "publish: host_port is a port 1-65535");
+	host_port = hp ? (int)json_integer_value(hp) : 0;
 	if ((rc = port_arg(req, "publish", &port)) < 0 || (rc = cb_api_backend(d, 1, &b)) < 0)
 		return rc;
 	rc = cb_publish_add(b, port, &host_port);
@@ -127,6 +133,23 @@ static int op_publish(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *
 	snprintf(addr, sizeof addr, "127.0.0.1:%d", host_port);
 	return cb_daemon_reply(conn, json_object_get(req, "id"),
 			       json_pack("{s:s, s:i}", "address", addr, "host_port", host_port));
+}
+
+void cb_daemon_publish_info(struct cb_daemon *d, json_t *r)
+{
+	struct cb_backend *b = NULL;
+	int open;
+
+	pthread_mutex_lock(&d->api_lock);
+	open = d->api_backend != NULL;
+	pthread_mutex_unlock(&d->api_lock);
+	/* a backend not opened yet has published nothing: info does not open it */
+	if (!open || cb_api_backend(d, 0, &b) < 0) {
+		cb_error_clear();
+		return;
+	}
+	json_object_set_new(r, "published", cb_publish_json(b));
+	cb_api_backend_put(d, b);
 }
 
 static int op_unpublish(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)

@@ -46,6 +46,8 @@ TESTS += tests/integration/test_public_api.py tests/integration/test_api_request
 # shared VM, and its lifecycle (two boots; each boot is tens of seconds under TCG)
 TESTS += tests/integration/test_vm_agent.py tests/integration/test_vm_conformance.py \
 	tests/integration/test_vm_lifecycle.py
+# The CLI as a person meets it, as transcripts (cli/).
+TESTS += tests/integration/test_cli_transcript.py
 # issue 31: the seed pages' code on cowbox.litellm, cowbox.boxlite and cowbox.mistral (ns,
 # local, and the docker engine where scripts/setup-podman made one)
 TESTS += bindings/python/tests/test_seed_litellm.py bindings/python/tests/test_seed_boxlite.py \

@@ -260,26 +260,33 @@ static int snap_expand(struct cb_turns *t, struct cb_db_scratch *s, struct cb_sc
 {
 	struct ws_sink sink = {sink_scratch, s};
 	char *after = NULL;
-	int n, ret = 0;
+	int n = 0, ret = 0;
 
-	while (!ret && (n = cb_db_scratch_dirty_page(s, after, rows, SNAP_PAGE)) > 0) {
-		ret = cb_db_scratch_begin(s);
-		for (int i = 0; i < n && !ret; i++) {
-			struct cb_dirty d = {rows[i].path, rows[i].subtree, rows[i].pid,
-					     rows[i].comm};
-
-			ret = ws_dirty_expand_one(t, &d, &sink);
-		}
-		if (!ret)
-			ret = cb_db_scratch_commit(s);
+	/* Two passes: every dirty row's own path first, then what lies below the rows; the
+	 * scratch keeps a path's first credit, so each path is its own change's (30.9). */
+	for (int pass = 0; pass < 2 && !ret; pass++) {
 		free(after);
-		after = ret ? NULL : strdup(rows[n - 1].path);
-		if (!ret && !after)
-			ret = cb_error_set(ENOMEM, "snapshot: out of memory");
-		cb_db_scratch_rows_free(rows, (size_t)n);
+		after = NULL;
+		while (!ret && (n = cb_db_scratch_dirty_page(s, after, rows, SNAP_PAGE)) > 0) {
+			ret = cb_db_scratch_begin(s);
+			for (int i = 0; i < n && !ret; i++) {
+				struct cb_dirty d = {rows[i].path, rows[i].subtree, rows[i].pid,
+						     rows[i].comm};
+
+				ret = pass ? ws_dirty_expand_below(t, &d, &sink)
+					   : ws_dirty_add_own(&d, &sink);
+			}
+			if (!ret)
+				ret = cb_db_scratch_commit(s);
+			free(after);
+			after = ret ? NULL : strdup(rows[n - 1].path);
+			if (!ret && !after)
+				ret = cb_error_set(ENOMEM, "snapshot: out of memory");
+			cb_db_scratch_rows_free(rows, (size_t)n);
+		}
+		if (n < 0)
+			ret = n;
 	}
-	if (n < 0)
-		ret = n;
 	cb_db_turns_rollback(t->db);
 	free(after);
 	return ret;

@@ -608,7 +608,14 @@ static int expand_old(const struct cb_entry *e, void *arg)
 	return a->sink->add(a->sink->arg, e->path, a->pid, a->comm);
 }
 
-int ws_dirty_expand_one(struct cb_turns *t, const struct cb_dirty *d, const struct ws_sink *sink)
+int ws_dirty_add_own(const struct cb_dirty *d, const struct ws_sink *sink)
+{
+	if (!d->path[0] || !strcmp(d->path, ".") || ws_is_tmp_name(d->path))
+		return 0;
+	return sink->add(sink->arg, d->path, d->pid, d->comm);
+}
+
+int ws_dirty_expand_below(struct cb_turns *t, const struct cb_dirty *d, const struct ws_sink *sink)
 {
 	struct expand_arg a = {sink, d->pid, d->comm};
 	struct cb_entry old = {0};
@@ -617,9 +624,6 @@ int ws_dirty_expand_one(struct cb_turns *t, const struct cb_dirty *d, const stru
 
 	if (!d->path[0] || !strcmp(d->path, ".") || ws_is_tmp_name(d->path))
 		return 0;
-	ret = sink->add(sink->arg, d->path, d->pid, d->comm);
-	if (ret)
-		return ret;
 	ret = cb_db_turns_map_get(t->db, d->path, &old);
 	if (ret < 0)
 		return ret;
@@ -641,13 +645,47 @@ static int pathset_sink(void *arg, const char *path, pid_t pid, const char *comm
 	return ws_pathset_add(arg, path, pid, comm);
 }
 
+/* The set's first n_own paths (sorted) came from the dirty rows themselves. */
+struct below_set {
+	struct ws_pathset *set;
+	size_t n_own;
+};
+
+/* A path found below a new or moved directory, unless its own row credits it already. */
+static int below_sink(void *arg, const char *path, pid_t pid, const char *comm)
+{
+	struct below_set *b = arg;
+	size_t lo = 0, hi = b->n_own;
+
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		int c = strcmp(b->set->p[mid].path, path);
+
+		if (c == 0)
+			return b->set->p[mid].pid ? 0 : ws_pathset_add(b->set, path, pid, comm);
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return ws_pathset_add(b->set, path, pid, comm);
+}
+
 int ws_dirty_expand(struct cb_turns *t, const struct cb_dirty *dirty, size_t n,
 		    struct ws_pathset *set)
 {
-	struct ws_sink sink = {pathset_sink, set};
+	struct ws_sink own = {pathset_sink, set};
+	struct below_set b = {set, 0};
+	struct ws_sink below = {below_sink, &b};
 	int ret = 0;
 
+	/* Each path is credited to its own first change (what log shows), and only what has no
+	 * row of its own to the change of the directory it came in with: the own rows first. */
 	for (size_t i = 0; i < n && !ret; i++)
-		ret = ws_dirty_expand_one(t, &dirty[i], &sink);
+		ret = ws_dirty_add_own(&dirty[i], &own);
+	ws_pathset_sort(set);
+	b.n_own = set->n;
+	for (size_t i = 0; i < n && !ret; i++)
+		ret = ws_dirty_expand_below(t, &dirty[i], &below);
 	return ret;
 }

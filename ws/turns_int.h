@@ -166,9 +166,13 @@ struct ws_sink {
 	void *arg;
 };
 
-/* Give sink the paths whose entries one dirty row may have changed: the path, and all below
- * it when it is (or was) a directory that moved, was replaced or is new. */
-int ws_dirty_expand_one(struct cb_turns *t, const struct cb_dirty *d, const struct ws_sink *sink);
+/* The paths whose entries one dirty row may have changed, given to sink in two halves: the
+ * row's own path (credited to its own first change), and all below it when it is (or was) a
+ * directory that moved, was replaced or is new (credited to d's change). Giving every row's
+ * own path first lets a sink that keeps the first credit give each path its own change's
+ * (issue 30.9: a file made in a new directory is not the directory's creator's). */
+int ws_dirty_add_own(const struct cb_dirty *d, const struct ws_sink *sink);
+int ws_dirty_expand_below(struct cb_turns *t, const struct cb_dirty *d, const struct ws_sink *sink);
 
 /* Add to set the paths whose entries the dirty list may have changed: each dirty path, all
  * below it when it is (or was) a directory that moved, was replaced or is new. */

@@ -399,11 +399,14 @@ void cb_forwarder_stop_all(struct cb_backend *b);
 
 /* ---- published ports (backends/publish.c) ---- */
 
-/* publish: listen on a free port of the host's 127.0.0.1 and relay each connection to
- * 127.0.0.1:port inside the workspace's own network namespace (b created; never the host's:
- * -EOPNOTSUPP under network host, the local backend or without root); *host_port says which.
- * Idempotent per port. */
+/* publish: listen on a port of the host's 127.0.0.1 (*host_port in: the one asked for, 0: any
+ * free one) and relay each connection to 127.0.0.1:port inside the workspace's own network
+ * namespace (b created; never the host's: -EOPNOTSUPP under network host, the local backend
+ * or without root); *host_port out says which. Idempotent per port (-EEXIST when it is
+ * published at another host port than the one asked for). */
 int cb_publish_add(struct cb_backend *b, int port, int *host_port);
+/* The published ports, [{"port", "host_port", "address"}], oldest last. */
+json_t *cb_publish_json(struct cb_backend *b);
 /* Close one published port and its connections (-ENOENT if it is not), or all (with the
  * backend, before its namespace goes). */
 int cb_publish_remove(struct cb_backend *b, int port);

@@ -54,6 +54,26 @@ while time.monotonic() < end:
 print("swaps", swaps, flush=True)
 """
 
+def quote_path(name):
+    """name as cowbox's text output shows it (git's core.quotePath, cli_q in
+    cli/cmd_common.c): as it is, or in double quotes with C escapes when it holds a control
+    character, a backslash, a double quote or a leading or trailing blank."""
+    if not (name[:1] in (" ", "\t") or name[-1:] in (" ", "\t")) and not any(
+            c < " " or c in "\x7f\\\"" for c in name):
+        return name
+    esc = {"\a": "a", "\b": "b", "\t": "t", "\n": "n", "\v": "v", "\f": "f", "\r": "r",
+           '"': '"', "\\": "\\"}
+    out = []
+    for c in name:
+        if c in esc:
+            out.append("\\" + esc[c])
+        elif c < " " or c == "\x7f":
+            out.append("\\%03o" % ord(c))
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
 def makefile_var(name):
     """A variable of the configured build's Makefile (COWBOX_BUILDDIR; "" if it has none)."""
     with open(os.path.join(os.environ.get("COWBOX_BUILDDIR", ""), "Makefile")) as f:
@@ -301,11 +321,13 @@ class CowboxTestCase(unittest.TestCase):
     def cowbox_json(self, *args):
         return json.loads(self.cowbox(*(args + ("--json",))).stdout)
 
-    def assert_fails(self, args, pattern, status=1):
-        """cowbox ARGS must exit with status and say pattern (a substring) on stderr."""
+    def assert_fails(self, args, pattern, status=None):
+        """cowbox ARGS must exit with status and say pattern (a substring) on stderr; status
+        None: any failure but a usage error (1, or 3-6 by its kind: man cowbox, EXIT STATUS)."""
         proc = self.cowbox(*args, check=False)
-        self.assertEqual(proc.returncode, status, "stdout: %s stderr: %s" % (proc.stdout,
-                                                                             proc.stderr))
+        ok = proc.returncode in (1, 3, 4, 5, 6) if status is None else proc.returncode == status
+        self.assertTrue(ok, "exit %d (want %s) stdout: %s stderr: %s" % (
+            proc.returncode, status or "1 or 3-6", proc.stdout, proc.stderr))
         self.assertIn(pattern, proc.stderr)
         return proc
 

@@ -187,7 +187,8 @@ class TestHelp(CowboxTestCase):
                 self.assert_fails([cmd, "--no-such-option"], "unknown option", status=2)
         self.assert_fails(["frobnicate"], "unknown command", status=2)
         self.assert_fails(["info"], "usage:", status=2)
-        self.assert_fails(["log", "x", "--turn", "zero"], "bad turn", status=2)
+        self.assert_fails(["log", "x", "--turn", "0"], "bad turn", status=2)
+        self.assert_fails(["log", "x", "--turn", "zero"], "no workspace named", status=3)
 
 
 class TestMount(CowboxTestCase):
@@ -231,7 +232,9 @@ class TestMount(CowboxTestCase):
         with open(os.path.join(mnt, "new.txt")) as f:
             self.assertEqual(f.read(), "new\n")
         self.assertGreater(self.cowbox_json("info", ref)["upper_bytes"], 0)
-        self.cowbox("rm", ref)
+        # changes no snapshot recorded: rm asks for -f
+        self.assert_fails(["rm", ref], "no snapshot recorded", status=4)
+        self.cowbox("rm", "-f", ref)
         self.assertFalse(is_fuse_mount(mnt))
         self.assertFalse(os.path.exists(self.ws_dir(ref)))
 

@@ -740,7 +740,7 @@ class TestDaemonPathsEscape(CowboxTestCase):
         self.assertTrue(c.request("ping").get("ok"))
         # rm of a workspace whose upper holds symlinks out: they are unlinked, not walked.
         os.symlink(self.outside, os.path.join(self.mnt, "out-link"))
-        self.cowbox("rm", self.ref)
+        self.cowbox("rm", "-f", self.ref)
         self.assertEqual(self.outside_state(), before)
 
     def test_names_with_dots_are_names(self):

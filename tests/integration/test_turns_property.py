@@ -239,7 +239,7 @@ class TurnsPropertyTest(CowboxTestCase):
             check_rollback()
             check_diff()
         snapshot(delta=True)  # the whole map if the client's turn was pruned
-        self.assertEqual(self.cowbox("diff", "prop", "1", check=False).returncode, 1)
+        self.assertEqual(self.cowbox("diff", "prop", "1", check=False).returncode, 3)
         # fork a random kept turn: the new workspace's tree is that turn exactly (files,
         # modes, symlinks, directories, deletions of base entries as whiteouts)
         turn = rng.choice(sorted(states))

@@ -17,3 +17,8 @@ __all__ = [
     "InvalidRequestError", "AccessDeniedError", "ConflictError",
 ]
 __version__ = "0.1.0"
+
+# Missing files, bases and binary as the standard exceptions' subclasses (issue 33).
+from .errors import BaseNotADirectoryError, BaseNotFoundError, CowboxBinaryNotFoundError  # noqa: E402
+
+__all__ += ["BaseNotFoundError", "BaseNotADirectoryError", "CowboxBinaryNotFoundError"]

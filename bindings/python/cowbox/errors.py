@@ -32,10 +32,26 @@ class WorkspaceError(Exception):
         self.result = result  # a CompletedRun for timeout / output_limit of a strict run
 
 
-class WorkspaceNotFoundError(WorkspaceError):
-    """not_found: no such workspace, file, running command or binary."""
+class WorkspaceNotFoundError(WorkspaceError, FileNotFoundError):
+    """not_found: no such workspace, file, running command or binary (a FileNotFoundError,
+    so `except FileNotFoundError` catches a missing file of the workspace)."""
 
     code = "not_found"
+
+
+class BaseNotFoundError(WorkspaceNotFoundError):
+    """create's base directory does not exist (a FileNotFoundError)."""
+
+
+class BaseNotADirectoryError(WorkspaceError, NotADirectoryError):
+    """create's base is not a directory (a NotADirectoryError)."""
+
+    code = "invalid_request"
+
+
+class CowboxBinaryNotFoundError(WorkspaceNotFoundError):
+    """The cowbox binary is not where COWBOX_BIN (or PATH) says: the message says how to
+    point at it."""
 
 
 class InvalidPathError(WorkspaceError, ValueError):
@@ -95,6 +111,16 @@ _BY_CODE = {
                 WorkspaceUnavailableError, WorkspaceTimeoutError, WorkspaceOutputLimitError,
                 InvalidRequestError, AccessDeniedError, ConflictError)
 }
+
+
+def cli_error(cls, command, stderr, **kw):
+    """The exception cls for a failed `cowbox COMMAND` whose stderr is stderr: the CLI's own
+    "cowbox COMMAND: why" lines as they are (said once, not prefixed again), else stderr
+    after that prefix."""
+    lines = [line for line in stderr.strip().splitlines()
+             if line.startswith("cowbox %s: " % command)]
+    message = "\n".join(lines) if lines else "cowbox %s: %s" % (command, stderr.strip())
+    return cls(message, **kw)
 
 
 def error_from_reply(error, result=None):

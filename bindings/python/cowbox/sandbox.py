@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from . import directio
 from .connection import Connection, SendFailed, request_sync
 from .errors import (AccessDeniedError, InvalidRequestError, WorkspaceError, WorkspaceNotFoundError,
-                     WorkspaceUnavailableError, error_from_reply)
+                     WorkspaceUnavailableError, cli_error, error_from_reply,
+                     BaseNotADirectoryError, BaseNotFoundError, CowboxBinaryNotFoundError)
 
 CHUNK = 1 << 20  # bytes per read/write request; large files take several
 # A whole map frame's budget asked of the daemon (under LINE_LIMIT): ~12k files a frame, so
@@ -189,9 +190,14 @@ class Process:
 
 
 async def _cowbox(binary, env, *args):
-    proc = await asyncio.create_subprocess_exec(
-        binary, *args, env=env, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            binary, *args, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    except FileNotFoundError:
+        raise CowboxBinaryNotFoundError(
+            "the cowbox binary %r was not found: set COWBOX_BIN to it (a build's "
+            "build/cowbox) or put cowbox on PATH" % (binary,)) from None
     out, err = await proc.communicate()
     return proc.returncode, out.decode(), err.decode().strip()
 
@@ -215,7 +221,10 @@ class Sandbox:
         self._access = access
         self.access = None
         self.supported_access = None
-        self.cowbox = cowbox or os.environ.get("COWBOX", "cowbox")
+        # the binary: cowbox=, else $COWBOX_BIN (what the C library and the daemon's own
+        # start read too), else $COWBOX (the tests' older name), else cowbox on PATH
+        self.cowbox = (cowbox or os.environ.get("COWBOX_BIN") or os.environ.get("COWBOX")
+                       or "cowbox")
         self._env = dict(os.environ)
         if home:
             self._env["COWBOX_HOME"] = home
@@ -303,6 +312,10 @@ class Sandbox:
         _check_access(access)
         if in_place and not base:
             raise ValueError("in_place=True needs base: the folder to work in")
+        if base is not None and not os.path.exists(base):
+            raise BaseNotFoundError("base %s: no such directory" % (base,))
+        if base is not None and not os.path.isdir(base):
+            raise BaseNotADirectoryError("base %s: not a directory" % (base,))
         on_create = list(on_create)
         hooks = [h for h in on_create if not isinstance(h, str)]
         for h in hooks:
@@ -341,7 +354,7 @@ class Sandbox:
             ["--name", name] if name else [])
         rc, out, err = await _cowbox(tmp.cowbox, tmp._env, *args)
         if rc != 0:
-            raise WorkspaceError("cowbox create: " + err, code="invalid_request")
+            raise cli_error(WorkspaceError, "create", err, code="invalid_request")
         box = cls(out.strip().splitlines()[-1], cowbox=cowbox, home=home)
         # On record before its daemon boots (BoxLite logs the id before it starts), so a
         # workspace left by a caller that died half-way can be found and destroyed.
@@ -363,7 +376,7 @@ class Sandbox:
         except BaseException:
             # Refused options (or a cancel): the fresh workspace is of no use to anyone.
             await box.close()
-            await _cowbox(box.cowbox, box._env, "rm", box.ref)
+            await _cowbox(box.cowbox, box._env, "rm", "-f", box.ref)
             raise
         return box
 
@@ -387,7 +400,7 @@ class Sandbox:
         Sandbox.__init__(tmp, "cb-" + "0" * 32, cowbox=cowbox, home=home)
         rc, out, err = await _cowbox(tmp.cowbox, tmp._env, "ls", "--json")
         if rc != 0:
-            raise WorkspaceUnavailableError("cowbox ls: " + err)
+            raise cli_error(WorkspaceUnavailableError, "ls", err)
         return json.loads(out)
 
     @classmethod
@@ -414,7 +427,7 @@ class Sandbox:
         if rc != 0:
             if "no workspace" in err:
                 return
-            raise WorkspaceUnavailableError("cowbox info %s: %s" % (ref, err))
+            raise cli_error(WorkspaceUnavailableError, "info", err)
         try:
             await box._connect()
             await box._conn.request("destroy")
@@ -424,9 +437,9 @@ class Sandbox:
             if box._conn:
                 await box._conn.close()
                 box._conn = None
-        rc, _, err = await _cowbox(box.cowbox, box._env, "rm", ref)
+        rc, _, err = await _cowbox(box.cowbox, box._env, "rm", "-f", ref)
         if rc != 0:
-            raise WorkspaceUnavailableError("cowbox rm %s: %s" % (ref, err))
+            raise cli_error(WorkspaceUnavailableError, "rm", err)
 
     async def _connect(self):
         if self._lock is None:

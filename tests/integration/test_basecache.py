@@ -10,7 +10,6 @@ import json
 import os
 import random
 import re
-import resource
 import signal
 import sqlite3
 import subprocess
@@ -19,6 +18,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cbtest  # noqa: E402
 from cbtest import CowboxTestCase, pid_alive, wait_for  # noqa: E402
 
 
@@ -337,15 +337,19 @@ class BaseCacheTest(CowboxTestCase):
                 with open(os.path.join(d, "f"), "wb") as f:
                     f.write(rng.randbytes(rng.randrange(0, 300)))
         real = base_map(base)
-        # The hard limit too: the daemon raises its soft limit to the hard one at start
-        # (a host's usual 1,024 soft under a larger hard). Root may raise it back after.
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+        # The hard limit too, since the daemon raises its soft limit to the hard one at
+        # start; set in a wrapper of the binary, as a hard limit cannot be raised back here.
+        wrapper = os.path.join(self.tmp, "cowbox-1024")
+        with open(wrapper, "w") as f:
+            f.write("#!/bin/sh\nulimit -Sn 1024 && ulimit -Hn 1024 && exec %s \"$@\"\n"
+                    % cbtest.COWBOX)
+        os.chmod(wrapper, 0o755)
+        binary, cbtest.COWBOX = cbtest.COWBOX, wrapper
         try:
             a = self.new_ws_at_once(base)  # hashes every file itself
             b = self.new_ws_at_once(base)  # takes every row from the shared cache
         finally:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            cbtest.COWBOX = binary
         for ref in (a, b):
             with open("/proc/%d/limits" % self.daemon_pid(ref)) as f:
                 self.assertRegex(f.read(), r"Max open files\s+1024\s")

@@ -12,3 +12,6 @@ cowbox_LDADD = daemon/libcb_daemon.la backends/libcb_backends.la net/libcb_net.l
 cowbox_SOURCES += cli/cmd_turns.c cli/map_print.h cli/map_print.c cli/cmd_fsck.c cli/cmd_net.c
 cowbox_SOURCES += cli/cmd_access.c cli/cmd_apply.c
 dist_man_MANS += man/cowbox.1
+
+# merge: a fork's changes brought back into a workspace
+cowbox_SOURCES += cli/cmd_merge.c

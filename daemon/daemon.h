@@ -134,6 +134,14 @@ int cb_daemon_base_watch(struct cb_daemon *d, const char *when);
 /* Record the open turn labelled label, as the snapshot op does (daemon/ops_turns.c); *turn
  * gets its number. Takes the turn lock. */
 int cb_daemon_snapshot_labelled(struct cb_daemon *d, const char *label, long long *turn);
+/* The same for a caller that holds the turn lock already (merge records its writes). */
+int cb_daemon_snapshot_locked(struct cb_daemon *d, const char *label, long long *turn);
+
+/* merge (daemon/ops_merge.c): the op, a row of the turns table, and its worker side (in a
+ * worker process: the merge's reads and writes of the live tree at mountpoint). */
+int cb_daemon_op_merge(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req);
+int cb_daemon_worker_merge(const char *mountpoint, const char *dir, const char *base,
+			   const char *db_path, json_t *req, json_t **res);
 
 /* fsck (daemon/ops_fsck.c): wait for a running check to end. Called once while stopping,
  * after the connections are shut down. */

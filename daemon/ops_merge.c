@@ -1,0 +1,217 @@
+/* The merge op: another workspace's changes since the fork that relates the two brought into
+ * this one's live tree (through the turn worker) and recorded as one turn. */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cowbox/error.h"
+#include "cowbox/merge.h"
+#include "cowbox/turns.h"
+#include "cowbox/workspace.h"
+#include "daemon.h"
+
+/* The turn of source that is the common ancestor: source forked from target (its turn 1),
+ * target forked from source (the turn it forked from), or both forked from the same turn
+ * of a third workspace (turn 1 of each). */
+static int merge_ancestor(struct cb_daemon *d, const char *sref, const char *sdir, long long *from)
+{
+	char sorig[CB_WS_REF_LEN + 8] = "", torig[CB_WS_REF_LEN + 8] = "";
+	long long sturn = -1, tturn = -1;
+	int sret = cb_ws_origin_read(sdir, sorig, sizeof(sorig), &sturn);
+	int tret = cb_ws_origin_read(d->dir, torig, sizeof(torig), &tturn);
+
+	if ((sret && sret != -ENOENT) || (tret && tret != -ENOENT))
+		return sret && sret != -ENOENT ? sret : tret;
+	cb_error_clear();
+	if (!sret && !strcmp(sorig, d->ref))
+		*from = 1;
+	else if (!tret && !strcmp(torig, sref))
+		*from = tturn;
+	else if (!sret && !tret && !strcmp(sorig, torig) && sturn == tturn)
+		*from = 1;
+	else
+		return cb_error_set(EINVAL,
+				    "merge: %s and %s share no fork point (SOURCE must be a fork of "
+				    "TARGET, TARGET a fork of SOURCE, or both forks of the same turn; "
+				    "forks made before cowbox kept fork records are not known)",
+				    sref, d->ref);
+	return 0;
+}
+
+static json_t *merge_result_json(const struct cb_ws_merge_result *res)
+{
+	json_t *merged = json_array(), *conflicts = json_array();
+
+	for (size_t i = 0; i < res->nmerged; i++)
+		json_array_append_new(merged, json_string(res->merged[i]));
+	for (size_t i = 0; i < res->nconflicts; i++)
+		json_array_append_new(conflicts,
+				      json_pack("{s:s, s:s, s:s}", "path", res->conflicts[i].path,
+						"kind", res->conflicts[i].kind, "resolution",
+						res->conflicts[i].resolution));
+	return json_pack("{s:o, s:o, s:I}", "merged", merged, "conflicts", conflicts, "touched",
+			 (json_int_t)res->written);
+}
+
+int cb_daemon_worker_merge(const char *mountpoint, const char *dir, const char *base,
+			   const char *db_path, json_t *req, json_t **res)
+{
+	const char *sdir = json_string_value(json_object_get(req, "source_dir"));
+	const char *sbase = json_string_value(json_object_get(req, "source_base"));
+	const char *label = json_string_value(json_object_get(req, "source_label"));
+	long long from = json_integer_value(json_object_get(req, "from"));
+	long long to = json_integer_value(json_object_get(req, "to"));
+	int dry_run = json_is_true(json_object_get(req, "dry_run"));
+	char blobs[4200], sdb[4200], sblobs[4200], pending[4200];
+	struct cb_ws_merge_result mr = {0};
+	struct cb_turns *t = NULL, *s = NULL;
+	enum cb_ws_merge_strategy strategy;
+	int ret, fd;
+
+	*res = NULL;
+	if (!sdir)
+		return cb_error_set(EINVAL, "merge: no source");
+	if ((ret = cb_ws_merge_strategy_parse(
+		 json_string_value(json_object_get(req, "strategy")), &strategy)))
+		return ret;
+	snprintf(blobs, sizeof(blobs), "%s/blobs", dir);
+	snprintf(sdb, sizeof(sdb), "%s/meta.db", sdir);
+	snprintf(sblobs, sizeof(sblobs), "%s/blobs", sdir);
+	struct cb_turns_config tcfg = {
+	    .db_path = db_path, .blob_dir = blobs, .base_dir = base, .root = mountpoint};
+	struct cb_turns_config scfg = {.db_path = sdb, .blob_dir = sblobs, .base_dir = sbase};
+
+	ret = cb_turns_open(&tcfg, &t);
+	if (!ret)
+		cb_daemon_basecache_attach(dir, t, base);
+	if (!ret && (ret = cb_turns_open(&scfg, &s)))
+		ret = cb_error_wrap(ret, "merge: SOURCE's turns");
+	if (ret)
+		goto out;
+	if (to < 0)
+		to = cb_db_turns_latest(cb_turns_db(s));
+	/* Until the merge is done its temporary names (rollback's) may be in the tree: the next
+	 * start removes them if it finds this mark. */
+	snprintf(pending, sizeof(pending), "%s/" CB_DAEMON_ROLLBACK_PENDING, dir);
+	if (!dry_run && (fd = open(pending, O_WRONLY | O_CREAT | O_CLOEXEC, 0600)) >= 0)
+		close(fd);
+	ret = cb_ws_merge(t, s, from, to, strategy, label, dry_run, &mr);
+	if (!ret && !dry_run)
+		unlink(pending);
+	*res = merge_result_json(&mr);
+	json_object_set_new(*res, "to", json_integer(to));
+	if (ret == -EBUSY && mr.nblocked) {
+		/* Refused before anything was written: an answer, not a failure of the worker. */
+		json_t *blocked = json_array();
+
+		for (size_t i = 0; i < mr.nblocked; i++)
+			json_array_append_new(blocked, json_string(mr.blocked[i]));
+		json_object_set_new(*res, "blocked", blocked);
+		json_object_set_new(*res, "message", json_string(cb_error_message()));
+		ret = 0;
+	}
+out:
+	cb_ws_merge_result_free(&mr);
+	cb_turns_close(s);
+	cb_turns_close(t);
+	return ret;
+}
+
+/* {"source": REF|NAME, "turn": N (SOURCE's, default its latest), "strategy", "dry_run"}. */
+int cb_daemon_op_merge(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
+{
+	const char *source = json_string_value(json_object_get(req, "source"));
+	const char *strategy = json_string_value(json_object_get(req, "strategy"));
+	json_t *jt = json_object_get(req, "turn"), *id = json_object_get(req, "id");
+	int dry_run = json_is_true(json_object_get(req, "dry_run"));
+	char sref[CB_WS_REF_LEN + 1], label[256], *sdir = NULL;
+	struct cb_ws_info info = {0};
+	enum cb_ws_merge_strategy st;
+	long long from = 0, to = -1, touched = 0, turn = -1;
+	json_t *r = NULL;
+	int ret, have_info = 0;
+
+	if (!source)
+		return cb_error_set(EINVAL, "merge: \"source\" must be a workspace ref or name");
+	if (jt && !json_is_null(jt) && (!json_is_integer(jt) || json_integer_value(jt) < 0))
+		return cb_error_set(EINVAL, "merge: \"turn\" must be a turn number");
+	if (jt && json_is_integer(jt))
+		to = json_integer_value(jt);
+	if ((ret = cb_ws_merge_strategy_parse(strategy, &st)))
+		return ret;
+	if ((ret = cb_ws_resolve(source, sref)))
+		return ret;
+	if (!strcmp(sref, d->ref))
+		return cb_error_set(EINVAL, "merge: SOURCE and TARGET are the same workspace");
+	if ((ret = cb_ws_path(sref, NULL, &sdir)) || (ret = cb_ws_info(sref, &info)))
+		goto out;
+	have_info = 1;
+	if ((ret = merge_ancestor(d, sref, sdir, &from)))
+		goto out;
+	pthread_mutex_lock(&d->turn_lock);
+	ret = cb_daemon_worker_call(d, json_pack("{s:s}", "op", "sync"), NULL, NULL, NULL, NULL);
+	if (!ret)
+		ret = cb_daemon_base_watch(d, "merge");
+	if (!ret)
+		ret = cb_daemon_worker_call(
+		    d,
+		    json_pack("{s:s, s:s, s:s?, s:s, s:I, s:I, s:s, s:b}", "op", "merge",
+			      "source_dir", sdir, "source_base", info.base, "source_label",
+			      info.name ? info.name : sref, "from", (json_int_t)from, "to",
+			      (json_int_t)to, "strategy", strategy ? strategy : "merge", "dry_run",
+			      dry_run),
+		    NULL, NULL, &r, &touched);
+	if (!ret && r)
+		to = json_integer_value(json_object_get(r, "to"));
+	/* A merge that failed part-way changed the tree too: record what it is now. */
+	if (!dry_run && touched > 0) {
+		char saved[1024];
+		int sret;
+
+		snprintf(saved, sizeof(saved), "%s", cb_error_message());
+		snprintf(label, sizeof(label), "merge of %s turn %lld (%s, from its turn %lld)",
+			 info.name ? info.name : sref, to, sref, from);
+		sret = cb_daemon_snapshot_locked(d, label, &turn);
+		if (!ret)
+			ret = sret;
+		else
+			cb_error_set(-ret, "%s", saved);
+	}
+	pthread_mutex_unlock(&d->turn_lock);
+	if (ret)
+		goto out;
+	if (json_object_get(r, "blocked")) {
+		ret = cb_daemon_send_frame(
+		    conn, id,
+		    json_pack("{s:{s:s, s:s, s:O, s:{s:O}}}", "error", "code", "in_use", "message",
+			      json_string_value(json_object_get(r, "message")), "blocked",
+			      json_object_get(r, "blocked"), "result", "blocked",
+			      json_object_get(r, "blocked")));
+		ret = ret < 0 ? ret : 0;
+		goto out;
+	}
+	json_object_del(r, "touched");
+	json_object_del(r, "to");
+	json_object_set_new(r, "turn", turn >= 0 ? json_integer(turn) : json_null());
+	json_object_set_new(r, "source", json_string(sref));
+	json_object_set_new(r, "source_turn", json_integer(to));
+	json_object_set_new(r, "ancestor_turn", json_integer(from));
+	json_object_set_new(r, "written", json_integer(touched));
+	json_object_set_new(r, "dry_run", json_boolean(dry_run));
+	cb_daemon_log("merge: %s turns %lld..%lld into the live tree: %lld written, %zu conflicts%s",
+		      sref, from, to, touched, json_array_size(json_object_get(r, "conflicts")),
+		      dry_run ? " (dry run)" : "");
+	ret = cb_daemon_reply(conn, id, r);
+	r = NULL;
+out:
+	json_decref(r);
+	if (have_info)
+		cb_ws_info_free(&info);
+	free(sdir);
+	return ret;
+}

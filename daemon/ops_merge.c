@@ -35,11 +35,12 @@ static int merge_ancestor(struct cb_daemon *d, const char *sref, const char *sdi
 	else if (!sret && !tret && !strcmp(sorig, torig) && sturn == tturn)
 		*from = 1;
 	else
-		return cb_error_set(EINVAL,
-				    "merge: %s and %s share no fork point (SOURCE must be a fork of "
-				    "TARGET, TARGET a fork of SOURCE, or both forks of the same turn; "
-				    "forks made before cowbox kept fork records are not known)",
-				    sref, d->ref);
+		return cb_error_set(
+		    EINVAL,
+		    "merge: %s and %s share no fork point (SOURCE must be a fork of "
+		    "TARGET, TARGET a fork of SOURCE, or both forks of the same turn; "
+		    "forks made before cowbox kept fork records are not known)",
+		    sref, d->ref);
 	return 0;
 }
 
@@ -76,8 +77,8 @@ int cb_daemon_worker_merge(const char *mountpoint, const char *dir, const char *
 	*res = NULL;
 	if (!sdir)
 		return cb_error_set(EINVAL, "merge: no source");
-	if ((ret = cb_ws_merge_strategy_parse(
-		 json_string_value(json_object_get(req, "strategy")), &strategy)))
+	if ((ret = cb_ws_merge_strategy_parse(json_string_value(json_object_get(req, "strategy")),
+					      &strategy)))
 		return ret;
 	snprintf(blobs, sizeof(blobs), "%s/blobs", dir);
 	snprintf(sdb, sizeof(sdb), "%s/meta.db", sdir);
@@ -203,9 +204,10 @@ int cb_daemon_op_merge(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	json_object_set_new(r, "ancestor_turn", json_integer(from));
 	json_object_set_new(r, "written", json_integer(touched));
 	json_object_set_new(r, "dry_run", json_boolean(dry_run));
-	cb_daemon_log("merge: %s turns %lld..%lld into the live tree: %lld written, %zu conflicts%s",
-		      sref, from, to, touched, json_array_size(json_object_get(r, "conflicts")),
-		      dry_run ? " (dry run)" : "");
+	cb_daemon_log(
+	    "merge: %s turns %lld..%lld into the live tree: %lld written, %zu conflicts%s", sref,
+	    from, to, touched, json_array_size(json_object_get(r, "conflicts")),
+	    dry_run ? " (dry run)" : "");
 	ret = cb_daemon_reply(conn, id, r);
 	r = NULL;
 out:

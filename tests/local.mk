@@ -52,3 +52,6 @@ TESTS += bindings/python/tests/test_seed_litellm.py bindings/python/tests/test_s
 EXTRA_DIST += bindings/python/tests/seedutil.py
 # issue 31: ns images pulled from the registries a registries.conf names (a loopback registry)
 TESTS += tests/integration/test_image_pull.py
+
+# merge: a fork brought back into a workspace
+TESTS += tests/integration/test_merge.py

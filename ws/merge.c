@@ -286,7 +286,8 @@ static int merge_file(struct cb_turns *target, struct cb_turns *source, struct m
 			goto out;
 		}
 		if (!mr.automergeable && strategy != CB_WS_MERGE_MERGE) {
-			/* Conflicting hunks resolved toward one side, the rest merged (git's -X). */
+			/* Conflicting hunks resolved toward one side, the rest merged (git's -X).
+			 */
 			git_merge_file_result_free(&mr);
 			memset(&mr, 0, sizeof(mr));
 			opts.favor = strategy == CB_WS_MERGE_OURS ? GIT_MERGE_FILE_FAVOR_OURS
@@ -306,9 +307,13 @@ static int merge_file(struct cb_turns *target, struct cb_turns *source, struct m
 			ret = cb_error_set(ENOMEM, "merge: out of memory");
 			goto out;
 		}
-		memcpy(it->buf, mr.ptr, mr.len);
+		if (mr.len)
+			memcpy(it->buf, mr.ptr, mr.len);
 		it->len = mr.len;
-		it->plan = PLAN_CONTENT;
+		/* SOURCE's change is in TARGET already (merged before): nothing to write. */
+		it->plan = mr.len == tl && (!tl || !memcmp(mr.ptr, tb, tl)) && mode == tgt->mode
+			       ? PLAN_NONE
+			       : PLAN_CONTENT;
 	}
 	goto out;
 binary:
@@ -577,8 +582,8 @@ static int merge_apply(struct cb_turns *target, struct cb_turns *source, struct 
 		}
 		res->written++;
 		if (!ret && it->ev->new.type == CB_ENTRY_ABSENT)
-			ret = add_path(&res->merged, &res->nmerged, &res->cap_merged,
-				       it->have.path);
+			ret =
+			    add_path(&res->merged, &res->nmerged, &res->cap_merged, it->have.path);
 	}
 	for (size_t i = 0; i < n && !ret; i++) {
 		struct merge_item *it = &items[i];
@@ -642,8 +647,8 @@ int cb_ws_merge(struct cb_turns *target, struct cb_turns *source, long long from
 	}
 	for (i = 0; i < diff.n && !ret; i++) {
 		items[i].ev = &diff.ev[i];
-		ret = merge_plan_item(target, source, latest, &items[i], strategy, source_label,
-				      res);
+		ret =
+		    merge_plan_item(target, source, latest, &items[i], strategy, source_label, res);
 	}
 	/* A path whose directory target removed (or replaced) is a conflict too: target's
 	 * choice stands. */
@@ -696,7 +701,8 @@ int cb_ws_origin_write(const char *ws_dir, const char *from_ref, long long turn)
 	FILE *f = NULL;
 	int ret = 0;
 
-	if (asprintf(&path, "%s/origin", ws_dir) < 0 || asprintf(&tmp, "%s/origin.tmp", ws_dir) < 0) {
+	if (asprintf(&path, "%s/origin", ws_dir) < 0 ||
+	    asprintf(&tmp, "%s/origin.tmp", ws_dir) < 0) {
 		ret = cb_error_set(ENOMEM, "origin: out of memory");
 		goto out;
 	}
@@ -726,7 +732,8 @@ int cb_ws_origin_read(const char *ws_dir, char *from_ref, size_t len, long long 
 	if (asprintf(&path, "%s/origin", ws_dir) < 0)
 		return cb_error_set(ENOMEM, "origin: out of memory");
 	if (!(f = fopen(path, "re"))) {
-		ret = errno == ENOENT ? -ENOENT : cb_error_set(errno, "%s: %s", path, strerror(errno));
+		ret = errno == ENOENT ? -ENOENT
+				      : cb_error_set(errno, "%s: %s", path, strerror(errno));
 		goto out;
 	}
 	if (fscanf(f, "%127s %lld", ref, turn) != 2 || strlen(ref) >= len || *turn < 0) {

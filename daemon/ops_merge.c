@@ -187,12 +187,24 @@ int cb_daemon_op_merge(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	if (ret)
 		goto out;
 	if (json_object_get(r, "blocked")) {
+		/* Like apply's refusal: code "conflict", "conflicts" saying why per path. */
+		json_t *why = json_array(), *v;
+		size_t i;
+
+		json_array_foreach(json_object_get(r, "blocked"), i, v)
+		{
+			char line[4300];
+
+			snprintf(line, sizeof(line), "%s: changed in TARGET since its latest turn",
+				 json_string_value(v));
+			json_array_append_new(why, json_string(line));
+		}
 		ret = cb_daemon_send_frame(
 		    conn, id,
-		    json_pack("{s:{s:s, s:s, s:O, s:{s:O}}}", "error", "code", "in_use", "message",
-			      json_string_value(json_object_get(r, "message")), "blocked",
-			      json_object_get(r, "blocked"), "result", "blocked",
-			      json_object_get(r, "blocked")));
+		    json_pack("{s:{s:s, s:s, s:O, s:O, s:{s:o}}}", "error", "code", "conflict",
+			      "message", json_string_value(json_object_get(r, "message")),
+			      "blocked", json_object_get(r, "blocked"), "conflicts", why, "result",
+			      "conflicts", why));
 		ret = ret < 0 ? ret : 0;
 		goto out;
 	}

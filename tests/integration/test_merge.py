@@ -189,6 +189,49 @@ class MergeTest(CowboxTestCase):
         self.assertEqual(res["conflicts"], [])
         self.assertIsNone(res["turn"])
 
+    def test_python_both_directions(self):
+        import asyncio
+        import cbtest
+        import cowbox
+
+        async def main():
+            box = await cowbox.Sandbox.attach("main", cowbox=cbtest.COWBOX, home=self.home)
+            fork = await box.fork(self.t0, name="py")
+            try:
+                await fork.write("py.txt", b"from py\n")
+                await fork.write("util.h", PROJECT["util.h"] + "int py(void);\n")
+                await fork.snapshot()
+                dry = await box.merge(fork, dry_run=True)
+                self.assertEqual(sorted(dry["merged"]), ["py.txt", "util.h"])
+                self.assertIsNone(dry["turn"])
+                with self.assertRaises(cowbox.WorkspaceError):
+                    await box.read("py.txt")
+                # TARGET edited util.h and did not snapshot: refused, nothing written
+                await box.write("util.h", b"unsnapshotted\n")
+                with self.assertRaises(cowbox.ConflictError) as cm:
+                    await box.merge("py")
+                self.assertEqual(cm.exception.conflicts,
+                                 ["util.h: changed in TARGET since its latest turn"])
+                with self.assertRaises(cowbox.WorkspaceError):
+                    await box.read("py.txt")
+                await box.write("util.h", PROJECT["util.h"].encode())
+                res = await box.merge("py")
+                self.assertEqual(sorted(res["merged"]), ["py.txt", "util.h"])
+                self.assertEqual(res["conflicts"], [])
+                self.assertIsInstance(res["turn"], int)
+                self.assertEqual(await box.read("py.txt"), b"from py\n")
+                # the other way: the fork takes what the original did since the fork point
+                await box.write("main.txt", b"from main\n")
+                await box.snapshot()
+                back = await fork.merge("main")
+                self.assertEqual(back["ancestor_turn"], self.t0)
+                self.assertEqual(back["merged"], ["main.txt"])  # py.txt is there already
+                self.assertEqual(await fork.read("main.txt"), b"from main\n")
+            finally:
+                await fork.close()
+                await box.detach()
+        asyncio.run(main())
+
     def test_refusals(self):
         other = self.create(self.base, name="other")
         self.assert_fails(["merge", "main", "other"], "share no fork point")

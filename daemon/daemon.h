@@ -142,6 +142,13 @@ int cb_daemon_snapshot_locked(struct cb_daemon *d, const char *label, long long 
 int cb_daemon_op_merge(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req);
 int cb_daemon_worker_merge(const char *mountpoint, const char *dir, const char *base,
 			   const char *db_path, json_t *req, json_t **res);
+/* In a worker: put back what an unrecorded merge wrote (cb_ws_merge_undo). */
+int cb_daemon_worker_merge_undo(const char *mountpoint, const char *dir, const char *base,
+				const char *db_path, json_t **res);
+/* At start, once mounted: if a merge was interrupted, a thread holding the turn lock (taken
+ * before this returns) undoes it through the worker; joined while stopping. */
+void cb_daemon_merge_recover_start(struct cb_daemon *d);
+void cb_daemon_merge_recover_join(void);
 
 /* fsck (daemon/ops_fsck.c): wait for a running check to end. Called once while stopping,
  * after the connections are shut down. */

@@ -4,6 +4,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <semaphore.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +46,10 @@ static int merge_ancestor(struct cb_daemon *d, const char *sref, const char *sdi
 	return 0;
 }
 
+/* A merge writing (or killed while writing) keeps this file in the workspace directory: the
+ * paths it writes and the turn they were at (ws/merge.c, cb_ws_merge_undo). */
+#define MERGE_PENDING "merge.pending"
+
 static json_t *merge_result_json(const struct cb_ws_merge_result *res)
 {
 	json_t *merged = json_array(), *conflicts = json_array();
@@ -68,7 +74,7 @@ int cb_daemon_worker_merge(const char *mountpoint, const char *dir, const char *
 	long long from = json_integer_value(json_object_get(req, "from"));
 	long long to = json_integer_value(json_object_get(req, "to"));
 	int dry_run = json_is_true(json_object_get(req, "dry_run"));
-	char blobs[4200], sdb[4200], sblobs[4200], pending[4200];
+	char blobs[4200], sdb[4200], sblobs[4200], pending[4200], intent[4200];
 	struct cb_ws_merge_result mr = {0};
 	struct cb_turns *t = NULL, *s = NULL;
 	enum cb_ws_merge_strategy strategy;
@@ -101,7 +107,8 @@ int cb_daemon_worker_merge(const char *mountpoint, const char *dir, const char *
 	snprintf(pending, sizeof(pending), "%s/" CB_DAEMON_ROLLBACK_PENDING, dir);
 	if (!dry_run && (fd = open(pending, O_WRONLY | O_CREAT | O_CLOEXEC, 0600)) >= 0)
 		close(fd);
-	ret = cb_ws_merge(t, s, from, to, strategy, label, dry_run, &mr);
+	snprintf(intent, sizeof(intent), "%s/" MERGE_PENDING, dir);
+	ret = cb_ws_merge(t, s, from, to, strategy, label, dry_run, intent, &mr);
 	if (!ret && !dry_run)
 		unlink(pending);
 	*res = merge_result_json(&mr);
@@ -121,6 +128,90 @@ out:
 	cb_turns_close(s);
 	cb_turns_close(t);
 	return ret;
+}
+
+int cb_daemon_worker_merge_undo(const char *mountpoint, const char *dir, const char *base,
+				const char *db_path, json_t **res)
+{
+	char blobs[4200], intent[4200], pending[4200];
+	struct cb_turns *t = NULL;
+	long long restored = 0;
+	int ret, fd;
+
+	snprintf(blobs, sizeof(blobs), "%s/blobs", dir);
+	snprintf(intent, sizeof(intent), "%s/" MERGE_PENDING, dir);
+	snprintf(pending, sizeof(pending), "%s/" CB_DAEMON_ROLLBACK_PENDING, dir);
+	struct cb_turns_config cfg = {
+	    .db_path = db_path, .blob_dir = blobs, .base_dir = base, .root = mountpoint};
+
+	if (access(intent, F_OK) < 0)
+		return 0;
+	/* The undo is a rollback of those paths: its temporary names are cleaned after a kill
+	 * as a rollback's are. */
+	if ((fd = open(pending, O_WRONLY | O_CREAT | O_CLOEXEC, 0600)) >= 0)
+		close(fd);
+	ret = cb_turns_open(&cfg, &t);
+	if (!ret)
+		ret = cb_ws_merge_undo(t, intent, &restored);
+	if (!ret)
+		unlink(pending);
+	cb_turns_close(t);
+	*res = json_pack("{s:I}", "touched", (json_int_t)restored);
+	return ret;
+}
+
+/* Put back what an unrecorded merge wrote (through the worker); logs what it did. Called
+ * with the turn lock held. */
+static int merge_undo(struct cb_daemon *d, const char *why)
+{
+	long long restored = 0;
+	int ret = cb_daemon_worker_call(d, json_pack("{s:s}", "op", "merge_undo"), NULL, NULL, NULL,
+					&restored);
+
+	if (ret)
+		cb_daemon_log("merge: %s; undoing it failed: %s", why, cb_error_message());
+	else if (restored)
+		cb_daemon_log("merge: %s; %lld path(s) put back as they were before it", why,
+			      restored);
+	return ret;
+}
+
+static pthread_t recover_thread;
+static int recover_started;
+static sem_t recover_locked;
+
+static void *merge_recover_main(void *arg)
+{
+	struct cb_daemon *d = arg;
+
+	pthread_mutex_lock(&d->turn_lock);
+	sem_post(&recover_locked);
+	merge_undo(d, "interrupted (the daemon stopped during it)");
+	pthread_mutex_unlock(&d->turn_lock);
+	return NULL;
+}
+
+void cb_daemon_merge_recover_start(struct cb_daemon *d)
+{
+	char intent[4200];
+
+	snprintf(intent, sizeof(intent), "%s/" MERGE_PENDING, d->dir);
+	if (access(intent, F_OK) < 0)
+		return;
+	/* On a thread of its own (the mount serves only once the caller runs it), holding the
+	 * turn lock before any request can come: no turn op sees the half-written merge. */
+	sem_init(&recover_locked, 0, 0);
+	recover_started = pthread_create(&recover_thread, NULL, merge_recover_main, d) == 0;
+	if (recover_started)
+		sem_wait(&recover_locked);
+	sem_destroy(&recover_locked);
+}
+
+void cb_daemon_merge_recover_join(void)
+{
+	if (recover_started)
+		pthread_join(recover_thread, NULL);
+	recover_started = 0;
 }
 
 /* {"source": REF|NAME, "turn": N (SOURCE's, default its latest), "strategy", "dry_run"}. */
@@ -169,19 +260,34 @@ int cb_daemon_op_merge(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 		    NULL, NULL, &r, &touched);
 	if (!ret && r)
 		to = json_integer_value(json_object_get(r, "to"));
-	/* A merge that failed part-way changed the tree too: record what it is now. */
-	if (!dry_run && touched > 0) {
+	/* A merge that failed part-way is undone: TARGET is either unchanged or merged whole. */
+	if (ret && !dry_run) {
 		char saved[1024];
-		int sret;
 
 		snprintf(saved, sizeof(saved), "%s", cb_error_message());
+		if (merge_undo(d, saved)) {
+			/* Cannot put it back: at least record what the tree is now. */
+			snprintf(label, sizeof(label), "merge of %s failed part-way",
+				 info.name ? info.name : sref);
+			cb_daemon_snapshot_locked(d, label, &turn);
+		}
+		cb_error_set(-ret, "%s (TARGET was left as it was)", saved);
+	} else if (!ret && !dry_run && touched > 0) {
+		char intent[4200];
+
 		snprintf(label, sizeof(label), "merge of %s turn %lld (%s, from its turn %lld)",
 			 info.name ? info.name : sref, to, sref, from);
-		sret = cb_daemon_snapshot_locked(d, label, &turn);
+		snprintf(intent, sizeof(intent), "%s/" MERGE_PENDING, d->dir);
+		ret = cb_daemon_snapshot_locked(d, label, &turn);
 		if (!ret)
-			ret = sret;
-		else
-			cb_error_set(-ret, "%s", saved);
+			unlink(intent);
+		else {
+			char saved[1024];
+
+			snprintf(saved, sizeof(saved), "%s", cb_error_message());
+			merge_undo(d, saved);
+			cb_error_set(-ret, "merge: recording it: %s", saved);
+		}
 	}
 	pthread_mutex_unlock(&d->turn_lock);
 	if (ret)

@@ -566,6 +566,7 @@ static int parent_present(struct cb_turns *target, const struct merge_item *item
 static int merge_apply(struct cb_turns *target, struct cb_turns *source, struct merge_item *items,
 		       size_t n, struct cb_ws_merge_result *res)
 {
+	const char *stall = getenv("COWBOX_TEST_MERGE_STALL");
 	int ret = 0;
 
 	for (size_t i = n; i-- > 0 && !ret;) {
@@ -591,6 +592,9 @@ static int merge_apply(struct cb_turns *target, struct cb_turns *source, struct 
 
 		if (it->plan == PLAN_NONE || src->type == CB_ENTRY_ABSENT)
 			continue;
+		/* Tests only: a window between two writes, to kill the daemon in. */
+		if (stall && *stall)
+			usleep((useconds_t)(atof(stall) * 1e6));
 		if (it->plan == PLAN_CONTENT || src->type == CB_ENTRY_FILE)
 			ret = merge_write_file(target, source, it);
 		else if (src->type == CB_ENTRY_SYMLINK)
@@ -614,9 +618,99 @@ static int merge_apply(struct cb_turns *target, struct cb_turns *source, struct 
 	return ret;
 }
 
+/* The paths the merge is about to write, and the turn they were at, durable before the first
+ * write: "cowbox-merge TURN\n" then each path followed by a NUL. */
+static int merge_intent_write(const char *intent, long long latest, const struct merge_item *items,
+			      size_t n)
+{
+	char *tmp = NULL;
+	FILE *f = NULL;
+	int ret = 0;
+
+	if (asprintf(&tmp, "%s.tmp", intent) < 0)
+		return cb_error_set(ENOMEM, "merge: out of memory");
+	if (!(f = fopen(tmp, "we"))) {
+		ret = cb_error_set(errno, "merge: %s: %s", tmp, strerror(errno));
+		goto out;
+	}
+	fprintf(f, "cowbox-merge %lld\n", latest);
+	for (size_t i = 0; i < n; i++)
+		if (items[i].plan != PLAN_NONE)
+			fwrite(items[i].have.path, 1, strlen(items[i].have.path) + 1, f);
+	if (fflush(f) || fsync(fileno(f)) < 0)
+		ret = cb_error_set(errno, "merge: %s: %s", tmp, strerror(errno));
+	if (fclose(f) && !ret)
+		ret = cb_error_set(errno, "merge: %s: %s", tmp, strerror(errno));
+	if (!ret && rename(tmp, intent) < 0)
+		ret = cb_error_set(errno, "merge: %s: %s", intent, strerror(errno));
+	if (ret)
+		unlink(tmp);
+out:
+	free(tmp);
+	return ret;
+}
+
+int cb_ws_merge_undo(struct cb_turns *t, const char *intent, long long *restored)
+{
+	struct cb_dirty *dirty = NULL;
+	char *text = NULL, *p, *end;
+	long long turn, latest;
+	size_t len = 0, n = 0, cap = 0;
+	FILE *f;
+	int ret = 0;
+
+	*restored = 0;
+	if (!(f = fopen(intent, "re")))
+		return errno == ENOENT ? 0 : cb_error_set(errno, "%s: %s", intent, strerror(errno));
+	{
+		char chunk[65536];
+		size_t got;
+
+		while ((got = fread(chunk, 1, sizeof(chunk), f)) > 0) {
+			char *bigger = realloc(text, len + got + 1);
+
+			if (!bigger) {
+				ret = cb_error_set(ENOMEM, "merge undo: out of memory");
+				break;
+			}
+			text = bigger;
+			memcpy(text + len, chunk, got);
+			len += got;
+		}
+	}
+	fclose(f);
+	if (ret)
+		goto out;
+	if (!text || (text[len] = 0, sscanf(text, "cowbox-merge %lld", &turn) != 1) ||
+	    !(p = memchr(text, '\n', len))) {
+		ret = cb_error_set(EINVAL, "%s: not a merge record", intent);
+		goto out;
+	}
+	latest = cb_db_turns_latest(t->db);
+	/* Recorded as a turn before the kill: the merge is whole, nothing to undo. */
+	if (latest > turn) {
+		unlink(intent);
+		goto out;
+	}
+	for (p++, end = text + len; p < end; p += strlen(p) + 1) {
+		if (!*p)
+			continue;
+		if ((ret = cb_grow(&dirty, &cap, n, sizeof(*dirty), 64, "merge undo")))
+			goto out;
+		dirty[n++] = (struct cb_dirty){.path = p};
+	}
+	ret = cb_ws_rollback(t, turn, dirty, n, restored);
+	if (!ret)
+		unlink(intent);
+out:
+	free(dirty);
+	free(text);
+	return ret ? cb_error_wrap(ret, "merge undo") : 0;
+}
+
 int cb_ws_merge(struct cb_turns *target, struct cb_turns *source, long long from, long long to,
 		enum cb_ws_merge_strategy strategy, const char *source_label, int dry_run,
-		struct cb_ws_merge_result *res)
+		const char *intent, struct cb_ws_merge_result *res)
 {
 	struct merge_item *items = NULL;
 	struct cb_diff diff = {0};
@@ -676,7 +770,9 @@ int cb_ws_merge(struct cb_turns *target, struct cb_turns *source, long long from
 				   res->nblocked > 1 ? ", ..." : "");
 		goto out;
 	}
-	if (!dry_run)
+	if (!dry_run && intent)
+		ret = merge_intent_write(intent, latest, items, diff.n);
+	if (!ret && !dry_run)
 		ret = merge_apply(target, source, items, diff.n, res);
 	else
 		for (i = 0; i < diff.n && !ret; i++)

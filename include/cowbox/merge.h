@@ -46,11 +46,20 @@ void cb_ws_merge_result_free(struct cb_ws_merge_result *res);
  * hold files, directories and symlinks only); contents come from source's blobs or the base
  * and are checked against their hashes while copied. Costs what source changed, never the
  * tree. Nothing is written with dry_run, nor when a path the merge would touch differs in
- * target's tree from target's latest turn: then -EBUSY and res->blocked lists them. The
- * caller records the result as a turn of target. */
+ * target's tree from target's latest turn: then -EBUSY and res->blocked lists them.
+ * intent (NULL: none) is a file written durably before the first write, naming target's
+ * latest turn and every path the merge writes: cb_ws_merge_undo puts them back after a
+ * failure or a kill. The caller records the result as a turn of target, then removes
+ * intent. */
 int cb_ws_merge(struct cb_turns *target, struct cb_turns *source, long long from, long long to,
 		enum cb_ws_merge_strategy strategy, const char *source_label, int dry_run,
-		struct cb_ws_merge_result *res);
+		const char *intent, struct cb_ws_merge_result *res);
+
+/* After a merge that failed or was killed: if intent exists and its merge was not recorded
+ * as a turn (target's latest turn is still the one it names), roll the paths it names back
+ * to that turn (cb_ws_rollback: nothing else is touched), then remove intent. A merge that
+ * was recorded only loses intent. No intent: nothing to do. *restored: paths put back. */
+int cb_ws_merge_undo(struct cb_turns *t, const char *intent, long long *restored);
 
 /* The record a fork keeps of where it came from ("origin" in its workspace directory):
  * the ref it was forked from and the turn. Written by the daemon's fork op. */

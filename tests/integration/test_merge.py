@@ -4,10 +4,11 @@ against an edit, a binary file, a rename), the merged tree builds inside the san
 rollback to the turn before undoes the merge."""
 import json
 import os
+import signal
 import subprocess
 import unittest
 
-from cbtest import CowboxTestCase, COWBOX
+from cbtest import CowboxTestCase, COWBOX, pid_alive, wait_for
 
 PROJECT = {
     "Makefile": "prog: main.o util.o\n\tcc -o prog main.o util.o\n"
@@ -231,6 +232,55 @@ class MergeTest(CowboxTestCase):
                 await fork.close()
                 await box.detach()
         asyncio.run(main())
+
+    def tree(self, root):
+        out = {}
+        for d, dirs, files in os.walk(root):
+            for n in dirs + files:
+                p = os.path.join(d, n)
+                rel = os.path.relpath(p, root)
+                if os.path.isdir(p):
+                    out[rel] = None
+                else:
+                    with open(p, "rb") as f:
+                        out[rel] = f.read()
+        return out
+
+    def test_kill_mid_merge_leaves_target_unchanged(self):
+        self.forks = {}
+        self.fork("k")
+        for i in range(6):
+            self.write("k", "k/k%d.txt" % i, "k %d\n" % i)
+        self.edit("k", "util.c", "return a * b;", "return a * b; /* k */")
+        self.snap("k")
+        self.write("main", "uncommitted.txt", "not in a turn, not touched by the merge\n")
+        before = self.tree(self.mnt("main"))
+        self.cowbox("umount", "main")
+        self.env["COWBOX_TEST_MERGE_STALL"] = "0.4"
+        self.mount(self.ref)
+        pid = self.daemon_pid(self.ref)
+        merging = subprocess.Popen([COWBOX, "merge", "main", "k"], env=self.env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        upper = os.path.join(self.ws_dir(self.ref), "upper")
+        pending = os.path.join(self.ws_dir(self.ref), "merge.pending")
+        # killed between two writes: part of the merge is in the tree
+        wait_for(lambda: os.path.exists(os.path.join(upper, "k", "k1.txt")), 30,
+                 what="the merge to write")
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(pid), 10, what="the daemon to die")
+        merging.communicate(timeout=30)
+        self.assertNotEqual(merging.returncode, 0)
+        self.assertTrue(os.path.exists(pending))
+        del self.env["COWBOX_TEST_MERGE_STALL"]
+        self.mount(self.ref)
+        wait_for(lambda: not os.path.exists(pending), 30, what="the undo at start")
+        self.assertEqual(self.tree(self.mnt("main")), before)
+        # and the merge, run again, lands whole
+        proc, res = self.merge("k")
+        self.assertIn("k/k5.txt", res["merged"])
+        self.assertIn("/* k */", self.read("main", "util.c"))
+        self.assertEqual(self.read("main", "uncommitted.txt"),
+                         "not in a turn, not touched by the merge\n")
 
     def test_refusals(self):
         other = self.create(self.base, name="other")

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cowbox/error.h"
@@ -49,6 +50,11 @@ static int merge_ancestor(struct cb_daemon *d, const char *sref, const char *sdi
 /* A merge writing (or killed while writing) keeps this file in the workspace directory: the
  * paths it writes and the turn they were at (ws/merge.c, cb_ws_merge_undo). */
 #define MERGE_PENDING "merge.pending"
+
+static double seconds(const struct timespec *a, const struct timespec *b)
+{
+	return (double)(b->tv_sec - a->tv_sec) + (double)(b->tv_nsec - a->tv_nsec) / 1e9;
+}
 
 static json_t *merge_result_json(const struct cb_ws_merge_result *res)
 {
@@ -225,6 +231,7 @@ int cb_daemon_op_merge(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	struct cb_ws_info info = {0};
 	enum cb_ws_merge_strategy st;
 	long long from = 0, to = -1, touched = 0, turn = -1;
+	struct timespec t0, t1, t2;
 	json_t *r = NULL;
 	int ret, have_info = 0;
 
@@ -245,6 +252,7 @@ int cb_daemon_op_merge(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	have_info = 1;
 	if ((ret = merge_ancestor(d, sref, sdir, &from)))
 		goto out;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 	pthread_mutex_lock(&d->turn_lock);
 	ret = cb_daemon_worker_call(d, json_pack("{s:s}", "op", "sync"), NULL, NULL, NULL, NULL);
 	if (!ret)
@@ -258,6 +266,7 @@ int cb_daemon_op_merge(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 			      (json_int_t)to, "strategy", strategy ? strategy : "merge", "dry_run",
 			      dry_run),
 		    NULL, NULL, &r, &touched);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
 	if (!ret && r)
 		to = json_integer_value(json_object_get(r, "to"));
 	/* A merge that failed part-way is undone: TARGET is either unchanged or merged whole. */
@@ -289,6 +298,7 @@ int cb_daemon_op_merge(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 			cb_error_set(-ret, "merge: recording it: %s", saved);
 		}
 	}
+	clock_gettime(CLOCK_MONOTONIC, &t2);
 	pthread_mutex_unlock(&d->turn_lock);
 	if (ret)
 		goto out;
@@ -322,6 +332,8 @@ int cb_daemon_op_merge(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	json_object_set_new(r, "ancestor_turn", json_integer(from));
 	json_object_set_new(r, "written", json_integer(touched));
 	json_object_set_new(r, "dry_run", json_boolean(dry_run));
+	json_object_set_new(r, "merge_seconds", json_real(seconds(&t0, &t1)));
+	json_object_set_new(r, "snapshot_seconds", json_real(seconds(&t1, &t2)));
 	cb_daemon_log(
 	    "merge: %s turns %lld..%lld into the live tree: %lld written, %zu conflicts%s", sref,
 	    from, to, touched, json_array_size(json_object_get(r, "conflicts")),

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,8 @@ struct merge_item {
 	char *buf; /* PLAN_CONTENT: the merged bytes */
 	size_t len;
 	unsigned mode;
+	int from_base; /* PLAN_TAKE of a file: the base holds its bytes (else source's blob) */
+	int written;   /* done by a writing thread */
 };
 
 int cb_ws_merge_strategy_parse(const char *s, enum cb_ws_merge_strategy *out)
@@ -398,15 +401,17 @@ static int merge_plan_item(struct cb_turns *target, struct cb_turns *source, lon
 	return add_conflict(res, path, kind, strategy == CB_WS_MERGE_THEIRS ? "source" : "target");
 }
 
-/* Source's content of e into the temporary file dst, checked while copied. */
-static int merge_copy_source(struct cb_turns *source, const struct cb_entry *e, int dst)
+/* Source's content of e into the temporary file dst, checked while copied: from the base
+ * when from_base (decided on the merge's own thread: it asks the db), else, or when the base
+ * changed meanwhile, from source's blob. No db access: it runs on the writing threads. */
+static int merge_copy_source(struct cb_turns *source, const struct cb_entry *e, int from_base,
+			     int dst)
 {
 	char hex[2 * CB_XXH128_LEN + 1], what[256];
 	int src = -1, ret;
 
 	cb_hex(e->xxh3, CB_XXH128_LEN, hex);
-	if (source->base_fd >= 0 && !source->in_place &&
-	    ws_base_holds(source, e->path, e->xxh3) == 1) {
+	if (from_base) {
 		src = cb_beneath_open(source->base_fd, e->path, O_RDONLY, 0);
 		snprintf(what, sizeof(what), "base file %s", e->path);
 		if (src >= 0) {
@@ -414,6 +419,9 @@ static int merge_copy_source(struct cb_turns *source, const struct cb_entry *e, 
 			close(src);
 			if (ret != -EBADMSG)
 				return ret;
+			if (ftruncate(dst, 0) < 0 || lseek(dst, 0, SEEK_SET) < 0)
+				return cb_error_set(errno, "merge %s: %s", e->path,
+						    strerror(errno));
 		}
 	}
 	cb_error_clear();
@@ -445,7 +453,7 @@ static int write_all(int fd, const char *buf, size_t len, const char *path)
  * parent directory and renamed over path: readers see the old or the new file, never a mix,
  * and a kill leaves at most the temporary name (removed at the next start, as rollback's). */
 static int merge_write_file(struct cb_turns *target, struct cb_turns *source,
-			    const struct merge_item *it)
+			    const struct merge_item *it, mode_t um)
 {
 	const struct cb_entry *src = &it->ev->new;
 	const char *name;
@@ -460,7 +468,7 @@ static int merge_write_file(struct cb_turns *target, struct cb_turns *source,
 	snprintf(tmp, sizeof(tmp), CB_WS_ROLLBACK_TMP "%d.m%u", (int)getpid(),
 		 __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
 	dst = openat(pfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
-		     0600);
+		     mode);
 	if (dst < 0) {
 		ret = cb_error_set(errno, "merge %s: create: %s", src->path, strerror(errno));
 		goto out;
@@ -468,9 +476,10 @@ static int merge_write_file(struct cb_turns *target, struct cb_turns *source,
 	if (it->plan == PLAN_CONTENT)
 		ret = write_all(dst, it->buf, it->len, src->path);
 	else
-		ret = merge_copy_source(source, src, dst);
-	/* The mode without set-id or sticky bits: SOURCE is untrusted. */
-	if (!ret && fchmod(dst, mode) < 0)
+		ret = merge_copy_source(source, src, it->from_base, dst);
+	/* The mode without set-id or sticky bits (SOURCE is untrusted); a chmod (one more FUSE
+	 * round trip and journal mark) only when the umask took bits away. */
+	if (!ret && (mode & um) && fchmod(dst, mode) < 0)
 		ret = cb_error_set(errno, "merge %s: chmod: %s", src->path, strerror(errno));
 	if (close(dst) < 0 && !ret)
 		ret = cb_error_set(errno, "merge %s: close: %s", src->path, strerror(errno));
@@ -561,6 +570,74 @@ static int parent_present(struct cb_turns *target, const struct merge_item *item
 	return ret;
 }
 
+#define MERGE_THREADS 4
+
+/* 1 if the item is a regular file to write (a writing thread's job). */
+static int is_file_job(const struct merge_item *it)
+{
+	return it->plan == PLAN_CONTENT ||
+	       (it->plan == PLAN_TAKE && it->ev->new.type == CB_ENTRY_FILE);
+}
+
+struct merge_jobs {
+	struct cb_turns *target, *source;
+	struct merge_item *items;
+	size_t n, next;
+	mode_t um;
+	double stall;
+	pthread_mutex_t lock;
+	int err;
+	char msg[512];
+};
+
+static void *merge_writer(void *arg)
+{
+	struct merge_jobs *j = arg;
+
+	for (;;) {
+		struct merge_item *it = NULL;
+		int ret;
+
+		pthread_mutex_lock(&j->lock);
+		while (!j->err && j->next < j->n && !is_file_job(&j->items[j->next]))
+			j->next++;
+		if (!j->err && j->next < j->n)
+			it = &j->items[j->next++];
+		pthread_mutex_unlock(&j->lock);
+		if (!it)
+			return NULL;
+		/* Tests only: a window between two writes, to kill the daemon in. */
+		if (j->stall > 0)
+			usleep((useconds_t)(j->stall * 1e6));
+		ret = merge_write_file(j->target, j->source, it, j->um);
+		if (ret) {
+			pthread_mutex_lock(&j->lock);
+			if (!j->err) {
+				j->err = ret;
+				snprintf(j->msg, sizeof(j->msg), "%s", cb_error_message());
+			}
+			pthread_mutex_unlock(&j->lock);
+		} else {
+			it->written = 1;
+		}
+	}
+}
+
+/* The process umask, read without changing it (umask() would race with other threads). */
+static mode_t merge_umask(void)
+{
+	char line[128];
+	unsigned m = 022;
+	FILE *f = fopen("/proc/self/status", "re");
+
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "Umask: %o", &m) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return (mode_t)m;
+}
+
 /* Write the plan: removals deepest first, then everything else parents first; directory
  * modes last, deepest first, so a read-only directory blocks nothing. */
 static int merge_apply(struct cb_turns *target, struct cb_turns *source, struct merge_item *items,
@@ -581,33 +658,72 @@ static int merge_apply(struct cb_turns *target, struct cb_turns *source, struct 
 			it->plan = PLAN_NONE;
 			continue;
 		}
-		res->written++;
+		/* A removal is the whole of the item's write when source deleted the path. */
 		if (!ret && it->ev->new.type == CB_ENTRY_ABSENT)
-			ret =
-			    add_path(&res->merged, &res->nmerged, &res->cap_merged, it->have.path);
+			it->written = 1;
+		else if (!ret)
+			res->written++;
 	}
+	/* Directories and symlinks in order (parents first), on this thread. */
 	for (size_t i = 0; i < n && !ret; i++) {
 		struct merge_item *it = &items[i];
 		const struct cb_entry *src = &it->ev->new;
 
-		if (it->plan == PLAN_NONE || src->type == CB_ENTRY_ABSENT)
+		if (it->plan == PLAN_NONE || src->type == CB_ENTRY_ABSENT || is_file_job(it))
 			continue;
-		/* Tests only: a window between two writes, to kill the daemon in. */
-		if (stall && *stall)
-			usleep((useconds_t)(atof(stall) * 1e6));
-		if (it->plan == PLAN_CONTENT || src->type == CB_ENTRY_FILE)
-			ret = merge_write_file(target, source, it);
-		else if (src->type == CB_ENTRY_SYMLINK)
+		if (src->type == CB_ENTRY_SYMLINK)
 			ret = merge_write_symlink(target, src);
 		else if (it->have.type != CB_ENTRY_DIR) {
 			ret = cb_beneath_mkdir(target->root_fd, src->path, 0700);
 			if (ret == -EEXIST)
 				ret = 0;
 		}
-		if (!ret) {
-			res->written++;
-			ret = add_path(&res->merged, &res->nmerged, &res->cap_merged, src->path);
-		}
+		it->written = !ret;
+	}
+	/* Files on a few threads: each is several FUSE round trips and journal marks, and
+	 * concurrent marks share one group commit. Where a file's bytes come from is asked of
+	 * the db here first (the threads do not touch it). */
+	for (size_t i = 0; i < n && !ret; i++) {
+		struct merge_item *it = &items[i];
+
+		if (is_file_job(it) && it->plan == PLAN_TAKE && source->base_fd >= 0 &&
+		    !source->in_place)
+			it->from_base =
+			    ws_base_holds(source, it->ev->new.path, it->ev->new.xxh3) == 1;
+	}
+	if (!ret) {
+		struct merge_jobs j = {.target = target,
+				       .source = source,
+				       .items = items,
+				       .n = n,
+				       .um = merge_umask(),
+				       .stall = stall && *stall ? atof(stall) : 0};
+		pthread_t th[MERGE_THREADS];
+		size_t started = 0;
+
+		pthread_mutex_init(&j.lock, NULL);
+		/* One writer under the test stall, so that a kill finds the merge part-way. */
+		for (size_t i = 0; !j.stall && i + 1 < MERGE_THREADS; i++)
+			if (pthread_create(&th[started], NULL, merge_writer, &j) == 0)
+				started++;
+		merge_writer(&j);
+		for (size_t i = 0; i < started; i++)
+			pthread_join(th[i], NULL);
+		pthread_mutex_destroy(&j.lock);
+		if (j.err)
+			ret = cb_error_set(j.err, "%s", j.msg);
+	}
+	/* What was written, in path order (even when a later one failed: it is undone). */
+	for (size_t i = 0; i < n; i++) {
+		struct merge_item *it = &items[i];
+		int r;
+
+		if (!it->written)
+			continue;
+		res->written++;
+		if ((r = add_path(&res->merged, &res->nmerged, &res->cap_merged, it->have.path)) &&
+		    !ret)
+			ret = r;
 	}
 	for (size_t i = n; i-- > 0 && !ret;) {
 		const struct cb_entry *src = &items[i].ev->new;
@@ -750,7 +866,9 @@ int cb_ws_merge(struct cb_turns *target, struct cb_turns *source, long long from
 		struct merge_item *it = &items[i];
 		int present;
 
-		if (it->plan == PLAN_NONE || it->ev->new.type == CB_ENTRY_ABSENT)
+		/* What target has at the path shows its directory is there. */
+		if (it->plan == PLAN_NONE || it->ev->new.type == CB_ENTRY_ABSENT ||
+		    it->have.type != CB_ENTRY_ABSENT)
 			continue;
 		present = parent_present(target, items, diff.n, it->ev->new.path);
 		if (present < 0)

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import unittest
 
 from cbtest import CowboxTestCase, COWBOX, pid_alive, wait_for
@@ -281,6 +282,41 @@ class MergeTest(CowboxTestCase):
         self.assertIn("/* k */", self.read("main", "util.c"))
         self.assertEqual(self.read("main", "uncommitted.txt"),
                          "not in a turn, not touched by the merge\n")
+
+    def test_race_in_target_never_writes_outside(self):
+        """A sandbox in TARGET swapping the directory the merge writes into for a symlink to a
+        host directory, as fast as it can: every merge either lands inside the workspace or
+        fails naming the path; nothing ever appears in the host directory."""
+        self.forks = {}
+        self.fork("r")
+        for i in range(8):
+            self.write("r", "lib/f%d.h" % i, "#define F%d %d\n" % (i, i))
+        self.snap("r")
+        outside = os.path.join(self.tmp, "outside")
+        os.mkdir(outside)
+        before = self.snap("main")
+        racer = subprocess.Popen(
+            [COWBOX, "exec", "main", "--", "sh", "-c",
+             "cd /workspace; end=$(( $(date +%%s) + 8 )); while [ $(date +%%s) -lt $end ]; do "
+             "rm -rf lib; ln -s %s lib; rm -f lib; mkdir lib; done" % outside],
+            env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        landed = refused = 0
+        try:
+            while racer.poll() is None:
+                proc = self.cowbox("merge", "main", "r", "--json", check=False)
+                if proc.returncode == 0:
+                    landed += 1
+                    self.cowbox("rollback", "main", str(before))
+                else:
+                    refused += 1
+                    self.assertTrue(proc.stderr or proc.stdout)
+                self.assertEqual(os.listdir(outside), [])
+        finally:
+            racer.kill()
+            racer.wait()
+        self.assertEqual(os.listdir(outside), [])
+        self.assertGreater(landed + refused, 0)
+        print("race: %d merges landed, %d refused" % (landed, refused), file=sys.stderr)
 
     def test_refusals(self):
         other = self.create(self.base, name="other")

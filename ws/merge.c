@@ -18,6 +18,7 @@
 #include "cowbox/grow.h"
 #include "cowbox/merge.h"
 #include "turns_int.h"
+#include "util/smallfile.h"
 
 /* Larger text files are not merged line by line (they are binary conflicts): the three
  * versions and the result are held in memory. */
@@ -911,53 +912,21 @@ out:
 
 int cb_ws_origin_write(const char *ws_dir, const char *from_ref, long long turn)
 {
-	char *path = NULL, *tmp = NULL;
-	FILE *f = NULL;
-	int ret = 0;
+	char text[128];
 
-	if (asprintf(&path, "%s/origin", ws_dir) < 0 ||
-	    asprintf(&tmp, "%s/origin.tmp", ws_dir) < 0) {
-		ret = cb_error_set(ENOMEM, "origin: out of memory");
-		goto out;
-	}
-	if (!(f = fopen(tmp, "we"))) {
-		ret = cb_error_set(errno, "origin %s: %s", tmp, strerror(errno));
-		goto out;
-	}
-	fprintf(f, "%s %lld\n", from_ref, turn);
-	if (fflush(f) || fsync(fileno(f)) < 0)
-		ret = cb_error_set(errno, "origin %s: %s", tmp, strerror(errno));
-	if (fclose(f) && !ret)
-		ret = cb_error_set(errno, "origin %s: %s", tmp, strerror(errno));
-	if (!ret && rename(tmp, path) < 0)
-		ret = cb_error_set(errno, "origin %s: %s", path, strerror(errno));
-out:
-	free(path);
-	free(tmp);
-	return ret;
+	snprintf(text, sizeof(text), "%s %lld\n", from_ref, turn);
+	return cb_smallfile_write(ws_dir, "origin", text, 0644);
 }
 
 int cb_ws_origin_read(const char *ws_dir, char *from_ref, size_t len, long long *turn)
 {
-	char *path = NULL, ref[128];
-	FILE *f = NULL;
-	int ret = 0;
+	char text[160], ref[128];
+	int n = cb_smallfile_read(ws_dir, "origin", text, sizeof(text));
 
-	if (asprintf(&path, "%s/origin", ws_dir) < 0)
-		return cb_error_set(ENOMEM, "origin: out of memory");
-	if (!(f = fopen(path, "re"))) {
-		ret = errno == ENOENT ? -ENOENT
-				      : cb_error_set(errno, "%s: %s", path, strerror(errno));
-		goto out;
-	}
-	if (fscanf(f, "%127s %lld", ref, turn) != 2 || strlen(ref) >= len || *turn < 0) {
-		ret = cb_error_set(EINVAL, "%s: not a fork record", path);
-		goto out;
-	}
+	if (n < 0)
+		return n;
+	if (sscanf(text, "%127s %lld", ref, turn) != 2 || strlen(ref) >= len || *turn < 0)
+		return cb_error_set(EINVAL, "%s/origin: not a fork record", ws_dir);
 	snprintf(from_ref, len, "%s", ref);
-out:
-	if (f)
-		fclose(f);
-	free(path);
-	return ret;
+	return 0;
 }

@@ -2,6 +2,7 @@
  * another workspace's live tree, three-way per path; text merged by libgit2 (git's xdiff). */
 #include "config.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -25,6 +26,59 @@
 #define MERGE_TEXT_MAX (64LL << 20)
 /* git's rule: a NUL in the first 8000 bytes makes a file binary. */
 #define MERGE_BINARY_PROBE 8000
+
+/* libgit2, loaded on first use (see configure.ac: linking it would slow every cowbox start). */
+static struct {
+	pthread_once_t once;
+	void *handle;
+	char error[256];
+	int (*init)(void);
+	int (*shutdown)(void);
+	int (*merge_file)(git_merge_file_result *, const git_merge_file_input *,
+			  const git_merge_file_input *, const git_merge_file_input *,
+			  const git_merge_file_options *);
+	void (*result_free)(git_merge_file_result *);
+	int (*input_init)(git_merge_file_input *, unsigned int);
+	int (*options_init)(git_merge_file_options *, unsigned int);
+	const git_error *(*error_last)(void);
+} git = {.once = PTHREAD_ONCE_INIT};
+
+static void git_load(void)
+{
+	void *h = dlopen(CB_LIBGIT2_SONAME, RTLD_NOW | RTLD_LOCAL);
+
+	if (!h) {
+		snprintf(git.error, sizeof(git.error), "%s", dlerror());
+		return;
+	}
+	*(void **)&git.init = dlsym(h, "git_libgit2_init");
+	*(void **)&git.shutdown = dlsym(h, "git_libgit2_shutdown");
+	*(void **)&git.merge_file = dlsym(h, "git_merge_file");
+	*(void **)&git.result_free = dlsym(h, "git_merge_file_result_free");
+	*(void **)&git.input_init = dlsym(h, "git_merge_file_input_init");
+	*(void **)&git.options_init = dlsym(h, "git_merge_file_options_init");
+	*(void **)&git.error_last = dlsym(h, "git_error_last");
+	if (!git.init || !git.shutdown || !git.merge_file || !git.result_free || !git.input_init ||
+	    !git.options_init || !git.error_last) {
+		snprintf(git.error, sizeof(git.error), "%s lacks a function merge needs",
+			 CB_LIBGIT2_SONAME);
+		dlclose(h);
+		return;
+	}
+	git.handle = h;
+}
+
+/* 0 with libgit2 loaded and initialised (the caller calls git.shutdown), or -errno. */
+static int git_start(void)
+{
+	pthread_once(&git.once, git_load);
+	if (!git.handle)
+		return cb_error_set(ENOSYS, "merge: cannot load libgit2 (%s): %s",
+				    CB_LIBGIT2_SONAME, git.error);
+	if (git.init() < 0)
+		return cb_error_set(EIO, "merge: libgit2 did not start");
+	return 0;
+}
 
 enum merge_plan {
 	PLAN_NONE = 0, /* target keeps what it has */
@@ -262,10 +316,10 @@ static int merge_file(struct cb_turns *target, struct cb_turns *source, struct m
 		git_merge_file_input in_anc, in_tgt, in_src;
 		git_merge_file_options opts;
 
-		git_merge_file_input_init(&in_anc, GIT_MERGE_FILE_INPUT_VERSION);
-		git_merge_file_input_init(&in_tgt, GIT_MERGE_FILE_INPUT_VERSION);
-		git_merge_file_input_init(&in_src, GIT_MERGE_FILE_INPUT_VERSION);
-		git_merge_file_options_init(&opts, GIT_MERGE_FILE_OPTIONS_VERSION);
+		git.input_init(&in_anc, GIT_MERGE_FILE_INPUT_VERSION);
+		git.input_init(&in_tgt, GIT_MERGE_FILE_INPUT_VERSION);
+		git.input_init(&in_src, GIT_MERGE_FILE_INPUT_VERSION);
+		git.options_init(&opts, GIT_MERGE_FILE_OPTIONS_VERSION);
 
 		in_anc.ptr = ab ? ab : "";
 		in_anc.size = al;
@@ -282,8 +336,8 @@ static int merge_file(struct cb_turns *target, struct cb_turns *source, struct m
 		opts.ancestor_label = "ancestor";
 		opts.our_label = "TARGET";
 		opts.their_label = source_label ? source_label : "SOURCE";
-		if (git_merge_file(&mr, &in_anc, &in_tgt, &in_src, &opts) < 0) {
-			const git_error *ge = git_error_last();
+		if (git.merge_file(&mr, &in_anc, &in_tgt, &in_src, &opts) < 0) {
+			const git_error *ge = git.error_last();
 
 			ret = cb_error_set(EIO, "merge %s: libgit2: %s", src->path,
 					   ge && ge->message ? ge->message : "merge failed");
@@ -292,11 +346,11 @@ static int merge_file(struct cb_turns *target, struct cb_turns *source, struct m
 		if (!mr.automergeable && strategy != CB_WS_MERGE_MERGE) {
 			/* Conflicting hunks resolved toward one side, the rest merged (git's -X).
 			 */
-			git_merge_file_result_free(&mr);
+			git.result_free(&mr);
 			memset(&mr, 0, sizeof(mr));
 			opts.favor = strategy == CB_WS_MERGE_OURS ? GIT_MERGE_FILE_FAVOR_OURS
 								  : GIT_MERGE_FILE_FAVOR_THEIRS;
-			if (git_merge_file(&mr, &in_anc, &in_tgt, &in_src, &opts) < 0) {
+			if (git.merge_file(&mr, &in_anc, &in_tgt, &in_src, &opts) < 0) {
 				ret = cb_error_set(EIO, "merge %s: libgit2 failed", src->path);
 				goto out;
 			}
@@ -341,7 +395,7 @@ binary:
 		it->plan = PLAN_CONTENT;
 	}
 out:
-	git_merge_file_result_free(&mr);
+	git.result_free(&mr);
 	free(ab);
 	free(tb);
 	free(sb);
@@ -833,7 +887,7 @@ int cb_ws_merge(struct cb_turns *target, struct cb_turns *source, long long from
 	struct cb_diff diff = {0};
 	long long latest;
 	size_t i;
-	int ret, git = 0;
+	int ret, git_started = 0;
 
 	memset(res, 0, sizeof(*res));
 	if ((ret = cb_ws_turn_check(source, from)) || (ret = cb_ws_turn_check(source, to)))
@@ -846,9 +900,9 @@ int cb_ws_merge(struct cb_turns *target, struct cb_turns *source, long long from
 	latest = cb_db_turns_latest(target->db);
 	if (latest < 0)
 		latest = 0;
-	if (git_libgit2_init() < 0)
-		return cb_error_set(EIO, "merge: libgit2 did not start");
-	git = 1;
+	if ((ret = git_start()))
+		return ret;
+	git_started = 1;
 	/* Only what source changed: a path only target changed keeps target's entry. */
 	if ((ret = cb_ws_diff(source, from, to, NULL, 0, &diff)))
 		goto out;
@@ -905,8 +959,8 @@ out:
 	}
 	free(items);
 	cb_ws_diff_free(&diff);
-	if (git)
-		git_libgit2_shutdown();
+	if (git_started)
+		git.shutdown();
 	return ret;
 }
 

@@ -277,7 +277,8 @@ static int merge_file(struct cb_turns *target, struct cb_turns *source, struct m
 	unsigned mode;
 	int ret = 0, mode_conflict;
 
-	mode_conflict = pick3(anc_file ? anc->mode : tgt->mode, tgt->mode, src->mode, &mode) < 0;
+	/* Created on both sides with different modes: no side kept the ancestor's. */
+	mode_conflict = pick3(anc_file ? anc->mode : ~0u, tgt->mode, src->mode, &mode) < 0;
 	if (mode_conflict) {
 		mode = strategy == CB_WS_MERGE_THEIRS ? src->mode : tgt->mode;
 		if ((ret = add_conflict(res, src->path, "mode",

@@ -82,6 +82,8 @@ class MergeTest(CowboxTestCase):
         self.edit("main", "main.c", "add(2, 3)", "add(20, 3)")
         self.write("main", "logo.bin", b"\x00main binary\x00" * 10)
         self.edit("main", "old_name.txt", "renamed", "kept")  # edits what the fork renames
+        self.write("main", "both.txt", "made by main\n")  # created on both sides
+        self.write("main", "same.txt", "the same\n")
         main_before = self.snap("main")
         # the fork: a new file, another function of util.c, the same line of main.c, the
         # binary too, deletes notes.txt, renames old_name.txt, a new directory
@@ -95,6 +97,8 @@ class MergeTest(CowboxTestCase):
         os.rename(os.path.join(self.mnt("a"), "old_name.txt"),
                   os.path.join(self.mnt("a"), "new_name.txt"))
         self.write("a", "lib/extra.h", "#define EXTRA 1\n")
+        self.write("a", "both.txt", "made by the fork\n")
+        self.write("a", "same.txt", "the same\n")
         self.snap("a")
 
         # dry run: the plan, nothing written, no turn
@@ -113,10 +117,16 @@ class MergeTest(CowboxTestCase):
         self.assertEqual(c["main.c"], ("content", "markers"))
         self.assertEqual(c["logo.bin"], ("binary", "target"))
         self.assertEqual(c["old_name.txt"], ("delete/modify", "target"))
+        self.assertEqual(c["both.txt"], ("content", "markers"))  # add/add
         self.assertNotIn("util.c", c)
         self.assertEqual(sorted(res["merged"]), sorted(
-            ["lib", "lib/extra.h", "main.c", "new_name.txt", "notes.txt", "sub.c", "util.c",
-             "util.h"]))
+            ["both.txt", "lib", "lib/extra.h", "main.c", "new_name.txt", "notes.txt", "sub.c",
+             "util.c", "util.h"]))
+        both = self.read("main", "both.txt")
+        self.assertIn("made by main", both)
+        self.assertIn("made by the fork", both)
+        self.assertIn("<<<<<<< TARGET", both)
+        self.assertEqual(self.read("main", "same.txt"), "the same\n")
         # different files, and the same file in different places: clean
         util = self.read("main", "util.c")
         self.assertIn("return b + a; /* main */", util)

@@ -279,8 +279,13 @@ int cb_daemon_op_merge(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 			snprintf(label, sizeof(label), "merge of %s failed part-way",
 				 info.name ? info.name : sref);
 			cb_daemon_snapshot_locked(d, label, &turn);
+			cb_error_set(-ret,
+				     "%s (what it wrote could not be put back: recorded as turn "
+				     "%lld, see the daemon's log)",
+				     saved, turn);
+		} else {
+			cb_error_set(-ret, "%s (TARGET was left as it was)", saved);
 		}
-		cb_error_set(-ret, "%s (TARGET was left as it was)", saved);
 	} else if (!ret && !dry_run && touched > 0) {
 		char intent[4200];
 

@@ -944,7 +944,11 @@ int cb_ws_merge(struct cb_turns *target, struct cb_turns *source, long long from
 				   res->nblocked > 1 ? ", ..." : "");
 		goto out;
 	}
-	if (!dry_run && intent)
+	for (i = 0; i < diff.n && items[i].plan == PLAN_NONE; i++)
+		;
+	/* Nothing to write (TARGET has it all, or every path is a conflict kept as TARGET's):
+	 * no intent either. */
+	if (!dry_run && intent && i < diff.n)
 		ret = merge_intent_write(intent, latest, items, diff.n);
 	if (!ret && !dry_run)
 		ret = merge_apply(target, source, items, diff.n, res);

@@ -35,6 +35,7 @@ int cmd_turns(int argc, char **argv);
 int cmd_prune(int argc, char **argv);
 int cmd_fork(int argc, char **argv);
 int cmd_apply(int argc, char **argv); /* cli/cmd_apply.c */
+int cmd_merge(int argc, char **argv); /* cli/cmd_merge.c */
 
 /* The network (cli/cmd_net.c). */
 int cmd_reaches(int argc, char **argv);

@@ -13,3 +13,6 @@ cowbox_SOURCES += cli/cmd_turns.c cli/map_print.h cli/map_print.c cli/cmd_fsck.c
 	cli/cmd_image.c
 cowbox_SOURCES += cli/cmd_access.c cli/cmd_apply.c
 dist_man_MANS += man/cowbox.1
+
+# merge: a fork's changes brought back into a workspace
+cowbox_SOURCES += cli/cmd_merge.c

@@ -680,6 +680,7 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 			sem_wait(&base_start.locked);
 		sem_destroy(&base_start.locked);
 	}
+	cb_daemon_merge_recover_start(&d);
 	if ((rc = daemon_listen(&d)))
 		goto out;
 	if ((rc = pthread_create(&accept_thread, NULL, daemon_accept, &d))) {
@@ -727,6 +728,7 @@ out:
 	cb_daemon_fsck_stop();
 	if (have_base)
 		pthread_join(base_thread, NULL);
+	cb_daemon_merge_recover_join();
 	cb_daemon_basewatch_stop(&d);
 	cb_daemon_basehash_stop(&d);
 	cb_daemon_base_scan_drop(&d);

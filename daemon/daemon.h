@@ -134,6 +134,21 @@ int cb_daemon_base_watch(struct cb_daemon *d, const char *when);
 /* Record the open turn labelled label, as the snapshot op does (daemon/ops_turns.c); *turn
  * gets its number. Takes the turn lock. */
 int cb_daemon_snapshot_labelled(struct cb_daemon *d, const char *label, long long *turn);
+/* The same for a caller that holds the turn lock already (merge records its writes). */
+int cb_daemon_snapshot_locked(struct cb_daemon *d, const char *label, long long *turn);
+
+/* merge (daemon/ops_merge.c): the op, a row of the turns table, and its worker side (in a
+ * worker process: the merge's reads and writes of the live tree at mountpoint). */
+int cb_daemon_op_merge(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req);
+int cb_daemon_worker_merge(const char *mountpoint, const char *dir, const char *base,
+			   const char *db_path, json_t *req, json_t **res);
+/* In a worker: put back what an unrecorded merge wrote (cb_ws_merge_undo). */
+int cb_daemon_worker_merge_undo(const char *mountpoint, const char *dir, const char *base,
+				const char *db_path, json_t **res);
+/* At start, once mounted: if a merge was interrupted, a thread holding the turn lock (taken
+ * before this returns) undoes it through the worker; joined while stopping. */
+void cb_daemon_merge_recover_start(struct cb_daemon *d);
+void cb_daemon_merge_recover_join(void);
 
 /* fsck (daemon/ops_fsck.c): wait for a running check to end. Called once while stopping,
  * after the connections are shut down. */

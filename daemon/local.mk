@@ -49,3 +49,11 @@ TESTS += daemon/test_box_net
 daemon_test_box_net_SOURCES = daemon/test_box_net.c daemon/test_box_home.h daemon/test_box_home.c
 daemon_test_box_net_CFLAGS = $(CRITERION_TEST_CFLAGS)
 daemon_test_box_net_LDADD = $(DAEMON_TEST_LIBS)
+
+# merge: a fork's changes brought back into the live tree (ws/merge.c)
+daemon_libcb_daemon_la_SOURCES += daemon/ops_merge.c daemon/box_merge.c
+check_PROGRAMS += daemon/test_box_merge
+TESTS += daemon/test_box_merge
+daemon_test_box_merge_SOURCES = daemon/test_box_merge.c daemon/test_box_home.h daemon/test_box_home.c
+daemon_test_box_merge_CFLAGS = $(CRITERION_TEST_CFLAGS)
+daemon_test_box_merge_LDADD = $(DAEMON_TEST_LIBS)

@@ -13,6 +13,7 @@
 #include "cowbox/error.h"
 #include "cowbox/grow.h"
 #include "cowbox/journal.h"
+#include "cowbox/merge.h"
 #include "cowbox/overlay.h"
 #include "cowbox/turns.h"
 #include "cowbox/workspace.h"
@@ -240,6 +241,20 @@ int cb_daemon_snapshot_labelled(struct cb_daemon *d, const char *label, long lon
 	return ret;
 }
 
+int cb_daemon_snapshot_locked(struct cb_daemon *d, const char *label, long long *turn)
+{
+	json_t *r = NULL;
+	int ret;
+
+	ret = turns_snapshot(d,
+			     json_pack("{s:s, s:b, s:b, s:b}", "label", label, "changes", 0,
+				       "files", 0, "progress", 0),
+			     NULL, NULL, &r, turn);
+	cb_daemon_base_scan_drop(d);
+	json_decref(r);
+	return ret;
+}
+
 static int op_snapshot(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
 	int files = json_is_true(json_object_get(req, "files"));
@@ -460,6 +475,9 @@ static int op_fork(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 	 * now, as its mount would have stored them (no set-id file of a host owner). */
 	if (!ret)
 		ret = fork_ids(upper);
+	/* Where it came from, for merge (cowbox/merge.h): the common ancestor of the two. */
+	if (!ret)
+		ret = cb_ws_origin_write(dir, d->ref, json_integer_value(jt));
 	cb_turns_close(t);
 	if (!ret)
 		ret = cb_ws_publish(ref, dir, name);
@@ -525,5 +543,6 @@ const struct cb_daemon_op cb_daemon_ops_turns[] = {
     {"prune", op_prune},
     {"fork", op_fork},
     {"turns", op_turns},
+    {"merge", cb_daemon_op_merge}, /* daemon/ops_merge.c */
     {NULL, NULL},
 };

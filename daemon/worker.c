@@ -430,6 +430,12 @@ void cb_daemon_worker_loop(int fd)
 			ret = worker_diff(&w, req, &res);
 		else if (!strcmp(op, "rollback"))
 			ret = worker_rollback(&w, req, &res);
+		else if (!strcmp(op, "merge"))
+			ret = cb_daemon_worker_merge(w.mountpoint, w.dir, w.base, w.db_path, req,
+						     &res);
+		else if (!strcmp(op, "merge_undo"))
+			ret = cb_daemon_worker_merge_undo(w.mountpoint, w.dir, w.base, w.db_path,
+							  &res);
 		else if (!strcmp(op, "read") || !strcmp(op, "write") || !strcmp(op, "mkdirs"))
 			ret = cb_daemon_worker_file_op(w.mountpoint, op, req, &r, &res, &data, &n);
 		else

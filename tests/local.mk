@@ -61,3 +61,6 @@ TESTS += tests/integration/test_image_caps.py
 # issue 29 (3): fsck and logical damage: a damaged mark log, deleted journal/turn rows,
 # damaged meta.db pages, apply's temporary files, staging directories of dead daemons.
 TESTS += tests/integration/test_fsck_logical.py
+
+# merge: a fork brought back into a workspace
+TESTS += tests/integration/test_merge.py

@@ -44,3 +44,7 @@ ws_libcb_ws_la_SOURCES += ws/access.c
 
 # apply: a turn's changes written onto the base or another folder
 ws_libcb_ws_la_SOURCES += ws/apply.c
+
+# merge: a fork's changes brought back into a workspace (three-way, per file)
+ws_libcb_ws_la_SOURCES += ws/merge.c
+noinst_HEADERS += include/cowbox/merge.h

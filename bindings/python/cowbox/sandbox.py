@@ -838,6 +838,24 @@ class Sandbox:
         msg = await self._request("apply", **args)
         return {k: v for k, v in msg.items() if k not in ("id", "ok")}
 
+    async def merge(self, source, turn=None, strategy="merge", dry_run=False):
+        """Bring source's changes (a workspace ref or name, or a Sandbox: a fork of this one,
+        this one's origin, or a fork of the same turn) since their common ancestor up to its
+        turn (None: its latest) into this live workspace, recorded as one turn. Three-way per
+        path; text both sides changed is merged line by line (conflicting hunks between
+        markers under strategy "merge", resolved toward this workspace with "ours" or toward
+        source with "theirs"). Returns {"turn" (None when nothing was written or dry_run),
+        "merged": [paths], "conflicts": [{"path", "kind", "resolution"}], "source",
+        "source_turn", "ancestor_turn", "written", "dry_run"}. Raises ConflictError
+        (.conflicts), nothing written, when a path it would touch changed here since the
+        latest turn."""
+        args = {"source": getattr(source, "ref", source), "strategy": strategy,
+                "dry_run": bool(dry_run)}
+        if turn is not None:
+            args["turn"] = int(turn)
+        msg = await self._request("merge", **args)
+        return {k: v for k, v in msg.items() if k not in ("id", "ok")}
+
     async def fsck(self, repair=False):
         """Check the workspace's stored state (every blob and base file its turns need, the
         base cache, meta.db; nothing through the mount). Returns {"ref", "clean",

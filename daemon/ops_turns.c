@@ -339,11 +339,38 @@ reply:
 	return cb_daemon_reply(conn, json_object_get(req, "id"), r);
 }
 
+static int journal_any_row(const struct cb_journal_row *row, void *arg)
+{
+	(void)row;
+	(void)arg;
+	return 1;
+}
+
+/* Before a rollback overwrites the live tree: record the open turn's changes as a turn of
+ * their own ("before rollback to T"), the usual snapshot of the paths the journal names (its
+ * cost follows the changes, not the tree), so rolling back to it gives every byte back. An
+ * open turn without a journal row records nothing (*kept 0). Called with the turn lock held,
+ * after turns_sync (so every write made so far is a row). */
+static int rollback_keep_open_turn(struct cb_daemon *d, long long to, long long *kept)
+{
+	json_t *snap = NULL;
+	char label[64];
+	int ret = cb_journal_list(d->db, cb_journal_turn(d->db), journal_any_row, NULL);
+
+	*kept = 0;
+	if (ret <= 0)
+		return ret;
+	snprintf(label, sizeof(label), "before rollback to %lld", to);
+	ret = turns_snapshot(d, json_pack("{s:s}", "label", label), NULL, NULL, &snap, kept);
+	json_decref(snap);
+	return ret ? cb_error_wrap(ret, "rollback: keeping the open turn's changes") : 0;
+}
+
 static int op_rollback(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
 	json_t *jt = json_object_get(req, "turn");
-	long long to = json_integer_value(jt), touched = 0, turn = 0;
-	struct timespec t0, t1, t2;
+	long long to = json_integer_value(jt), touched = 0, turn = 0, kept = 0;
+	struct timespec tk, t0, t1, t2;
 	json_t *snap = NULL;
 	char label[64];
 	int ret;
@@ -356,6 +383,10 @@ static int op_rollback(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	/* A base file changed behind our back since the start is in the live tree too. */
 	if (!ret)
 		ret = cb_daemon_base_watch(d, "rollback");
+	/* Nothing unrecorded is ever lost: the open turn becomes a turn first. */
+	clock_gettime(CLOCK_MONOTONIC, &tk);
+	if (!ret)
+		ret = rollback_keep_open_turn(d, to, &kept);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	if (!ret)
 		ret = cb_daemon_worker_call(
@@ -382,11 +413,12 @@ static int op_rollback(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	pthread_mutex_unlock(&d->turn_lock);
 	if (ret)
 		return ret;
-	return cb_daemon_reply(conn, json_object_get(req, "id"),
-			       json_pack("{s:I, s:I, s:I, s:f, s:f}", "turn", (json_int_t)turn,
-					 "rolled_back_to", (json_int_t)to, "restored",
-					 (json_int_t)touched, "restore_seconds", elapsed(&t0, &t1),
-					 "snapshot_seconds", elapsed(&t1, &t2)));
+	return cb_daemon_reply(
+	    conn, json_object_get(req, "id"),
+	    json_pack("{s:I, s:I, s:I, s:I, s:f, s:f, s:f}", "turn", (json_int_t)turn,
+		      "rolled_back_to", (json_int_t)to, "kept_turn", (json_int_t)kept, "restored",
+		      (json_int_t)touched, "keep_seconds", elapsed(&tk, &t0), "restore_seconds",
+		      elapsed(&t0, &t1), "snapshot_seconds", elapsed(&t1, &t2)));
 }
 
 static int op_prune(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)

@@ -45,3 +45,5 @@ TESTS += tests/integration/test_public_api.py tests/integration/test_api_request
 # shared VM, and its lifecycle (two boots; each boot is tens of seconds under TCG)
 TESTS += tests/integration/test_vm_agent.py tests/integration/test_vm_conformance.py \
 	tests/integration/test_vm_lifecycle.py
+# never lose work: rollback keeps the open turn; turns restore metadata (issue 29).
+TESTS += tests/integration/test_turns_keep.py

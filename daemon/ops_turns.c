@@ -361,7 +361,14 @@ static int rollback_keep_open_turn(struct cb_daemon *d, long long to, long long 
 	if (ret <= 0)
 		return ret;
 	snprintf(label, sizeof(label), "before rollback to %lld", to);
-	ret = turns_snapshot(d, json_pack("{s:s}", "label", label), NULL, NULL, &snap, kept);
+	ret = turns_snapshot(d, json_pack("{s:s, s:b}", "label", label, "skip_empty", 1), NULL,
+			     NULL, &snap, kept);
+	/* Rows, but nothing changed (a file opened for writing and left as it was): no turn,
+	 * and the journal's turn goes back to the one still open, as after a failed snapshot. */
+	if (!ret && json_is_false(json_object_get(snap, "recorded"))) {
+		cb_overlay_turn_advance(d->ov, *kept);
+		*kept = 0;
+	}
 	json_decref(snap);
 	return ret ? cb_error_wrap(ret, "rollback: keeping the open turn's changes") : 0;
 }

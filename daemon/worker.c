@@ -266,6 +266,8 @@ static int worker_snapshot(struct worker_state *w, json_t *req, json_t **res)
 		cb_ws_base_trust_prepared(t);
 	if (!ret && json_is_true(json_object_get(req, "defer_map")))
 		cb_ws_snapshot_defer_map(t);
+	if (!ret && json_is_true(json_object_get(req, "skip_empty")))
+		cb_ws_snapshot_skip_empty(t);
 	w->known = NULL;
 	span_from_json(req, &span);
 	if (!ret)
@@ -274,6 +276,8 @@ static int worker_snapshot(struct worker_state *w, json_t *req, json_t **res)
 					     want_changes ? &changes : NULL);
 	if (!ret) {
 		*res = json_object();
+		if (cb_ws_snapshot_skipped(t))
+			json_object_set_new(*res, "recorded", json_false());
 		if (want_changes)
 			json_object_set_new(*res, "changes",
 					    cb_daemon_events_json(w->mountpoint, w->base, w->dir, t,

@@ -96,6 +96,11 @@ void cb_db_turns_bind_entry(sqlite3_stmt *s, int pathpos, int first, const struc
 /* Read columns path, type, mode, size, sha256, xxh3, target, pid, comm; strings borrowed. */
 void cb_db_turns_column_entry(sqlite3_stmt *s, struct cb_entry *e);
 
+/* The mtime_ns column (added after the tables shipped, so it is the last of each): bind e's
+ * at pos (NULL when it has none), read column col into e. */
+void cb_db_turns_bind_mtime(sqlite3_stmt *s, int pos, const struct cb_entry *e);
+void cb_db_turns_column_mtime(sqlite3_stmt *s, int col, struct cb_entry *e);
+
 /* The mark log's records (db/marklog.c). Encode one mark of turn into buf: its length, or 0
  * when it does not fit (size >= cb_marklog_max_record() always fits a valid mark). */
 size_t cb_marklog_encode(const struct cb_change *c, long long turn, double time, char *buf,

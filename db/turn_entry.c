@@ -64,6 +64,12 @@ int cb_entry_same(const struct cb_entry *a, const struct cb_entry *b)
 	return 0;
 }
 
+int cb_entry_mtime_moved(const struct cb_entry *a, const struct cb_entry *b)
+{
+	return a->type == CB_ENTRY_FILE && b->type == CB_ENTRY_FILE && b->has_mtime &&
+	       (!a->has_mtime || a->mtime_ns != b->mtime_ns) && cb_entry_same(a, b);
+}
+
 const char *cb_entry_type_name(enum cb_entry_type type)
 {
 	switch (type) {

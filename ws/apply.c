@@ -130,6 +130,8 @@ static int apply_write(struct cb_turns *t, int root, const struct cb_entry *e)
 		rc = apply_content(t, e, fd);
 		if (!rc)
 			rc = cb_beneath_fchmod(fd, e->path, e->mode, NULL);
+		if (!rc) /* the time the turn recorded, if any */
+			rc = ws_restore_mtime(fd, e, -1);
 		if (!rc && fsync(fd) < 0)
 			rc = cb_error_set(errno, "fsync: %s", strerror(errno));
 		close(fd);

@@ -69,6 +69,28 @@ static int rb_check_source(struct cb_turns *t, const struct cb_entry *e, int fro
 	return ret;
 }
 
+int ws_restore_mtime(int dst, const struct cb_entry *e, int src)
+{
+	struct timespec ts[2] = {{.tv_nsec = UTIME_OMIT}, {0}};
+	struct stat st;
+
+	if (e->has_mtime) {
+		ts[1].tv_sec = (time_t)(e->mtime_ns / 1000000000LL);
+		ts[1].tv_nsec = (long)(e->mtime_ns % 1000000000LL);
+		if (ts[1].tv_nsec < 0) { /* before 1970 */
+			ts[1].tv_sec--;
+			ts[1].tv_nsec += 1000000000L;
+		}
+	} else if (src >= 0 && fstat(src, &st) == 0) {
+		ts[1] = st.st_mtim;
+	} else {
+		return 0;
+	}
+	if (futimens(dst, ts) < 0)
+		return cb_error_set(errno, "restore the time of %s: %s", e->path, strerror(errno));
+	return 0;
+}
+
 int ws_is_tmp_name(const char *path)
 {
 	const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
@@ -201,6 +223,10 @@ static int rb_file(struct cb_turns *t, const struct cb_entry *e, int from_base, 
 	ret = cb_ws_copy_checked(src, dst, e, what);
 	if (!ret && (e->mode & (um | 07000)))
 		ret = cb_beneath_fchmod(dst, e->path, e->mode, &t->setid);
+	/* The time the turn recorded (a base file's own when it comes from the base), last:
+	 * every write is done by now. */
+	if (!ret)
+		ret = ws_restore_mtime(dst, e, from_base ? src : -1);
 	if (close(dst) < 0 && !ret)
 		ret = cb_error_set(errno, "restore %s: close: %s", e->path, strerror(errno));
 	if (!ret && renameat(pfd, tmp, pfd, name) < 0)

@@ -193,6 +193,8 @@ static int entry_read(int dirfd, const char *path, struct stat *st, struct cb_en
 	} else if (S_ISREG(st->st_mode)) {
 		out->type = CB_ENTRY_FILE;
 		out->size = st->st_size;
+		out->mtime_ns = stat_mtime_ns(st);
+		out->has_mtime = 1;
 		if (fdp) {
 			*fdp = fd;
 			fd = -1;
@@ -316,6 +318,8 @@ static int live_hash(struct cb_turns *t, const char *path, int fd, int copy_fd, 
 		return ret;
 	out->size = st.st_size;
 	out->mode = st.st_mode & 07777;
+	out->mtime_ns = stat_mtime_ns(&st); /* the time of the bytes just hashed */
+	out->has_mtime = 1;
 	memcpy(out->sha256, h->sha256, CB_SHA256_LEN);
 	memcpy(out->xxh3, h->xxh3, CB_XXH128_LEN);
 	return 0;

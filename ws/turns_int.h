@@ -39,6 +39,9 @@ struct cb_turns {
 	/* cb_ws_snapshot_defer_map: a snapshot that examines nothing leaves a map that would be
 	 * built from a walk to the caller (cb_ws_map_first answers from that walk). */
 	int defer_map;
+	/* cb_ws_snapshot_skip_empty: a snapshot that finds no change records no turn (skipped
+	 * says it did so). */
+	int skip_empty, skipped;
 	/* cb_ws_base_scan_use: a walk of the base read ahead, vouched for by the caller; the
 	 * next map built from a walk takes it instead of walking. */
 	struct cb_ws_base_scan *ahead;
@@ -60,6 +63,11 @@ void ws_known_clear(struct cb_turns *t);
 /* 1 if SEEK_DATA/SEEK_HOLE on fd tell the truth: not on a FUSE mount, whose server does not
  * see what the kernel's writeback cache still holds (a hole there may be data). */
 int ws_holes_trusted(int fd);
+
+/* Give dst (a regular file open for writing, its content restored from e) the modification
+ * time e recorded; without one, that of src (the base file it was copied from, >= 0), else
+ * leave it. The access time is left as it is. 0 or -errno naming e's path. */
+int ws_restore_mtime(int dst, const struct cb_entry *e, int src);
 
 /* 1 if path's last component is a rollback's temporary name (never part of a turn). */
 int ws_is_tmp_name(const char *path);

@@ -174,6 +174,12 @@ int cb_ws_map_list(struct cb_turns *t, int (*fn)(const struct cb_entry *, void *
  * cb_ws_map_first, under the same turn lock. */
 void cb_ws_snapshot_defer_map(struct cb_turns *t);
 
+/* The next snapshot through t records no turn when it finds no path changed (the rows of the
+ * open turn named files opened for writing and left as they were): it returns 0 and
+ * cb_ws_snapshot_skipped says 1 afterwards. */
+void cb_ws_snapshot_skip_empty(struct cb_turns *t);
+int cb_ws_snapshot_skipped(struct cb_turns *t);
+
 /* A walk of the base read ahead of the first map (cb_ws_base_scan_ahead). */
 struct cb_ws_base_scan;
 

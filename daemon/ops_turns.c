@@ -474,6 +474,7 @@ static int op_fork(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 	const char *name = json_string_value(json_object_get(req, "name"));
 	char ref[CB_WS_REF_LEN + 1], *dir = NULL, *upper = NULL, *db = NULL, *blobs = NULL;
 	struct cb_turns *t = NULL;
+	unsigned long ids = 0;
 	int ret;
 
 	if (!json_is_integer(jt))
@@ -493,6 +494,11 @@ static int op_fork(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 	if (!ret && (asprintf(&upper, "%s/upper", dir) < 0 ||
 		     asprintf(&db, "%s/meta.db", dir) < 0 || asprintf(&blobs, "%s/blobs", dir) < 0))
 		ret = cb_error_set(ENOMEM, "fork: out of memory");
+	/* Owners are written in the fork's own id range (fork_ids then leaves them). */
+	if (!ret)
+		ret = cb_daemon_ids(dir, -1, &ids);
+	if (!ret && ids)
+		cb_turns_set_restore_ids(t, ids);
 	if (!ret)
 		ret = cb_ws_fork(t, json_integer_value(jt), upper, db, blobs);
 	/* The fork wrote its upper as root: its files get the new workspace's own id range

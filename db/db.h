@@ -96,10 +96,11 @@ void cb_db_turns_bind_entry(sqlite3_stmt *s, int pathpos, int first, const struc
 /* Read columns path, type, mode, size, sha256, xxh3, target, pid, comm; strings borrowed. */
 void cb_db_turns_column_entry(sqlite3_stmt *s, struct cb_entry *e);
 
-/* The mtime_ns column (added after the tables shipped, so it is the last of each): bind e's
- * at pos (NULL when it has none), read column col into e. */
-void cb_db_turns_bind_mtime(sqlite3_stmt *s, int pos, const struct cb_entry *e);
-void cb_db_turns_column_mtime(sqlite3_stmt *s, int col, struct cb_entry *e);
+/* The metadata columns mtime_ns, uid, gid, xattrs (added after the tables shipped, so the
+ * last of each): bind e's from pos (NULL where it has none; only a file has any), read them
+ * from column col into e (the xattrs borrowed, like the strings). */
+void cb_db_turns_bind_meta(sqlite3_stmt *s, int pos, const struct cb_entry *e);
+void cb_db_turns_column_meta(sqlite3_stmt *s, int col, struct cb_entry *e);
 
 /* The mark log's records (db/marklog.c). Encode one mark of turn into buf: its length, or 0
  * when it does not fit (size >= cb_marklog_max_record() always fits a valid mark). */

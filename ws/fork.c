@@ -113,10 +113,15 @@ static int fork_file(struct fork_ctx *f, const struct cb_entry *e, const struct 
 		from_base = 0;
 		ret = fork_copy(f, e, 0, dst);
 	}
+	/* The owner in the fork's own id range (before the mode: a chown drops set-id bits),
+	 * the xattrs after it, and the recorded time last, so a build in the fork sees what was
+	 * up to date as up to date (a base file's own time when the turn recorded none). */
+	if (!ret)
+		ret = ws_restore_owner(dst, e, f->t->restore_id_base);
 	if (!ret)
 		ret = cb_beneath_fchmod(dst, e->path, e->mode, &f->t->setid);
-	/* The recorded time, so a build in the fork sees what was up to date as up to date
-	 * (a base file's own time when the turn recorded none). */
+	if (!ret)
+		ret = ws_restore_xattrs(dst, e, f->t->restore_id_base, 1);
 	if (!ret)
 		ret = fork_time(f, e, from_base, dst);
 	close(dst);

@@ -69,28 +69,6 @@ static int rb_check_source(struct cb_turns *t, const struct cb_entry *e, int fro
 	return ret;
 }
 
-int ws_restore_mtime(int dst, const struct cb_entry *e, int src)
-{
-	struct timespec ts[2] = {{.tv_nsec = UTIME_OMIT}, {0}};
-	struct stat st;
-
-	if (e->has_mtime) {
-		ts[1].tv_sec = (time_t)(e->mtime_ns / 1000000000LL);
-		ts[1].tv_nsec = (long)(e->mtime_ns % 1000000000LL);
-		if (ts[1].tv_nsec < 0) { /* before 1970 */
-			ts[1].tv_sec--;
-			ts[1].tv_nsec += 1000000000L;
-		}
-	} else if (src >= 0 && fstat(src, &st) == 0) {
-		ts[1] = st.st_mtim;
-	} else {
-		return 0;
-	}
-	if (futimens(dst, ts) < 0)
-		return cb_error_set(errno, "restore the time of %s: %s", e->path, strerror(errno));
-	return 0;
-}
-
 int ws_is_tmp_name(const char *path)
 {
 	const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
@@ -221,10 +199,15 @@ static int rb_file(struct cb_turns *t, const struct cb_entry *e, int from_base, 
 	/* Checked again while copying: what lands in the tree is what the turn recorded, and
 	 * the hash the next snapshot is given for it was computed from these very bytes. */
 	ret = cb_ws_copy_checked(src, dst, e, what);
-	if (!ret && (e->mode & (um | 07000)))
+	/* The owner first (a chown drops set-id bits: the chmod then puts them back), the
+	 * xattrs after the mode (an ACL and the mode share the group bits), the time the turn
+	 * recorded (a base file's own when it comes from the base) last. */
+	if (!ret)
+		ret = ws_restore_owner(dst, e, t->restore_id_base);
+	if (!ret && (e->mode & (um | 07000) || e->has_owner))
 		ret = cb_beneath_fchmod(dst, e->path, e->mode, &t->setid);
-	/* The time the turn recorded (a base file's own when it comes from the base), last:
-	 * every write is done by now. */
+	if (!ret)
+		ret = ws_restore_xattrs(dst, e, t->restore_id_base, 1);
 	if (!ret)
 		ret = ws_restore_mtime(dst, e, from_base ? src : -1);
 	if (close(dst) < 0 && !ret)

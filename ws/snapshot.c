@@ -242,11 +242,11 @@ static int snap_keep(struct snap_page *pg)
 {
 	int ret = cb_db_scratch_begin(pg->s);
 
-	/* 2: the same content with another time, recorded so a restore gives the time back */
+	/* 2: the same content with other metadata, recorded so a restore gives it back */
 	for (size_t i = 0; i < pg->n && !ret; i++)
 		ret = cb_db_scratch_res_put(pg->s, &pg->it[i].old, &pg->it[i].new,
 					    !cb_entry_same(&pg->it[i].old, &pg->it[i].new) ? 1
-					    : cb_entry_mtime_moved(&pg->it[i].old, &pg->it[i].new)
+					    : cb_entry_meta_moved(&pg->it[i].old, &pg->it[i].new)
 						? 2
 						: 0);
 	if (!ret)

@@ -25,6 +25,9 @@ struct cb_turns {
 	int (*stopping)(void *); /* cb_turns_config's */
 	void *stopping_arg;
 	struct ws_known *known; /* sorted by path; emptied by the next snapshot */
+	/* The host id range base that restores write owners into (cb_turns_set_restore_ids);
+	 * -1: unknown, owners left as they are. */
+	long long restore_id_base;
 	/* Whose files rollback and fork may leave setuid/setgid (cb_turns_set_setid_range). */
 	struct cb_beneath_setid setid;
 	size_t nknown;
@@ -64,9 +67,22 @@ void ws_known_clear(struct cb_turns *t);
  * see what the kernel's writeback cache still holds (a hole there may be data). */
 int ws_holes_trusted(int fd);
 
-/* Give dst (a regular file open for writing, its content restored from e) the modification
- * time e recorded; without one, that of src (the base file it was copied from, >= 0), else
- * leave it. The access time is left as it is. 0 or -errno naming e's path. */
+/* ws/meta.c: the metadata a turn keeps of a regular file besides its content. */
+
+/* Fill out's owner (as the sandbox sees it: kept only for ids of a workspace range) from st
+ * and its kept xattrs (user.*, the POSIX ACL with its named ids made the sandbox's) from the
+ * file open as fd (O_PATH is fine: read through /proc/self/fd, never by path). 0 or -errno
+ * naming path. */
+int ws_meta_read(int fd, const struct stat *st, const char *path, struct cb_entry *out);
+/* Give dst (a regular file open for writing, its content restored from e) e's recorded
+ * owner in the id range at id_base (< 0: unknown, left as it is). */
+int ws_restore_owner(int dst, const struct cb_entry *e, long long id_base);
+/* Set e's recorded xattrs on dst; an ACL's named ids become ids of the range at id_base
+ * (< 0: as recorded); acl 0 leaves the ACL out. -EBADMSG when the record is damaged. */
+int ws_restore_xattrs(int dst, const struct cb_entry *e, long long id_base, int acl);
+/* Give dst the modification time e recorded; without one, that of src (the base file it was
+ * copied from, >= 0), else leave it. The access time is left as it is. 0 or -errno naming
+ * e's path. */
 int ws_restore_mtime(int dst, const struct cb_entry *e, int src);
 
 /* 1 if path's last component is a rollback's temporary name (never part of a turn). */

@@ -103,6 +103,10 @@ void cb_turns_close(struct cb_turns *t);
  * setgid) in first .. first + count - 1, the sandbox's own ids. Until this is called (or
  * with count 0): nobody's, so a turn's setuid-root file comes back without the bits. */
 void cb_turns_set_setid_range(struct cb_turns *t, unsigned first, unsigned count);
+/* The host id range (its base, CB_WS_IDS_*) of the tree that rollback and fork write into:
+ * a restored file gets its recorded owner (the sandbox's ids) as ids of that range. Until
+ * this is called, owners are not restored. */
+void cb_turns_set_restore_ids(struct cb_turns *t, unsigned long base);
 /* The turn store underneath, for listing turns. */
 struct cb_db_turns *cb_turns_db(struct cb_turns *t);
 

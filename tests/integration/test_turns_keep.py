@@ -90,8 +90,14 @@ class KeepOpenTurnTest(CowboxTestCase):
         self.assertEqual(self.read("src/new.c"), "int n;\n")
 
 
+def xattrs(path):
+    """user.* xattrs (the ACL, whose ids are host ids of a range, is compared by getfacl)."""
+    return {n: os.getxattr(path, n, follow_symlinks=False)
+            for n in sorted(os.listxattr(path, follow_symlinks=False)) if n.startswith("user.")}
+
+
 def meta_state(root):
-    """{path: (kind, mode, mtime_ns of files, target of symlinks, sha256 of files)}."""
+    """{path: (kind, mode, mtime_ns, owner, xattrs, sha256 of files; targets of symlinks)}."""
     out = {}
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
@@ -100,6 +106,7 @@ def meta_state(root):
             rel = os.path.relpath(full, root)
             if stat.S_ISREG(st.st_mode):
                 out[rel] = ("file", stat.S_IMODE(st.st_mode), st.st_mtime_ns,
+                            (st.st_uid % 65536, st.st_gid % 65536), xattrs(full),
                             sha256_file(full))
             elif stat.S_ISLNK(st.st_mode):
                 out[rel] = ("symlink", os.readlink(full))
@@ -173,6 +180,50 @@ class TurnTimesTest(CowboxTestCase):
             f.write("other\n")
         self.cowbox_json("rollback", "w", str(t2))
         self.assertEqual(os.stat(self.p("f")).st_mtime_ns, self.T2020)
+
+
+class TurnOwnersXattrsTest(CowboxTestCase):
+    """Owner and group as the sandbox sees them, user.* xattrs and the POSIX ACL (named ids
+    in the sandbox's terms) are kept with a file and given back by fork and rollback."""
+
+    T2020 = 1577836800 * 10**9
+
+    def acl(self, ref):
+        return self.cowbox("exec", ref, "--", "sh", "-c",
+                           "cd /workspace && getfacl -n o.txt && stat -c '%u:%g %a' o.txt"
+                           ).stdout
+
+    def test_owner_xattrs_and_acl_come_back(self):
+        base = self.make_base({"README": "hi\n"})
+        ref = self.create(base, "w")
+        self.mount(ref)
+        mnt = self.mountpoint(ref)
+        self.cowbox("exec", ref, "--", "sh", "-c",
+                    "cd /workspace && echo x > o.txt && chown 1000:2000 o.txt && "
+                    "chmod 640 o.txt && setfacl -m u:1234:rw o.txt")
+        f = os.path.join(mnt, "o.txt")
+        os.setxattr(f, "user.note", b"kept\0bytes")
+        os.utime(f, ns=(self.T2020, self.T2020))
+        t1 = self.cowbox_json("snapshot", "w")["turn"]
+        state, acl = meta_state(mnt), self.acl(ref)
+        self.assertIn("user:1234:rw-", acl)
+        self.assertIn("1000:2000", acl)
+        self.assertEqual(state["o.txt"][4], {"user.note": b"kept\0bytes"})
+
+        fork = self.cowbox_json("fork", "w", str(t1), "--name", "f")["ref"]
+        self.mount(fork)
+        self.assertEqual(meta_state(self.mountpoint(fork)), state)
+        self.assertEqual(self.acl(fork), acl)
+
+        with open(f, "w") as out:
+            out.write("rewritten\n")
+        os.removexattr(f, "user.note")
+        self.cowbox("exec", ref, "--", "sh", "-c",
+                    "cd /workspace && chown 0:0 o.txt && setfacl -b o.txt")
+        self.cowbox_json("snapshot", "w")
+        self.cowbox_json("rollback", "w", str(t1))
+        self.assertEqual(meta_state(mnt), state)
+        self.assertEqual(self.acl(ref), acl)
 
 
 MAKEFILE = """\

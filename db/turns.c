@@ -186,7 +186,12 @@ static int tdb_add_meta_columns(struct cb_db_turns *t, const char *path)
 	char sql[128];
 	int ret = 0;
 
-	for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]) && !ret; i++)
+	for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]) && !ret; i++) {
+		/* the usual case, one statement: all are there */
+		snprintf(sql, sizeof(sql), "SELECT mtime_ns, uid, gid, xattrs FROM %s LIMIT 0",
+			 tables[i]);
+		if (sqlite3_exec(t->db, sql, NULL, NULL, NULL) == SQLITE_OK)
+			continue;
 		for (size_t c = 0; c < sizeof(cols) / sizeof(cols[0]) && !ret; c++) {
 			snprintf(sql, sizeof(sql), "SELECT %s FROM %s LIMIT 0", cols[c][0],
 				 tables[i]);
@@ -202,6 +207,7 @@ static int tdb_add_meta_columns(struct cb_db_turns *t, const char *path)
 				ret = cb_error_set(EIO, "turn tables in %s: add %s.%s: %s", path,
 						   tables[i], cols[c][0], sqlite3_errmsg(t->db));
 		}
+	}
 	return ret;
 }
 

@@ -4,8 +4,8 @@ byte; an empty open turn records nothing. Turns keep files' modification times: 
 fork give them back (nanoseconds), so make in a fork rebuilds only what changed."""
 
 import os
+import sqlite3
 import stat
-import subprocess
 import unittest
 
 import cbtest  # noqa: E402
@@ -166,6 +166,31 @@ class TurnTimesTest(CowboxTestCase):
         self.cowbox_json("snapshot", "w")
         self.cowbox_json("rollback", "w", str(t1))
         self.assertEqual(meta_state(self.mnt), at_t1)
+
+    def test_a_database_from_before_the_columns_opens_and_restores(self):
+        with open(self.p("f"), "w") as f:
+            f.write("one\n")
+        t1 = self.cowbox_json("snapshot", "w")["turn"]
+        self.cowbox("umount", self.ref)
+        db = sqlite3.connect(os.path.join(self.ws_dir(self.ref), "meta.db"))
+        for table in ("turn_delta", "turn_map", "base_map"):
+            for col in ("mtime_ns", "uid", "gid", "xattrs"):
+                db.execute("ALTER TABLE %s DROP COLUMN %s" % (table, col))
+        db.commit()
+        db.close()
+        self.mount(self.ref)
+        with open(self.p("f"), "w") as f:
+            f.write("two\n")
+        self.cowbox_json("snapshot", "w")
+        self.cowbox_json("rollback", "w", str(t1))  # its row has no time: the restore's
+        with open(self.p("f")) as f:
+            self.assertEqual(f.read(), "one\n")
+        os.utime(self.p("f"), ns=(self.T2020, self.T2020))
+        t3 = self.cowbox_json("snapshot", "w")["turn"]
+        with open(self.p("f"), "w") as f:
+            f.write("three\n")
+        self.cowbox_json("rollback", "w", str(t3))
+        self.assertEqual(os.stat(self.p("f")).st_mtime_ns, self.T2020)
 
     def test_a_time_alone_is_recorded_without_an_event(self):
         with open(self.p("f"), "w") as f:

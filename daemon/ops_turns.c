@@ -41,11 +41,12 @@ static double elapsed(const struct timespec *a, const struct timespec *b)
 	return (double)(b->tv_sec - a->tv_sec) + (double)(b->tv_nsec - a->tv_nsec) / 1e9;
 }
 
-/* Record the open turn: sync, move the journal on to the next turn, then have the worker
- * hash what the rows of the closed turn name. Called with the turn lock held. req holds the
- * worker's snapshot request (label, what to return); it gets the turn and the rows. */
-static int turns_snapshot(struct cb_daemon *d, json_t *req, struct cb_daemon_conn *conn, json_t *id,
-			  json_t **result, long long *turn_out)
+/* Record the open turn: sync (unless the caller just did, under the same lock), move the
+ * journal on to the next turn, then have the worker hash what the rows of the closed turn
+ * name. Called with the turn lock held. req holds the worker's snapshot request (label, what
+ * to return); it gets the turn and the rows. */
+static int turns_snapshot_synced(struct cb_daemon *d, json_t *req, struct cb_daemon_conn *conn,
+				 json_t *id, json_t **result, long long *turn_out, int synced)
 {
 	long long open = cb_journal_turn(d->db), latest = cb_journal_turn(d->db) - 1;
 	struct cb_turns *t = NULL;
@@ -57,7 +58,7 @@ static int turns_snapshot(struct cb_daemon *d, json_t *req, struct cb_daemon_con
 		latest = cb_db_turns_latest(cb_turns_db(t));
 	cb_turns_close(t);
 	turn = open > latest ? open : latest + 1;
-	if (!ret)
+	if (!ret && !synced)
 		ret = turns_sync(d);
 	/* A base file changed behind our back (the watch saw it) is journaled in this turn. */
 	if (!ret)
@@ -89,6 +90,12 @@ static int turns_snapshot(struct cb_daemon *d, json_t *req, struct cb_daemon_con
 	else
 		*turn_out = turn;
 	return ret;
+}
+
+static int turns_snapshot(struct cb_daemon *d, json_t *req, struct cb_daemon_conn *conn, json_t *id,
+			  json_t **result, long long *turn_out)
+{
+	return turns_snapshot_synced(d, req, conn, id, result, turn_out, 0);
 }
 
 /* The map of the turn just recorded, into reply r: only the changes when the client holds
@@ -350,7 +357,7 @@ static int journal_any_row(const struct cb_journal_row *row, void *arg)
  * their own ("before rollback to T"), the usual snapshot of the paths the journal names (its
  * cost follows the changes, not the tree), so rolling back to it gives every byte back. An
  * open turn without a journal row records nothing (*kept 0). Called with the turn lock held,
- * after turns_sync (so every write made so far is a row). */
+ * right after turns_sync (so every write made so far is a row). */
 static int rollback_keep_open_turn(struct cb_daemon *d, long long to, long long *kept)
 {
 	json_t *snap = NULL;
@@ -361,8 +368,9 @@ static int rollback_keep_open_turn(struct cb_daemon *d, long long to, long long 
 	if (ret <= 0)
 		return ret;
 	snprintf(label, sizeof(label), "before rollback to %lld", to);
-	ret = turns_snapshot(d, json_pack("{s:s, s:b}", "label", label, "skip_empty", 1), NULL,
-			     NULL, &snap, kept);
+	/* op_rollback synced a moment ago, under the same lock */
+	ret = turns_snapshot_synced(d, json_pack("{s:s, s:b}", "label", label, "skip_empty", 1),
+				    NULL, NULL, &snap, kept, 1);
 	/* Rows, but nothing changed (a file opened for writing and left as it was): no turn,
 	 * and the journal's turn goes back to the one still open, as after a failed snapshot. */
 	if (!ret && json_is_false(json_object_get(snap, "recorded"))) {

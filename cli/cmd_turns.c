@@ -543,14 +543,15 @@ int cmd_diff(int argc, char **argv)
 static const char rollback_usage[] =
     "usage: cowbox rollback REF TURN [--json]\n"
     "Make the live workspace exactly what it was at TURN (0: the base; last, last~N or a\n"
-    "label, as diff takes them); the rollback is\n"
-    "recorded as a new turn, so rolling back to the turn before it undoes it.\n";
+    "label, as diff takes them). Changes made since the last snapshot are first recorded as\n"
+    "a turn of their own (\"before rollback to TURN\"), and the rollback is recorded as a new\n"
+    "turn, so rolling back to the turn before it undoes it, every byte.\n";
 
 int cmd_rollback(int argc, char **argv)
 {
 	struct cli_common common = {0};
 	int c, status;
-	long long turn;
+	long long turn, kept;
 	json_t *reply;
 
 	while ((c = cli_getopt(argc, argv, "", NULL, &common, rollback_usage, &status)) > 0)
@@ -570,6 +571,11 @@ int cmd_rollback(int argc, char **argv)
 		return status;
 	if (common.json)
 		return cli_print_reply_json(reply);
+	kept = json_integer_value(json_object_get(reply, "kept_turn"));
+	if (kept > 0)
+		printf("the changes since the last snapshot are kept as turn %lld (cowbox rollback "
+		       "%s %lld gives them back)\n",
+		       kept, argv[optind], kept);
 	printf("rolled back to turn %lld: %lld paths restored, recorded as turn %lld\n", turn,
 	       (long long)json_integer_value(json_object_get(reply, "restored")),
 	       (long long)json_integer_value(json_object_get(reply, "turn")));

@@ -42,11 +42,12 @@ static double elapsed(const struct timespec *a, const struct timespec *b)
 	return (double)(b->tv_sec - a->tv_sec) + (double)(b->tv_nsec - a->tv_nsec) / 1e9;
 }
 
-/* Record the open turn: sync, move the journal on to the next turn, then have the worker
- * hash what the rows of the closed turn name. Called with the turn lock held. req holds the
- * worker's snapshot request (label, what to return); it gets the turn and the rows. */
-static int turns_snapshot(struct cb_daemon *d, json_t *req, struct cb_daemon_conn *conn, json_t *id,
-			  json_t **result, long long *turn_out)
+/* Record the open turn: sync (unless the caller just did, under the same lock), move the
+ * journal on to the next turn, then have the worker hash what the rows of the closed turn
+ * name. Called with the turn lock held. req holds the worker's snapshot request (label, what
+ * to return); it gets the turn and the rows. */
+static int turns_snapshot_synced(struct cb_daemon *d, json_t *req, struct cb_daemon_conn *conn,
+				 json_t *id, json_t **result, long long *turn_out, int synced)
 {
 	long long open = cb_journal_turn(d->db), latest = cb_journal_turn(d->db) - 1;
 	struct cb_turns *t = NULL;
@@ -58,7 +59,7 @@ static int turns_snapshot(struct cb_daemon *d, json_t *req, struct cb_daemon_con
 		latest = cb_db_turns_latest(cb_turns_db(t));
 	cb_turns_close(t);
 	turn = open > latest ? open : latest + 1;
-	if (!ret)
+	if (!ret && !synced)
 		ret = turns_sync(d);
 	/* A base file changed behind our back (the watch saw it) is journaled in this turn. */
 	if (!ret)
@@ -90,6 +91,12 @@ static int turns_snapshot(struct cb_daemon *d, json_t *req, struct cb_daemon_con
 	else
 		*turn_out = turn;
 	return ret;
+}
+
+static int turns_snapshot(struct cb_daemon *d, json_t *req, struct cb_daemon_conn *conn, json_t *id,
+			  json_t **result, long long *turn_out)
+{
+	return turns_snapshot_synced(d, req, conn, id, result, turn_out, 0);
 }
 
 /* The map of the turn just recorded, into reply r: only the changes when the client holds
@@ -354,11 +361,46 @@ reply:
 	return cb_daemon_reply(conn, json_object_get(req, "id"), r);
 }
 
+static int journal_any_row(const struct cb_journal_row *row, void *arg)
+{
+	(void)row;
+	(void)arg;
+	return 1;
+}
+
+/* Before a rollback overwrites the live tree: record the open turn's changes as a turn of
+ * their own ("before rollback to T"), the usual snapshot of the paths the journal names (its
+ * cost follows the changes, not the tree), so rolling back to it gives every byte back. An
+ * open turn without a journal row records nothing (*kept 0). Called with the turn lock held,
+ * right after turns_sync (so every write made so far is a row). */
+static int rollback_keep_open_turn(struct cb_daemon *d, long long to, long long *kept)
+{
+	json_t *snap = NULL;
+	char label[64];
+	int ret = cb_journal_list(d->db, cb_journal_turn(d->db), journal_any_row, NULL);
+
+	*kept = 0;
+	if (ret <= 0)
+		return ret;
+	snprintf(label, sizeof(label), "before rollback to %lld", to);
+	/* op_rollback synced a moment ago, under the same lock */
+	ret = turns_snapshot_synced(d, json_pack("{s:s, s:b}", "label", label, "skip_empty", 1),
+				    NULL, NULL, &snap, kept, 1);
+	/* Rows, but nothing changed (a file opened for writing and left as it was): no turn,
+	 * and the journal's turn goes back to the one still open, as after a failed snapshot. */
+	if (!ret && json_is_false(json_object_get(snap, "recorded"))) {
+		cb_overlay_turn_advance(d->ov, *kept);
+		*kept = 0;
+	}
+	json_decref(snap);
+	return ret ? cb_error_wrap(ret, "rollback: keeping the open turn's changes") : 0;
+}
+
 static int op_rollback(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
 	json_t *jt = json_object_get(req, "turn");
-	long long to = json_integer_value(jt), touched = 0, turn = 0;
-	struct timespec t0, t1, t2;
+	long long to = json_integer_value(jt), touched = 0, turn = 0, kept = 0;
+	struct timespec tk, t0, t1, t2;
 	json_t *snap = NULL;
 	char label[64];
 	int ret;
@@ -371,6 +413,10 @@ static int op_rollback(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	/* A base file changed behind our back since the start is in the live tree too. */
 	if (!ret)
 		ret = cb_daemon_base_watch(d, "rollback");
+	/* Nothing unrecorded is ever lost: the open turn becomes a turn first. */
+	clock_gettime(CLOCK_MONOTONIC, &tk);
+	if (!ret)
+		ret = rollback_keep_open_turn(d, to, &kept);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	if (!ret)
 		ret = cb_daemon_worker_call(
@@ -397,11 +443,12 @@ static int op_rollback(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	pthread_mutex_unlock(&d->turn_lock);
 	if (ret)
 		return ret;
-	return cb_daemon_reply(conn, json_object_get(req, "id"),
-			       json_pack("{s:I, s:I, s:I, s:f, s:f}", "turn", (json_int_t)turn,
-					 "rolled_back_to", (json_int_t)to, "restored",
-					 (json_int_t)touched, "restore_seconds", elapsed(&t0, &t1),
-					 "snapshot_seconds", elapsed(&t1, &t2)));
+	return cb_daemon_reply(
+	    conn, json_object_get(req, "id"),
+	    json_pack("{s:I, s:I, s:I, s:I, s:f, s:f, s:f}", "turn", (json_int_t)turn,
+		      "rolled_back_to", (json_int_t)to, "kept_turn", (json_int_t)kept, "restored",
+		      (json_int_t)touched, "keep_seconds", elapsed(&tk, &t0), "restore_seconds",
+		      elapsed(&t0, &t1), "snapshot_seconds", elapsed(&t1, &t2)));
 }
 
 static int op_prune(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
@@ -450,6 +497,7 @@ static int op_fork(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 	const char *name = json_string_value(json_object_get(req, "name"));
 	char ref[CB_WS_REF_LEN + 1], *dir = NULL, *upper = NULL, *db = NULL, *blobs = NULL;
 	struct cb_turns *t = NULL;
+	unsigned long ids = 0;
 	int ret;
 
 	if (!json_is_integer(jt))
@@ -469,6 +517,11 @@ static int op_fork(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 	if (!ret && (asprintf(&upper, "%s/upper", dir) < 0 ||
 		     asprintf(&db, "%s/meta.db", dir) < 0 || asprintf(&blobs, "%s/blobs", dir) < 0))
 		ret = cb_error_set(ENOMEM, "fork: out of memory");
+	/* Owners are written in the fork's own id range (fork_ids then leaves them). */
+	if (!ret)
+		ret = cb_daemon_ids(dir, -1, &ids);
+	if (!ret && ids)
+		cb_turns_set_restore_ids(t, ids);
 	if (!ret)
 		ret = cb_ws_fork(t, json_integer_value(jt), upper, db, blobs);
 	/* The fork wrote its upper as root: its files get the new workspace's own id range

@@ -19,6 +19,7 @@
 #include "cowbox/basecache.h"
 #include "cowbox/error.h"
 #include "cowbox/turns.h"
+#include "cowbox/workspace.h"
 #include "daemon.h"
 
 /* Why a process: a thread of the daemon that reads the mount waits in the kernel for the
@@ -107,6 +108,7 @@ static int worker_daemon_gone(void *arg)
 static int worker_open(struct worker_state *w, int progress, struct cb_turns **t)
 {
 	char blobs[4096];
+	unsigned long ids = 0;
 	long long bound;
 	int ret = turns_read_bound(&bound);
 
@@ -128,6 +130,13 @@ static int worker_open(struct worker_state *w, int progress, struct cb_turns **t
 	ret = cb_turns_open(&cfg, t);
 	if (!ret)
 		cb_daemon_basecache_attach(w->dir, *t, w->base);
+	/* A rollback gives files their owners in this workspace's id range (none: as root
+	 * made them, as before). */
+	if (!ret) {
+		if (cb_ws_ids_get(w->dir, &ids) == 0 && ids)
+			cb_turns_set_restore_ids(*t, ids);
+		cb_error_clear();
+	}
 	return ret;
 }
 
@@ -266,6 +275,8 @@ static int worker_snapshot(struct worker_state *w, json_t *req, json_t **res)
 		cb_ws_base_trust_prepared(t);
 	if (!ret && json_is_true(json_object_get(req, "defer_map")))
 		cb_ws_snapshot_defer_map(t);
+	if (!ret && json_is_true(json_object_get(req, "skip_empty")))
+		cb_ws_snapshot_skip_empty(t);
 	w->known = NULL;
 	span_from_json(req, &span);
 	if (!ret)
@@ -274,6 +285,8 @@ static int worker_snapshot(struct worker_state *w, json_t *req, json_t **res)
 					     want_changes ? &changes : NULL);
 	if (!ret) {
 		*res = json_object();
+		if (cb_ws_snapshot_skipped(t))
+			json_object_set_new(*res, "recorded", json_false());
 		if (want_changes)
 			json_object_set_new(*res, "changes",
 					    cb_daemon_events_json(w->mountpoint, w->base, w->dir, t,

@@ -101,6 +101,12 @@ void cb_db_turns_column_entry(sqlite3_stmt *s, struct cb_entry *e);
  * ref taken from path's directory; else "". */
 void cb_db_damage_hint(const char *path, int rc, char *buf, size_t size);
 
+/* The metadata columns mtime_ns, uid, gid, xattrs (added after the tables shipped, so the
+ * last of each): bind e's from pos (NULL where it has none; only a file has any), read them
+ * from column col into e (the xattrs borrowed, like the strings). */
+void cb_db_turns_bind_meta(sqlite3_stmt *s, int pos, const struct cb_entry *e);
+void cb_db_turns_column_meta(sqlite3_stmt *s, int col, struct cb_entry *e);
+
 /* The mark log's records (db/marklog.c). Encode one mark of turn into buf: its length, or 0
  * when it does not fit (size >= cb_marklog_max_record() always fits a valid mark). */
 size_t cb_marklog_encode(const struct cb_change *c, long long turn, double time, char *buf,

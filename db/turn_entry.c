@@ -14,6 +14,7 @@ void cb_entry_clear(struct cb_entry *e)
 	free(e->path);
 	free(e->target);
 	free(e->comm);
+	free(e->xattrs);
 	memset(e, 0, sizeof(*e));
 }
 
@@ -32,6 +33,16 @@ int cb_entry_copy(struct cb_entry *dst, const struct cb_entry *src)
 	int ret;
 
 	tmp.path = tmp.target = tmp.comm = NULL;
+	tmp.xattrs = NULL;
+	tmp.xattrs_len = 0;
+	if (src->xattrs_len) {
+		if (!(tmp.xattrs = malloc(src->xattrs_len))) {
+			cb_entry_clear(&tmp);
+			return cb_error_set(ENOMEM, "copy entry %s: out of memory", src->path);
+		}
+		memcpy(tmp.xattrs, src->xattrs, src->xattrs_len);
+		tmp.xattrs_len = src->xattrs_len;
+	}
 	ret = entry_dup(&tmp.path, src->path);
 	if (!ret)
 		ret = entry_dup(&tmp.target, src->target);
@@ -62,6 +73,18 @@ int cb_entry_same(const struct cb_entry *a, const struct cb_entry *b)
 		       !memcmp(a->sha256, b->sha256, CB_SHA256_LEN);
 	}
 	return 0;
+}
+
+int cb_entry_meta_moved(const struct cb_entry *a, const struct cb_entry *b)
+{
+	if (a->type != CB_ENTRY_FILE || !cb_entry_same(a, b))
+		return 0;
+	if (b->has_mtime && (!a->has_mtime || a->mtime_ns != b->mtime_ns))
+		return 1;
+	if (b->has_owner && (!a->has_owner || a->uid != b->uid || a->gid != b->gid))
+		return 1;
+	return a->xattrs_len != b->xattrs_len ||
+	       (a->xattrs_len && memcmp(a->xattrs, b->xattrs, a->xattrs_len));
 }
 
 const char *cb_entry_type_name(enum cb_entry_type type)

@@ -25,7 +25,8 @@ static const char scratch_schema[] =
     "CREATE TEMP TABLE IF NOT EXISTS snap_res(path TEXT PRIMARY KEY, type INTEGER, "
     "  mode INTEGER, size INTEGER, sha256 BLOB, xxh3 BLOB, target TEXT, pid INTEGER, "
     "  comm TEXT, changed INTEGER, o_type INTEGER, o_mode INTEGER, o_size INTEGER, "
-    "  o_sha256 BLOB, o_xxh3 BLOB, o_target TEXT) WITHOUT ROWID;"
+    "  o_sha256 BLOB, o_xxh3 BLOB, o_target TEXT, mtime_ns INTEGER, uid INTEGER, gid INTEGER, "
+    "  xattrs BLOB) WITHOUT ROWID;"
     "DELETE FROM temp.snap_dirty; DELETE FROM temp.snap_path; DELETE FROM temp.snap_res;";
 
 /* Rows are merged in journal order: a later row with a pid takes the attribution. */
@@ -47,6 +48,7 @@ enum {
 	S_REC_MAP_DEL,
 	S_REC_MAP_PUT,
 	S_REC_COUNT,
+	S_REC_ANY,
 	S_COUNT,
 	S_DIRTY_JOURNAL = S_COUNT, /* only when meta.db has the journal */
 	S_ALL
@@ -62,19 +64,26 @@ static const char *const scratch_sql[S_ALL] = {
     [S_PATH_PAGE] = "SELECT path, 0, pid, comm FROM temp.snap_path WHERE path>?1 "
 		    "ORDER BY path LIMIT ?2",
     [S_RES_PUT] = "INSERT OR REPLACE INTO temp.snap_res VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,"
-		  "?11,?12,?13,?14,?15,?16)",
+		  "?11,?12,?13,?14,?15,?16,?17,?18,?19,?20)",
     [S_RES_TYPE] = "SELECT type FROM temp.snap_res WHERE path=?1",
+    /* changed 2: only the recorded metadata moved (a row, but no event nor count) */
     [S_RES_CHANGED] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, "
-		      "o_type, o_mode, o_size, o_sha256, o_xxh3, o_target "
-		      "FROM temp.snap_res WHERE changed ORDER BY path",
-    [S_REC_DELTA] = "INSERT OR REPLACE INTO main.turn_delta SELECT path, ?1, type, mode, size, "
-		    "sha256, xxh3, target, pid, comm FROM temp.snap_res WHERE changed",
+		      "o_type, o_mode, o_size, o_sha256, o_xxh3, o_target, mtime_ns, uid, gid, "
+		      "xattrs "
+		      "FROM temp.snap_res WHERE changed=1 ORDER BY path",
+    [S_REC_DELTA] = "INSERT OR REPLACE INTO main.turn_delta(path, turn, type, mode, size, "
+		    "sha256, xxh3, target, pid, comm, mtime_ns, uid, gid, xattrs) SELECT path, "
+		    "?1, type, mode, size, sha256, xxh3, target, pid, comm, mtime_ns, uid, gid, "
+		    "xattrs FROM temp.snap_res "
+		    "WHERE changed",
     [S_REC_MAP_DEL] = "DELETE FROM main.turn_map WHERE path IN "
 		      "(SELECT path FROM temp.snap_res WHERE changed AND type=0)",
     [S_REC_MAP_PUT] =
-	"INSERT OR REPLACE INTO main.turn_map SELECT path, type, mode, size, "
-	"sha256, xxh3, target, pid, comm FROM temp.snap_res WHERE changed AND type<>0",
-    [S_REC_COUNT] = "SELECT count(*) FROM temp.snap_res WHERE changed",
+	"INSERT OR REPLACE INTO main.turn_map(path, type, mode, size, sha256, xxh3, target, pid, "
+	"comm, mtime_ns, uid, gid, xattrs) SELECT path, type, mode, size, sha256, xxh3, target, "
+	"pid, comm, mtime_ns, uid, gid, xattrs FROM temp.snap_res WHERE changed AND type<>0",
+    [S_REC_COUNT] = "SELECT count(*) FROM temp.snap_res WHERE changed=1",
+    [S_REC_ANY] = "SELECT count(*) FROM temp.snap_res WHERE changed",
     [S_DIRTY_JOURNAL] = "INSERT INTO temp.snap_dirty SELECT path, subtree, pid, comm "
 			"FROM main.journal WHERE turn BETWEEN ?1 AND ?2 AND kind<>?3 "
 			"ORDER BY id" DIRTY_UPSERT,
@@ -286,7 +295,8 @@ int cb_db_scratch_res_put(struct cb_db_scratch *s, const struct cb_entry *old,
 	sqlite3_stmt *q = scratch_q(s, S_RES_PUT);
 
 	cb_db_turns_bind_entry(q, 1, 2, now);
-	sqlite3_bind_int(q, 10, changed != 0);
+	cb_db_turns_bind_meta(q, 17, now);
+	sqlite3_bind_int(q, 10, changed);
 	sqlite3_bind_int(q, 11, old->type);
 	sqlite3_bind_int(q, 12, (int)old->mode);
 	sqlite3_bind_int64(q, 13, old->size);
@@ -334,6 +344,19 @@ int cb_db_scratch_record(struct cb_db_scratch *s, long long turn, long long *nch
 	return ret;
 }
 
+int cb_db_scratch_changed_count(struct cb_db_scratch *s, long long *n)
+{
+	sqlite3_stmt *q = scratch_q(s, S_REC_ANY);
+	int ret = 0;
+
+	if (sqlite3_step(q) == SQLITE_ROW)
+		*n = sqlite3_column_int64(q, 0);
+	else
+		ret = scratch_fail(s, "count");
+	sqlite3_reset(q);
+	return ret;
+}
+
 int cb_db_scratch_changes(struct cb_db_scratch *s,
 			  int (*fn)(const struct cb_entry *old, const struct cb_entry *now, void *),
 			  void *arg)
@@ -344,6 +367,7 @@ int cb_db_scratch_changes(struct cb_db_scratch *s,
 
 	while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
 		cb_db_turns_column_entry(q, &now);
+		cb_db_turns_column_meta(q, 15, &now);
 		memset(&old, 0, sizeof(old));
 		old.path = now.path;
 		old.type = sqlite3_column_int(q, 9);

@@ -72,27 +72,39 @@ static const char *const tdb_sql[Q_COUNT] = {
     [Q_TURN_OLDEST] = "SELECT coalesce(min(turn),0) FROM turns",
     [Q_TURN_EXISTS] = "SELECT 1 FROM turns WHERE turn=?1",
     [Q_TURN_LIST] = "SELECT turn, time, label, changes FROM turns ORDER BY turn",
-    [Q_DELTA_PUT] = "INSERT OR REPLACE INTO turn_delta VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)",
-    [Q_DELTA_AT] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm "
+    [Q_DELTA_PUT] = "INSERT OR REPLACE INTO turn_delta(path, turn, type, mode, size, sha256, "
+		    "xxh3, target, pid, comm, mtime_ns, uid, gid, xattrs) "
+		    "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)",
+    [Q_DELTA_AT] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, mtime_ns, uid, "
+		   "gid, xattrs "
 		   "FROM turn_delta WHERE path=?1 AND turn<=?2 ORDER BY turn DESC LIMIT 1",
     [Q_DELTA_PATHS] = "SELECT DISTINCT path FROM turn_delta WHERE turn>?1 AND turn<=?2 "
 		      "ORDER BY path",
     [Q_MAP_TURN] = "SELECT value FROM turn_meta WHERE key='map_turn'",
     [Q_MAP_SET_TURN] = "INSERT OR REPLACE INTO turn_meta VALUES('map_turn', ?1)",
-    [Q_MAP_GET] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm "
+    [Q_MAP_GET] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, mtime_ns, uid, "
+		  "gid, xattrs "
 		  "FROM turn_map WHERE path=?1",
-    [Q_MAP_PUT] = "INSERT OR REPLACE INTO turn_map VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
+    [Q_MAP_PUT] =
+	"INSERT OR REPLACE INTO turn_map(path, type, mode, size, sha256, xxh3, "
+	"target, pid, comm, mtime_ns, uid, gid, xattrs) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,"
+	"?12,?13)",
     [Q_MAP_DEL] = "DELETE FROM turn_map WHERE path=?1",
     [Q_MAP_CLEAR] = "DELETE FROM turn_map",
-    [Q_MAP_ALL] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm "
+    [Q_MAP_ALL] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, mtime_ns, uid, "
+		  "gid, xattrs "
 		  "FROM turn_map ORDER BY path",
     /* '/' + 1 == '0': the byte range of every path below prefix/ */
-    [Q_MAP_UNDER] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm "
+    [Q_MAP_UNDER] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, mtime_ns, "
+		    "uid, gid, xattrs "
 		    "FROM turn_map WHERE path>?1||'/' AND path<?1||'0' ORDER BY path",
     [Q_BLOB_NEEDED] = "SELECT 1 FROM turn_delta WHERE xxh3=?1 AND type=1 LIMIT 1",
-    [Q_BASE_GET] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm "
+    [Q_BASE_GET] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, mtime_ns, uid, "
+		   "gid, xattrs "
 		   "FROM base_map WHERE path=?1",
-    [Q_BASE_PUT] = "INSERT OR REPLACE INTO base_map VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
+    /* a base entry's time is the base file's own: none is recorded */
+    [Q_BASE_PUT] = "INSERT OR REPLACE INTO base_map(path, type, mode, size, sha256, xxh3, "
+		   "target, pid, comm) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
     [Q_BASE_BUILT] = "SELECT value FROM turn_meta WHERE key='base_map'",
     [Q_BASE_SET_BUILT] = "INSERT OR REPLACE INTO turn_meta VALUES('base_map', 1)",
 };
@@ -165,6 +177,43 @@ int cb_db_turns_schema_check(sqlite3 *db, const char *path)
 	return ret;
 }
 
+/* The tables of entries gained a file's metadata after the schema shipped (mtime_ns, the
+ * owner as the sandbox sees it, the kept xattrs; docs/turns.md): a database without them
+ * gets them here, its older rows none (NULL: restored as before the columns existed). Two
+ * connections may race to add one: the loser sees it. */
+static int tdb_add_meta_columns(struct cb_db_turns *t, const char *path)
+{
+	static const char *const tables[] = {"turn_delta", "turn_map", "base_map"};
+	static const char *const cols[][2] = {
+	    {"mtime_ns", "INTEGER"}, {"uid", "INTEGER"}, {"gid", "INTEGER"}, {"xattrs", "BLOB"}};
+	char sql[128];
+	int ret = 0;
+
+	for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]) && !ret; i++) {
+		/* the usual case, one statement: all are there */
+		snprintf(sql, sizeof(sql), "SELECT mtime_ns, uid, gid, xattrs FROM %s LIMIT 0",
+			 tables[i]);
+		if (sqlite3_exec(t->db, sql, NULL, NULL, NULL) == SQLITE_OK)
+			continue;
+		for (size_t c = 0; c < sizeof(cols) / sizeof(cols[0]) && !ret; c++) {
+			snprintf(sql, sizeof(sql), "SELECT %s FROM %s LIMIT 0", cols[c][0],
+				 tables[i]);
+			if (sqlite3_exec(t->db, sql, NULL, NULL, NULL) == SQLITE_OK)
+				continue;
+			snprintf(sql, sizeof(sql), "ALTER TABLE %s ADD COLUMN %s %s", tables[i],
+				 cols[c][0], cols[c][1]);
+			if (sqlite3_exec(t->db, sql, NULL, NULL, NULL) == SQLITE_OK)
+				continue;
+			snprintf(sql, sizeof(sql), "SELECT %s FROM %s LIMIT 0", cols[c][0],
+				 tables[i]);
+			if (sqlite3_exec(t->db, sql, NULL, NULL, NULL) != SQLITE_OK)
+				ret = cb_error_set(EIO, "turn tables in %s: add %s.%s: %s", path,
+						   tables[i], cols[c][0], sqlite3_errmsg(t->db));
+		}
+	}
+	return ret;
+}
+
 int cb_db_turns_open(const char *path, struct cb_db_turns **out)
 {
 	struct cb_db_turns *t = calloc(1, sizeof(*t));
@@ -210,6 +259,9 @@ int cb_db_turns_open(const char *path, struct cb_db_turns **out)
 		    cb_error_set(EIO, "turn tables in %s: add ctime_ns: %s", path, msg ? msg : "?");
 		goto out;
 	}
+	ret = tdb_add_meta_columns(t, path);
+	if (ret)
+		goto out;
 	for (int i = 0; i < Q_COUNT; i++)
 		if (sqlite3_prepare_v3(t->db, tdb_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &t->q[i],
 				       NULL) != SQLITE_OK) {
@@ -436,11 +488,40 @@ void cb_db_turns_column_entry(sqlite3_stmt *s, struct cb_entry *e)
 	e->comm = (char *)sqlite3_column_text(s, 8);
 }
 
+void cb_db_turns_bind_meta(sqlite3_stmt *s, int pos, const struct cb_entry *e)
+{
+	if (e->type != CB_ENTRY_FILE)
+		return;
+	if (e->has_mtime)
+		sqlite3_bind_int64(s, pos, e->mtime_ns);
+	if (e->has_owner) {
+		sqlite3_bind_int64(s, pos + 1, e->uid);
+		sqlite3_bind_int64(s, pos + 2, e->gid);
+	}
+	if (e->xattrs_len)
+		sqlite3_bind_blob(s, pos + 3, e->xattrs, (int)e->xattrs_len, SQLITE_STATIC);
+}
+
+void cb_db_turns_column_meta(sqlite3_stmt *s, int col, struct cb_entry *e)
+{
+	e->has_mtime = sqlite3_column_type(s, col) == SQLITE_INTEGER;
+	e->mtime_ns = e->has_mtime ? sqlite3_column_int64(s, col) : 0;
+	e->has_owner = sqlite3_column_type(s, col + 1) == SQLITE_INTEGER &&
+		       sqlite3_column_type(s, col + 2) == SQLITE_INTEGER;
+	e->uid = e->has_owner ? (unsigned)sqlite3_column_int64(s, col + 1) : 0;
+	e->gid = e->has_owner ? (unsigned)sqlite3_column_int64(s, col + 2) : 0;
+	e->xattrs_len = (size_t)sqlite3_column_bytes(s, col + 3);
+	e->xattrs = e->xattrs_len ? (unsigned char *)sqlite3_column_blob(s, col + 3) : NULL;
+	if (!e->xattrs)
+		e->xattrs_len = 0;
+}
+
 int cb_db_turns_delta_put(struct cb_db_turns *t, long long turn, const struct cb_entry *e)
 {
 	sqlite3_stmt *s = tdb_q(t, Q_DELTA_PUT);
 
 	cb_db_turns_bind_entry(s, 1, 3, e);
+	cb_db_turns_bind_meta(s, 11, e);
 	sqlite3_bind_int64(s, 2, turn);
 	return tdb_done(t, s, "record delta");
 }
@@ -454,6 +535,7 @@ static int tdb_lookup(struct cb_db_turns *t, sqlite3_stmt *s, struct cb_entry *o
 
 	if (rc == SQLITE_ROW) {
 		cb_db_turns_column_entry(s, &row);
+		cb_db_turns_column_meta(s, 9, &row);
 		ret = cb_entry_copy(out, &row);
 		if (ret == 0)
 			ret = 1;
@@ -520,6 +602,7 @@ int cb_db_turns_map_put(struct cb_db_turns *t, const struct cb_entry *e)
 	sqlite3_stmt *s = tdb_q(t, Q_MAP_PUT);
 
 	cb_db_turns_bind_entry(s, 1, 2, e);
+	cb_db_turns_bind_meta(s, 10, e);
 	return tdb_done(t, s, "map store");
 }
 
@@ -547,6 +630,7 @@ int cb_db_turns_map_list(struct cb_db_turns *t, const char *prefix,
 		sqlite3_bind_text(s, 1, prefix, -1, SQLITE_STATIC);
 	while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
 		cb_db_turns_column_entry(s, &e);
+		cb_db_turns_column_meta(s, 9, &e);
 		ret = fn(&e, arg);
 		if (ret)
 			goto out;
@@ -563,8 +647,11 @@ out:
 int cb_db_turns_prune(struct cb_db_turns *t, long long keep_from)
 {
 	static const char *const steps[] = {
-	    "INSERT OR IGNORE INTO turn_delta SELECT d.path, ?1, d.type, d.mode, d.size, "
-	    "d.sha256, d.xxh3, d.target, d.pid, d.comm FROM turn_delta d WHERE d.turn>0 AND "
+	    "INSERT OR IGNORE INTO turn_delta(path, turn, type, mode, size, sha256, xxh3, target, "
+	    "pid, comm, mtime_ns, uid, gid, xattrs) SELECT d.path, ?1, d.type, d.mode, d.size, "
+	    "d.sha256, d.xxh3, d.target, d.pid, d.comm, d.mtime_ns, d.uid, d.gid, d.xattrs FROM "
+	    "turn_delta d WHERE "
+	    "d.turn>0 AND "
 	    "d.turn<?1 AND d.turn=(SELECT max(turn) FROM turn_delta x WHERE x.path=d.path "
 	    "AND x.turn<=?1)",
 	    "DELETE FROM turn_delta WHERE turn>0 AND turn<?1",
@@ -688,7 +775,10 @@ int cb_db_turns_base_prepared_set(struct cb_db_turns *t, int on)
 
 int cb_db_turns_map_from_base(struct cb_db_turns *t)
 {
-	return tdb_exec(t, "INSERT OR REPLACE INTO turn_map SELECT * FROM base_map");
+	return tdb_exec(
+	    t, "INSERT OR REPLACE INTO turn_map(path, type, mode, size, sha256, xxh3, "
+	       "target, pid, comm, mtime_ns, uid, gid, xattrs) SELECT path, type, mode, size, "
+	       "sha256, xxh3, target, pid, comm, mtime_ns, uid, gid, xattrs FROM base_map");
 }
 
 int cb_db_turns_blob_needed(struct cb_db_turns *t, const unsigned char *xxh3)

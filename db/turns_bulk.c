@@ -17,7 +17,8 @@
 /* "INSERT OR REPLACE INTO base_map VALUES(?,...),..." for rows rows (malloc'ed). */
 static char *bulk_sql(size_t rows)
 {
-	static const char head[] = "INSERT OR REPLACE INTO base_map VALUES";
+	static const char head[] = "INSERT OR REPLACE INTO base_map(path, type, mode, size, "
+				   "sha256, xxh3, target, pid, comm) VALUES";
 	static const char row[] = "(?,?,?,?,?,?,?,?,?),";
 	char *sql = malloc(sizeof(head) + rows * (sizeof(row) - 1));
 	char *p = sql;

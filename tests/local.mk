@@ -64,3 +64,5 @@ TESTS += tests/integration/test_fsck_logical.py
 
 # merge: a fork brought back into a workspace
 TESTS += tests/integration/test_merge.py
+# never lose work: rollback keeps the open turn; turns restore metadata (issue 29).
+TESTS += tests/integration/test_turns_keep.py

@@ -298,6 +298,12 @@ static int apply_write(struct cb_turns *t, struct apply_log *log, int root,
 		rc = apply_content(t, e, fd);
 		if (!rc)
 			rc = cb_beneath_fchmod(fd, e->path, e->mode, NULL);
+		/* the user.* xattrs (an ACL names the sandbox's ids, which mean nothing in a
+		 * folder of the host) and the time the turn recorded, if any */
+		if (!rc)
+			rc = ws_restore_xattrs(fd, e, -1, 0);
+		if (!rc)
+			rc = ws_restore_mtime(fd, e, -1);
 		if (!rc && fsync(fd) < 0)
 			rc = cb_error_set(errno, "fsync: %s", strerror(errno));
 		close(fd);

@@ -82,6 +82,23 @@ static int fork_copy(struct fork_ctx *f, const struct cb_entry *e, int from_base
 	return ret;
 }
 
+/* Set dst's modification time to e's recorded one, or the base file's when from_base and
+ * none was recorded. */
+static int fork_time(struct fork_ctx *f, const struct cb_entry *e, int from_base, int dst)
+{
+	int src = -1, ret;
+
+	if (!e->has_mtime && from_base) {
+		src = cb_beneath_open(f->t->base_fd, e->path, O_RDONLY, 0);
+		if (src < 0)
+			return cb_error_wrap(src, "fork: base");
+	}
+	ret = ws_restore_mtime(dst, e, src);
+	if (src >= 0)
+		close(src);
+	return ret;
+}
+
 static int fork_file(struct fork_ctx *f, const struct cb_entry *e, const struct cb_entry *base)
 {
 	int from_base = base->type == CB_ENTRY_FILE && !memcmp(base->xxh3, e->xxh3, CB_XXH128_LEN);
@@ -96,8 +113,17 @@ static int fork_file(struct fork_ctx *f, const struct cb_entry *e, const struct 
 		from_base = 0;
 		ret = fork_copy(f, e, 0, dst);
 	}
+	/* The owner in the fork's own id range (before the mode: a chown drops set-id bits),
+	 * the xattrs after it, and the recorded time last, so a build in the fork sees what was
+	 * up to date as up to date (a base file's own time when the turn recorded none). */
+	if (!ret)
+		ret = ws_restore_owner(dst, e, f->t->restore_id_base);
 	if (!ret)
 		ret = cb_beneath_fchmod(dst, e->path, e->mode, &f->t->setid);
+	if (!ret)
+		ret = ws_restore_xattrs(dst, e, f->t->restore_id_base, 1);
+	if (!ret)
+		ret = fork_time(f, e, from_base, dst);
 	close(dst);
 	if (!ret && !from_base)
 		ret = cb_ws_blob_share(f->t->blob_fd, f->blob_fd, e->xxh3);

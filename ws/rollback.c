@@ -199,8 +199,17 @@ static int rb_file(struct cb_turns *t, const struct cb_entry *e, int from_base, 
 	/* Checked again while copying: what lands in the tree is what the turn recorded, and
 	 * the hash the next snapshot is given for it was computed from these very bytes. */
 	ret = cb_ws_copy_checked(src, dst, e, what);
-	if (!ret && (e->mode & (um | 07000)))
+	/* The owner first (a chown drops set-id bits: the chmod then puts them back), the
+	 * xattrs after the mode (an ACL and the mode share the group bits), the time the turn
+	 * recorded (a base file's own when it comes from the base) last. */
+	if (!ret)
+		ret = ws_restore_owner(dst, e, t->restore_id_base);
+	if (!ret && (e->mode & (um | 07000) || e->has_owner))
 		ret = cb_beneath_fchmod(dst, e->path, e->mode, &t->setid);
+	if (!ret)
+		ret = ws_restore_xattrs(dst, e, t->restore_id_base, 1);
+	if (!ret)
+		ret = ws_restore_mtime(dst, e, from_base ? src : -1);
 	if (close(dst) < 0 && !ret)
 		ret = cb_error_set(errno, "restore %s: close: %s", e->path, strerror(errno));
 	if (!ret && renameat(pfd, tmp, pfd, name) < 0)

@@ -242,9 +242,13 @@ static int snap_keep(struct snap_page *pg)
 {
 	int ret = cb_db_scratch_begin(pg->s);
 
+	/* 2: the same content with other metadata, recorded so a restore gives it back */
 	for (size_t i = 0; i < pg->n && !ret; i++)
 		ret = cb_db_scratch_res_put(pg->s, &pg->it[i].old, &pg->it[i].new,
-					    !cb_entry_same(&pg->it[i].old, &pg->it[i].new));
+					    !cb_entry_same(&pg->it[i].old, &pg->it[i].new) ? 1
+					    : cb_entry_meta_moved(&pg->it[i].old, &pg->it[i].new)
+						? 2
+						: 0);
 	if (!ret)
 		ret = cb_db_scratch_commit(pg->s);
 	return ret;
@@ -336,6 +340,15 @@ static int snap_record(struct cb_turns *t, struct cb_db_scratch *s, long long tu
 	long long nchanged = 0;
 	int ret;
 
+	/* cb_ws_snapshot_skip_empty: no turn for an open turn whose rows changed nothing */
+	if (t->skip_empty) {
+		ret = cb_db_scratch_changed_count(s, &nchanged);
+		if (ret || nchanged)
+			goto record;
+		t->skipped = 1;
+		return 0;
+	}
+record:
 	ret = cb_db_turns_begin(t->db);
 	if (ret)
 		return ret;
@@ -413,6 +426,16 @@ out:
 void cb_ws_snapshot_defer_map(struct cb_turns *t)
 {
 	t->defer_map = 1;
+}
+
+void cb_ws_snapshot_skip_empty(struct cb_turns *t)
+{
+	t->skip_empty = 1;
+}
+
+int cb_ws_snapshot_skipped(struct cb_turns *t)
+{
+	return t->skipped;
 }
 
 struct dirty_array {

@@ -31,6 +31,7 @@ int cb_turns_open(const struct cb_turns_config *cfg, struct cb_turns **out)
 	t->stopping_arg = cfg->stopping_arg;
 	t->read_max = cfg->snapshot_max_bytes ? cfg->snapshot_max_bytes : CB_SNAPSHOT_MAX_BYTES;
 	t->read_left = -1;
+	t->restore_id_base = -1;
 	if (mkdir(cfg->blob_dir, 0700) < 0 && errno != EEXIST) {
 		ret = cb_error_set(errno, "blob store %s: %s", cfg->blob_dir, strerror(errno));
 		goto out;
@@ -74,6 +75,11 @@ out:
 void cb_turns_set_setid_range(struct cb_turns *t, unsigned first, unsigned count)
 {
 	t->setid = (struct cb_beneath_setid){first, count};
+}
+
+void cb_turns_set_restore_ids(struct cb_turns *t, unsigned long base)
+{
+	t->restore_id_base = (long long)base;
 }
 
 void cb_turns_close(struct cb_turns *t)
@@ -193,6 +199,8 @@ static int entry_read(int dirfd, const char *path, struct stat *st, struct cb_en
 	} else if (S_ISREG(st->st_mode)) {
 		out->type = CB_ENTRY_FILE;
 		out->size = st->st_size;
+		out->mtime_ns = stat_mtime_ns(st);
+		out->has_mtime = 1;
 		if (fdp) {
 			*fdp = fd;
 			fd = -1;
@@ -316,6 +324,8 @@ static int live_hash(struct cb_turns *t, const char *path, int fd, int copy_fd, 
 		return ret;
 	out->size = st.st_size;
 	out->mode = st.st_mode & 07777;
+	out->mtime_ns = stat_mtime_ns(&st); /* the time of the bytes just hashed */
+	out->has_mtime = 1;
 	memcpy(out->sha256, h->sha256, CB_SHA256_LEN);
 	memcpy(out->xxh3, h->xxh3, CB_XXH128_LEN);
 	return 0;
@@ -480,6 +490,15 @@ int ws_live_entry(struct cb_turns *t, const char *path, int keep_blob, struct cb
 		ret = entry_read(t->root_fd, path, &st, out, &fd);
 		if (ret <= 0 || out->type != CB_ENTRY_FILE)
 			return ret < 0 ? ret : 0;
+		/* Owner and xattrs go with the content; the time is the hash's (live_hash). */
+		ret = ws_meta_read(fd, &st, path, out);
+		if (ret) {
+			close(fd);
+			if (!cb_beneath_gone(ret))
+				return ret;
+			cb_entry_clear(out);
+			continue;
+		}
 		/* Just restored by a rollback and untouched since: its content (and blob or base
 		 * copy) is known. */
 		known = keep_blob ? known_entry(t, path, &st) : NULL;

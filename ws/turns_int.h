@@ -25,6 +25,9 @@ struct cb_turns {
 	int (*stopping)(void *); /* cb_turns_config's */
 	void *stopping_arg;
 	struct ws_known *known; /* sorted by path; emptied by the next snapshot */
+	/* The host id range base that restores write owners into (cb_turns_set_restore_ids);
+	 * -1: unknown, owners left as they are. */
+	long long restore_id_base;
 	/* Whose files rollback and fork may leave setuid/setgid (cb_turns_set_setid_range). */
 	struct cb_beneath_setid setid;
 	size_t nknown;
@@ -39,6 +42,9 @@ struct cb_turns {
 	/* cb_ws_snapshot_defer_map: a snapshot that examines nothing leaves a map that would be
 	 * built from a walk to the caller (cb_ws_map_first answers from that walk). */
 	int defer_map;
+	/* cb_ws_snapshot_skip_empty: a snapshot that finds no change records no turn (skipped
+	 * says it did so). */
+	int skip_empty, skipped;
 	/* cb_ws_base_scan_use: a walk of the base read ahead, vouched for by the caller; the
 	 * next map built from a walk takes it instead of walking. */
 	struct cb_ws_base_scan *ahead;
@@ -60,6 +66,24 @@ void ws_known_clear(struct cb_turns *t);
 /* 1 if SEEK_DATA/SEEK_HOLE on fd tell the truth: not on a FUSE mount, whose server does not
  * see what the kernel's writeback cache still holds (a hole there may be data). */
 int ws_holes_trusted(int fd);
+
+/* ws/meta.c: the metadata a turn keeps of a regular file besides its content. */
+
+/* Fill out's owner (as the sandbox sees it: kept only for ids of a workspace range) from st
+ * and its kept xattrs (user.*, the POSIX ACL with its named ids made the sandbox's) from the
+ * file open as fd (O_PATH is fine: read through /proc/self/fd, never by path). 0 or -errno
+ * naming path. */
+int ws_meta_read(int fd, const struct stat *st, const char *path, struct cb_entry *out);
+/* Give dst (a regular file open for writing, its content restored from e) e's recorded
+ * owner in the id range at id_base (< 0: unknown, left as it is). */
+int ws_restore_owner(int dst, const struct cb_entry *e, long long id_base);
+/* Set e's recorded xattrs on dst; an ACL's named ids become ids of the range at id_base
+ * (< 0: as recorded); acl 0 leaves the ACL out. -EBADMSG when the record is damaged. */
+int ws_restore_xattrs(int dst, const struct cb_entry *e, long long id_base, int acl);
+/* Give dst the modification time e recorded; without one, that of src (the base file it was
+ * copied from, >= 0), else leave it. The access time is left as it is. 0 or -errno naming
+ * e's path. */
+int ws_restore_mtime(int dst, const struct cb_entry *e, int src);
 
 /* 1 if path's last component is a rollback's temporary name (never part of a turn). */
 int ws_is_tmp_name(const char *path);

@@ -30,6 +30,20 @@ struct cb_entry {
 	char *target;			     /* symlinks: where it points; else NULL */
 	pid_t pid;			     /* journal attribution of the change, 0 if unknown */
 	char *comm;			     /* its command name, NULL if unknown */
+	/* Regular files only, the metadata a turn keeps besides the content (docs/turns.md),
+	 * which rollback, fork and apply give back; none of it is part of cb_entry_same (no
+	 * diff event). The modification time in ns since the epoch (has_mtime 0: none
+	 * recorded: a base entry, whose time is the base file's own, or an older row). */
+	long long mtime_ns;
+	int has_mtime;
+	/* Owner and group as the sandbox sees them (ids of its own range, 0..65535); has_owner
+	 * 0: none recorded (a file owned outside the range, a base entry). */
+	int has_owner;
+	unsigned uid, gid;
+	/* The kept extended attributes (user.* and the POSIX ACL), serialized by ws/meta.c;
+	 * NULL (len 0): none. Owned like the strings. */
+	unsigned char *xattrs;
+	size_t xattrs_len;
 };
 
 /* Free the strings an entry owns and reset it to an absent entry. */
@@ -40,6 +54,11 @@ int cb_entry_copy(struct cb_entry *dst, const struct cb_entry *src);
 
 /* 1 when a and b describe the same thing (type, mode, content or target), else 0. */
 int cb_entry_same(const struct cb_entry *a, const struct cb_entry *b);
+
+/* 1 when a and b are the same regular file content (cb_entry_same) whose kept metadata
+ * differs (b has a time or owner that a lacks or has otherwise, or other xattrs): a change
+ * a snapshot records (so a restore gives it back) but no diff event. */
+int cb_entry_meta_moved(const struct cb_entry *a, const struct cb_entry *b);
 
 /* "file", "dir", "symlink" or "absent". */
 const char *cb_entry_type_name(enum cb_entry_type type);
@@ -254,7 +273,9 @@ int cb_db_scratch_path_add(struct cb_db_scratch *s, const char *path, pid_t pid,
 /* 1 if path is to be examined, 0 if not, -errno. */
 int cb_db_scratch_path_has(struct cb_db_scratch *s, const char *path);
 
-/* Keep path's entry before (old) and now (the path is now's), and whether it changed. */
+/* Keep path's entry before (old) and now (the path is now's), and whether it changed: 1
+ * (a change: an event, counted), 2 (only the recorded modification time moved: a row of the
+ * turn, no event, not counted) or 0. */
 int cb_db_scratch_res_put(struct cb_db_scratch *s, const struct cb_entry *old,
 			  const struct cb_entry *now, int changed);
 /* 1 and *type if path's entry was kept, 0 if not, -errno. */
@@ -263,6 +284,8 @@ int cb_db_scratch_res_type(struct cb_db_scratch *s, const char *path, int *type)
 /* Write every changed entry as a delta row of turn and into the map (the caller holds the
  * write transaction); *nchanged gets their count. */
 int cb_db_scratch_record(struct cb_db_scratch *s, long long turn, long long *nchanged);
+/* How many kept entries a turn would record (a changed time included): *n. 0 or -errno. */
+int cb_db_scratch_changed_count(struct cb_db_scratch *s, long long *n);
 /* fn(old, now) for each changed entry in path order (strings borrowed for the call). */
 int cb_db_scratch_changes(struct cb_db_scratch *s,
 			  int (*fn)(const struct cb_entry *old, const struct cb_entry *now, void *),

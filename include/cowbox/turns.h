@@ -103,6 +103,10 @@ void cb_turns_close(struct cb_turns *t);
  * setgid) in first .. first + count - 1, the sandbox's own ids. Until this is called (or
  * with count 0): nobody's, so a turn's setuid-root file comes back without the bits. */
 void cb_turns_set_setid_range(struct cb_turns *t, unsigned first, unsigned count);
+/* The host id range (its base, CB_WS_IDS_*) of the tree that rollback and fork write into:
+ * a restored file gets its recorded owner (the sandbox's ids) as ids of that range. Until
+ * this is called, owners are not restored. */
+void cb_turns_set_restore_ids(struct cb_turns *t, unsigned long base);
 /* The turn store underneath, for listing turns. */
 struct cb_db_turns *cb_turns_db(struct cb_turns *t);
 
@@ -173,6 +177,12 @@ int cb_ws_map_list(struct cb_turns *t, int (*fn)(const struct cb_entry *, void *
  * would be built from a walk of the base: the caller answers the whole map next, with
  * cb_ws_map_first, under the same turn lock. */
 void cb_ws_snapshot_defer_map(struct cb_turns *t);
+
+/* The next snapshot through t records no turn when it finds no path changed (the rows of the
+ * open turn named files opened for writing and left as they were): it returns 0 and
+ * cb_ws_snapshot_skipped says 1 afterwards. */
+void cb_ws_snapshot_skip_empty(struct cb_turns *t);
+int cb_ws_snapshot_skipped(struct cb_turns *t);
 
 /* A walk of the base read ahead of the first map (cb_ws_base_scan_ahead). */
 struct cb_ws_base_scan;

@@ -821,7 +821,9 @@ class Sandbox:
         await self._request("unpublish", port=port)
 
     async def rollback(self, turn):
-        """Make the live workspace what it was at turn."""
+        """Make the live workspace what it was at turn. Changes made since the last snapshot
+        are recorded first as a turn of their own ("before rollback to T": the reply's
+        kept_turn, 0 if there were none), so rolling back to it gives them back."""
         return await self._request("rollback", turn=turn)
 
     async def apply(self, turn=None, to=None):

@@ -1,0 +1,299 @@
+"""Nothing unrecorded is lost by a rollback: the open turn's changes (edits, deletes, renames,
+a new directory) become a turn of their own first, and rolling back to it gives back every
+byte; an empty open turn records nothing. Turns keep files' modification times: rollback and
+fork give them back (nanoseconds), so make in a fork rebuilds only what changed."""
+
+import os
+import sqlite3
+import stat
+import unittest
+
+import cbtest  # noqa: E402
+from cbtest import CowboxTestCase
+from turnutil import sha256_file, tree_state
+
+
+class KeepOpenTurnTest(CowboxTestCase):
+    def setUp(self):
+        super().setUp()
+        self.base = self.make_base({"README": "hello\n", "src/a.c": "int a;\n",
+                                    "src/b.c": "int b;\n", "docs/x.md": "x\n",
+                                    "docs/deep/y.md": "y\n"})
+        self.ref = self.create(self.base, "w")
+        self.mount(self.ref)
+        self.mnt = self.mountpoint(self.ref)
+
+    def p(self, rel):
+        return os.path.join(self.mnt, rel)
+
+    def read(self, rel):
+        with open(self.p(rel)) as f:
+            return f.read()
+
+    def labels(self):
+        return {t["turn"]: t["label"] for t in self.cowbox_json("turns", "w")["turns"]}
+
+    def test_rollback_keeps_every_unsnapshotted_change(self):
+        with open(self.p("src/a.c"), "w") as f:
+            f.write("int a = 1;\n")
+        self.cowbox_json("snapshot", "w")  # turn 1
+        at_turn1 = tree_state(self.mnt)
+        # after the last snapshot: an edit, a delete, a rename, a new directory with files,
+        # a mode change, a directory deleted whole, a symlink
+        with open(self.p("README"), "a") as f:
+            f.write("edited after the snapshot\n")
+        os.unlink(self.p("src/b.c"))
+        os.rename(self.p("src/a.c"), self.p("src/renamed.c"))
+        os.makedirs(self.p("new/dir"))
+        with open(self.p("new/dir/f.bin"), "wb") as f:
+            f.write(os.urandom(300000))
+        os.chmod(self.p("docs/x.md"), 0o600)
+        os.unlink(self.p("docs/deep/y.md"))
+        os.rmdir(self.p("docs/deep"))
+        os.symlink("../README", self.p("new/link"))
+        before = tree_state(self.mnt)
+        self.assertNotEqual(before, at_turn1)
+
+        r = self.cowbox_json("rollback", "w", "1")
+        self.assertEqual(r["kept_turn"], 2, r)
+        self.assertEqual(r["turn"], 3, r)
+        self.assertEqual(tree_state(self.mnt), at_turn1)
+        labels = self.labels()
+        self.assertEqual(labels[2], "before rollback to 1")
+        self.assertEqual(labels[3], "rollback to 1")
+
+        # the kept turn gives back every byte (sha256 of every file), mode and target
+        r = self.cowbox_json("rollback", "w", "2")
+        self.assertEqual(r["kept_turn"], 0, r)  # nothing changed since the rollback's turn
+        self.assertEqual(tree_state(self.mnt), before)
+        self.assertEqual(tree_state(self.mnt)["new/dir/f.bin"], before["new/dir/f.bin"])
+
+    def test_empty_open_turn_records_nothing(self):
+        with open(self.p("README"), "w") as f:
+            f.write("changed\n")
+        self.cowbox_json("snapshot", "w")  # turn 1
+        self.cowbox_json("snapshot", "w")  # turn 2
+        r = self.cowbox_json("rollback", "w", "0")
+        self.assertEqual(r["kept_turn"], 0, r)
+        self.assertEqual(r["turn"], 3, r)
+        self.assertNotIn("before rollback to 0", self.labels().values())
+        self.assertEqual(self.read("README"), "hello\n")
+
+    def test_cli_names_the_kept_turn_and_first_rollback_keeps_too(self):
+        # no snapshot at all yet: the open turn 1 is kept as turn 1 before rolling back to 0
+        with open(self.p("src/new.c"), "w") as f:
+            f.write("int n;\n")
+        out = self.cowbox("rollback", "w", "0").stdout
+        self.assertIn("kept as turn 1", out)
+        self.assertFalse(os.path.exists(self.p("src/new.c")))
+        self.cowbox("rollback", "w", "1")
+        self.assertEqual(self.read("src/new.c"), "int n;\n")
+
+
+def xattrs(path):
+    """user.* xattrs (the ACL, whose ids are host ids of a range, is compared by getfacl)."""
+    return {n: os.getxattr(path, n, follow_symlinks=False)
+            for n in sorted(os.listxattr(path, follow_symlinks=False)) if n.startswith("user.")}
+
+
+def meta_state(root):
+    """{path: (kind, mode, mtime_ns, owner, xattrs, sha256 of files; targets of symlinks)}."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            full = os.path.join(dirpath, name)
+            st = os.lstat(full)
+            rel = os.path.relpath(full, root)
+            if stat.S_ISREG(st.st_mode):
+                out[rel] = ("file", stat.S_IMODE(st.st_mode), st.st_mtime_ns,
+                            (st.st_uid % 65536, st.st_gid % 65536), xattrs(full),
+                            sha256_file(full))
+            elif stat.S_ISLNK(st.st_mode):
+                out[rel] = ("symlink", os.readlink(full))
+            elif stat.S_ISDIR(st.st_mode):
+                out[rel] = ("dir", stat.S_IMODE(st.st_mode))
+    return out
+
+
+class TurnTimesTest(CowboxTestCase):
+    """Modification times (ns) are recorded with a file's content and given back."""
+
+    T2020 = 1577836800 * 10**9 + 123456789  # 2020-01-01, with nanoseconds
+
+    def setUp(self):
+        super().setUp()
+        self.base = self.make_base({"README": "hello\n", "src/a.c": "int a;\n",
+                                    "src/b.c": "int b;\n"})
+        os.utime(os.path.join(self.base, "src/b.c"), ns=(self.T2020, self.T2020 - 10**9))
+        self.ref = self.create(self.base, "w")
+        self.mount(self.ref)
+        self.mnt = self.mountpoint(self.ref)
+
+    def p(self, rel, root=None):
+        return os.path.join(root or self.mnt, rel)
+
+    def test_fork_and_rollback_give_back_times_modes_and_targets(self):
+        os.makedirs(self.p("new/deep"))
+        with open(self.p("new/deep/f.txt"), "w") as f:
+            f.write("new\n")
+        os.utime(self.p("new/deep/f.txt"), ns=(self.T2020, self.T2020))
+        with open(self.p("src/a.c"), "a") as f:  # a base file, changed
+            f.write("int a2;\n")
+        os.chmod(self.p("src/a.c"), 0o640)
+        os.utime(self.p("src/a.c"), ns=(self.T2020, self.T2020 + 5))
+        os.symlink("deep/f.txt", self.p("new/link"))
+        with open(self.p("exec.sh"), "w") as f:
+            f.write("#!/bin/sh\n")
+        os.chmod(self.p("exec.sh"), 0o751)
+        os.utime(self.p("exec.sh"), ns=(0, 42))  # the epoch itself is a time too
+        t1 = self.cowbox_json("snapshot", "w")["turn"]
+        at_t1 = meta_state(self.mnt)
+        self.assertEqual(at_t1["src/a.c"][2], self.T2020 + 5)
+
+        # fork: every file's time, mode and content as at t1 (the base's own for src/b.c)
+        fork = self.cowbox_json("fork", "w", str(t1), "--name", "f")["ref"]
+        self.mount(fork)
+        self.assertEqual(meta_state(self.mountpoint(fork)), at_t1)
+
+        # rollback: rewrite, delete, retime, then back to t1
+        with open(self.p("src/a.c"), "w") as f:
+            f.write("rewritten\n")
+        os.unlink(self.p("new/deep/f.txt"))
+        with open(self.p("exec.sh"), "a") as f:
+            f.write("echo\n")
+        with open(self.p("src/b.c"), "a") as f:  # a base file: restored with its own time
+            f.write("x\n")
+        self.cowbox_json("snapshot", "w")
+        self.cowbox_json("rollback", "w", str(t1))
+        self.assertEqual(meta_state(self.mnt), at_t1)
+
+    def test_a_database_from_before_the_columns_opens_and_restores(self):
+        with open(self.p("f"), "w") as f:
+            f.write("one\n")
+        t1 = self.cowbox_json("snapshot", "w")["turn"]
+        self.cowbox("umount", self.ref)
+        db = sqlite3.connect(os.path.join(self.ws_dir(self.ref), "meta.db"))
+        for table in ("turn_delta", "turn_map", "base_map"):
+            for col in ("mtime_ns", "uid", "gid", "xattrs"):
+                db.execute("ALTER TABLE %s DROP COLUMN %s" % (table, col))
+        db.commit()
+        db.close()
+        self.mount(self.ref)
+        with open(self.p("f"), "w") as f:
+            f.write("two\n")
+        self.cowbox_json("snapshot", "w")
+        self.cowbox_json("rollback", "w", str(t1))  # its row has no time: the restore's
+        with open(self.p("f")) as f:
+            self.assertEqual(f.read(), "one\n")
+        os.utime(self.p("f"), ns=(self.T2020, self.T2020))
+        t3 = self.cowbox_json("snapshot", "w")["turn"]
+        with open(self.p("f"), "w") as f:
+            f.write("three\n")
+        self.cowbox_json("rollback", "w", str(t3))
+        self.assertEqual(os.stat(self.p("f")).st_mtime_ns, self.T2020)
+
+    def test_a_time_alone_is_recorded_without_an_event(self):
+        with open(self.p("f"), "w") as f:
+            f.write("same\n")
+        self.cowbox_json("snapshot", "w")
+        os.utime(self.p("f"), ns=(self.T2020, self.T2020))  # touch -d: no content change
+        snap = self.cowbox_json("snapshot", "w", "--changes")
+        t2 = snap["turn"]
+        self.assertEqual(snap.get("changes", []), [])
+        self.assertEqual(self.cowbox_json("diff", "w", str(t2 - 1), str(t2))["events"], [])
+        with open(self.p("f"), "w") as f:
+            f.write("other\n")
+        self.cowbox_json("rollback", "w", str(t2))
+        self.assertEqual(os.stat(self.p("f")).st_mtime_ns, self.T2020)
+
+
+class TurnOwnersXattrsTest(CowboxTestCase):
+    """Owner and group as the sandbox sees them, user.* xattrs and the POSIX ACL (named ids
+    in the sandbox's terms) are kept with a file and given back by fork and rollback."""
+
+    T2020 = 1577836800 * 10**9
+
+    def acl(self, ref):
+        return self.cowbox("exec", ref, "--", "sh", "-c",
+                           "cd /workspace && getfacl -n o.txt && stat -c '%u:%g %a' o.txt"
+                           ).stdout
+
+    def test_owner_xattrs_and_acl_come_back(self):
+        base = self.make_base({"README": "hi\n"})
+        ref = self.create(base, "w")
+        self.mount(ref)
+        mnt = self.mountpoint(ref)
+        self.cowbox("exec", ref, "--", "sh", "-c",
+                    "cd /workspace && echo x > o.txt && chown 1000:2000 o.txt && "
+                    "chmod 640 o.txt && setfacl -m u:1234:rw o.txt")
+        f = os.path.join(mnt, "o.txt")
+        os.setxattr(f, "user.note", b"kept\0bytes")
+        os.utime(f, ns=(self.T2020, self.T2020))
+        t1 = self.cowbox_json("snapshot", "w")["turn"]
+        state, acl = meta_state(mnt), self.acl(ref)
+        self.assertIn("user:1234:rw-", acl)
+        self.assertIn("1000:2000", acl)
+        self.assertEqual(state["o.txt"][4], {"user.note": b"kept\0bytes"})
+
+        fork = self.cowbox_json("fork", "w", str(t1), "--name", "f")["ref"]
+        self.mount(fork)
+        self.assertEqual(meta_state(self.mountpoint(fork)), state)
+        self.assertEqual(self.acl(fork), acl)
+
+        with open(f, "w") as out:
+            out.write("rewritten\n")
+        os.removexattr(f, "user.note")
+        self.cowbox("exec", ref, "--", "sh", "-c",
+                    "cd /workspace && chown 0:0 o.txt && setfacl -b o.txt")
+        self.cowbox_json("snapshot", "w")
+        self.cowbox_json("rollback", "w", str(t1))
+        self.assertEqual(meta_state(mnt), state)
+        self.assertEqual(self.acl(ref), acl)
+
+
+MAKEFILE = """\
+prog: main.o a.o b.o
+\tcc -o prog main.o a.o b.o
+%.o: %.c
+\tcc -c -o $@ $<
+"""
+
+
+class MakeInForkTest(CowboxTestCase):
+    """A C project built inside the sandbox, one file edited, forked: make in the fork
+    rebuilds only that file's object (and the program)."""
+
+    def test_make_in_a_fork_rebuilds_only_the_edited_file(self):
+        base = self.make_base({"Makefile": MAKEFILE, "main.c": "int a(void); int b(void);\n"
+                               "int main(void) { return a() + b(); }\n",
+                               "a.c": "int a(void) { return 0; }\n",
+                               "b.c": "int b(void) { return 0; }\n"})
+        old = 1577836800 * 10**9
+        for name in ("Makefile", "main.c", "a.c", "b.c"):
+            os.utime(os.path.join(base, name), ns=(old, old))
+        ref = self.create(base, "w")
+        self.mount(ref)
+        mnt = self.mountpoint(ref)
+        self.cowbox("exec", ref, "--", "make")
+        self.assertTrue(os.path.exists(os.path.join(mnt, "prog")))
+        self.assertEqual(self.cowbox("exec", ref, "--", "make", "-q", check=False).returncode,
+                         0)
+        # a.c edited, newer than every object
+        newest = max(os.stat(os.path.join(mnt, n)).st_mtime_ns for n in ("a.o", "prog"))
+        with open(os.path.join(mnt, "a.c"), "w") as f:
+            f.write("int a(void) { return 1 - 1; }\n")
+        os.utime(os.path.join(mnt, "a.c"), ns=(newest + 10**9, newest + 10**9))
+        turn = self.cowbox_json("snapshot", "w")["turn"]
+        fork = self.cowbox_json("fork", "w", str(turn), "--name", "f")["ref"]
+        self.mount(fork)
+        self.assertEqual(self.cowbox("exec", fork, "--", "make", "-q",
+                                     check=False).returncode, 1)
+        plan = self.cowbox("exec", fork, "--", "make", "-n").stdout.splitlines()
+        self.assertEqual(plan, ["cc -c -o a.o a.c", "cc -o prog main.o a.o b.o"])
+        # and in the original, the same step plans the same
+        plan = self.cowbox("exec", ref, "--", "make", "-n").stdout.splitlines()
+        self.assertEqual(plan, ["cc -c -o a.o a.c", "cc -o prog main.o a.o b.o"])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -104,6 +104,9 @@ void cb_db_damage_hint(const char *path, int rc, char *buf, size_t size);
 /* The metadata columns mtime_ns, uid, gid, xattrs (added after the tables shipped, so the
  * last of each): bind e's from pos (NULL where it has none; only a file has any), read them
  * from column col into e (the xattrs borrowed, like the strings). */
+/* Give the tables of entries of the database db (at path, for messages) the metadata columns
+ * when it lacks them (a database made before them, or by a salvage): 0 or -errno. */
+int cb_db_turns_add_meta_columns(sqlite3 *db, const char *path);
 void cb_db_turns_bind_meta(sqlite3_stmt *s, int pos, const struct cb_entry *e);
 void cb_db_turns_column_meta(sqlite3_stmt *s, int col, struct cb_entry *e);
 

@@ -200,6 +200,11 @@ int cb_db_salvage(struct cb_db *db, const char *damaged, struct cb_db_salvage *r
 		rc = cb_db_error(db, sqlite3_errcode(db->sql), "salvage: begin");
 		goto unlock;
 	}
+	/* the rows copied may carry a file's metadata, which a new file's tables lack yet */
+	if ((rc = cb_db_turns_add_meta_columns(db->sql, damaged)) < 0) {
+		sqlite3_exec(db->sql, "ROLLBACK", NULL, NULL, NULL);
+		goto unlock;
+	}
 	for (size_t i = 0; i < sizeof(salvage_tables) / sizeof(salvage_tables[0]) && rc >= 0; i++) {
 		const char *tb = salvage_tables[i].table, *key = salvage_tables[i].key;
 		int lost = salvage_scan(src, db, tb, key, 0, &res->rows);

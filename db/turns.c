@@ -181,7 +181,7 @@ int cb_db_turns_schema_check(sqlite3 *db, const char *path)
  * owner as the sandbox sees it, the kept xattrs; docs/turns.md): a database without them
  * gets them here, its older rows none (NULL: restored as before the columns existed). Two
  * connections may race to add one: the loser sees it. */
-static int tdb_add_meta_columns(struct cb_db_turns *t, const char *path)
+int cb_db_turns_add_meta_columns(sqlite3 *db, const char *path)
 {
 	static const char *const tables[] = {"turn_delta", "turn_map", "base_map"};
 	static const char *const cols[][2] = {
@@ -193,22 +193,22 @@ static int tdb_add_meta_columns(struct cb_db_turns *t, const char *path)
 		/* the usual case, one statement: all are there */
 		snprintf(sql, sizeof(sql), "SELECT mtime_ns, uid, gid, xattrs FROM %s LIMIT 0",
 			 tables[i]);
-		if (sqlite3_exec(t->db, sql, NULL, NULL, NULL) == SQLITE_OK)
+		if (sqlite3_exec(db, sql, NULL, NULL, NULL) == SQLITE_OK)
 			continue;
 		for (size_t c = 0; c < sizeof(cols) / sizeof(cols[0]) && !ret; c++) {
 			snprintf(sql, sizeof(sql), "SELECT %s FROM %s LIMIT 0", cols[c][0],
 				 tables[i]);
-			if (sqlite3_exec(t->db, sql, NULL, NULL, NULL) == SQLITE_OK)
+			if (sqlite3_exec(db, sql, NULL, NULL, NULL) == SQLITE_OK)
 				continue;
 			snprintf(sql, sizeof(sql), "ALTER TABLE %s ADD COLUMN %s %s", tables[i],
 				 cols[c][0], cols[c][1]);
-			if (sqlite3_exec(t->db, sql, NULL, NULL, NULL) == SQLITE_OK)
+			if (sqlite3_exec(db, sql, NULL, NULL, NULL) == SQLITE_OK)
 				continue;
 			snprintf(sql, sizeof(sql), "SELECT %s FROM %s LIMIT 0", cols[c][0],
 				 tables[i]);
-			if (sqlite3_exec(t->db, sql, NULL, NULL, NULL) != SQLITE_OK)
+			if (sqlite3_exec(db, sql, NULL, NULL, NULL) != SQLITE_OK)
 				ret = cb_error_set(EIO, "turn tables in %s: add %s.%s: %s", path,
-						   tables[i], cols[c][0], sqlite3_errmsg(t->db));
+						   tables[i], cols[c][0], sqlite3_errmsg(db));
 		}
 	}
 	return ret;
@@ -259,7 +259,7 @@ int cb_db_turns_open(const char *path, struct cb_db_turns **out)
 		    cb_error_set(EIO, "turn tables in %s: add ctime_ns: %s", path, msg ? msg : "?");
 		goto out;
 	}
-	ret = tdb_add_meta_columns(t, path);
+	ret = cb_db_turns_add_meta_columns(t->db, path);
 	if (ret)
 		goto out;
 	for (int i = 0; i < Q_COUNT; i++)

@@ -93,7 +93,7 @@ class TestErrors(TranscriptCase):
     def test_every_command_says_not_found_the_same_way(self):
         extra = {"diff": ["0"], "rollback": ["0"], "fork": ["0", "--name", "f"],
                  "prune": ["--keep", "1"], "reaches": ["example.com"], "publish": ["80"],
-                 "unpublish": ["80"], "host-url": ["80"]}
+                 "unpublish": ["80"], "host-url": ["80"], "merge": ["nope"]}
         commands = re.findall(r"^  ([a-z-]+) ", self.cowbox("--help").stdout, re.M)
         for cmd in commands:
             if cmd in ("create", "ls", "exec", "shell", "image"):  # no workspace operand

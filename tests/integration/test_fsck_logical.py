@@ -384,7 +384,7 @@ class MetaDbPagesTest(CowboxTestCase):
         self.cowbox("umount", ref, check=False)  # diff may have started the daemon
         proc = self.cowbox("fsck", ref, "--repair", "--json", check=False)
         rep = json.loads(proc.stdout)
-        self.assertEqual(proc.returncode, 1, "turn 3 is lost: not all repaired")
+        self.assertEqual(proc.returncode, 1, "turn 3 is lost: not all repaired: " + proc.stdout)
         meta = [p for p in rep["problems"] if p["kind"] == "meta.db"]
         self.assertEqual(len(meta), 1, rep)
         self.assertIn("turns 1-2 kept", meta[0]["detail"])

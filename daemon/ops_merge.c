@@ -13,7 +13,9 @@
 #include <unistd.h>
 
 #include "cowbox/error.h"
+#include "cowbox/journal.h"
 #include "cowbox/merge.h"
+#include "cowbox/turn_store.h"
 #include "cowbox/turns.h"
 #include "cowbox/workspace.h"
 #include "daemon.h"
@@ -58,7 +60,7 @@ static double seconds(const struct timespec *a, const struct timespec *b)
 
 static json_t *merge_result_json(const struct cb_ws_merge_result *res)
 {
-	json_t *merged = json_array(), *conflicts = json_array();
+	json_t *merged = json_array(), *conflicts = json_array(), *audit = json_array();
 
 	for (size_t i = 0; i < res->nmerged; i++)
 		json_array_append_new(merged, json_string(res->merged[i]));
@@ -67,8 +69,48 @@ static json_t *merge_result_json(const struct cb_ws_merge_result *res)
 				      json_pack("{s:s, s:s, s:s}", "path", res->conflicts[i].path,
 						"kind", res->conflicts[i].kind, "resolution",
 						res->conflicts[i].resolution));
-	return json_pack("{s:o, s:o, s:I}", "merged", merged, "conflicts", conflicts, "touched",
-			 (json_int_t)res->written);
+	/* [path, pid, comm]: SOURCE's attribution, for the merge's turn (merge_attribute) */
+	for (size_t i = 0; i < res->naudit; i++)
+		json_array_append_new(audit,
+				      json_pack("[s, I, s?]", res->audit[i].path,
+						(json_int_t)res->audit[i].pid, res->audit[i].comm));
+	return json_pack("{s:o, s:o, s:I, s:o}", "merged", merged, "conflicts", conflicts,
+			 "touched", (json_int_t)res->written, "audit", audit);
+}
+
+/* The merge's turn keeps who made each change in SOURCE, not the worker that wrote it:
+ * its rows of each path the worker wrote get SOURCE's attribution (the worker's "audit").
+ * Called with the turn lock held, after the turn is recorded. */
+static int merge_attribute(struct cb_daemon *d, long long turn, json_t *audit)
+{
+	size_t n = json_array_size(audit), i;
+	struct cb_db_turn_attrib *rows = n ? calloc(n, sizeof(*rows)) : NULL;
+	struct cb_turns *t = NULL;
+	json_t *v;
+	int ret;
+
+	if (n && !rows)
+		return cb_error_set(ENOMEM, "merge: out of memory");
+	json_array_foreach(audit, i, v)
+	{
+		rows[i].path = json_string_value(json_array_get(v, 0));
+		rows[i].pid = (pid_t)json_integer_value(json_array_get(v, 1));
+		rows[i].comm = json_string_value(json_array_get(v, 2));
+		if (!rows[i].path) {
+			free(rows);
+			return cb_error_set(EPROTO, "merge: the worker's audit row %zu has no path",
+					    i);
+		}
+	}
+	/* The merge's journal rows may still be in the mark log: into the table first. */
+	ret = n ? cb_journal_fold(d->db) : 0;
+	if (!ret && n)
+		ret = cb_daemon_turns_open(d, NULL, 0, &t);
+	if (!ret && n)
+		ret = cb_db_turns_attribute(cb_turns_db(t), turn, rows, n);
+	cb_turns_close(t);
+	free(rows);
+	return ret;
 }
 
 int cb_daemon_worker_merge(const char *mountpoint, const char *dir, const char *base,
@@ -293,9 +335,17 @@ int cb_daemon_op_merge(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 			 info.name ? info.name : sref, to, sref, from);
 		snprintf(intent, sizeof(intent), "%s/" MERGE_PENDING, d->dir);
 		ret = cb_daemon_snapshot_locked(d, label, &turn);
-		if (!ret)
+		if (!ret) {
 			unlink(intent);
-		else {
+			/* The merge is recorded either way: a failure here is said, not fatal. */
+			if (merge_attribute(d, turn, json_object_get(r, "audit"))) {
+				cb_daemon_log("merge: turn %lld keeps the worker as the author of "
+					      "its changes: %s",
+					      turn, cb_error_message());
+				json_object_set_new(r, "audit_error",
+						    json_string(cb_error_message()));
+			}
+		} else {
 			char saved[1024];
 
 			snprintf(saved, sizeof(saved), "%s", cb_error_message());
@@ -331,6 +381,7 @@ int cb_daemon_op_merge(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	}
 	json_object_del(r, "touched");
 	json_object_del(r, "to");
+	json_object_del(r, "audit");
 	json_object_set_new(r, "turn", turn >= 0 ? json_integer(turn) : json_null());
 	json_object_set_new(r, "source", json_string(sref));
 	json_object_set_new(r, "source_turn", json_integer(to));

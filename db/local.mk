@@ -22,6 +22,8 @@ db_libcb_db_la_SOURCES += db/turns.c db/turns_walk.c db/turn_entry.c db/turn_scr
 db_libcb_db_la_SOURCES += db/basecache.c db/turns_read.c db/turns_bulk.c
 # the in-place mark
 db_libcb_db_la_SOURCES += db/turn_inplace.c
+# attribution given after the fact (a merge's rows keep its source's pid and command)
+db_libcb_db_la_SOURCES += db/turn_attrib.c
 # the network log of the egress proxy
 db_libcb_db_la_SOURCES += db/netlog.c
 noinst_HEADERS += include/cowbox/netlog.h

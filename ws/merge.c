@@ -118,6 +118,11 @@ void cb_ws_merge_result_free(struct cb_ws_merge_result *res)
 		free(res->conflicts[i].path);
 	for (size_t i = 0; i < res->nblocked; i++)
 		free(res->blocked[i]);
+	for (size_t i = 0; i < res->naudit; i++) {
+		free(res->audit[i].path);
+		free(res->audit[i].comm);
+	}
+	free(res->audit);
 	free(res->merged);
 	free(res->conflicts);
 	free(res->blocked);
@@ -769,9 +774,13 @@ static int merge_apply(struct cb_turns *target, struct cb_turns *source, struct 
 		if (j.err)
 			ret = cb_error_set(j.err, "%s", j.msg);
 	}
-	/* What was written, in path order (even when a later one failed: it is undone). */
+	/* What was written, in path order (even when a later one failed: it is undone), and
+	 * who made each change in source (line-merged files too: the merge brings source's). */
+	if (n && !(res->audit = calloc(n, sizeof(*res->audit))) && !ret)
+		ret = cb_error_set(ENOMEM, "merge: out of memory");
 	for (size_t i = 0; i < n; i++) {
 		struct merge_item *it = &items[i];
+		const struct cb_entry *src = &it->ev->new;
 		int r;
 
 		if (!it->written)
@@ -780,6 +789,15 @@ static int merge_apply(struct cb_turns *target, struct cb_turns *source, struct 
 		if ((r = add_path(&res->merged, &res->nmerged, &res->cap_merged, it->have.path)) &&
 		    !ret)
 			ret = r;
+		if (res->audit && (src->pid || src->comm)) {
+			struct cb_ws_merge_audit *a = &res->audit[res->naudit++];
+
+			a->pid = src->pid;
+			a->path = strdup(it->have.path);
+			a->comm = src->comm ? strdup(src->comm) : NULL;
+			if ((!a->path || (src->comm && !a->comm)) && !ret)
+				ret = cb_error_set(ENOMEM, "merge: out of memory");
+		}
 	}
 	for (size_t i = n; i-- > 0 && !ret;) {
 		const struct cb_entry *src = &items[i].ev->new;

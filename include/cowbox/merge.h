@@ -4,6 +4,7 @@
 #define COWBOX_MERGE_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 #include "cowbox/turns.h"
 
@@ -24,9 +25,19 @@ struct cb_ws_merge_conflict {
 	const char *resolution; /* "markers", "target", "source" */
 };
 
+/* Who made the change of SOURCE a path the merge wrote carries: SOURCE's attribution of
+ * the path's last change up to its turn `to`, for the merge's turn to keep. */
+struct cb_ws_merge_audit {
+	char *path;
+	pid_t pid;  /* 0 if SOURCE did not know */
+	char *comm; /* NULL if SOURCE did not know */
+};
+
 struct cb_ws_merge_result {
 	char **merged; /* paths written (or removed) in TARGET, cleanly */
 	size_t nmerged, cap_merged;
+	struct cb_ws_merge_audit *audit; /* one per path written (not on a dry run) */
+	size_t naudit;
 	struct cb_ws_merge_conflict *conflicts;
 	size_t nconflicts, cap_conflicts;
 	char **blocked; /* paths TARGET changed since its latest turn that the merge would touch */
@@ -49,8 +60,8 @@ void cb_ws_merge_result_free(struct cb_ws_merge_result *res);
  * target's tree from target's latest turn: then -EBUSY and res->blocked lists them.
  * intent (NULL: none) is a file written durably before the first write, naming target's
  * latest turn and every path the merge writes: cb_ws_merge_undo puts them back after a
- * failure or a kill. The caller records the result as a turn of target, then removes
- * intent. */
+ * failure or a kill. The caller records the result as a turn of target, gives its rows
+ * res->audit's attribution (cb_db_turns_attribute), then removes intent. */
 int cb_ws_merge(struct cb_turns *target, struct cb_turns *source, long long from, long long to,
 		enum cb_ws_merge_strategy strategy, const char *source_label, int dry_run,
 		const char *intent, struct cb_ws_merge_result *res);

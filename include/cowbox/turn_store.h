@@ -204,6 +204,20 @@ int cb_db_turns_in_place_set(struct cb_db_turns *t);
  * what keeps its blob from prune. */
 int cb_db_turns_base_blob_needed(struct cb_db_turns *t, const unsigned char *xxh3);
 
+/* Who made the change to a path (db/turn_attrib.c). */
+struct cb_db_turn_attrib {
+	const char *path;
+	pid_t pid;	  /* 0: unknown */
+	const char *comm; /* NULL: unknown */
+};
+/* Give recorded turn `turn`'s rows of each path in rows (its delta, the map's when the map is
+ * that turn's, the journal's) that attribution, in one transaction: for a turn cowbox wrote
+ * on someone's behalf (a merge). Rows of other paths and turns are left alone; a path with
+ * no row is skipped. Costs n index seeks. The journal's rows must be in its table (the
+ * owner's cb_journal_fold) first. 0 or -errno (message). */
+int cb_db_turns_attribute(struct cb_db_turns *t, long long turn,
+			  const struct cb_db_turn_attrib *rows, size_t n);
+
 /* A row of the base cache (ctime_ns -1: a row from before ctime was part of the key). */
 struct cb_db_cache_row {
 	const char *path;

@@ -201,6 +201,69 @@ class MergeTest(CowboxTestCase):
         self.assertEqual(res["conflicts"], [])
         self.assertIsNone(res["turn"])
 
+    def as_command(self, ws, script):
+        """Run script (python, cwd: ws's mount) in a process named "srcwriter"; its pid."""
+        code = ("import ctypes, os\n"
+                "ctypes.CDLL(None).prctl(15, b'srcwriter', 0, 0, 0)  # PR_SET_NAME\n"
+                + script + "\nprint(os.getpid())\n")
+        out = subprocess.run([sys.executable, "-c", code], cwd=self.mnt(ws), check=True,
+                             capture_output=True, text=True).stdout
+        return int(out.split()[-1])
+
+    def test_audit_keeps_source_pid_and_command(self):
+        self.forks = {}
+        self.fork("a")
+        self.edit("main", "util.c", "return a + b;", "return b + a; /* main */")
+        self.snap("main")
+        # in SOURCE, a command of its own: creates a file, edits util.c elsewhere (merged
+        # line by line), deletes notes.txt, makes a directory with a file
+        pid = self.as_command("a", (
+            "open('f.txt', 'w').write('x\\n')\n"
+            "t = open('util.c').read().replace('return a * b;', 'return a * b; /* a */')\n"
+            "open('util.c', 'w').write(t)\n"
+            "os.unlink('notes.txt')\n"
+            "os.mkdir('d')\n"
+            "open('d/g.txt', 'w').write('g\\n')"))
+        self.snap("a")
+        src = {(r["path"], r["pid"], r["comm"]) for r in self.cowbox_json("log", "a")}
+        self.assertIn(("f.txt", pid, "srcwriter"), src)
+
+        proc, res = self.merge("a")
+        self.assertEqual(res["conflicts"], [], proc.stderr)
+        paths = ["d", "d/g.txt", "f.txt", "notes.txt", "util.c"]
+        self.assertEqual(sorted(res["merged"]), paths)
+        self.assertNotIn("audit", res)
+        self.assertEqual(self.read("main", "util.c").count("/* a */"), 1)
+        self.assertEqual(self.read("main", "util.c").count("/* main */"), 1)
+        turn = res["turn"]
+        # the journal (cowbox log): every row of the merge's turn is SOURCE's command
+        # (the worker's own rows, of the temporary names its files are built under, stay
+        # its own: no turn records them)
+        rows = [r for r in self.cowbox_json("log", "main", "--turn", str(turn))
+                if ".cowbox-rollback." not in r["path"]]
+        self.assertEqual(sorted({r["path"] for r in rows}), paths)
+        for r in rows:
+            self.assertEqual((r["pid"], r["comm"]), (pid, "srcwriter"), r)
+        # the turn's deltas (cowbox diff): the same
+        diff = self.cowbox_json("diff", "main", str(turn - 1), str(turn))
+        events = diff["events"] if isinstance(diff, dict) else diff
+        self.assertEqual(sorted(e["path"] for e in events), paths)
+        for e in events:
+            self.assertEqual((e.get("pid"), e.get("comm")), (pid, "srcwriter"), e)
+        # the map of the latest turn (what the next snapshot starts from) says so too
+        import sqlite3
+        db = sqlite3.connect("file:%s?mode=ro" % os.path.join(self.ws_dir(self.ref), "meta.db"),
+                             uri=True)
+        try:
+            self.assertEqual(db.execute("SELECT value FROM turn_meta WHERE key='map_turn'")
+                             .fetchone()[0], turn)
+            got = dict(((p, (pid_, comm)) for p, pid_, comm in
+                        db.execute("SELECT path, pid, comm FROM turn_map WHERE path IN "
+                                   "('d', 'd/g.txt', 'f.txt', 'util.c')")))
+        finally:
+            db.close()
+        self.assertEqual(got, {p: (pid, "srcwriter") for p in ("d", "d/g.txt", "f.txt", "util.c")})
+
     def test_python_both_directions(self):
         import asyncio
         import cbtest

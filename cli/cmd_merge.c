@@ -93,39 +93,41 @@ int cmd_merge(int argc, char **argv)
 	}
 	json_object_set_new(req, "source", json_string(argv[optind + 1]));
 	if ((rc = cb_ws_resolve(argv[optind], ref)) ||
-	    (rc = cb_daemon_ensure(ref, NULL, 30000, NULL)) || (rc = cb_daemon_connect(ref, &c)) ||
-	    (rc = cb_client_send(c, req, &id))) {
-		req = NULL;
-		status = cli_fail("merge", NULL);
+	    (rc = cb_daemon_ensure(ref, NULL, 30000, NULL)) || (rc = cb_daemon_connect(ref, &c))) {
+		status = cli_fail_rc("merge", rc);
 		goto out;
 	}
+	rc = cb_client_send(c, req, &id); /* takes req, sent or not */
 	req = NULL;
+	if (rc) {
+		status = cli_fail_rc("merge", rc);
+		goto out;
+	}
 	while (!(rc = cb_client_recv(c, -1, &msg)) &&
 	       json_integer_value(json_object_get(msg, "id")) != id) {
 		json_decref(msg);
 		msg = NULL;
 	}
 	if (rc) {
-		status = cli_fail("merge", NULL);
+		status = cli_fail_rc("merge", rc);
 		goto out;
 	}
 	if ((err = json_object_get(msg, "error"))) {
+		/* one line and its exit status by the error's code, as every command says it */
 		json_t *list = json_object_get(err, "blocked");
+		const char *code = json_string_value(json_object_get(err, "code"));
+		const char *text = json_string_value(json_object_get(err, "message"));
 
-		if (common.json) {
-			cli_print_json(json_incref(err));
-		} else if (json_array_size(list)) {
-			fprintf(stderr,
-				"cowbox merge: refused, nothing written: TARGET changed %zu path%s "
-				"the merge touches since its latest turn (snapshot it first):\n",
-				json_array_size(list), json_array_size(list) == 1 ? "" : "s");
-			json_array_foreach(list, i, v)
-			    fprintf(stderr, "  %s\n", json_string_value(v));
-		} else {
-			fprintf(stderr, "cowbox merge: %s\n",
-				json_string_value(json_object_get(err, "message")));
-		}
-		status = CLI_FAIL;
+		cli_set_code(code ? code : "failed");
+		if (json_array_size(list))
+			status =
+			    cli_fail("merge",
+				     "refused, nothing written: TARGET changed %zu path%s the "
+				     "merge touches since its latest turn (snapshot it first)",
+				     json_array_size(list), json_array_size(list) == 1 ? "" : "s");
+		else
+			status = cli_fail("merge", "%s", text ? text : "failed");
+		json_array_foreach(list, i, v) fprintf(stderr, "  %s\n", json_string_value(v));
 		goto out;
 	}
 	/* Under the merge strategy every conflict is left to the user (markers, or TARGET's

@@ -180,7 +180,7 @@ class MergeTest(CowboxTestCase):
         # an edit of TARGET not yet in a turn, on a path the merge touches: refused
         self.edit("main", "main.c", "#include <stdio.h>", "#include <stdio.h> /* io */")
         proc = self.cowbox("merge", "main", "b", check=False)
-        self.assertEqual(proc.returncode, 1)
+        self.assertEqual(proc.returncode, 4)  # conflict (the man page's EXIT STATUS)
         self.assertIn("main.c", proc.stderr)
         self.assertIn("nothing written", proc.stderr)
         self.assertIn("/* io */", self.read("main", "main.c"))

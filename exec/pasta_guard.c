@@ -262,6 +262,74 @@ static int restore(int netns_fd, int v6, const struct rules *r)
 	return rc;
 }
 
+/* One rule "tool -A chain SPEC..." unless "-C" finds it: 0, 1 when the tool refused to add it
+ * (words says why), or -errno. spec is NULL-terminated, at most 20 words. */
+static int host_rule_ensure(const char *tool, const char *chain, const char *const *spec,
+			    char *words, size_t size)
+{
+	char *argv[26];
+	size_t n = 0;
+	int rc;
+
+	argv[n++] = (char *)tool;
+	argv[n++] = "-w";
+	argv[n++] = "-C";
+	argv[n++] = (char *)chain;
+	for (size_t i = 0; spec[i] && n < sizeof argv / sizeof *argv - 1; i++)
+		argv[n++] = (char *)spec[i];
+	argv[n] = NULL;
+	if ((rc = run_tool(-1, argv, NULL, 0, words, size)) <= 0)
+		return rc;
+	argv[2] = "-A";
+	return run_tool(-1, argv, NULL, 0, words, size) == 0 ? 0 : 1;
+}
+
+/* The jump "tool -I parent 1 -j chain" unless there, the chain made first: as
+ * host_rule_ensure. */
+static int host_chain_ensure(const char *tool, const char *parent, const char *chain, char *words,
+			     size_t size)
+{
+	char *const mk[] = {(char *)tool, "-w", "-N", (char *)chain, NULL};
+	char *const check[] = {(char *)tool, "-w", "-C", (char *)parent, "-j", (char *)chain, NULL};
+	char *const ins[] = {(char *)tool, "-w", "-I",		(char *)parent,
+			     "1",	   "-j", (char *)chain, NULL};
+	int rc;
+
+	if ((rc = run_tool(-1, mk, NULL, 0, words, size)) < 0 ||
+	    (rc = run_tool(-1, check, NULL, 0, words, size)) <= 0)
+		return rc;
+	return run_tool(-1, ins, NULL, 0, words, size) == 0 ? 0 : 1;
+}
+
+/* Why INPUT too: OUTPUT's addrtype is judged when the packet leaves. An address the host
+ * gains a moment later (a veth's, a VPN's coming up) still takes a packet routed out while
+ * it was not local, and the host accepts it. So pasta's connections are marked (a bit of the
+ * conntrack mark) and any packet of theirs in the original direction that the host delivers
+ * to itself is refused where it arrives; replies to pasta come in the reply direction. */
+#define PASTA_CONNMARK "0x20000000/0x20000000"
+
+/* The INPUT half (see PASTA_CONNMARK) for one tool: 0, or as host_rule's fail. */
+static int host_input_rule(const char *tool, char *words, size_t size)
+{
+	static const char *const mark[] = {"-m", "owner",    "--gid-owner", CB_PASTA_GID_TEXT,
+					   "-j", "CONNMARK", "--set-xmark", PASTA_CONNMARK,
+					   NULL};
+	static const char *const tcp[] = {
+	    "-m",	 "connmark", "--mark",	      PASTA_CONNMARK, "-m",
+	    "conntrack", "--ctdir",  "ORIGINAL",      "-p",	      "tcp",
+	    "-j",	 "REJECT",   "--reject-with", "tcp-reset",    NULL};
+	static const char *const other[] = {"-m", "connmark",  "--mark",  PASTA_CONNMARK,
+					    "-m", "conntrack", "--ctdir", "ORIGINAL",
+					    "-j", "REJECT",    NULL};
+	int rc;
+
+	if ((rc = host_rule_ensure(tool, "COWBOX-PASTA", mark, words, size)) != 0 ||
+	    (rc = host_chain_ensure(tool, "INPUT", "COWBOX-PASTA-IN", words, size)) != 0 ||
+	    (rc = host_rule_ensure(tool, "COWBOX-PASTA-IN", tcp, words, size)) != 0)
+		return rc;
+	return host_rule_ensure(tool, "COWBOX-PASTA-IN", other, words, size);
+}
+
 /* The host's rule for pasta's sockets (see cb_pasta_host_rule), for one tool (iptables or
  * ip6tables): each part checked (-C) and made only when missing, so that the workspaces
  * already served are never without it. */
@@ -317,6 +385,8 @@ static int host_rule(const char *tool)
 		if (rc && (rc = run_tool(-1, ins, NULL, 0, words, sizeof words)) != 0)
 			goto fail;
 	}
+	if ((rc = host_input_rule(tool, words, sizeof words)) != 0)
+		goto fail;
 	return 0;
 fail:
 	return rc < 0 ? rc

@@ -66,3 +66,4 @@ TESTS += tests/integration/test_fsck_logical.py
 TESTS += tests/integration/test_merge.py
 # never lose work: rollback keeps the open turn; turns restore metadata (issue 29).
 TESTS += tests/integration/test_turns_keep.py
+EXTRA_DIST += tests/lsan.supp

@@ -145,11 +145,12 @@ static int vm_start_qemu(struct cb_backend *b, struct vm_state *s, const char *r
 	snprintf(fshome, sizeof(fshome), "local,id=fshome,path=%s,security_model=passthrough",
 		 home);
 	/* quiet and no calibration: Debian's kernel otherwise spends seconds (TCG: minutes) on
-	 * the TSC and the console; network all adds the guest's address for the agent */
+	 * the TSC and the console (its rate is the host's, measured: vm_host_tsc_khz); network all
+	 * adds the guest's address for the agent */
 	snprintf(append, sizeof(append),
-		 "console=ttyS0 quiet panic=-1 rdinit=/init tsc_early_khz=2000000 tsc=reliable "
+		 "console=ttyS0 quiet panic=-1 rdinit=/init tsc_early_khz=%ld tsc=reliable "
 		 "lpj=4000000 i8042.noaux i8042.nokbd i8042.nopnp%s",
-		 s->passt ? s->net_append : "");
+		 vm_host_tsc_khz(), s->passt ? s->net_append : "");
 	if (!(vols = calloc(1, sizeof(*vols))))
 		return cb_error_set(ENOMEM, "vm backend: out of memory");
 	if ((rc = vm_volume_args(b, mmio, vols, append, sizeof(append))) < 0)

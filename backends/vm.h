@@ -140,6 +140,12 @@ const char *vm_cache(void);
  * VM and a vCPU that takes the host's feature MSRs as qemu sets them, and no daemon since the
  * host's boot may have seen it fail to boot the guest. */
 int vm_kvm_usable(void);
+
+/* The host's TSC frequency in kHz, measured once per process against CLOCK_MONOTONIC (20 ms);
+ * 2000000 where it cannot be measured. Under TCG the guest's TSC is the host's, so the guest
+ * kernel must be told this rate, not a guess: told 2 GHz on a 2.45 GHz host, its clock ran
+ * 22% fast and every timeout and grace inside the guest was that much short. */
+long vm_host_tsc_khz(void);
 /* Note, for the host's other daemons until it reboots, that KVM did not boot the guest. */
 void vm_kvm_mark_broken(void);
 /* The agent binary (malloc'd in *out): COWBOX_VM_AGENT, else beside the cowbox binary. */

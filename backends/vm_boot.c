@@ -11,8 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <pthread.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#endif
 
 #include "cowbox/backend.h"
 #include "cowbox/error.h"
@@ -92,6 +97,47 @@ static int vm_kvm_vcpu_ok(int kvm, int vm)
 		ok = ioctl(vcpu, KVM_SET_MSRS, &msrs) == 1;
 	close(vcpu);
 	return ok;
+}
+
+static long vm_tsc_khz = 2000000;
+
+static double vm_mono_seconds(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void vm_measure_tsc(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	struct timespec nap = {0, 20000000};
+	double t0 = vm_mono_seconds();
+	unsigned long long c0 = __rdtsc();
+	double t1;
+	unsigned long long c1;
+
+	while (nanosleep(&nap, &nap) < 0 && errno == EINTR)
+		;
+	c1 = __rdtsc();
+	t1 = vm_mono_seconds();
+	/* a result far from any real TSC (a stopped or virtualised-away counter) is no answer */
+	if (t1 > t0 && c1 > c0) {
+		double khz = (double)(c1 - c0) / (t1 - t0) / 1000.0;
+
+		if (khz > 100000.0 && khz < 10000000.0)
+			vm_tsc_khz = (long)(khz + 0.5);
+	}
+#endif
+}
+
+long vm_host_tsc_khz(void)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+	pthread_once(&once, vm_measure_tsc);
+	return vm_tsc_khz;
 }
 
 /* Whether to boot with KVM: COWBOX_VM_ACCEL=tcg says no, =kvm yes where /dev/kvm makes a VM

@@ -824,6 +824,22 @@ static int image_user(const struct cb_ws_info *info, void *arg)
 	return 0;
 }
 
+/* images/ opened to be walked (its path *images, an fd *dfd, a stream *d), and in u the
+ * workspaces that use each root; spec names the command in errors. The caller frees all
+ * three, also on error. */
+static int images_scan_open(const char *spec, struct image_users *u, char **images, int *dfd,
+			    DIR **d)
+{
+	int rc;
+
+	*d = NULL;
+	if ((rc = images_dir(spec, images, dfd)) < 0 || (rc = cb_ws_list(image_user, u)) < 0)
+		return rc;
+	if (!(*d = opendir(*images)))
+		return cb_error_set(errno, "image %s: %s: %s", spec, *images, strerror(errno));
+	return 0;
+}
+
 int cb_backend_image_list(json_t **out)
 {
 	struct image_users u = {.by_hex = json_object()};
@@ -834,12 +850,8 @@ int cb_backend_image_list(json_t **out)
 	struct dirent *de;
 
 	*out = NULL;
-	if ((rc = images_dir("ls", &images, &dfd)) < 0 || (rc = cb_ws_list(image_user, &u)) < 0)
+	if ((rc = images_scan_open("ls", &u, &images, &dfd, &d)) < 0)
 		goto out;
-	if (!(d = opendir(images))) {
-		rc = cb_error_set(errno, "image ls: %s: %s", images, strerror(errno));
-		goto out;
-	}
 	while ((de = readdir(d))) {
 		struct tree_size t = {0};
 		struct stat st;
@@ -923,12 +935,8 @@ int cb_backend_image_prune(json_t **out)
 	struct dirent *de;
 
 	*out = NULL;
-	if ((rc = images_dir("prune", &images, &dfd)) < 0 || (rc = cb_ws_list(image_user, &u)) < 0)
+	if ((rc = images_scan_open("prune", &u, &images, &dfd, &d)) < 0)
 		goto out;
-	if (!(d = opendir(images))) {
-		rc = cb_error_set(errno, "image prune: %s: %s", images, strerror(errno));
-		goto out;
-	}
 	while ((de = readdir(d))) {
 		size_t n = strlen(de->d_name);
 		struct stat st;

@@ -672,21 +672,6 @@ static void *merge_writer(void *arg)
 	}
 }
 
-/* The process umask, read without changing it (umask() would race with other threads). */
-static mode_t merge_umask(void)
-{
-	char line[128];
-	unsigned m = 022;
-	FILE *f = fopen("/proc/self/status", "re");
-
-	while (f && fgets(line, sizeof(line), f))
-		if (sscanf(line, "Umask: %o", &m) == 1)
-			break;
-	if (f)
-		fclose(f);
-	return (mode_t)m;
-}
-
 /* Write the plan: removals deepest first, then everything else parents first; directory
  * modes last, deepest first, so a read-only directory blocks nothing. */
 static int merge_apply(struct cb_turns *target, struct cb_turns *source, struct merge_item *items,
@@ -745,7 +730,7 @@ static int merge_apply(struct cb_turns *target, struct cb_turns *source, struct 
 				       .source = source,
 				       .items = items,
 				       .n = n,
-				       .um = merge_umask(),
+				       .um = ws_process_umask(),
 				       .stall = stall && *stall ? atof(stall) : 0};
 		pthread_t th[MERGE_THREADS];
 		size_t started = 0;

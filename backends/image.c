@@ -825,8 +825,8 @@ static int image_user(const struct cb_ws_info *info, void *arg)
 }
 
 /* images/ opened to be walked (its path *images, an fd *dfd, a stream *d), and in u the
- * workspaces that use each root; spec names the command in errors. The caller frees all
- * three, also on error. */
+ * workspaces that use each root; spec names the command in errors. images_scan_close
+ * releases them, also on error. */
 static int images_scan_open(const char *spec, struct image_users *u, char **images, int *dfd,
 			    DIR **d)
 {
@@ -838,6 +838,17 @@ static int images_scan_open(const char *spec, struct image_users *u, char **imag
 	if (!(*d = opendir(*images)))
 		return cb_error_set(errno, "image %s: %s: %s", spec, *images, strerror(errno));
 	return 0;
+}
+
+/* What images_scan_open gave (any part of it may be unset), released. */
+static void images_scan_close(struct image_users *u, char *images, int dfd, DIR *d)
+{
+	if (d)
+		closedir(d);
+	if (dfd >= 0)
+		close(dfd);
+	free(images);
+	json_decref(u->by_hex);
 }
 
 int cb_backend_image_list(json_t **out)
@@ -871,13 +882,8 @@ int cb_backend_image_list(json_t **out)
 	if (!*out)
 		rc = cb_error_set(ENOMEM, "image ls: out of memory");
 out:
-	if (d)
-		closedir(d);
-	if (dfd >= 0)
-		close(dfd);
-	free(images);
+	images_scan_close(&u, images, dfd, d);
 	json_decref(list);
-	json_decref(u.by_hex);
 	return rc;
 }
 
@@ -963,12 +969,7 @@ int cb_backend_image_prune(json_t **out)
 	if (!(*out = json_pack("{s:O, s:I}", "removed", removed, "bytes", (json_int_t)bytes)))
 		rc = cb_error_set(ENOMEM, "image prune: out of memory");
 out:
-	if (d)
-		closedir(d);
-	if (dfd >= 0)
-		close(dfd);
-	free(images);
+	images_scan_close(&u, images, dfd, d);
 	json_decref(removed);
-	json_decref(u.by_hex);
 	return rc;
 }

@@ -824,6 +824,33 @@ static int image_user(const struct cb_ws_info *info, void *arg)
 	return 0;
 }
 
+/* images/ opened to be walked (its path *images, an fd *dfd, a stream *d), and in u the
+ * workspaces that use each root; spec names the command in errors. images_scan_close
+ * releases them, also on error. */
+static int images_scan_open(const char *spec, struct image_users *u, char **images, int *dfd,
+			    DIR **d)
+{
+	int rc;
+
+	*d = NULL;
+	if ((rc = images_dir(spec, images, dfd)) < 0 || (rc = cb_ws_list(image_user, u)) < 0)
+		return rc;
+	if (!(*d = opendir(*images)))
+		return cb_error_set(errno, "image %s: %s: %s", spec, *images, strerror(errno));
+	return 0;
+}
+
+/* What images_scan_open gave (any part of it may be unset), released. */
+static void images_scan_close(struct image_users *u, char *images, int dfd, DIR *d)
+{
+	if (d)
+		closedir(d);
+	if (dfd >= 0)
+		close(dfd);
+	free(images);
+	json_decref(u->by_hex);
+}
+
 int cb_backend_image_list(json_t **out)
 {
 	struct image_users u = {.by_hex = json_object()};
@@ -834,12 +861,8 @@ int cb_backend_image_list(json_t **out)
 	struct dirent *de;
 
 	*out = NULL;
-	if ((rc = images_dir("ls", &images, &dfd)) < 0 || (rc = cb_ws_list(image_user, &u)) < 0)
+	if ((rc = images_scan_open("ls", &u, &images, &dfd, &d)) < 0)
 		goto out;
-	if (!(d = opendir(images))) {
-		rc = cb_error_set(errno, "image ls: %s: %s", images, strerror(errno));
-		goto out;
-	}
 	while ((de = readdir(d))) {
 		struct tree_size t = {0};
 		struct stat st;
@@ -859,13 +882,8 @@ int cb_backend_image_list(json_t **out)
 	if (!*out)
 		rc = cb_error_set(ENOMEM, "image ls: out of memory");
 out:
-	if (d)
-		closedir(d);
-	if (dfd >= 0)
-		close(dfd);
-	free(images);
+	images_scan_close(&u, images, dfd, d);
 	json_decref(list);
-	json_decref(u.by_hex);
 	return rc;
 }
 
@@ -923,12 +941,8 @@ int cb_backend_image_prune(json_t **out)
 	struct dirent *de;
 
 	*out = NULL;
-	if ((rc = images_dir("prune", &images, &dfd)) < 0 || (rc = cb_ws_list(image_user, &u)) < 0)
+	if ((rc = images_scan_open("prune", &u, &images, &dfd, &d)) < 0)
 		goto out;
-	if (!(d = opendir(images))) {
-		rc = cb_error_set(errno, "image prune: %s: %s", images, strerror(errno));
-		goto out;
-	}
 	while ((de = readdir(d))) {
 		size_t n = strlen(de->d_name);
 		struct stat st;
@@ -955,12 +969,7 @@ int cb_backend_image_prune(json_t **out)
 	if (!(*out = json_pack("{s:O, s:I}", "removed", removed, "bytes", (json_int_t)bytes)))
 		rc = cb_error_set(ENOMEM, "image prune: out of memory");
 out:
-	if (d)
-		closedir(d);
-	if (dfd >= 0)
-		close(dfd);
-	free(images);
+	images_scan_close(&u, images, dfd, d);
 	json_decref(removed);
-	json_decref(u.by_hex);
 	return rc;
 }

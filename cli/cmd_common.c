@@ -179,6 +179,24 @@ static const char *clean_message(const char *cmd, const char *msg, const char **
 	return msg;
 }
 
+/* Under --json, the failure's JSON object ({"error": {"code", "message"}}) on stdout,
+ * flushed. */
+static void json_error_print(const char *code, const char *msg)
+{
+	json_t *j;
+	char *text;
+
+	if (!cli_json_errors)
+		return;
+	j = json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", msg);
+	text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+	if (text)
+		puts(text);
+	fflush(stdout);
+	free(text);
+	json_decref(j);
+}
+
 /* Say the failure: a line on stderr, and the JSON object on stdout under --json. */
 static int report(const char *cmd, const char *code, const char *msg)
 {
@@ -186,16 +204,7 @@ static int report(const char *cmd, const char *code, const char *msg)
 
 	cli_phase_done();
 	fprintf(stderr, "cowbox %s: %s\n", cmd, msg);
-	if (cli_json_errors) {
-		json_t *j = json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", msg);
-		char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
-
-		if (text)
-			puts(text);
-		fflush(stdout);
-		free(text);
-		json_decref(j);
-	}
+	json_error_print(code, msg);
 	cli_code[0] = 0;
 	return k >= 0 ? code_status[k].status : CLI_FAIL;
 }
@@ -248,16 +257,7 @@ int cli_usage_error(const char *usage, const char *fmt, ...)
 	fprintf(stderr, "%.*s%s\n", (int)n, usage,
 		line_end && (line_end[1] == ' ' || line_end[1] == '\t') ? " ..." : "");
 	fprintf(stderr, "see `cowbox%s%s --help`\n", *cmd ? " " : "", cmd);
-	if (cli_json_errors) {
-		json_t *j = json_pack("{s:{s:s, s:s}}", "error", "code", "usage", "message", msg);
-		char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
-
-		if (text)
-			puts(text);
-		fflush(stdout);
-		free(text);
-		json_decref(j);
-	}
+	json_error_print("usage", msg);
 	return CLI_USAGE;
 }
 

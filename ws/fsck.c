@@ -441,6 +441,20 @@ out:
 	return ret;
 }
 
+/* Journal path, an entry of upper/ met by a walk, as changed (kind): a whiteout as a deleted
+ * subtree, a directory with all below it. */
+static int mark_upper_entry(struct cb_db *db, enum cb_change_kind kind, const char *path,
+			    const struct stat *st)
+{
+	struct cb_change ch = {.kind = kind, .path = path};
+
+	if (S_ISCHR(st->st_mode) && st->st_rdev == makedev(0, 0))
+		ch.kind = CB_CHANGE_DELETE, ch.subtree = 1;
+	else if (S_ISDIR(st->st_mode))
+		ch.subtree = 1;
+	return cb_journal_mark(db, &ch, 1);
+}
+
 /* ---- a mark log that lost bytes: journal what they may have held ---- */
 
 struct rescan {
@@ -457,16 +471,11 @@ static int rescan_upper(int dirfd, const char *name, const char *path, const str
 			void *arg)
 {
 	struct rescan *rs = arg;
-	struct cb_change ch = {.kind = CB_CHANGE_WRITE, .path = path};
 
 	(void)dirfd;
 	(void)name;
-	if (S_ISCHR(st->st_mode) && st->st_rdev == makedev(0, 0))
-		ch.kind = CB_CHANGE_DELETE, ch.subtree = 1;
-	else if (S_ISDIR(st->st_mode))
-		ch.subtree = 1;
 	rs->marked++;
-	return cb_journal_mark(rs->db, &ch, 1);
+	return mark_upper_entry(rs->db, CB_CHANGE_WRITE, path, st);
 }
 
 /* A path of the last turn that is in neither layer was deleted with no whiteout (it was only
@@ -563,16 +572,11 @@ static int rebuild_visit(int dirfd, const char *name, const char *path, const st
 			 void *arg)
 {
 	struct rebuild *rb = arg;
-	struct cb_change ch = {.kind = CB_CHANGE_CREATE, .path = path};
 
 	(void)dirfd;
 	(void)name;
-	if (S_ISCHR(st->st_mode) && st->st_rdev == makedev(0, 0))
-		ch.kind = CB_CHANGE_DELETE, ch.subtree = 1;
-	else if (S_ISDIR(st->st_mode))
-		ch.subtree = 1;
 	rb->marked++;
-	return cb_journal_mark(rb->db, &ch, 1);
+	return mark_upper_entry(rb->db, CB_CHANGE_CREATE, path, st);
 }
 
 /* Who holds ref's name: the name whose link under names/ points at it, or NULL. */

@@ -157,27 +157,16 @@ static int add_conflict(struct cb_ws_merge_result *res, const char *path, const 
 	return 0;
 }
 
-/* e's bytes (a file recorded in t: its base file when that still holds them, else its blob),
- * checked against e's hashes, into *buf (malloc'd, *len bytes). */
-static int read_recorded(struct cb_turns *t, const struct cb_entry *e, char **buf, size_t *len)
+/* src's bytes (src is consumed: closed on every path), checked against e's hashes through a
+ * memfd so a later change to src cannot slip in, into *buf (malloc'd, *len bytes). what names
+ * src in errors. */
+static int read_checked(int src, const struct cb_entry *e, const char *what, char **buf,
+			size_t *len)
 {
-	char hex[2 * CB_XXH128_LEN + 1], what[256];
-	int src = -1, mem = -1, ret;
+	int mem, ret;
 
 	*buf = NULL;
 	*len = 0;
-	cb_hex(e->xxh3, CB_XXH128_LEN, hex);
-	if (t->base_fd >= 0 && !t->in_place && ws_base_holds(t, e->path, e->xxh3) == 1) {
-		src = cb_beneath_open(t->base_fd, e->path, O_RDONLY, 0);
-		snprintf(what, sizeof(what), "base file");
-	}
-	if (src < 0) {
-		cb_error_clear();
-		src = cb_ws_blob_open(t->blob_fd, e->xxh3);
-		snprintf(what, sizeof(what), "blob %s", hex);
-	}
-	if (src < 0)
-		return cb_error_wrap(src, "merge: content of %s", e->path);
 	mem = memfd_create("cowbox-merge", MFD_CLOEXEC);
 	if (mem < 0) {
 		ret = cb_error_set(errno, "merge: memfd: %s", strerror(errno));
@@ -207,43 +196,42 @@ out:
 	return ret;
 }
 
+/* e's bytes (a file recorded in t: its base file when that still holds them, else its blob),
+ * checked against e's hashes, into *buf (malloc'd, *len bytes). */
+static int read_recorded(struct cb_turns *t, const struct cb_entry *e, char **buf, size_t *len)
+{
+	char hex[2 * CB_XXH128_LEN + 1], what[256];
+	int src = -1;
+
+	*buf = NULL;
+	*len = 0;
+	cb_hex(e->xxh3, CB_XXH128_LEN, hex);
+	if (t->base_fd >= 0 && !t->in_place && ws_base_holds(t, e->path, e->xxh3) == 1) {
+		src = cb_beneath_open(t->base_fd, e->path, O_RDONLY, 0);
+		snprintf(what, sizeof(what), "base file");
+	}
+	if (src < 0) {
+		cb_error_clear();
+		src = cb_ws_blob_open(t->blob_fd, e->xxh3);
+		snprintf(what, sizeof(what), "blob %s", hex);
+	}
+	if (src < 0)
+		return cb_error_wrap(src, "merge: content of %s", e->path);
+	return read_checked(src, e, what, buf, len);
+}
+
 /* Target's live file e (just hashed through the mount), read and checked again. */
 static int read_live(struct cb_turns *t, const struct cb_entry *e, char **buf, size_t *len)
 {
-	int src = cb_beneath_open(t->root_fd, e->path, O_RDONLY, 0), mem = -1, ret;
+	int src = cb_beneath_open(t->root_fd, e->path, O_RDONLY, 0);
 
 	*buf = NULL;
 	*len = 0;
 	if (src < 0)
 		return cb_error_wrap(src, "merge: %s", e->path);
-	mem = memfd_create("cowbox-merge", MFD_CLOEXEC);
-	if (mem < 0) {
-		ret = cb_error_set(errno, "merge: memfd: %s", strerror(errno));
-		goto out;
-	}
 	/* It changed since it was hashed: the caller's check (target's tree against its latest
 	 * turn) would be stale, so the merge stops. */
-	if ((ret = cb_ws_copy_checked(src, mem, e, "target file")))
-		goto out;
-	if (!(*buf = malloc((size_t)e->size + 1))) {
-		ret = cb_error_set(ENOMEM, "merge: out of memory reading %s", e->path);
-		goto out;
-	}
-	if (pread(mem, *buf, (size_t)e->size, 0) != e->size) {
-		ret = cb_error_set(EIO, "merge: short read of %s", e->path);
-		goto out;
-	}
-	*len = (size_t)e->size;
-	ret = 0;
-out:
-	if (ret) {
-		free(*buf);
-		*buf = NULL;
-	}
-	if (mem >= 0)
-		close(mem);
-	close(src);
-	return ret;
+	return read_checked(src, e, "target file", buf, len);
 }
 
 static int is_binary(const char *buf, size_t len)
@@ -684,21 +672,6 @@ static void *merge_writer(void *arg)
 	}
 }
 
-/* The process umask, read without changing it (umask() would race with other threads). */
-static mode_t merge_umask(void)
-{
-	char line[128];
-	unsigned m = 022;
-	FILE *f = fopen("/proc/self/status", "re");
-
-	while (f && fgets(line, sizeof(line), f))
-		if (sscanf(line, "Umask: %o", &m) == 1)
-			break;
-	if (f)
-		fclose(f);
-	return (mode_t)m;
-}
-
 /* Write the plan: removals deepest first, then everything else parents first; directory
  * modes last, deepest first, so a read-only directory blocks nothing. */
 static int merge_apply(struct cb_turns *target, struct cb_turns *source, struct merge_item *items,
@@ -757,7 +730,7 @@ static int merge_apply(struct cb_turns *target, struct cb_turns *source, struct 
 				       .source = source,
 				       .items = items,
 				       .n = n,
-				       .um = merge_umask(),
+				       .um = ws_process_umask(),
 				       .stall = stall && *stall ? atof(stall) : 0};
 		pthread_t th[MERGE_THREADS];
 		size_t started = 0;

@@ -157,7 +157,7 @@ static int rb_resolve(struct cb_turns *t, const struct cb_entry *e, long long tu
 }
 
 /* The process umask, read without changing it (umask() would race with other threads). */
-static mode_t rb_umask(void)
+mode_t ws_process_umask(void)
 {
 	char line[128];
 	unsigned m = 022;
@@ -397,7 +397,7 @@ static int rb_remember(struct cb_turns *t, struct rb_jobs *j)
 int cb_ws_rollback(struct cb_turns *t, long long turn, const struct cb_dirty *dirty, size_t n,
 		   long long *touched)
 {
-	struct rb_jobs jobs = {.t = t, .um = rb_umask()};
+	struct rb_jobs jobs = {.t = t, .um = ws_process_umask()};
 	struct cb_diff d = {0};
 	int ret;
 

@@ -88,6 +88,10 @@ int ws_restore_mtime(int dst, const struct cb_entry *e, int src);
 /* 1 if path's last component is a rollback's temporary name (never part of a turn). */
 int ws_is_tmp_name(const char *path);
 
+/* The process umask (022 if /proc cannot say), read without changing it: umask() would race
+ * with other threads. Rollback and merge use it to know which mode bits a create dropped. */
+mode_t ws_process_umask(void);
+
 /* A set of paths (sorted, unique after ws_pathset_sort) with the journal attribution each
  * came from. */
 struct ws_path {

@@ -372,6 +372,12 @@ class CowboxTestCase(unittest.TestCase):
             return 0
         return pid if pid and pid_alive(pid) else 0
 
+    def ok(self, c, op, **args):
+        """c.request(op, **args), asserted to answer ok: the answer."""
+        r = c.request(op, **args)
+        self.assertTrue(r.get("ok"), r)
+        return r
+
     def client(self, ref, timeout=10.0):
         """A protocol connection to ref's daemon, closed at the end of the test."""
         c = Client(os.path.join(self.ws_dir(ref), "control.sock"), timeout)

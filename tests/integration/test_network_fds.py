@@ -146,11 +146,6 @@ class ProxyFdsTest(cbtest.CowboxTestCase):
         rows = self.ok(c, "net_log")["rows"]
         self.assertTrue(any("closed idle" in r["rule"] for r in rows), rows[-3:])
 
-    def ok(self, c, op, **args):
-        r = c.request(op, **args)
-        self.assertTrue(r.get("ok"), r)
-        return r
-
 
 if __name__ == "__main__":
     unittest.main()

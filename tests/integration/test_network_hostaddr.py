@@ -203,11 +203,6 @@ class HostAddressTest(cbtest.CowboxTestCase):
         self.assertEqual((hits, self.accepted - before), (0, 0),
                          "%d cycles, %d tries" % (cycles[0], tries))
 
-    def ok(self, c, op, **args):
-        r = c.request(op, **args)
-        self.assertTrue(r.get("ok"), r)
-        return r
-
 
 if __name__ == "__main__":
     unittest.main()

@@ -115,13 +115,17 @@ class ProxyFdsTest(cbtest.CowboxTestCase):
         self.assertEqual(self.limits(self.daemon_pid(ref)), [hard, hard])
         self.assertEqual(self.cowbox_json("info", ref)["proxy_conns"], 100)
         self.assertIn("proxy conns: 100 at once", self.cowbox("info", ref).stdout)
-        # 300 idle tunnels at once: at most 100 open, the rest refused (none idle yet)
+        # 300 tunnels at once: at most 100 open; the rest refused, or (when opening them took
+        # over a second, as on a loaded machine) older ones closed as idle to let them in
         got = self.tunnels(c, 0, 300)
+        self.assertEqual(len(got), 300, got)
         self.assertLessEqual(got.count("open"), 100, got)
-        self.assertGreater(got.count("refused"), 0, got)
+        self.assertGreaterEqual(got.count("refused") + got.count("closed"), 200, got)
         self.assert_workspace_works(ref)
-        rows = self.ok(c, "net_log")["rows"]
-        self.assertTrue(any("connections open (the cap)" in r["rule"] for r in rows), rows[-3:])
+        if got.count("refused"):
+            rows = self.ok(c, "net_log")["rows"]
+            self.assertTrue(any("connections open (the cap)" in r["rule"] for r in rows),
+                            rows[-3:])
 
     def test_reserve_kept_under_a_low_hard_limit_oldest_idle_closed_first(self):
         # soft = hard = 1024: nothing to raise; the cap comes down to keep the reserve. One

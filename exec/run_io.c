@@ -143,17 +143,22 @@ int cb_exec_pty_receive(struct cb_exec *h)
 static void cb_exec_take_output(struct cb_exec *h, struct stream *s, int stream, const char *buf,
 				size_t n)
 {
-	if (h->cb.on_output && h->cb.on_output(h->cb.arg, stream, buf, n)) {
+	int over;
+
+	/* Past the cap nothing more is kept or streamed: what the command writes until its
+	 * SIGKILL lands (a loaded machine lets it write megabytes) goes nowhere. */
+	if (h->total > h->limit)
+		return;
+	h->total += n;
+	over = h->total > h->limit;
+	if (over)
+		n -= h->total - h->limit; /* up to the cap, cut below */
+	if (n && h->cb.on_output && h->cb.on_output(h->cb.arg, stream, buf, n)) {
 		__atomic_store_n(&h->killed, 1, __ATOMIC_RELEASE);
 		cb_exec_send_kill(h, SIGKILL);
 	}
-	if (h->total > h->limit)
-		return; /* already over: discard */
-	h->total += n;
-	if (h->total > h->limit) {
+	if (over)
 		cb_exec_send_kill(h, SIGKILL);
-		n -= h->total - h->limit; /* store up to the cap, cut below */
-	}
 	if (s->len + n + 1 > s->cap) {
 		size_t cap = s->cap ? s->cap : 4096;
 		while (cap < s->len + n + 1)

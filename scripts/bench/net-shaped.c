@@ -1,12 +1,13 @@
 /* scripts/bench/net --shaped's program: a delay line joining two tun devices (this kernel has no
- * netem), the download server on the far side and the client that downloads directly or via a proxy. */
+ * netem), the download server on the far side and the client that downloads directly or via a
+ * proxy. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <linux/if_tun.h>
 #include <net/if.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
+#include <linux/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -23,7 +24,7 @@
 /* a GSO packet of up to 64 KiB and its virtio header: the devices take TCP segmentation
  * offload, so a 10 Gbit/s stream is some 20k packets a second each way, not 800k */
 #define PKT_MAX (65536 + 64)
-#define RING 16384
+#define RING	16384
 
 static double now(void)
 {
@@ -152,11 +153,17 @@ static int writen(int fd, const void *buf, size_t n)
 	return 0;
 }
 
-/* 8-byte count -> that many bytes */
+/* 8-byte count -> that many bytes; once the client has closed (so it has every byte), a line
+ * on stdout with what limited the sender: the kernel's time busy sending, and how much of it
+ * the receiver's window (a reader that does not drain, or a small buffer) or the send buffer
+ * held it back; the rest is the congestion window, i.e. the link */
 static void *serve_one(void *arg)
 {
 	int c = (int)(intptr_t)arg;
 	static char buf[1 << 20];
+	static pthread_mutex_t out = PTHREAD_MUTEX_INITIALIZER;
+	struct tcp_info ti;
+	socklen_t len = sizeof ti;
 	uint64_t left;
 	char b;
 
@@ -169,6 +176,17 @@ static void *serve_one(void *arg)
 		}
 	while (read(c, &b, 1) > 0)
 		;
+	memset(&ti, 0, sizeof ti);
+	if (getsockopt(c, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0) {
+		pthread_mutex_lock(&out);
+		printf(
+		    "{\"busy_ms\": %.1f, \"rwnd_limited_ms\": %.1f, \"sndbuf_limited_ms\": %.1f, "
+		    "\"retrans\": %u}\n",
+		    ti.tcpi_busy_time / 1e3, ti.tcpi_rwnd_limited / 1e3,
+		    ti.tcpi_sndbuf_limited / 1e3, ti.tcpi_total_retrans);
+		fflush(stdout);
+		pthread_mutex_unlock(&out);
+	}
 	close(c);
 	return NULL;
 }

@@ -3,6 +3,7 @@ server in its own network namespace, directly and through each proxy, with each 
 
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
@@ -145,15 +146,27 @@ def run(args, net):
                     r = json.loads(p.stdout)
                     mbs = r["bytes"] / r["secs"] / 1e6
                     gib = r["bytes"] / 2 ** 30
+                    # the server's view of the same connection (printed once the client
+                    # closed): what held its sending back
+                    ready = select.select([srv.stdout], [], [], 30)[0]
+                    snd = json.loads(srv.stdout.readline()) if ready else None
                     if path == "direct":
                         base = mbs
-                    row = {"mbs": mbs, "x": mbs / base if base else float("nan"),
-                           "cpu": (c1 - c0) / gib if path in pids else None}
+                    row = {"round": rnd, "mbs": mbs, "x": mbs / base if base else float("nan"),
+                           "cpu": (c1 - c0) / gib if path in pids else None,
+                           "rwnd": 100 * snd["rwnd_limited_ms"] / snd["busy_ms"]
+                           if snd and snd["busy_ms"] else float("nan")}
                     rows.setdefault((rate, path), []).append(row)
-                    print("%-6s round %d %-9s %7.1f MB/s  %5.3fx direct  %s  (load %.2f)"
+                    print("%-6s round %d %-9s %7.1f MB/s  %5.3fx direct  %-22s  sender: "
+                          "%s  (load %.2f)"
                           % (rate, rnd + 1, path, mbs, row["x"],
                              "proxy CPU %.2f s/GiB" % row["cpu"] if path in pids else
-                             "no proxy", os.getloadavg()[0]))
+                             "no proxy", "busy %.0f ms, rwnd-limited %.0f%%, sndbuf-limited "
+                             "%.0f%%, %d retransmits" % (snd["busy_ms"], row["rwnd"], 100 *
+                                                         snd["sndbuf_limited_ms"] /
+                                                         max(snd["busy_ms"], 1e-9),
+                                                         snd["retrans"]) if snd else "-",
+                             os.getloadavg()[0]))
     finally:
         for p in reversed(procs):
             p.terminate()
@@ -172,10 +185,13 @@ def run(args, net):
 
 def print_summary(rows, args):
     """Per rate and path: the median download over the rounds [range], its ratio to the direct
-    one of the same round, and the proxy's CPU seconds per GiB."""
+    one of the same round, the proxy's CPU seconds per GiB, and the share of the server's busy
+    sending time that the receiver's window held it back (a reader that does not keep up, or a
+    buffer too small for the link); then the goals, round by round."""
     fmt = lambda xs, f: (f % statistics.median(xs) + (" [%s..%s]" % (f % min(xs), f % max(xs))
                                                       if len(xs) > 1 else ""))
-    hdr = ("rate", "path", "download MB/s", "x direct", "proxy CPU s/GiB")
+    hdr = ("rate", "path", "download MB/s", "x direct", "proxy CPU s/GiB",
+           "sender rwnd-limited %")
     lines = []
     for rate in args.rates.split(","):
         for path in PATHS:
@@ -185,8 +201,23 @@ def print_summary(rows, args):
             lines.append((rate, path, fmt([r["mbs"] for r in rs], "%.1f"),
                           fmt([r["x"] for r in rs], "%.3f"),
                           fmt([r["cpu"] for r in rs], "%.2f") if rs[0]["cpu"] is not None
-                          else "-"))
-    if args.markdown:
+                          else "-", fmt([r["rwnd"] for r in rs], "%.0f")))
+    print_table(hdr, lines, args.markdown)
+    # the goals, round by round: cowbox's download against direct, its CPU against the others'
+    for rate in args.rates.split(","):
+        mine = rows.get((rate, "cowbox"), [])
+        parts = ["x direct >= 0.95 in %d of %d rounds" % (sum(r["x"] >= 0.95 for r in mine),
+                                                        len(mine))]
+        for o in ("tinyproxy", "squid"):
+            theirs = {r["round"]: r for r in rows.get((rate, o), [])}
+            pairs = [(a, theirs[a["round"]]) for a in mine if a["round"] in theirs]
+            parts.append("CPU below %s's in %d of %d" % (o, sum(a["cpu"] < b["cpu"]
+                                                               for a, b in pairs), len(pairs)))
+        print("%s: cowbox %s" % (rate, ", ".join(parts)))
+
+
+def print_table(hdr, lines, markdown):
+    if markdown:
         print("| " + " | ".join(hdr) + " |\n|" + "---|" * len(hdr))
         for l in lines:
             print("| " + " | ".join(l) + " |")

@@ -136,9 +136,11 @@ def run(args, net):
                 base = None
                 for path in PATHS:
                     c0 = tree_cpu(pids[path]) if path in pids else 0
+                    d0, s0 = tree_cpu(line.pid), tree_cpu(srv.pid)
                     p = subprocess.run([prog, "get"] + cmd[path], capture_output=True,
                                        text=True)
                     c1 = tree_cpu(pids[path]) if path in pids else 0
+                    d1, s1 = tree_cpu(line.pid), tree_cpu(srv.pid)
                     if p.returncode:
                         print("bench/net: %s at %s failed: %s" % (path, rate, p.stderr.strip()),
                               file=sys.stderr)
@@ -154,18 +156,21 @@ def run(args, net):
                         base = mbs
                     row = {"round": rnd, "mbs": mbs, "x": mbs / base if base else float("nan"),
                            "cpu": (c1 - c0) / gib if path in pids else None,
+                           # the whole path's: server, delay line, proxy and client
+                           "path_cpu": (d1 - d0 + s1 - s0 + c1 - c0 + r["cpu"]) / gib,
                            "rwnd": 100 * snd["rwnd_limited_ms"] / snd["busy_ms"]
                            if snd and snd["busy_ms"] else float("nan")}
                     rows.setdefault((rate, path), []).append(row)
-                    print("%-6s round %d %-9s %7.1f MB/s  %5.3fx direct  %-22s  sender: "
-                          "%s  (load %.2f)"
+                    print("%-6s round %d %-9s %7.1f MB/s  %5.3fx direct  %-22s  path CPU "
+                          "%.2f s/GiB (delay line %.2f, server %.2f, client %.2f)  sender: %s  (load %.2f)"
                           % (rate, rnd + 1, path, mbs, row["x"],
                              "proxy CPU %.2f s/GiB" % row["cpu"] if path in pids else
-                             "no proxy", "busy %.0f ms, rwnd-limited %.0f%%, sndbuf-limited "
-                             "%.0f%%, %d retransmits" % (snd["busy_ms"], row["rwnd"], 100 *
-                                                         snd["sndbuf_limited_ms"] /
-                                                         max(snd["busy_ms"], 1e-9),
-                                                         snd["retrans"]) if snd else "-",
+                             "no proxy", row["path_cpu"], (d1 - d0) / gib, (s1 - s0) / gib,
+                             r["cpu"] / gib, "busy %.0f ms, rwnd-limited %.0f%%, sndbuf-limited "
+                             "%.0f%%, %d retransmits, srtt %.1f ms (min %.1f), cwnd %.0f KB"
+                             % (snd["busy_ms"], row["rwnd"], 100 * snd["sndbuf_limited_ms"] /
+                                max(snd["busy_ms"], 1e-9), snd["retrans"], snd["srtt_ms"],
+                                snd["min_rtt_ms"], snd["cwnd_kb"]) if snd else "-",
                              os.getloadavg()[0]))
     finally:
         for p in reversed(procs):
@@ -185,12 +190,13 @@ def run(args, net):
 
 def print_summary(rows, args):
     """Per rate and path: the median download over the rounds [range], its ratio to the direct
-    one of the same round, the proxy's CPU seconds per GiB, and the share of the server's busy
+    one of the same round, the proxy's CPU seconds per GiB and the whole path's (server, delay
+    line, proxy, client: what a CPU-bound link is limited by), and the share of the server's busy
     sending time that the receiver's window held it back (a reader that does not keep up, or a
     buffer too small for the link); then the goals, round by round."""
     fmt = lambda xs, f: (f % statistics.median(xs) + (" [%s..%s]" % (f % min(xs), f % max(xs))
                                                       if len(xs) > 1 else ""))
-    hdr = ("rate", "path", "download MB/s", "x direct", "proxy CPU s/GiB",
+    hdr = ("rate", "path", "download MB/s", "x direct", "proxy CPU s/GiB", "path CPU s/GiB",
            "sender rwnd-limited %")
     lines = []
     for rate in args.rates.split(","):
@@ -201,7 +207,8 @@ def print_summary(rows, args):
             lines.append((rate, path, fmt([r["mbs"] for r in rs], "%.1f"),
                           fmt([r["x"] for r in rs], "%.3f"),
                           fmt([r["cpu"] for r in rs], "%.2f") if rs[0]["cpu"] is not None
-                          else "-", fmt([r["rwnd"] for r in rs], "%.0f")))
+                          else "-", fmt([r["path_cpu"] for r in rs], "%.2f"),
+                          fmt([r["rwnd"] for r in rs], "%.0f")))
     print_table(hdr, lines, args.markdown)
     # the goals, round by round: cowbox's download against direct, its CPU against the others'
     for rate in args.rates.split(","):

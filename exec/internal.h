@@ -201,14 +201,4 @@ int cb_cgroup_dirfd(const struct cb_cgroup *cg);
 /* Remove the group once its processes are gone (waiting briefly for them); NULL is fine. */
 void cb_cgroup_destroy(struct cb_cgroup *cg);
 
-/* Network all's guard (exec/pasta_guard.c): every address of the caller's (the host's)
- * interfaces rejected in netns_fd's firewall, unless it leaves through lo there, and rewritten
- * by a thread of its own at each change of the host's addresses. 0 once the first rules are
- * in; -errno with a message (iptables-restore missing or failing) otherwise. */
-struct cb_pasta_guard;
-int cb_pasta_guard_start(int netns_fd, struct cb_pasta_guard **out);
-
-/* Stop its thread and free g (the rules stay with the namespace); NULL is fine. */
-void cb_pasta_guard_stop(struct cb_pasta_guard *g);
-
 #endif

@@ -73,7 +73,8 @@ static int add_root_dir(struct cb_ns_plan *p, const char *prefix, const char *na
 	if (!S_ISDIR(st.st_mode))
 		return 0;
 	int rc = add_entry(p, CB_NS_BIND_RO, path, name);
-	/* an image's (under $COWBOX_HOME) would show its host path; the host's /usr is /usr */
+	/* an image's (under $COWBOX_HOME) would show its host path, and it never changes while
+	 * held; the host's /usr is /usr */
 	if (rc == 0)
 		p->entries[p->n_entries - 1].hide = *prefix != 0;
 	return rc;
@@ -167,10 +168,10 @@ static int add_extra_bind(struct cb_ns_plan *p, const struct cb_sandbox_bind *b)
 					    "the sandbox builds itself",
 					    b->dst, reserved[i]);
 	int rc = add_entry(p, b->writable ? CB_NS_BIND_RW : CB_NS_BIND_RO, b->src, dst);
-	if (rc == 0) {
+	/* not hidden (cb_ns_hide_bind): an overlay caches names, and a volume's host directory
+	 * may change under a running command */
+	if (rc == 0)
 		p->entries[p->n_entries - 1].is_file = !S_ISDIR(st.st_mode);
-		p->entries[p->n_entries - 1].hide = !b->writable && S_ISDIR(st.st_mode);
-	}
 	return rc;
 }
 

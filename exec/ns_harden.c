@@ -336,11 +336,6 @@ int cb_ns_harden(const struct cb_ns_plan *p, int ctl)
 	return 0;
 }
 
-/* Why an overlay: mountinfo's fourth field is the path of the mount's root dentry from its
- * superblock's root, whatever mount it was cloned from, so a bind of /srv/data/x shows
- * "/srv/data/x" however it is made (open_tree, move_mount, idmapped or not). Only a
- * filesystem whose own root is the directory shows "/": an overlay, whose options name the
- * layers as given, here by this process's fds. */
 /* "/proc/self/fd/N" after out (no stdio: the sandbox's child between clone and exec). */
 static char *fd_path(char *out, int fd)
 {
@@ -358,6 +353,11 @@ static char *fd_path(char *out, int fd)
 	return out;
 }
 
+/* Why an overlay: mountinfo's fourth field is the path of the mount's root dentry from its
+ * superblock's root, whatever mount it was cloned from, so a bind of /srv/data/x shows
+ * "/srv/data/x" however it is made (open_tree, move_mount, idmapped or not). Only a
+ * filesystem whose own root is the directory shows "/": an overlay, whose options name the
+ * layers as given, here by this process's fds. */
 int cb_ns_hide_bind(int rootfd, const char *dst)
 {
 	char opts[96], path[4096] = "/tmp/";

@@ -65,6 +65,16 @@ class HostAddressTest(cbtest.CowboxTestCase):
         cls.port = cls.srv.getsockname()[1]
         cls.accepted = 0
 
+        def answer(c):
+            with c:
+                c.settimeout(5)
+                try:
+                    c.recv(4096)
+                    c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 15\r\n\r\n"
+                              b"hello from host")
+                except OSError:
+                    pass
+
         def serve():
             while True:
                 try:
@@ -72,18 +82,17 @@ class HostAddressTest(cbtest.CowboxTestCase):
                 except OSError:
                     return
                 cls.accepted += 1
-                with c:
-                    c.settimeout(5)
-                    try:
-                        c.recv(4096)
-                        c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 15\r\n\r\n"
-                                  b"hello from host")
-                    except OSError:
-                        pass
+                # each answered on a thread of its own: a client that sends nothing holds
+                # only its own connection, never the count of the next one
+                threading.Thread(target=answer, args=(c,), daemon=True).start()
         threading.Thread(target=serve, daemon=True).start()
 
     @classmethod
     def tearDownClass(cls):
+        try:
+            cls.srv.shutdown(socket.SHUT_RDWR)  # wakes the accept (close alone would not)
+        except OSError:
+            pass
         cls.srv.close()
 
     def setUp(self):
@@ -106,7 +115,7 @@ class HostAddressTest(cbtest.CowboxTestCase):
                         what="the listener on the host's new address")
         # the listener's thread counts the probe when it gets to accept it, which on a
         # loaded machine came after a test read its count: the churn race saw that as a leak
-        cbtest.wait_for(lambda: type(self).accepted > probes, 10,
+        cbtest.wait_for(lambda: type(self).accepted > probes, 30,
                         what="the listener to accept the probe")
 
     def workspace(self, network, *allow):

@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 import unittest
@@ -343,6 +344,8 @@ class DockerHostAddressTest(HostAddressTest):
         hits, tries = map(int, out.split())
         self.assertGreater(cycles[0], 2)
         self.assertGreater(tries, 0)
+        sys.stderr.write("docker churn: %d address cycles, %d connects, %d through\n"
+                         % (cycles[0], tries, hits))
         self.assertEqual((hits, self.accepted - before), (0, 0),
                          "%d cycles, %d tries" % (cycles[0], tries))
 

@@ -15,6 +15,7 @@
 #include "common.h"
 #include "cowbox/error.h"
 #include "cowbox/image.h"
+#include "exec/pasta_guard.h"
 
 #define DOCKER_MAX_ARGS	   4096
 #define DOCKER_MAX_RUNNING 256
@@ -34,7 +35,8 @@ struct docker_running {
 struct docker_state {
 	char name[64]; /* cowbox-<ref> */
 	int netns_fd;
-	pthread_mutex_t lock; /* guards running and next_token */
+	struct cb_pasta_guard *guard; /* network all: the host's addresses kept out */
+	pthread_mutex_t lock;	      /* guards running and next_token */
 	struct docker_running running[DOCKER_MAX_RUNNING];
 	unsigned long next_token;
 };
@@ -96,6 +98,44 @@ static int docker_check(char *const *argv, double timeout, char **out)
 	return rc;
 }
 
+/* Network all: the engine's bridge routes the container to every address of the host, whose
+ * services listen there. Two walls, neither within the container's reach (it has no
+ * CAP_NET_ADMIN over its namespace, nor raw sockets): its namespace's firewall rejects each
+ * address of the host's interfaces, rewritten on each change of them (exec/pasta_guard.c);
+ * and the host's INPUT refuses the container's own addresses in the direction of the
+ * connections it starts, per packet, so a new address is refused before that rewrite. */
+static int docker_guard(struct docker_state *s)
+{
+	char *inspect[] = {"docker",
+			   "inspect",
+			   "-f",
+			   "{{range .NetworkSettings.Networks}}{{.IPAddress}} "
+			   "{{.GlobalIPv6Address}} {{end}}",
+			   s->name,
+			   NULL};
+	char *addrs = NULL, *save = NULL, *a, *c;
+	int rc, n = 0;
+
+	if (s->netns_fd < 0)
+		return cb_error_set(EOPNOTSUPP,
+				    "network all: the container's network namespace is out of "
+				    "reach (a remote engine?), so the host's own addresses cannot "
+				    "be kept from it");
+	if ((rc = cb_pasta_guard_start(s->netns_fd, &s->guard)) < 0 ||
+	    (rc = docker_check(inspect, 60, &addrs)) < 0)
+		return rc;
+	cb_pasta_source_purge(s->name); /* a killed daemon's, for an address now another's */
+	for (c = addrs; !rc && (a = strtok_r(c, " ", &save)); c = NULL, n++)
+		rc = cb_pasta_source_rule(a, s->name);
+	if (!rc && !n)
+		rc = cb_error_set(EOPNOTSUPP,
+				  "network all: the container %s has no address on the engine's "
+				  "network to keep from the host's own",
+				  s->name);
+	free(addrs);
+	return rc;
+}
+
 static int docker_create(struct cb_backend *b)
 {
 	struct docker_state *s = calloc(1, sizeof(*s));
@@ -127,6 +167,11 @@ static int docker_create(struct cb_backend *b)
 	if (b->opt.net != CB_BACKEND_NET_ALL) {
 		argv[n++] = "--network";
 		argv[n++] = b->opt.net == CB_BACKEND_NET_HOST ? "host" : "none";
+	} else {
+		/* no raw sockets: a frame of its own making would pass the namespace's rules
+		 * and could carry another source address past the host's (docker_guard) */
+		argv[n++] = "--cap-drop";
+		argv[n++] = "NET_RAW";
 	}
 	/* host_url's forwarder listens on the container's own loopback. */
 	argv[n++] = "--add-host";
@@ -213,6 +258,14 @@ static int docker_create(struct cb_backend *b)
 						 cb_backend_net_name(b->opt.net))
 				  : cb_backend_proxy_start(b, s->netns_fd)) < 0) {
 		close(s->netns_fd);
+		docker_remove_quietly(s->name);
+		goto out;
+	}
+	if (b->opt.net == CB_BACKEND_NET_ALL && (rc = docker_guard(s)) < 0) {
+		cb_pasta_guard_stop(s->guard);
+		cb_pasta_source_purge(s->name);
+		if (s->netns_fd >= 0)
+			close(s->netns_fd);
 		docker_remove_quietly(s->name);
 		goto out;
 	}
@@ -482,6 +535,8 @@ static void docker_close(struct cb_backend *b)
 	if (!s)
 		return;
 	docker_remove_quietly(s->name);
+	cb_pasta_guard_stop(s->guard);
+	cb_pasta_source_purge(s->name);
 	b->netns_fd = -1;
 	if (s->netns_fd >= 0)
 		close(s->netns_fd);
@@ -504,6 +559,7 @@ static int docker_remove_leftovers(const char *ref)
 	char name[64];
 
 	snprintf(name, sizeof(name), "cowbox-%s", ref);
+	cb_pasta_source_purge(name);
 	return docker_remove_quietly(name);
 }
 

@@ -50,6 +50,7 @@ struct cb_ns_entry {
 	int over;    /* onto a file the root has already (no mount point made) */
 	int tree;    /* detached clone opened by a privileged caller before clone, else -1 */
 	int idmap;   /* bind through an idmapped mount (plan->idmap_*) */
+	int hide;    /* read-only directory shown as an overlay's layer (cb_ns_attach_hidden) */
 };
 
 #define CB_NS_MAX_ENTRIES 64
@@ -201,14 +202,17 @@ int cb_cgroup_dirfd(const struct cb_cgroup *cg);
 /* Remove the group once its processes are gone (waiting briefly for them); NULL is fine. */
 void cb_cgroup_destroy(struct cb_cgroup *cg);
 
-/* Network all's guard (exec/pasta_guard.c): every address of the caller's (the host's)
- * interfaces rejected in netns_fd's firewall, unless it leaves through lo there, and rewritten
- * by a thread of its own at each change of the host's addresses. 0 once the first rules are
- * in; -errno with a message (iptables-restore missing or failing) otherwise. */
-struct cb_pasta_guard;
-int cb_pasta_guard_start(int netns_fd, struct cb_pasta_guard **out);
+/* Child side, before pivot_root (the new root is rootfd, at /tmp): replace the read-only bind
+ * of a directory at dst under rootfd by a read-only overlay whose one real layer it is (the
+ * other an empty tmpfs), so that /proc/self/mountinfo shows the overlay's root "/" and
+ * "lowerdir=/proc/self/fd/N:..." where the bind showed the directory's path in its
+ * filesystem (a host path). 0 done; 1 not done, the bind left as it was (no overlay
+ * filesystem, or a layer it refuses: too deep a stack); -1 with errno when the bind is gone. */
+int cb_ns_hide_bind(int rootfd, const char *dst);
 
-/* Stop its thread and free g (the rules stay with the namespace); NULL is fine. */
-void cb_pasta_guard_stop(struct cb_pasta_guard *g);
+/* Child side, before pivot_root: a copy of the file tree holds (a detached clone) made in
+ * the root tmpfs and bound read-only at dst, its name then removed: mountinfo shows a
+ * deleted file of the tmpfs, not the host file's path. 0, or -1 with errno. */
+int cb_ns_copy_file(int tree, int rootfd, const char *dst);
 
 #endif

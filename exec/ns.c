@@ -72,7 +72,12 @@ static int add_root_dir(struct cb_ns_plan *p, const char *prefix, const char *na
 	}
 	if (!S_ISDIR(st.st_mode))
 		return 0;
-	return add_entry(p, CB_NS_BIND_RO, path, name);
+	int rc = add_entry(p, CB_NS_BIND_RO, path, name);
+	/* an image's (under $COWBOX_HOME) would show its host path, and it never changes while
+	 * held; the host's /usr is /usr */
+	if (rc == 0)
+		p->entries[p->n_entries - 1].hide = *prefix != 0;
+	return rc;
 }
 
 /* The trust bundle over the root's own (a regular file, not a link that could lead the bind
@@ -89,6 +94,8 @@ static int add_ca_bundle(struct cb_ns_plan *p, const char *prefix, const char *b
 	if (rc == 0) {
 		p->entries[p->n_entries - 1].is_file = 1;
 		p->entries[p->n_entries - 1].over = 1;
+		/* a copy: a bind would show its path under $COWBOX_HOME in mountinfo */
+		p->entries[p->n_entries - 1].hide = 1;
 	}
 	return rc;
 }
@@ -161,6 +168,8 @@ static int add_extra_bind(struct cb_ns_plan *p, const struct cb_sandbox_bind *b)
 					    "the sandbox builds itself",
 					    b->dst, reserved[i]);
 	int rc = add_entry(p, b->writable ? CB_NS_BIND_RW : CB_NS_BIND_RO, b->src, dst);
+	/* not hidden (cb_ns_hide_bind): an overlay caches names, and a volume's host directory
+	 * may change under a running command */
 	if (rc == 0)
 		p->entries[p->n_entries - 1].is_file = !S_ISDIR(st.st_mode);
 	return rc;
@@ -618,7 +627,7 @@ int cb_ns_setup_root(const struct cb_ns_plan *p, int ctl)
 		if ((trees[i] = clone_tree(e, -1)) < 0)
 			FAIL("bind", e->src);
 	}
-	if (mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID, "mode=0755,size=1m") < 0)
+	if (mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID, "mode=0755,size=2m") < 0)
 		FAIL("mount the root tmpfs", NULL);
 	rootfd = open("/tmp", O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (rootfd < 0)
@@ -653,9 +662,19 @@ int cb_ns_setup_root(const struct cb_ns_plan *p, int ctl)
 					FAIL("make the mount point", e->dst);
 				}
 			}
+			if (e->hide && e->is_file) {
+				if (cb_ns_copy_file(e->tree >= 0 ? e->tree : trees[i], rootfd,
+						    e->dst) < 0)
+					FAIL("copy", e->src);
+				break;
+			}
 			if (syscall(SYS_move_mount, e->tree >= 0 ? e->tree : trees[i], "", rootfd,
 				    e->dst, MOVE_MOUNT_F_EMPTY_PATH) < 0)
 				FAIL("attach", e->src);
+			/* an overlay the kernel cannot make leaves the plain bind (and its
+			 * path in mountinfo) */
+			if (e->hide && cb_ns_hide_bind(rootfd, e->dst) < 0)
+				FAIL("hide the host path of", e->dst);
 		}
 	}
 	if (mount("proc", "/tmp/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -333,4 +334,113 @@ int cb_ns_harden(const struct cb_ns_plan *p, int ctl)
 		return -1;
 	}
 	return 0;
+}
+
+/* "/proc/self/fd/N" after out (no stdio: the sandbox's child between clone and exec). */
+static char *fd_path(char *out, int fd)
+{
+	char digits[12];
+	size_t n = 0;
+
+	memcpy(out, "/proc/self/fd/", 14);
+	out += 14;
+	do
+		digits[n++] = (char)('0' + fd % 10);
+	while ((fd /= 10) > 0);
+	while (n)
+		*out++ = digits[--n];
+	*out = 0;
+	return out;
+}
+
+/* Why an overlay: mountinfo's fourth field is the path of the mount's root dentry from its
+ * superblock's root, whatever mount it was cloned from, so a bind of /srv/data/x shows
+ * "/srv/data/x" however it is made (open_tree, move_mount, idmapped or not). Only a
+ * filesystem whose own root is the directory shows "/": an overlay, whose options name the
+ * layers as given, here by this process's fds. */
+int cb_ns_hide_bind(int rootfd, const char *dst)
+{
+	char opts[96], path[4096] = "/tmp/";
+	int fs = -1, empty = -1, ov = -1, lower, rc = 1, err = 0;
+
+	/* the bind as attached here: a layer must be a mount of this namespace (a tree cloned
+	 * before clone is another's, and another user namespace's) */
+	lower = openat(rootfd, dst, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	fs = (int)syscall(SYS_fsopen, "tmpfs", FSOPEN_CLOEXEC);
+	if (lower < 0 || fs < 0 ||
+	    syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "size", "4k", 0) < 0 ||
+	    syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "mode", "0755", 0) < 0 ||
+	    syscall(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0 ||
+	    (empty = (int)syscall(SYS_fsmount, fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_RDONLY)) < 0)
+		goto out;
+	close(fs);
+	/* an overlay without an upper layer needs two lower ones: the empty one second */
+	*fd_path(opts, lower) = ':';
+	fd_path(strchr(opts, ':') + 1, empty);
+	if ((fs = (int)syscall(SYS_fsopen, "overlay", FSOPEN_CLOEXEC)) < 0 ||
+	    syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "lowerdir", opts, 0) < 0 ||
+	    syscall(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0 ||
+	    (ov = (int)syscall(SYS_fsmount, fs, FSMOUNT_CLOEXEC,
+			       MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)) < 0)
+		goto out;
+	/* the overlay holds a private clone of the layer: the bind itself goes */
+	strncat(path, dst, sizeof path - 6);
+	rc = -1;
+	if (umount2(path, MNT_DETACH) == 0 &&
+	    syscall(SYS_move_mount, ov, "", rootfd, dst, MOVE_MOUNT_F_EMPTY_PATH) == 0)
+		rc = 0;
+	err = errno;
+out:
+	if (rc > 0)
+		err = errno;
+	if (lower >= 0)
+		close(lower);
+	if (fs >= 0)
+		close(fs);
+	if (empty >= 0)
+		close(empty);
+	if (ov >= 0)
+		close(ov);
+	errno = err;
+	return rc;
+}
+
+int cb_ns_copy_file(int tree, int rootfd, const char *dst)
+{
+	static const char name[] = ".cowbox-copy";
+	char buf[8192], path[4096] = "/tmp/", from[32];
+	int in, out = -1, rc = -1, err;
+	ssize_t n = 0;
+
+	*fd_path(from, tree) = 0;
+	in = open(from, O_RDONLY | O_CLOEXEC);
+	if (in < 0 ||
+	    (out = openat(rootfd, name, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0444)) < 0)
+		goto out;
+	while ((n = read(in, buf, sizeof buf)) > 0)
+		for (char *b = buf; n > 0;) {
+			ssize_t w = write(out, b, (size_t)n);
+			if (w < 0)
+				goto out;
+			b += w;
+			n -= w;
+		}
+	if (n < 0)
+		goto out;
+	strncat(path, dst, sizeof path - 6);
+	/* read-only, or the sandbox's root (the copy's owner) could chmod and change it */
+	if (mount("/tmp/.cowbox-copy", path, NULL, MS_BIND, NULL) == 0 &&
+	    mount(NULL, path, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV,
+		  NULL) == 0)
+		rc = 0;
+out:
+	err = errno;
+	if (in >= 0)
+		close(in);
+	if (out >= 0) {
+		close(out);
+		unlinkat(rootfd, name, 0);
+	}
+	errno = err;
+	return rc;
 }

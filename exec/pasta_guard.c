@@ -416,6 +416,75 @@ int cb_pasta_host_rule(void)
 	return rc;
 }
 
+/* A container's packets reach the host through the engine's bridge: its INPUT sees only what
+ * the host delivers to itself, so one chain, first in INPUT, refuses the container's address
+ * there (see cb_pasta_source_rule). */
+#define SOURCE_CHAIN "COWBOX-SOURCE-IN"
+
+int cb_pasta_source_rule(const char *addr, const char *tag)
+{
+	const char *tool = strchr(addr, ':') ? "ip6tables" : "iptables";
+	const char *const tcp[] = {"-s",	addr,  "-m",	    "comment", "--comment",
+				   tag,		"-m",  "conntrack", "--ctdir", "ORIGINAL",
+				   "-p",	"tcp", "-j",	    "REJECT",  "--reject-with",
+				   "tcp-reset", NULL};
+	const char *const other[] = {"-s", addr,     "-m",	  "comment", "--comment",
+				     tag,  "-m",     "conntrack", "--ctdir", "ORIGINAL",
+				     "-j", "REJECT", NULL};
+	char words[300];
+	int rc;
+
+	if ((rc = host_chain_ensure(tool, "INPUT", SOURCE_CHAIN, words, sizeof words)) == 0 &&
+	    (rc = host_rule_ensure(tool, SOURCE_CHAIN, tcp, words, sizeof words)) == 0)
+		rc = host_rule_ensure(tool, SOURCE_CHAIN, other, words, sizeof words);
+	if (rc > 0)
+		rc = cb_error_set(EPERM,
+				  "network all: cannot keep the host's addresses from %s: %s: %s",
+				  addr, tool, *words ? words : "failed");
+	return rc;
+}
+
+/* Each rule of the chain that names tag, deleted: the listing (one line per rule, run_tool
+ * joins them with blanks) cut at each "-A ", its words given back with -D. */
+static void source_purge(const char *tool, const char *tag)
+{
+	char *const list[] = {(char *)tool, "-w", "-S", SOURCE_CHAIN, NULL};
+	size_t size = 65536, tlen = strlen(tag);
+	char *all = malloc(size), *rule, *next;
+
+	if (!all || run_tool(-1, list, NULL, 0, all, size) != 0) {
+		free(all);
+		return;
+	}
+	for (rule = strstr(all, "-A "); rule; rule = next) {
+		char *argv[40], *c = rule, *save = NULL, *w, *hit, words[300];
+		size_t n = 0;
+
+		if ((next = strstr(rule + 3, " -A ")))
+			*next++ = 0;
+		hit = strstr(rule, "--comment ");
+		if (!hit || strncmp(hit + 10, tag, tlen) ||
+		    (hit[10 + tlen] && hit[10 + tlen] != ' '))
+			continue;
+		argv[n++] = (char *)tool;
+		argv[n++] = "-w";
+		for (; n < sizeof argv / sizeof *argv - 1 && (w = strtok_r(c, " ", &save));
+		     c = NULL)
+			argv[n++] = w;
+		argv[n] = NULL;
+		argv[2] = "-D";
+		(void)run_tool(-1, argv, NULL, 0, words, sizeof words);
+	}
+	free(all);
+}
+
+void cb_pasta_source_purge(const char *tag)
+{
+	source_purge("iptables", tag);
+	if (host_has_ipv6())
+		source_purge("ip6tables", tag);
+}
+
 /* The host's addresses now, into the namespace's rules. IPv6's only matter when the host has
  * any (a kernel without IPv6 has no ip6tables either). */
 static int guard_apply(struct cb_pasta_guard *g)

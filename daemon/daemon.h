@@ -132,8 +132,10 @@ int cb_daemon_ids(const char *dir, int privileged, unsigned long *base);
 int cb_daemon_base_watch(struct cb_daemon *d, const char *when);
 
 /* Record the open turn labelled label, as the snapshot op does (daemon/ops_turns.c); *turn
- * gets its number. Takes the turn lock. */
-int cb_daemon_snapshot_labelled(struct cb_daemon *d, const char *label, long long *turn);
+ * gets its number. With skip_empty, nothing changed since the latest turn records none and
+ * *turn is the latest. Takes the turn lock. */
+int cb_daemon_snapshot_labelled(struct cb_daemon *d, const char *label, int skip_empty,
+				long long *turn);
 /* The same for a caller that holds the turn lock already (merge records its writes). */
 int cb_daemon_snapshot_locked(struct cb_daemon *d, const char *label, long long *turn);
 

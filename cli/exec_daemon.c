@@ -14,6 +14,7 @@
 
 #include "cowbox/box.h"
 #include "cowbox/error.h"
+#include "cmd_common.h"
 #include "exec.h"
 
 /* Output as it comes: to fds 1 and 2, or kept for --json. */
@@ -87,6 +88,7 @@ int cli_exec_daemon(const struct cli_exec_opts *o, struct cb_exec_result *res)
 	struct daemon_sig sig = {0};
 	struct cb_box_proc *p = NULL;
 	struct cb_box *box = NULL;
+	struct cli_phase_watch *watch;
 	int rc, thread = 0, in_open = 1;
 	char buf[65536];
 
@@ -95,8 +97,11 @@ int cli_exec_daemon(const struct cli_exec_opts *o, struct cb_exec_result *res)
 		ro.timeout = o->timeout; /* 0: the workspace's option (the API has no "none") */
 	if ((rc = cb_box_open(o->ref, &box)) < 0)
 		goto out;
-	if ((rc = cb_box_exec(box, o->shell ? NULL : (const char *const *)o->cmd, o->shell, &ro,
-			      &p)) < 0)
+	/* the first command boots the backend (the vm: minutes under TCG): say how far it is */
+	watch = cli_phase_watch_start("exec", cb_box_ref(box));
+	rc = cb_box_exec(box, o->shell ? NULL : (const char *const *)o->cmd, o->shell, &ro, &p);
+	cli_phase_watch_stop(watch);
+	if (rc < 0)
 		goto out;
 	cli_exec_signals(&sig.set);
 	thread = pthread_create(&sig.thread, NULL, daemon_sig_loop, &sig) == 0;

@@ -108,6 +108,10 @@ struct cb_daemon {
 	struct cb_backend *api_backend;
 	struct api_ref *api_refs;
 	int api_released;
+	/* What the backend's create is doing now (the vm's boot), "" when nothing: the info op
+	 * says it, so a client waiting on a first command can show it. Under phase_lock. */
+	pthread_mutex_t phase_lock;
+	char phase[256];
 	/* The API's running commands (daemon/ops_api.c), the one table of them: exec and run
 	 * list themselves by (connection, id) there, stdin and kill find them there, a hang-up
 	 * and the daemon's stop kill them from there. running_cond: a start, an end, a

@@ -56,8 +56,9 @@ static int net_any_row(const struct cb_netlog_row *row, void *arg)
  * to return); it gets the turn and the rows. With "skip_empty" a snapshot that finds nothing
  * differing from the latest turn (no content, type, mode or metadata change) records no
  * turn: *turn_out is the latest turn and the result says "recorded": false. The first turn
- * is always recorded (the baseline), and so is an open turn the egress proxy logged
- * connections in (its diff --network is not empty). */
+ * is recorded even so (the baseline; "first_too" skips it as well: a rollback's keep), and so
+ * is an open turn the egress proxy logged connections in (its diff --network is not
+ * empty). */
 static int turns_snapshot_synced(struct cb_daemon *d, json_t *req, struct cb_daemon_conn *conn,
 				 json_t *id, json_t **result, long long *turn_out, int synced)
 {
@@ -74,15 +75,15 @@ static int turns_snapshot_synced(struct cb_daemon *d, json_t *req, struct cb_dae
 	if (!ret && !synced)
 		ret = turns_sync(d);
 	if (!ret && json_is_true(json_object_get(req, "skip_empty"))) {
-		int net = 0;
+		int first = latest < 1 && !json_is_true(json_object_get(req, "first_too")), net = 0;
 
-		if (latest >= 1) {
+		if (!first) {
 			cb_daemon_net_flush();
 			net = cb_db_netlog_range(d->db, latest, -1, net_any_row, NULL);
 		}
 		if (net < 0)
 			ret = net;
-		else if (latest < 1 || net > 0)
+		else if (first || net > 0)
 			json_object_del(req, "skip_empty");
 	}
 	/* A base file changed behind our back (the watch saw it) is journaled in this turn. */
@@ -415,8 +416,9 @@ static int rollback_keep_open_turn(struct cb_daemon *d, long long to, long long 
 		return ret;
 	snprintf(label, sizeof(label), "before rollback to %lld", to);
 	/* op_rollback synced a moment ago, under the same lock */
-	ret = turns_snapshot_synced(d, json_pack("{s:s, s:b}", "label", label, "skip_empty", 1),
-				    NULL, NULL, &snap, kept, 1);
+	ret = turns_snapshot_synced(
+	    d, json_pack("{s:s, s:b, s:b}", "label", label, "skip_empty", 1, "first_too", 1), NULL,
+	    NULL, &snap, kept, 1);
 	/* Rows, but nothing changed (a file opened for writing and left as it was): no turn
 	 * (turns_snapshot_synced put the journal's turn back). */
 	if (!ret && json_is_false(json_object_get(snap, "recorded")))

@@ -663,8 +663,12 @@ class SparseFilesTest(CowboxTestCase):
         self.assertIn("bound", proc.stderr)
         self.assertLess(took, 30)
         self.assertLess(self.blob_bytes() - before, 1 << 20)
-        # the workspace goes on: without the file the turn records
+        # the workspace goes on: without the file the snapshot succeeds (nothing changed
+        # since turn 1, its answer), and the next change records turn 2
         os.unlink(os.path.join(self.mnt, "huge"))
+        self.assertEqual(self.cowbox_json("snapshot", "w")["turn"], 1)
+        with open(os.path.join(self.mnt, "small"), "w") as f:
+            f.write("small\n")
         self.assertEqual(self.cowbox_json("snapshot", "w")["turn"], 2)
 
     def test_sparse_file_is_kept_and_restored_sparse(self):

@@ -372,9 +372,12 @@ class TurnsTest(CowboxTestCase):
             f.write("changed in the fork\n")
         self.cowbox("rollback", "w2", "1")
         self.assertEqual(self.read("src/a.c", m2), "forked content\n")
-        # deleting the original does not break the fork (blobs are shared by links)
+        # deleting the original does not break the fork (blobs are shared by links): turn 2
+        # (the change kept before that rollback) and back to the forked turn 1
         self.cowbox("rm", "w")
         self.cowbox("rollback", "w2", "2")
+        self.assertEqual(self.read("src/a.c", m2), "changed in the fork\n")
+        self.cowbox("rollback", "w2", "1")
         self.assertEqual(tree_state(m2), want)
         self.assertLess(elapsed, 10)
         self.assert_fails(["fork", "w2", "99", "--name", "w3"], "turn 99 does not exist")

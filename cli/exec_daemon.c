@@ -19,6 +19,7 @@
 
 /* Output as it comes: to fds 1 and 2, or kept for --json. */
 struct daemon_out {
+	struct cli_phase_watch *watch; /* the boot's phases, until the first output */
 	int json;
 	char *buf[2];
 	size_t len[2];
@@ -30,6 +31,8 @@ static void daemon_output(int stream, const void *data, size_t len, void *arg)
 	struct daemon_out *d = arg;
 	int s = stream == 2;
 
+	cli_phase_watch_stop(d->watch);
+	d->watch = NULL;
 	if (!d->json) {
 		for (size_t off = 0; off < len;) {
 			ssize_t n = write(s ? 2 : 1, (const char *)data + off, len - off);
@@ -88,7 +91,6 @@ int cli_exec_daemon(const struct cli_exec_opts *o, struct cb_exec_result *res)
 	struct daemon_sig sig = {0};
 	struct cb_box_proc *p = NULL;
 	struct cb_box *box = NULL;
-	struct cli_phase_watch *watch;
 	int rc, thread = 0, in_open = 1;
 	char buf[65536];
 
@@ -97,12 +99,12 @@ int cli_exec_daemon(const struct cli_exec_opts *o, struct cb_exec_result *res)
 		ro.timeout = o->timeout; /* 0: the workspace's option (the API has no "none") */
 	if ((rc = cb_box_open(o->ref, &box)) < 0)
 		goto out;
-	/* the first command boots the backend (the vm: minutes under TCG): say how far it is */
-	watch = cli_phase_watch_start("exec", cb_box_ref(box));
-	rc = cb_box_exec(box, o->shell ? NULL : (const char *const *)o->cmd, o->shell, &ro, &p);
-	cli_phase_watch_stop(watch);
-	if (rc < 0)
+	if ((rc = cb_box_exec(box, o->shell ? NULL : (const char *const *)o->cmd, o->shell, &ro,
+			      &p)) < 0)
 		goto out;
+	/* the first command boots the backend (the vm: minutes under TCG): how far it is, on a
+	 * terminal, until the command's first output */
+	out.watch = cli_phase_watch_start("exec", cb_box_ref(box));
 	cli_exec_signals(&sig.set);
 	thread = pthread_create(&sig.thread, NULL, daemon_sig_loop, &sig) == 0;
 	for (;;) {
@@ -146,6 +148,7 @@ int cli_exec_daemon(const struct cli_exec_opts *o, struct cb_exec_result *res)
 	res->err_len = out.len[1];
 	out.buf[0] = out.buf[1] = NULL;
 out:
+	cli_phase_watch_stop(out.watch);
 	if (thread) {
 		pthread_kill(sig.thread, SIGUSR1);
 		pthread_join(sig.thread, NULL);

@@ -23,12 +23,14 @@ struct cli_phase_watch {
 	char *ref;
 };
 
-/* One ask: the daemon's backend_phase drawn when it changed. A daemon that is not there yet
- * or hung up is asked again next time. */
-static void watch_ask(struct cli_phase_watch *w, struct cb_client **c, char *shown, size_t size)
+/* One ask: the daemon's backend_phase drawn when it changed, erased when it ends. A daemon
+ * that is not there yet or hung up is asked again next time. 1 once the phase shown ended
+ * (the backend is up: nothing more to show). */
+static int watch_ask(struct cli_phase_watch *w, struct cb_client **c, char *shown, size_t size)
 {
 	json_t *reply = NULL;
 	const char *phase;
+	int done = 0;
 
 	if (!*c && cb_daemon_connect(w->ref, c) < 0)
 		*c = NULL;
@@ -42,9 +44,23 @@ static void watch_ask(struct cli_phase_watch *w, struct cb_client **c, char *sho
 	if (!w->stop && phase && strcmp(phase, shown)) {
 		snprintf(shown, size, "%s", phase);
 		cli_phase(w->cmd, "%s", phase);
+	} else if (!w->stop && !phase && reply && *shown) {
+		cli_phase_done();
+		done = 1;
 	}
 	pthread_mutex_unlock(&w->lock);
 	json_decref(reply);
+	return done;
+}
+
+static int watch_stopped(struct cli_phase_watch *w)
+{
+	int stop;
+
+	pthread_mutex_lock(&w->lock);
+	stop = w->stop;
+	pthread_mutex_unlock(&w->lock);
+	return stop;
 }
 
 static void *watch_loop(void *arg)
@@ -52,13 +68,15 @@ static void *watch_loop(void *arg)
 	struct cli_phase_watch *w = arg;
 	struct cb_client *c = NULL;
 	char shown[256] = "";
-	struct timespec until;
+	struct timespec until, start;
 
-	pthread_mutex_lock(&w->lock);
-	while (!w->stop) {
-		pthread_mutex_unlock(&w->lock);
-		watch_ask(w, &c, shown, sizeof(shown));
+	/* The request that may boot the backend is on its way: a phase shows within a moment,
+	 * or there is no boot and nothing to ask for (a long command is not watched). */
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	while (!watch_stopped(w) && !watch_ask(w, &c, shown, sizeof(shown))) {
 		clock_gettime(CLOCK_MONOTONIC, &until);
+		if (!*shown && until.tv_sec - start.tv_sec >= 5)
+			break;
 		until.tv_nsec += 300 * 1000 * 1000;
 		if (until.tv_nsec >= 1000000000L) {
 			until.tv_sec++;
@@ -67,8 +85,8 @@ static void *watch_loop(void *arg)
 		pthread_mutex_lock(&w->lock);
 		while (!w->stop && pthread_cond_timedwait(&w->cond, &w->lock, &until) != ETIMEDOUT)
 			;
+		pthread_mutex_unlock(&w->lock);
 	}
-	pthread_mutex_unlock(&w->lock);
 	cb_client_close(c);
 	return NULL;
 }

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,6 +142,8 @@ static int backend_first_create(struct cb_backend *b)
 	if (access(marker, F_OK) == 0)
 		return 0;
 	cb_backend_limits_of(&b->opt, &lim);
+	if (b->opt.on_create[0] || b->opt.setup_script)
+		cb_backend_phase(b, "running the on-create hooks and setup script");
 	for (int i = 0; !rc && i < CB_BACKEND_MAX_HOOKS && b->opt.on_create[i]; i++)
 		rc = cb_backend_hook(b, "on_create hook", b->opt.on_create[i], lim.timeout);
 	if (!rc && b->opt.setup_script)
@@ -189,6 +192,21 @@ int cb_backend_join(struct cb_backend *b, int netns_fd)
 	return rc;
 }
 
+void cb_backend_phase(struct cb_backend *b, const char *fmt, ...)
+{
+	char what[256];
+	va_list ap;
+
+	if (!b->phase)
+		return;
+	if (fmt) {
+		va_start(ap, fmt);
+		vsnprintf(what, sizeof(what), fmt, ap);
+		va_end(ap);
+	}
+	b->phase(b->phase_arg, fmt ? what : NULL);
+}
+
 int cb_backend_ensure(struct cb_backend *b)
 {
 	int rc = 0;
@@ -207,6 +225,7 @@ int cb_backend_ensure(struct cb_backend *b)
 			b->ops->close(b);
 			b->created = 0;
 		}
+		cb_backend_phase(b, NULL);
 	}
 	pthread_mutex_unlock(&b->lock);
 	return rc;

@@ -451,6 +451,7 @@ static int vm_create(struct cb_backend *b)
 	if (b->opt.image) {
 		struct cb_backend_image_cap cap;
 
+		cb_backend_phase(b, "booting the vm: unpacking the image %s", b->opt.image);
 		cb_backend_image_cap_of(&b->opt, &cap);
 		rc = cb_backend_image_root_capped(b->opt.image, &cap, &rootfs, &s->image, NULL);
 		/* its User runs the commands that name none, as on ns and docker */
@@ -467,12 +468,19 @@ static int vm_create(struct cb_backend *b)
 	if (rc < 0)
 		goto out;
 	snprintf(initrd, sizeof(initrd), "%s/initrd", s->dir);
+	cb_backend_phase(b, "booting the vm: the agent's initrd");
 	s->kvm = vm_kvm_usable();
 	if ((rc = vm_find_agent(&s->agent)) < 0 || (rc = vm_make_initrd(s->agent, initrd)) < 0 ||
 	    (rc = vm_listen(s)) < 0 ||
-	    (b->opt.net == CB_BACKEND_NET_ALL && (rc = vm_net_start(s)) < 0) ||
-	    (rc = vm_start_qemu(b, s, rootfs)) < 0)
+	    (b->opt.net == CB_BACKEND_NET_ALL && (rc = vm_net_start(s)) < 0))
 		goto out;
+	/* the guest's own boot is the long part (minutes under TCG on a loaded host) */
+	cb_backend_phase(b, "booting the vm: starting qemu (%s)",
+			 s->kvm ? "KVM" : "TCG, no KVM here: slower");
+	if ((rc = vm_start_qemu(b, s, rootfs)) < 0)
+		goto out;
+	cb_backend_phase(b, "booting the vm: waiting for the guest's agent (%s)",
+			 s->kvm ? "KVM" : "TCG");
 	rc = vm_wait_hello(s);
 	/* KVM that did not boot the guest (hung in the firmware: a timeout; or qemu refused by
 	 * it: "failed to set MSR ..."): TCG once, and noted for the host's other daemons, in
@@ -499,6 +507,7 @@ static int vm_create(struct cb_backend *b)
 			if ((rc = vm_net_start(s)) < 0)
 				goto out;
 		}
+		cb_backend_phase(b, "booting the vm: KVM did not boot it, booting again under TCG");
 		if ((rc = vm_start_qemu(b, s, rootfs)) == 0)
 			rc = vm_wait_hello(s);
 		if (rc == 0 || hung) {
@@ -510,7 +519,10 @@ static int vm_create(struct cb_backend *b)
 			    why, vm_cache(), rc == 0 ? "booted under TCG" : "failed under TCG too");
 		}
 	}
-	if (rc < 0 || (rc = vm_relay_start(s)) < 0)
+	if (rc < 0)
+		goto out;
+	cb_backend_phase(b, "booting the vm: the guest is up (kernel %s)", s->kernel);
+	if ((rc = vm_relay_start(s)) < 0)
 		goto out;
 	/* public, allow: no NIC; the egress proxy is the guest's one way out */
 	if (cb_backend_net_proxied(&b->opt) && (rc = vm_forward_proxy(b, s)) < 0)

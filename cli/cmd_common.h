@@ -104,6 +104,14 @@ int cli_turn(const char *ref_arg, const char *s, long long *out);
 void cli_phase(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cli_phase_done(void);
 
+/* While a request waits on the first use of ref's backend (the vm's boot), its daemon's
+ * backend_phase (info) as phase lines of cmd, asked from a thread every 0.3 s; only when
+ * standard error is a terminal (NULL otherwise, or when no thread could start). Stop erases
+ * the line; NULL is accepted. cli/phase_watch.c. */
+struct cli_phase_watch;
+struct cli_phase_watch *cli_phase_watch_start(const char *cmd, const char *ref);
+void cli_phase_watch_stop(struct cli_phase_watch *w);
+
 /* A human size: "0 B", "12.3 KiB", ... into buf. */
 const char *cli_size(long long bytes, char *buf, size_t size);
 

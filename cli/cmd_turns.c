@@ -262,7 +262,9 @@ static void print_event(json_t *ev)
 
 static const char snapshot_usage[] =
     "usage: cowbox snapshot REF [--label TEXT] [--json | --format sha256sum|map] [--changes]\n"
-    "Record a new turn. On a terminal it prints one line, \"turn 5: 2 created, 1 modified,\n"
+    "Record a new turn. Nothing changed since the latest turn and no --label: no turn is\n"
+    "recorded and the latest one is the answer (\"no changes since turn 5\" on a terminal).\n"
+    "On a terminal it prints one line, \"turn 5: 2 created, 1 modified,\n"
     "0 deleted\"; on a pipe, with --json or --format map, every regular file's path and\n"
     "SHA-256 (only what changed since the previous turn with --changes). --format sha256sum\n"
     "prints exactly what sha256sum prints at the mount root, so `sha256sum -c` verifies it\n"
@@ -282,6 +284,12 @@ static int snapshot_summary(const char *ref_arg, const char *label)
 	    &reply);
 	if (status)
 		return status;
+	if (json_is_false(json_object_get(reply, "recorded"))) {
+		printf("no changes since turn %lld\n",
+		       (long long)json_integer_value(json_object_get(reply, "turn")));
+		json_decref(reply);
+		return CLI_OK;
+	}
 	json_array_foreach(json_object_get(reply, "changes"), i, ev)
 	{
 		const char *kind = json_string_value(json_object_get(ev, "event")) ?: "";
@@ -370,7 +378,9 @@ int cmd_snapshot(int argc, char **argv)
 		json_decref(reply);
 		return cli_print_json(out);
 	}
-	printf("turn %lld\n", (long long)json_integer_value(json_object_get(reply, "turn")));
+	printf(json_is_false(json_object_get(reply, "recorded")) ? "no changes since turn %lld\n"
+								 : "turn %lld\n",
+	       (long long)json_integer_value(json_object_get(reply, "turn")));
 	json_array_foreach(json_object_get(reply, "changes"), i, ev) print_event(ev);
 	json_decref(reply);
 	return CLI_OK;

@@ -178,9 +178,15 @@ static int create_hooks(const char *ref, json_t *options, long long *baseline)
 	json_t *reply = NULL;
 	int rc;
 
-	if (!(rc = cb_daemon_ensure(ref, NULL, 30000, NULL)) && !(rc = cb_daemon_connect(ref, &c)))
+	if (!(rc = cb_daemon_ensure(ref, NULL, 30000, NULL)) &&
+	    !(rc = cb_daemon_connect(ref, &c))) {
+		/* the hooks boot the backend first (the vm's boot: its phases) */
+		struct cli_phase_watch *w = cli_phase_watch_start("create", ref);
+
 		rc = cb_client_request(
 		    c, json_pack("{s:s, s:O}", "op", "configure", "options", options), -1, &reply);
+		cli_phase_watch_stop(w);
+	}
 	if (!rc)
 		*baseline = json_integer_value(json_object_get(reply, "baseline_turn"));
 	json_decref(reply);

@@ -14,10 +14,12 @@
 
 #include "cowbox/box.h"
 #include "cowbox/error.h"
+#include "cmd_common.h"
 #include "exec.h"
 
 /* Output as it comes: to fds 1 and 2, or kept for --json. */
 struct daemon_out {
+	struct cli_phase_watch *watch; /* the boot's phases, until the first output */
 	int json;
 	char *buf[2];
 	size_t len[2];
@@ -29,6 +31,8 @@ static void daemon_output(int stream, const void *data, size_t len, void *arg)
 	struct daemon_out *d = arg;
 	int s = stream == 2;
 
+	cli_phase_watch_stop(d->watch);
+	d->watch = NULL;
 	if (!d->json) {
 		for (size_t off = 0; off < len;) {
 			ssize_t n = write(s ? 2 : 1, (const char *)data + off, len - off);
@@ -98,6 +102,9 @@ int cli_exec_daemon(const struct cli_exec_opts *o, struct cb_exec_result *res)
 	if ((rc = cb_box_exec(box, o->shell ? NULL : (const char *const *)o->cmd, o->shell, &ro,
 			      &p)) < 0)
 		goto out;
+	/* the first command boots the backend (the vm: minutes under TCG): how far it is, on a
+	 * terminal, until the command's first output */
+	out.watch = cli_phase_watch_start("exec", cb_box_ref(box));
 	cli_exec_signals(&sig.set);
 	thread = pthread_create(&sig.thread, NULL, daemon_sig_loop, &sig) == 0;
 	for (;;) {
@@ -141,6 +148,7 @@ int cli_exec_daemon(const struct cli_exec_opts *o, struct cb_exec_result *res)
 	res->err_len = out.len[1];
 	out.buf[0] = out.buf[1] = NULL;
 out:
+	cli_phase_watch_stop(out.watch);
 	if (thread) {
 		pthread_kill(sig.thread, SIGUSR1);
 		pthread_join(sig.thread, NULL);

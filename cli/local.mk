@@ -11,7 +11,7 @@ cowbox_LDADD = daemon/libcb_daemon.la backends/libcb_backends.la net/libcb_net.l
 	ws/libcb_ws.la fs/libcb_fs.la db/libcb_db.la util/libcb_util.la $(COWBOX_BIN_DEPS)
 cowbox_SOURCES += cli/cmd_turns.c cli/map_print.h cli/map_print.c cli/cmd_fsck.c cli/cmd_net.c \
 	cli/cmd_image.c
-cowbox_SOURCES += cli/cmd_access.c cli/cmd_apply.c
+cowbox_SOURCES += cli/cmd_access.c cli/cmd_apply.c cli/phase_watch.c
 dist_man_MANS += man/cowbox.1
 
 # merge: a fork's changes brought back into a workspace

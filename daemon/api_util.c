@@ -45,6 +45,16 @@ static struct cb_backend *ref_drop(struct cb_daemon *d, struct cb_backend *b)
 	return b;
 }
 
+/* b->phase: kept for the info op ("backend_phase"). */
+static void backend_phase(void *arg, const char *what)
+{
+	struct cb_daemon *d = arg;
+
+	pthread_mutex_lock(&d->phase_lock);
+	snprintf(d->phase, sizeof(d->phase), "%s", what ? what : "");
+	pthread_mutex_unlock(&d->phase_lock);
+}
+
 int cb_api_backend(struct cb_daemon *d, int create, struct cb_backend **out)
 {
 	struct api_ref *r;
@@ -67,6 +77,8 @@ int cb_api_backend(struct cb_daemon *d, int create, struct cb_backend **out)
 			d->api_backend->io_arg = d;
 			d->api_backend->net_record = cb_daemon_net_record;
 			d->api_backend->net_record_arg = d;
+			d->api_backend->phase = backend_phase;
+			d->api_backend->phase_arg = d;
 			r->b = d->api_backend;
 			r->refs = 1; /* the daemon's own */
 			r->next = d->api_refs;

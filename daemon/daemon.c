@@ -399,6 +399,7 @@ static void daemon_free(struct cb_daemon *d)
 	pthread_mutex_destroy(&d->idle_lock);
 	pthread_cond_destroy(&d->idle_cond);
 	pthread_mutex_destroy(&d->api_lock);
+	pthread_mutex_destroy(&d->phase_lock);
 	pthread_mutex_destroy(&d->running_lock);
 	pthread_cond_destroy(&d->running_cond);
 	pthread_mutex_destroy(&d->api_stop_lock);
@@ -578,6 +579,7 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	pthread_mutex_init(&d.idle_lock, NULL);
 	pthread_cond_init(&d.idle_cond, NULL);
 	pthread_mutex_init(&d.api_lock, NULL);
+	pthread_mutex_init(&d.phase_lock, NULL);
 	pthread_mutex_init(&d.running_lock, NULL);
 	pthread_cond_init(&d.running_cond, NULL);
 	pthread_mutex_init(&d.api_stop_lock, NULL);

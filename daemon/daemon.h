@@ -108,6 +108,10 @@ struct cb_daemon {
 	struct cb_backend *api_backend;
 	struct api_ref *api_refs;
 	int api_released;
+	/* What the backend's create is doing now (the vm's boot), "" when nothing: the info op
+	 * says it, so a client waiting on a first command can show it. Under phase_lock. */
+	pthread_mutex_t phase_lock;
+	char phase[256];
 	/* The API's running commands (daemon/ops_api.c), the one table of them: exec and run
 	 * list themselves by (connection, id) there, stdin and kill find them there, a hang-up
 	 * and the daemon's stop kill them from there. running_cond: a start, an end, a
@@ -132,8 +136,10 @@ int cb_daemon_ids(const char *dir, int privileged, unsigned long *base);
 int cb_daemon_base_watch(struct cb_daemon *d, const char *when);
 
 /* Record the open turn labelled label, as the snapshot op does (daemon/ops_turns.c); *turn
- * gets its number. Takes the turn lock. */
-int cb_daemon_snapshot_labelled(struct cb_daemon *d, const char *label, long long *turn);
+ * gets its number. With skip_empty, nothing changed since the latest turn records none and
+ * *turn is the latest. Takes the turn lock. */
+int cb_daemon_snapshot_labelled(struct cb_daemon *d, const char *label, int skip_empty,
+				long long *turn);
 /* The same for a caller that holds the turn lock already (merge records its writes). */
 int cb_daemon_snapshot_locked(struct cb_daemon *d, const char *label, long long *turn);
 

@@ -93,7 +93,7 @@ static int op_apply(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *re
 	if (jt && !json_is_null(jt)) {
 		b = json_integer_value(jt);
 		a = b - 1;
-	} else if ((rc = cb_daemon_snapshot_labelled(d, "apply", &b)) < 0) {
+	} else if ((rc = cb_daemon_snapshot_labelled(d, "apply", 1, &b)) < 0) {
 		goto out;
 	}
 	pthread_mutex_lock(&d->turn_lock);

@@ -98,6 +98,10 @@ static int op_info(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 		cb_daemon_basehash_info(d, r);
 		json_object_update_new(r, cb_daemon_access_json(conn));
 		cb_daemon_idle_info(d, r);
+		pthread_mutex_lock(&d->phase_lock);
+		if (d->phase[0])
+			json_object_set_new(r, "backend_phase", json_string(d->phase));
+		pthread_mutex_unlock(&d->phase_lock);
 	}
 	return cb_daemon_reply(conn, json_object_get(req, "id"), r);
 }

@@ -165,7 +165,7 @@ static int op_configure(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t
 		return rc;
 	hooks = b->opt.on_create[0] || b->opt.setup_script;
 	if (opt && hooks && !b->created && !(rc = cb_backend_ensure(b)))
-		rc = cb_daemon_snapshot_labelled(d, "on_create", &baseline);
+		rc = cb_daemon_snapshot_labelled(d, "on_create", 0, &baseline);
 	if (!rc)
 		rc = cb_backend_workdir(b->opt.kind, b->root, b->opt.working_dir, &workdir);
 	reply = rc ? NULL

@@ -138,17 +138,25 @@ static int op_publish(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *
 void cb_daemon_publish_info(struct cb_daemon *d, json_t *r)
 {
 	struct cb_backend *b = NULL;
-	int open;
+	int open, busy;
 
 	pthread_mutex_lock(&d->api_lock);
 	open = d->api_backend != NULL;
 	pthread_mutex_unlock(&d->api_lock);
-	/* a backend not opened yet has published nothing: info does not open it */
-	if (!open || cb_api_backend(d, 0, &b) < 0) {
+	pthread_mutex_lock(&d->phase_lock);
+	busy = d->phase[0] != 0;
+	pthread_mutex_unlock(&d->phase_lock);
+	/* A backend not opened yet has published nothing: info does not open it. Nor has one
+	 * being created, whose lock its create holds for the whole vm boot or hooks: info
+	 * answers meanwhile (with the backend_phase a client shows). */
+	if (!open || busy || cb_api_backend(d, 0, &b) < 0) {
 		cb_error_clear();
 		return;
 	}
-	json_object_set_new(r, "published", cb_publish_json(b));
+	if (__atomic_load_n(&b->created, __ATOMIC_ACQUIRE))
+		json_object_set_new(r, "published", cb_publish_json(b));
+	else
+		json_object_set_new(r, "published", json_array());
 	cb_api_backend_put(d, b);
 }
 

@@ -14,6 +14,7 @@
 #include "cowbox/grow.h"
 #include "cowbox/journal.h"
 #include "cowbox/merge.h"
+#include "cowbox/netlog.h"
 #include "cowbox/overlay.h"
 #include "cowbox/turns.h"
 #include "cowbox/workspace.h"
@@ -42,10 +43,22 @@ static double elapsed(const struct timespec *a, const struct timespec *b)
 	return (double)(b->tv_sec - a->tv_sec) + (double)(b->tv_nsec - a->tv_nsec) / 1e9;
 }
 
+static int net_any_row(const struct cb_netlog_row *row, void *arg)
+{
+	(void)row;
+	(void)arg;
+	return 1;
+}
+
 /* Record the open turn: sync (unless the caller just did, under the same lock), move the
  * journal on to the next turn, then have the worker hash what the rows of the closed turn
  * name. Called with the turn lock held. req holds the worker's snapshot request (label, what
- * to return); it gets the turn and the rows. */
+ * to return); it gets the turn and the rows. With "skip_empty" a snapshot that finds nothing
+ * differing from the latest turn (no content, type, mode or metadata change) records no
+ * turn: *turn_out is the latest turn and the result says "recorded": false. The first turn
+ * is recorded even so (the baseline; "first_too" skips it as well: a rollback's keep), and so
+ * is an open turn the egress proxy logged connections in (its diff --network is not
+ * empty). */
 static int turns_snapshot_synced(struct cb_daemon *d, json_t *req, struct cb_daemon_conn *conn,
 				 json_t *id, json_t **result, long long *turn_out, int synced)
 {
@@ -61,6 +74,18 @@ static int turns_snapshot_synced(struct cb_daemon *d, json_t *req, struct cb_dae
 	turn = open > latest ? open : latest + 1;
 	if (!ret && !synced)
 		ret = turns_sync(d);
+	if (!ret && json_is_true(json_object_get(req, "skip_empty"))) {
+		int first = latest < 1 && !json_is_true(json_object_get(req, "first_too")), net = 0;
+
+		if (!first) {
+			cb_daemon_net_flush();
+			net = cb_db_netlog_range(d->db, latest, -1, net_any_row, NULL);
+		}
+		if (net < 0)
+			ret = net;
+		else if (first || net > 0)
+			json_object_del(req, "skip_empty");
+	}
 	/* A base file changed behind our back (the watch saw it) is journaled in this turn. */
 	if (!ret)
 		ret = cb_daemon_base_watch(d, "snapshot");
@@ -86,10 +111,13 @@ static int turns_snapshot_synced(struct cb_daemon *d, json_t *req, struct cb_dae
 	json_object_set_new(
 	    req, "rows", rows_json(turn > 1 ? turn - 1 : 0, open < turn ? open : turn, turn + 1));
 	ret = cb_daemon_worker_call(d, req, conn, id, result, NULL);
-	if (ret)
+	/* Failed, or nothing to record: the journal's turn goes back to the one still open (a
+	 * change marked in turn + 1 meanwhile is read by the next snapshot, which reads that
+	 * turn's rows too). */
+	if (ret || json_is_false(json_object_get(*result, "recorded")))
 		cb_overlay_turn_advance(d->ov, turn);
-	else
-		*turn_out = turn;
+	if (!ret)
+		*turn_out = json_is_false(json_object_get(*result, "recorded")) ? latest : turn;
 	return ret;
 }
 
@@ -232,15 +260,16 @@ static void snapshot_first_write(struct cb_turns *t, struct cb_ws_first_map *p, 
 	cb_turns_close(t);
 }
 
-int cb_daemon_snapshot_labelled(struct cb_daemon *d, const char *label, long long *turn)
+int cb_daemon_snapshot_labelled(struct cb_daemon *d, const char *label, int skip_empty,
+				long long *turn)
 {
 	json_t *r = NULL;
 	int ret;
 
 	pthread_mutex_lock(&d->turn_lock);
 	ret = turns_snapshot(d,
-			     json_pack("{s:s, s:b, s:b, s:b}", "label", label, "changes", 0,
-				       "files", 0, "progress", 0),
+			     json_pack("{s:s, s:b, s:b, s:b, s:b}", "label", label, "changes", 0,
+				       "files", 0, "progress", 0, "skip_empty", skip_empty),
 			     NULL, NULL, &r, turn);
 	cb_daemon_base_scan_drop(d); /* the worker built the first map, if it was due */
 	pthread_mutex_unlock(&d->turn_lock);
@@ -266,13 +295,16 @@ static int op_snapshot(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 {
 	int files = json_is_true(json_object_get(req, "files"));
 	int progress = json_is_true(json_object_get(req, "progress"));
+	json_t *label = json_object_get(req, "label");
 	/* With the map asked for, a first one is left to snapshot_files (answered from the walk
 	 * of the base, written after the reply); not when progress is asked: the worker's build
-	 * of the map reports it while hashing the base. */
-	json_t *wreq =
-	    json_pack("{s:O*, s:b, s:b, s:b, s:b}", "label", json_object_get(req, "label"),
-		      "changes", json_is_true(json_object_get(req, "changes")), "files", 0,
-		      "progress", progress, "defer_map", files && !progress);
+	 * of the map reports it while hashing the base. Nothing changed since the latest turn:
+	 * that turn is the answer, unless a label asks to name this point (a label is a ref
+	 * people type, so it gets a turn of its own, empty or not). */
+	json_t *wreq = json_pack("{s:O*, s:b, s:b, s:b, s:b, s:b}", "label", label, "changes",
+				 json_is_true(json_object_get(req, "changes")), "files", 0,
+				 "progress", progress, "defer_map", files && !progress,
+				 "skip_empty", !json_string_length(label));
 	struct cb_ws_first_map *pending = NULL;
 	struct cb_turns *t = NULL;
 	struct timespec t0, t1;
@@ -384,14 +416,13 @@ static int rollback_keep_open_turn(struct cb_daemon *d, long long to, long long 
 		return ret;
 	snprintf(label, sizeof(label), "before rollback to %lld", to);
 	/* op_rollback synced a moment ago, under the same lock */
-	ret = turns_snapshot_synced(d, json_pack("{s:s, s:b}", "label", label, "skip_empty", 1),
-				    NULL, NULL, &snap, kept, 1);
-	/* Rows, but nothing changed (a file opened for writing and left as it was): no turn,
-	 * and the journal's turn goes back to the one still open, as after a failed snapshot. */
-	if (!ret && json_is_false(json_object_get(snap, "recorded"))) {
-		cb_overlay_turn_advance(d->ov, *kept);
+	ret = turns_snapshot_synced(
+	    d, json_pack("{s:s, s:b, s:b}", "label", label, "skip_empty", 1, "first_too", 1), NULL,
+	    NULL, &snap, kept, 1);
+	/* Rows, but nothing changed (a file opened for writing and left as it was): no turn
+	 * (turns_snapshot_synced put the journal's turn back). */
+	if (!ret && json_is_false(json_object_get(snap, "recorded")))
 		*kept = 0;
-	}
 	json_decref(snap);
 	return ret ? cb_error_wrap(ret, "rollback: keeping the open turn's changes") : 0;
 }

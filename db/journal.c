@@ -400,6 +400,13 @@ static int journal_record(struct cb_db *db, const struct cb_change *c, const siz
 
 /* A mark is answered once its record is in the log (the page cache keeps it across a kill
  * -9 of this process); the table gets it at the next fold. */
+int cb_journal_tmp_name(const char *path)
+{
+	const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
+
+	return !strncmp(name, CB_JOURNAL_TMP_PREFIX, strlen(CB_JOURNAL_TMP_PREFIX));
+}
+
 int cb_journal_mark(struct cb_db *db, const struct cb_change *changes, size_t n)
 {
 	size_t stack[16], *fresh = stack, nf = 0;
@@ -412,8 +419,11 @@ int cb_journal_mark(struct cb_db *db, const struct cb_change *changes, size_t n)
 		return cb_error_set(ENOMEM, "journal: out of memory");
 	cb_mutex_lock(&db->queue_lock);
 	db->stat_marks += n;
+	/* A temporary name is no change of the tree (no turn records it): not journaled, so
+	 * neither `log` nor a snapshot's reading of the rows meets it. */
 	for (size_t i = 0; i < n; i++)
-		if (!mark_contains(&db->marked, changes[i].kind, changes[i].path))
+		if (!cb_journal_tmp_name(changes[i].path) &&
+		    !mark_contains(&db->marked, changes[i].kind, changes[i].path))
 			fresh[nf++] = i;
 	if (!nf)
 		goto out;

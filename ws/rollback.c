@@ -71,9 +71,7 @@ static int rb_check_source(struct cb_turns *t, const struct cb_entry *e, int fro
 
 int ws_is_tmp_name(const char *path)
 {
-	const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
-
-	return !strncmp(name, CB_WS_ROLLBACK_TMP, strlen(CB_WS_ROLLBACK_TMP));
+	return cb_journal_tmp_name(path);
 }
 
 /* Remove the temporary names below dirfd (a directory of the upper layer), recursively. */

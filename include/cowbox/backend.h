@@ -236,6 +236,10 @@ struct cb_backend {
 	/* Set by the owner before the backend is created: each proxied connection, recorded. */
 	void (*net_record)(void *arg, const struct cb_net_record *r);
 	void *net_record_arg;
+	/* Set by the owner before the backend is created: what a long create (the vm's boot)
+	 * is doing now, for a client to show (cb_backend_phase); NULL once it is done. */
+	void (*phase)(void *arg, const char *what);
+	void *phase_arg;
 	const struct cb_backend_io *io; /* NULL: file I/O in this process */
 	struct cb_exec_keep *keep;	/* background jobs kept past their commands (ns, local) */
 	/* Set by create: the image's own environment, under the options' env (ns: an OCI
@@ -352,6 +356,10 @@ void cb_backend_free(struct cb_backend *b);
 
 /* Create the backend's resources once (thread-safe); later calls return at once. */
 int cb_backend_ensure(struct cb_backend *b);
+
+/* Say what the create is doing now (b->phase, if set); NULL: it is done. */
+void cb_backend_phase(struct cb_backend *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* The environment of a command: the backend's base, then the options' env, then extra (later
  * entries replace same-named earlier ones). Free with cb_exec_env_free. */

@@ -194,7 +194,8 @@ int cb_box_host_url(struct cb_box *box, int port, char **url);
 
 /* Record a turn labelled label (may be NULL) and return its number (>= 1). files (may be
  * NULL) gets a JSON object: every regular file's relative path -> SHA-256 (lowercase hex);
- * the caller json_decref()s it. */
+ * the caller json_decref()s it. Nothing changed since the latest turn and no label: no turn
+ * is recorded, and the latest turn's number and map are the answer (docs/turns.md). */
 long long cb_box_snapshot(struct cb_box *box, const char *label, json_t **files);
 
 /* Record a turn like cb_box_snapshot and return its number, with only what changed since

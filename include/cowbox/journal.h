@@ -48,6 +48,15 @@ int cb_db_open(const char *path, struct cb_db **out);
 /* Flush and close; NULL is accepted. */
 void cb_db_close(struct cb_db *db);
 
+/* The prefix of cowbox's own temporary names in a workspace's tree: rollback and merge build a
+ * file under one beside its path and rename it over the path. Reserved: never journaled
+ * (cb_journal_mark drops them, so `cowbox log` never shows them) and never recorded by a
+ * snapshot. */
+#define CB_JOURNAL_TMP_PREFIX ".cowbox-rollback."
+
+/* 1 if path's last component is one of those temporary names. */
+int cb_journal_tmp_name(const char *path);
+
 /* Record changes durably: when this returns 0 they survive a kill -9 of the process (a
  * record in the mark log "<db>-marks", in the page cache; or, when another handle owns the
  * log, a commit to the WAL). The log is folded into the journal table in batches: once it
@@ -55,7 +64,7 @@ void cb_db_close(struct cb_db *db);
  * a new one started, so marks never wait for SQLite), at cb_journal_fold and cb_db_close,
  * and at the next cb_db_open after a crash. Only a log that outgrew 8 MiB (the thread
  * behind) is folded by the mark that finds it so. A (turn, path, kind) already recorded is
- * not recorded again. */
+ * not recorded again, nor a temporary name (cb_journal_tmp_name). */
 int cb_journal_mark(struct cb_db *db, const struct cb_change *changes, size_t n);
 
 /* 1 if path has a mark of any kind in the current turn through this handle (as far as its

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 
+#include "cowbox/journal.h"
 #include "cowbox/turn_store.h"
 
 /* ---- ws/hash.c ---- */
@@ -272,8 +273,8 @@ void cb_ws_known_put(struct cb_turns *t, struct cb_ws_known *known);
 void cb_ws_known_free(struct cb_ws_known *known);
 
 /* The prefix of a rollback's temporary names (a file is built beside its path and renamed
- * over it): reserved, never recorded by a snapshot. */
-#define CB_WS_ROLLBACK_TMP ".cowbox-rollback."
+ * over it): reserved, never journaled nor recorded by a snapshot (cowbox/journal.h). */
+#define CB_WS_ROLLBACK_TMP CB_JOURNAL_TMP_PREFIX
 
 /* Remove every temporary name a rollback left in upper (the upper layer, not mounted) when it
  * was killed or failed to clean up; *removed gets how many. */

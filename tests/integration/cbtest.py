@@ -321,6 +321,27 @@ class CowboxTestCase(unittest.TestCase):
     def cowbox_json(self, *args):
         return json.loads(self.cowbox(*(args + ("--json",))).stdout)
 
+    def on_tty(self, *args, timeout=60):
+        """cowbox ARGS with its stdout and stderr on a pseudo-terminal (what a person sees:
+        phases, one-line summaries): (exit status, the text as the terminal got it)."""
+        import pty
+
+        master, slave = pty.openpty()
+        proc = subprocess.Popen([COWBOX] + [str(a) for a in args], stdout=slave,
+                                stderr=slave, stdin=subprocess.DEVNULL, env=self.env)
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every writer closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        os.close(master)
+        return proc.wait(timeout=timeout), b"".join(chunks).decode()
+
     def assert_fails(self, args, pattern, status=None):
         """cowbox ARGS must exit with status and say pattern (a substring) on stderr; status
         None: any failure but a usage error (1, or 3-6 by its kind: man cowbox, EXIT STATUS)."""

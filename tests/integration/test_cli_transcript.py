@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 
@@ -601,26 +602,6 @@ class TestQuotedNames(TranscriptCase):
 
 
 class TestOnATerminal(TranscriptCase):
-    def on_tty(self, *args):
-        """cowbox ARGS with its stdout and stderr on a pseudo-terminal: (status, text)."""
-        import pty
-
-        master, slave = pty.openpty()
-        proc = subprocess.Popen([COWBOX] + list(args), stdout=slave, stderr=slave,
-                                stdin=subprocess.DEVNULL, env=self.env)
-        os.close(slave)
-        chunks = []
-        while True:
-            try:
-                data = os.read(master, 65536)
-            except OSError:
-                break
-            if not data:
-                break
-            chunks.append(data)
-        os.close(master)
-        return proc.wait(timeout=60), b"".join(chunks).decode()
-
     def test_snapshot_says_one_line_on_a_terminal_and_the_map_on_a_pipe(self):
         base = self.make_base({"a.txt": "a\n", "b.txt": "b\n", "c.txt": "c\n"})
         ref = self.create(base, name="w")
@@ -662,6 +643,154 @@ class TestOnATerminal(TranscriptCase):
         self.assertIn("rolled back to turn 0", text)
         proc = self.cowbox("rollback", "w", "1")
         self.assertEqual(proc.stderr, "")  # nothing on a pipe
+
+
+class TestQuietTurns(TranscriptCase):
+    """Issue 33.6: a snapshot with no change records no turn, a rollback's turn counts its
+    real changes, and log and diff never show the daemon's temporary names."""
+
+    def test_a_snapshot_with_no_change_records_no_turn(self):
+        base = self.make_base({"a.txt": "a\n"})
+        ref = self.create(base, name="w")
+        self.mount(ref)
+        mnt = self.mountpoint(ref)
+        a_hash = "87428fc522803d31065e7bce3cf03fe475096631e5e07bbd7a0fde60c4cf25c7"
+        # the first snapshot is recorded even so (the baseline); the next ones answer it
+        self.transcript("""
+            $ cowbox snapshot w --changes
+            turn 1
+            [0]
+            $ cowbox snapshot w --changes
+            no changes since turn 1
+            [0]
+            $ cowbox snapshot w --json
+            {"turn": 1, "files": {"a.txt": "<a>"}}
+            [0]
+            $ cowbox snapshot w --changes --json
+            {"turn": 1, "changes": []}
+            [0]
+        """, a=a_hash)
+        status, text = self.on_tty("snapshot", "w")
+        self.assertEqual((status, text.replace("\r", "").strip()),
+                         (0, "no changes since turn 1"))
+        # a file written with the bytes it had is no change either; its new mtime is
+        # (recorded as a row of its own, counted as no change)
+        with open(os.path.join(mnt, "a.txt"), "w") as f:
+            f.write("a\n")
+        os.utime(os.path.join(mnt, "a.txt"), (1e9, 1e9))
+        self.transcript("""
+            $ cowbox snapshot w --changes
+            turn 2
+            [0]
+            $ cowbox snapshot w --changes
+            no changes since turn 2
+            [0]
+        """)
+        # a label names this point: it gets a turn of its own, empty or not
+        self.transcript("""
+            $ cowbox snapshot w --label named --changes
+            turn 3
+            [0]
+            $ cowbox diff w 2 named
+            [0]
+        """)
+        turns = self.cowbox_json("turns", "w")
+        self.assertEqual([(t["turn"], t["label"], t["changes"]) for t in turns["turns"]],
+                         [(1, None, 0), (2, None, 0), (3, "named", 0)])
+        self.assertEqual(turns["open_turn"], 4)
+        # the protocol says it, and the Python client's map is the same as before
+        reply = self.client(ref).request("snapshot", files=True)
+        self.assertEqual((reply["turn"], reply["recorded"], reply["files"]),
+                         (3, False, {"a.txt": a_hash}))
+        with open(os.path.join(mnt, "b.txt"), "w") as f:
+            f.write("b\n")
+        self.transcript("""
+            $ cowbox snapshot w --changes
+            turn 4
+            created      file    b.txt  <*>
+            [0]
+        """)
+
+    def test_a_rollbacks_turn_counts_its_real_changes(self):
+        base = self.make_base({"a.txt": "a\n", "keep.txt": "k\n", "d/f": "f\n"})
+        ref = self.create(base, name="w")
+        self.mount(ref)
+        mnt = self.mountpoint(ref)
+        with open(os.path.join(mnt, "a.txt"), "w") as f:
+            f.write("changed\n")
+        os.unlink(os.path.join(mnt, "d", "f"))
+        os.mkdir(os.path.join(mnt, "new"))
+        os.symlink("a.txt", os.path.join(mnt, "new", "l"))
+        os.chmod(os.path.join(mnt, "d"), 0o700)
+        self.cowbox("snapshot", "w")  # turn 1: 5 changes
+        # keep.txt rewritten with its own bytes: touched, but no change to count
+        with open(os.path.join(mnt, "keep.txt"), "w") as f:
+            f.write("k\n")
+        self.transcript("""
+            $ cowbox rollback w 0
+            the changes since the last snapshot are kept as turn 2 (cowbox rollback w 2 gives them back)
+            rolled back to turn 0: 5 paths restored, recorded as turn 3
+            [0]
+            $ cowbox rollback w 0
+            rolled back to turn 0: 0 paths restored, recorded as turn 4
+            [0]
+        """)
+        counts = {t["turn"]: t["changes"] for t in self.cowbox_json("turns", "w")["turns"]}
+        self.assertEqual(counts, {1: 5, 2: 0, 3: 5, 4: 0})
+        for turn in (1, 3, 4):
+            events = self.cowbox_json("diff", "w", str(turn - 1), str(turn))["events"]
+            self.assertEqual(len(events), counts[turn], events)
+
+    def test_log_and_diff_never_show_the_daemons_temporary_names(self):
+        base = self.make_base({"a.txt": "a\n", "d/b.txt": "b\n"})
+        ref = self.create(base, name="w")
+        self.mount(ref)
+        mnt = self.mountpoint(ref)
+        with open(os.path.join(mnt, "a.txt"), "w") as f:
+            f.write("one\n")
+        with open(os.path.join(mnt, "d", "c.txt"), "w") as f:
+            f.write("c\n")
+        self.cowbox("snapshot", "w")
+        with open(os.path.join(mnt, "a.txt"), "w") as f:
+            f.write("two\n")
+        os.unlink(os.path.join(mnt, "d", "b.txt"))
+        self.cowbox("snapshot", "w")
+        # rollback writes files under temporary names and renames them over their paths
+        self.cowbox("rollback", "w", "1")
+        self.cowbox("rollback", "w", "2")
+        # apply writes under temporary names in the folder (a copy of the base)
+        out = os.path.join(self.tmp, "applied")
+        shutil.copytree(base, out)
+        self.cowbox("apply", "w", "--to", out)
+        with open(os.path.join(out, "a.txt")) as f:
+            self.assertEqual(f.read(), "two\n")
+        # fork stages the new workspace's tree; merge writes under temporary names too
+        self.cowbox("fork", "w", "1", "--name", "f")
+        fref = json.loads(self.cowbox("info", "f", "--json").stdout)["ref"]
+        self.mount(fref)
+        fmnt = self.mountpoint(fref)
+        with open(os.path.join(fmnt, "d", "from-fork.txt"), "w") as f:
+            f.write("fork\n")
+        with open(os.path.join(fmnt, "d", "c.txt"), "w") as f:
+            f.write("c by the fork\n")
+        self.cowbox("snapshot", "f")
+        merged = self.cowbox_json("merge", "w", "f")
+        self.assertTrue(merged["turn"], merged)
+        self.cowbox("rollback", "w", "last~1")
+        shown = []
+        for name in ("w", "f"):
+            shown += [r["path"] for r in self.cowbox_json("log", name)]
+            shown += self.cowbox("log", name).stdout.splitlines()
+            for a, b in (("0", None), ("0", "last"), ("last~1", "last")):
+                args = ("diff", name, a) + ((b,) if b else ())
+                shown += [e["path"] for e in self.cowbox_json(*args)["events"]]
+                shown += self.cowbox(*args).stdout.splitlines()
+        self.assertTrue(any("from-fork.txt" in line for line in shown), shown)
+        self.assertEqual([line for line in shown if ".cowbox" in line], [])
+        # nor does the tree hold any
+        for root in (mnt, fmnt, out):
+            for top, dirs, files in os.walk(root):
+                self.assertEqual([n for n in dirs + files if ".cowbox" in n], [], top)
 
 
 class TestOnboarding(TranscriptCase):

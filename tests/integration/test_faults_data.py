@@ -250,11 +250,12 @@ class BaseWatchTest(CowboxTestCase):
         events = {e["path"]: e["event"] for e in
                   self.cowbox_json("diff", "w", str(t1), str(t2))["events"]}
         self.assertEqual(events, want)
-        # unchanged after that: the next start stats, rehashes nothing, records nothing
+        # unchanged after that: the next start stats, rehashes nothing, records nothing (the
+        # snapshot finds no change: no new turn, turn t2 and its map are the answer)
         self.cowbox("umount", "w")
         self.mount(self.ref)
-        self.assertEqual(self.snap()["files"], tree_sha256(self.mnt))
-        self.assertEqual(self.cowbox_json("diff", "w", str(t2), str(t2 + 1))["events"], [])
+        snap = self.snap()
+        self.assertEqual((snap["turn"], snap["files"]), (t2, tree_sha256(self.mnt)))
         # turn 1 had the old base bytes, which nothing holds: refused, naming a path, and
         # nothing restored under the old hash
         before = tree_sha256(self.mnt)
@@ -663,8 +664,12 @@ class SparseFilesTest(CowboxTestCase):
         self.assertIn("bound", proc.stderr)
         self.assertLess(took, 30)
         self.assertLess(self.blob_bytes() - before, 1 << 20)
-        # the workspace goes on: without the file the turn records
+        # the workspace goes on: without the file the snapshot succeeds (nothing changed
+        # since turn 1, its answer), and the next change records turn 2
         os.unlink(os.path.join(self.mnt, "huge"))
+        self.assertEqual(self.cowbox_json("snapshot", "w")["turn"], 1)
+        with open(os.path.join(self.mnt, "small"), "w") as f:
+            f.write("small\n")
         self.assertEqual(self.cowbox_json("snapshot", "w")["turn"], 2)
 
     def test_sparse_file_is_kept_and_restored_sparse(self):

@@ -84,10 +84,11 @@ class TurnsTest(CowboxTestCase):
         # sha256sum -c verifies it inside the mount
         subprocess.run(["sha256sum", "--quiet", "-c", "-"], cwd=self.mnt, input=out, text=True,
                        check=True)
-        # --changes: only what changed since the previous turn
+        # --changes: only what changed since the previous turn (the sha256sum snapshot
+        # above changed nothing: it recorded no turn, turn 1 was its answer)
         self.write("src/a.c", "int a = 1;\n")
         ch = self.snapshot("--changes")
-        self.assertEqual(ch["turn"], 3)
+        self.assertEqual(ch["turn"], 2)
         self.assertEqual([(e["event"], e["path"]) for e in ch["changes"]],
                          [("modified", "src/a.c")])
         self.assertEqual(ch["changes"][0]["old"]["sha256"], snap["files"]["src/a.c"])
@@ -126,7 +127,8 @@ class TurnsTest(CowboxTestCase):
         out = self.cowbox("snapshot", "w", "--json").stdout
         self.assertEqual(out.count("\n"), 1)
         snap = json.loads(out)
-        self.assertEqual((snap["turn"], snap["files"]), (2, want))
+        # nothing changed since turn 1: no new turn, turn 1's whole map is the answer
+        self.assertEqual((snap["turn"], snap["files"]), (1, want))
         self.assertEqual(list(snap["files"]), sorted(want, key=lambda s: s.encode()))
         out = self.cowbox("snapshot", "w", "--format", "sha256sum").stdout
         names = sorted(want, key=lambda s: s.encode())
@@ -134,7 +136,7 @@ class TurnsTest(CowboxTestCase):
         subprocess.run(["sha256sum", "--quiet", "-c", "-"], cwd=self.mnt, input=out, text=True,
                        check=True)
         text = self.cowbox("snapshot", "w").stdout.splitlines()
-        self.assertEqual(text[0], "turn 4")
+        self.assertEqual(text[0], "turn 1")
         # names quoted as git's core.quotePath does (a name cannot forge a row)
         self.assertEqual(text[1:], ["%s  %s" % (quote_path(n), want[n]) for n in names])
 
@@ -361,17 +363,21 @@ class TurnsTest(CowboxTestCase):
         self.mount("w2")
         m2 = self.mountpoint(fork["ref"])
         self.assertEqual(tree_state(m2), want)
-        # the fork's turn 1 is the forked turn; it goes on on its own
+        # the fork's turn 1 is the forked turn (nothing changed in the fork yet: a snapshot
+        # answers it); it goes on on its own
         s = json.loads(self.cowbox("snapshot", "w2", "--json").stdout)
-        self.assertEqual(s["turn"], 2)
+        self.assertEqual(s["turn"], 1)
         self.assertEqual(s["files"], files_of(want))
         with open(os.path.join(m2, "src/a.c"), "w") as f:
             f.write("changed in the fork\n")
         self.cowbox("rollback", "w2", "1")
         self.assertEqual(self.read("src/a.c", m2), "forked content\n")
-        # deleting the original does not break the fork (blobs are shared by links)
+        # deleting the original does not break the fork (blobs are shared by links): turn 2
+        # (the change kept before that rollback) and back to the forked turn 1
         self.cowbox("rm", "w")
         self.cowbox("rollback", "w2", "2")
+        self.assertEqual(self.read("src/a.c", m2), "changed in the fork\n")
+        self.cowbox("rollback", "w2", "1")
         self.assertEqual(tree_state(m2), want)
         self.assertLess(elapsed, 10)
         self.assert_fails(["fork", "w2", "99", "--name", "w3"], "turn 99 does not exist")

@@ -712,7 +712,8 @@ class Sandbox:
 
     async def snapshot(self):
         """Record a turn; every regular file's relative path -> SHA-256 (lowercase hex), a
-        new dict each call that the caller may keep or change. After the first call only
+        new dict each call that the caller may keep or change. Nothing changed since the
+        latest turn: no turn is recorded and the map is that turn's (docs/turns.md). After the first call only
         what changed since the previous one travels: the daemon sends the changed and
         deleted paths since the turn this object last saw, and the client applies them to
         its own copy of that map (the whole map comes again when that turn was pruned or

@@ -355,8 +355,9 @@ class ClientTest(cbtest.CowboxTestCase):
             await box.rollback(1)
             await check(box, False)
             # A prune that drops the turn this client holds: the whole map, once.
-            self.cowbox("snapshot", box.ref)
-            self.cowbox("snapshot", box.ref)
+            # (labelled: a snapshot with no change and no label records no turn)
+            self.cowbox("snapshot", box.ref, "--label", "one")
+            self.cowbox("snapshot", box.ref, "--label", "two")
             self.cowbox("prune", box.ref, "--keep", "1")
             await box.run(["sh", "-c", "echo after > pruned.txt"])
             await check(box, True)

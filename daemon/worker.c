@@ -357,7 +357,8 @@ static int worker_rollback(struct worker_state *w, json_t *req, json_t **res)
 	if (!check && !ret)
 		ret = cb_error_set(ENOMEM, "rollback: out of memory");
 	for (size_t i = 0; check && i < ncheck; i++)
-		check[i] = json_string_value(json_array_get(json_object_get(req, "check"), i)) ?: "";
+		check[i] =
+		    json_string_value(json_array_get(json_object_get(req, "check"), i)) ?: "";
 	if (!ret)
 		ret = cb_ws_rollback_checked(t, json_integer_value(json_object_get(req, "turn")),
 					     dirty, n, check, ncheck, &touched);

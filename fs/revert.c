@@ -35,20 +35,30 @@ static fuse_ino_t rv_ino(const struct ov_inode *in)
 	return in->is_root ? FUSE_ROOT_ID : (fuse_ino_t)(uintptr_t)in;
 }
 
-/* The inode the table knows for the entry with stat st, or NULL. Caller holds ns. */
+/* The inode the table knows for the entry with stat st, or NULL; pinned (one more kernel
+ * reference, given back by rv_unpin): a FORGET frees an inode nothing refers to without
+ * taking ns. Caller holds ns. */
 static struct ov_inode *rv_known(struct cb_overlay *ov, const struct stat *st)
 {
 	struct ov_inode *in;
 
 	cb_mutex_lock(&ov->tab.lock);
 	in = ov_table_find(&ov->tab, st->st_dev, st->st_ino);
+	if (in)
+		in->nlookup++;
 	cb_mutex_unlock(&ov->tab.lock);
 	return in;
 }
 
-/* The directory at path as the table knows it: by its upper identity (ust), else by its
- * base one while it still lives there; the root for "". NULL: the kernel holds nothing of it
- * (no entry below it can be cached either). */
+static void rv_unpin(struct cb_overlay *ov, struct ov_inode *in)
+{
+	if (in && in != ov->root)
+		ov_forget_one(ov, in, 1);
+}
+
+/* The directory at path as the table knows it (pinned, see rv_known): by its upper identity
+ * (ust), else by its base one while it still lives there; the root for "". NULL: the kernel
+ * holds nothing of it (no entry below it can be cached either). */
 static struct ov_inode *rv_dir(struct cb_overlay *ov, const char *path, const struct stat *ust)
 {
 	struct ov_inode *in;
@@ -59,8 +69,10 @@ static struct ov_inode *rv_dir(struct cb_overlay *ov, const char *path, const st
 	in = rv_known(ov, ust);
 	if (!in && cb_beneath_stat(ov->base_fd, path, &bst) == 0) {
 		in = rv_known(ov, &bst);
-		if (in && atomic_load(&in->layer) != OV_BASE)
+		if (in && atomic_load(&in->layer) != OV_BASE) {
+			rv_unpin(ov, in);
 			in = NULL;
+		}
 	}
 	return in;
 }
@@ -149,8 +161,10 @@ static int rv_merge_dir(struct cb_overlay *ov, const char *path, const struct st
 		return fd;
 	if (fgetxattr(fd, OV_OPAQUE_XATTR, v, sizeof(v)) == 1 && v[0] == 'y') {
 		r = rv_unopaque(ov, path, fd);
-		if (!r && (in = rv_known(ov, ust)))
+		if (!r && (in = rv_known(ov, ust))) {
 			in->merged = 1;
+			rv_unpin(ov, in);
+		}
 		r = r ? r : 1;
 	}
 	close(fd);
@@ -185,7 +199,7 @@ static int rv_ancestors(struct cb_overlay *ov, const char *path)
 static int rv_one(struct rv_state *s, const char *path)
 {
 	struct cb_overlay *ov = s->ov;
-	struct ov_inode *parent = NULL, *in;
+	struct ov_inode *parent = NULL, *in = NULL;
 	struct stat ust, bst, pst;
 	const char *name;
 	char *dir = NULL;
@@ -201,7 +215,8 @@ static int rv_one(struct rv_state *s, const char *path)
 	if (pfd < 0)
 		return cb_beneath_gone(pfd) ? 0 : pfd;
 	if (fstatat(pfd, name, &ust, AT_SYMLINK_NOFOLLOW) < 0) {
-		r = errno == ENOENT ? 0 : cb_error_set(errno, "revert %s: %s", path, strerror(errno));
+		r = errno == ENOENT ? 0
+				    : cb_error_set(errno, "revert %s: %s", path, strerror(errno));
 		goto out;
 	}
 	is_dir = S_ISDIR(bst.st_mode);
@@ -212,8 +227,7 @@ static int rv_one(struct rv_state *s, const char *path)
 		r = r == 1 ? 0 : r;
 		goto out;
 	}
-	if (!(dir = strndup(path, (size_t)(name - path - (name > path)))) ||
-	    fstat(pfd, &pst) < 0) {
+	if (!(dir = strndup(path, (size_t)(name - path - (name > path)))) || fstat(pfd, &pst) < 0) {
 		r = -ENOMEM;
 		goto out;
 	}
@@ -246,9 +260,51 @@ static int rv_one(struct rv_state *s, const char *path)
 out:
 	if (keep >= 0)
 		close(keep);
+	rv_unpin(ov, in);
+	rv_unpin(ov, parent);
 	free(dir);
 	close(pfd);
 	return r;
+}
+
+/* Upper holds a non-directory at path (a whiteout, a copy): its entry is about to change, so
+ * the kernel is told to forget it first (rv_notify). Caller holds ns. */
+static int rv_will_change(struct rv_state *s, const char *path)
+{
+	struct stat st, pst;
+	const char *name;
+	char *dir;
+	int pfd = cb_beneath_parent(s->ov->upper_fd, path, &name), r = 0;
+
+	if (pfd < 0)
+		return 0;
+	if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISDIR(st.st_mode) &&
+	    fstat(pfd, &pst) == 0) {
+		struct ov_inode *parent;
+
+		dir = strndup(path, (size_t)(name - path - (name > path)));
+		parent = dir ? rv_dir(s->ov, dir, &pst) : NULL;
+		r = dir ? rv_inval_add(s, parent, name) : -ENOMEM;
+		rv_unpin(s->ov, parent);
+		free(dir);
+	}
+	close(pfd);
+	return r;
+}
+
+/* Tell the kernel to forget the entries collected (and their directories' attributes and
+ * listings), with no lock held: a notification can make it send requests. */
+static void rv_notify(struct rv_state *s)
+{
+	for (size_t i = 0; i < s->n; i++) {
+		if (s->ov->se) {
+			fuse_lowlevel_notify_inval_entry(s->ov->se, s->v[i].parent, s->v[i].name,
+							 strlen(s->v[i].name));
+			fuse_lowlevel_notify_inval_inode(s->ov->se, s->v[i].parent, 0, 0);
+		}
+		free(s->v[i].name);
+	}
+	s->n = 0;
 }
 
 int cb_overlay_revert(struct cb_overlay *ov, const char *const *paths, size_t n, size_t *reverted)
@@ -257,8 +313,18 @@ int cb_overlay_revert(struct cb_overlay *ov, const char *const *paths, size_t n,
 	int r = 0;
 
 	*reverted = 0;
-	if (!ov || ov->base_fd < 0)
+	if (!ov || ov->base_fd < 0 || !n)
 		return 0;
+	/* The kernel's cached entries of the paths that change are forgotten before the change
+	 * and again after it, and none it learns meanwhile is cached: a request that raced in
+	 * with the old state (a rename of a name it still held) is looked up anew at its next
+	 * use, instead of the kernel keeping the old entry under some name for a day. */
+	atomic_fetch_add(&ov->reverting, 1);
+	cb_rwlock_read(&ov->tab.ns);
+	for (size_t i = 0; i < n && r >= 0; i++)
+		r = rv_will_change(&s, paths[i]);
+	cb_rwlock_unlock(&ov->tab.ns);
+	rv_notify(&s);
 	for (size_t i = 0; i < n && r >= 0; i++) {
 		ov_fence_enter(ov);
 		cb_rwlock_write(&ov->tab.ns);
@@ -270,15 +336,8 @@ int cb_overlay_revert(struct cb_overlay *ov, const char *const *paths, size_t n,
 		if (r < 0)
 			r = cb_error_wrap(r, "revert %s", paths[i]);
 	}
-	/* Told to the kernel after the locks: a notification can make it send requests. */
-	for (size_t i = 0; i < s.n; i++) {
-		if (ov->se) {
-			fuse_lowlevel_notify_inval_entry(ov->se, s.v[i].parent, s.v[i].name,
-							 strlen(s.v[i].name));
-			fuse_lowlevel_notify_inval_inode(ov->se, s.v[i].parent, 0, 0);
-		}
-		free(s.v[i].name);
-	}
+	rv_notify(&s);
+	atomic_fetch_sub(&ov->reverting, 1);
 	free(s.v);
 	return r < 0 ? r : 0;
 }

@@ -401,8 +401,8 @@ static int rb_has_event(const struct cb_diff *d, const char *path)
 
 	while (lo < hi) {
 		size_t mid = (lo + hi) / 2;
-		int c = strcmp(d->ev[mid].old.path ? d->ev[mid].old.path : d->ev[mid].new.path,
-			       path);
+		int c =
+		    strcmp(d->ev[mid].old.path ? d->ev[mid].old.path : d->ev[mid].new.path, path);
 
 		if (!c)
 			return 1;

@@ -88,8 +88,7 @@ void cb_overlay_base_changed(struct cb_overlay *ov, const char *const *paths, si
  * through the mount). Each changed path is journaled first, as a request's would be, and
  * the kernel is told to forget its entry. *reverted: how many paths changed. 0 or -errno
  * with a message. Not from a FUSE request of this overlay. */
-int cb_overlay_revert(struct cb_overlay *ov, const char *const *paths, size_t n,
-		      size_t *reverted);
+int cb_overlay_revert(struct cb_overlay *ov, const char *const *paths, size_t n, size_t *reverted);
 
 /* Move the journal's open turn to turn, fenced: returns once every change in flight has
  * been made and its mark committed (in the old turn), and every change that starts later is

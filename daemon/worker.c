@@ -337,7 +337,8 @@ static int worker_rollback(struct worker_state *w, json_t *req, json_t **res)
 	struct cb_dirty *dirty = NULL;
 	long long touched = 0;
 	char pending[4200];
-	size_t n = 0;
+	const char **check;
+	size_t n = 0, ncheck;
 	int ret = worker_open(w, 0, &t), fd;
 
 	/* Until the rollback is done, its temporary names may be in the tree: the next start
@@ -350,9 +351,18 @@ static int worker_rollback(struct worker_state *w, json_t *req, json_t **res)
 	span_from_json(req, &span);
 	if (!ret)
 		ret = cb_ws_journal_dirty(t, &span, &dirty, &n);
+	/* The files the daemon gave back to the base whose turn recorded metadata. */
+	ncheck = json_array_size(json_object_get(req, "check"));
+	check = calloc(ncheck ? ncheck : 1, sizeof(*check));
+	if (!check && !ret)
+		ret = cb_error_set(ENOMEM, "rollback: out of memory");
+	for (size_t i = 0; check && i < ncheck; i++)
+		check[i] =
+		    json_string_value(json_array_get(json_object_get(req, "check"), i)) ?: "";
 	if (!ret)
-		ret = cb_ws_rollback(t, json_integer_value(json_object_get(req, "turn")), dirty, n,
-				     &touched);
+		ret = cb_ws_rollback_checked(t, json_integer_value(json_object_get(req, "turn")),
+					     dirty, n, check, ncheck, &touched);
+	free(check);
 	if (!ret)
 		unlink(pending);
 	/* An error reply carries no result: the count goes in the error line. */

@@ -256,6 +256,23 @@ int cb_db_meta_get(struct cb_db *db, const char *key, char **value)
 	return rc;
 }
 
+long long cb_db_latest_turn(struct cb_db *db)
+{
+	sqlite3_stmt *st = NULL;
+	long long turn = -1;
+	int rc;
+
+	cb_mutex_lock(&db->sql_lock);
+	rc = sqlite3_prepare_v2(db->sql, "SELECT COALESCE(MAX(turn), 0) FROM turns", -1, &st, NULL);
+	if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW)
+		turn = sqlite3_column_int64(st, 0);
+	else
+		cb_db_error(db, rc, "read the latest turn");
+	sqlite3_finalize(st);
+	cb_mutex_unlock(&db->sql_lock);
+	return turn;
+}
+
 int cb_db_meta_set(struct cb_db *db, const char *key, const char *value)
 {
 	int rc;

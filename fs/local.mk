@@ -3,7 +3,8 @@
 noinst_LTLIBRARIES += fs/libcb_fs.la
 fs_libcb_fs_la_SOURCES = fs/ov.h fs/at.c fs/inode.c fs/layer.c fs/copyup.c fs/journal.c \
 	fs/ops_entry.c fs/ops_dir.c fs/rename.c fs/ops_file.c fs/ops_readdir.c fs/ops_xattr.c \
-	fs/fence.c fs/mount.c fs/ops.c fs/ids.c fs/quota.c fs/base_changed.c
+	fs/fence.c fs/mount.c fs/ops.c fs/ids.c fs/quota.c fs/base_changed.c \
+	fs/revert.c
 COWBOX_LAYERS += fs/libcb_fs.la
 noinst_HEADERS += include/cowbox/overlay.h
 

@@ -69,7 +69,7 @@ int ov_child_found(struct cb_overlay *ov, struct ov_inode *parent, const char *n
 	struct ov_inode *in;
 
 	memset(e, 0, sizeof(*e));
-	e->attr_timeout = e->entry_timeout = OV_TIMEOUT;
+	e->attr_timeout = e->entry_timeout = ov_entry_timeout(ov);
 	cb_mutex_lock(&ov->tab.lock);
 	in = ov_table_find(&ov->tab, st->st_dev, st->st_ino);
 	if (!in) {
@@ -107,7 +107,7 @@ int ov_lookup_child(struct cb_overlay *ov, struct ov_inode *parent, const char *
 	int r, layer = -1, merged = 0;
 
 	memset(e, 0, sizeof(*e));
-	e->attr_timeout = e->entry_timeout = OV_TIMEOUT;
+	e->attr_timeout = e->entry_timeout = ov_entry_timeout(ov);
 	r = ov_path(&ov->tab, parent, name, &path);
 	if (r < 0)
 		return r;

@@ -160,6 +160,10 @@ struct cb_overlay {
 	_Atomic int quota_on; /* counting (some limit is set) */
 	pthread_mutex_t quota_lock;
 	unsigned long long used_bytes, used_inodes; /* under quota_lock */
+	/* a rollback is giving paths back to the base (revert.c): entries answered meanwhile
+	 * are not cached by the kernel (timeout 0), so that one a request races in with the
+	 * old state is looked up again at its next use */
+	_Atomic int reverting;
 	/* the upper filesystem's largest file size (probed when the quota starts counting):
 	 * a resize past it is EFBIG, as the filesystem says, never the quota's ENOSPC */
 	long long upper_max_size;
@@ -467,6 +471,13 @@ struct ov_stats;
 struct ov_stats *ov_stats_new(void);
 /* mount.c: INIT, the kernel's offer of capabilities and ours of what we want. */
 void ov_op_init(void *userdata, struct fuse_conn_info *conn);
+
+/* How long the kernel may keep an entry or its attributes: a day (we are the tree's only
+ * writer), none while a rollback changes the tree behind the kernel's back (revert.c). */
+static inline double ov_entry_timeout(struct cb_overlay *ov)
+{
+	return atomic_load(&ov->reverting) ? 0.0 : OV_TIMEOUT;
+}
 
 static inline struct cb_overlay *ov_of(fuse_req_t req)
 {

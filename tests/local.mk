@@ -68,4 +68,6 @@ TESTS += tests/integration/test_fsck_logical.py
 TESTS += tests/integration/test_merge.py
 # never lose work: rollback keeps the open turn; turns restore metadata (issue 29).
 TESTS += tests/integration/test_turns_keep.py
+# a rollback gives the base back: an rm -rf undone costs no upper layer (issue 29).
+TESTS += tests/integration/test_turns_base.py
 EXTRA_DIST += tests/lsan.supp

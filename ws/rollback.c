@@ -392,25 +392,94 @@ static int rb_remember(struct cb_turns *t, struct rb_jobs *j)
 	return 0;
 }
 
+/* 1 if the diff has an event at path (its events are in byte order of path). */
+static int rb_has_event(const struct cb_diff *d, const char *path)
+{
+	size_t lo = 0, hi = d->n;
+
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		int c =
+		    strcmp(d->ev[mid].old.path ? d->ev[mid].old.path : d->ev[mid].new.path, path);
+
+		if (!c)
+			return 1;
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return 0;
+}
+
+/* The checked files (given back to the base) that hold the turn's content but show another
+ * time, owner or xattrs than it recorded: each becomes a job, a copy of its own written with
+ * the turn's metadata. want[] holds their entries (ncheck of them, the caller frees). */
+static int rb_plan_meta(struct cb_turns *t, const struct cb_diff *d, long long turn,
+			const char *const *check, size_t ncheck, struct cb_entry *want,
+			struct rb_jobs *jobs)
+{
+	struct cb_entry live = {0};
+	int ret = 0;
+
+	for (size_t i = 0; i < ncheck && !ret; i++) {
+		int from_base;
+
+		/* A path with an event is restored whole already. */
+		if (rb_has_event(d, check[i]))
+			continue;
+		ret = ws_entry_at(t, check[i], turn, &want[i]);
+		if (!ret)
+			ret = ws_live_meta(t, check[i], &live);
+		if (ret || want[i].type != CB_ENTRY_FILE || live.type != CB_ENTRY_FILE ||
+		    live.size != want[i].size)
+			continue; /* changed meanwhile: the snapshot records what is there */
+		memcpy(live.sha256, want[i].sha256, CB_SHA256_LEN);
+		memcpy(live.xxh3, want[i].xxh3, CB_XXH128_LEN);
+		if (!cb_entry_meta_moved(&live, &want[i]))
+			continue;
+		from_base = rb_resolve(t, &want[i], turn);
+		if (from_base < 0)
+			ret = from_base;
+		else
+			jobs->job[jobs->n++] =
+			    (struct rb_job){.want = &want[i], .from_base = from_base};
+	}
+	cb_entry_clear(&live);
+	return ret;
+}
+
 int cb_ws_rollback(struct cb_turns *t, long long turn, const struct cb_dirty *dirty, size_t n,
 		   long long *touched)
 {
+	return cb_ws_rollback_checked(t, turn, dirty, n, NULL, 0, touched);
+}
+
+int cb_ws_rollback_checked(struct cb_turns *t, long long turn, const struct cb_dirty *dirty,
+			   size_t n, const char *const *check, size_t ncheck, long long *touched)
+{
 	struct rb_jobs jobs = {.t = t, .um = ws_process_umask()};
+	struct cb_entry *metas = calloc(ncheck ? ncheck : 1, sizeof(*metas));
 	struct cb_diff d = {0};
-	int ret;
+	size_t planned = 0;
+	int ret = metas ? 0 : cb_error_set(ENOMEM, "out of memory");
 
 	*touched = 0;
 	pthread_mutex_init(&jobs.lock, NULL);
 	/* old = the turn's entry, new = the live one: exactly the paths to put back. */
-	ret = cb_ws_diff(t, turn, -1, dirty, n, &d);
+	if (!ret)
+		ret = cb_ws_diff(t, turn, -1, dirty, n, &d);
 	if (ret)
 		goto out;
-	jobs.job = calloc(d.n ? d.n : 1, sizeof(*jobs.job));
+	jobs.job = calloc(d.n + ncheck + 1, sizeof(*jobs.job));
 	if (!jobs.job) {
 		ret = cb_error_set(ENOMEM, "out of memory");
 		goto out;
 	}
 	ret = rb_plan(t, &d, turn, &jobs);
+	planned = jobs.n;
+	if (!ret)
+		ret = rb_plan_meta(t, &d, turn, check, ncheck, metas, &jobs);
 	/* Children before parents: remove what the turn does not have (or has as another type). */
 	for (size_t i = d.n; i-- > 0 && !ret;) {
 		const struct cb_diff_event *ev = &d.ev[i];
@@ -432,8 +501,11 @@ int cb_ws_rollback(struct cb_turns *t, long long turn, const struct cb_dirty *di
 		if (want->type == CB_ENTRY_DIR)
 			ret = rb_chmod(t, want->path, want->mode);
 	}
-	*touched = (long long)d.n;
+	*touched = (long long)(d.n + jobs.n - planned);
 out:
+	for (size_t i = 0; metas && i < ncheck; i++)
+		cb_entry_clear(&metas[i]);
+	free(metas);
 	free(jobs.job);
 	pthread_mutex_destroy(&jobs.lock);
 	cb_ws_diff_free(&d);

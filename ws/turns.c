@@ -479,6 +479,18 @@ static const struct cb_entry *known_entry(struct cb_turns *t, const char *path,
 	return &k->e;
 }
 
+int ws_live_meta(struct cb_turns *t, const char *path, struct cb_entry *out)
+{
+	struct stat st;
+	int fd = -1, ret = entry_read(t->root_fd, path, &st, out, &fd);
+
+	if (ret > 0 && out->type == CB_ENTRY_FILE)
+		ret = ws_meta_read(fd, &st, path, out);
+	if (fd >= 0)
+		close(fd);
+	return ret < 0 ? ret : 0;
+}
+
 int ws_live_entry(struct cb_turns *t, const char *path, int keep_blob, struct cb_entry *out)
 {
 	const struct cb_entry *known;

@@ -126,6 +126,10 @@ int ws_base_holds(struct cb_turns *t, const char *path, const unsigned char *xxh
  * unless it is the base's content at the same path. */
 int ws_live_entry(struct cb_turns *t, const char *path, int keep_blob, struct cb_entry *out);
 
+/* The live tree's entry for path without its content's hashes: type, mode, size, time,
+ * owner and xattrs (a rollback compares a file's metadata with what its turn recorded). */
+int ws_live_meta(struct cb_turns *t, const char *path, struct cb_entry *out);
+
 /* The entry of path at a recorded turn (0 = base). */
 int ws_entry_at(struct cb_turns *t, const char *path, long long turn, struct cb_entry *out);
 

@@ -82,6 +82,10 @@ int cb_journal_fold(struct cb_db *db);
  * logs got new names); the filesystem calls it when a program fsyncs and at unmount. */
 int cb_journal_sync(struct cb_db *db);
 
+/* The latest recorded turn (0: none yet), read on this handle's own connection: what a turn
+ * op needs without opening the turn store. -1 with a message when it cannot be read. */
+long long cb_db_latest_turn(struct cb_db *db);
+
 /* The turn that new changes belong to (1 before the first snapshot). */
 long long cb_journal_turn(struct cb_db *db);
 

@@ -79,6 +79,17 @@ void cb_overlay_set_id_base(struct cb_overlay *ov, unsigned long id_base);
  * to be read-only). Not from a FUSE request of this overlay. */
 void cb_overlay_base_changed(struct cb_overlay *ov, const char *const *paths, size_t n);
 
+/* A rollback gives paths (sorted by strcmp, parents first) back to the base: where the
+ * caller found the recorded entry to be the base's own again, what upper holds there goes
+ * (a whiteout, a copy of a file, a symlink; an opaque directory over the base's becomes a
+ * merged one, with whiteouts for what it hid), instead of the rollback writing the base's
+ * bytes into upper once more. A path the base lacks, an upper directory over a base file,
+ * or one below a whiteout or a non-directory, is left as it is (the rollback restores it
+ * through the mount). Each changed path is journaled first, as a request's would be, and
+ * the kernel is told to forget its entry. *reverted: how many paths changed. 0 or -errno
+ * with a message. Not from a FUSE request of this overlay. */
+int cb_overlay_revert(struct cb_overlay *ov, const char *const *paths, size_t n, size_t *reverted);
+
 /* Move the journal's open turn to turn, fenced: returns once every change in flight has
  * been made and its mark committed (in the old turn), and every change that starts later is
  * journaled anew in the new turn, also for paths already marked in the old one. A snapshot

@@ -264,6 +264,29 @@ int cb_ws_diff(struct cb_turns *t, long long a, long long b, const struct cb_dir
 int cb_ws_rollback(struct cb_turns *t, long long turn, const struct cb_dirty *dirty, size_t n,
 		   long long *touched);
 
+/* What a rollback to a turn can give back to the base instead of copying (the daemon has the
+ * overlay drop what upper holds there, cb_overlay_revert, before cb_ws_rollback runs). */
+struct cb_ws_revert {
+	char **paths; /* where the turn's entry is what the base shows now: any directory
+		       * over a directory, else the same type, mode and content; sorted */
+	size_t n;
+	/* The files among them whose turn recorded a time, owner or xattrs: the base may show
+	 * others, and then cb_ws_rollback_checked gives them a copy of their own. */
+	char **check;
+	size_t ncheck;
+};
+/* The paths that differ between turn and the latest turn (the daemon records the open turn
+ * first) whose entry at turn the base holds now; reads meta.db and the base, never the live
+ * tree. Nothing in place, without a base, or when turn is the latest. */
+int cb_ws_revert_plan(struct cb_turns *t, long long turn, struct cb_ws_revert *out);
+void cb_ws_revert_free(struct cb_ws_revert *r);
+
+/* cb_ws_rollback, and the files of check[0..ncheck) (sorted; cb_ws_revert.check), whose
+ * content the live tree already holds, get the turn's time, owner and xattrs back (a copy
+ * written through the mount) when the mount shows others. */
+int cb_ws_rollback_checked(struct cb_turns *t, long long turn, const struct cb_dirty *dirty,
+			   size_t n, const char *const *check, size_t ncheck, long long *touched);
+
 /* What a rollback wrote, for the snapshot that records it (it then reads none of it back):
  * taken out of t so that t can be closed in between, and put into the handle that takes
  * the snapshot (which owns it from then on). NULL: nothing to hand over. */

@@ -14,7 +14,12 @@ COWBOX_SEED=N replays the same choices.
 A turn is a tree: a command in the sandbox swaps a directory and a symlink with
 renameat2(RENAME_EXCHANGE) in a loop while it rewrites files under the directory, and
 snapshots run in a loop meanwhile; every snapshot must succeed and every recorded turn must
-have no entry below a path it records as something other than a directory."""
+have no entry below a path it records as something other than a directory.
+
+A rollback that gives a base directory back (the daemon drops the upper layer's whiteout,
+symlink or opaque directory there, cb_overlay_revert) acts on paths the sandbox swaps with a
+symlink to a host directory meanwhile: the host directory is never touched, and the last
+rollback leaves the turn's tree."""
 
 import hashlib
 import os
@@ -217,10 +222,11 @@ DIR = 2
 
 class TreeRaceTest(CowboxTestCase):
     def turns_of(self, db):
-        """{turn: {path: type}} for every recorded turn, rebuilt from turn_delta."""
+        """{turn: {path: type}} for every recorded turn, rebuilt from the base's map (turn
+        0) and turn_delta."""
         rows = db.execute("SELECT path, turn, type FROM turn_delta ORDER BY turn").fetchall()
         turns = [r[0] for r in db.execute("SELECT turn FROM turns ORDER BY turn")]
-        state, out, i = {}, {}, 0
+        state, out, i = dict(db.execute("SELECT path, type FROM base_map")), {}, 0
         for turn in turns:
             while i < len(rows) and rows[i][1] <= turn:
                 path, _, typ = rows[i]
@@ -281,6 +287,99 @@ class TreeRaceTest(CowboxTestCase):
             self.assertEqual(self.not_a_tree(entries), [], "turn %d: %s" % (turn, entries))
         live = dict(db.execute("SELECT path, type FROM turn_map"))
         self.assertEqual(self.not_a_tree(live), [], "turn_map: %s" % live)
+
+
+ROLLBACK_RACER = r"""
+import ctypes, os, shutil, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+os.chdir("/workspace")
+end = time.monotonic() + float(sys.argv[1])
+n = 0
+while time.monotonic() < end:
+    # the base's directory d goes (a whiteout), comes back as a new one (opaque), and
+    # swaps with a symlink to a host directory while rollbacks give d back
+    try:
+        if os.path.islink("d"):
+            os.unlink("d")
+        else:
+            shutil.rmtree("d")
+    except OSError:
+        pass
+    for make in (lambda: os.mkdir("d"), lambda: os.symlink(sys.argv[2], "s")):
+        try:
+            make()
+        except OSError:
+            pass
+    for name in ("d/x", "d/new"):
+        try:
+            with open(name, "w") as f:
+                f.write("%d\n" % n)
+        except OSError:
+            pass
+    for _ in range(20):
+        libc.renameat2(-100, b"d", -100, b"s", 2)
+    n += 1
+print(n)
+"""
+
+
+class RollbackRaceTest(CowboxTestCase):
+    def test_giving_the_base_back_under_a_rename_exchange_race(self):
+        base = self.make_base({"d/x": "base x\n", "d/y": "base y\n", "keep": "k\n"})
+        victim = os.path.join(self.tmp, "victim")
+        os.mkdir(victim)
+        for name in ("x", "y", "new"):
+            with open(os.path.join(victim, name), "w") as f:
+                f.write("host %s\n" % name)
+        ref = self.create(base, "rb")
+        self.mount(ref)
+        mnt = self.mountpoint(ref)
+        c = self.client(ref)
+        c.sock.settimeout(120)
+        t1 = c.request("snapshot")["turn"]
+        seconds = 6
+        racer = subprocess.Popen([COWBOX, "exec", ref, "--", "python3", "-c", ROLLBACK_RACER,
+                                  str(seconds), victim], env=self.env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(racer.kill)
+        ok, failed = 0, []
+        while racer.poll() is None:
+            reply = c.request("rollback", turn=t1)
+            if reply.get("ok"):
+                ok += 1
+            else:
+                failed.append(reply)
+        out, err = racer.communicate()
+        self.assertEqual(racer.returncode, 0, err)
+        print("%d rollbacks (%d failed: %s) during %s rounds" %
+              (ok, len(failed), [f["error"]["message"] for f in failed], out.strip()), file=sys.stderr)
+        # the host directory behind the symlink: as it was, nothing added, nothing marked
+        self.assertEqual(sorted(os.listdir(victim)), ["new", "x", "y"])
+        for name in ("x", "y", "new"):
+            with open(os.path.join(victim, name)) as f:
+                self.assertEqual(f.read(), "host %s\n" % name)
+        self.assertNotIn("trusted.overlay.opaque", os.listxattr(victim))
+        # the last rollback leaves the turn's tree, and records a tree
+        reply = c.request("rollback", turn=t1)
+        self.assertTrue(reply.get("ok"), reply)
+        live = {}
+        for dirpath, dirs, names in os.walk(mnt):
+            for name in dirs + names:
+                full = os.path.join(dirpath, name)
+                rel = os.path.relpath(full, mnt)
+                if os.path.islink(full) or not os.path.isfile(full):
+                    live[rel] = "symlink" if os.path.islink(full) else "dir"
+                else:
+                    with open(full) as f:
+                        live[rel] = f.read()
+        self.assertEqual(live, {"d": "dir", "d/x": "base x\n", "d/y": "base y\n",
+                                "keep": "k\n"})
+        db = sqlite3.connect("file:%s?mode=ro" % os.path.join(self.ws_dir(ref), "meta.db"),
+                             uri=True)
+        self.addCleanup(db.close)
+        tree = TreeRaceTest("test_snapshots_under_a_rename_exchange_race_are_trees")
+        for turn, entries in tree.turns_of(db).items():
+            self.assertEqual(tree.not_a_tree(entries), [], "turn %d: %s" % (turn, entries))
 
 
 if __name__ == "__main__":

@@ -539,6 +539,19 @@ static int write_image(struct exp *x, const struct cb_oci_export_args *args, jso
 	if (!json_is_object(cfg = json_object_get(config, "config")))
 		json_object_set_new(config, "config", cfg = json_object());
 	json_object_set_new(cfg, "WorkingDir", json_string("/" OCI_ROOT));
+	/* Which layer is which, by position: a registry keeps the order and the config (its
+	 * digest is the image's ID) but not always the layers' annotations (skopeo drops them
+	 * when it compresses a layer on the way). */
+	{
+		size_t at = json_array_size(json_object_get(manifest, "layers")) -
+			    json_array_size(x->layers);
+		json_t *tj;
+
+		json_object_set_new(json_object_get(meta, "base"), "layer",
+				    json_integer((json_int_t)at));
+		json_array_foreach(json_object_get(meta, "turns"), i, tj)
+		    json_object_set_new(tj, "layer", json_integer((json_int_t)(at + 1 + i)));
+	}
 	json_object_set(config, "cowbox", meta);
 	if (!(text = json_dumps(config, JSON_COMPACT | JSON_SORT_KEYS)) ||
 	    (ret = oci_blob_put(x->layout_fd, text, strlen(text), digest)))

@@ -61,8 +61,33 @@ static la_ssize_t layer_read_cb(struct archive *a, void *arg, const void **buf)
 	return r;
 }
 
+/* Read what the archive left (padding) and compare digest and size with the descriptor's. */
+static int layer_verify(struct layer_in *li);
+
+/* The whole blob hashed before any parser sees a byte of it: a tampered or truncated layer is
+ * named as such, not as whatever its damaged tar happens to look like. */
+static int layer_precheck(struct layer_in *li)
+{
+	int ret;
+
+	if (!(li->md = EVP_MD_CTX_new()) || !EVP_DigestInit_ex(li->md, EVP_sha256(), NULL) ||
+	    !(li->ar = archive_read_new()))
+		return cb_error_set(ENOMEM, "out of memory");
+	ret = layer_verify(li);
+	archive_read_free(li->ar);
+	li->ar = NULL;
+	EVP_MD_CTX_free(li->md);
+	li->md = NULL;
+	li->size = 0;
+	if (!ret && lseek(li->fd, 0, SEEK_SET) < 0)
+		ret = cb_error_set(errno, "layer %s: %s", li->digest, strerror(errno));
+	return ret;
+}
+
 static int layer_open(struct imp *m, json_t *desc, struct layer_in *li)
 {
+	int ret;
+
 	json_t *size = json_object_get(desc, "size");
 
 	li->fd = -1;
@@ -72,6 +97,8 @@ static int layer_open(struct imp *m, json_t *desc, struct layer_in *li)
 	li->want_size = json_integer_value(size);
 	if ((li->fd = oci_blob_open(m->layout_fd, li->digest)) < 0)
 		return li->fd;
+	if ((ret = layer_precheck(li)))
+		return ret;
 	if (!(li->md = EVP_MD_CTX_new()) || !EVP_DigestInit_ex(li->md, EVP_sha256(), NULL) ||
 	    !(li->ar = archive_read_new()))
 		return cb_error_set(ENOMEM, "out of memory");
@@ -84,7 +111,6 @@ static int layer_open(struct imp *m, json_t *desc, struct layer_in *li)
 	return 0;
 }
 
-/* Read what the archive left (padding) and compare digest and size with the descriptor's. */
 static int layer_verify(struct layer_in *li)
 {
 	unsigned char md[32];
@@ -628,22 +654,15 @@ static int image_load(struct imp *m)
 	return ret;
 }
 
-/* The manifest's layer descriptor that says it is kind (and turn). */
-static json_t *layer_of(struct imp *m, const char *kind, long long turn)
+/* The manifest's layer at the position obj's "layer" names (what the config says it is). */
+static json_t *layer_at(struct imp *m, json_t *obj)
 {
-	json_t *l;
-	size_t i;
+	json_t *at = json_object_get(obj, "layer");
 
-	json_array_foreach(json_object_get(m->manifest, "layers"), i, l)
-	{
-		json_t *a = json_object_get(l, "annotations");
-		const char *k = json_string_value(json_object_get(a, OCI_LAYER_KIND));
-		const char *n = json_string_value(json_object_get(a, OCI_LAYER_TURN));
-
-		if (k && !strcmp(k, kind) && (turn < 0 || (n && atoll(n) == turn)))
-			return l;
-	}
-	return NULL;
+	if (!json_is_integer(at) || json_integer_value(at) < 0)
+		return NULL;
+	return json_array_get(json_object_get(m->manifest, "layers"),
+			      (size_t)json_integer_value(at));
 }
 
 static int sum_base(const struct cb_entry *e, long long from, long long until, void *arg)
@@ -741,7 +760,7 @@ static int import_turns(struct imp *m, struct oci_sum *sum, long long *last)
 		if (m->a->turn >= 0 && json_integer_value(json_object_get(tj, "turn")) > m->a->turn)
 			break;
 		ret = turn_parse(tj, &ti);
-		if (!ret && !(desc = layer_of(m, "turn", ti.turn)))
+		if (!ret && !(desc = layer_at(m, tj)))
 			ret = cb_error_set(EBADMSG, "the image has no layer of turn %lld", ti.turn);
 		if (!ret)
 			ret = turn_layer(m, desc, &ti);
@@ -772,7 +791,7 @@ int cb_oci_import(const struct cb_oci_import_args *args, char ref[CB_WS_REF_LEN 
 		return cb_error_wrap(m.layout_fd, "import");
 	if ((ret = image_load(&m)))
 		goto out;
-	if (!(base_desc = layer_of(&m, "base", -1))) {
+	if (!(base_desc = layer_at(&m, json_object_get(m.meta, "base")))) {
 		ret = cb_error_set(EBADMSG, "not a cowbox export (no base layer)");
 		goto out;
 	}

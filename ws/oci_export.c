@@ -280,13 +280,29 @@ static int export_base(struct exp *x, json_t *meta, struct oci_sum *sum, char he
 {
 	struct base_pass b = {.x = x};
 	struct layer_out lo = {0};
-	char key[80];
-	json_t *desc;
+	char key[80], idkey[64];
+	json_t *desc, *known;
+	long long id = 0;
 	int ret;
 
-	if ((ret = cb_db_turns_base_entries(x->t->db, base_one, &b)))
+	/* Turn 0's map is frozen once recorded, and map_id names this database: its digest is
+	 * computed once (a pass over every base entry), then taken from the cache, so that a
+	 * later export costs what changed. */
+	if ((ret = cb_db_turns_map_id(x->t->db, &id)))
 		return ret;
+	snprintf(idkey, sizeof(idkey), "basemap:%lld", id);
+	known = json_object_get(x->cache, idkey);
+	if (json_is_integer(json_object_get(known, "entries")) &&
+	    !oci_sum_parse(&b.sum, json_string_value(json_object_get(known, "map")))) {
+		b.n = json_integer_value(json_object_get(known, "entries"));
+	} else {
+		cb_error_clear();
+		if ((ret = cb_db_turns_base_entries(x->t->db, base_one, &b)))
+			return ret;
+	}
 	oci_sum_hex(&b.sum, hex);
+	json_object_set_new(x->cache, idkey,
+			    json_pack("{s:s, s:I}", "map", hex, "entries", (json_int_t)b.n));
 	*sum = b.sum;
 	json_object_set_new(meta, "base",
 			    json_pack("{s:s, s:I, s:b}", "map", hex, "entries", (json_int_t)b.n,

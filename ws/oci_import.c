@@ -258,6 +258,8 @@ static int base_unpack(struct imp *m, json_t *desc, int root)
 			ret = cb_error_set(EBADMSG, "the base layer holds a whiteout (%s)", rel);
 		} else if (!*rel) {
 			/* workspace/ itself: the base directory */
+			if (type != AE_IFDIR)
+				ret = cb_error_set(EBADMSG, OCI_ROOT "/ is no directory");
 		} else if (type == AE_IFDIR) {
 			struct dir_mode *d = realloc(dirs, (ndirs + 1) * sizeof(*d));
 
@@ -517,6 +519,8 @@ static int turn_layer(struct imp *m, json_t *desc, struct turn_in *ti)
 						   "a whiteout of %s, which the turn does "
 						   "not record as deleted",
 						   gone ? gone : "");
+		} else if (!*rel && type != AE_IFDIR) {
+			ret = cb_error_set(EBADMSG, OCI_ROOT "/ is no directory");
 		} else if (*rel && !(e = turn_find(ti, rel))) {
 			ret = cb_error_set(EBADMSG, "%s is not in the turn's change list", rel);
 		} else if (e && !((type == AE_IFREG && e->type == CB_ENTRY_FILE) ||
@@ -618,9 +622,11 @@ static int image_load(struct imp *m)
 {
 	json_t *index = NULL, *d, *pick = NULL;
 	size_t i;
-	int ret = oci_index_load(m->layout_fd, &index), count = 0;
+	int ret, count = 0;
 
-	if (ret)
+	if (faccessat(m->layout_fd, "index.json", F_OK, AT_SYMLINK_NOFOLLOW) < 0)
+		return cb_error_set(ENOENT, "%s is no OCI layout (no index.json)", m->a->layout);
+	if ((ret = oci_index_load(m->layout_fd, &index)))
 		return ret;
 	json_array_foreach(json_object_get(index, "manifests"), i, d)
 	{

@@ -33,6 +33,8 @@ struct oci_sum {
 /* Add (sign > 0) or take away (sign < 0) e's term; an absent entry has none. */
 void oci_sum_entry(struct oci_sum *s, const struct cb_entry *e, int sign);
 void oci_sum_hex(const struct oci_sum *s, char out[65]);
+/* The digest back from its hex; -EBADMSG if hex is not one. */
+int oci_sum_parse(struct oci_sum *s, const char *hex);
 
 /* An entry as JSON and back (the strings of *out owned by it); bad JSON is -EBADMSG naming
  * what. */

@@ -2,8 +2,10 @@
  * index.json), and what both compute the same way: map digests and entries as JSON. */
 #include "config.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +68,15 @@ void oci_sum_entry(struct oci_sum *s, const struct cb_entry *e, int sign)
 void oci_sum_hex(const struct oci_sum *s, char out[65])
 {
 	cb_hex(s->v, sizeof(s->v), out);
+}
+
+static int unhex(const char *s, unsigned char *out, size_t n);
+
+int oci_sum_parse(struct oci_sum *s, const char *hex)
+{
+	return unhex(hex, s->v, sizeof(s->v))
+		   ? cb_error_set(EBADMSG, "'%s' is no map digest", hex ? hex : "")
+		   : 0;
 }
 
 /* ---- entries as JSON ---- */
@@ -193,6 +204,24 @@ int oci_digest_check(const char *digest)
 	return 0;
 }
 
+/* Temporary blobs of writers that died (an export killed midway): never named by an index. */
+static void layout_sweep(int fd)
+{
+	int dfd = openat(fd, "blobs/sha256", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+	struct dirent *de;
+	int pid;
+
+	if (!d && dfd >= 0)
+		close(dfd);
+	while (d && (de = readdir(d)))
+		if (sscanf(de->d_name, ".tmp-%d-", &pid) == 1 && pid > 0 && kill(pid, 0) < 0 &&
+		    errno == ESRCH)
+			unlinkat(dfd, de->d_name, 0);
+	if (d)
+		closedir(d);
+}
+
 int oci_layout_open(const char *dir, int create)
 {
 	int fd;
@@ -209,6 +238,8 @@ int oci_layout_open(const char *dir, int create)
 		close(fd);
 		return cb_error_set(err, "OCI layout %s: mkdir blobs: %s", dir, strerror(err));
 	}
+	if (create)
+		layout_sweep(fd);
 	return fd;
 }
 

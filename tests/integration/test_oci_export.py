@@ -324,7 +324,10 @@ class OciExport(cbtest.CowboxTestCase):
         proc.kill()
         proc.wait()
         self.assertFalse(os.path.exists(os.path.join(layout, "index.json")))
+        self.assert_fails(["create", "--from", "oci:%s:big" % layout], "index.json")
         self.cowbox("export", ref, "oci:%s:big" % layout)
+        # the killed export's temporary blob was swept
+        self.assertEqual([n for n in os.listdir(sha) if n.startswith(".")], [])
         self.fresh_home()
         # mid-import, at two points: while the base is unpacked, and in the staging dir
         for where in ("bases", "workspaces"):

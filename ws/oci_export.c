@@ -2,8 +2,6 @@
  * libarchive, every byte checked against the turn's SHA-256 on the way), reusing by digest. */
 #include "config.h"
 
-#include <archive.h>
-#include <archive_entry.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -15,6 +13,7 @@
 
 #include "cowbox/error.h"
 #include "oci_int.h"
+#include "oci_la.h"
 #include "turns_int.h"
 #include "util/smallfile.h"
 #include "ws.h"
@@ -660,6 +659,8 @@ int cb_oci_export(const struct cb_oci_export_args *args, struct cb_oci_export_st
 	int ret;
 
 	memset(stats, 0, sizeof(*stats));
+	if ((ret = oci_la_load()))
+		return cb_error_wrap(ret, "export %s", args->ref);
 	x.layers = json_array();
 	x.diff_ids = json_array();
 	x.history = json_array();

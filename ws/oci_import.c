@@ -2,8 +2,6 @@
  * then each turn's rows and blobs, every map digest checked, built unseen and published last. */
 #include "config.h"
 
-#include <archive.h>
-#include <archive_entry.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -16,6 +14,7 @@
 
 #include "cowbox/error.h"
 #include "oci_int.h"
+#include "oci_la.h"
 #include "turns_int.h"
 #include "ws.h"
 
@@ -793,6 +792,8 @@ int cb_oci_import(const struct cb_oci_import_args *args, char ref[CB_WS_REF_LEN 
 	int ret;
 
 	ref[0] = '\0';
+	if ((ret = oci_la_load()))
+		return cb_error_wrap(ret, "import");
 	if ((m.layout_fd = oci_layout_open(args->layout, 0)) < 0)
 		return cb_error_wrap(m.layout_fd, "import");
 	if ((ret = image_load(&m)))

@@ -62,7 +62,9 @@ static int layer_begin(struct exp *x, struct layer_out *lo)
 	if (!lo->a)
 		return cb_error_set(ENOMEM, "layer: out of memory");
 	/* pax: long paths and nanosecond times; no padding of the last block past the spec's */
+	/* 1 MiB per write: the default 10 KiB block is a write(2) and a digest update each */
 	if (archive_write_set_format_pax_restricted(lo->a) != ARCHIVE_OK ||
+	    archive_write_set_bytes_per_block(lo->a, 1 << 20) != ARCHIVE_OK ||
 	    archive_write_set_bytes_in_last_block(lo->a, 1) != ARCHIVE_OK ||
 	    archive_write_open2(lo->a, &lo->s, NULL, layer_write_cb, NULL, NULL) != ARCHIVE_OK)
 		return layer_fail(lo, "open");
@@ -151,31 +153,40 @@ static int layer_content(struct exp *x, struct layer_out *lo, const struct cb_en
 	return ret;
 }
 
-/* e's content from its blob (bytes a turn kept), else from the base file. */
-static int layer_file(struct exp *x, struct layer_out *lo, const struct cb_entry *e)
+/* The source of e's content: for the base (base_first) the base file, else its blob (bytes
+ * a turn kept); the other one when the first is not there. Whichever it is, its bytes are
+ * checked against e's SHA-256 as they are written. */
+static int content_open(struct exp *x, const struct cb_entry *e, int base_first, const char **what)
 {
-	const char *what = "its blob";
-	int src = -1, ret;
+	int src;
 
-	if (cb_ws_blob_has(x->t->blob_fd, e->xxh3))
-		src = cb_ws_blob_open(x->t->blob_fd, e->xxh3);
-	else if (x->t->base_fd >= 0) {
-		src = cb_beneath_open(x->t->base_fd, e->path, O_RDONLY, 0);
-		what = "the base file";
+	if (base_first && x->t->base_fd >= 0) {
+		*what = "the base file";
+		if ((src = cb_beneath_open(x->t->base_fd, e->path, O_RDONLY, 0)) >= 0)
+			return src;
+		cb_error_clear();
 	}
-	if (src < 0)
-		return cb_error_set(ENOENT, "%s: no blob and no base file holds its content",
-				    e->path);
-	ret = layer_content(x, lo, e, src, what);
-	close(src);
-	return ret;
+	if (cb_ws_blob_has(x->t->blob_fd, e->xxh3)) {
+		*what = "its blob";
+		return cb_ws_blob_open(x->t->blob_fd, e->xxh3);
+	}
+	if (!base_first && x->t->base_fd >= 0) {
+		*what = "the base file";
+		if ((src = cb_beneath_open(x->t->base_fd, e->path, O_RDONLY, 0)) >= 0)
+			return src;
+	}
+	return cb_error_set(ENOENT, "%s: no blob and no base file holds its content", e->path);
 }
 
+/* One entry of a layer; mtime_ns < 0: a file's own (the base file's, when the turn kept
+ * none). */
 static int layer_entry(struct exp *x, struct layer_out *lo, const struct cb_entry *e,
-		       long long mtime_ns)
+		       long long mtime_ns, int base_first)
 {
 	unsigned uid = e->has_owner ? e->uid : 0, gid = e->has_owner ? e->gid : 0;
-	int ret;
+	const char *what = NULL;
+	struct stat st;
+	int src, ret;
 
 	switch (e->type) {
 	case CB_ENTRY_DIR:
@@ -183,11 +194,18 @@ static int layer_entry(struct exp *x, struct layer_out *lo, const struct cb_entr
 	case CB_ENTRY_SYMLINK:
 		return layer_header(lo, e->path, AE_IFLNK, 0777, 0, mtime_ns, 0, 0, e->target);
 	case CB_ENTRY_FILE:
+		if ((src = content_open(x, e, base_first, &what)) < 0)
+			return src;
 		if (e->has_mtime)
 			mtime_ns = e->mtime_ns;
-		ret =
-		    layer_header(lo, e->path, AE_IFREG, e->mode, e->size, mtime_ns, uid, gid, NULL);
-		return ret ? ret : layer_file(x, lo, e);
+		else if (mtime_ns < 0 && fstat(src, &st) == 0)
+			mtime_ns = st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+		ret = layer_header(lo, e->path, AE_IFREG, e->mode, e->size,
+				   mtime_ns < 0 ? 0 : mtime_ns, uid, gid, NULL);
+		if (!ret)
+			ret = layer_content(x, lo, e, src, what);
+		close(src);
+		return ret;
 	case CB_ENTRY_ABSENT:
 		break;
 	}
@@ -269,10 +287,13 @@ static int base_one(const struct cb_entry *e, long long from, long long until, v
 		b->n++;
 		return 0;
 	}
-	if (b->x->t->base_fd >= 0 && cb_beneath_stat(b->x->t->base_fd, e->path, &st) == 0)
+	/* a file's time comes from the fd its bytes are read from */
+	if (e->type == CB_ENTRY_FILE)
+		mtime = -1;
+	else if (b->x->t->base_fd >= 0 && cb_beneath_stat(b->x->t->base_fd, e->path, &st) == 0)
 		mtime = st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
 	cb_error_clear();
-	return layer_entry(b->x, b->lo, e, mtime);
+	return layer_entry(b->x, b->lo, e, mtime, 1);
 }
 
 static int export_base(struct exp *x, json_t *meta, struct oci_sum *sum, char hex[65])
@@ -395,7 +416,7 @@ static int turn_tar(struct exp *x, struct layer_out *lo, const struct ws_pathset
 		if (cur.type == CB_ENTRY_ABSENT && old.type != CB_ENTRY_ABSENT)
 			ret = layer_whiteout(lo, path, 0, mtime);
 		else if (cur.type != CB_ENTRY_ABSENT)
-			ret = layer_entry(x, lo, &cur, mtime);
+			ret = layer_entry(x, lo, &cur, mtime, 0);
 		/* A directory where there was none: nothing of a lower layer shows through. */
 		if (!ret && cur.type == CB_ENTRY_DIR && old.type != CB_ENTRY_DIR)
 			ret = layer_whiteout(lo, path, 1, mtime);

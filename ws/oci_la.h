@@ -13,6 +13,7 @@
 	X(archive_write_new)                                                                       \
 	X(archive_write_set_format_pax_restricted)                                                 \
 	X(archive_write_set_bytes_in_last_block)                                                   \
+	X(archive_write_set_bytes_per_block)                                                       \
 	X(archive_write_open2)                                                                     \
 	X(archive_write_header)                                                                    \
 	X(archive_write_data)                                                                      \
@@ -63,6 +64,7 @@ int oci_la_load(void);
 #define archive_write_set_format_pax_restricted                                                    \
 	OCI_LA_REDIRECT(archive_write_set_format_pax_restricted)
 #define archive_write_set_bytes_in_last_block OCI_LA_REDIRECT(archive_write_set_bytes_in_last_block)
+#define archive_write_set_bytes_per_block     OCI_LA_REDIRECT(archive_write_set_bytes_per_block)
 #define archive_write_open2		      OCI_LA_REDIRECT(archive_write_open2)
 #define archive_write_header		      OCI_LA_REDIRECT(archive_write_header)
 #define archive_write_data		      OCI_LA_REDIRECT(archive_write_data)

@@ -434,7 +434,8 @@ int cmd_create(int argc, char **argv)
 
 			from_turn = strtoll(optarg, &end, 10);
 			if (*end || from_turn < 0) {
-				status = cli_usage_error(create_usage, "--turn takes a turn number");
+				status =
+				    cli_usage_error(create_usage, "--turn takes a turn number");
 				goto out;
 			}
 		} else if ((status = create_flag(&co, c, optarg)) != CLI_OK)
@@ -452,15 +453,20 @@ int cmd_create(int argc, char **argv)
 		goto out;
 	}
 	if ((in_place && from) || (from_turn >= 0 && !from)) {
-		status = cli_usage_error(create_usage, "%s", from_turn >= 0 && !from
-								 ? "--turn needs --from"
-								 : "--from and --in-place exclude each other");
+		status = cli_usage_error(create_usage, "%s",
+					 from_turn >= 0 && !from
+					     ? "--turn needs --from"
+					     : "--from and --in-place exclude each other");
 		goto out;
 	}
-	if ((rc = from ? cli_create_from(from, from_turn, base, name,
-					 json_is_true(json_object_get(co.options, "privileged")), ref)
-		  : in_place ? cb_ws_create_in_place(in_place, name, stderr, ref)
-			     : cb_ws_create(base, name, stderr, ref))) {
+	if (from)
+		rc = cli_create_from(from, from_turn, base, name,
+				     json_is_true(json_object_get(co.options, "privileged")), ref);
+	else if (in_place)
+		rc = cb_ws_create_in_place(in_place, name, stderr, ref);
+	else
+		rc = cb_ws_create(base, name, stderr, ref);
+	if (rc) {
 		status = cli_fail_rc("create", rc);
 		goto out;
 	}

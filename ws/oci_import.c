@@ -421,15 +421,15 @@ static void turn_free(struct turn_in *ti)
 static int turn_parse(json_t *tj, struct turn_in *ti)
 {
 	json_t *entries = json_object_get(tj, "entries"), *ej;
-	size_t i;
+	size_t i, n = json_array_size(entries);
 	int ret = 0;
 
 	ti->turn = json_integer_value(json_object_get(tj, "turn"));
-	ti->n = json_array_size(entries);
-	ti->e = calloc(ti->n + 1, sizeof(*ti->e));
-	ti->seen = calloc(ti->n + 1, 1);
+	ti->e = calloc(n + 1, sizeof(*ti->e));
+	ti->seen = calloc(n + 1, 1);
 	if (!ti->e || !ti->seen)
 		return cb_error_set(ENOMEM, "out of memory");
+	ti->n = n;
 	json_array_foreach(entries, i, ej) if (!ret) ret = oci_entry_parse(ej, &ti->e[i]);
 	if (ret)
 		return ret;

@@ -13,8 +13,7 @@
 #include <unistd.h>
 
 #include "cowbox/error.h"
-#include "oci_int.h"
-#include "oci_la.h"
+#include "oci_read.h"
 #include "turns_int.h"
 #include "ws.h"
 
@@ -29,175 +28,6 @@ struct imp {
 	unsigned long ids; /* the workspace's host id range; 0: none */
 	struct cb_turns *t;
 };
-
-/* ---- reading a layer: its bytes hashed as libarchive reads them ---- */
-
-struct layer_in {
-	int fd;
-	EVP_MD_CTX *md;
-	long long size;
-	struct archive *ar;
-	const char *digest;
-	long long want_size;
-	unsigned char buf[1 << 16];
-};
-
-static la_ssize_t layer_read_cb(struct archive *a, void *arg, const void **buf)
-{
-	struct layer_in *li = arg;
-	ssize_t r;
-
-	do
-		r = read(li->fd, li->buf, sizeof(li->buf));
-	while (r < 0 && errno == EINTR);
-	if (r < 0) {
-		archive_set_error(a, errno, "read: %s", strerror(errno));
-		return -1;
-	}
-	EVP_DigestUpdate(li->md, li->buf, (size_t)r);
-	li->size += r;
-	*buf = li->buf;
-	return r;
-}
-
-/* Read what the archive left (padding) and compare digest and size with the descriptor's. */
-static int layer_verify(struct layer_in *li);
-
-/* The whole blob hashed before any parser sees a byte of it: a tampered or truncated layer is
- * named as such, not as whatever its damaged tar happens to look like. */
-static int layer_precheck(struct layer_in *li)
-{
-	int ret;
-
-	if (!(li->md = EVP_MD_CTX_new()) || !EVP_DigestInit_ex(li->md, EVP_sha256(), NULL) ||
-	    !(li->ar = archive_read_new()))
-		return cb_error_set(ENOMEM, "out of memory");
-	ret = layer_verify(li);
-	archive_read_free(li->ar);
-	li->ar = NULL;
-	EVP_MD_CTX_free(li->md);
-	li->md = NULL;
-	li->size = 0;
-	if (!ret && lseek(li->fd, 0, SEEK_SET) < 0)
-		ret = cb_error_set(errno, "layer %s: %s", li->digest, strerror(errno));
-	return ret;
-}
-
-static int layer_open(struct imp *m, json_t *desc, struct layer_in *li)
-{
-	int ret;
-
-	json_t *size = json_object_get(desc, "size");
-
-	li->fd = -1;
-	li->digest = json_string_value(json_object_get(desc, "digest"));
-	if (!json_is_integer(size))
-		return cb_error_set(EBADMSG, "a layer descriptor without a size");
-	li->want_size = json_integer_value(size);
-	if ((li->fd = oci_blob_open(m->layout_fd, li->digest)) < 0)
-		return li->fd;
-	if ((ret = layer_precheck(li)))
-		return ret;
-	if (!(li->md = EVP_MD_CTX_new()) || !EVP_DigestInit_ex(li->md, EVP_sha256(), NULL) ||
-	    !(li->ar = archive_read_new()))
-		return cb_error_set(ENOMEM, "out of memory");
-	/* tar only (gzip'd or not): no other format's parser is exposed to the image */
-	archive_read_support_format_tar(li->ar);
-	archive_read_support_filter_gzip(li->ar);
-	if (archive_read_open(li->ar, li, NULL, layer_read_cb, NULL) != ARCHIVE_OK)
-		return cb_error_set(EBADMSG, "layer %s: %s", li->digest,
-				    archive_error_string(li->ar));
-	return 0;
-}
-
-static int layer_verify(struct layer_in *li)
-{
-	unsigned char md[32];
-	char got[OCI_DIGEST_LEN];
-	const void *b;
-	unsigned n = 0;
-	la_ssize_t r;
-
-	while ((r = layer_read_cb(li->ar, li, &b)) > 0)
-		;
-	if (r < 0)
-		return cb_error_set(EIO, "layer %s: %s", li->digest, archive_error_string(li->ar));
-	EVP_DigestFinal_ex(li->md, md, &n);
-	memcpy(got, "sha256:", 7);
-	cb_hex(md, sizeof(md), got + 7);
-	if (strcmp(got, li->digest))
-		return cb_error_set(EBADMSG,
-				    "layer %s: digest mismatch: its bytes hash to %s (truncated or "
-				    "tampered)",
-				    li->digest, got);
-	if (li->size != li->want_size)
-		return cb_error_set(EBADMSG, "layer %s: %lld bytes where the manifest says %lld",
-				    li->digest, li->size, li->want_size);
-	return 0;
-}
-
-static void layer_close(struct layer_in *li)
-{
-	if (li->ar)
-		archive_read_free(li->ar);
-	if (li->fd >= 0)
-		close(li->fd);
-	EVP_MD_CTX_free(li->md);
-	li->ar = NULL;
-	li->fd = -1;
-	li->md = NULL;
-}
-
-/* The path below workspace/ of a tar entry, checked: no "..", ".", empty or absolute
- * component, and only files, directories and symlinks (no device, FIFO or hard link). rel
- * is "" for workspace/ itself. */
-static int entry_check(struct archive_entry *ae, const char *digest, char **rel)
-{
-	const char *name = archive_entry_pathname(ae);
-	unsigned type = archive_entry_filetype(ae);
-	size_t len;
-	char *r;
-
-	*rel = NULL;
-	if (!name || strncmp(name, OCI_ROOT, strlen(OCI_ROOT)) ||
-	    (name[strlen(OCI_ROOT)] != '/' && name[strlen(OCI_ROOT)] != '\0'))
-		return cb_error_set(EXDEV, "layer %s: '%s' is outside " OCI_ROOT "/", digest,
-				    name ? name : "");
-	name += strlen(OCI_ROOT);
-	name += *name == '/';
-	if (!(r = strdup(name)))
-		return cb_error_set(ENOMEM, "out of memory");
-	len = strlen(r);
-	while (len && r[len - 1] == '/')
-		r[--len] = '\0';
-	for (char *c = r, *end; len && c; c = end ? end + 1 : NULL) {
-		size_t n;
-
-		end = strchr(c, '/');
-		n = end ? (size_t)(end - c) : strlen(c);
-		if (!n || (n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.')) {
-			cb_error_set(EXDEV,
-				     "layer %s: the path '%s' has a '%.*s' component: "
-				     "refused (a path must stay below " OCI_ROOT "/)",
-				     digest, archive_entry_pathname(ae), (int)n, c);
-			free(r);
-			return -EXDEV;
-		}
-	}
-	if (archive_entry_hardlink(ae)) {
-		free(r);
-		return cb_error_set(EBADMSG, "layer %s: '%s' is a hard link: refused", digest,
-				    archive_entry_pathname(ae));
-	}
-	if (type != AE_IFREG && type != AE_IFDIR && type != AE_IFLNK) {
-		free(r);
-		return cb_error_set(
-		    EBADMSG, "layer %s: '%s' is a %s: refused", digest, archive_entry_pathname(ae),
-		    type == AE_IFCHR || type == AE_IFBLK ? "device node" : "special file");
-	}
-	*rel = r;
-	return 0;
-}
 
 /* ---- the base ---- */
 
@@ -239,18 +69,18 @@ static int base_file(struct archive *ar, int root, const char *rel, struct archi
 /* Unpack the base layer into root (an empty directory of ours, reached only beneath it). */
 static int base_unpack(struct imp *m, json_t *desc, int root)
 {
-	struct layer_in li = {.fd = -1};
+	struct oci_layer_in li = {.fd = -1};
 	struct archive_entry *ae;
 	struct dir_mode *dirs = NULL;
 	size_t ndirs = 0;
-	int ret = layer_open(m, desc, &li), r;
+	int ret = oci_layer_open(m->layout_fd, desc, &li), r;
 
 	while (!ret && (r = archive_read_next_header(li.ar, &ae)) == ARCHIVE_OK) {
 		unsigned type = archive_entry_filetype(ae);
 		char *rel;
 		const char *slash;
 
-		if ((ret = entry_check(ae, li.digest, &rel)))
+		if ((ret = oci_entry_check(ae, li.digest, &rel)))
 			break;
 		slash = strrchr(rel, '/');
 		if (!strncmp(slash ? slash + 1 : rel, ".wh.", 4)) {
@@ -285,7 +115,7 @@ static int base_unpack(struct imp *m, json_t *desc, int root)
 	if (!ret && r != ARCHIVE_EOF)
 		ret = cb_error_set(EBADMSG, "the base layer: %s", archive_error_string(li.ar));
 	if (!ret)
-		ret = layer_verify(&li);
+		ret = oci_layer_verify(&li);
 	/* modes last, deepest first: a directory without write permission still got its
 	 * children */
 	for (size_t i = ndirs; i-- > 0;) {
@@ -300,7 +130,7 @@ static int base_unpack(struct imp *m, json_t *desc, int root)
 		free(dirs[i].path);
 	}
 	free(dirs);
-	layer_close(&li);
+	oci_layer_close(&li);
 	return ret;
 }
 
@@ -486,9 +316,9 @@ static int turn_blob(struct imp *m, struct archive *ar, const struct cb_entry *e
  * path it records gone); files become blobs. */
 static int turn_layer(struct imp *m, json_t *desc, struct turn_in *ti)
 {
-	struct layer_in li = {.fd = -1};
+	struct oci_layer_in li = {.fd = -1};
 	struct archive_entry *ae;
-	int ret = layer_open(m, desc, &li), r;
+	int ret = oci_layer_open(m->layout_fd, desc, &li), r;
 
 	while (!ret && (r = archive_read_next_header(li.ar, &ae)) == ARCHIVE_OK) {
 		unsigned type = archive_entry_filetype(ae);
@@ -496,7 +326,7 @@ static int turn_layer(struct imp *m, json_t *desc, struct turn_in *ti)
 		struct cb_entry *e = NULL;
 		char *rel, *gone = NULL;
 
-		if ((ret = entry_check(ae, li.digest, &rel)))
+		if ((ret = oci_entry_check(ae, li.digest, &rel)))
 			break;
 		slash = strrchr(rel, '/');
 		base = slash ? slash + 1 : rel;
@@ -537,8 +367,8 @@ static int turn_layer(struct imp *m, json_t *desc, struct turn_in *ti)
 	if (!ret && r != ARCHIVE_EOF)
 		ret = cb_error_set(EBADMSG, "%s", archive_error_string(li.ar));
 	if (!ret)
-		ret = layer_verify(&li);
-	layer_close(&li);
+		ret = oci_layer_verify(&li);
+	oci_layer_close(&li);
 	return ret ? cb_error_wrap(ret, "layer of turn %lld", ti->turn) : 0;
 }
 

@@ -21,6 +21,13 @@
 
 static const char create_usage[] =
     "usage: cowbox create [--base DIR | --in-place DIR] [--name NAME] [OPTIONS] [--json]\n"
+    "       cowbox create --from SRC [--turn N] [--base DIR] [--name NAME] [OPTIONS]\n"
+    "  --from SRC             rebuild a workspace from `cowbox export`'s image, SRC\n"
+    "                         oci:DIR[:TAG] or docker://HOST/REPO:TAG (pulled with skopeo):\n"
+    "                         the same turns and maps (each checked against the image's\n"
+    "                         digest), the base unpacked under $COWBOX_HOME/bases, or\n"
+    "                         --base DIR when DIR holds exactly the exported base\n"
+    "  --turn N               (--from) import the turns up to N only\n"
     "  --backend ns|local|docker|vm  where commands run (default ns: a namespace sandbox;\n"
     "                         local: on the host, NOT isolated; docker: a container of the\n"
     "                         engine; vm: a qemu VM under its own kernel)\n"
@@ -406,10 +413,13 @@ int cmd_create(int argc, char **argv)
 	    {"access", required_argument, NULL, 'A'},
 	    {"idle-timeout", required_argument, NULL, 'T'},
 	    {"proxy-conns", required_argument, NULL, 'X' + 257},
+	    {"from", required_argument, NULL, 'X' + 258},
+	    {"turn", required_argument, NULL, 'X' + 259},
 	    {NULL, 0, NULL, 0},
 	};
 	struct cli_common common = {0};
-	const char *base = NULL, *name = NULL, *in_place = NULL;
+	const char *base = NULL, *name = NULL, *in_place = NULL, *from = NULL;
+	long long from_turn = -1;
 	char ref[CB_WS_REF_LEN + 1];
 	struct create_opts co = {.access = -1, .idle = -1};
 	long long baseline = -1;
@@ -423,7 +433,18 @@ int cmd_create(int argc, char **argv)
 			in_place = optarg;
 		else if (c == 'n')
 			name = optarg;
-		else if ((status = create_flag(&co, c, optarg)) != CLI_OK)
+		else if (c == 'X' + 258)
+			from = optarg;
+		else if (c == 'X' + 259) {
+			char *end;
+
+			from_turn = strtoll(optarg, &end, 10);
+			if (*end || from_turn < 0) {
+				status =
+				    cli_usage_error(create_usage, "--turn takes a turn number");
+				goto out;
+			}
+		} else if ((status = create_flag(&co, c, optarg)) != CLI_OK)
 			goto out;
 	}
 	if (c < 0)
@@ -437,8 +458,21 @@ int cmd_create(int argc, char **argv)
 		status = cli_usage_error(create_usage, "--base and --in-place exclude each other");
 		goto out;
 	}
-	if ((rc = in_place ? cb_ws_create_in_place(in_place, name, stderr, ref)
-			   : cb_ws_create(base, name, stderr, ref))) {
+	if ((in_place && from) || (from_turn >= 0 && !from)) {
+		status = cli_usage_error(create_usage, "%s",
+					 from_turn >= 0 && !from
+					     ? "--turn needs --from"
+					     : "--from and --in-place exclude each other");
+		goto out;
+	}
+	if (from)
+		rc = cli_create_from(from, from_turn, base, name,
+				     json_is_true(json_object_get(co.options, "privileged")), ref);
+	else if (in_place)
+		rc = cb_ws_create_in_place(in_place, name, stderr, ref);
+	else
+		rc = cb_ws_create(base, name, stderr, ref);
+	if (rc) {
 		status = cli_fail_rc("create", rc);
 		goto out;
 	}

@@ -37,6 +37,13 @@ int cmd_fork(int argc, char **argv);
 int cmd_apply(int argc, char **argv); /* cli/cmd_apply.c */
 int cmd_merge(int argc, char **argv); /* cli/cmd_merge.c */
 
+/* Workspaces as OCI images (cli/cmd_oci.c): export, and what create --from runs. */
+int cmd_export(int argc, char **argv);
+/* Rebuild a workspace from src (oci:DIR[:TAG] or docker://...), up to turn (< 0: all), over
+ * base (NULL: the image's), named name; ref gets it. 0 or -errno with a message. */
+int cli_create_from(const char *src, long long turn, const char *base, const char *name,
+		    int privileged, char *ref);
+
 /* The network (cli/cmd_net.c). */
 int cmd_reaches(int argc, char **argv);
 int cmd_net_log(int argc, char **argv);

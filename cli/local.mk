@@ -12,6 +12,8 @@ cowbox_LDADD = daemon/libcb_daemon.la backends/libcb_backends.la net/libcb_net.l
 cowbox_SOURCES += cli/cmd_turns.c cli/map_print.h cli/map_print.c cli/cmd_fsck.c cli/cmd_net.c \
 	cli/cmd_image.c
 cowbox_SOURCES += cli/cmd_access.c cli/cmd_apply.c cli/phase_watch.c
+# export, create --from: workspaces as OCI images
+cowbox_SOURCES += cli/cmd_oci.c
 dist_man_MANS += man/cowbox.1
 
 # merge: a fork's changes brought back into a workspace

@@ -31,6 +31,7 @@ const struct cli_command cli_commands[] = {
     {"fork", cmd_fork, "a new workspace starting at a turn of another"},
     {"apply", cmd_apply, "write a turn's changes onto the base or another folder"},
     {"merge", cmd_merge, "bring a fork's changes back into a workspace as one turn"},
+    {"export", cmd_export, "a workspace's base and turns as an OCI image (layout or registry)"},
     {"reaches", cmd_reaches, "whether the network policy opens a host[:port], by which rule"},
     {"net-log", cmd_net_log, "what the workspace's egress proxy let through or refused"},
     {"publish", cmd_publish, "reach a server inside the sandbox from the host's 127.0.0.1"},

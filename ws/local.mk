@@ -12,6 +12,10 @@ ws_libcb_ws_la_SOURCES += ws/turns_int.h ws/turns.c ws/hash.c ws/blobs.c ws/base
 ws_libcb_ws_la_SOURCES += ws/meta.c
 # in-place workspaces
 ws_libcb_ws_la_SOURCES += ws/inplace.c
+# workspaces as OCI images: export, create --from
+ws_libcb_ws_la_SOURCES += ws/oci_int.h ws/oci_layout.c ws/oci_export.c ws/oci_import.c \
+	ws/oci_la.h ws/oci_la.c ws/oci_read.h ws/oci_read.c
+noinst_HEADERS += include/cowbox/oci.h
 noinst_HEADERS += include/cowbox/turns.h include/cowbox/fsck.h
 
 check_PROGRAMS += ws/test_turns

@@ -123,7 +123,7 @@ static int ws_mkdir(const char *path, mode_t mode)
 	return cb_error_set(errno, "mkdir %s: %s", path, strerror(errno));
 }
 
-static int ws_mkdir_home(const char *home)
+int ws_mkdir_home(const char *home)
 {
 	char *p = NULL;
 	int rc;

@@ -8,6 +8,9 @@
 /* asprintf into *out with an error message on failure. */
 int ws_pathf(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* mkdir -p of $COWBOX_HOME (home) and its workspaces/ and names/. */
+int ws_mkdir_home(const char *home);
+
 /* rm -rf that never crosses into another mount (a live mount point is left alone). */
 int ws_delete_tree(const char *dir);
 

@@ -7,9 +7,12 @@ import io
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tarfile
 import tempfile
+
+import cbtest
 
 STORE_IMAGE = os.environ.get("COWBOX_DOCKER_IMAGE", "cowbox-debian:bookworm")
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -26,6 +29,47 @@ def why_not_ready():
     if subprocess.run(["podman", "image", "exists", STORE_IMAGE]).returncode != 0:
         return "no %s in the local podman store (scripts/setup-podman)" % STORE_IMAGE
     return None
+
+
+def podman_env():
+    """The environment podman runs containers in here: scripts/setup-podman's containers.conf
+    (runc, cgroupfs, ulimits this machine allows) when it made one."""
+    conf = "/var/cache/cowbox/containers.conf"
+    return dict(os.environ, CONTAINERS_CONF=conf) if os.path.exists(conf) else dict(os.environ)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def start_registry(d):
+    """A real OCI registry (Debian's docker-registry) on a free loopback port, its storage
+    under d: returns (process, "127.0.0.1:PORT"); stop it with stop_registry."""
+    port = free_port()
+    addr = "127.0.0.1:%d" % port
+    with open(d + "/registry.yml", "w") as f:
+        f.write("version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: %s/storage\n"
+                "http:\n  addr: %s\n" % (d, addr))
+    with open(d + "/registry.log", "w") as log:
+        proc = subprocess.Popen(["docker-registry", "serve", d + "/registry.yml"],
+                                stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        cbtest.wait_for(lambda: cbtest.tcp_reachable("127.0.0.1", port), 20,
+                        what="the registry")
+    except BaseException:
+        stop_registry(proc)
+        raise
+    return proc, addr
+
+
+def stop_registry(proc):
+    if proc and proc.poll() is None:
+        proc.terminate()
+        proc.wait(10)
 
 
 def copy_from_store(layout, tag="base"):

@@ -9,7 +9,6 @@ gone by then); no registries.conf, no pull."""
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,14 +20,6 @@ import ociutil
 
 WHY = ociutil.why_not_ready() or (None if shutil.which("docker-registry") else
                                   "docker-registry is not installed (scripts/setup)")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 @unittest.skipIf(WHY, WHY)
@@ -47,16 +38,7 @@ class ImagePull(cbtest.CowboxTestCase):
     @classmethod
     def _set_up(cls):
         d = cls.dir
-        cls.port = free_port()
-        cls.addr = "127.0.0.1:%d" % cls.port
-        with open(d + "/registry.yml", "w") as f:
-            f.write("version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: %s/storage\n"
-                    "http:\n  addr: %s\n" % (d, cls.addr))
-        with open(d + "/registry.log", "w") as log:
-            cls.registry = subprocess.Popen(["docker-registry", "serve", d + "/registry.yml"],
-                                            stdout=subprocess.DEVNULL, stderr=log)
-        cbtest.wait_for(lambda: cbtest.tcp_reachable("127.0.0.1", cls.port), 20,
-                        what="the registry")
+        cls.registry, cls.addr = ociutil.start_registry(d)
         layout = d + "/layout"
         ociutil.copy_from_store(layout, "base")
         cls.hex = ociutil.add_image(layout, "base", "3.12-slim", [
@@ -81,9 +63,7 @@ class ImagePull(cbtest.CowboxTestCase):
 
     @classmethod
     def stop_registry(cls):
-        if cls.registry and cls.registry.poll() is None:
-            cls.registry.terminate()
-            cls.registry.wait(10)
+        ociutil.stop_registry(cls.registry)
 
     def write_conf(self):
         os.makedirs(self.home, exist_ok=True)

@@ -35,11 +35,12 @@ static int loopfs_mkfs(const char *what, const char *img, unsigned long long byt
 
 	snprintf(n, sizeof(n), "%llu", inodes);
 	snprintf(size, sizeof(size), "%lluk", bytes >> 10);
-	char *argv[] = {
-	    "mkfs.ext4", "-q", "-F",
-	    "-m",	 "0",  "-N",
-	    n,		 "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner=0:0",
-	    (char *)img, size, NULL};
+	char *argv[] = {"mkfs.ext4", "-q", "-F", "-m", "0", "-N", n,
+			/* whatever the size, what a host's ext4 gives: 4 KiB of xattrs a file,
+			 * nanosecond times (256-byte inodes; a small image would get 128) */
+			"-b", "4096", "-I", "256", "-E",
+			"lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner=0:0",
+			(char *)img, size, NULL};
 	pid = fork();
 	if (pid == 0) {
 		int null = open("/dev/null", O_RDWR);

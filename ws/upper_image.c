@@ -118,22 +118,25 @@ static int upper_stage(const struct upper_paths *p, unsigned long long bytes,
 	if (ino < 1024)
 		ino = 1024;
 	/* a first guess of the tables and journal (a 10 GiB layer: 3.4%), then scaled */
-	size = bytes + ino * 256 + bytes / 64;
+	size = bytes + ino * 256 + bytes / 128;
 	if (mkdir(p->stage, 0700) < 0 && errno != EEXIST)
 		return cb_error_set(errno, "upper: mkdir %s: %s", p->stage, strerror(errno));
-	for (int pass = 0; pass < 2; pass++) {
+	for (int pass = 0; pass < 3; pass++) {
+		unsigned long long total;
+
 		if ((rc = cb_loopfs_make("upper", p->stage_img, size, ino)) < 0 ||
 		    (rc = cb_loopfs_mount("upper", p->stage_img, p->stage)) < 0)
 			return rc;
 		if (statvfs(p->stage, &sv) < 0)
 			return cb_error_set(errno, "upper: statvfs %s: %s", p->stage,
 					    strerror(errno));
-		unsigned long long total = (unsigned long long)sv.f_blocks * sv.f_frsize;
-
-		if (pass || !total || (total >= bytes && total - bytes <= bytes / 100 + (1 << 20)))
+		total = (unsigned long long)sv.f_blocks * sv.f_frsize;
+		/* never more than the cap, and at most 0.5% + 256 KiB below it */
+		if (pass == 2 || !total ||
+		    (total <= bytes && bytes - total <= bytes / 200 + (256ULL << 10)))
 			break;
-		/* the overhead grows with the size: scaled, plus a little */
-		size = (unsigned long long)((long double)size * bytes / total) + (64ULL << 10);
+		/* the journal and tables change in steps: corrected by what was missed */
+		size = size + bytes > total ? size + bytes - total : size / 2;
 		cb_loopfs_release(p->stage);
 		unlink(p->stage_img);
 	}

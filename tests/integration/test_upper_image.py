@@ -118,6 +118,14 @@ class UpperImageTest(CowboxTestCase):
         p = self.cowbox("exec", ref, "--", "sh", "-c", "df -P -k . | tail -1")
         size_kib = int(p.stdout.split()[1])
         self.assertLessEqual(abs(size_kib - 64 * 1024), 1024, p.stdout)
+        # what the host's ext4 gave the layer, a small image gives too: 4 KiB of xattrs,
+        # nanosecond times
+        path = os.path.join(self.mountpoint(ref), "f")
+        open(path, "w").close()
+        os.setxattr(path, "user.big", b"v" * 3000)
+        os.utime(path, ns=(1700000000123456789, 1700000000123456789))
+        self.assertEqual(os.stat(path).st_mtime_ns, 1700000000123456789)
+        self.assertEqual(len(os.getxattr(path, "user.big")), 3000)
 
     def test_fork_is_capped_and_rm_frees_mounts_and_loop_devices(self):
         ref = self.make("--disk-mb", "32")

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <linux/loop.h>
 #include <stdio.h>
 #include <string.h>
@@ -83,6 +84,35 @@ int cb_loopfs_make(const char *what, const char *img, unsigned long long bytes,
 	return rc;
 }
 
+/* A loop device img is attached to already (its filesystem alive in some mount namespace's
+ * copy of a mount we let go of): its number, else -1. */
+static int loopfs_attached(int fd)
+{
+	struct stat st;
+	glob_t g;
+	int found = -1;
+
+	if (fstat(fd, &st) < 0 || glob("/sys/block/loop*", 0, NULL, &g) != 0)
+		return -1;
+	for (size_t i = 0; i < g.gl_pathc && found < 0; i++) {
+		struct loop_info64 info;
+		char dev[64];
+		int n, lfd;
+
+		if (sscanf(g.gl_pathv[i], "/sys/block/loop%d", &n) != 1)
+			continue;
+		snprintf(dev, sizeof(dev), "/dev/loop%d", n);
+		if ((lfd = open(dev, O_RDONLY | O_CLOEXEC)) < 0)
+			continue;
+		if (ioctl(lfd, LOOP_GET_STATUS64, &info) == 0 && info.lo_inode == st.st_ino &&
+		    info.lo_device == st.st_dev)
+			found = n;
+		close(lfd);
+	}
+	globfree(&g);
+	return found;
+}
+
 int cb_loopfs_mount(const char *what, const char *img, const char *dir)
 {
 	char dev[64];
@@ -91,6 +121,17 @@ int cb_loopfs_mount(const char *what, const char *img, const char *dir)
 	if ((fd = open(img, O_RDWR | O_CLOEXEC | O_NOFOLLOW)) < 0) {
 		rc = cb_error_set(errno, "%s: open %s: %s", what, img, strerror(errno));
 		goto out;
+	}
+	/* Its filesystem still alive (a copy of our old mount in another mount namespace keeps
+	 * it, dirty pages and all): mounted again from the same device, it is the same
+	 * filesystem; a second device would be a second ext4 on one image, each overwriting
+	 * the other. */
+	if ((n = loopfs_attached(fd)) >= 0) {
+		snprintf(dev, sizeof(dev), "/dev/loop%d", n);
+		if (mount(dev, dir, "ext4", MS_NOSUID | MS_NODEV | MS_NOATIME, "noinit_itable") ==
+		    0)
+			goto out;
+		/* detached meanwhile (its last user went): a device of its own, below */
 	}
 	if ((ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC)) < 0) {
 		rc = cb_error_set(errno,

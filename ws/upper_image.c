@@ -203,6 +203,7 @@ int cb_ws_upper_image(const char *dir, unsigned long long bytes, unsigned long l
 	const char *env = getenv("COWBOX_UPPER_IMAGE");
 	unsigned long long had_bytes, had_inodes;
 	struct upper_paths p;
+	struct statvfs sv;
 	struct stat st;
 	int lockfd, rc = 1, have;
 
@@ -235,7 +236,19 @@ int cb_ws_upper_image(const char *dir, unsigned long long bytes, unsigned long l
 	}
 	if (have && had_bytes == bytes && had_inodes == inodes)
 		goto out;
-	/* none yet, or made for another cap (options changed): a new one, filled */
+	/* none yet, or made for another cap (options changed): a new one, filled. Only where
+	 * the host's filesystem has room for all of it now: a sparse image past what the disk
+	 * holds would take writes the disk then cannot (EIO at writeback, not ENOSPC at
+	 * write(2)), so a smaller disk is counted by the mount, which sees its ENOSPC. */
+	if (statvfs(dir, &sv) == 0 &&
+	    (unsigned long long)sv.f_bavail * sv.f_frsize < bytes + bytes / 16) {
+		cb_error_set(ENOSPC,
+			     "upper: the disk of %s has %llu MiB free, less than the quota's %llu "
+			     "MiB",
+			     dir, (unsigned long long)sv.f_bavail * sv.f_frsize >> 20, bytes >> 20);
+		rc = 0;
+		goto out;
+	}
 	rc = upper_migrate(dir, &p, bytes, inodes, have);
 	if (rc == -EIO)
 		goto out;

@@ -213,6 +213,9 @@ int cb_ws_upper_image(const char *dir, unsigned long long bytes, unsigned long l
 	if (!bytes || (env && !strcmp(env, "0")))
 		return (rc = cb_ws_upper_attach(dir, NULL)) < 0 ? rc : 0;
 	if (!cb_loopfs_available()) {
+		/* an image made by a root daemon holds the files: never the empty directory */
+		if (cb_ws_upper_imaged(dir))
+			return (rc = cb_ws_upper_attach(dir, NULL)) < 0 ? rc : 0;
 		cb_error_set(EPERM, "upper: no loop devices here (not root, or no "
 				    "/dev/loop-control)");
 		return 0;

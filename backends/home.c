@@ -4,12 +4,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/loop.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
-#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -19,6 +17,7 @@
 #include "common.h"
 #include "cowbox/error.h"
 #include "util/beneath.h"
+#include "util/loopfs.h"
 
 #define HOME_EXT4_MAGIC 0xEF53
 /* The home's inodes: enough for caches of many small files, few enough that the inode tables
@@ -36,109 +35,18 @@ unsigned long long cb_backend_home_cap(const struct cb_backend_options *o)
 /* Is dir/home a mount of an ext4 (the image's) rather than the plain directory? */
 static int home_mounted(const char *dir, const char *home)
 {
-	struct stat sd, sh;
-	struct statfs fs;
-
-	return stat(dir, &sd) == 0 && lstat(home, &sh) == 0 && S_ISDIR(sh.st_mode) &&
-	       sd.st_dev != sh.st_dev && statfs(home, &fs) == 0 && fs.f_type == HOME_EXT4_MAGIC;
+	(void)dir;
+	return cb_loopfs_mounted(home);
 }
 
-/* mkfs.ext4 on the (sparse) image file of size bytes. */
-static int home_mkfs(const char *img, unsigned long long bytes, unsigned long long inodes)
-{
-	char n[32], size[32];
-	int status = 0;
-	pid_t pid;
-
-	snprintf(n, sizeof(n), "%llu", inodes);
-	snprintf(size, sizeof(size), "%lluk", bytes >> 10);
-	char *argv[] = {
-	    "mkfs.ext4", "-q", "-F",
-	    "-m",	 "0",  "-N",
-	    n,		 "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner=0:0",
-	    (char *)img, size, NULL};
-	pid = fork();
-	if (pid == 0) {
-		int null = open("/dev/null", O_RDWR);
-
-		if (null >= 0) {
-			dup2(null, 0);
-			dup2(null, 1);
-		}
-		execvp("mkfs.ext4", argv);
-		execv("/usr/sbin/mkfs.ext4", argv);
-		execv("/sbin/mkfs.ext4", argv);
-		_exit(127);
-	}
-	if (pid < 0)
-		return cb_error_set(errno, "home: fork for mkfs.ext4: %s", strerror(errno));
-	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-		;
-	if (!WIFEXITED(status) || WEXITSTATUS(status))
-		return cb_error_set(EIO, "home: mkfs.ext4 %s failed (status %d; install e2fsprogs)",
-				    img, status);
-	return 0;
-}
-
-/* Attach img to a free loop device (detached again when its last mount goes) and mount it
- * at home, nosuid and nodev: what the sandbox writes there stays data. */
+/* The image on a loop device at home, sticky and writable by all, like /tmp: any user
+ * option's user keeps its files there. */
 static int home_mount(const char *img, const char *home)
 {
-	char dev[64];
-	int ctl = -1, loop = -1, fd = -1, rc = 0, n;
+	int rc = cb_loopfs_mount("home", img, home);
 
-	if ((fd = open(img, O_RDWR | O_CLOEXEC | O_NOFOLLOW)) < 0) {
-		rc = cb_error_set(errno, "home: open %s: %s", img, strerror(errno));
-		goto out;
-	}
-	if ((ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC)) < 0) {
-		rc = cb_error_set(errno,
-				  "home: /dev/loop-control: %s (the home under a disk quota is a "
-				  "filesystem on a loop device; disk_mb 0 keeps a plain, uncapped "
-				  "home)",
-				  strerror(errno));
-		goto out;
-	}
-	for (int tries = 0; tries < 16; tries++) {
-		struct loop_config cfg = {.fd = (unsigned)fd};
-
-		cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
-		if ((n = ioctl(ctl, LOOP_CTL_GET_FREE)) < 0) {
-			rc = cb_error_set(errno, "home: a free loop device: %s", strerror(errno));
-			goto out;
-		}
-		snprintf(dev, sizeof(dev), "/dev/loop%d", n);
-		if ((loop = open(dev, O_RDWR | O_CLOEXEC)) < 0) {
-			rc = cb_error_set(errno, "home: open %s: %s", dev, strerror(errno));
-			goto out;
-		}
-		if (ioctl(loop, LOOP_CONFIGURE, &cfg) == 0)
-			break;
-		rc = errno == EBUSY ? 0
-				    : cb_error_set(errno, "home: attach %s to %s: %s", img, dev,
-						   strerror(errno));
-		close(loop);
-		loop = -1;
-		if (rc)
-			goto out; /* EBUSY: another process took it meanwhile; the next one */
-	}
-	if (loop < 0) {
-		rc = cb_error_set(EBUSY, "home: no free loop device for %s", img);
-		goto out;
-	}
-	if (mount(dev, home, "ext4", MS_NOSUID | MS_NODEV | MS_NOATIME, "noinit_itable") < 0)
-		rc = cb_error_set(errno, "home: mount %s (%s) at %s: %s", img, dev, home,
-				  strerror(errno));
-	/* sticky and writable by all, like /tmp: any user option's user keeps its files there */
-	else if (chmod(home, 01777) < 0)
+	if (!rc && chmod(home, 01777) < 0)
 		rc = cb_error_set(errno, "home: chmod %s: %s", home, strerror(errno));
-out:
-	if (loop >= 0)
-		close(loop); /* the mount holds the device; autoclear frees it with the mount */
-	if (ctl >= 0)
-		close(ctl);
-	if (fd >= 0)
-		close(fd);
 	return rc;
 }
 
@@ -199,8 +107,6 @@ int cb_backend_home_ready(struct cb_backend *b)
 	if (lstat(img, &st) < 0) {
 		struct cb_backend_limits lim;
 		unsigned long long inodes;
-		int fd;
-
 		cb_backend_limits_of(&b->opt, &lim);
 		inodes = lim.disk_inodes;
 		if (inodes > HOME_MAX_INODES || !inodes)
@@ -209,19 +115,8 @@ int cb_backend_home_ready(struct cb_backend *b)
 			inodes = cap / 16384;
 		if (inodes < 1024)
 			inodes = 1024;
-		fd = open(img, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-		if (fd < 0 || ftruncate(fd, (off_t)cap) < 0) {
-			rc = cb_error_set(errno, "home: create %s: %s", img, strerror(errno));
-			if (fd >= 0)
-				close(fd);
-			unlink(img);
+		if ((rc = cb_loopfs_make("home", img, cap, inodes)) < 0)
 			goto out;
-		}
-		close(fd);
-		if ((rc = home_mkfs(img, cap, inodes)) < 0) {
-			unlink(img);
-			goto out;
-		}
 		fresh = 1;
 	} else if (!S_ISREG(st.st_mode)) {
 		rc = cb_error_set(EINVAL, "home: %s is not a regular file", img);
@@ -291,6 +186,5 @@ void cb_backend_home_release(const char *dir)
 	char home[4200];
 
 	snprintf(home, sizeof(home), "%s/home", dir);
-	if (home_mounted(dir, home))
-		umount2(home, MNT_DETACH); /* the loop device goes with its last user */
+	cb_loopfs_release(home); /* the loop device goes with its last user */
 }

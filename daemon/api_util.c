@@ -119,10 +119,14 @@ static int configure_ids(struct cb_daemon *d, const struct cb_backend_options *o
 
 	if (!rc && d->ov)
 		cb_overlay_set_id_base(d->ov, base);
-	/* and its quota (passthrough, chosen at mount, changes at the next one) */
+	/* and its quota (passthrough, chosen at mount, changes at the next one). A capped
+	 * upper/ of another size: the mount counts the new cap until the next start makes
+	 * the image again for it (ws/upper_image.c). */
 	cb_backend_limits_of(opt, &lim);
 	if (!rc && d->ov)
-		rc = cb_overlay_set_quota(d->ov, lim.disk_bytes, lim.disk_inodes);
+		rc = cb_overlay_set_quota(
+		    d->ov, d->upper_capped && lim.disk_bytes == d->upper_cap ? 0 : lim.disk_bytes,
+		    lim.disk_inodes);
 	return rc;
 }
 

@@ -354,6 +354,37 @@ static int daemon_upper(struct cb_daemon *d)
 	return rc;
 }
 
+/* Under a byte quota, upper/ becomes an ext4 of the quota's size on a loop device; where
+ * that cannot be (no root, no loop devices, COWBOX_UPPER_IMAGE=0, in place) the FUSE layer
+ * counts the bytes instead and writes go through it (no passthrough). */
+static int daemon_upper_image(struct cb_daemon *d)
+{
+	struct cb_backend_limits lim = {0};
+	struct cb_backend_options bo;
+	int rc;
+
+	if (d->in_place)
+		return 0;
+	if ((rc = cb_backend_options_load(d->dir, &bo)))
+		return rc;
+	cb_backend_limits_of(&bo, &lim);
+	cb_backend_options_free(&bo);
+	rc = cb_ws_upper_image(d->dir, lim.disk_bytes, lim.disk_inodes);
+	if (rc < 0)
+		return rc;
+	d->upper_capped = rc;
+	d->upper_cap = rc ? lim.disk_bytes : 0;
+	if (rc)
+		daemon_log("upper layer: its own filesystem of %llu MiB (%s/upper.img)",
+			   lim.disk_bytes >> 20, d->dir);
+	else if (lim.disk_bytes)
+		daemon_log("upper layer: the quota is counted by the mount, without "
+			   "passthrough: %s",
+			   cb_error_message()[0] ? cb_error_message() : "asked for");
+	cb_error_clear();
+	return 0;
+}
+
 static int daemon_load(struct cb_daemon *d, const struct cb_daemon_options *opt)
 {
 	char *dir = NULL;
@@ -600,6 +631,9 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	if (!opt->foreground && (rc = daemon_to_log(&d)))
 		goto out;
 	daemon_log("serving %s at %s", d.ref, d.mountpoint);
+	/* Before anything reads upper/: under a byte quota it is its own filesystem. */
+	if ((rc = daemon_upper_image(&d)))
+		goto out;
 	/* Only a session of our own: in the foreground the session is the caller's shell. */
 	if (!opt->foreground)
 		cb_daemon_sched_raise();
@@ -668,7 +702,8 @@ int cb_daemon_serve(const struct cb_daemon_options *opt)
 	    .debug = opt->debug,
 	    .id_base = id_base,
 	    .owner_squash = d.in_place,
-	    .quota_bytes = lim.disk_bytes,
+	    /* a capped upper/ holds the bytes itself: only its inodes are counted here */
+	    .quota_bytes = d.upper_capped ? 0 : lim.disk_bytes,
 	    .quota_inodes = lim.disk_inodes,
 	};
 
@@ -747,6 +782,8 @@ out:
 	cb_overlay_destroy(d.ov);
 	d.ov = NULL;
 	pthread_mutex_unlock(&d.ov_stop_lock);
+	if (d.upper_capped)
+		cb_ws_upper_release(d.dir); /* a killed daemon's stays: rm or the next start */
 	stop_phase(&mark, "the filesystem's teardown");
 	/* Only now: a worker still waiting on the mount is answered (ENOTCONN) once the FUSE
 	 * session is gone, never before. */

@@ -53,6 +53,10 @@ struct cb_daemon {
 	char *db_path;	  /* <dir>/meta.db */
 	struct cb_db *db;
 	struct cb_overlay *ov;
+	/* upper/ is its own filesystem of the byte quota's size (ws/upper_image.c), made for
+	 * upper_cap bytes: the kernel holds writes to it, the mount keeps passthrough */
+	int upper_capped;
+	unsigned long long upper_cap;
 	/* Held by turn operations (snapshot, diff, rollback, fork) so they run one at a time;
 	 * FUSE keeps serving on its own threads meanwhile. */
 	pthread_mutex_t turn_lock;

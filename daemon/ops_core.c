@@ -2,6 +2,7 @@
  * (unmount and exit, keeping everything on disk). */
 #include "config.h"
 
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "cowbox/backend.h"
@@ -32,6 +33,7 @@ static void info_network(struct cb_daemon *d, json_t *r)
 	struct cb_backend_options o;
 	struct cb_backend_limits lim;
 	struct cb_overlay_quota q;
+	struct statvfs sv;
 	json_t *l;
 
 	if (cb_backend_options_load(d->dir, &o) < 0) {
@@ -41,8 +43,16 @@ static void info_network(struct cb_daemon *d, json_t *r)
 	cb_backend_limits_of(&o, &lim);
 	if ((l = cb_backend_limits_json(&lim)) && d->ov) {
 		cb_overlay_quota_info(d->ov, &q);
+		/* a capped upper/: its filesystem knows, passthrough writes never reach us */
+		int by_fs = d->upper_capped && lim.disk_bytes == d->upper_cap;
+
+		if (by_fs && statvfs(d->upper, &sv) == 0)
+			q.used_bytes = (unsigned long long)(sv.f_blocks - sv.f_bfree) * sv.f_frsize;
 		json_object_set_new(l, "disk_used_bytes", json_integer((json_int_t)q.used_bytes));
 		json_object_set_new(l, "disk_used_inodes", json_integer((json_int_t)q.used_inodes));
+		if (lim.disk_bytes)
+			json_object_set_new(l, "disk_enforced_by",
+					    json_string(by_fs ? "filesystem" : "mount"));
 	}
 	json_object_set_new(r, "limits", l);
 	json_object_set_new(r, "network", json_string(cb_backend_net_name(o.net)));

@@ -61,6 +61,7 @@ TESTS += tests/integration/test_volume_swap.py
 TESTS += tests/integration/test_home_quota.py
 # issue 30 (8): host paths in /proc/self/mountinfo inside
 TESTS += tests/integration/test_mountinfo.py
+TESTS += tests/integration/test_upper_image.py
 TESTS += tests/integration/test_image_caps.py
 # issue 29 (3): fsck and logical damage: a damaged mark log, deleted journal/turn rows,
 # damaged meta.db pages, apply's temporary files, staging directories of dead daemons.

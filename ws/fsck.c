@@ -843,7 +843,7 @@ int cb_ws_fsck(const char *arg, int repair, const char *base_opt, struct cb_fsck
 	char ref[CB_WS_REF_LEN + 1];
 	char *dir = NULL, *db_path = NULL, *base = NULL;
 	struct cb_db *db = NULL;
-	int ret;
+	int ret, attached = 0;
 
 	memset(out, 0, sizeof(*out));
 	/* before cb_ws_find, which would sweep them unreported */
@@ -852,6 +852,9 @@ int cb_ws_fsck(const char *arg, int repair, const char *base_opt, struct cb_fsck
 	    (ret = cb_ws_path(ref, "meta.db", &db_path)))
 		goto out;
 	memcpy(out->ref, ref, sizeof(out->ref));
+	/* upper/ as its own filesystem that no daemon serves now: mounted while we read it */
+	if ((ret = cb_ws_upper_attach(dir, &attached)) < 0)
+		goto out;
 	if ((ret = cb_ws_apply_sweep(dir, fsck_apply_temp, out)) < 0)
 		goto out;
 	ret = ws_open_complete(db_path, &db);
@@ -883,6 +886,8 @@ int cb_ws_fsck(const char *arg, int repair, const char *base_opt, struct cb_fsck
 	ret = fsck_turns(dir, db_path, base, db, repair, out);
 out:
 	cb_db_close(db);
+	if (attached)
+		cb_ws_upper_release(dir);
 	free(base);
 	free(db_path);
 	free(dir);

@@ -1,7 +1,7 @@
 # ws layer: workspaces under $COWBOX_HOME (refs, names, create/resolve/info/list/remove).
 noinst_LTLIBRARIES += ws/libcb_ws.la
 ws_libcb_ws_la_SOURCES = ws/ws.h ws/workspace.c ws/workspace_state.c ws/workspace_mount.c \
-	ws/ids.c
+	ws/ids.c ws/upper_image.c
 COWBOX_LAYERS += ws/libcb_ws.la
 noinst_HEADERS += include/cowbox/workspace.h
 

@@ -20,6 +20,7 @@
 #include "cowbox/journal.h"
 #include "cowbox/workspace.h"
 #include "util/beneath.h"
+#include "util/loopfs.h"
 #include "ws.h"
 
 const char *cb_ws_state_name(enum cb_ws_state state)
@@ -56,7 +57,10 @@ static int ws_upper_empty(const char *db_path)
 		return 0;
 	}
 	d = opendir(slash);
-	while (d && (de = readdir(d)))
+	/* its own filesystem, not mounted now: the image holds the work */
+	if (!cb_loopfs_mounted(slash) && cb_ws_upper_imaged(upper))
+		empty = 0;
+	while (d && empty && (de = readdir(d)))
 		if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
 			empty = 0;
 	if (d)
@@ -147,6 +151,15 @@ static long long upper_size(const char *dir)
 
 	if (ws_pathf(&upper, "%s/upper", dir))
 		return 0;
+	/* its own filesystem, not mounted now: what its image takes on disk */
+	if (!cb_loopfs_mounted(upper) && cb_ws_upper_imaged(dir)) {
+		free(upper);
+		if (ws_pathf(&upper, "%s/upper.img", dir))
+			return 0;
+		total = stat(upper, &st) == 0 ? (long long)st.st_blocks * 512 : 0;
+		free(upper);
+		return total;
+	}
 	fd = open(upper, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	free(upper);
 	if (fd < 0)
@@ -413,6 +426,7 @@ int cb_ws_remove(const char *arg)
 		umount2(trash, MNT_DETACH);
 	free(trash);
 	trash = NULL;
+	cb_ws_upper_release(dir); /* the upper layer's own filesystem, the same way */
 	/* Rename first so that a crash mid-delete leaves no half workspace under its ref. */
 	if ((rc = ws_pathf(&trash, "%s/workspaces/.trash-%s", home, ref)))
 		goto out;

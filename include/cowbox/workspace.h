@@ -76,6 +76,21 @@ void cb_ws_clean_unpublished(void);
 /* The same, calling fn (may be NULL) with each removed directory's path; returns how many. */
 int cb_ws_sweep_unpublished(int (*fn)(const char *path, void *arg), void *arg);
 
+/* The upper layer under a byte cap (ws/upper_image.c): <dir>/upper becomes the root of an
+ * ext4 of its own in <dir>/upper.img, made (its files copied in: a plain upper/, or an image
+ * made for another cap) and mounted now, as root with loop devices only. 1: it is, and the
+ * kernel enforces bytes at write(2); 0: it could not be here (cb_error_message says why; the
+ * caller counts in the FUSE layer); -EIO: the image is there but could not be mounted;
+ * other <0: errors. bytes 0 or COWBOX_UPPER_IMAGE=0: 0, an existing image mounted. */
+int cb_ws_upper_image(const char *dir, unsigned long long bytes, unsigned long long inodes);
+/* Mount an existing image at <dir>/upper for a reader while no daemon serves it (fsck);
+ * *attached (may be NULL) says whether cb_ws_upper_release is the caller's to call. */
+int cb_ws_upper_attach(const char *dir, int *attached);
+/* Unmount the image (lazily; its loop device goes with its last user). */
+void cb_ws_upper_release(const char *dir);
+/* 1 when <dir>/upper.img exists. */
+int cb_ws_upper_imaged(const char *dir);
+
 /* Turn a ref or a name into the ref of a complete workspace cowbox created; anything else
  * (a malformed ref, an unknown name, a path, an interrupted creation) is refused with a
  * message saying why, before the caller does anything. */

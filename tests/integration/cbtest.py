@@ -275,11 +275,12 @@ class CowboxTestCase(unittest.TestCase):
         for mnt in fuse_mounts():
             if mnt.startswith(self.tmp):
                 subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
-        # a killed daemon's capped home (an ext4 on a loop device, freed with its mount)
+        # a killed daemon's capped home and upper layer (each an ext4 on a loop device,
+        # freed with its mount)
         with open("/proc/self/mountinfo") as f:
             homes = [_unescape(line.split()[4]) for line in f]
         for mnt in homes:
-            if mnt.startswith(self.tmp) and mnt.endswith("/home"):
+            if mnt.startswith(self.tmp) and mnt.endswith(("/home", "/upper", "/upper.new")):
                 subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
         reap_children()
         reports = self._sanitizer_reports(wsroot)

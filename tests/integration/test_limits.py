@@ -117,8 +117,12 @@ class ExecLimitsTest(CowboxTestCase):
 
 
 class QuotaTest(CowboxTestCase):
+    """The quota counted by the mount, without passthrough: what a daemon without loop
+    devices does (test_upper_image covers the upper layer's own filesystem)."""
+
     def setUp(self):
         super().setUp()
+        self.env["COWBOX_UPPER_IMAGE"] = "0"
         self.base = self.make_base({"base.txt": "b" * 100000})
 
     def make(self, *args):

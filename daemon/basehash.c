@@ -188,6 +188,48 @@ void cb_daemon_base_scan_drop(struct cb_daemon *d)
 	d->scan_ahead = NULL;
 }
 
+void cb_daemon_drift_note(struct cb_daemon *d, struct cb_turns *t)
+{
+	long long events = cb_daemon_basewatch_events(d);
+
+	if (!t || cb_db_turns_base_map_built(cb_turns_db(t)))
+		return;
+	cb_daemon_drift_forget(d);
+	d->drift_events = events;
+	d->drift_known = events >= 0;
+}
+
+int cb_daemon_drift_get(struct cb_daemon *d, struct cb_turns *t, const struct cb_ws_drift **out,
+			int *looked)
+{
+	/* Taken before the look: a change during it is counted, and the next fork looks again. */
+	long long events = cb_daemon_basewatch_events(d);
+	int ret;
+
+	*looked = 0;
+	*out = NULL;
+	if (d->drift_known && events >= 0 && events == d->drift_events) {
+		*out = &d->drift;
+		return 0;
+	}
+	cb_daemon_drift_forget(d);
+	*looked = 1;
+	ret = cb_ws_base_drift(t, &d->drift);
+	if (ret)
+		return ret;
+	d->drift_events = events;
+	d->drift_known = events >= 0;
+	*out = &d->drift;
+	return 0;
+}
+
+void cb_daemon_drift_forget(struct cb_daemon *d)
+{
+	cb_ws_drift_free(&d->drift);
+	d->drift_known = 0;
+	d->drift_events = -1;
+}
+
 static void *bh_thread(void *arg)
 {
 	struct cb_daemon_basehash *bh = arg;

@@ -202,8 +202,9 @@ void cb_daemon_drift_note(struct cb_daemon *d, struct cb_turns *t)
 int cb_daemon_drift_get(struct cb_daemon *d, struct cb_turns *t, const struct cb_ws_drift **out,
 			int *looked)
 {
-	/* Taken before the look: a change during it is counted, and the next fork looks again. */
-	long long events = cb_daemon_basewatch_events(d);
+	/* Taken before the look: a change during it is counted, and the next fork looks again.
+	 * Settled first: events still queued would leave what the look finds unkept. */
+	long long events = cb_daemon_basewatch_settled(d);
 	int ret;
 
 	*looked = 0;

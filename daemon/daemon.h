@@ -246,6 +246,9 @@ void cb_daemon_basewatch_stop(struct cb_daemon *d);
 /* How many times the base was seen to move since the watch began (equal counts: nothing
  * moved in between); -1 when the watch cannot tell (none, blind, events not read yet). */
 long long cb_daemon_basewatch_events(struct cb_daemon *d);
+/* The same, after a moment (up to 0.1 s) for the watch thread to read events already queued:
+ * -1 only when the watch cannot tell for good. */
+long long cb_daemon_basewatch_settled(struct cb_daemon *d);
 
 /* ---- daemon/basehash.c: the base hashed in the background ---- */
 struct cb_turns;

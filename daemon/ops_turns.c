@@ -579,11 +579,12 @@ static int op_fork(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 	/* Where the time went (seconds): benchmarks print it; clients may ignore it. */
 	return cb_daemon_reply(
 	    conn, json_object_get(req, "id"),
-	    json_pack("{s:s, s:s?, s:I, s:b, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}}",
+	    json_pack("{s:s, s:s?, s:I, s:b, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}}",
 		      "ref", ref, "name", name, "paths", (json_int_t)fs.paths, "looked_at_base",
 		      looked, "phases", "open", open_s, "create", create_s, "base", drift_s, "db",
 		      fs.db_seconds, "paths", fs.paths_seconds, "write", fs.write_seconds, "commit",
-		      fs.commit_seconds, "ids", ids_s, "publish", publish_s));
+		      fs.commit_seconds, "sync", fs.sync_seconds, "ids", ids_s, "publish",
+		      publish_s));
 }
 
 static int turn_row(const struct cb_turn_info *ti, void *arg)

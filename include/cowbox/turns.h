@@ -301,6 +301,7 @@ struct cb_ws_fork_stats {
 	double paths_seconds;  /* the paths to look at: the turns' changes and the base's */
 	double write_seconds;  /* the upper layer, the rows and the blobs of those paths */
 	double commit_seconds; /* the new database's commit */
+	double sync_seconds;   /* its checkpoint and its one fsync */
 };
 
 /* Write into new_upper (overlayfs format) what differs from the base at turn, record it as

@@ -209,7 +209,8 @@ int cb_daemon_drift_get(struct cb_daemon *d, struct cb_turns *t, const struct cb
 
 	*looked = 0;
 	*out = NULL;
-	if (d->drift_known && events >= 0 && events == d->drift_events) {
+	/* No base (an empty workspace's): nothing can drift. */
+	if (!d->base || (d->drift_known && events >= 0 && events == d->drift_events)) {
 		*out = &d->drift;
 		return 0;
 	}

@@ -281,7 +281,8 @@ void cb_daemon_drift_note(struct cb_daemon *d, struct cb_turns *t);
  * *out is d's: valid until the turn lock is released. */
 int cb_daemon_drift_get(struct cb_daemon *d, struct cb_turns *t, const struct cb_ws_drift **out,
 			int *looked);
-/* Under the turn lock: turn 0 changed (prune folded turns into it): nothing kept holds. */
+/* Under the turn lock: turn 0 may have changed (fsck --repair rebuilt the database): nothing
+ * kept holds. */
 void cb_daemon_drift_forget(struct cb_daemon *d);
 /* Its progress as "base_hash" in an info reply. */
 void cb_daemon_basehash_info(struct cb_daemon *d, json_t *r);

@@ -523,8 +523,9 @@ static int op_fork(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 	pthread_mutex_lock(&d->turn_lock);
 	clock_gettime(CLOCK_MONOTONIC, &at);
 	ret = cb_daemon_turns_open(d, NULL, 0, &t);
-	/* The fork compares the whole base with turn 0's: by the keys of both caches (the
-	 * first map leaves the shared cache's rows there), not by rehashing what only it holds. */
+	/* A fork that looks at the whole base compares it with turn 0's by the keys of both
+	 * caches (the first map leaves the shared cache's rows there), not by rehashing what
+	 * only it holds; so does the base entry of each path it writes. */
 	if (!ret)
 		cb_daemon_basecache_attach(d->dir, t, d->base);
 	if (!ret)

@@ -214,6 +214,11 @@ int cb_daemon_drift_get(struct cb_daemon *d, struct cb_turns *t, const struct cb
 		*out = &d->drift;
 		return 0;
 	}
+	/* Rare (the base moved, or a restart): say why, for whoever wonders at a slow fork. */
+	cb_daemon_log("fork: looking at the whole base (%s)",
+		      !d->drift_known ? "nothing known of its drift from turn 0"
+		      : events < 0    ? "the base watch cannot tell"
+				      : "the base watch saw it move");
 	cb_daemon_drift_forget(d);
 	*looked = 1;
 	ret = cb_ws_base_drift(t, &d->drift);

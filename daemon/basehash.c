@@ -188,6 +188,55 @@ void cb_daemon_base_scan_drop(struct cb_daemon *d)
 	d->scan_ahead = NULL;
 }
 
+void cb_daemon_drift_note(struct cb_daemon *d, struct cb_turns *t)
+{
+	long long events = cb_daemon_basewatch_events(d);
+
+	if (!t || cb_db_turns_base_map_built(cb_turns_db(t)))
+		return;
+	cb_daemon_drift_forget(d);
+	d->drift_events = events;
+	d->drift_known = events >= 0;
+}
+
+int cb_daemon_drift_get(struct cb_daemon *d, struct cb_turns *t, const struct cb_ws_drift **out,
+			int *looked)
+{
+	/* Taken before the look: a change during it is counted, and the next fork looks again.
+	 * Settled first: events still queued would leave what the look finds unkept. */
+	long long events = cb_daemon_basewatch_settled(d);
+	int ret;
+
+	*looked = 0;
+	*out = NULL;
+	/* No base (an empty workspace's): nothing can drift. */
+	if (!d->base || (d->drift_known && events >= 0 && events == d->drift_events)) {
+		*out = &d->drift;
+		return 0;
+	}
+	/* Rare (the base moved, or a restart): say why, for whoever wonders at a slow fork. */
+	cb_daemon_log("fork: looking at the whole base (%s)",
+		      !d->drift_known ? "nothing known of its drift from turn 0"
+		      : events < 0    ? "the base watch cannot tell"
+				      : "the base watch saw it move");
+	cb_daemon_drift_forget(d);
+	*looked = 1;
+	ret = cb_ws_base_drift(t, &d->drift);
+	if (ret)
+		return ret;
+	d->drift_events = events;
+	d->drift_known = events >= 0;
+	*out = &d->drift;
+	return 0;
+}
+
+void cb_daemon_drift_forget(struct cb_daemon *d)
+{
+	cb_ws_drift_free(&d->drift);
+	d->drift_known = 0;
+	d->drift_events = -1;
+}
+
 static void *bh_thread(void *arg)
 {
 	struct cb_daemon_basehash *bh = arg;

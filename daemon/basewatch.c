@@ -238,6 +238,19 @@ long long cb_daemon_basewatch_events(struct cb_daemon *d)
 	return atomic_load(&w->events);
 }
 
+long long cb_daemon_basewatch_settled(struct cb_daemon *d)
+{
+	struct cb_daemon_basewatch *w = d->basewatch;
+	long long events = cb_daemon_basewatch_events(d);
+
+	/* The thread reads what is queued within moments; a blind watch never settles. */
+	for (int i = 0; events < 0 && w && !atomic_load(&w->blind) && i < 100; i++) {
+		usleep(1000);
+		events = cb_daemon_basewatch_events(d);
+	}
+	return events;
+}
+
 void cb_daemon_basewatch_stop(struct cb_daemon *d)
 {
 	struct cb_daemon_basewatch *w = d->basewatch;

@@ -420,6 +420,7 @@ static void daemon_free(struct cb_daemon *d)
 	free(d->mountpoint);
 	free(d->sock_path);
 	free(d->db_path);
+	cb_ws_drift_free(&d->drift);
 	pthread_mutex_destroy(&d->turn_lock);
 	pthread_mutex_destroy(&d->worker_lock);
 	pthread_mutex_destroy(&d->spawner_lock);
@@ -529,6 +530,16 @@ static void *daemon_base_check(void *arg)
 	if (getenv("COWBOX_TEST_START_LOOK_STALL"))
 		usleep((useconds_t)(atof(getenv("COWBOX_TEST_START_LOOK_STALL")) * 1e6));
 	cb_daemon_base_watch(d, "start");
+	/* From here the watch counts every change: a turn 0 not frozen yet is the base while
+	 * it counts nothing more (a fork then needs no look at the whole base). */
+	{
+		struct cb_turns *t = NULL;
+
+		if (!cb_daemon_turns_open(d, NULL, 0, &t))
+			cb_daemon_drift_note(d, t);
+		cb_turns_close(t);
+		cb_error_clear();
+	}
 	pthread_mutex_unlock(&d->turn_lock);
 	return NULL;
 }

@@ -13,6 +13,7 @@
 #include "cowbox/daemon.h"
 #include "errcode.h"
 #include "cowbox/workspace.h"
+#include "cowbox/turns.h"
 
 #define CB_PROTOCOL_VERSION  1
 #define CB_PROTOCOL_MAX_LINE (16u << 20) /* a request line longer than this is refused */
@@ -81,6 +82,11 @@ struct cb_daemon {
 	 * under turn_lock; basehash.c). */
 	struct cb_ws_base_scan *scan_ahead;
 	long long scan_ahead_events;
+	/* The base's drift from turn 0 (what a fork writes besides the turns' changes), known
+	 * while the watch's count is still drift_events (under turn_lock; basehash.c). */
+	struct cb_ws_drift drift;
+	long long drift_events;
+	int drift_known;
 	int access; /* the widest level it serves (cowbox/access.h), only lowered; __atomic */
 	/* Idle stop (daemon/idle.c): the timeout (0: never) and whether `cowbox mount` pinned
 	 * it (never idle then), both __atomic; idle_since under conns_lock. */
@@ -250,6 +256,9 @@ void cb_daemon_basewatch_stop(struct cb_daemon *d);
 /* How many times the base was seen to move since the watch began (equal counts: nothing
  * moved in between); -1 when the watch cannot tell (none, blind, events not read yet). */
 long long cb_daemon_basewatch_events(struct cb_daemon *d);
+/* The same, after a moment (up to 0.1 s) for the watch thread to read events already queued:
+ * -1 only when the watch cannot tell for good. */
+long long cb_daemon_basewatch_settled(struct cb_daemon *d);
 
 /* ---- daemon/basehash.c: the base hashed in the background ---- */
 struct cb_turns;
@@ -273,6 +282,18 @@ int cb_daemon_base_scan_ahead(struct cb_daemon *d);
 void cb_daemon_base_scan_take(struct cb_daemon *d, struct cb_turns *t);
 /* Under the turn lock: drop the scan read ahead (after a snapshot it serves no one). */
 void cb_daemon_base_scan_drop(struct cb_daemon *d);
+/* Under the turn lock, once the base watch is set: if turn 0 is not frozen yet, whatever
+ * freezes it reads the base after now, so while the watch counts nothing more the base is
+ * turn 0 (no drift). */
+void cb_daemon_drift_note(struct cb_daemon *d, struct cb_turns *t);
+/* Under the turn lock: the base's drift from turn 0 for a fork, kept from the last look while
+ * the watch counted nothing since, else looked at now (the whole base; *looked set) and kept.
+ * *out is d's: valid until the turn lock is released. */
+int cb_daemon_drift_get(struct cb_daemon *d, struct cb_turns *t, const struct cb_ws_drift **out,
+			int *looked);
+/* Under the turn lock: turn 0 may have changed (fsck --repair rebuilt the database): nothing
+ * kept holds. */
+void cb_daemon_drift_forget(struct cb_daemon *d);
 /* Its progress as "base_hash" in an info reply. */
 void cb_daemon_basehash_info(struct cb_daemon *d, json_t *r);
 /* Let t use the shared base cache of the home the workspace directory ws_dir is in; a cache

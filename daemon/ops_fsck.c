@@ -61,6 +61,8 @@ static void *fsck_main(void *arg)
 		cb_ws_fsck_free(&r);
 		pthread_mutex_lock(&d->turn_lock);
 		rc = cb_ws_fsck(d->ref, job->repair, NULL, &r);
+		if (job->repair) /* a rebuilt database may have a turn 0 of its own */
+			cb_daemon_drift_forget(d);
 		pthread_mutex_unlock(&d->turn_lock);
 	}
 	/* Finished before the reply goes out: a client may send the next fsck the moment it

@@ -70,6 +70,16 @@ static int turns_snapshot_synced(struct cb_daemon *d, json_t *req, struct cb_dae
 	 * millisecond of every snapshot (and of the turn a rollback keeps). */
 	latest = cb_db_latest_turn(d->db);
 	ret = latest < 0 ? -EIO : 0;
+	/* Until the fork's drift from turn 0 is known, this snapshot may be the one that freezes
+	 * turn 0: note it then (the store is opened only while nothing is known). */
+	if (!ret && !d->drift_known) {
+		struct cb_turns *t = NULL;
+
+		ret = cb_daemon_turns_open(d, NULL, 0, &t);
+		if (!ret)
+			cb_daemon_drift_note(d, t);
+		cb_turns_close(t);
+	}
 	turn = open > latest ? open : latest + 1;
 	if (!ret && !synced)
 		ret = turns_sync(d);
@@ -558,25 +568,44 @@ static int fork_ids(const char *upper)
 	return rc;
 }
 
+/* Seconds since *at, and *at moved to now: a fork's reply names where its time went. */
+static double fork_lap(struct timespec *at)
+{
+	struct timespec now;
+	double s;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	s = elapsed(at, &now);
+	*at = now;
+	return s;
+}
+
 static int op_fork(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
 	json_t *jt = json_object_get(req, "turn");
 	const char *name = json_string_value(json_object_get(req, "name"));
 	char ref[CB_WS_REF_LEN + 1], *dir = NULL, *upper = NULL, *db = NULL, *blobs = NULL;
+	const struct cb_ws_drift *drift = NULL;
+	struct cb_ws_fork_stats fs = {0};
 	struct cb_turns *t = NULL;
+	struct timespec at;
+	double open_s = 0, create_s = 0, drift_s = 0, ids_s = 0, publish_s = 0;
 	unsigned long ids = 0;
-	int ret;
+	int ret, looked = 0;
 
 	if (!json_is_integer(jt))
 		return cb_error_set(EINVAL, "fork: \"turn\" must be a turn number");
 	pthread_mutex_lock(&d->turn_lock);
+	clock_gettime(CLOCK_MONOTONIC, &at);
 	ret = cb_daemon_turns_open(d, NULL, 0, &t);
-	/* The fork compares the whole base with turn 0's: by the keys of both caches (the
-	 * first map leaves the shared cache's rows there), not by rehashing what only it holds. */
+	/* A fork that looks at the whole base compares it with turn 0's by the keys of both
+	 * caches (the first map leaves the shared cache's rows there), not by rehashing what
+	 * only it holds; so does the base entry of each path it writes. */
 	if (!ret)
 		cb_daemon_basecache_attach(d->dir, t, d->base);
 	if (!ret)
 		ret = cb_ws_turn_check(t, json_integer_value(jt));
+	open_s = fork_lap(&at);
 	/* Built where nothing sees it, published (renamed to its ref, then named) last: a fork
 	 * killed midway is never listed and never mounts with part of its tree. */
 	if (!ret)
@@ -589,12 +618,19 @@ static int op_fork(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 		ret = cb_daemon_ids(dir, -1, &ids);
 	if (!ret && ids)
 		cb_turns_set_restore_ids(t, ids);
+	create_s = fork_lap(&at);
+	/* What moved in the base since turn 0, looked at only when the watch saw it move. */
 	if (!ret)
-		ret = cb_ws_fork(t, json_integer_value(jt), upper, db, blobs);
+		ret = cb_daemon_drift_get(d, t, &drift, &looked);
+	drift_s = fork_lap(&at);
+	if (!ret)
+		ret = cb_ws_fork(t, json_integer_value(jt), upper, db, blobs, drift, &fs);
+	fork_lap(&at); /* the parts are in fs */
 	/* The fork wrote its upper as root: its files get the new workspace's own id range
 	 * now, as its mount would have stored them (no set-id file of a host owner). */
 	if (!ret)
 		ret = fork_ids(upper);
+	ids_s = fork_lap(&at);
 	/* Where it came from, for merge (cowbox/merge.h): the common ancestor of the two. */
 	if (!ret)
 		ret = cb_ws_origin_write(dir, d->ref, json_integer_value(jt));
@@ -608,6 +644,7 @@ static int op_fork(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 		cb_ws_delete_unpublished(dir);
 		cb_error_set(-ret, "%s", saved);
 	}
+	publish_s = fork_lap(&at);
 	pthread_mutex_unlock(&d->turn_lock);
 	free(dir);
 	free(upper);
@@ -615,8 +652,15 @@ static int op_fork(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 	free(blobs);
 	if (ret)
 		return ret;
-	return cb_daemon_reply(conn, json_object_get(req, "id"),
-			       json_pack("{s:s, s:s?}", "ref", ref, "name", name));
+	/* Where the time went (seconds): benchmarks print it; clients may ignore it. */
+	return cb_daemon_reply(
+	    conn, json_object_get(req, "id"),
+	    json_pack("{s:s, s:s?, s:I, s:b, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}}",
+		      "ref", ref, "name", name, "paths", (json_int_t)fs.paths, "looked_at_base",
+		      looked, "phases", "open", open_s, "create", create_s, "base", drift_s, "db",
+		      fs.db_seconds, "paths", fs.paths_seconds, "write", fs.write_seconds, "commit",
+		      fs.commit_seconds, "sync", fs.sync_seconds, "ids", ids_s, "publish",
+		      publish_s));
 }
 
 static int turn_row(const struct cb_turn_info *ti, void *arg)

@@ -151,7 +151,7 @@ static int db_prepare(struct cb_db *db, const char *sql, sqlite3_stmt **st)
 
 /* The pragmas come first: journal_mode=WAL is also the first read of the file, so a file that
  * is not a database is reported here with its name. */
-int cb_db_open(const char *path, struct cb_db **out)
+static int db_open(const char *path, int synced, struct cb_db **out)
 {
 	struct cb_db *db;
 	int rc;
@@ -187,8 +187,11 @@ int cb_db_open(const char *path, struct cb_db **out)
 		rc = cb_error_set(EACCES, "database %s: the file is not writable", path);
 		goto fail;
 	}
-	rc = db_exec(db, "PRAGMA journal_mode=WAL", "set WAL mode");
+	/* Unsynced: OFF first, or making a new file WAL syncs its journal, directory and file. */
+	rc = synced ? 0 : db_exec(db, "PRAGMA synchronous=OFF", "set synchronous");
 	if (!rc)
+		rc = db_exec(db, "PRAGMA journal_mode=WAL", "set WAL mode");
+	if (!rc && synced)
 		rc = db_exec(db, "PRAGMA synchronous=NORMAL", "set synchronous");
 	if (!rc)
 		rc = db_exec(db, "PRAGMA foreign_keys=ON", "set foreign keys");
@@ -214,6 +217,16 @@ int cb_db_open(const char *path, struct cb_db **out)
 fail:
 	cb_db_close(db);
 	return rc;
+}
+
+int cb_db_open(const char *path, struct cb_db **out)
+{
+	return db_open(path, 1, out);
+}
+
+int cb_db_open_unsynced(const char *path, struct cb_db **out)
+{
+	return db_open(path, 0, out);
 }
 
 void cb_db_close(struct cb_db *db)

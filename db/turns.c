@@ -674,6 +674,13 @@ int cb_db_turns_prune(struct cb_db_turns *t, long long keep_from)
 	return ret;
 }
 
+int cb_db_turns_unsynced(struct cb_db_turns *t)
+{
+	if (sqlite3_exec(t->db, "PRAGMA synchronous=OFF", NULL, NULL, NULL) != SQLITE_OK)
+		return cb_db_turns_fail(t, "set synchronous");
+	return 0;
+}
+
 int cb_db_turns_base_cache_from(struct cb_db_turns *t, const char *db_path)
 {
 	sqlite3_stmt *s = NULL;

@@ -219,14 +219,85 @@ static int fork_collect(const char *path, void *arg)
 	return ws_pathset_add(arg, path, 0, NULL);
 }
 
-int cb_ws_fork(struct cb_turns *t, long long turn, const char *new_upper, const char *new_db,
-	       const char *new_blob_dir)
+/* The one fsync of the new database (written unsynced, checkpointed at close) and of the
+ * directory that holds it, before the fork is published. */
+static int fork_sync(const char *db_path)
 {
+	char *wal = NULL, *dir = strdup(db_path), *slash = dir ? strrchr(dir, '/') : NULL;
+	int ret = 0;
+
+	if (!slash || asprintf(&wal, "%s-wal", db_path) < 0) {
+		free(dir);
+		return cb_error_set(ENOMEM, "fork: out of memory");
+	}
+	*slash = '\0';
+	/* The WAL only if a connection elsewhere kept it from the checkpoint at close. */
+	const char *names[] = {db_path, wal, dir};
+
+	for (size_t i = 0; i < 3 && !ret; i++) {
+		int fd = open(names[i], O_RDONLY | O_CLOEXEC);
+
+		if ((fd < 0 && (i != 1 || errno != ENOENT)) || (fd >= 0 && fsync(fd) < 0))
+			ret = cb_error_set(errno, "fork: fsync %s: %s", names[i], strerror(errno));
+		if (fd >= 0)
+			close(fd);
+	}
+	free(wal);
+	free(dir);
+	return ret;
+}
+
+static double fork_lap(struct timespec *at)
+{
+	struct timespec now;
+	double s;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	s = (double)(now.tv_sec - at->tv_sec) + (double)(now.tv_nsec - at->tv_nsec) / 1e9;
+	*at = now;
+	return s;
+}
+
+int cb_ws_base_drift(struct cb_turns *t, struct cb_ws_drift *out)
+{
+	struct ws_pathset set = {0};
+	struct cb_ws_base_stats stats;
+	int ret;
+
+	memset(out, 0, sizeof(*out));
+	ret = ws_base_changes(t, 0, &set, &stats);
+	ws_pathset_sort(&set);
+	if (!ret && set.n && !(out->paths = calloc(set.n, sizeof(*out->paths))))
+		ret = cb_error_set(ENOMEM, "base drift: out of memory");
+	for (size_t i = 0; !ret && i < set.n; i++) {
+		out->paths[i] = set.p[i].path; /* moved: the set keeps none of them */
+		set.p[i].path = NULL;
+		out->n++;
+	}
+	ws_pathset_free(&set);
+	if (ret)
+		cb_ws_drift_free(out);
+	return ret;
+}
+
+void cb_ws_drift_free(struct cb_ws_drift *d)
+{
+	for (size_t i = 0; i < d->n; i++)
+		free(d->paths[i]);
+	free(d->paths);
+	memset(d, 0, sizeof(*d));
+}
+
+int cb_ws_fork(struct cb_turns *t, long long turn, const char *new_upper, const char *new_db,
+	       const char *new_blob_dir, const struct cb_ws_drift *drift,
+	       struct cb_ws_fork_stats *stats)
+{
+	struct cb_ws_fork_stats none;
 	struct fork_ctx f = {.t = t, .turn = turn, .upper_fd = -1, .blob_fd = -1};
 	struct ws_pathset paths = {0};
-	struct cb_ws_base_stats stats;
+	struct cb_ws_base_stats base_stats;
 	char label[64];
-	struct timespec ts;
+	struct timespec ts, at;
 	int ret, intx = 0;
 
 	/* A fork's base would be the folder the in-place workspace keeps rewriting. */
@@ -234,6 +305,10 @@ int cb_ws_fork(struct cb_turns *t, long long turn, const char *new_upper, const 
 		return cb_error_set(EINVAL, "fork: the workspace is in place (its base is the live "
 					    "folder); cowbox apply REF --turn N --to DIR copies a "
 					    "turn out instead");
+	if (!stats)
+		stats = &none;
+	memset(stats, 0, sizeof(*stats));
+	clock_gettime(CLOCK_MONOTONIC, &at);
 	ret = ws_turn_check(t, turn);
 	if (ret)
 		return ret;
@@ -247,22 +322,30 @@ int cb_ws_fork(struct cb_turns *t, long long turn, const char *new_upper, const 
 		goto out;
 	}
 	ret = cb_db_turns_open(new_db, &f.db);
+	/* Nothing uses this database before it is fsynced once, below. */
+	if (!ret)
+		ret = cb_db_turns_unsynced(f.db);
 	if (ret)
 		goto out;
 	ret = cb_db_turns_begin(f.db);
 	if (ret)
 		goto out;
 	intx = 1;
+	stats->db_seconds = fork_lap(&at);
 	/* The paths the turns changed, and those whose base entry is no longer turn 0's: the
 	 * fork's tree is the base as it is now plus its upper layer, so a base changed behind
 	 * our back must not show through where the turn had the old entry (its content comes
 	 * from a blob, or the fork fails naming the path). Sorted: a whited-out directory comes
 	 * before everything that was below it. */
 	ret = cb_db_turns_delta_paths(t->db, 0, turn, fork_collect, &paths);
-	if (!ret)
-		ret = ws_base_changes(t, 0, &paths, &stats);
+	for (size_t i = 0; drift && !ret && i < drift->n; i++)
+		ret = ws_pathset_add(&paths, drift->paths[i], 0, NULL);
+	if (!ret && !drift)
+		ret = ws_base_changes(t, 0, &paths, &base_stats);
 	if (!ret)
 		ws_pathset_sort(&paths);
+	stats->paths = (long long)paths.n;
+	stats->paths_seconds = fork_lap(&at);
 	for (size_t i = 0; i < paths.n && !ret; i++)
 		ret = fork_one(paths.p[i].path, &f);
 	clock_gettime(CLOCK_REALTIME, &ts);
@@ -271,14 +354,19 @@ int cb_ws_fork(struct cb_turns *t, long long turn, const char *new_upper, const 
 		ret = cb_db_turns_base_cache_from(f.db, t->db_path);
 	if (!ret)
 		ret = cb_db_turns_add(f.db, 1, (double)ts.tv_sec + ts.tv_nsec / 1e9, label, 0);
+	stats->write_seconds = fork_lap(&at);
 	if (!ret)
 		ret = cb_db_turns_commit(f.db);
 	if (!ret)
 		intx = 0;
+	stats->commit_seconds = fork_lap(&at);
 out:
 	if (intx)
 		cb_db_turns_rollback(f.db);
-	cb_db_turns_close(f.db);
+	cb_db_turns_close(f.db); /* the checkpoint: every row is in the file now */
+	if (!ret)
+		ret = fork_sync(new_db);
+	stats->sync_seconds = fork_lap(&at);
 	ws_pathset_free(&paths);
 	if (f.upper_fd >= 0)
 		close(f.upper_fd);

@@ -565,7 +565,7 @@ static int write_upper(struct imp *m, long long last)
 		if (!ret && m->ids)
 			cb_turns_set_restore_ids(m->t, m->ids);
 		if (!ret)
-			ret = cb_ws_fork(m->t, last, upper, sdb, sblobs);
+			ret = cb_ws_fork(m->t, last, upper, sdb, sblobs, NULL, NULL);
 		if (!ret && m->ids)
 			ret = cb_ws_ids_shift_tree(upper, m->ids);
 		ws_delete_tree(scratch);

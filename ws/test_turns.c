@@ -530,7 +530,7 @@ Test(fork, upper_holds_only_the_difference, .init = setup, .fini = teardown)
 	snprintf(fdb, sizeof(fdb), "%s/fork.db", top);
 	snprintf(fblobs, sizeof(fblobs), "%s/fork-blobs", top);
 	mkdir(up, 0755);
-	cr_assert_eq(cb_ws_fork(T, 2, up, fdb, fblobs), 0, "%s", cb_error_message());
+	cr_assert_eq(cb_ws_fork(T, 2, up, fdb, fblobs, NULL, NULL), 0, "%s", cb_error_message());
 	/* deleted base entries are whiteouts (0/0 char devices) */
 	snprintf(p, sizeof(p), "%s/README", up);
 	cr_assert_eq(lstat(p, &st), 0);

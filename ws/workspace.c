@@ -211,7 +211,7 @@ int ws_name_lookup(const char *home, const char *name, char ref[CB_WS_REF_LEN + 
 
 /* Steps after the ref directory exists; the caller deletes it again on failure. In place,
  * base is the user's folder, recorded as turn 0 before the creation mark. */
-static int ws_fill(const char *dir, const char *base, const char *name, int in_place)
+static int ws_fill(const char *dir, const char *base, const char *name, int in_place, int synced)
 {
 	struct cb_db *db = NULL;
 	char *p = NULL;
@@ -238,7 +238,8 @@ static int ws_fill(const char *dir, const char *base, const char *name, int in_p
 		free(p);
 		p = NULL;
 	}
-	if ((rc = ws_pathf(&p, "%s/meta.db", dir)) || (rc = cb_db_open(p, &db)))
+	if ((rc = ws_pathf(&p, "%s/meta.db", dir)) ||
+	    (rc = synced ? cb_db_open(p, &db) : cb_db_open_unsynced(p, &db)))
 		goto out;
 	if (base && (rc = cb_db_meta_set(db, "base", base)))
 		goto out;
@@ -317,7 +318,7 @@ static int ws_create(const char *base, const char *name, int in_place, FILE *log
 			base_abs);
 		fflush(log);
 	}
-	rc = ws_fill(dir, base_abs, name, in_place);
+	rc = ws_fill(dir, base_abs, name, in_place, 1);
 	if (!rc && name) {
 		/* The link claims the name atomically: of two racing creates one gets EEXIST. */
 		if ((rc = ws_pathf(&link, "%s/names/%s", home, name)))
@@ -380,7 +381,7 @@ int cb_ws_create_unpublished(const char *base, const char *name, char ref[CB_WS_
 	}
 	/* The name goes into meta.db when the link exists (cb_ws_publish), so that a workspace
 	 * is never shown under a name that does not resolve to it. */
-	if ((rc = ws_fill(*dir, base_abs, NULL, 0)))
+	if ((rc = ws_fill(*dir, base_abs, NULL, 0, 0)))
 		ws_delete_tree(*dir);
 out:
 	if (rc) {

@@ -44,6 +44,10 @@ struct cb_journal_row {
 /* Open, creating if needed, the database at path: WAL, synchronous=NORMAL, schema migrated
  * to the current version. On failure *out is NULL and the message names the file. */
 int cb_db_open(const char *path, struct cb_db **out);
+/* The same without a single fsync (synchronous=OFF, set before the file becomes WAL): for a
+ * database no one uses until the caller has fsynced it, such as a fork's before it is
+ * published (ten fsyncs of a new database and its checkpoints become one). */
+int cb_db_open_unsynced(const char *path, struct cb_db **out);
 
 /* Flush and close; NULL is accepted. */
 void cb_db_close(struct cb_db *db);

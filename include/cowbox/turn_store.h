@@ -74,6 +74,9 @@ extern const char cb_db_turns_schema_sql[];
 /* Open a connection of its own to the workspace database at path (creating the turn tables
  * if the migration has not), so turn transactions never interleave with the journal's. */
 int cb_db_turns_open(const char *path, struct cb_db_turns **out);
+/* No fsync on this connection from now on (its commits and its checkpoint at close): for a
+ * database the caller fsyncs before anyone uses it (cb_db_open_unsynced). */
+int cb_db_turns_unsynced(struct cb_db_turns *t);
 /* Finalize and close; NULL is accepted. */
 void cb_db_turns_close(struct cb_db_turns *t);
 

@@ -306,9 +306,34 @@ int cb_ws_rollback_clean(const char *upper, long long *removed);
 /* Keep the newest keep turns; fold the older ones and delete unneeded blobs. */
 int cb_ws_prune(struct cb_turns *t, long long keep, long long *dropped, long long *freed);
 
+/* The paths whose base entry is no longer turn 0's (the base changed behind cowbox's back
+ * since the first snapshot froze it), sorted: what a fork writes besides the turns' changes. */
+struct cb_ws_drift {
+	char **paths;
+	size_t n;
+};
+
+/* Look at the whole base (a stat of every entry, a rehash of files whose stat moved) and fill
+ * *out (empty before the first snapshot). The caller frees it with cb_ws_drift_free. */
+int cb_ws_base_drift(struct cb_turns *t, struct cb_ws_drift *out);
+void cb_ws_drift_free(struct cb_ws_drift *d);
+
+/* Where a fork's time went (seconds), and how many paths it looked at. */
+struct cb_ws_fork_stats {
+	long long paths;
+	double db_seconds;     /* the new database created */
+	double paths_seconds;  /* the paths to look at: the turns' changes and the base's */
+	double write_seconds;  /* the upper layer, the rows and the blobs of those paths */
+	double commit_seconds; /* the new database's commit */
+	double sync_seconds;   /* its checkpoint and its one fsync */
+};
+
 /* Write into new_upper (overlayfs format) what differs from the base at turn, record it as
- * turn 1 of the new workspace's database and share the blobs it needs. */
+ * turn 1 of the new workspace's database and share the blobs it needs. drift: the base's
+ * drift from turn 0 if the caller knows it (cb_ws_base_drift, kept while nothing moved in the
+ * base), or NULL to look at the whole base here. stats may be NULL. */
 int cb_ws_fork(struct cb_turns *t, long long turn, const char *new_upper, const char *new_db,
-	       const char *new_blob_dir);
+	       const char *new_blob_dir, const struct cb_ws_drift *drift,
+	       struct cb_ws_fork_stats *stats);
 
 #endif

@@ -61,7 +61,8 @@ int cb_ws_in_place_overlap(const char *path, char **found);
 
 /* A workspace built in a hidden directory (*dir, malloc'd) that nothing lists, resolves or
  * mounts until cb_ws_publish: what a fork fills. name is only checked here; it is claimed
- * by publishing. */
+ * by publishing. Its meta.db is written without fsync: the filler fsyncs it before
+ * publishing (cb_ws_fork does). */
 int cb_ws_create_unpublished(const char *base, const char *name, char ref[CB_WS_REF_LEN + 1],
 			     char **dir);
 /* Make a filled unpublished workspace a workspace: rename it to its ref (atomic), then claim

@@ -328,6 +328,59 @@ class BaseWatchTest(CowboxTestCase):
         snap = self.snap()
         self.assertEqual(snap["files"], tree_sha256(self.mnt))
 
+    def fork_tree(self, turn, name):
+        """Fork turn as name, mount it and return (the fork op's reply, its tree's map)."""
+        r = self.cowbox_json("fork", "w", str(turn), "--name", name)
+        self.mount(r["ref"])
+        tree = tree_sha256(self.mountpoint(r["ref"]))
+        self.cowbox("umount", name)
+        return r, tree
+
+    def test_fork_keeps_what_moved_in_the_base_since_turn_0(self):
+        # A fork looks at the whole base only when the watch saw it move since the last
+        # look (or after a restart); the drift it found is kept for the next fork. Every
+        # fork of turn 1 must be turn 1's tree, before and after the base moved.
+        t1 = self.snap()
+        # the old bytes of what the base will lose, kept as blobs by the agent's copies
+        for src, dst in (("same.txt", "copy-same.txt"), ("gone.txt", "copy-gone.txt"),
+                         ("old/x.txt", "copy-x.txt")):
+            with open(os.path.join(self.mnt, dst), "wb") as f:
+                f.write(self.get_bytes(src))
+        self.snap()
+        r, tree = self.fork_tree(t1["turn"], "f1")
+        self.assertEqual(tree, t1["files"])
+        self.assertFalse(r["looked_at_base"], r)  # nothing moved since turn 0 was frozen
+        # the base moves while mounted: replaced, deleted, a directory gone, one added
+        p = os.path.join(self.base, "same.txt")
+        os.unlink(p)
+        with open(p, "w") as f:
+            f.write("y" * 32)
+        os.unlink(os.path.join(self.base, "gone.txt"))
+        shutil.rmtree(os.path.join(self.base, "old"))
+        os.makedirs(os.path.join(self.base, "new"))
+        with open(os.path.join(self.base, "new", "n.txt"), "w") as f:
+            f.write("added behind our back\n")
+        r, tree = self.fork_tree(t1["turn"], "f2")
+        self.assertEqual(tree, t1["files"])
+        self.assertTrue(r["looked_at_base"], r)
+        # nothing moved since that look: the drift it found serves the next fork
+        r, tree = self.fork_tree(t1["turn"], "f3")
+        self.assertEqual(tree, t1["files"])
+        self.assertFalse(r["looked_at_base"], r)
+        # after a restart the daemon knows nothing of the drift: it looks again
+        self.cowbox("umount", "w")
+        with open(os.path.join(self.base, "new", "m.txt"), "w") as f:
+            f.write("added while unmounted\n")
+        self.mount(self.ref)
+        r, tree = self.fork_tree(t1["turn"], "f4")
+        self.assertEqual(tree, t1["files"])
+        self.assertTrue(r["looked_at_base"], r)
+        # and the latest turn, which recorded the base as it is now
+        snap = self.snap()
+        self.assertEqual(snap["files"], tree_sha256(self.mnt))
+        r, tree = self.fork_tree(snap["turn"], "f5")
+        self.assertEqual(tree, snap["files"])
+
     def test_base_changed_while_mounted_is_seen_by_the_next_snapshot(self):
         # The watch on the base's directories (inotify) makes the next snapshot look, with no
         # rollback or remount; a new directory in the base is watched too.

@@ -77,7 +77,8 @@ int cb_entry_same(const struct cb_entry *a, const struct cb_entry *b)
 
 int cb_entry_meta_moved(const struct cb_entry *a, const struct cb_entry *b)
 {
-	if (a->type != CB_ENTRY_FILE || !cb_entry_same(a, b))
+	/* b without a time recorded none of it (a base entry, an older row): nothing to say */
+	if (a->type == CB_ENTRY_ABSENT || !b->has_mtime || !cb_entry_same(a, b))
 		return 0;
 	if (b->has_mtime && (!a->has_mtime || a->mtime_ns != b->mtime_ns))
 		return 1;

@@ -490,7 +490,7 @@ void cb_db_turns_column_entry(sqlite3_stmt *s, struct cb_entry *e)
 
 void cb_db_turns_bind_meta(sqlite3_stmt *s, int pos, const struct cb_entry *e)
 {
-	if (e->type != CB_ENTRY_FILE)
+	if (e->type == CB_ENTRY_ABSENT)
 		return;
 	if (e->has_mtime)
 		sqlite3_bind_int64(s, pos, e->mtime_ns);

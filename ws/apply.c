@@ -289,6 +289,13 @@ static int apply_write(struct cb_turns *t, struct apply_log *log, int root,
 	cb_error_clear();
 	if (e->type == CB_ENTRY_SYMLINK) {
 		rc = cb_beneath_symlink(root, e->target ? e->target : "", tmp);
+		/* its own time (a rename keeps it); owners are not given back in a host folder */
+		if (!rc && e->has_mtime) {
+			struct cb_entry at = *e;
+
+			at.path = tmp;
+			rc = ws_restore_time_at(root, &at);
+		}
 	} else {
 		fd = cb_beneath_open(root, tmp, O_RDWR | O_CREAT | O_EXCL, 0600);
 		if (fd < 0) {
@@ -301,7 +308,7 @@ static int apply_write(struct cb_turns *t, struct apply_log *log, int root,
 		/* the user.* xattrs (an ACL names the sandbox's ids, which mean nothing in a
 		 * folder of the host) and the time the turn recorded, if any */
 		if (!rc)
-			rc = ws_restore_xattrs(fd, e, -1, 0);
+			rc = ws_restore_xattrs(fd, e, -1, 0, 0);
 		if (!rc)
 			rc = ws_restore_mtime(fd, e, -1);
 		if (!rc && fsync(fd) < 0)
@@ -328,6 +335,44 @@ static int apply_write(struct cb_turns *t, struct apply_log *log, int root,
 out:
 	free(tmp);
 	return rc ? cb_error_wrap(rc, "apply %s", e->path) : 0;
+}
+
+/* Last, deepest first: every directory of turn b that apply made or wrote in (done[i]: event
+ * i was left alone) gets the time b recorded (none recorded: left as it is). */
+static int apply_dir_times(struct cb_turns *t, long long b, int root, const struct cb_diff *diff,
+			   const char *done)
+{
+	struct ws_pathset dirs = {0};
+	struct cb_entry e = {0};
+	int rc = 0;
+
+	for (size_t i = 0; i < diff->n && !rc; i++) {
+		const struct cb_entry *ev =
+		    diff->ev[i].new.path ? &diff->ev[i].new : &diff->ev[i].old;
+		const char *slash = strrchr(ev->path, '/');
+		char *parent;
+
+		if (done[i])
+			continue;
+		if (ev->type == CB_ENTRY_DIR)
+			rc = ws_pathset_add(&dirs, ev->path, 0, NULL);
+		if (rc || !slash)
+			continue;
+		if (!(parent = strndup(ev->path, (size_t)(slash - ev->path))))
+			rc = cb_error_set(ENOMEM, "apply: out of memory");
+		else
+			rc = ws_pathset_add(&dirs, parent, 0, NULL);
+		free(parent);
+	}
+	ws_pathset_sort(&dirs);
+	for (size_t i = dirs.n; i-- > 0 && !rc;) {
+		rc = ws_entry_at(t, dirs.p[i].path, b, &e);
+		if (!rc && e.type == CB_ENTRY_DIR)
+			rc = ws_restore_time_at(root, &e);
+	}
+	cb_entry_clear(&e);
+	ws_pathset_free(&dirs);
+	return rc ? cb_error_wrap(rc, "apply") : 0;
 }
 
 void cb_ws_apply_result_free(struct cb_ws_apply_result *res)
@@ -423,12 +468,17 @@ int cb_ws_apply(struct cb_turns *t, long long a, long long b, const char *target
 
 		if (done[i] || e->type == CB_ENTRY_ABSENT)
 			continue;
+		/* the mode, user.* xattrs and (not a directory's yet) time of what stays */
 		if (ev->kind == CB_DIFF_MODE_CHANGED && e->type != CB_ENTRY_SYMLINK)
-			rc = cb_beneath_chmod(root, e->path, e->mode, NULL);
+			rc = ws_restore_meta_at(root, e, -1, 0, NULL, e->type == CB_ENTRY_FILE);
 		else if (e->type == CB_ENTRY_DIR) {
 			if (ev->old.type != CB_ENTRY_ABSENT)
 				cb_beneath_remove_tree(root, e->path);
 			rc = cb_beneath_mkdir(root, e->path, e->mode);
+			/* its user.* xattrs (the mode again: mkdir's went through the umask);
+			 * its time once everything in it is written */
+			if (!rc)
+				rc = ws_restore_meta_at(root, e, -1, 0, NULL, 0);
 		} else
 			rc = apply_write(t, &log, root, e);
 		if (rc < 0) {
@@ -437,7 +487,7 @@ int cb_ws_apply(struct cb_turns *t, long long a, long long b, const char *target
 		}
 		res->written++;
 	}
-	rc = 0;
+	rc = apply_dir_times(t, b, root, &diff, done);
 out:
 	apply_log_close(&log, ws_dir);
 	free(done);

@@ -20,26 +20,12 @@ static double wall_now(void)
 	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-int ws_diff_add(struct cb_diff *d, const struct cb_entry *old, const struct cb_entry *new)
+static int diff_push(struct cb_diff *d, enum cb_diff_kind kind, const struct cb_entry *old,
+		     const struct cb_entry *new)
 {
 	struct cb_diff_event *ev;
-	enum cb_diff_kind kind;
 	int ret;
 
-	if (cb_entry_same(old, new))
-		return 0;
-	if (old->type == CB_ENTRY_ABSENT)
-		kind = CB_DIFF_CREATED;
-	else if (new->type == CB_ENTRY_ABSENT)
-		kind = CB_DIFF_DELETED;
-	else if (old->type != new->type)
-		kind = CB_DIFF_TYPE_CHANGED;
-	else if (old->type == CB_ENTRY_DIR ||
-		 (old->type == CB_ENTRY_FILE && old->size == new->size &&
-		  !memcmp(old->sha256, new->sha256, CB_SHA256_LEN)))
-		kind = CB_DIFF_MODE_CHANGED;
-	else
-		kind = CB_DIFF_MODIFIED;
 	if ((ret = cb_grow(&d->ev, &d->cap, d->n, sizeof(*d->ev), 16, "diff")))
 		return ret;
 	ev = &d->ev[d->n];
@@ -55,6 +41,35 @@ int ws_diff_add(struct cb_diff *d, const struct cb_entry *old, const struct cb_e
 	}
 	d->n++;
 	return 0;
+}
+
+int ws_diff_add_meta(struct cb_diff *d, const struct cb_entry *old, const struct cb_entry *new)
+{
+	if (cb_entry_same(old, new))
+		return cb_entry_meta_moved(new, old) ? diff_push(d, CB_DIFF_MODE_CHANGED, old, new)
+						     : 0;
+	return ws_diff_add(d, old, new);
+}
+
+int ws_diff_add(struct cb_diff *d, const struct cb_entry *old, const struct cb_entry *new)
+{
+	enum cb_diff_kind kind;
+
+	if (cb_entry_same(old, new))
+		return 0;
+	if (old->type == CB_ENTRY_ABSENT)
+		kind = CB_DIFF_CREATED;
+	else if (new->type == CB_ENTRY_ABSENT)
+		kind = CB_DIFF_DELETED;
+	else if (old->type != new->type)
+		kind = CB_DIFF_TYPE_CHANGED;
+	else if (old->type == CB_ENTRY_DIR ||
+		 (old->type == CB_ENTRY_FILE && old->size == new->size &&
+		  !memcmp(old->sha256, new->sha256, CB_SHA256_LEN)))
+		kind = CB_DIFF_MODE_CHANGED;
+	else
+		kind = CB_DIFF_MODIFIED;
+	return diff_push(d, kind, old, new);
 }
 
 void cb_ws_diff_free(struct cb_diff *d)

@@ -30,18 +30,20 @@ struct cb_entry {
 	char *target;			     /* symlinks: where it points; else NULL */
 	pid_t pid;			     /* journal attribution of the change, 0 if unknown */
 	char *comm;			     /* its command name, NULL if unknown */
-	/* Regular files only, the metadata a turn keeps besides the content (docs/turns.md),
-	 * which rollback, fork and apply give back; none of it is part of cb_entry_same (no
-	 * diff event). The modification time in ns since the epoch (has_mtime 0: none
-	 * recorded: a base entry, whose time is the base file's own, or an older row). */
+	/* The metadata a turn keeps of a file, directory or symlink besides its content
+	 * (docs/turns.md), which rollback, fork and apply give back; none of it is part of
+	 * cb_entry_same (no diff event). The modification time in ns since the epoch
+	 * (has_mtime 0: none recorded: a base entry, whose time is the base's own, or an
+	 * older row). */
 	long long mtime_ns;
 	int has_mtime;
 	/* Owner and group as the sandbox sees them (ids of its own range, 0..65535); has_owner
 	 * 0: none recorded (a file owned outside the range, a base entry). */
 	int has_owner;
 	unsigned uid, gid;
-	/* The kept extended attributes (user.* and the POSIX ACL), serialized by ws/meta.c;
-	 * NULL (len 0): none. Owned like the strings. */
+	/* The kept extended attributes (user.* and the POSIX ACL) of a file or directory (a
+	 * symlink can have neither), serialized by ws/meta.c; NULL (len 0): none. Owned like
+	 * the strings. */
 	unsigned char *xattrs;
 	size_t xattrs_len;
 };
@@ -55,9 +57,9 @@ int cb_entry_copy(struct cb_entry *dst, const struct cb_entry *src);
 /* 1 when a and b describe the same thing (type, mode, content or target), else 0. */
 int cb_entry_same(const struct cb_entry *a, const struct cb_entry *b);
 
-/* 1 when a and b are the same regular file content (cb_entry_same) whose kept metadata
- * differs (b has a time or owner that a lacks or has otherwise, or other xattrs): a change
- * a snapshot records (so a restore gives it back) but no diff event. */
+/* 1 when a and b are the same file, directory or symlink (cb_entry_same) whose kept
+ * metadata differs (b has a time or owner that a lacks or has otherwise, or other xattrs):
+ * a change a snapshot records (so a restore gives it back) but no diff event. */
 int cb_entry_meta_moved(const struct cb_entry *a, const struct cb_entry *b);
 
 /* "file", "dir", "symlink" or "absent". */

@@ -273,9 +273,10 @@ out:
 	return rc < 0 ? rc : removed;
 }
 
-/* e's file or symlink made under a temporary name beside path, then renamed over it. */
+/* e's file or symlink made under a temporary name beside path, then renamed over it; a
+ * file as a hard link of anchor when one is given (its group's name that holds it). */
 static int apply_write(struct cb_turns *t, struct apply_log *log, int root,
-		       const struct cb_entry *e)
+		       const struct cb_entry *e, const char *anchor)
 {
 	char *tmp;
 	int fd, rc;
@@ -287,7 +288,9 @@ static int apply_write(struct cb_turns *t, struct apply_log *log, int root,
 		goto out;
 	cb_beneath_remove_tree(root, tmp);
 	cb_error_clear();
-	if (e->type == CB_ENTRY_SYMLINK) {
+	if (anchor) {
+		rc = ws_link_at(root, anchor, tmp);
+	} else if (e->type == CB_ENTRY_SYMLINK) {
 		rc = cb_beneath_symlink(root, e->target ? e->target : "", tmp);
 		/* its own time (a rename keeps it); owners are not given back in a host folder */
 		if (!rc && e->has_mtime) {
@@ -335,6 +338,44 @@ static int apply_write(struct cb_turns *t, struct apply_log *log, int root,
 out:
 	free(tmp);
 	return rc ? cb_error_wrap(rc, "apply %s", e->path) : 0;
+}
+
+/* The name e (a file of hard-link group e->link at turn b) is to be a link of: another name
+ * of the group this run wrote, else one apply leaves alone that holds e's content already
+ * (written: the paths written so far; diff: to find what is still to be written). */
+static int apply_anchor(struct cb_turns *t, long long b, int root, const struct cb_entry *e,
+			const struct cb_diff *diff, const char *done,
+			const struct ws_pathset *written, char **anchor)
+{
+	struct ws_pathset group = {0};
+	int rc;
+
+	*anchor = NULL;
+	if (e->type != CB_ENTRY_FILE || !e->link)
+		return 0;
+	rc = ws_link_group(t, b, e->link, &group);
+	for (size_t i = 0; i < group.n && !rc && !*anchor; i++) {
+		const char *m = group.p[i].path;
+		int pending = 0, is;
+
+		if (!strcmp(m, e->path))
+			continue;
+		for (size_t j = 0; j < written->n && !*anchor; j++)
+			if (!strcmp(written->p[j].path, m) && !(*anchor = strdup(m)))
+				rc = cb_error_set(ENOMEM, "apply: out of memory");
+		for (size_t j = 0; j < diff->n && !pending && !*anchor; j++)
+			pending =
+			    !done[j] && diff->ev[j].new.path && !strcmp(diff->ev[j].new.path, m);
+		if (*anchor || pending || rc)
+			continue;
+		is = apply_is(root, m, e, 0);
+		if (is < 0)
+			rc = is;
+		else if (is && !(*anchor = strdup(m)))
+			rc = cb_error_set(ENOMEM, "apply: out of memory");
+	}
+	ws_pathset_free(&group);
+	return rc;
 }
 
 /* Last, deepest first: every directory of turn b that apply made or wrote in (done[i]: event
@@ -387,6 +428,7 @@ int cb_ws_apply(struct cb_turns *t, long long a, long long b, const char *target
 		struct cb_ws_apply_result *res)
 {
 	struct apply_log log = {.fd = -1};
+	struct ws_pathset written = {0}; /* files of hard-link groups, as written */
 	struct cb_diff diff = {0};
 	char *done = NULL, why[256], *ws_dir = NULL, *slash;
 	size_t cap = 0, i;
@@ -479,8 +521,16 @@ int cb_ws_apply(struct cb_turns *t, long long a, long long b, const char *target
 			 * its time once everything in it is written */
 			if (!rc)
 				rc = ws_restore_meta_at(root, e, -1, 0, NULL, 0);
-		} else
-			rc = apply_write(t, &log, root, e);
+		} else {
+			char *anchor = NULL;
+
+			rc = apply_anchor(t, b, root, e, &diff, done, &written, &anchor);
+			if (!rc)
+				rc = apply_write(t, &log, root, e, anchor);
+			free(anchor);
+			if (!rc && e->link)
+				rc = ws_pathset_add(&written, e->path, 0, NULL);
+		}
 		if (rc < 0) {
 			rc = cb_error_wrap(rc, "apply: %s/%s", target, e->path);
 			goto out;
@@ -492,6 +542,7 @@ out:
 	apply_log_close(&log, ws_dir);
 	free(done);
 	free(ws_dir);
+	ws_pathset_free(&written);
 	cb_ws_diff_free(&diff);
 	if (root >= 0)
 		close(root);

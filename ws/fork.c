@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cowbox/error.h"
+#include "cowbox/grow.h"
 #include "turns_int.h"
 
 struct fork_ctx {
@@ -22,7 +23,38 @@ struct fork_ctx {
 	int upper_fd, blob_fd;
 	struct cb_db_turns *db;
 	struct ws_pathset dirs; /* made in the upper: their times are given back last */
+	/* the first name written of each hard-link group: the others are linked to it */
+	struct fork_link {
+		char *key, *path;
+	} * links;
+	size_t nlinks, links_cap;
 };
+
+/* The name written first of group key, or NULL. */
+static const char *fork_link_of(const struct fork_ctx *f, const char *key)
+{
+	for (size_t i = 0; i < f->nlinks; i++)
+		if (!strcmp(f->links[i].key, key))
+			return f->links[i].path;
+	return NULL;
+}
+
+static int fork_link_add(struct fork_ctx *f, const struct cb_entry *e)
+{
+	int ret = cb_grow(&f->links, &f->links_cap, f->nlinks, sizeof(*f->links), 8, "fork");
+
+	if (ret)
+		return ret;
+	f->links[f->nlinks].key = strdup(e->link);
+	f->links[f->nlinks].path = strdup(e->path);
+	if (!f->links[f->nlinks].key || !f->links[f->nlinks].path) {
+		free(f->links[f->nlinks].key);
+		free(f->links[f->nlinks].path);
+		return cb_error_set(ENOMEM, "fork: out of memory");
+	}
+	f->nlinks++;
+	return 0;
+}
 
 /* Create the upper's parent directories of path, with the modes they have at the turn. Every
  * entry of the upper is made through util/beneath: whatever a turn recorded (a symlink where
@@ -168,10 +200,11 @@ static int fork_one(const char *path, struct fork_ctx *f)
 	if (!ret)
 		ret =
 		    ws_base_now(f->t, path, &base); /* the fork's base is the directory as it is */
-	/* The base's own file shows through with its own time; a directory or symlink whose
-	 * recorded metadata is not the base's is made in the upper to carry it. */
+	/* The base's own file shows through with its own time (unless it is one name of a
+	 * hard-link group); a directory or symlink whose recorded metadata is not the base's
+	 * is made in the upper to carry it. */
 	if (ret || (cb_entry_same(&e, &base) &&
-		    (e.type == CB_ENTRY_FILE || !cb_entry_meta_moved(&base, &e))))
+		    (e.type == CB_ENTRY_FILE ? !e.link : !cb_entry_meta_moved(&base, &e))))
 		goto out;
 	/* Below a directory gone at the turn: its whiteout already hides all of it. Below a
 	 * symlink or file (a turn recorded while the tree changed type under it): no such path
@@ -221,7 +254,14 @@ static int fork_one(const char *path, struct fork_ctx *f)
 		ret = ret ? cb_error_wrap(ret, "fork") : 0;
 		break;
 	case CB_ENTRY_FILE:
+		if (e.link && fork_link_of(f, e.link)) {
+			ret = ws_link_at(f->upper_fd, fork_link_of(f, e.link), path);
+			ret = ret ? cb_error_wrap(ret, "fork") : 0;
+			break;
+		}
 		ret = fork_file(f, &e, &base);
+		if (!ret && e.link)
+			ret = fork_link_add(f, &e);
 		break;
 	}
 out:
@@ -322,6 +362,11 @@ out:
 	cb_db_turns_close(f.db);
 	ws_pathset_free(&paths);
 	ws_pathset_free(&f.dirs);
+	for (size_t i = 0; i < f.nlinks; i++) {
+		free(f.links[i].key);
+		free(f.links[i].path);
+	}
+	free(f.links);
 	if (f.upper_fd >= 0)
 		close(f.upper_fd);
 	if (f.blob_fd >= 0)

@@ -328,21 +328,70 @@ static const struct cb_diff_event *rb_event(const struct cb_diff *d, const char 
 	return NULL;
 }
 
+/* Make path (a file of the turn) a hard link of anchor, the first name of its group: a new
+ * name beside it, renamed over it. */
+static int rb_relink(struct cb_turns *t, const char *anchor, const char *path)
+{
+	const char *slash = strrchr(path, '/');
+	char tmp[64], *tmppath = NULL;
+	int ret;
+
+	rb_tmpname(tmp, sizeof(tmp));
+	if (asprintf(&tmppath, "%.*s%s", slash ? (int)(slash - path + 1) : 0, path, tmp) < 0)
+		return cb_error_set(ENOMEM, "rollback: out of memory");
+	ret = ws_link_at(t->root_fd, anchor, tmppath);
+	if (!ret && (ret = cb_beneath_rename(t->root_fd, tmppath, path, 0)))
+		cb_beneath_unlink(t->root_fd, tmppath, 0);
+	free(tmppath);
+	return ret ? cb_error_wrap(ret, "rollback: hard link %s", path) : 0;
+}
+
+/* After the contents: the names of each hard-link group of the turn that a restored file
+ * is in become one inode again, that of the group's first name (relinked: the others). */
+static int rb_links(struct cb_turns *t, const struct cb_diff *d, long long turn,
+		    struct ws_pathset *relinked)
+{
+	struct ws_pathset done = {0}, group = {0};
+	int ret = 0;
+
+	for (size_t i = 0; i < d->n && !ret; i++) {
+		const struct cb_entry *want = &d->ev[i].old;
+		int seen = 0;
+
+		if (want->type != CB_ENTRY_FILE || !want->link)
+			continue;
+		for (size_t j = 0; j < done.n && !seen; j++)
+			seen = !strcmp(done.p[j].path, want->link);
+		if (seen || (ret = ws_pathset_add(&done, want->link, 0, NULL)))
+			continue;
+		ret = ws_link_group(t, turn, want->link, &group);
+		for (size_t j = 1; j < group.n && !ret; j++)
+			if (!ws_same_inode(t->root_fd, group.p[0].path, group.p[j].path) &&
+			    !(ret = rb_relink(t, group.p[0].path, group.p[j].path)))
+				ret = ws_pathset_add(relinked, group.p[j].path, 0, NULL);
+		ws_pathset_free(&group);
+	}
+	ws_pathset_free(&done);
+	return ret;
+}
+
 /* Last, deepest first (so a read-only directory blocks nothing and nothing written after
  * moves a time again): each directory of the turn that changed gets its recorded mode,
  * owner, xattrs and time, and each directory the rollback wrote in (a parent of a path
- * restored) its recorded time back. */
-static int rb_dirs_last(struct cb_turns *t, const struct cb_diff *d, long long turn)
+ * restored or relinked) its recorded time back. */
+static int rb_dirs_last(struct cb_turns *t, const struct cb_diff *d, long long turn,
+			const struct ws_pathset *relinked)
 {
 	struct ws_pathset dirs = {0};
 	struct cb_entry e = {0};
 	int ret = 0;
 
-	for (size_t i = 0; i < d->n && !ret; i++) {
-		const char *path = d->ev[i].old.path, *slash = strrchr(path, '/');
+	for (size_t i = 0; i < d->n + relinked->n && !ret; i++) {
+		const char *path = i < d->n ? d->ev[i].old.path : relinked->p[i - d->n].path;
+		const char *slash = strrchr(path, '/');
 		char *parent;
 
-		if (d->ev[i].old.type == CB_ENTRY_DIR)
+		if (i < d->n && d->ev[i].old.type == CB_ENTRY_DIR)
 			ret = ws_pathset_add(&dirs, path, 0, NULL);
 		if (ret || !slash)
 			continue;
@@ -461,6 +510,7 @@ int cb_ws_rollback(struct cb_turns *t, long long turn, const struct cb_dirty *di
 		   long long *touched)
 {
 	struct rb_jobs jobs = {.t = t, .um = ws_process_umask()};
+	struct ws_pathset relinked = {0};
 	struct cb_diff d = {0};
 	int ret;
 
@@ -491,10 +541,13 @@ int cb_ws_rollback(struct cb_turns *t, long long turn, const struct cb_dirty *di
 	if (!ret)
 		ret = rb_remember(t, &jobs);
 	if (!ret)
-		ret = rb_dirs_last(t, &d, turn);
+		ret = rb_links(t, &d, turn, &relinked);
+	if (!ret)
+		ret = rb_dirs_last(t, &d, turn, &relinked);
 	*touched = (long long)d.n;
 out:
 	free(jobs.job);
+	ws_pathset_free(&relinked);
 	pthread_mutex_destroy(&jobs.lock);
 	cb_ws_diff_free(&d);
 	return ret ? cb_error_wrap(ret, "rollback to turn %lld", turn) : 0;

@@ -430,6 +430,8 @@ static int snap_run(struct cb_turns *t, long long turn, const char *label, struc
 		ret = snap_examine(t, s, rows);
 	t->read_left = -1;
 	if (!ret)
+		ret = ws_snap_links(t, s, turn);
+	if (!ret)
 		ret = snap_record(t, s, turn, label, changes, !defer);
 out:
 	free(rows);

@@ -493,6 +493,11 @@ int ws_live_entry(struct cb_turns *t, const char *path, int keep_blob, struct cb
 		ret = entry_read(t->root_fd, path, &st, out, &fd);
 		if (ret <= 0 || out->type == CB_ENTRY_ABSENT)
 			return ret < 0 ? ret : 0;
+		/* one of several names of an inode: ws_snap_links finds the others by it */
+		if (out->type == CB_ENTRY_FILE && st.st_nlink > 1) {
+			out->nlink = (unsigned long)st.st_nlink;
+			out->ino = (long long)st.st_ino;
+		}
 		/* Owner and xattrs go with the content; a file's time is the hash's (live_hash),
 		 * a directory's or symlink's the stat's. */
 		ret = ws_meta_read(fd, &st, path, out);

@@ -121,6 +121,20 @@ void ws_pathset_sort(struct ws_pathset *s);
 /* Free the copies and the array and leave the set empty, ready for reuse. */
 void ws_pathset_free(struct ws_pathset *s);
 
+/* ws/links.c: hard links between the files of a turn. */
+
+/* The snapshot's last look at what it kept (turn being recorded): every examined file with
+ * more than one name gets its inode's group id (that of its unexamined names, found by the
+ * group it had and by its inode, else a new one), and one no longer linked none; a new
+ * group is a row of the turn. */
+int ws_snap_links(struct cb_turns *t, struct cb_db_scratch *s, long long turn);
+/* Add to out (sorted) every path whose entry at turn is a file of group key. */
+int ws_link_group(struct cb_turns *t, long long turn, const char *key, struct ws_pathset *out);
+/* Make to (a new name) a hard link of from, both beneath root, nothing followed. */
+int ws_link_at(int root, const char *from, const char *to);
+/* 1 if a and b beneath root are the same inode now (either missing: 0). */
+int ws_same_inode(int root, const char *a, const char *b);
+
 /* Turn 0's entry for path (absent if the base had none): the frozen base map once the first
  * snapshot recorded it, else what the base holds now. */
 int ws_base_entry(struct cb_turns *t, const char *path, struct cb_entry *out);

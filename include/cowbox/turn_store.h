@@ -46,6 +46,14 @@ struct cb_entry {
 	 * the strings. */
 	unsigned char *xattrs;
 	size_t xattrs_len;
+	/* Regular files with more than one name: the files of a turn that share a link (an
+	 * opaque group id, owned like the strings; NULL: none) are one inode, hard links of
+	 * each other, and rollback, fork and apply give them back so. ino: the inode number the
+	 * live tree showed when it was recorded (0: none), to find the group's other names;
+	 * nlink: the live link count when read from the live tree (never stored). */
+	char *link;
+	long long ino;
+	unsigned long nlink;
 };
 
 /* Free the strings an entry owns and reset it to an absent entry. */
@@ -171,6 +179,17 @@ int cb_db_turns_map_id_fresh(long long *out);
 /* Make id this database's map id (in the caller's transaction): every map a client holds
  * under the previous id is answered whole next time. */
 int cb_db_turns_map_id_set(struct cb_db_turns *t, long long id);
+
+/* fn for each map entry of the hard-link group link, or recorded with inode number ino,
+ * by path. */
+int cb_db_turns_map_by_link(struct cb_db_turns *t, const char *link,
+			    int (*fn)(const struct cb_entry *, void *), void *arg);
+int cb_db_turns_map_by_ino(struct cb_db_turns *t, long long ino,
+			   int (*fn)(const struct cb_entry *, void *), void *arg);
+/* Each path a delta row up to turn recorded in the hard-link group link, sorted (whether the
+ * path is still in it at turn is its newest row's to say). */
+int cb_db_turns_link_paths(struct cb_db_turns *t, const char *link, long long turn,
+			   int (*fn)(const char *path, void *), void *arg);
 
 /* Fold every turn before keep_from into keep_from and forget them. */
 int cb_db_turns_prune(struct cb_db_turns *t, long long keep_from);
@@ -302,6 +321,15 @@ int cb_db_scratch_res_type(struct cb_db_scratch *s, const char *path, int *type)
 int cb_db_scratch_record(struct cb_db_scratch *s, long long turn, long long *nchanged);
 /* How many kept entries a turn would record (a changed time included): *n. 0 or -errno. */
 int cb_db_scratch_changed_count(struct cb_db_scratch *s, long long *n);
+/* fn(now, o_link, arg) for each kept entry that is a file with more than one name (its
+ * ino set) or was one of a hard-link group before (o_link, else NULL), in path order. */
+int cb_db_scratch_linked(struct cb_db_scratch *s,
+			 int (*fn)(const struct cb_entry *now, const char *o_link, void *),
+			 void *arg);
+/* Give the kept entry of path the hard-link group link (NULL: none); a group other than the
+ * one it had before is a change of its metadata (a row, no event). */
+int cb_db_scratch_set_link(struct cb_db_scratch *s, const char *path, const char *link);
+
 /* fn(old, now) for each changed entry in path order (strings borrowed for the call). */
 int cb_db_scratch_changes(struct cb_db_scratch *s,
 			  int (*fn)(const struct cb_entry *old, const struct cb_entry *now, void *),

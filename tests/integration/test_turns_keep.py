@@ -358,6 +358,84 @@ class TurnDirsSymlinksTest(CowboxTestCase):
 
 
 
+def link_groups(root):
+    """The sets of names (relative) of each file with more than one, and their link counts."""
+    inodes = {}
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            st = os.lstat(full)
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                inodes.setdefault((st.st_dev, st.st_ino), []).append(
+                    (os.path.relpath(full, root), st.st_nlink))
+    return sorted((sorted(p for p, _ in names), sorted(n for _, n in names))
+                  for names in inodes.values())
+
+
+class TurnHardLinksTest(CowboxTestCase):
+    """Files that are hard links of each other in a turn come back as one inode."""
+
+    T2020 = 1577836800 * 10**9
+
+    def test_fork_rollback_and_apply_keep_hard_links(self):
+        base = self.make_base({"README": "hi\n", "src/a.c": "int a;\n"})
+        ref = self.create(base, "w")
+        self.mount(ref)
+        mnt = self.mountpoint(ref)
+        p = lambda rel: os.path.join(mnt, rel)  # noqa: E731
+        os.makedirs(p("new"))
+        os.makedirs(p("other"))
+        with open(p("new/h1"), "w") as f:
+            f.write("shared\n")
+        os.link(p("new/h1"), p("new/h2"))
+        os.link(p("new/h1"), p("other/h3"))
+        os.link(p("src/a.c"), p("src/a2.c"))  # a base file gets a second name
+        os.setxattr(p("new/h1"), "user.k", b"v")
+        os.utime(p("new/h2"), ns=(self.T2020, self.T2020))
+        os.utime(p("src/a2.c"), ns=(self.T2020, self.T2020 + 7))
+        for d in ("new", "other", "src"):
+            os.utime(p(d), ns=(self.T2020, self.T2020 + 1))
+        t1 = self.cowbox_json("snapshot", "w")["turn"]
+        state, groups = full_state(mnt), link_groups(mnt)
+        self.assertEqual(groups, [(["new/h1", "new/h2", "other/h3"], [3, 3, 3]),
+                                  (["src/a.c", "src/a2.c"], [2, 2])])
+
+        fork = self.cowbox_json("fork", "w", str(t1), "--name", "f")["ref"]
+        self.mount(fork)
+        self.assertEqual(link_groups(self.mountpoint(fork)), groups)
+        self.assertEqual(full_state(self.mountpoint(fork)), state)
+
+        # the links broken every way: a name replaced, one copied over, the content rewritten
+        os.unlink(p("new/h2"))
+        with open(p("new/h2"), "w") as f:
+            f.write("alone\n")
+        shutil.copy2(p("other/h3"), p("other/h3.tmp"))
+        os.rename(p("other/h3.tmp"), p("other/h3"))
+        os.unlink(p("src/a2.c"))
+        with open(p("src/a.c"), "w") as f:
+            f.write("int a = 2;\n")
+        self.cowbox_json("snapshot", "w")
+        self.assertEqual(link_groups(mnt), [])
+        self.cowbox_json("rollback", "w", str(t1))
+        self.assertEqual(link_groups(mnt), groups)
+        self.assertEqual(full_state(mnt), state)
+
+        # a later snapshot of a group left alone keeps it; one name moved keeps its group
+        os.rename(p("other/h3"), p("h3"))
+        t3 = self.cowbox_json("snapshot", "w")["turn"]
+        moved = link_groups(mnt)
+        self.assertEqual(moved[0][0], ["h3", "new/h1", "new/h2"])
+        os.unlink(p("new/h1"))
+        self.cowbox_json("rollback", "w", str(t3))
+        self.assertEqual(link_groups(mnt), moved)
+
+        # apply onto a copy of the base: the same groups
+        dst = os.path.join(self.tmp, "dst")
+        shutil.copytree(base, dst, symlinks=True)
+        self.cowbox_json("apply", "w", "--turn", str(t1), "--to", dst)
+        self.assertEqual(link_groups(dst), groups)
+
+
 MAKEFILE = """\
 prog: main.o a.o b.o
 \tcc -o prog main.o a.o b.o

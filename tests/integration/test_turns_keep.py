@@ -1,7 +1,9 @@
 """Nothing unrecorded is lost by a rollback: the open turn's changes (edits, deletes, renames,
 a new directory) become a turn of their own first, and rolling back to it gives back every
-byte; an empty open turn records nothing. Turns keep files' modification times: rollback and
-fork give them back (nanoseconds), so make in a fork rebuilds only what changed."""
+byte; an empty open turn records nothing. Turns keep the metadata of files, directories and
+symlinks (modification times to the nanosecond, modes, owners, xattrs) and hard links between
+files: rollback, fork and apply give them back, so make in a fork rebuilds only what
+changed."""
 
 import os
 import shutil

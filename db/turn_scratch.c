@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cowbox/error.h"
+#include "cowbox/journal.h"
 #include "cowbox/turn_store.h"
 #include "db.h"
 
@@ -19,7 +20,7 @@
 static const char scratch_schema[] =
     "PRAGMA temp_store=FILE;"
     "CREATE TEMP TABLE IF NOT EXISTS snap_dirty(path TEXT PRIMARY KEY, subtree INTEGER, "
-    "  pid INTEGER, comm TEXT) WITHOUT ROWID;"
+    "  pid INTEGER, comm TEXT, names INTEGER) WITHOUT ROWID;"
     "CREATE TEMP TABLE IF NOT EXISTS snap_path(path TEXT PRIMARY KEY, pid INTEGER, comm TEXT) "
     "  WITHOUT ROWID;"
     "CREATE TEMP TABLE IF NOT EXISTS snap_res(path TEXT PRIMARY KEY, type INTEGER, "
@@ -32,6 +33,7 @@ static const char scratch_schema[] =
 /* Rows are merged in journal order: a later row with a pid takes the attribution. */
 #define DIRTY_UPSERT                                                                               \
 	" ON CONFLICT(path) DO UPDATE SET subtree=max(subtree, excluded.subtree), "                \
+	"names=max(names, excluded.names), "                                                       \
 	"pid=CASE WHEN excluded.pid<>0 THEN excluded.pid ELSE pid END, "                           \
 	"comm=CASE WHEN excluded.pid<>0 THEN excluded.comm ELSE comm END"
 
@@ -57,13 +59,13 @@ enum {
 };
 
 static const char *const scratch_sql[S_ALL] = {
-    [S_DIRTY_ADD] = "INSERT INTO temp.snap_dirty VALUES(?1,?2,?3,?4)" DIRTY_UPSERT,
-    [S_DIRTY_PAGE] = "SELECT path, subtree, pid, comm FROM temp.snap_dirty WHERE path>?1 "
+    [S_DIRTY_ADD] = "INSERT INTO temp.snap_dirty VALUES(?1,?2,?3,?4,?5)" DIRTY_UPSERT,
+    [S_DIRTY_PAGE] = "SELECT path, subtree, pid, comm, names FROM temp.snap_dirty WHERE path>?1 "
 		     "ORDER BY path LIMIT ?2",
     [S_PATH_ADD] = "INSERT INTO temp.snap_path VALUES(?1,?2,?3) ON CONFLICT(path) DO UPDATE "
 		   "SET pid=excluded.pid, comm=excluded.comm WHERE pid=0",
     [S_PATH_HAS] = "SELECT 1 FROM temp.snap_path WHERE path=?1",
-    [S_PATH_PAGE] = "SELECT path, 0, pid, comm FROM temp.snap_path WHERE path>?1 "
+    [S_PATH_PAGE] = "SELECT path, 0, pid, comm, 1 FROM temp.snap_path WHERE path>?1 "
 		    "ORDER BY path LIMIT ?2",
     [S_RES_PUT] = "INSERT OR REPLACE INTO temp.snap_res VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,"
 		  "?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23)",
@@ -92,9 +94,11 @@ static const char *const scratch_sql[S_ALL] = {
 		   "WHEN ?2 IS NOT o_link THEN 2 ELSE changed END WHERE path=?1",
     [S_REC_COUNT] = "SELECT count(*) FROM temp.snap_res WHERE changed=1",
     [S_REC_ANY] = "SELECT count(*) FROM temp.snap_res WHERE changed",
-    [S_DIRTY_JOURNAL] = "INSERT INTO temp.snap_dirty SELECT path, subtree, pid, comm "
-			"FROM main.journal WHERE turn BETWEEN ?1 AND ?2 AND kind<>?3 "
-			"ORDER BY id" DIRTY_UPSERT,
+    /* names: a row that made, removed or moved a name (not a write nor a change of
+     * metadata), which moves its directory's time */
+    [S_DIRTY_JOURNAL] = "INSERT INTO temp.snap_dirty SELECT path, subtree, pid, comm, "
+			"kind NOT IN (?4, ?5) FROM main.journal WHERE turn BETWEEN ?1 AND ?2 "
+			"AND kind<>?3 ORDER BY id" DIRTY_UPSERT,
 };
 
 struct cb_db_scratch {
@@ -200,6 +204,7 @@ int cb_db_scratch_dirty_add(struct cb_db_scratch *s, const struct cb_scratch_row
 	sqlite3_bind_int64(q, 3, d->pid);
 	if (d->comm)
 		sqlite3_bind_text(q, 4, d->comm, -1, SQLITE_STATIC);
+	sqlite3_bind_int(q, 5, !d->same_names);
 	return scratch_done(s, q, "dirty row");
 }
 
@@ -214,6 +219,8 @@ int cb_db_scratch_dirty_journal(struct cb_db_scratch *s, long long from, long lo
 	sqlite3_bind_int64(q, 1, from);
 	sqlite3_bind_int64(q, 2, to);
 	sqlite3_bind_int(q, 3, skip_kind);
+	sqlite3_bind_int(q, 4, CB_CHANGE_WRITE);
+	sqlite3_bind_int(q, 5, CB_CHANGE_META);
 	return scratch_done(s, q, "read journal");
 }
 
@@ -245,6 +252,7 @@ static int scratch_page(struct cb_db_scratch *s, int which, const char *after,
 		r->subtree = sqlite3_column_int(q, 1);
 		r->pid = (pid_t)sqlite3_column_int64(q, 2);
 		r->comm = comm ? strdup(comm) : NULL;
+		r->same_names = !sqlite3_column_int(q, 4);
 		n++;
 		if (!r->path || (comm && !r->comm)) {
 			sqlite3_reset(q);

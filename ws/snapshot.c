@@ -290,7 +290,7 @@ static int snap_expand(struct cb_turns *t, struct cb_db_scratch *s, struct cb_sc
 			ret = cb_db_scratch_begin(s);
 			for (int i = 0; i < n && !ret; i++) {
 				struct cb_dirty d = {rows[i].path, rows[i].subtree, rows[i].pid,
-						     rows[i].comm};
+						     rows[i].comm, rows[i].same_names};
 
 				ret = pass ? ws_dirty_expand_below(t, &d, &sink)
 					   : ws_dirty_add_own(&d, &sink);
@@ -467,7 +467,7 @@ static int fill_array(struct cb_db_scratch *s, const void *arg)
 
 	for (size_t i = 0; i < a->n && !ret; i++) {
 		struct cb_scratch_row r = {(char *)a->d[i].path, a->d[i].subtree, a->d[i].pid,
-					   (char *)a->d[i].comm};
+					   (char *)a->d[i].comm, a->d[i].same_names};
 
 		ret = cb_db_scratch_dirty_add(s, &r);
 	}
@@ -525,8 +525,9 @@ int cb_ws_journal_dirty(struct cb_turns *t, const struct cb_journal_span *span,
 			ret = cb_grow(out, &cap, *n, sizeof(**out), 64, "journal rows");
 			if (ret)
 				break;
-			(*out)[(*n)++] = (struct cb_dirty){rows[i].path, rows[i].subtree,
-							   rows[i].pid, rows[i].comm};
+			(*out)[(*n)++] =
+			    (struct cb_dirty){rows[i].path, rows[i].subtree, rows[i].pid,
+					      rows[i].comm, rows[i].same_names};
 			rows[i].path = rows[i].comm = NULL;
 		}
 		free(after);

@@ -650,8 +650,9 @@ int ws_dirty_add_own(const struct cb_dirty *d, const struct ws_sink *sink)
 	ret = sink->add(sink->arg, d->path, d->pid, d->comm);
 	/* A name made, removed or moved in a directory changes the directory's time, which
 	 * the turn keeps: the parent is looked at too, credited to nobody (its own row, if
-	 * any, keeps its credit; one whose time alone moved is a row without an event). */
-	if (ret || !(slash = strrchr(d->path, '/')))
+	 * any, keeps its credit; one whose time alone moved is a row without an event). A
+	 * write or a change of metadata moves no directory's time. */
+	if (ret || d->same_names || !(slash = strrchr(d->path, '/')))
 		return ret;
 	if (!(parent = strndup(d->path, (size_t)(slash - d->path))))
 		return cb_error_set(ENOMEM, "%s: out of memory", d->path);

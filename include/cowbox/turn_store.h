@@ -276,6 +276,7 @@ struct cb_scratch_row {
 	int subtree;
 	pid_t pid;
 	char *comm;
+	int same_names; /* as cb_dirty's (cowbox/turns.h): no row made, removed or moved a name */
 };
 
 /* Create (empty) the scratch tables on t's connection; close drops them. */

@@ -15,6 +15,7 @@ void cb_entry_clear(struct cb_entry *e)
 	free(e->target);
 	free(e->comm);
 	free(e->xattrs);
+	free(e->link);
 	memset(e, 0, sizeof(*e));
 }
 
@@ -32,7 +33,7 @@ int cb_entry_copy(struct cb_entry *dst, const struct cb_entry *src)
 	struct cb_entry tmp = *src;
 	int ret;
 
-	tmp.path = tmp.target = tmp.comm = NULL;
+	tmp.path = tmp.target = tmp.comm = tmp.link = NULL;
 	tmp.xattrs = NULL;
 	tmp.xattrs_len = 0;
 	if (src->xattrs_len) {
@@ -48,6 +49,8 @@ int cb_entry_copy(struct cb_entry *dst, const struct cb_entry *src)
 		ret = entry_dup(&tmp.target, src->target);
 	if (!ret)
 		ret = entry_dup(&tmp.comm, src->comm);
+	if (!ret)
+		ret = entry_dup(&tmp.link, src->link);
 	if (ret) {
 		cb_entry_clear(&tmp);
 		return cb_error_set(ENOMEM, "copy entry %s: out of memory", src->path);
@@ -77,7 +80,8 @@ int cb_entry_same(const struct cb_entry *a, const struct cb_entry *b)
 
 int cb_entry_meta_moved(const struct cb_entry *a, const struct cb_entry *b)
 {
-	if (a->type != CB_ENTRY_FILE || !cb_entry_same(a, b))
+	/* b without a time recorded none of it (a base entry, an older row): nothing to say */
+	if (a->type == CB_ENTRY_ABSENT || !b->has_mtime || !cb_entry_same(a, b))
 		return 0;
 	if (b->has_mtime && (!a->has_mtime || a->mtime_ns != b->mtime_ns))
 		return 1;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cowbox/error.h"
+#include "cowbox/journal.h"
 #include "cowbox/turn_store.h"
 #include "db.h"
 
@@ -19,19 +20,20 @@
 static const char scratch_schema[] =
     "PRAGMA temp_store=FILE;"
     "CREATE TEMP TABLE IF NOT EXISTS snap_dirty(path TEXT PRIMARY KEY, subtree INTEGER, "
-    "  pid INTEGER, comm TEXT) WITHOUT ROWID;"
+    "  pid INTEGER, comm TEXT, names INTEGER) WITHOUT ROWID;"
     "CREATE TEMP TABLE IF NOT EXISTS snap_path(path TEXT PRIMARY KEY, pid INTEGER, comm TEXT) "
     "  WITHOUT ROWID;"
     "CREATE TEMP TABLE IF NOT EXISTS snap_res(path TEXT PRIMARY KEY, type INTEGER, "
     "  mode INTEGER, size INTEGER, sha256 BLOB, xxh3 BLOB, target TEXT, pid INTEGER, "
     "  comm TEXT, changed INTEGER, o_type INTEGER, o_mode INTEGER, o_size INTEGER, "
     "  o_sha256 BLOB, o_xxh3 BLOB, o_target TEXT, mtime_ns INTEGER, uid INTEGER, gid INTEGER, "
-    "  xattrs BLOB) WITHOUT ROWID;"
+    "  xattrs BLOB, link TEXT, ino INTEGER, o_link TEXT) WITHOUT ROWID;"
     "DELETE FROM temp.snap_dirty; DELETE FROM temp.snap_path; DELETE FROM temp.snap_res;";
 
 /* Rows are merged in journal order: a later row with a pid takes the attribution. */
 #define DIRTY_UPSERT                                                                               \
 	" ON CONFLICT(path) DO UPDATE SET subtree=max(subtree, excluded.subtree), "                \
+	"names=max(names, excluded.names), "                                                       \
 	"pid=CASE WHEN excluded.pid<>0 THEN excluded.pid ELSE pid END, "                           \
 	"comm=CASE WHEN excluded.pid<>0 THEN excluded.comm ELSE comm END"
 
@@ -49,44 +51,54 @@ enum {
 	S_REC_MAP_PUT,
 	S_REC_COUNT,
 	S_REC_ANY,
+	S_LINKED,
+	S_SET_LINK,
 	S_COUNT,
 	S_DIRTY_JOURNAL = S_COUNT, /* only when meta.db has the journal */
 	S_ALL
 };
 
 static const char *const scratch_sql[S_ALL] = {
-    [S_DIRTY_ADD] = "INSERT INTO temp.snap_dirty VALUES(?1,?2,?3,?4)" DIRTY_UPSERT,
-    [S_DIRTY_PAGE] = "SELECT path, subtree, pid, comm FROM temp.snap_dirty WHERE path>?1 "
+    [S_DIRTY_ADD] = "INSERT INTO temp.snap_dirty VALUES(?1,?2,?3,?4,?5)" DIRTY_UPSERT,
+    [S_DIRTY_PAGE] = "SELECT path, subtree, pid, comm, names FROM temp.snap_dirty WHERE path>?1 "
 		     "ORDER BY path LIMIT ?2",
     [S_PATH_ADD] = "INSERT INTO temp.snap_path VALUES(?1,?2,?3) ON CONFLICT(path) DO UPDATE "
 		   "SET pid=excluded.pid, comm=excluded.comm WHERE pid=0",
     [S_PATH_HAS] = "SELECT 1 FROM temp.snap_path WHERE path=?1",
-    [S_PATH_PAGE] = "SELECT path, 0, pid, comm FROM temp.snap_path WHERE path>?1 "
+    [S_PATH_PAGE] = "SELECT path, 0, pid, comm, 1 FROM temp.snap_path WHERE path>?1 "
 		    "ORDER BY path LIMIT ?2",
     [S_RES_PUT] = "INSERT OR REPLACE INTO temp.snap_res VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,"
-		  "?11,?12,?13,?14,?15,?16,?17,?18,?19,?20)",
+		  "?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23)",
     [S_RES_TYPE] = "SELECT type FROM temp.snap_res WHERE path=?1",
     /* changed 2: only the recorded metadata moved (a row, but no event nor count) */
     [S_RES_CHANGED] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, "
 		      "o_type, o_mode, o_size, o_sha256, o_xxh3, o_target, mtime_ns, uid, gid, "
-		      "xattrs "
+		      "xattrs, link, ino "
 		      "FROM temp.snap_res WHERE changed=1 ORDER BY path",
     [S_REC_DELTA] = "INSERT OR REPLACE INTO main.turn_delta(path, turn, type, mode, size, "
-		    "sha256, xxh3, target, pid, comm, mtime_ns, uid, gid, xattrs) SELECT path, "
-		    "?1, type, mode, size, sha256, xxh3, target, pid, comm, mtime_ns, uid, gid, "
-		    "xattrs FROM temp.snap_res "
-		    "WHERE changed",
+		    "sha256, xxh3, target, pid, comm, mtime_ns, uid, gid, xattrs, link, ino) "
+		    "SELECT path, ?1, type, mode, size, sha256, xxh3, target, pid, comm, mtime_ns, "
+		    "uid, gid, xattrs, link, ino FROM temp.snap_res WHERE changed",
     [S_REC_MAP_DEL] = "DELETE FROM main.turn_map WHERE path IN "
 		      "(SELECT path FROM temp.snap_res WHERE changed AND type=0)",
     [S_REC_MAP_PUT] =
 	"INSERT OR REPLACE INTO main.turn_map(path, type, mode, size, sha256, xxh3, target, pid, "
-	"comm, mtime_ns, uid, gid, xattrs) SELECT path, type, mode, size, sha256, xxh3, target, "
-	"pid, comm, mtime_ns, uid, gid, xattrs FROM temp.snap_res WHERE changed AND type<>0",
+	"comm, mtime_ns, uid, gid, xattrs, link, ino) SELECT path, type, mode, size, sha256, "
+	"xxh3, target, pid, comm, mtime_ns, uid, gid, xattrs, link, ino FROM temp.snap_res WHERE "
+	"changed AND type<>0",
+    [S_LINKED] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, mtime_ns, "
+		 "uid, gid, xattrs, link, ino, o_link FROM temp.snap_res WHERE (type=1 AND ino IS "
+		 "NOT NULL) OR o_link IS NOT NULL ORDER BY path",
+    /* another group than before: a row (2) unless it changed anyway (1) */
+    [S_SET_LINK] = "UPDATE temp.snap_res SET link=?2, changed=CASE WHEN changed=1 THEN 1 "
+		   "WHEN ?2 IS NOT o_link THEN 2 ELSE changed END WHERE path=?1",
     [S_REC_COUNT] = "SELECT count(*) FROM temp.snap_res WHERE changed=1",
     [S_REC_ANY] = "SELECT count(*) FROM temp.snap_res WHERE changed",
-    [S_DIRTY_JOURNAL] = "INSERT INTO temp.snap_dirty SELECT path, subtree, pid, comm "
-			"FROM main.journal WHERE turn BETWEEN ?1 AND ?2 AND kind<>?3 "
-			"ORDER BY id" DIRTY_UPSERT,
+    /* names: a row that made, removed or moved a name (not a write nor a change of
+     * metadata), which moves its directory's time */
+    [S_DIRTY_JOURNAL] = "INSERT INTO temp.snap_dirty SELECT path, subtree, pid, comm, "
+			"kind NOT IN (?4, ?5) FROM main.journal WHERE turn BETWEEN ?1 AND ?2 "
+			"AND kind<>?3 ORDER BY id" DIRTY_UPSERT,
 };
 
 struct cb_db_scratch {
@@ -192,6 +204,7 @@ int cb_db_scratch_dirty_add(struct cb_db_scratch *s, const struct cb_scratch_row
 	sqlite3_bind_int64(q, 3, d->pid);
 	if (d->comm)
 		sqlite3_bind_text(q, 4, d->comm, -1, SQLITE_STATIC);
+	sqlite3_bind_int(q, 5, !d->same_names);
 	return scratch_done(s, q, "dirty row");
 }
 
@@ -206,6 +219,8 @@ int cb_db_scratch_dirty_journal(struct cb_db_scratch *s, long long from, long lo
 	sqlite3_bind_int64(q, 1, from);
 	sqlite3_bind_int64(q, 2, to);
 	sqlite3_bind_int(q, 3, skip_kind);
+	sqlite3_bind_int(q, 4, CB_CHANGE_WRITE);
+	sqlite3_bind_int(q, 5, CB_CHANGE_META);
 	return scratch_done(s, q, "read journal");
 }
 
@@ -237,6 +252,7 @@ static int scratch_page(struct cb_db_scratch *s, int which, const char *after,
 		r->subtree = sqlite3_column_int(q, 1);
 		r->pid = (pid_t)sqlite3_column_int64(q, 2);
 		r->comm = comm ? strdup(comm) : NULL;
+		r->same_names = !sqlite3_column_int(q, 4);
 		n++;
 		if (!r->path || (comm && !r->comm)) {
 			sqlite3_reset(q);
@@ -306,6 +322,8 @@ int cb_db_scratch_res_put(struct cb_db_scratch *s, const struct cb_entry *old,
 	}
 	if (old->target)
 		sqlite3_bind_text(q, 16, old->target, -1, SQLITE_STATIC);
+	if (old->type == CB_ENTRY_FILE && old->link)
+		sqlite3_bind_text(q, 23, old->link, -1, SQLITE_STATIC);
 	return scratch_done(s, q, "entry");
 }
 
@@ -387,4 +405,34 @@ int cb_db_scratch_changes(struct cb_db_scratch *s,
 out:
 	sqlite3_reset(q);
 	return ret;
+}
+
+int cb_db_scratch_linked(struct cb_db_scratch *s,
+			 int (*fn)(const struct cb_entry *now, const char *o_link, void *),
+			 void *arg)
+{
+	sqlite3_stmt *q = scratch_q(s, S_LINKED);
+	struct cb_entry now;
+	int ret = 0, rc;
+
+	while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+		cb_db_turns_column_entry(q, &now);
+		cb_db_turns_column_meta(q, 9, &now);
+		if ((ret = fn(&now, (const char *)sqlite3_column_text(q, 15), arg)))
+			break;
+	}
+	if (!ret && rc != SQLITE_DONE)
+		ret = scratch_fail(s, "linked entries");
+	sqlite3_reset(q);
+	return ret;
+}
+
+int cb_db_scratch_set_link(struct cb_db_scratch *s, const char *path, const char *link)
+{
+	sqlite3_stmt *q = scratch_q(s, S_SET_LINK);
+
+	sqlite3_bind_text(q, 1, path, -1, SQLITE_STATIC);
+	if (link)
+		sqlite3_bind_text(q, 2, link, -1, SQLITE_STATIC);
+	return scratch_done(s, q, "link group");
 }

@@ -52,6 +52,9 @@ enum {
 	Q_MAP_CLEAR,
 	Q_MAP_ALL,
 	Q_MAP_UNDER,
+	Q_MAP_LINK,
+	Q_MAP_INO,
+	Q_LINK_PATHS,
 	Q_BLOB_NEEDED,
 	Q_BASE_GET,
 	Q_BASE_PUT,
@@ -73,34 +76,40 @@ static const char *const tdb_sql[Q_COUNT] = {
     [Q_TURN_EXISTS] = "SELECT 1 FROM turns WHERE turn=?1",
     [Q_TURN_LIST] = "SELECT turn, time, label, changes FROM turns ORDER BY turn",
     [Q_DELTA_PUT] = "INSERT OR REPLACE INTO turn_delta(path, turn, type, mode, size, sha256, "
-		    "xxh3, target, pid, comm, mtime_ns, uid, gid, xattrs) "
-		    "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)",
+		    "xxh3, target, pid, comm, mtime_ns, uid, gid, xattrs, link, ino) "
+		    "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)",
     [Q_DELTA_AT] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, mtime_ns, uid, "
-		   "gid, xattrs "
+		   "gid, xattrs, link, ino "
 		   "FROM turn_delta WHERE path=?1 AND turn<=?2 ORDER BY turn DESC LIMIT 1",
     [Q_DELTA_PATHS] = "SELECT DISTINCT path FROM turn_delta WHERE turn>?1 AND turn<=?2 "
 		      "ORDER BY path",
     [Q_MAP_TURN] = "SELECT value FROM turn_meta WHERE key='map_turn'",
     [Q_MAP_SET_TURN] = "INSERT OR REPLACE INTO turn_meta VALUES('map_turn', ?1)",
     [Q_MAP_GET] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, mtime_ns, uid, "
-		  "gid, xattrs "
+		  "gid, xattrs, link, ino "
 		  "FROM turn_map WHERE path=?1",
     [Q_MAP_PUT] =
 	"INSERT OR REPLACE INTO turn_map(path, type, mode, size, sha256, xxh3, "
-	"target, pid, comm, mtime_ns, uid, gid, xattrs) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,"
-	"?12,?13)",
+	"target, pid, comm, mtime_ns, uid, gid, xattrs, link, ino) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,"
+	"?9,?10,?11,?12,?13,?14,?15)",
     [Q_MAP_DEL] = "DELETE FROM turn_map WHERE path=?1",
     [Q_MAP_CLEAR] = "DELETE FROM turn_map",
     [Q_MAP_ALL] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, mtime_ns, uid, "
-		  "gid, xattrs "
+		  "gid, xattrs, link, ino "
 		  "FROM turn_map ORDER BY path",
     /* '/' + 1 == '0': the byte range of every path below prefix/ */
     [Q_MAP_UNDER] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, mtime_ns, "
-		    "uid, gid, xattrs "
+		    "uid, gid, xattrs, link, ino "
 		    "FROM turn_map WHERE path>?1||'/' AND path<?1||'0' ORDER BY path",
+    [Q_MAP_LINK] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, mtime_ns, "
+		   "uid, gid, xattrs, link, ino FROM turn_map WHERE link=?1 ORDER BY path",
+    [Q_MAP_INO] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, mtime_ns, "
+		  "uid, gid, xattrs, link, ino FROM turn_map WHERE ino=?1 ORDER BY path",
+    [Q_LINK_PATHS] = "SELECT DISTINCT path FROM turn_delta WHERE link=?1 AND turn<=?2 "
+		     "ORDER BY path",
     [Q_BLOB_NEEDED] = "SELECT 1 FROM turn_delta WHERE xxh3=?1 AND type=1 LIMIT 1",
     [Q_BASE_GET] = "SELECT path, type, mode, size, sha256, xxh3, target, pid, comm, mtime_ns, uid, "
-		   "gid, xattrs "
+		   "gid, xattrs, link, ino "
 		   "FROM base_map WHERE path=?1",
     /* a base entry's time is the base file's own: none is recorded */
     [Q_BASE_PUT] = "INSERT OR REPLACE INTO base_map(path, type, mode, size, sha256, xxh3, "
@@ -178,21 +187,23 @@ int cb_db_turns_schema_check(sqlite3 *db, const char *path)
 }
 
 /* The tables of entries gained a file's metadata after the schema shipped (mtime_ns, the
- * owner as the sandbox sees it, the kept xattrs; docs/turns.md): a database without them
+ * owner as the sandbox sees it, the kept xattrs, the hard-link group and inode;
+ * docs/turns.md): a database without them
  * gets them here, its older rows none (NULL: restored as before the columns existed). Two
  * connections may race to add one: the loser sees it. */
 int cb_db_turns_add_meta_columns(sqlite3 *db, const char *path)
 {
 	static const char *const tables[] = {"turn_delta", "turn_map", "base_map"};
-	static const char *const cols[][2] = {
-	    {"mtime_ns", "INTEGER"}, {"uid", "INTEGER"}, {"gid", "INTEGER"}, {"xattrs", "BLOB"}};
+	static const char *const cols[][2] = {{"mtime_ns", "INTEGER"}, {"uid", "INTEGER"},
+					      {"gid", "INTEGER"},      {"xattrs", "BLOB"},
+					      {"link", "TEXT"},	       {"ino", "INTEGER"}};
 	char sql[128];
 	int ret = 0;
 
 	for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]) && !ret; i++) {
 		/* the usual case, one statement: all are there */
-		snprintf(sql, sizeof(sql), "SELECT mtime_ns, uid, gid, xattrs FROM %s LIMIT 0",
-			 tables[i]);
+		snprintf(sql, sizeof(sql),
+			 "SELECT mtime_ns, uid, gid, xattrs, link, ino FROM %s LIMIT 0", tables[i]);
 		if (sqlite3_exec(db, sql, NULL, NULL, NULL) == SQLITE_OK)
 			continue;
 		for (size_t c = 0; c < sizeof(cols) / sizeof(cols[0]) && !ret; c++) {
@@ -211,6 +222,19 @@ int cb_db_turns_add_meta_columns(sqlite3 *db, const char *path)
 						   tables[i], cols[c][0], sqlite3_errmsg(db));
 		}
 	}
+	/* The hard links of a turn are found by their group and their inode: indexes that
+	 * hold only the rows of files with more than one name (none, mostly). */
+	if (!ret &&
+	    sqlite3_exec(db,
+			 "CREATE INDEX IF NOT EXISTS turn_map_by_link ON turn_map(link) "
+			 "WHERE link IS NOT NULL;"
+			 "CREATE INDEX IF NOT EXISTS turn_map_by_ino ON turn_map(ino) "
+			 "WHERE ino IS NOT NULL;"
+			 "CREATE INDEX IF NOT EXISTS turn_delta_by_link ON turn_delta(link, "
+			 "turn) WHERE link IS NOT NULL;",
+			 NULL, NULL, NULL) != SQLITE_OK)
+		ret = cb_error_set(EIO, "turn tables in %s: link indexes: %s", path,
+				   sqlite3_errmsg(db));
 	return ret;
 }
 
@@ -490,7 +514,7 @@ void cb_db_turns_column_entry(sqlite3_stmt *s, struct cb_entry *e)
 
 void cb_db_turns_bind_meta(sqlite3_stmt *s, int pos, const struct cb_entry *e)
 {
-	if (e->type != CB_ENTRY_FILE)
+	if (e->type == CB_ENTRY_ABSENT)
 		return;
 	if (e->has_mtime)
 		sqlite3_bind_int64(s, pos, e->mtime_ns);
@@ -500,6 +524,10 @@ void cb_db_turns_bind_meta(sqlite3_stmt *s, int pos, const struct cb_entry *e)
 	}
 	if (e->xattrs_len)
 		sqlite3_bind_blob(s, pos + 3, e->xattrs, (int)e->xattrs_len, SQLITE_STATIC);
+	if (e->type == CB_ENTRY_FILE && e->link)
+		sqlite3_bind_text(s, pos + 4, e->link, -1, SQLITE_STATIC);
+	if (e->type == CB_ENTRY_FILE && e->ino)
+		sqlite3_bind_int64(s, pos + 5, e->ino);
 }
 
 void cb_db_turns_column_meta(sqlite3_stmt *s, int col, struct cb_entry *e)
@@ -514,6 +542,8 @@ void cb_db_turns_column_meta(sqlite3_stmt *s, int col, struct cb_entry *e)
 	e->xattrs = e->xattrs_len ? (unsigned char *)sqlite3_column_blob(s, col + 3) : NULL;
 	if (!e->xattrs)
 		e->xattrs_len = 0;
+	e->link = (char *)sqlite3_column_text(s, col + 4);
+	e->ino = sqlite3_column_int64(s, col + 5);
 }
 
 int cb_db_turns_delta_put(struct cb_db_turns *t, long long turn, const struct cb_entry *e)
@@ -648,8 +678,9 @@ int cb_db_turns_prune(struct cb_db_turns *t, long long keep_from)
 {
 	static const char *const steps[] = {
 	    "INSERT OR IGNORE INTO turn_delta(path, turn, type, mode, size, sha256, xxh3, target, "
-	    "pid, comm, mtime_ns, uid, gid, xattrs) SELECT d.path, ?1, d.type, d.mode, d.size, "
-	    "d.sha256, d.xxh3, d.target, d.pid, d.comm, d.mtime_ns, d.uid, d.gid, d.xattrs FROM "
+	    "pid, comm, mtime_ns, uid, gid, xattrs, link, ino) SELECT d.path, ?1, d.type, d.mode, "
+	    "d.size, d.sha256, d.xxh3, d.target, d.pid, d.comm, d.mtime_ns, d.uid, d.gid, "
+	    "d.xattrs, d.link, d.ino FROM "
 	    "turn_delta d WHERE "
 	    "d.turn>0 AND "
 	    "d.turn<?1 AND d.turn=(SELECT max(turn) FROM turn_delta x WHERE x.path=d.path "
@@ -784,8 +815,9 @@ int cb_db_turns_map_from_base(struct cb_db_turns *t)
 {
 	return tdb_exec(
 	    t, "INSERT OR REPLACE INTO turn_map(path, type, mode, size, sha256, xxh3, "
-	       "target, pid, comm, mtime_ns, uid, gid, xattrs) SELECT path, type, mode, size, "
-	       "sha256, xxh3, target, pid, comm, mtime_ns, uid, gid, xattrs FROM base_map");
+	       "target, pid, comm, mtime_ns, uid, gid, xattrs, link, ino) SELECT path, type, mode, "
+	       "size, sha256, xxh3, target, pid, comm, mtime_ns, uid, gid, xattrs, link, ino FROM "
+	       "base_map");
 }
 
 int cb_db_turns_blob_needed(struct cb_db_turns *t, const unsigned char *xxh3)
@@ -876,5 +908,59 @@ int cb_db_turns_map_id(struct cb_db_turns *t, long long *out)
 			*out = sqlite3_column_int64(s, 0);
 		sqlite3_finalize(s);
 	}
+	return ret;
+}
+
+/* Each map row the statement (bound by the caller) yields, to fn. */
+static int tdb_rows(struct cb_db_turns *t, sqlite3_stmt *s, const char *what,
+		    int (*fn)(const struct cb_entry *, void *), void *arg)
+{
+	struct cb_entry e;
+	int ret = 0, rc;
+
+	while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+		cb_db_turns_column_entry(s, &e);
+		cb_db_turns_column_meta(s, 9, &e);
+		if ((ret = fn(&e, arg)))
+			break;
+	}
+	if (!ret && rc != SQLITE_DONE)
+		ret = cb_db_turns_fail(t, what);
+	sqlite3_reset(s);
+	return ret;
+}
+
+int cb_db_turns_map_by_link(struct cb_db_turns *t, const char *link,
+			    int (*fn)(const struct cb_entry *, void *), void *arg)
+{
+	sqlite3_stmt *s = tdb_q(t, Q_MAP_LINK);
+
+	sqlite3_bind_text(s, 1, link, -1, SQLITE_STATIC);
+	return tdb_rows(t, s, "map rows of a link group", fn, arg);
+}
+
+int cb_db_turns_map_by_ino(struct cb_db_turns *t, long long ino,
+			   int (*fn)(const struct cb_entry *, void *), void *arg)
+{
+	sqlite3_stmt *s = tdb_q(t, Q_MAP_INO);
+
+	sqlite3_bind_int64(s, 1, ino);
+	return tdb_rows(t, s, "map rows of an inode", fn, arg);
+}
+
+int cb_db_turns_link_paths(struct cb_db_turns *t, const char *link, long long turn,
+			   int (*fn)(const char *path, void *), void *arg)
+{
+	sqlite3_stmt *s = tdb_q(t, Q_LINK_PATHS);
+	int ret = 0, rc;
+
+	sqlite3_bind_text(s, 1, link, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(s, 2, turn);
+	while ((rc = sqlite3_step(s)) == SQLITE_ROW)
+		if ((ret = fn((const char *)sqlite3_column_text(s, 0), arg)))
+			break;
+	if (!ret && rc != SQLITE_DONE)
+		ret = cb_db_turns_fail(t, "paths of a link group");
+	sqlite3_reset(s);
 	return ret;
 }

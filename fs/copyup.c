@@ -261,9 +261,12 @@ static int ov_copy_special(struct cb_overlay *ov, const char *path, const struct
 static int ov_copy_entry(struct cb_overlay *ov, const char *path, const struct stat *st,
 			 int with_data, struct ov_made *made)
 {
-	long long cost = S_ISREG(st->st_mode) && !with_data
-			     ? 0
-			     : (long long)ov_quota_cost(st->st_mode, st->st_size);
+	/* The base entry's xattrs are copied with it: they count from now on, as the next
+	 * mount's walk of upper/ would count them. */
+	long long cost = (S_ISREG(st->st_mode) && !with_data
+			      ? 0
+			      : (long long)ov_quota_cost(st->st_mode, st->st_size)) +
+			 ov_quota_xattr_copied(ov, path, st);
 	int r = ov_quota_take(ov, cost, 1);
 	struct stat now;
 

@@ -270,6 +270,9 @@ void ov_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent_ino, const 
 		r = ov_path(&ov->tab, in, NULL, &oldpath);
 	if (r >= 0)
 		r = ov_mark_child(ov, req, parent, newname, CB_CHANGE_CREATE, 0);
+	/* the existing name is one of several now: a turn looks at it too, to group them */
+	if (r >= 0)
+		r = ov_mark_inode(ov, req, in, CB_CHANGE_META);
 	if (r < 0)
 		goto out;
 	if (ov_linkat(ov->upper_fd, oldpath, ov->upper_fd, path, 0) < 0) {

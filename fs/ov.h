@@ -286,6 +286,9 @@ unsigned long long ov_quota_xattr_cost(const char *path);
 /* What the xattrs of upper/'s entry at path (st its lstat) give back when that entry goes
  * (read before it goes; 0 when another name keeps them): for ov_quota_give after. */
 long long ov_quota_xattr_gone(struct cb_overlay *ov, const char *path, const struct stat *st);
+/* What the xattrs of base/'s entry at path (st its lstat) will cost once a copy-up copied
+ * them into upper/ (as the mount's walk of upper/ counts them): 0 with no quota on. */
+long long ov_quota_xattr_copied(struct cb_overlay *ov, const char *path, const struct stat *st);
 /* Reserve bytes and inodes before a change: -ENOSPC past a limit (nothing taken). */
 int ov_quota_take(struct cb_overlay *ov, long long bytes, long long inodes);
 /* Give them back (a change that failed, or a removal). Never fails. */

@@ -64,6 +64,22 @@ long long ov_quota_xattr_gone(struct cb_overlay *ov, const char *path, const str
 	return (long long)cost;
 }
 
+/* See ov.h. */
+long long ov_quota_xattr_copied(struct cb_overlay *ov, const char *path, const struct stat *st)
+{
+	unsigned long long cost;
+	char *p = NULL;
+	int held = -1;
+
+	/* the walk of upper/ counts no symlink's xattrs either */
+	if (!atomic_load(&ov->quota_on) || S_ISLNK(st->st_mode) ||
+	    ov_proc_path(ov->base_fd, path, &p, &held))
+		return 0;
+	cost = ov_quota_xattr_cost(p);
+	ov_proc_path_free(p, held);
+	return (long long)cost;
+}
+
 /* The largest size a file of upper/ may have: found with an unnamed file (O_TMPFILE) that
  * ftruncate makes sparse (no block is used) by halving; 2^63-1 when it cannot be found. */
 static long long ov_upper_max_size(struct cb_overlay *ov)

@@ -273,9 +273,10 @@ out:
 	return rc < 0 ? rc : removed;
 }
 
-/* e's file or symlink made under a temporary name beside path, then renamed over it. */
+/* e's file or symlink made under a temporary name beside path, then renamed over it; a
+ * file as a hard link of anchor when one is given (its group's name that holds it). */
 static int apply_write(struct cb_turns *t, struct apply_log *log, int root,
-		       const struct cb_entry *e)
+		       const struct cb_entry *e, const char *anchor)
 {
 	char *tmp;
 	int fd, rc;
@@ -287,8 +288,17 @@ static int apply_write(struct cb_turns *t, struct apply_log *log, int root,
 		goto out;
 	cb_beneath_remove_tree(root, tmp);
 	cb_error_clear();
-	if (e->type == CB_ENTRY_SYMLINK) {
+	if (anchor) {
+		rc = ws_link_at(root, anchor, tmp);
+	} else if (e->type == CB_ENTRY_SYMLINK) {
 		rc = cb_beneath_symlink(root, e->target ? e->target : "", tmp);
+		/* its own time (a rename keeps it); owners are not given back in a host folder */
+		if (!rc && e->has_mtime) {
+			struct cb_entry at = *e;
+
+			at.path = tmp;
+			rc = ws_restore_time_at(root, &at);
+		}
 	} else {
 		fd = cb_beneath_open(root, tmp, O_RDWR | O_CREAT | O_EXCL, 0600);
 		if (fd < 0) {
@@ -301,7 +311,7 @@ static int apply_write(struct cb_turns *t, struct apply_log *log, int root,
 		/* the user.* xattrs (an ACL names the sandbox's ids, which mean nothing in a
 		 * folder of the host) and the time the turn recorded, if any */
 		if (!rc)
-			rc = ws_restore_xattrs(fd, e, -1, 0);
+			rc = ws_restore_xattrs(fd, e, -1, 0, 0);
 		if (!rc)
 			rc = ws_restore_mtime(fd, e, -1);
 		if (!rc && fsync(fd) < 0)
@@ -330,6 +340,82 @@ out:
 	return rc ? cb_error_wrap(rc, "apply %s", e->path) : 0;
 }
 
+/* The name e (a file of hard-link group e->link at turn b) is to be a link of: another name
+ * of the group this run wrote, else one apply leaves alone that holds e's content already
+ * (written: the paths written so far; diff: to find what is still to be written). */
+static int apply_anchor(struct cb_turns *t, long long b, int root, const struct cb_entry *e,
+			const struct cb_diff *diff, const char *done,
+			const struct ws_pathset *written, char **anchor)
+{
+	struct ws_pathset group = {0};
+	int rc;
+
+	*anchor = NULL;
+	if (e->type != CB_ENTRY_FILE || !e->link)
+		return 0;
+	rc = ws_link_group(t, b, e->link, &group);
+	for (size_t i = 0; i < group.n && !rc && !*anchor; i++) {
+		const char *m = group.p[i].path;
+		int pending = 0, is;
+
+		if (!strcmp(m, e->path))
+			continue;
+		for (size_t j = 0; j < written->n && !*anchor; j++)
+			if (!strcmp(written->p[j].path, m) && !(*anchor = strdup(m)))
+				rc = cb_error_set(ENOMEM, "apply: out of memory");
+		for (size_t j = 0; j < diff->n && !pending && !*anchor; j++)
+			pending =
+			    !done[j] && diff->ev[j].new.path && !strcmp(diff->ev[j].new.path, m);
+		if (*anchor || pending || rc)
+			continue;
+		is = apply_is(root, m, e, 0);
+		if (is < 0)
+			rc = is;
+		else if (is && !(*anchor = strdup(m)))
+			rc = cb_error_set(ENOMEM, "apply: out of memory");
+	}
+	ws_pathset_free(&group);
+	return rc;
+}
+
+/* Last, deepest first: every directory of turn b that apply made or wrote in (done[i]: event
+ * i was left alone) gets the time b recorded (none recorded: left as it is). */
+static int apply_dir_times(struct cb_turns *t, long long b, int root, const struct cb_diff *diff,
+			   const char *done)
+{
+	struct ws_pathset dirs = {0};
+	struct cb_entry e = {0};
+	int rc = 0;
+
+	for (size_t i = 0; i < diff->n && !rc; i++) {
+		const struct cb_entry *ev =
+		    diff->ev[i].new.path ? &diff->ev[i].new : &diff->ev[i].old;
+		const char *slash = strrchr(ev->path, '/');
+		char *parent;
+
+		if (done[i])
+			continue;
+		if (ev->type == CB_ENTRY_DIR)
+			rc = ws_pathset_add(&dirs, ev->path, 0, NULL);
+		if (rc || !slash)
+			continue;
+		if (!(parent = strndup(ev->path, (size_t)(slash - ev->path))))
+			rc = cb_error_set(ENOMEM, "apply: out of memory");
+		else
+			rc = ws_pathset_add(&dirs, parent, 0, NULL);
+		free(parent);
+	}
+	ws_pathset_sort(&dirs);
+	for (size_t i = dirs.n; i-- > 0 && !rc;) {
+		rc = ws_entry_at(t, dirs.p[i].path, b, &e);
+		if (!rc && e.type == CB_ENTRY_DIR)
+			rc = ws_restore_time_at(root, &e);
+	}
+	cb_entry_clear(&e);
+	ws_pathset_free(&dirs);
+	return rc ? cb_error_wrap(rc, "apply") : 0;
+}
+
 void cb_ws_apply_result_free(struct cb_ws_apply_result *res)
 {
 	for (size_t i = 0; i < res->nconflicts; i++)
@@ -342,6 +428,7 @@ int cb_ws_apply(struct cb_turns *t, long long a, long long b, const char *target
 		struct cb_ws_apply_result *res)
 {
 	struct apply_log log = {.fd = -1};
+	struct ws_pathset written = {0}; /* files of hard-link groups, as written */
 	struct cb_diff diff = {0};
 	char *done = NULL, why[256], *ws_dir = NULL, *slash;
 	size_t cap = 0, i;
@@ -423,25 +510,39 @@ int cb_ws_apply(struct cb_turns *t, long long a, long long b, const char *target
 
 		if (done[i] || e->type == CB_ENTRY_ABSENT)
 			continue;
+		/* the mode, user.* xattrs and (not a directory's yet) time of what stays */
 		if (ev->kind == CB_DIFF_MODE_CHANGED && e->type != CB_ENTRY_SYMLINK)
-			rc = cb_beneath_chmod(root, e->path, e->mode, NULL);
+			rc = ws_restore_meta_at(root, e, -1, 0, NULL, e->type == CB_ENTRY_FILE);
 		else if (e->type == CB_ENTRY_DIR) {
 			if (ev->old.type != CB_ENTRY_ABSENT)
 				cb_beneath_remove_tree(root, e->path);
 			rc = cb_beneath_mkdir(root, e->path, e->mode);
-		} else
-			rc = apply_write(t, &log, root, e);
+			/* its user.* xattrs (the mode again: mkdir's went through the umask);
+			 * its time once everything in it is written */
+			if (!rc)
+				rc = ws_restore_meta_at(root, e, -1, 0, NULL, 0);
+		} else {
+			char *anchor = NULL;
+
+			rc = apply_anchor(t, b, root, e, &diff, done, &written, &anchor);
+			if (!rc)
+				rc = apply_write(t, &log, root, e, anchor);
+			free(anchor);
+			if (!rc && e->link)
+				rc = ws_pathset_add(&written, e->path, 0, NULL);
+		}
 		if (rc < 0) {
 			rc = cb_error_wrap(rc, "apply: %s/%s", target, e->path);
 			goto out;
 		}
 		res->written++;
 	}
-	rc = 0;
+	rc = apply_dir_times(t, b, root, &diff, done);
 out:
 	apply_log_close(&log, ws_dir);
 	free(done);
 	free(ws_dir);
+	ws_pathset_free(&written);
 	cb_ws_diff_free(&diff);
 	if (root >= 0)
 		close(root);

@@ -73,8 +73,8 @@ static int ws_diff_paths(struct cb_turns *t, long long a, long long b, const str
 	return ret;
 }
 
-int cb_ws_diff(struct cb_turns *t, long long a, long long b, const struct cb_dirty *dirty, size_t n,
-	       struct cb_diff *out)
+int ws_diff_run(struct cb_turns *t, long long a, long long b, const struct cb_dirty *dirty,
+		size_t n, int with_meta, struct cb_diff *out)
 {
 	long long latest = cb_db_turns_latest(t->db);
 	struct ws_pathset all = {0}, live = {0};
@@ -95,7 +95,8 @@ int cb_ws_diff(struct cb_turns *t, long long a, long long b, const struct cb_dir
 			ret = b < 0 ? diff_live(t, &live, latest, path, &new)
 				    : ws_entry_at(t, path, b, &new);
 		if (!ret)
-			ret = ws_diff_add(out, &old, &new);
+			ret = with_meta ? ws_diff_add_meta(out, &old, &new)
+					: ws_diff_add(out, &old, &new);
 	}
 	cb_entry_clear(&old);
 	cb_entry_clear(&new);
@@ -104,4 +105,10 @@ int cb_ws_diff(struct cb_turns *t, long long a, long long b, const struct cb_dir
 	if (ret)
 		cb_ws_diff_free(out);
 	return ret ? cb_error_wrap(ret, "diff") : 0;
+}
+
+int cb_ws_diff(struct cb_turns *t, long long a, long long b, const struct cb_dirty *dirty, size_t n,
+	       struct cb_diff *out)
+{
+	return ws_diff_run(t, a, b, dirty, n, 0, out);
 }

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cowbox/error.h"
+#include "cowbox/grow.h"
 #include "turns_int.h"
 
 struct fork_ctx {
@@ -21,7 +22,39 @@ struct fork_ctx {
 	long long turn;
 	int upper_fd, blob_fd;
 	struct cb_db_turns *db;
+	struct ws_pathset dirs; /* made in the upper: their times are given back last */
+	/* the first name written of each hard-link group: the others are linked to it */
+	struct fork_link {
+		char *key, *path;
+	} * links;
+	size_t nlinks, links_cap;
 };
+
+/* The name written first of group key, or NULL. */
+static const char *fork_link_of(const struct fork_ctx *f, const char *key)
+{
+	for (size_t i = 0; i < f->nlinks; i++)
+		if (!strcmp(f->links[i].key, key))
+			return f->links[i].path;
+	return NULL;
+}
+
+static int fork_link_add(struct fork_ctx *f, const struct cb_entry *e)
+{
+	int ret = cb_grow(&f->links, &f->links_cap, f->nlinks, sizeof(*f->links), 8, "fork");
+
+	if (ret)
+		return ret;
+	f->links[f->nlinks].key = strdup(e->link);
+	f->links[f->nlinks].path = strdup(e->path);
+	if (!f->links[f->nlinks].key || !f->links[f->nlinks].path) {
+		free(f->links[f->nlinks].key);
+		free(f->links[f->nlinks].path);
+		return cb_error_set(ENOMEM, "fork: out of memory");
+	}
+	f->nlinks++;
+	return 0;
+}
 
 /* Create the upper's parent directories of path, with the modes they have at the turn. Every
  * entry of the upper is made through util/beneath: whatever a turn recorded (a symlink where
@@ -48,6 +81,11 @@ static int fork_parents(struct fork_ctx *f, const char *path)
 				ret = cb_beneath_mkdir(f->upper_fd, buf, 0700);
 			if (!ret)
 				ret = cb_beneath_chmod(f->upper_fd, buf, mode, &f->t->setid);
+			if (!ret && e.type == CB_ENTRY_DIR)
+				ret = ws_restore_meta_at(f->upper_fd, &e, f->t->restore_id_base, 1,
+							 &f->t->setid, 0);
+			if (!ret)
+				ret = ws_pathset_add(&f->dirs, buf, 0, NULL);
 			if (ret)
 				ret = cb_error_wrap(ret, "fork");
 		}
@@ -121,7 +159,7 @@ static int fork_file(struct fork_ctx *f, const struct cb_entry *e, const struct 
 	if (!ret)
 		ret = cb_beneath_fchmod(dst, e->path, e->mode, &f->t->setid);
 	if (!ret)
-		ret = ws_restore_xattrs(dst, e, f->t->restore_id_base, 1);
+		ret = ws_restore_xattrs(dst, e, f->t->restore_id_base, 1, 0);
 	if (!ret)
 		ret = fork_time(f, e, from_base, dst);
 	close(dst);
@@ -162,7 +200,11 @@ static int fork_one(const char *path, struct fork_ctx *f)
 	if (!ret)
 		ret =
 		    ws_base_now(f->t, path, &base); /* the fork's base is the directory as it is */
-	if (ret || cb_entry_same(&e, &base))
+	/* The base's own file shows through with its own time (unless it is one name of a
+	 * hard-link group); a directory or symlink whose recorded metadata is not the base's
+	 * is made in the upper to carry it. */
+	if (ret || (cb_entry_same(&e, &base) &&
+		    (e.type == CB_ENTRY_FILE ? !e.link : !cb_entry_meta_moved(&base, &e))))
 		goto out;
 	/* Below a directory gone at the turn: its whiteout already hides all of it. Below a
 	 * symlink or file (a turn recorded while the tree changed type under it): no such path
@@ -196,22 +238,59 @@ static int fork_one(const char *path, struct fork_ctx *f)
 		break;
 	case CB_ENTRY_DIR:
 		ret = cb_beneath_mkdir(f->upper_fd, path, e.mode);
+		/* owner, mode and xattrs now, the time once everything in it is written */
 		if (!ret || ret == -EEXIST)
-			ret = cb_beneath_chmod(f->upper_fd, path, e.mode, &f->t->setid);
+			ret = ws_restore_meta_at(f->upper_fd, &e, f->t->restore_id_base, 1,
+						 &f->t->setid, 0);
+		if (!ret)
+			ret = ws_pathset_add(&f->dirs, path, 0, NULL);
 		ret = ret ? cb_error_wrap(ret, "fork") : 0;
 		break;
 	case CB_ENTRY_SYMLINK:
 		ret = cb_beneath_symlink(f->upper_fd, e.target, path);
+		if (!ret)
+			ret = ws_restore_meta_at(f->upper_fd, &e, f->t->restore_id_base, 1,
+						 &f->t->setid, 1);
 		ret = ret ? cb_error_wrap(ret, "fork") : 0;
 		break;
 	case CB_ENTRY_FILE:
+		if (e.link && fork_link_of(f, e.link)) {
+			ret = ws_link_at(f->upper_fd, fork_link_of(f, e.link), path);
+			ret = ret ? cb_error_wrap(ret, "fork") : 0;
+			break;
+		}
 		ret = fork_file(f, &e, &base);
+		if (!ret && e.link)
+			ret = fork_link_add(f, &e);
 		break;
 	}
 out:
 	cb_entry_clear(&e);
 	cb_entry_clear(&base);
 	return ret;
+}
+
+/* Last, deepest first: each directory made in the upper gets the time the turn recorded (the
+ * base directory's own when it recorded none), after everything in it was written. */
+static int fork_dir_times(struct fork_ctx *f)
+{
+	struct cb_entry e = {0}, base = {0};
+	int ret = 0;
+
+	ws_pathset_sort(&f->dirs);
+	for (size_t i = f->dirs.n; i-- > 0 && !ret;) {
+		ret = ws_entry_at(f->t, f->dirs.p[i].path, f->turn, &e);
+		if (!ret && e.type == CB_ENTRY_DIR && !e.has_mtime) {
+			ret = ws_base_now(f->t, e.path, &base);
+			e.has_mtime = base.type == CB_ENTRY_DIR && base.has_mtime;
+			e.mtime_ns = base.mtime_ns;
+		}
+		if (!ret && e.type == CB_ENTRY_DIR)
+			ret = ws_restore_time_at(f->upper_fd, &e);
+	}
+	cb_entry_clear(&e);
+	cb_entry_clear(&base);
+	return ret ? cb_error_wrap(ret, "fork") : 0;
 }
 
 static int fork_collect(const char *path, void *arg)
@@ -348,6 +427,8 @@ int cb_ws_fork(struct cb_turns *t, long long turn, const char *new_upper, const 
 	stats->paths_seconds = fork_lap(&at);
 	for (size_t i = 0; i < paths.n && !ret; i++)
 		ret = fork_one(paths.p[i].path, &f);
+	if (!ret)
+		ret = fork_dir_times(&f);
 	clock_gettime(CLOCK_REALTIME, &ts);
 	snprintf(label, sizeof(label), "fork of turn %lld", turn);
 	if (!ret)
@@ -368,6 +449,12 @@ out:
 		ret = fork_sync(new_db);
 	stats->sync_seconds = fork_lap(&at);
 	ws_pathset_free(&paths);
+	ws_pathset_free(&f.dirs);
+	for (size_t i = 0; i < f.nlinks; i++) {
+		free(f.links[i].key);
+		free(f.links[i].path);
+	}
+	free(f.links);
 	if (f.upper_fd >= 0)
 		close(f.upper_fd);
 	if (f.blob_fd >= 0)

@@ -8,8 +8,8 @@ noinst_HEADERS += include/cowbox/workspace.h
 # turns: snapshot, diff, rollback, prune, fork over the live tree
 ws_libcb_ws_la_SOURCES += ws/turns_int.h ws/turns.c ws/hash.c ws/blobs.c ws/basemap.c \
 	ws/snapshot.c ws/diff.c ws/rollback.c ws/rollback_base.c ws/prune.c ws/fork.c ws/fsck.c
-# what a turn keeps of a file besides its content (owner, xattrs, time)
-ws_libcb_ws_la_SOURCES += ws/meta.c
+# what a turn keeps besides contents (owner, xattrs, time; hard links between its files)
+ws_libcb_ws_la_SOURCES += ws/meta.c ws/links.c
 # in-place workspaces
 ws_libcb_ws_la_SOURCES += ws/inplace.c
 # workspaces as OCI images: export, create --from

@@ -1,9 +1,11 @@
-/* The metadata a turn keeps of a regular file besides its content (docs/turns.md): owner and
- * group as the sandbox sees them, user.* xattrs and the POSIX ACL, the modification time;
- * read through the live tree and given back to a file being restored, always by descriptor. */
+/* The metadata a turn keeps of a file, directory or symlink besides its content (docs/turns.md):
+ * owner and group as the sandbox sees them, user.* xattrs and the POSIX ACL, the modification
+ * time; read through the live tree and given back to what is restored, never by a path that
+ * could be followed. */
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,7 +155,8 @@ int ws_meta_read(int fd, const struct stat *st, const char *path, struct cb_entr
 			 st->st_gid >= CB_WS_IDS_FIRST && st->st_gid < CB_WS_IDS_END;
 	out->uid = out->has_owner ? (unsigned)(st->st_uid % CB_WS_IDS_SIZE) : 0;
 	out->gid = out->has_owner ? (unsigned)(st->st_gid % CB_WS_IDS_SIZE) : 0;
-	return meta_read_xattrs(fd, path, out);
+	/* a symlink can have no user.* xattr nor ACL (and /proc/self/fd would follow it) */
+	return S_ISLNK(st->st_mode) ? 0 : meta_read_xattrs(fd, path, out);
 }
 
 int ws_restore_owner(int dst, const struct cb_entry *e, long long id_base)
@@ -165,13 +168,63 @@ int ws_restore_owner(int dst, const struct cb_entry *e, long long id_base)
 	return 0;
 }
 
-int ws_restore_xattrs(int dst, const struct cb_entry *e, long long id_base, int acl)
+/* 1 if the serialized xattrs of e hold name. */
+static int meta_recorded(const struct cb_entry *e, const char *name)
+{
+	const unsigned char *p = e->xattrs, *end = e->xattrs + e->xattrs_len;
+	size_t len = strlen(name);
+
+	while (p && p + 8 <= end) {
+		uint32_t nlen = meta_get32(p);
+
+		if (p + 8 + nlen > end)
+			return 0;
+		if (nlen == len && !memcmp(p + 4, name, len))
+			return 1;
+		p += 8 + nlen + meta_get32(p + 4 + nlen);
+	}
+	return 0;
+}
+
+/* Remove from the inode at proc the kept xattrs e did not record (acl 0: the ACL stays). */
+static int meta_prune(const char *proc, const struct cb_entry *e, int acl)
+{
+	char *list = NULL;
+	ssize_t n = listxattr(proc, NULL, 0);
+	int ret = 0;
+
+	if (n <= 0)
+		return n < 0 && errno != ENOTSUP && errno != ENOSYS
+			   ? cb_error_set(errno, "%s: list xattrs: %s", e->path, strerror(errno))
+			   : 0;
+	if (!(list = malloc((size_t)n + 1)))
+		return cb_error_set(ENOMEM, "%s: xattrs: out of memory", e->path);
+	n = listxattr(proc, list, (size_t)n);
+	if (n < 0)
+		ret = cb_error_set(errno, "%s: list xattrs: %s", e->path, strerror(errno));
+	for (char *p = list; n > 0 && p < list + n && !ret; p += strlen(p) + 1) {
+		if (!meta_kept_name(p) || (!acl && !strcmp(p, META_ACL)) || meta_recorded(e, p))
+			continue;
+		if (removexattr(proc, p) < 0 && errno != ENODATA)
+			ret = cb_error_set(errno, "remove xattr %s of %s: %s", p, e->path,
+					   strerror(errno));
+	}
+	free(list);
+	return ret;
+}
+
+int ws_restore_xattrs(int dst, const struct cb_entry *e, long long id_base, int acl, int prune)
 {
 	const unsigned char *p = e->xattrs, *end = e->xattrs + e->xattrs_len;
 	unsigned char *value = NULL;
-	char name[256];
+	char name[256], proc[64];
 	int ret = 0;
 
+	/* by the /proc name of the descriptor: an O_PATH one (a directory or a file whose
+	 * content stays) is fine, and that name is the inode itself, never a path */
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", dst);
+	if (prune && (ret = meta_prune(proc, e, acl)))
+		return ret;
 	while (p && p + 8 <= end && !ret) {
 		uint32_t nlen = meta_get32(p), vlen;
 
@@ -197,12 +250,61 @@ int ws_restore_xattrs(int dst, const struct cb_entry *e, long long id_base, int 
 		 * (without one, as recorded). */
 		if (!strcmp(name, META_ACL) && id_base >= 0)
 			meta_acl_ids(value, vlen, id_base);
-		if (fsetxattr(dst, name, value, vlen, 0) < 0)
+		if (setxattr(proc, name, value, vlen, 0) < 0)
 			ret = cb_error_set(errno, "restore xattr %s of %s: %s", name, e->path,
 					   strerror(errno));
 	}
 	free(value);
 	return ret;
+}
+
+/* e's recorded time as utimensat's pair, the access time left as it is. */
+static void meta_times(const struct cb_entry *e, struct timespec ts[2])
+{
+	ts[0] = (struct timespec){.tv_nsec = UTIME_OMIT};
+	ts[1].tv_sec = (time_t)(e->mtime_ns / 1000000000LL);
+	ts[1].tv_nsec = (long)(e->mtime_ns % 1000000000LL);
+	if (ts[1].tv_nsec < 0) { /* before 1970 */
+		ts[1].tv_sec--;
+		ts[1].tv_nsec += 1000000000L;
+	}
+}
+
+int ws_restore_time_at(int root, const struct cb_entry *e)
+{
+	struct timespec ts[2];
+	int ret;
+
+	if (!e->has_mtime)
+		return 0;
+	meta_times(e, ts);
+	ret = cb_beneath_utimens(root, e->path, ts);
+	return ret ? cb_error_wrap(ret, "restore the time of %s", e->path) : 0;
+}
+
+int ws_restore_meta_at(int root, const struct cb_entry *e, long long id_base, int acl,
+		       const struct cb_beneath_setid *setid, int time)
+{
+	int fd, ret = 0;
+
+	if (e->has_owner && id_base >= 0)
+		ret = cb_beneath_chown(root, e->path, (uid_t)(id_base + e->uid),
+				       (gid_t)(id_base + e->gid));
+	/* the mode after the owner (a chown drops set-id bits), the xattrs after the mode (an
+	 * ACL and the mode share the group bits) */
+	if (!ret && e->type != CB_ENTRY_SYMLINK)
+		ret = cb_beneath_chmod(root, e->path, e->mode, setid);
+	if (ret)
+		return cb_error_wrap(ret, "restore %s", e->path);
+	if (e->type != CB_ENTRY_SYMLINK) {
+		fd = cb_beneath_open(root, e->path, O_PATH | O_NOFOLLOW, 0);
+		if (fd < 0)
+			return cb_error_wrap(fd, "restore %s", e->path);
+		/* an entry without a recorded time recorded no xattrs either: left */
+		ret = e->has_mtime ? ws_restore_xattrs(fd, e, id_base, acl, 1) : 0;
+		close(fd);
+	}
+	return !ret && time ? ws_restore_time_at(root, e) : ret;
 }
 
 int ws_restore_mtime(int dst, const struct cb_entry *e, int src)
@@ -211,12 +313,7 @@ int ws_restore_mtime(int dst, const struct cb_entry *e, int src)
 	struct stat st;
 
 	if (e->has_mtime) {
-		ts[1].tv_sec = (time_t)(e->mtime_ns / 1000000000LL);
-		ts[1].tv_nsec = (long)(e->mtime_ns % 1000000000LL);
-		if (ts[1].tv_nsec < 0) { /* before 1970 */
-			ts[1].tv_sec--;
-			ts[1].tv_nsec += 1000000000L;
-		}
+		meta_times(e, ts);
 	} else if (src >= 0 && fstat(src, &st) == 0) {
 		ts[1] = st.st_mtim;
 	} else {

@@ -205,7 +205,7 @@ static int rb_file(struct cb_turns *t, const struct cb_entry *e, int from_base, 
 	if (!ret && (e->mode & (um | 07000) || e->has_owner))
 		ret = cb_beneath_fchmod(dst, e->path, e->mode, &t->setid);
 	if (!ret)
-		ret = ws_restore_xattrs(dst, e, t->restore_id_base, 1);
+		ret = ws_restore_xattrs(dst, e, t->restore_id_base, 1, 0);
 	if (!ret)
 		ret = ws_restore_mtime(dst, e, from_base ? src : -1);
 	if (close(dst) < 0 && !ret)
@@ -249,13 +249,6 @@ static int rb_mkdir(struct cb_turns *t, const char *path)
 	return ret && ret != -EEXIST ? cb_error_wrap(ret, "restore dir") : 0;
 }
 
-static int rb_chmod(struct cb_turns *t, const char *path, unsigned mode)
-{
-	int ret = cb_beneath_chmod(t->root_fd, path, mode, &t->setid);
-
-	return ret ? cb_error_wrap(ret, "restore mode") : 0;
-}
-
 /* A file whose content must be written, and where it comes from. */
 struct rb_job {
 	const struct cb_entry *want;
@@ -284,12 +277,21 @@ static int rb_needs_content(const struct cb_diff_event *ev)
 		 !memcmp(have->sha256, want->sha256, CB_SHA256_LEN));
 }
 
-/* Restore one path whose live entry (ev->new) differs from the turn's (ev->old); what had
- * to go is already gone. Files that need content are jobs already (rb_plan); directory
- * modes come last. */
+/* The recorded owner, mode, xattrs and time of want, on the entry at its path. */
+static int rb_meta(struct cb_turns *t, const struct cb_entry *want, int time)
+{
+	int ret = ws_restore_meta_at(t->root_fd, want, t->restore_id_base, 1, &t->setid, time);
+
+	return ret ? cb_error_wrap(ret, "rollback") : 0;
+}
+
+/* Restore one path whose live entry (ev->new) differs from the turn's (ev->old), in content
+ * or in metadata only; what had to go is already gone. Files that need content are jobs
+ * already (rb_plan); directories get their metadata last (rb_dirs_last). */
 static int rb_restore(struct cb_turns *t, const struct cb_diff_event *ev)
 {
 	const struct cb_entry *want = &ev->old, *have = &ev->new;
+	int ret;
 
 	switch (want->type) {
 	case CB_ENTRY_ABSENT:
@@ -297,11 +299,121 @@ static int rb_restore(struct cb_turns *t, const struct cb_diff_event *ev)
 	case CB_ENTRY_DIR:
 		return want->type == have->type ? 0 : rb_mkdir(t, want->path);
 	case CB_ENTRY_SYMLINK:
-		return rb_symlink(t, want);
+		/* the same target with other metadata: the symlink stays, its metadata goes */
+		ret = cb_entry_same(want, have) ? 0 : rb_symlink(t, want);
+		return ret ? ret : rb_meta(t, want, 1);
 	case CB_ENTRY_FILE:
-		return rb_needs_content(ev) ? 0 : rb_chmod(t, want->path, want->mode);
+		return rb_needs_content(ev) ? 0 : rb_meta(t, want, 1);
 	}
 	return 0;
+}
+
+static const struct cb_diff_event *rb_event(const struct cb_diff *d, const char *path)
+{
+	size_t lo = 0, hi = d->n;
+
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		int c = strcmp(d->ev[mid].old.path, path);
+
+		if (c == 0)
+			return &d->ev[mid];
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+/* Make path (a file of the turn) a hard link of anchor, the first name of its group: a new
+ * name beside it, renamed over it. */
+static int rb_relink(struct cb_turns *t, const char *anchor, const char *path)
+{
+	const char *slash = strrchr(path, '/');
+	char tmp[64], *tmppath = NULL;
+	int ret;
+
+	rb_tmpname(tmp, sizeof(tmp));
+	if (asprintf(&tmppath, "%.*s%s", slash ? (int)(slash - path + 1) : 0, path, tmp) < 0)
+		return cb_error_set(ENOMEM, "rollback: out of memory");
+	ret = ws_link_at(t->root_fd, anchor, tmppath);
+	if (!ret && (ret = cb_beneath_rename(t->root_fd, tmppath, path, 0)))
+		cb_beneath_unlink(t->root_fd, tmppath, 0);
+	free(tmppath);
+	return ret ? cb_error_wrap(ret, "rollback: hard link %s", path) : 0;
+}
+
+/* After the contents: the names of each hard-link group of the turn that a restored file
+ * is in become one inode again, that of the group's first name (relinked: the others). */
+static int rb_links(struct cb_turns *t, const struct cb_diff *d, long long turn,
+		    struct ws_pathset *relinked)
+{
+	struct ws_pathset done = {0}, group = {0};
+	int ret = 0;
+
+	for (size_t i = 0; i < d->n && !ret; i++) {
+		const struct cb_entry *want = &d->ev[i].old;
+		int seen = 0;
+
+		if (want->type != CB_ENTRY_FILE || !want->link)
+			continue;
+		for (size_t j = 0; j < done.n && !seen; j++)
+			seen = !strcmp(done.p[j].path, want->link);
+		if (seen || (ret = ws_pathset_add(&done, want->link, 0, NULL)))
+			continue;
+		ret = ws_link_group(t, turn, want->link, &group);
+		for (size_t j = 1; j < group.n && !ret; j++)
+			if (!ws_same_inode(t->root_fd, group.p[0].path, group.p[j].path) &&
+			    !(ret = rb_relink(t, group.p[0].path, group.p[j].path)))
+				ret = ws_pathset_add(relinked, group.p[j].path, 0, NULL);
+		ws_pathset_free(&group);
+	}
+	ws_pathset_free(&done);
+	return ret;
+}
+
+/* Last, deepest first (so a read-only directory blocks nothing and nothing written after
+ * moves a time again): each directory of the turn that changed gets its recorded mode,
+ * owner, xattrs and time, and each directory the rollback wrote in (a parent of a path
+ * restored or relinked) its recorded time back. */
+static int rb_dirs_last(struct cb_turns *t, const struct cb_diff *d, long long turn,
+			const struct ws_pathset *relinked)
+{
+	struct ws_pathset dirs = {0};
+	struct cb_entry e = {0};
+	int ret = 0;
+
+	for (size_t i = 0; i < d->n + relinked->n && !ret; i++) {
+		const char *path = i < d->n ? d->ev[i].old.path : relinked->p[i - d->n].path;
+		const char *slash = strrchr(path, '/');
+		char *parent;
+
+		if (i < d->n && d->ev[i].old.type == CB_ENTRY_DIR)
+			ret = ws_pathset_add(&dirs, path, 0, NULL);
+		if (ret || !slash)
+			continue;
+		if (!(parent = strndup(path, (size_t)(slash - path))))
+			ret = cb_error_set(ENOMEM, "rollback: out of memory");
+		else
+			ret = ws_pathset_add(&dirs, parent, 0, NULL);
+		free(parent);
+	}
+	ws_pathset_sort(&dirs);
+	for (size_t i = dirs.n; i-- > 0 && !ret;) {
+		const struct cb_diff_event *ev = rb_event(d, dirs.p[i].path);
+
+		if (ev && ev->old.type == CB_ENTRY_DIR) {
+			ret = rb_meta(t, &ev->old, 1);
+			continue;
+		}
+		ret = ws_entry_at(t, dirs.p[i].path, turn, &e);
+		if (!ret && e.type == CB_ENTRY_DIR)
+			ret = ws_restore_time_at(t->root_fd, &e);
+	}
+	cb_entry_clear(&e);
+	ws_pathset_free(&dirs);
+	return ret ? cb_error_wrap(ret, "rollback") : 0;
 }
 
 /* Find (and check) the source of every file to write before anything is changed. */
@@ -460,6 +572,7 @@ int cb_ws_rollback_checked(struct cb_turns *t, long long turn, const struct cb_d
 {
 	struct rb_jobs jobs = {.t = t, .um = ws_process_umask()};
 	struct cb_entry *metas = calloc(ncheck ? ncheck : 1, sizeof(*metas));
+	struct ws_pathset relinked = {0};
 	struct cb_diff d = {0};
 	size_t planned = 0;
 	int ret = metas ? 0 : cb_error_set(ENOMEM, "out of memory");
@@ -468,7 +581,7 @@ int cb_ws_rollback_checked(struct cb_turns *t, long long turn, const struct cb_d
 	pthread_mutex_init(&jobs.lock, NULL);
 	/* old = the turn's entry, new = the live one: exactly the paths to put back. */
 	if (!ret)
-		ret = cb_ws_diff(t, turn, -1, dirty, n, &d);
+		ret = ws_diff_run(t, turn, -1, dirty, n, 1, &d);
 	if (ret)
 		goto out;
 	jobs.job = calloc(d.n + ncheck + 1, sizeof(*jobs.job));
@@ -494,19 +607,17 @@ int cb_ws_rollback_checked(struct cb_turns *t, long long turn, const struct cb_d
 		ret = rb_run_jobs(&jobs);
 	if (!ret)
 		ret = rb_remember(t, &jobs);
-	/* Directory modes last and deepest first, so a read-only directory blocks nothing. */
-	for (size_t i = d.n; i-- > 0 && !ret;) {
-		const struct cb_entry *want = &d.ev[i].old;
-
-		if (want->type == CB_ENTRY_DIR)
-			ret = rb_chmod(t, want->path, want->mode);
-	}
+	if (!ret)
+		ret = rb_links(t, &d, turn, &relinked);
+	if (!ret)
+		ret = rb_dirs_last(t, &d, turn, &relinked);
 	*touched = (long long)(d.n + jobs.n - planned);
 out:
 	for (size_t i = 0; metas && i < ncheck; i++)
 		cb_entry_clear(&metas[i]);
 	free(metas);
 	free(jobs.job);
+	ws_pathset_free(&relinked);
 	pthread_mutex_destroy(&jobs.lock);
 	cb_ws_diff_free(&d);
 	return ret ? cb_error_wrap(ret, "rollback to turn %lld", turn) : 0;

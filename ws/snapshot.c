@@ -20,26 +20,12 @@ static double wall_now(void)
 	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-int ws_diff_add(struct cb_diff *d, const struct cb_entry *old, const struct cb_entry *new)
+static int diff_push(struct cb_diff *d, enum cb_diff_kind kind, const struct cb_entry *old,
+		     const struct cb_entry *new)
 {
 	struct cb_diff_event *ev;
-	enum cb_diff_kind kind;
 	int ret;
 
-	if (cb_entry_same(old, new))
-		return 0;
-	if (old->type == CB_ENTRY_ABSENT)
-		kind = CB_DIFF_CREATED;
-	else if (new->type == CB_ENTRY_ABSENT)
-		kind = CB_DIFF_DELETED;
-	else if (old->type != new->type)
-		kind = CB_DIFF_TYPE_CHANGED;
-	else if (old->type == CB_ENTRY_DIR ||
-		 (old->type == CB_ENTRY_FILE && old->size == new->size &&
-		  !memcmp(old->sha256, new->sha256, CB_SHA256_LEN)))
-		kind = CB_DIFF_MODE_CHANGED;
-	else
-		kind = CB_DIFF_MODIFIED;
 	if ((ret = cb_grow(&d->ev, &d->cap, d->n, sizeof(*d->ev), 16, "diff")))
 		return ret;
 	ev = &d->ev[d->n];
@@ -55,6 +41,35 @@ int ws_diff_add(struct cb_diff *d, const struct cb_entry *old, const struct cb_e
 	}
 	d->n++;
 	return 0;
+}
+
+int ws_diff_add_meta(struct cb_diff *d, const struct cb_entry *old, const struct cb_entry *new)
+{
+	if (cb_entry_same(old, new))
+		return cb_entry_meta_moved(new, old) ? diff_push(d, CB_DIFF_MODE_CHANGED, old, new)
+						     : 0;
+	return ws_diff_add(d, old, new);
+}
+
+int ws_diff_add(struct cb_diff *d, const struct cb_entry *old, const struct cb_entry *new)
+{
+	enum cb_diff_kind kind;
+
+	if (cb_entry_same(old, new))
+		return 0;
+	if (old->type == CB_ENTRY_ABSENT)
+		kind = CB_DIFF_CREATED;
+	else if (new->type == CB_ENTRY_ABSENT)
+		kind = CB_DIFF_DELETED;
+	else if (old->type != new->type)
+		kind = CB_DIFF_TYPE_CHANGED;
+	else if (old->type == CB_ENTRY_DIR ||
+		 (old->type == CB_ENTRY_FILE && old->size == new->size &&
+		  !memcmp(old->sha256, new->sha256, CB_SHA256_LEN)))
+		kind = CB_DIFF_MODE_CHANGED;
+	else
+		kind = CB_DIFF_MODIFIED;
+	return diff_push(d, kind, old, new);
 }
 
 void cb_ws_diff_free(struct cb_diff *d)
@@ -275,7 +290,7 @@ static int snap_expand(struct cb_turns *t, struct cb_db_scratch *s, struct cb_sc
 			ret = cb_db_scratch_begin(s);
 			for (int i = 0; i < n && !ret; i++) {
 				struct cb_dirty d = {rows[i].path, rows[i].subtree, rows[i].pid,
-						     rows[i].comm};
+						     rows[i].comm, rows[i].same_names};
 
 				ret = pass ? ws_dirty_expand_below(t, &d, &sink)
 					   : ws_dirty_add_own(&d, &sink);
@@ -415,6 +430,8 @@ static int snap_run(struct cb_turns *t, long long turn, const char *label, struc
 		ret = snap_examine(t, s, rows);
 	t->read_left = -1;
 	if (!ret)
+		ret = ws_snap_links(t, s, turn);
+	if (!ret)
 		ret = snap_record(t, s, turn, label, changes, !defer);
 out:
 	free(rows);
@@ -450,7 +467,7 @@ static int fill_array(struct cb_db_scratch *s, const void *arg)
 
 	for (size_t i = 0; i < a->n && !ret; i++) {
 		struct cb_scratch_row r = {(char *)a->d[i].path, a->d[i].subtree, a->d[i].pid,
-					   (char *)a->d[i].comm};
+					   (char *)a->d[i].comm, a->d[i].same_names};
 
 		ret = cb_db_scratch_dirty_add(s, &r);
 	}
@@ -508,8 +525,9 @@ int cb_ws_journal_dirty(struct cb_turns *t, const struct cb_journal_span *span,
 			ret = cb_grow(out, &cap, *n, sizeof(**out), 64, "journal rows");
 			if (ret)
 				break;
-			(*out)[(*n)++] = (struct cb_dirty){rows[i].path, rows[i].subtree,
-							   rows[i].pid, rows[i].comm};
+			(*out)[(*n)++] =
+			    (struct cb_dirty){rows[i].path, rows[i].subtree, rows[i].pid,
+					      rows[i].comm, rows[i].same_names};
 			rows[i].path = rows[i].comm = NULL;
 		}
 		free(after);

@@ -195,7 +195,7 @@ Test(blobs, put_dedup_usage_gc, .init = setup, .fini = teardown)
 Test(snapshot, first_is_base_then_incremental, .init = setup, .fini = teardown)
 {
 	struct cb_diff ch = {0};
-	struct cb_dirty d[] = {{"src/a.c", 0, 42, "vim"}, {"new.txt", 0, 43, "touch"}};
+	struct cb_dirty d[] = {{"src/a.c", 0, 42, "vim", 0}, {"new.txt", 0, 43, "touch", 0}};
 	struct cb_entry e = {0};
 
 	snap(1, NULL, 0);
@@ -295,7 +295,7 @@ Test(snapshot, first_hash_reports_progress, .init = setup, .fini = teardown)
 
 Test(rollback, refuses_base_content_that_changed, .init = setup, .fini = teardown)
 {
-	struct cb_dirty d[] = {{"README", 0, 0, NULL}};
+	struct cb_dirty d[] = {{"README", 0, 0, NULL, 0}};
 	long long touched;
 
 	snap(1, NULL, 0);
@@ -329,7 +329,7 @@ Test(rollback, refuses_base_content_that_changed, .init = setup, .fini = teardow
  * rollback may follow it (the daemon is root and the link is the sandboxed program's). */
 Test(rollback, never_follows_a_planted_symlink, .init = setup, .fini = teardown)
 {
-	struct cb_dirty d[] = {{"esc", 0, 0, NULL}, {"esc/s.txt", 0, 0, NULL}};
+	struct cb_dirty d[] = {{"esc", 0, 0, NULL, 0}, {"esc/s.txt", 0, 0, NULL, 0}};
 	char p[600], outside[400];
 	static char map[65536], now[65536];
 	long long touched;
@@ -383,9 +383,9 @@ Test(rollback, never_follows_a_planted_symlink, .init = setup, .fini = teardown)
 }
 
 static struct cb_dirty all_dirty[] = {
-    {"src", 1, 1, "mv"},	  {"lib", 1, 1, "mv"},	{"README", 0, 2, "rm"},
-    {"docs/x.md", 0, 3, "chmod"}, {"link", 0, 4, "ln"}, {"docs/y.md", 0, 5, "sh"},
-    {"empty", 0, 6, "mkdir"},
+    {"src", 1, 1, "mv", 0},	     {"lib", 1, 1, "mv", 0},  {"README", 0, 2, "rm", 0},
+    {"docs/x.md", 0, 3, "chmod", 0}, {"link", 0, 4, "ln", 0}, {"docs/y.md", 0, 5, "sh", 0},
+    {"empty", 0, 6, "mkdir", 0},
 };
 
 /* A turn with every kind of change: dir rename, delete, chmod, symlink, type change. */
@@ -451,9 +451,9 @@ Test(rollback, back_and_forth, .init = setup, .fini = teardown)
 	cr_assert_neq(lstat(p, &st), 0);
 	/* the rollback is a turn of its own; then forward to 2 again */
 	{
-		struct cb_dirty rd[] = {{"src", 1, 0, NULL},	{"lib", 1, 0, NULL},
-					{"README", 0, 0, NULL}, {"docs", 1, 0, NULL},
-					{"link", 0, 0, NULL},	{"empty", 0, 0, NULL}};
+		struct cb_dirty rd[] = {{"src", 1, 0, NULL, 0},	   {"lib", 1, 0, NULL, 0},
+					{"README", 0, 0, NULL, 0}, {"docs", 1, 0, NULL, 0},
+					{"link", 0, 0, NULL, 0},   {"empty", 0, 0, NULL, 0}};
 
 		cr_assert_eq(cb_ws_snapshot(T, 3, rd, 6, "rollback to 1", NULL), 0, "%s",
 			     cb_error_message());
@@ -473,7 +473,7 @@ Test(rollback, back_and_forth, .init = setup, .fini = teardown)
 
 Test(prune, folds_and_frees, .init = setup, .fini = teardown)
 {
-	struct cb_dirty d[] = {{"src/a.c", 0, 0, NULL}};
+	struct cb_dirty d[] = {{"src/a.c", 0, 0, NULL, 0}};
 	struct cb_diff diff = {0};
 	long long dropped, freed, count, bytes, touched;
 	int bfd = open(blobs, O_RDONLY | O_DIRECTORY);

@@ -167,7 +167,8 @@ static long long stat_ctime_ns(const struct stat *st)
  * 0 if there is no such path (out absent), -errno. Files get no hash here. Everything comes
  * from one O_PATH descriptor of what is at path at that moment, so a path swapped for
  * another type meanwhile gives the entry of one of them, never the stat of one and the
- * readlink of the other. *fdp (if not NULL) keeps that descriptor open for a file, else -1. */
+ * readlink of the other. *fdp (if not NULL) keeps that descriptor open for a file, a
+ * directory or a symlink, else -1. */
 static int entry_read(int dirfd, const char *path, struct stat *st, struct cb_entry *out, int *fdp)
 {
 	const char *name;
@@ -194,17 +195,13 @@ static int entry_read(int dirfd, const char *path, struct stat *st, struct cb_en
 		goto out;
 	}
 	out->mode = st->st_mode & 07777;
+	out->mtime_ns = stat_mtime_ns(st);
+	out->has_mtime = 1;
 	if (S_ISDIR(st->st_mode)) {
 		out->type = CB_ENTRY_DIR;
 	} else if (S_ISREG(st->st_mode)) {
 		out->type = CB_ENTRY_FILE;
 		out->size = st->st_size;
-		out->mtime_ns = stat_mtime_ns(st);
-		out->has_mtime = 1;
-		if (fdp) {
-			*fdp = fd;
-			fd = -1;
-		}
 	} else if (S_ISLNK(st->st_mode)) {
 		char buf[4096];
 		struct cb_hash h;
@@ -229,6 +226,12 @@ static int entry_read(int dirfd, const char *path, struct stat *st, struct cb_en
 		memcpy(out->xxh3, h.xxh3, CB_XXH128_LEN);
 	}
 	/* Sockets, fifos and devices are not part of a turn: they stay ABSENT. */
+	if (out->type == CB_ENTRY_ABSENT)
+		out->has_mtime = 0;
+	else if (fdp) {
+		*fdp = fd;
+		fd = -1;
+	}
 out:
 	if (fd >= 0)
 		close(fd);
@@ -500,12 +503,21 @@ int ws_live_entry(struct cb_turns *t, const char *path, int keep_blob, struct cb
 	cb_entry_clear(out);
 	for (int tries = 0; tries < 3; tries++) {
 		ret = entry_read(t->root_fd, path, &st, out, &fd);
-		if (ret <= 0 || out->type != CB_ENTRY_FILE)
+		if (ret <= 0 || out->type == CB_ENTRY_ABSENT)
 			return ret < 0 ? ret : 0;
-		/* Owner and xattrs go with the content; the time is the hash's (live_hash). */
+		/* one of several names of an inode: ws_snap_links finds the others by it */
+		if (out->type == CB_ENTRY_FILE && st.st_nlink > 1) {
+			out->nlink = (unsigned long)st.st_nlink;
+			out->ino = (long long)st.st_ino;
+		}
+		/* Owner and xattrs go with the content; a file's time is the hash's (live_hash),
+		 * a directory's or symlink's the stat's. */
 		ret = ws_meta_read(fd, &st, path, out);
-		if (ret) {
-			close(fd);
+		if (ret || out->type != CB_ENTRY_FILE) {
+			if (fd >= 0)
+				close(fd);
+			if (!ret)
+				return 0;
 			if (!cb_beneath_gone(ret))
 				return ret;
 			cb_entry_clear(out);
@@ -641,9 +653,24 @@ static int expand_old(const struct cb_entry *e, void *arg)
 
 int ws_dirty_add_own(const struct cb_dirty *d, const struct ws_sink *sink)
 {
+	const char *slash;
+	char *parent;
+	int ret;
+
 	if (!d->path[0] || !strcmp(d->path, ".") || ws_is_tmp_name(d->path))
 		return 0;
-	return sink->add(sink->arg, d->path, d->pid, d->comm);
+	ret = sink->add(sink->arg, d->path, d->pid, d->comm);
+	/* A name made, removed or moved in a directory changes the directory's time, which
+	 * the turn keeps: the parent is looked at too, credited to nobody (its own row, if
+	 * any, keeps its credit; one whose time alone moved is a row without an event). A
+	 * write or a change of metadata moves no directory's time. */
+	if (ret || d->same_names || !(slash = strrchr(d->path, '/')))
+		return ret;
+	if (!(parent = strndup(d->path, (size_t)(slash - d->path))))
+		return cb_error_set(ENOMEM, "%s: out of memory", d->path);
+	ret = sink->add(sink->arg, parent, 0, NULL);
+	free(parent);
+	return ret;
 }
 
 int ws_dirty_expand_below(struct cb_turns *t, const struct cb_dirty *d, const struct ws_sink *sink)

@@ -67,7 +67,7 @@ void ws_known_clear(struct cb_turns *t);
  * see what the kernel's writeback cache still holds (a hole there may be data). */
 int ws_holes_trusted(int fd);
 
-/* ws/meta.c: the metadata a turn keeps of a regular file besides its content. */
+/* ws/meta.c: the metadata a turn keeps of a file, directory or symlink besides its content. */
 
 /* Fill out's owner (as the sandbox sees it: kept only for ids of a workspace range) from st
  * and its kept xattrs (user.*, the POSIX ACL with its named ids made the sandbox's) from the
@@ -77,9 +77,19 @@ int ws_meta_read(int fd, const struct stat *st, const char *path, struct cb_entr
 /* Give dst (a regular file open for writing, its content restored from e) e's recorded
  * owner in the id range at id_base (< 0: unknown, left as it is). */
 int ws_restore_owner(int dst, const struct cb_entry *e, long long id_base);
-/* Set e's recorded xattrs on dst; an ACL's named ids become ids of the range at id_base
- * (< 0: as recorded); acl 0 leaves the ACL out. -EBADMSG when the record is damaged. */
-int ws_restore_xattrs(int dst, const struct cb_entry *e, long long id_base, int acl);
+/* Set e's recorded xattrs on dst (any descriptor, O_PATH too); an ACL's named ids become ids
+ * of the range at id_base (< 0: as recorded); acl 0 leaves the ACL out. prune: first remove
+ * the kept xattrs dst has and e did not record. -EBADMSG when the record is damaged. */
+int ws_restore_xattrs(int dst, const struct cb_entry *e, long long id_base, int acl, int prune);
+/* Give the entry at e->path beneath root (its content, target or directory already e's)
+ * e's recorded owner (in the range at id_base; < 0: left), its mode (not a symlink's: under
+ * setid), its kept xattrs (pruned as above) and, with time, its modification time. Nothing
+ * on the way nor the entry itself is followed. 0 or -errno naming e's path. */
+int ws_restore_meta_at(int root, const struct cb_entry *e, long long id_base, int acl,
+		       const struct cb_beneath_setid *setid, int time);
+/* Only the modification time e recorded (none: left as it is), of the entry at e->path
+ * itself: a directory's after everything in it was written. */
+int ws_restore_time_at(int root, const struct cb_entry *e);
 /* Give dst the modification time e recorded; without one, that of src (the base file it was
  * copied from, >= 0), else leave it. The access time is left as it is. 0 or -errno naming
  * e's path. */
@@ -110,6 +120,20 @@ int ws_pathset_add(struct ws_pathset *s, const char *path, pid_t pid, const char
 void ws_pathset_sort(struct ws_pathset *s);
 /* Free the copies and the array and leave the set empty, ready for reuse. */
 void ws_pathset_free(struct ws_pathset *s);
+
+/* ws/links.c: hard links between the files of a turn. */
+
+/* The snapshot's last look at what it kept (turn being recorded): every examined file with
+ * more than one name gets its inode's group id (that of its unexamined names, found by the
+ * group it had and by its inode, else a new one), and one no longer linked none; a new
+ * group is a row of the turn. */
+int ws_snap_links(struct cb_turns *t, struct cb_db_scratch *s, long long turn);
+/* Add to out (sorted) every path whose entry at turn is a file of group key. */
+int ws_link_group(struct cb_turns *t, long long turn, const char *key, struct ws_pathset *out);
+/* Make to (a new name) a hard link of from, both beneath root, nothing followed. */
+int ws_link_at(int root, const char *from, const char *to);
+/* 1 if a and b beneath root are the same inode now (either missing: 0). */
+int ws_same_inode(int root, const char *a, const char *b);
 
 /* Turn 0's entry for path (absent if the base had none): the frozen base map once the first
  * snapshot recorded it, else what the base holds now. */
@@ -216,5 +240,12 @@ int ws_turn_check(struct cb_turns *t, long long turn);
 
 /* Append an event for old -> new (nothing if they are the same). */
 int ws_diff_add(struct cb_diff *d, const struct cb_entry *old, const struct cb_entry *new);
+/* The same, and also an event (kind CB_DIFF_MODE_CHANGED) when they are the same but old
+ * recorded metadata that new lacks or has otherwise (cb_entry_meta_moved): what a restore
+ * to old must give back. */
+int ws_diff_add_meta(struct cb_diff *d, const struct cb_entry *old, const struct cb_entry *new);
+/* cb_ws_diff, with_meta: through ws_diff_add_meta (for a rollback). */
+int ws_diff_run(struct cb_turns *t, long long a, long long b, const struct cb_dirty *dirty,
+		size_t n, int with_meta, struct cb_diff *out);
 
 #endif

@@ -30,20 +30,30 @@ struct cb_entry {
 	char *target;			     /* symlinks: where it points; else NULL */
 	pid_t pid;			     /* journal attribution of the change, 0 if unknown */
 	char *comm;			     /* its command name, NULL if unknown */
-	/* Regular files only, the metadata a turn keeps besides the content (docs/turns.md),
-	 * which rollback, fork and apply give back; none of it is part of cb_entry_same (no
-	 * diff event). The modification time in ns since the epoch (has_mtime 0: none
-	 * recorded: a base entry, whose time is the base file's own, or an older row). */
+	/* The metadata a turn keeps of a file, directory or symlink besides its content
+	 * (docs/turns.md), which rollback, fork and apply give back; none of it is part of
+	 * cb_entry_same (no diff event). The modification time in ns since the epoch
+	 * (has_mtime 0: none recorded: a base entry, whose time is the base's own, or an
+	 * older row). */
 	long long mtime_ns;
 	int has_mtime;
 	/* Owner and group as the sandbox sees them (ids of its own range, 0..65535); has_owner
 	 * 0: none recorded (a file owned outside the range, a base entry). */
 	int has_owner;
 	unsigned uid, gid;
-	/* The kept extended attributes (user.* and the POSIX ACL), serialized by ws/meta.c;
-	 * NULL (len 0): none. Owned like the strings. */
+	/* The kept extended attributes (user.* and the POSIX ACL) of a file or directory (a
+	 * symlink can have neither), serialized by ws/meta.c; NULL (len 0): none. Owned like
+	 * the strings. */
 	unsigned char *xattrs;
 	size_t xattrs_len;
+	/* Regular files with more than one name: the files of a turn that share a link (an
+	 * opaque group id, owned like the strings; NULL: none) are one inode, hard links of
+	 * each other, and rollback, fork and apply give them back so. ino: the inode number the
+	 * live tree showed when it was recorded (0: none), to find the group's other names;
+	 * nlink: the live link count when read from the live tree (never stored). */
+	char *link;
+	long long ino;
+	unsigned long nlink;
 };
 
 /* Free the strings an entry owns and reset it to an absent entry. */
@@ -55,9 +65,9 @@ int cb_entry_copy(struct cb_entry *dst, const struct cb_entry *src);
 /* 1 when a and b describe the same thing (type, mode, content or target), else 0. */
 int cb_entry_same(const struct cb_entry *a, const struct cb_entry *b);
 
-/* 1 when a and b are the same regular file content (cb_entry_same) whose kept metadata
- * differs (b has a time or owner that a lacks or has otherwise, or other xattrs): a change
- * a snapshot records (so a restore gives it back) but no diff event. */
+/* 1 when a and b are the same file, directory or symlink (cb_entry_same) whose kept
+ * metadata differs (b has a time or owner that a lacks or has otherwise, or other xattrs):
+ * a change a snapshot records (so a restore gives it back) but no diff event. */
 int cb_entry_meta_moved(const struct cb_entry *a, const struct cb_entry *b);
 
 /* "file", "dir", "symlink" or "absent". */
@@ -173,6 +183,17 @@ int cb_db_turns_map_id_fresh(long long *out);
  * under the previous id is answered whole next time. */
 int cb_db_turns_map_id_set(struct cb_db_turns *t, long long id);
 
+/* fn for each map entry of the hard-link group link, or recorded with inode number ino,
+ * by path. */
+int cb_db_turns_map_by_link(struct cb_db_turns *t, const char *link,
+			    int (*fn)(const struct cb_entry *, void *), void *arg);
+int cb_db_turns_map_by_ino(struct cb_db_turns *t, long long ino,
+			   int (*fn)(const struct cb_entry *, void *), void *arg);
+/* Each path a delta row up to turn recorded in the hard-link group link, sorted (whether the
+ * path is still in it at turn is its newest row's to say). */
+int cb_db_turns_link_paths(struct cb_db_turns *t, const char *link, long long turn,
+			   int (*fn)(const char *path, void *), void *arg);
+
 /* Fold every turn before keep_from into keep_from and forget them. */
 int cb_db_turns_prune(struct cb_db_turns *t, long long keep_from);
 /* 1 if some remaining turn or the map needs the blob with this xxh3, else 0. */
@@ -258,6 +279,7 @@ struct cb_scratch_row {
 	int subtree;
 	pid_t pid;
 	char *comm;
+	int same_names; /* as cb_dirty's (cowbox/turns.h): no row made, removed or moved a name */
 };
 
 /* Create (empty) the scratch tables on t's connection; close drops them. */
@@ -303,6 +325,15 @@ int cb_db_scratch_res_type(struct cb_db_scratch *s, const char *path, int *type)
 int cb_db_scratch_record(struct cb_db_scratch *s, long long turn, long long *nchanged);
 /* How many kept entries a turn would record (a changed time included): *n. 0 or -errno. */
 int cb_db_scratch_changed_count(struct cb_db_scratch *s, long long *n);
+/* fn(now, o_link, arg) for each kept entry that is a file with more than one name (its
+ * ino set) or was one of a hard-link group before (o_link, else NULL), in path order. */
+int cb_db_scratch_linked(struct cb_db_scratch *s,
+			 int (*fn)(const struct cb_entry *now, const char *o_link, void *),
+			 void *arg);
+/* Give the kept entry of path the hard-link group link (NULL: none); a group other than the
+ * one it had before is a change of its metadata (a row, no event). */
+int cb_db_scratch_set_link(struct cb_db_scratch *s, const char *path, const char *link);
+
 /* fn(old, now) for each changed entry in path order (strings borrowed for the call). */
 int cb_db_scratch_changes(struct cb_db_scratch *s,
 			  int (*fn)(const struct cb_entry *old, const struct cb_entry *now, void *),

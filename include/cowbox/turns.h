@@ -117,6 +117,9 @@ struct cb_dirty {
 	int subtree; /* everything below it changed too */
 	pid_t pid;
 	const char *comm;
+	/* 1: its rows only wrote the content or changed metadata, so its directory's time did
+	 * not move (the directory is not looked at for it); 0: unknown, or a name changed. */
+	int same_names;
 };
 
 enum cb_diff_kind {

@@ -454,6 +454,30 @@ class QuotaAccountingTest(CowboxTestCase):
         self.mount(self.ref)
         self.assertEqual(self.used(), now)
 
+    def test_base_xattrs_count_once_copied_up(self):
+        value = b"b" * 3000
+        base = self.make_base({"f.txt": "f\n", "d/in.txt": "i\n"})
+        for rel in ("f.txt", "d"):
+            os.setxattr(os.path.join(base, rel), "user.big", value)
+        ref = self.cowbox("create", "--base", base, "--name", "qb", "--disk-mb", "4").stdout
+        ref = ref.strip()
+        self.mount(ref)
+        mnt = self.mountpoint(ref)
+
+        def used():
+            return self.cowbox_json("info", ref)["limits"]["disk_used_bytes"]
+
+        before = used()
+        os.chmod(os.path.join(mnt, "f.txt"), 0o600)  # a copy-up of the file
+        with open(os.path.join(mnt, "d", "new.txt"), "w"):  # of its directory
+            pass
+        now = used()
+        self.assertGreaterEqual(now - before, 2 * (len("user.big") + len(value)))
+        # the count the next mount's walk makes is the same: nothing was left out
+        self.cowbox("umount", ref)
+        self.mount(ref)
+        self.assertEqual(used(), now)
+
     def test_truncate_past_the_largest_file_is_efbig(self):
         path = os.path.join(self.mnt, "far")
         open(path, "w").close()

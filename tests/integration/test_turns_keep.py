@@ -1,9 +1,12 @@
 """Nothing unrecorded is lost by a rollback: the open turn's changes (edits, deletes, renames,
 a new directory) become a turn of their own first, and rolling back to it gives back every
-byte; an empty open turn records nothing. Turns keep files' modification times: rollback and
-fork give them back (nanoseconds), so make in a fork rebuilds only what changed."""
+byte; an empty open turn records nothing. Turns keep the metadata of files, directories and
+symlinks (modification times to the nanosecond, modes, owners, xattrs) and hard links between
+files: rollback, fork and apply give them back, so make in a fork rebuilds only what
+changed."""
 
 import os
+import shutil
 import sqlite3
 import stat
 import unittest
@@ -250,6 +253,190 @@ class TurnOwnersXattrsTest(CowboxTestCase):
         self.cowbox_json("rollback", "w", str(t1))
         self.assertEqual(meta_state(mnt), state)
         self.assertEqual(self.acl(ref), acl)
+
+
+def full_state(root, owners=True):
+    """{path: lstat's kind, mode, mtime_ns, owner (sandbox ids; None without owners), user.*
+    xattrs, and the sha256 of a file or the target of a symlink}, directories and symlinks
+    included."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            full = os.path.join(dirpath, name)
+            st = os.lstat(full)
+            kind = stat.S_IFMT(st.st_mode)
+            owner = (st.st_uid % 65536, st.st_gid % 65536) if owners else None
+            if stat.S_ISLNK(st.st_mode):
+                what, attrs = os.readlink(full), {}
+            else:
+                what = sha256_file(full) if stat.S_ISREG(st.st_mode) else None
+                attrs = xattrs(full)
+            out[os.path.relpath(full, root)] = (kind, stat.S_IMODE(st.st_mode),
+                                                st.st_mtime_ns, owner, attrs, what)
+    return out
+
+
+class TurnDirsSymlinksTest(CowboxTestCase):
+    """Directories and symlinks keep their metadata as files do: mtime (a directory's after
+    everything in it was written), mode, owner, xattrs; rollback, fork and apply give it
+    back."""
+
+    T2020 = 1577836800 * 10**9 + 123456789
+
+    def setUp(self):
+        super().setUp()
+        self.base = self.make_base({"README": "hi\n", "src/a.c": "int a;\n",
+                                    "docs/x.md": "x\n", "keep/k.txt": "k\n"})
+        self.ref = self.create(self.base, "w")
+        self.mount(self.ref)
+        self.mnt = self.mountpoint(self.ref)
+
+    def p(self, rel, root=None):
+        return os.path.join(root or self.mnt, rel)
+
+    def sh(self, ref, script):
+        return self.cowbox("exec", ref, "--", "sh", "-c", "cd /workspace && " + script).stdout
+
+    def acls(self, ref):
+        return self.sh(ref, "getfacl -n new/deep src | grep -v '^#'")
+
+    def test_fork_rollback_and_apply_give_back_dirs_and_symlinks(self):
+        t = self.T2020
+        os.makedirs(self.p("new/deep"))
+        with open(self.p("new/deep/f.txt"), "w") as f:
+            f.write("f\n")
+        os.symlink("deep/f.txt", self.p("new/link"))
+        os.symlink("../README", self.p("src/up"))
+        with open(self.p("docs/y.md"), "w") as f:  # docs' own time moves, nobody sets it
+            f.write("y\n")
+        self.sh(self.ref, "chown 1000:2000 new/deep && chown -h 1001:1002 new/link && "
+                "chmod 750 new/deep && chmod 711 src && setfacl -m u:1234:rx new/deep")
+        os.setxattr(self.p("new/deep"), "user.dir", b"a dir\0value")
+        os.setxattr(self.p("src"), "user.base", b"on a base dir")
+        os.utime(self.p("new/deep/f.txt"), ns=(t, t + 1))
+        os.utime(self.p("new/link"), ns=(t, t + 2), follow_symlinks=False)
+        os.utime(self.p("src/up"), ns=(t, t + 3), follow_symlinks=False)
+        os.utime(self.p("new/deep"), ns=(t, t + 4))
+        os.utime(self.p("new"), ns=(t, t + 5))
+        os.utime(self.p("src"), ns=(t, t + 6))
+        t1 = self.cowbox_json("snapshot", "w")["turn"]
+        state, acls = full_state(self.mnt), self.acls(self.ref)
+        self.assertEqual(state["new/deep"][2], t + 4)
+        self.assertEqual(state["new/link"][2:4], (t + 2, (1001, 1002)))
+        self.assertEqual(state["new/deep"][1:5],
+                         (0o750, t + 4, (1000, 2000), {"user.dir": b"a dir\0value"}))
+        self.assertIn("user:1234:r-x", acls)
+
+        fork = self.cowbox_json("fork", "w", str(t1), "--name", "f")["ref"]
+        self.mount(fork)
+        self.assertEqual(full_state(self.mountpoint(fork)), state)
+        self.assertEqual(self.acls(fork), acls)
+
+        # everything moved again: times, modes, owners, xattrs, a name made in a directory
+        with open(self.p("new/deep/g.txt"), "w") as f:
+            f.write("g\n")
+        os.unlink(self.p("src/up"))
+        os.symlink("../README", self.p("src/up"))
+        os.utime(self.p("new/link"), ns=(t + 99, t + 99), follow_symlinks=False)
+        os.utime(self.p("new"), ns=(t + 99, t + 99))
+        os.removexattr(self.p("new/deep"), "user.dir")
+        os.setxattr(self.p("new/deep"), "user.later", b"x")
+        os.setxattr(self.p("src"), "user.base", b"changed")
+        self.sh(self.ref, "chown 0:0 new/deep && chown -h 0:0 new/link && chmod 755 src && "
+                "setfacl -b new/deep && chmod 700 new")
+        self.cowbox_json("snapshot", "w")
+        self.cowbox_json("rollback", "w", str(t1))
+        self.assertEqual(full_state(self.mnt), state)
+        self.assertEqual(self.acls(self.ref), acls)
+
+        # apply onto a copy of the base: times, modes and user.* xattrs (no owners)
+        dst = os.path.join(self.tmp, "dst")
+        shutil.copytree(self.base, dst, symlinks=True)
+        for name in ("docs", "src", "keep"):  # the base's own times, as the mount shows
+            st = os.stat(os.path.join(self.base, name))
+            os.utime(os.path.join(dst, name), ns=(st.st_atime_ns, st.st_mtime_ns))
+        self.cowbox_json("apply", "w", "--turn", str(t1), "--to", dst)
+        self.maxDiff = None
+        self.assertEqual(full_state(dst, owners=False), full_state(self.mnt, owners=False))
+
+
+
+def link_groups(root):
+    """The sets of names (relative) of each file with more than one, and their link counts."""
+    inodes = {}
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            st = os.lstat(full)
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                inodes.setdefault((st.st_dev, st.st_ino), []).append(
+                    (os.path.relpath(full, root), st.st_nlink))
+    return sorted((sorted(p for p, _ in names), sorted(n for _, n in names))
+                  for names in inodes.values())
+
+
+class TurnHardLinksTest(CowboxTestCase):
+    """Files that are hard links of each other in a turn come back as one inode."""
+
+    T2020 = 1577836800 * 10**9
+
+    def test_fork_rollback_and_apply_keep_hard_links(self):
+        base = self.make_base({"README": "hi\n", "src/a.c": "int a;\n"})
+        ref = self.create(base, "w")
+        self.mount(ref)
+        mnt = self.mountpoint(ref)
+        p = lambda rel: os.path.join(mnt, rel)  # noqa: E731
+        os.makedirs(p("new"))
+        os.makedirs(p("other"))
+        with open(p("new/h1"), "w") as f:
+            f.write("shared\n")
+        os.link(p("new/h1"), p("new/h2"))
+        os.link(p("new/h1"), p("other/h3"))
+        os.link(p("src/a.c"), p("src/a2.c"))  # a base file gets a second name
+        os.setxattr(p("new/h1"), "user.k", b"v")
+        os.utime(p("new/h2"), ns=(self.T2020, self.T2020))
+        os.utime(p("src/a2.c"), ns=(self.T2020, self.T2020 + 7))
+        for d in ("new", "other", "src"):
+            os.utime(p(d), ns=(self.T2020, self.T2020 + 1))
+        t1 = self.cowbox_json("snapshot", "w")["turn"]
+        state, groups = full_state(mnt), link_groups(mnt)
+        self.assertEqual(groups, [(["new/h1", "new/h2", "other/h3"], [3, 3, 3]),
+                                  (["src/a.c", "src/a2.c"], [2, 2])])
+
+        fork = self.cowbox_json("fork", "w", str(t1), "--name", "f")["ref"]
+        self.mount(fork)
+        self.assertEqual(link_groups(self.mountpoint(fork)), groups)
+        self.assertEqual(full_state(self.mountpoint(fork)), state)
+
+        # the links broken every way: a name replaced, one copied over, the content rewritten
+        os.unlink(p("new/h2"))
+        with open(p("new/h2"), "w") as f:
+            f.write("alone\n")
+        shutil.copy2(p("other/h3"), p("other/h3.tmp"))
+        os.rename(p("other/h3.tmp"), p("other/h3"))
+        os.unlink(p("src/a2.c"))
+        with open(p("src/a.c"), "w") as f:
+            f.write("int a = 2;\n")
+        self.cowbox_json("snapshot", "w")
+        self.assertEqual(link_groups(mnt), [])
+        self.cowbox_json("rollback", "w", str(t1))
+        self.assertEqual(link_groups(mnt), groups)
+        self.assertEqual(full_state(mnt), state)
+
+        # a later snapshot of a group left alone keeps it; one name moved keeps its group
+        os.rename(p("other/h3"), p("h3"))
+        t3 = self.cowbox_json("snapshot", "w")["turn"]
+        moved = link_groups(mnt)
+        self.assertEqual(moved[0][0], ["h3", "new/h1", "new/h2"])
+        os.unlink(p("new/h1"))
+        self.cowbox_json("rollback", "w", str(t3))
+        self.assertEqual(link_groups(mnt), moved)
+
+        # apply onto a copy of the base: the same groups
+        dst = os.path.join(self.tmp, "dst")
+        shutil.copytree(base, dst, symlinks=True)
+        self.cowbox_json("apply", "w", "--turn", str(t1), "--to", dst)
+        self.assertEqual(link_groups(dst), groups)
 
 
 MAKEFILE = """\

@@ -235,9 +235,11 @@ int cb_ws_apply_sweep(const char *ws_dir, int (*fn)(const char *path, void *arg)
 	len = fread(buf, 1, (size_t)st.st_size, f);
 	nl = memchr(buf, '\n', len);
 	/* A run still going (fsck beside a live daemon, or on a thread of this one) keeps its
-	 * list and its files: a run that ended removed its list itself. */
+	 * list and its files: a run that ended removed its list itself. A daemon killed -9 that
+	 * no one has reaped yet (PID 1 here reaps nothing) is a zombie kill(pid, 0) still finds:
+	 * it writes no more, so it counts as gone. */
 	if (!nl || sscanf(buf, "%d\t", &pid) != 1 ||
-	    (pid > 0 && (pid == getpid() || kill(pid, 0) == 0 || errno != ESRCH)))
+	    (pid > 0 && (pid == getpid() || cb_ws_pid_serving(pid))))
 		goto out;
 	*nl = '\0';
 	target = strchr(buf, '\t');

@@ -435,32 +435,6 @@ void cb_ws_delete_unpublished(const char *dir)
 	ws_delete_tree(dir);
 }
 
-/* 1 if the builder pid of a staging directory is gone: no such process, or one that is dead
- * already and only waits to be reaped (a zombie answers kill(pid, 0) like a live one: a daemon
- * killed with -9 whose parent has not waited for it yet). */
-static int unpublished_owner_dead(int pid)
-{
-	char path[64], buf[512], *paren;
-	ssize_t n;
-	int fd;
-
-	if (kill(pid, 0) < 0)
-		return errno == ESRCH;
-	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return errno == ENOENT;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return 0;
-	buf[n] = '\0';
-	/* "pid (comm) S ...": the command name may hold anything, so the state follows the last
-	 * ')' */
-	paren = strrchr(buf, ')');
-	return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
-}
-
 int cb_ws_sweep_unpublished(int (*fn)(const char *path, void *arg), void *arg)
 {
 	char *home = NULL, *dir = NULL, *path = NULL;
@@ -476,7 +450,7 @@ int cb_ws_sweep_unpublished(int (*fn)(const char *path, void *arg), void *arg)
 
 		if (strncmp(de->d_name, WS_UNPUBLISHED, strlen(WS_UNPUBLISHED)) ||
 		    sscanf(de->d_name + strlen(WS_UNPUBLISHED), "%d-", &pid) != 1 || pid <= 0 ||
-		    !unpublished_owner_dead(pid))
+		    cb_ws_pid_serving(pid))
 			continue;
 		if (!ws_pathf(&path, "%s/%s", dir, de->d_name)) {
 			ws_delete_tree(path);

@@ -328,7 +328,7 @@ class MergeTest(CowboxTestCase):
         self.write("main", "uncommitted.txt", "not in a turn, not touched by the merge\n")
         before = self.tree(self.mnt("main"))
         self.cowbox("umount", "main")
-        self.env["COWBOX_TEST_MERGE_STALL"] = "0.4"
+        self.env["COWBOX_TEST_MERGE_STALL"] = "1.0"  # 4 s left after k1: a loaded machine polls late
         self.mount(self.ref)
         pid = self.daemon_pid(self.ref)
         merging = subprocess.Popen([COWBOX, "merge", "main", "k"], env=self.env,

@@ -165,6 +165,7 @@ int cb_db_open(const char *path, struct cb_db **out)
 	cb_mutex_init(&db->queue_lock, NULL);
 	db->log_fd = -1;
 	db->turn = 1;
+	db->links_any = -1;
 	if (!db->path) {
 		rc = cb_error_set(ENOMEM, "database %s: out of memory", path);
 		goto fail;

@@ -89,8 +89,9 @@ int cb_links_names(struct cb_db *db, unsigned long long ino,
 
 	cb_mutex_lock(&db->sql_lock);
 	if (links_any(db))
-		rc = links_run(db, "SELECT ino, path FROM link_names WHERE ino = :ino", ino, NULL,
-			       NULL, fn, arg, "read link names");
+		rc =
+		    links_run(db, "SELECT ino, path FROM link_names WHERE ino = :ino ORDER BY path",
+			      ino, NULL, NULL, fn, arg, "read link names");
 	cb_mutex_unlock(&db->sql_lock);
 	return rc;
 }

@@ -224,6 +224,8 @@ void cb_db_close(struct cb_db *db)
 	cb_journal_fini(db);
 	sqlite3_finalize(db->st_meta_get);
 	sqlite3_finalize(db->st_meta_set);
+	sqlite3_finalize(db->st_links_below);
+	sqlite3_finalize(db->st_links_names);
 	/* sqlite3_close_v2 checkpoints the WAL when this is the last connection. */
 	sqlite3_close_v2(db->sql);
 	cb_mutex_destroy(&db->queue_lock);

@@ -12,18 +12,25 @@
 /* Rows are hints, never trusted: a reader checks that a path still names the inode, so a
  * stale row (an unlink, a rename's source) costs a stat and a missing one a missed mark. */
 
-/* Runs sql with ino (if ino_pos) and the text parameters; for each row, fn(path, arg).
- * Caller holds sql_lock. */
-static int links_run(struct cb_db *db, const char *sql, unsigned long long ino, const char *a,
-		     const char *b, int (*fn)(unsigned long long ino, const char *path, void *arg),
-		     void *arg, const char *what)
+/* Runs sql with its parameters :ino, :a, :b; for each row (ino, path), fn. A statement run
+ * on every rename or first write is kept in *keep (the handle's), the rest prepared each
+ * time. Caller holds sql_lock. */
+static int links_run(struct cb_db *db, sqlite3_stmt **keep, const char *sql, unsigned long long ino,
+		     const char *a, const char *b,
+		     int (*fn)(unsigned long long ino, const char *path, void *arg), void *arg,
+		     const char *what)
 {
-	sqlite3_stmt *st = NULL;
-	int rc = sqlite3_prepare_v2(db->sql, sql, -1, &st, NULL);
+	sqlite3_stmt *st = keep ? *keep : NULL;
+	int rc = SQLITE_OK;
 
 	CB_ASSERT_HELD(&db->sql_lock);
+	if (!st)
+		rc = sqlite3_prepare_v3(db->sql, sql, -1, keep ? SQLITE_PREPARE_PERSISTENT : 0, &st,
+					NULL);
 	if (rc != SQLITE_OK)
 		return cb_db_error(db, rc, what);
+	if (keep)
+		*keep = st;
 	for (int i = 1; i <= sqlite3_bind_parameter_count(st); i++) {
 		const char *name = sqlite3_bind_parameter_name(st, i);
 
@@ -40,12 +47,18 @@ static int links_run(struct cb_db *db, const char *sql, unsigned long long ino, 
 			      : 0;
 
 		if (stop) {
-			sqlite3_finalize(st);
-			return stop;
+			rc = stop;
+			goto out;
 		}
 	}
 	rc = rc == SQLITE_DONE ? 0 : cb_db_error(db, rc, what);
-	sqlite3_finalize(st);
+out:
+	if (keep) {
+		sqlite3_reset(st);
+		sqlite3_clear_bindings(st);
+	} else {
+		sqlite3_finalize(st);
+	}
 	return rc;
 }
 
@@ -63,8 +76,8 @@ static int links_any(struct cb_db *db)
 {
 	int any = 0;
 
-	if (db->links_any < 0 && !links_run(db, "SELECT ino, path FROM link_names LIMIT 1", 0, NULL,
-					    NULL, links_found, &any, "link names"))
+	if (db->links_any < 0 && !links_run(db, NULL, "SELECT ino, path FROM link_names LIMIT 1", 0,
+					    NULL, NULL, links_found, &any, "link names"))
 		db->links_any = any;
 	return db->links_any != 0; /* unknown (a failed read): asked */
 }
@@ -74,8 +87,8 @@ int cb_links_add(struct cb_db *db, unsigned long long ino, const char *path)
 	int rc;
 
 	cb_mutex_lock(&db->sql_lock);
-	rc = links_run(db, "INSERT OR IGNORE INTO link_names (ino, path) VALUES (:ino, :a)", ino,
-		       path, NULL, NULL, NULL, "record a link name");
+	rc = links_run(db, NULL, "INSERT OR IGNORE INTO link_names (ino, path) VALUES (:ino, :a)",
+		       ino, path, NULL, NULL, NULL, "record a link name");
 	if (!rc)
 		db->links_any = 1;
 	cb_mutex_unlock(&db->sql_lock);
@@ -89,9 +102,9 @@ int cb_links_names(struct cb_db *db, unsigned long long ino,
 
 	cb_mutex_lock(&db->sql_lock);
 	if (links_any(db))
-		rc =
-		    links_run(db, "SELECT ino, path FROM link_names WHERE ino = :ino ORDER BY path",
-			      ino, NULL, NULL, fn, arg, "read link names");
+		rc = links_run(db, &db->st_links_names,
+			       "SELECT ino, path FROM link_names WHERE ino = :ino ORDER BY path",
+			       ino, NULL, NULL, fn, arg, "read link names");
 	cb_mutex_unlock(&db->sql_lock);
 	return rc;
 }
@@ -102,8 +115,8 @@ int cb_links_forget(struct cb_db *db, unsigned long long ino, const char *path)
 
 	cb_mutex_lock(&db->sql_lock);
 	if (links_any(db))
-		rc = links_run(db, "DELETE FROM link_names WHERE ino = :ino AND path = :a", ino,
-			       path, NULL, NULL, NULL, "forget a link name");
+		rc = links_run(db, NULL, "DELETE FROM link_names WHERE ino = :ino AND path = :a",
+			       ino, path, NULL, NULL, NULL, "forget a link name");
 	cb_mutex_unlock(&db->sql_lock);
 	return rc;
 }
@@ -113,18 +126,23 @@ int cb_links_forget(struct cb_db *db, unsigned long long ino, const char *path)
 
 int cb_links_rename(struct cb_db *db, const char *from, const char *to)
 {
-	int rc = 0;
+	int rc = 0, below = 0;
 
 	cb_mutex_lock(&db->sql_lock);
+	/* asked first: most renames have no row below them, and a read takes no write lock */
+	if (links_any(db))
+		rc = links_run(db, &db->st_links_below,
+			       "SELECT ino, path FROM link_names WHERE" LINKS_BELOW " LIMIT 1", 0,
+			       from, NULL, links_found, &below, "rename link names");
 	/* substr counts characters, as length does; both cut where from's bytes end (the next
 	 * byte in path is '/', never a UTF-8 continuation byte) */
-	if (links_any(db))
-		rc = links_run(db,
+	if (!rc && below)
+		rc = links_run(db, NULL,
 			       "INSERT OR IGNORE INTO link_names (ino, path) SELECT ino, :b || "
 			       "substr(path, length(:a) + 1) FROM link_names WHERE" LINKS_BELOW,
 			       0, from, to, NULL, NULL, "rename link names");
 	cb_mutex_unlock(&db->sql_lock);
-	return rc;
+	return rc < 0 ? rc : below;
 }
 
 int cb_links_drop(struct cb_db *db, const char *path)
@@ -133,8 +151,8 @@ int cb_links_drop(struct cb_db *db, const char *path)
 
 	cb_mutex_lock(&db->sql_lock);
 	if (links_any(db))
-		rc = links_run(db, "DELETE FROM link_names WHERE" LINKS_BELOW, 0, path, NULL, NULL,
-			       NULL, "drop link names");
+		rc = links_run(db, NULL, "DELETE FROM link_names WHERE" LINKS_BELOW, 0, path, NULL,
+			       NULL, NULL, "drop link names");
 	cb_mutex_unlock(&db->sql_lock);
 	return rc;
 }

@@ -443,12 +443,13 @@ Test(journal, link_names_follow_renames_of_their_directories)
 	cr_assert_str_eq(links_of(db, 7, &l), "d.old/w|d/sub/y|d/x|dd/z");
 	/* a directory's rename copies the rows below it (and only those), the drop after it
 	 * removes the old ones */
-	cr_assert_eq(cb_links_rename(db, "d", "\xc3\xa9/n"), 0);
+	cr_assert_eq(cb_links_rename(db, "d", "\xc3\xa9/n"), 1);
+	cr_assert_eq(cb_links_rename(db, "d/none", "e"), 0); /* nothing below: nothing written */
 	cr_assert_eq(cb_links_drop(db, "d"), 0);
 	cr_assert_str_eq(links_of(db, 7, &l), "d.old/w|dd/z|\xc3\xa9/n/sub/y|\xc3\xa9/n/x");
 	cr_assert_str_eq(links_of(db, 9, &l), "\xc3\xa9/n/\xc3\xa9t\xc3\xa9");
 	/* a file's own rename */
-	cr_assert_eq(cb_links_rename(db, "dd/z", "z2"), 0);
+	cr_assert_eq(cb_links_rename(db, "dd/z", "z2"), 1);
 	cr_assert_eq(cb_links_forget(db, 7, "dd/z"), 0);
 	cr_assert_str_eq(links_of(db, 7, &l), "d.old/w|z2|\xc3\xa9/n/sub/y|\xc3\xa9/n/x");
 	cb_db_close(db);

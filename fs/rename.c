@@ -72,14 +72,19 @@ static int ov_rename_clear_target(struct cb_overlay *ov, const char *dpath)
 /* ov_rename_locked once the layer paths of both names are known. */
 /* The link names (cb_links_names) at or below the source, copied under the destination
  * before the rename (and back, for an exchange): a name must be on record before it exists,
- * or a later change through another name would miss it. */
+ * or a later change through another name would miss it. *moved: the source had some. */
 static int ov_rename_link_names(struct cb_overlay *ov, const char *spath, const char *dpath,
-				int exchange)
+				int exchange, int *moved)
 {
-	if (!ov->db)
-		return 0;
-	if (cb_links_rename(ov->db, spath, dpath) < 0 ||
-	    (exchange && cb_links_rename(ov->db, dpath, spath) < 0)) {
+	int r = 0;
+
+	*moved = 0;
+	if (ov->db && (r = cb_links_rename(ov->db, spath, dpath)) >= 0) {
+		*moved = r;
+		if (exchange)
+			r = cb_links_rename(ov->db, dpath, spath);
+	}
+	if (r < 0) {
 		fprintf(stderr, "cowbox fs: link names below %s: %s\n", spath, cb_error_message());
 		return -EIO;
 	}
@@ -94,7 +99,7 @@ static int ov_rename_at(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *
 	long long dxattrs = 0;
 	struct ov_inode *sin = NULL, *din = NULL;
 	int s_up, s_base, d_up, d_base, r = 0, stemp = 0, dtemp = 0, keep = -1, sdir, ddir = 0;
-	int exchange = (flags & RENAME_EXCHANGE) != 0;
+	int exchange = (flags & RENAME_EXCHANGE) != 0, moved = 0;
 
 	ov_locate(ov, sp, spath, &s_up, &sust, &s_base, &sbst);
 	if (!s_up && !s_base)
@@ -140,7 +145,7 @@ static int ov_rename_at(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *
 	if (r == 0)
 		r = ov_ensure_upper_dir(ov, dp);
 	if (r == 0)
-		r = ov_rename_link_names(ov, spath, dpath, exchange);
+		r = ov_rename_link_names(ov, spath, dpath, exchange, &moved);
 	if (r < 0)
 		goto out;
 	if (exchange) {
@@ -167,7 +172,7 @@ static int ov_rename_at(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *
 				goto out;
 		}
 	}
-	if (!exchange && ov->db && cb_links_drop(ov->db, spath) < 0)
+	if (!exchange && moved && cb_links_drop(ov->db, spath) < 0)
 		fprintf(stderr, "cowbox fs: link names below %s: %s\n", spath, cb_error_message());
 	if (!exchange && d_up && ddir)
 		ov_quota_gone(ov, &dust);

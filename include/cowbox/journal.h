@@ -73,7 +73,8 @@ int cb_journal_mark(struct cb_db *db, const struct cb_change *changes, size_t n)
  * names the inode. cb_links_add records one; cb_links_names calls fn (which must not use db)
  * for each of ino's; cb_links_forget drops one found stale; cb_links_rename copies the rows
  * at or below from to the same paths below to (before a rename: the rows of the new names
- * exist before the names do), cb_links_drop deletes those at or below path (after it). */
+ * exist before the names do; returns 1 if there were any, else 0), cb_links_drop deletes
+ * those at or below path (after it). */
 int cb_links_add(struct cb_db *db, unsigned long long ino, const char *path);
 int cb_links_names(struct cb_db *db, unsigned long long ino,
 		   int (*fn)(unsigned long long ino, const char *path, void *arg), void *arg);

@@ -6,8 +6,10 @@
  *     inside the fence's shared side; the only marks without a request are the turn
  *     advance's own (ov_mark_open_writers), made after it has left the fence.
  *   - an inode's write_gen or meta_gen equals ov->gen only after every name of it that has a
- *     path (a name under a removed directory has none) was marked in that turn; a failed mark
- * leaves it unchanged, so the next change tries again.
+ *     path (a name under a removed directory has none) was marked in that turn: the names
+ *     looked up, and for a multiply-linked upper file those the journal's link_names has
+ *     that still name it (the others of a name made by link or rename are on record before
+ *     the name exists); a failed mark leaves it unchanged, so the next change tries again.
  *   - the marks of the request a thread serves (op_marks) live until it leaves the fence:
  *     dropped, or moved to ov->carry (under carry_lock) when an advance waited for it, and
  *     journaled again in the new turn by ov_marks_carry. */

@@ -165,6 +165,7 @@ static int db_open(const char *path, int synced, struct cb_db **out)
 	cb_mutex_init(&db->queue_lock, NULL);
 	db->log_fd = -1;
 	db->turn = 1;
+	db->links_any = -1;
 	if (!db->path) {
 		rc = cb_error_set(ENOMEM, "database %s: out of memory", path);
 		goto fail;
@@ -236,6 +237,8 @@ void cb_db_close(struct cb_db *db)
 	cb_journal_fini(db);
 	sqlite3_finalize(db->st_meta_get);
 	sqlite3_finalize(db->st_meta_set);
+	sqlite3_finalize(db->st_links_below);
+	sqlite3_finalize(db->st_links_names);
 	/* sqlite3_close_v2 checkpoints the WAL when this is the last connection. */
 	sqlite3_close_v2(db->sql);
 	cb_mutex_destroy(&db->queue_lock);

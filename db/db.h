@@ -29,6 +29,8 @@ struct cb_db {
 	sqlite3_stmt *st_list_all;
 	sqlite3_stmt *st_meta_get;
 	sqlite3_stmt *st_meta_set;
+	int links_any; /* link_names has a row: 1, 0, -1 not asked yet (db/links.c) */
+	sqlite3_stmt *st_links_below, *st_links_names; /* prepared at first use */
 
 	/* Marks: appended to the mark log (log_fd, owned under an exclusive flock) and folded
 	 * into SQLite in batches by the folder thread (db/journal_log.c); a handle that cannot

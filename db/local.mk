@@ -1,6 +1,6 @@
 # db layer: SQLite schema, migrations and the change journal (the only SQL in cowbox).
 noinst_LTLIBRARIES += db/libcb_db.la
-db_libcb_db_la_SOURCES = db/db.h db/db.c db/schema.c db/journal.c db/journal_log.c db/marklog.c
+db_libcb_db_la_SOURCES = db/db.h db/db.c db/schema.c db/journal.c db/journal_log.c db/marklog.c db/links.c
 COWBOX_LAYERS += db/libcb_db.la
 noinst_HEADERS += include/cowbox/journal.h
 

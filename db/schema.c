@@ -26,6 +26,11 @@ const char *const cb_db_migrations[] = {
 
     /* 3: the network log of the egress proxy: db/netlog.c owns the SQL. */
     cb_db_netlog_schema_sql,
+
+    /* 4: the names of multiply-linked upper files by inode number (db/links.c). */
+    "CREATE TABLE link_names (ino INTEGER NOT NULL, path TEXT NOT NULL,"
+    "  PRIMARY KEY (ino, path)) WITHOUT ROWID;"
+    "CREATE INDEX link_names_by_path ON link_names(path);",
 };
 
 const size_t cb_db_migration_count = sizeof(cb_db_migrations) / sizeof(cb_db_migrations[0]);

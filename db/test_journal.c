@@ -1,5 +1,6 @@
 /* Unit tests of db/: migration, marks and their deduplication, marks from many threads,
- * durability across a kill -9, the errors for bad files, the network log's batches and ranges. */
+ * durability across a kill -9, the errors for bad files, the network log's batches and ranges,
+ * the link names of hard-linked files. */
 #include "config.h"
 
 #include <criterion/criterion.h>
@@ -398,5 +399,62 @@ Test(journal, netlog_batches_and_ranges)
 	out[0] = 0;
 	cr_assert_eq(cb_db_netlog_range(db, 3, 3, netlog_turns, out), 0);
 	cr_assert_str_eq(out, "");
+	cb_db_close(db);
+}
+
+/* The link names of an inode, joined with '|' in path order. */
+struct link_list {
+	char buf[512];
+};
+
+static int link_collect(unsigned long long ino, const char *p, void *arg)
+{
+	struct link_list *l = arg;
+
+	(void)ino;
+	if (l->buf[0])
+		strcat(l->buf, "|");
+	strcat(l->buf, p);
+	return 0;
+}
+
+static const char *links_of(struct cb_db *db, unsigned long long ino, struct link_list *l)
+{
+	l->buf[0] = '\0';
+	cr_assert_eq(cb_links_names(db, ino, link_collect, l), 0, "%s", cb_error_message());
+	return l->buf;
+}
+
+Test(journal, link_names_follow_renames_of_their_directories)
+{
+	struct link_list l;
+	struct cb_db *db;
+
+	cr_assert_eq(cb_db_open(path, &db), 0, "%s", cb_error_message());
+	/* no rows: a rename or a drop asks nothing and fails nothing */
+	cr_assert_eq(cb_links_rename(db, "a", "b"), 0);
+	cr_assert_str_eq(links_of(db, 7, &l), "");
+	cr_assert_eq(cb_links_add(db, 7, "d/x"), 0);
+	cr_assert_eq(cb_links_add(db, 7, "d/sub/y"), 0);
+	cr_assert_eq(cb_links_add(db, 7, "d/x"), 0);  /* again: one row */
+	cr_assert_eq(cb_links_add(db, 7, "dd/z"), 0); /* "d" is not its directory */
+	cr_assert_eq(cb_links_add(db, 7, "d.old/w"), 0);
+	cr_assert_eq(cb_links_add(db, 9, "d/\xc3\xa9t\xc3\xa9"), 0);
+	cr_assert_str_eq(links_of(db, 7, &l), "d.old/w|d/sub/y|d/x|dd/z");
+	/* a directory's rename copies the rows below it (and only those), the drop after it
+	 * removes the old ones */
+	cr_assert_eq(cb_links_rename(db, "d", "\xc3\xa9/n"), 1);
+	cr_assert_eq(cb_links_rename(db, "d/none", "e"), 0); /* nothing below: nothing written */
+	cr_assert_eq(cb_links_drop(db, "d"), 0);
+	cr_assert_str_eq(links_of(db, 7, &l), "d.old/w|dd/z|\xc3\xa9/n/sub/y|\xc3\xa9/n/x");
+	cr_assert_str_eq(links_of(db, 9, &l), "\xc3\xa9/n/\xc3\xa9t\xc3\xa9");
+	/* a file's own rename */
+	cr_assert_eq(cb_links_rename(db, "dd/z", "z2"), 1);
+	cr_assert_eq(cb_links_forget(db, 7, "dd/z"), 0);
+	cr_assert_str_eq(links_of(db, 7, &l), "d.old/w|z2|\xc3\xa9/n/sub/y|\xc3\xa9/n/x");
+	cb_db_close(db);
+	/* kept across a reopen (a remount) */
+	cr_assert_eq(cb_db_open(path, &db), 0, "%s", cb_error_message());
+	cr_assert_str_eq(links_of(db, 7, &l), "d.old/w|z2|\xc3\xa9/n/sub/y|\xc3\xa9/n/x");
 	cb_db_close(db);
 }

@@ -331,12 +331,76 @@ int ov_copy_up(struct cb_overlay *ov, struct ov_inode *in, int with_data)
 	return ov_copy_up_open(ov, in, with_data, NULL);
 }
 
+/* A base file with several names the mount has looked up is one inode to the kernel, and its
+ * copy is made at the first name's path: the copy is linked at the other names too, or a
+ * write through one name would land under another (the rest keep the base's file, as
+ * overlayfs without an index). The paths of names 2.. in *others (malloc'd), their
+ * directories made in upper. Caller holds ns (either side), not in->lock. */
+static int ov_copy_up_names(struct cb_overlay *ov, struct ov_inode *in, char ***others, size_t *n)
+{
+	struct ov_inode *parents[64];
+	struct ov_name *nm;
+	size_t count = 0;
+	int r = 0;
+
+	*others = NULL;
+	*n = 0;
+	if (in->type != S_IFREG || atomic_load(&in->layer) == OV_UPPER)
+		return 0;
+	cb_mutex_lock(&ov->tab.lock);
+	for (nm = in->names ? in->names->next : NULL; nm; nm = nm->next)
+		count++;
+	if (count > sizeof(parents) / sizeof(parents[0]))
+		count = sizeof(parents) / sizeof(parents[0]); /* the rest keep the base's */
+	if (count && !(*others = calloc(count, sizeof(**others))))
+		r = -ENOMEM;
+	for (nm = in->names ? in->names->next : NULL; nm && !r && *n < count; nm = nm->next) {
+		int len = ov_path_of_name(&ov->tab, nm, &(*others)[*n]);
+
+		if (len == -ENOENT)
+			continue;
+		r = len < 0 ? len : 0;
+		if (!r)
+			parents[(*n)++] = nm->parent;
+	}
+	cb_mutex_unlock(&ov->tab.lock);
+	/* names are removed only under ns write, so the parents stay */
+	for (size_t i = 0; i < *n && !r; i++)
+		r = ov_ensure_upper_dir(ov, parents[i]);
+	return r;
+}
+
+/* Links the upper copy at path under the other names' paths (ov_copy_up_names) and records
+ * them all for the journal (cb_links_names). A name that cannot be linked keeps the base's
+ * file. */
+static void ov_copy_up_link(struct cb_overlay *ov, struct ov_inode *in, const char *path,
+			    const struct stat *made, char **others, size_t n)
+{
+	unsigned linked = 1;
+
+	for (size_t i = 0; i < n; i++) {
+		/* on record before the name exists, or later marks would miss it */
+		if (ov->db && ((i == 0 && cb_links_add(ov->db, made->st_ino, path) < 0) ||
+			       cb_links_add(ov->db, made->st_ino, others[i]) < 0)) {
+			fprintf(stderr, "cowbox fs: copy-up of %s: %s\n", path, cb_error_message());
+			break;
+		}
+		if (ov_linkat(ov->upper_fd, path, ov->upper_fd, others[i], 0) < 0)
+			fprintf(stderr, "cowbox fs: copy-up of %s: its link %s: %s\n", path,
+				others[i], strerror(errno));
+		else
+			linked++;
+	}
+	atomic_store(&in->nlink, linked);
+}
+
 /* See ov.h. A regular file's copy-up also says whether it has file capabilities (no_caps),
  * so the kernel's question before every write costs no syscall from the first. */
 int ov_copy_up_open(struct cb_overlay *ov, struct ov_inode *in, int with_data, int *fdp)
 {
 	struct ov_made made = {.want_fd = fdp != NULL, .fd = -1};
-	char *path = NULL;
+	char *path = NULL, **others = NULL;
+	size_t nothers = 0;
 	struct stat st;
 	int r;
 
@@ -347,8 +411,10 @@ int ov_copy_up_open(struct cb_overlay *ov, struct ov_inode *in, int with_data, i
 	if (!in->names || in->is_root)
 		return cb_error_set(ESTALE, "copy-up of an unlinked or root inode");
 	r = ov_ensure_upper_dir(ov, in->names->parent);
+	if (r == 0)
+		r = ov_copy_up_names(ov, in, &others, &nothers);
 	if (r < 0)
-		return r;
+		goto out_names;
 	cb_mutex_lock(&in->lock);
 	if (atomic_load(&in->layer) == OV_UPPER)
 		goto out;
@@ -367,6 +433,8 @@ int ov_copy_up_open(struct cb_overlay *ov, struct ov_inode *in, int with_data, i
 	}
 	if (S_ISREG(st.st_mode))
 		atomic_store(&in->no_caps, !made.caps);
+	if (S_ISREG(st.st_mode) && nothers)
+		ov_copy_up_link(ov, in, path, &made.st, others, nothers);
 	ov_rehome(ov, in, &made.st);
 	if (fdp) {
 		*fdp = made.fd;
@@ -377,6 +445,10 @@ out:
 	if (made.fd >= 0)
 		close(made.fd);
 	free(path);
+out_names:
+	for (size_t i = 0; i < nothers; i++)
+		free(others[i]);
+	free(others);
 	return r;
 }
 

@@ -6,8 +6,10 @@
  *     inside the fence's shared side; the only marks without a request are the turn
  *     advance's own (ov_mark_open_writers), made after it has left the fence.
  *   - an inode's write_gen or meta_gen equals ov->gen only after every name of it that has a
- *     path (a name under a removed directory has none) was marked in that turn; a failed mark
- * leaves it unchanged, so the next change tries again.
+ *     path (a name under a removed directory has none) was marked in that turn: the names
+ *     looked up, and for a multiply-linked upper file those the journal's link_names has
+ *     that still name it (the others of a name made by link or rename are on record before
+ *     the name exists); a failed mark leaves it unchanged, so the next change tries again.
  *   - the marks of the request a thread serves (op_marks) live until it leaves the fence:
  *     dropped, or moved to ov->carry (under carry_lock) when an advance waited for it, and
  *     journaled again in the new turn by ov_marks_carry. */
@@ -19,10 +21,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cowbox/error.h"
 #include "ov.h"
+#include "util/beneath.h"
 
 /* The last few callers' /proc/PID/comm, kept open so that a mark costs one pread and no
  * open/close: the name is read anew each time, so it follows an exec or a rename; a pid that
@@ -237,18 +241,103 @@ int ov_mark_child(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *parent
 	return r;
 }
 
+/* A growing list of owned paths. */
+struct ov_paths {
+	char **p;
+	size_t n, cap;
+};
+
+/* Appends path (owned: freed if it cannot be kept). */
+static int ov_paths_push(struct ov_paths *ps, char *path)
+{
+	if (!path)
+		return -ENOMEM;
+	if (ps->n == ps->cap) {
+		size_t cap = ps->cap ? ps->cap * 2 : 4;
+		char **grown = realloc(ps->p, cap * sizeof(*grown));
+
+		if (!grown) {
+			free(path);
+			return -ENOMEM;
+		}
+		ps->p = grown;
+		ps->cap = cap;
+	}
+	ps->p[ps->n++] = path;
+	return 0;
+}
+
+static void ov_paths_free(struct ov_paths *ps)
+{
+	for (size_t i = 0; i < ps->n; i++)
+		free(ps->p[i]);
+	free(ps->p);
+	memset(ps, 0, sizeof(*ps));
+}
+
+static int ov_paths_has(const struct ov_paths *ps, size_t n, const char *path)
+{
+	for (size_t i = 0; i < n; i++)
+		if (!strcmp(ps->p[i], path))
+			return 1;
+	return 0;
+}
+
+static int ov_link_row(unsigned long long ino, const char *path, void *arg)
+{
+	(void)ino;
+	return ov_paths_push(arg, strdup(path));
+}
+
+/* Adds to ps the names of in's upper inode that the journal's link_names records and the
+ * mount has not looked up (the first `known` paths of ps): a passthrough or mmap write,
+ * a truncate through one name changes them all, while the mount knows only the names
+ * looked up since it was mounted. A row counts only if its path, resolved beneath upper
+ * with no symlink followed, is still that inode; stale rows are dropped, known names missing
+ * from the table added. O(names of the inode). */
+static int ov_mark_link_names(struct cb_overlay *ov, struct ov_inode *in, struct ov_paths *ps,
+			      size_t known)
+{
+	unsigned long long ino = in->rino;
+	struct ov_paths rows = {0};
+	struct stat st;
+	int r = cb_links_names(ov->db, ino, ov_link_row, &rows);
+
+	if (r < 0 && r != -ENOMEM) { /* as a failed mark: refused, said as such */
+		fprintf(stderr, "cowbox fs: link names: %s\n", cb_error_message());
+		r = r == -ENOSPC || r == -EDQUOT ? r : -EIO;
+	}
+	for (size_t i = 0; r == 0 && i < rows.n; i++) {
+		if (ov_paths_has(ps, known, rows.p[i]))
+			continue;
+		if (cb_beneath_stat(ov->upper_fd, rows.p[i], &st) == 0 && st.st_dev == in->dev &&
+		    st.st_ino == ino) {
+			r = ov_paths_push(ps, strdup(rows.p[i]));
+		} else if (cb_links_forget(ov->db, ino, rows.p[i]) < 0) {
+			fprintf(stderr, "cowbox fs: link names: %s\n", cb_error_message());
+		}
+	}
+	for (size_t i = 0; r == 0 && i < known; i++)
+		if (!ov_paths_has(&rows, rows.n, ps->p[i]) &&
+		    cb_links_add(ov->db, ino, ps->p[i]) < 0)
+			fprintf(stderr, "cowbox fs: link names: %s\n", cb_error_message());
+	for (size_t i = 0; i < rows.n; i++)
+		free(rows.p[i]);
+	free(rows.p);
+	return r;
+}
+
 /* Records a content (CB_CHANGE_WRITE) or metadata (CB_CHANGE_META) change of in under every
- * name it is known by (a file may have any number of hard links: each name's hash changes),
- * unless already done in this turn. Caller holds ns (read or write). */
+ * name it has (a file may have any number of hard links: each name's hash changes), unless
+ * already done in this turn. Caller holds ns (read or write). */
 int ov_mark_inode(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *in,
 		  enum cb_change_kind kind)
 {
 	_Atomic uint64_t *gen = kind == CB_CHANGE_META ? &in->meta_gen : &in->write_gen;
 	uint64_t g = atomic_load(&ov->gen);
+	struct ov_paths ps = {0};
 	struct cb_change *c = NULL;
-	char **paths = NULL;
 	struct ov_name *nm;
-	size_t n = 0, names = 0, i;
 	int r = 0;
 
 	CB_ASSERT_READING(&ov->tab.ns);
@@ -256,32 +345,25 @@ int ov_mark_inode(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *in,
 		return 0;
 	if (ov->db) {
 		cb_mutex_lock(&ov->tab.lock);
-		for (nm = in->names; nm; nm = nm->next)
-			names++;
-		c = calloc(names ? names : 1, sizeof(*c));
-		paths = calloc(names ? names : 1, sizeof(*paths));
-		for (nm = in->names; nm && c && paths; nm = nm->next) {
-			int len = ov_path_of_name(&ov->tab, nm, &paths[n]);
+		for (nm = in->names; nm && !r; nm = nm->next) {
+			char *path = NULL;
+			int len = ov_path_of_name(&ov->tab, nm, &path);
 
 			/* A name under a directory removed meanwhile has no path to mark; without
 			 * memory a name would go unmarked, so the change is refused instead. */
-			if (len == -ENOENT)
-				continue;
-			if (len < 0) {
-				r = len;
-				break;
-			}
-			c[n] = (struct cb_change){.path = paths[n], .kind = kind};
-			n++;
+			if (len != -ENOENT)
+				r = len < 0 ? len : ov_paths_push(&ps, path);
 		}
 		cb_mutex_unlock(&ov->tab.lock);
-		if (!c || !paths)
+		if (!r && atomic_load(&in->nlink) > 1 && atomic_load(&in->layer) == OV_UPPER)
+			r = ov_mark_link_names(ov, in, &ps, ps.n);
+		if (!r && !(c = calloc(ps.n ? ps.n : 1, sizeof(*c))))
 			r = -ENOMEM;
+		for (size_t i = 0; !r && i < ps.n; i++)
+			c[i] = (struct cb_change){.path = ps.p[i], .kind = kind};
 		if (!r)
-			r = ov_mark(ov, req, c, n);
-		for (i = 0; paths && i < n; i++)
-			free(paths[i]);
-		free(paths);
+			r = ov_mark(ov, req, c, ps.n);
+		ov_paths_free(&ps);
 		free(c);
 		if (r < 0)
 			return r == -ENOMEM ? -EIO : r;

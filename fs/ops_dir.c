@@ -270,6 +270,13 @@ void ov_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent_ino, const 
 		r = ov_path(&ov->tab, in, NULL, &oldpath);
 	if (r >= 0)
 		r = ov_mark_child(ov, req, parent, newname, CB_CHANGE_CREATE, 0);
+	/* both names on record before the link exists (see cb_links_names) */
+	if (r >= 0 && ov->db &&
+	    (cb_links_add(ov->db, in->rino, oldpath) < 0 ||
+	     cb_links_add(ov->db, in->rino, path) < 0)) {
+		fprintf(stderr, "cowbox fs: link names of %s: %s\n", oldpath, cb_error_message());
+		r = -EIO;
+	}
 	/* the existing name is one of several now: a turn looks at it too, to group them */
 	if (r >= 0)
 		r = ov_mark_inode(ov, req, in, CB_CHANGE_META);

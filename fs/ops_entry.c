@@ -90,6 +90,7 @@ int ov_child_found(struct cb_overlay *ov, struct ov_inode *parent, const char *n
 	}
 	in->nlookup++;
 	cb_mutex_unlock(&ov->tab.lock);
+	atomic_store(&in->nlink, layer == OV_UPPER && S_ISREG(st->st_mode) ? st->st_nlink : 1);
 	st->st_ino = in->st_ino;
 	ov_ids_present(ov, st);
 	e->attr = *st;

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cowbox/error.h"
 #include "ov.h"
 
 /* The inode for parent/name, creating it in the table if the kernel never looked it up;
@@ -69,6 +70,27 @@ static int ov_rename_clear_target(struct cb_overlay *ov, const char *dpath)
 }
 
 /* ov_rename_locked once the layer paths of both names are known. */
+/* The link names (cb_links_names) at or below the source, copied under the destination
+ * before the rename (and back, for an exchange): a name must be on record before it exists,
+ * or a later change through another name would miss it. *moved: the source had some. */
+static int ov_rename_link_names(struct cb_overlay *ov, const char *spath, const char *dpath,
+				int exchange, int *moved)
+{
+	int r = 0;
+
+	*moved = 0;
+	if (ov->db && (r = cb_links_rename(ov->db, spath, dpath)) >= 0) {
+		*moved = r;
+		if (exchange)
+			r = cb_links_rename(ov->db, dpath, spath);
+	}
+	if (r < 0) {
+		fprintf(stderr, "cowbox fs: link names below %s: %s\n", spath, cb_error_message());
+		return -EIO;
+	}
+	return 0;
+}
+
 static int ov_rename_at(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *sp,
 			const char *sname, struct ov_inode *dp, const char *dname, unsigned flags,
 			const char *spath, const char *dpath)
@@ -77,7 +99,7 @@ static int ov_rename_at(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *
 	long long dxattrs = 0;
 	struct ov_inode *sin = NULL, *din = NULL;
 	int s_up, s_base, d_up, d_base, r = 0, stemp = 0, dtemp = 0, keep = -1, sdir, ddir = 0;
-	int exchange = (flags & RENAME_EXCHANGE) != 0;
+	int exchange = (flags & RENAME_EXCHANGE) != 0, moved = 0;
 
 	ov_locate(ov, sp, spath, &s_up, &sust, &s_base, &sbst);
 	if (!s_up && !s_base)
@@ -122,6 +144,8 @@ static int ov_rename_at(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *
 		r = ov_rename_prepare(ov, din);
 	if (r == 0)
 		r = ov_ensure_upper_dir(ov, dp);
+	if (r == 0)
+		r = ov_rename_link_names(ov, spath, dpath, exchange, &moved);
 	if (r < 0)
 		goto out;
 	if (exchange) {
@@ -148,6 +172,8 @@ static int ov_rename_at(struct cb_overlay *ov, fuse_req_t req, struct ov_inode *
 				goto out;
 		}
 	}
+	if (!exchange && moved && cb_links_drop(ov->db, spath) < 0)
+		fprintf(stderr, "cowbox fs: link names below %s: %s\n", spath, cb_error_message());
 	if (!exchange && d_up && ddir)
 		ov_quota_gone(ov, &dust);
 	else if (!exchange && d_up)

@@ -71,6 +71,21 @@ int cb_journal_tmp_name(const char *path);
  * not recorded again, nor a temporary name (cb_journal_tmp_name). */
 int cb_journal_mark(struct cb_db *db, const struct cb_change *changes, size_t n);
 
+/* The names of multiply-linked files in the upper layer, by its inode number, kept so that a
+ * change through one name can be marked under every name (the overlay knows only the names
+ * looked up since it was mounted). The rows are hints: a reader checks that a path still
+ * names the inode. cb_links_add records one; cb_links_names calls fn (which must not use db)
+ * for each of ino's; cb_links_forget drops one found stale; cb_links_rename copies the rows
+ * at or below from to the same paths below to (before a rename: the rows of the new names
+ * exist before the names do; returns 1 if there were any, else 0), cb_links_drop deletes
+ * those at or below path (after it). */
+int cb_links_add(struct cb_db *db, unsigned long long ino, const char *path);
+int cb_links_names(struct cb_db *db, unsigned long long ino,
+		   int (*fn)(unsigned long long ino, const char *path, void *arg), void *arg);
+int cb_links_forget(struct cb_db *db, unsigned long long ino, const char *path);
+int cb_links_rename(struct cb_db *db, const char *from, const char *to);
+int cb_links_drop(struct cb_db *db, const char *path);
+
 /* 1 if path has a mark of any kind in the current turn through this handle (as far as its
  * memory of the turn's marks goes: 0 may also mean forgotten), else 0. */
 int cb_journal_marked(struct cb_db *db, const char *path);

@@ -171,6 +171,32 @@ class CopyUp(fsharness.MountTestCase):
             self.assertEqual(os.stat(os.path.join(self.dirs.upper, name)).st_size, size)
         self.assertEqual(read(os.path.join(self.dirs.base, "sync")), b"base bytes\n" * 100)
 
+    def test_a_base_file_of_several_names_is_copied_up_under_each_one_looked_up(self):
+        # The base's names of one inode are one file to the kernel: a write through one name
+        # reaches the others the mount has looked up (linked in upper), never lands under
+        # another name only; a name never looked up keeps the base's file, as overlayfs.
+        first = self.base_file("e/c", b"base\n")
+        os.mkdir(os.path.join(self.dirs.base, "d"))
+        os.link(first, os.path.join(self.dirs.base, "d", "a"))
+        os.link(first, os.path.join(self.dirs.base, "d", "b"))
+        self.start()
+        m = self.dirs.mnt
+        held = os.open(os.path.join(m, "e/c"), os.O_RDONLY)  # looked up first, kept
+        try:
+            self.assertEqual(os.stat(os.path.join(m, "d/a")).st_ino, os.fstat(held).st_ino)
+            with open(os.path.join(m, "d/a"), "ab") as f:
+                f.write(b"more\n")
+            for name in ("d/a", "e/c"):
+                self.assertEqual(read(os.path.join(m, name)), b"base\nmore\n", name)
+                self.assertEqual(read(os.path.join(self.dirs.upper, name)), b"base\nmore\n")
+            self.assertEqual(os.stat(os.path.join(self.dirs.upper, "d/a")).st_ino,
+                             os.stat(os.path.join(self.dirs.upper, "e/c")).st_ino)
+            self.assertEqual(read(os.path.join(m, "d/b")), b"base\n")
+            self.assertFalse(os.path.lexists(os.path.join(self.dirs.upper, "d/b")))
+            self.assertEqual(read(first), b"base\n")
+        finally:
+            os.close(held)
+
     def test_copy_ups_racing_rename_exchange_of_their_parents(self):
         groups, files = 12, 25
         for g in range(groups):

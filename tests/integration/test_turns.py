@@ -5,6 +5,7 @@ snapshot."""
 import asyncio
 import hashlib
 import json
+import mmap
 from collections import Counter
 import os
 import signal
@@ -210,32 +211,70 @@ class TurnsTest(CowboxTestCase):
                 await box.close()
         self.assertEqual(asyncio.run(client_map()), want)
 
-    def test_a_write_through_one_hard_link_changes_every_name(self):
-        # A file of 40 names (more than any fixed list would hold): a write through one
-        # changes the hash of all, in the same snapshot; also after a remount, when the
-        # daemon has seen only the name written through.
-        # Through the page cache: with FUSE passthrough (now on under the default quota too,
-        # issue 32) the write after the remount marks only the name the daemon has seen, and
-        # the other 39 keep their old hash; a defect of the passthrough path, open.
-        self.env["COWBOX_FUSE_PASSTHROUGH"] = "0"
+    def hard_links_case(self, passthrough):
+        # A file of 40 names (more than any fixed list would hold), two of them in another
+        # directory renamed later: a change through one name changes the hash of all, in the
+        # same snapshot; also after a remount, when the mount has looked up only the name
+        # changed through. With passthrough the writes (also through a shared mapping) never
+        # reach the daemon: the open for writing marks every name. Each remount follows a
+        # turn that did not touch the file, so no earlier turn's rows bring the names back.
+        self.env["COWBOX_FUSE_PASSTHROUGH"] = passthrough
         self.cowbox("umount", "w")
         self.mount(self.ref)
+        names = ["links/n%d" % i for i in range(38)] + ["sub/m0", "sub/m1"]
         os.mkdir(self.path("links"))
-        self.write("links/n0", "v1\n")
-        for i in range(1, 40):
-            os.link(self.path("links/n0"), self.path("links/n%d" % i))
-        self.assertEqual(self.snapshot()["files"], files_of(tree_state(self.mnt)))
+        os.mkdir(self.path("sub"))
+        self.write(names[0], "v1\n")
+        for name in names[1:]:
+            os.link(self.path(names[0]), self.path(name))
+
+        def same_everywhere(changed_through, only_names=True):
+            snap = self.snapshot()
+            self.assertEqual(snap["files"], files_of(tree_state(self.mnt)), changed_through)
+            self.assertEqual(len({snap["files"][n] for n in names}), 1, changed_through)
+            # every name is a change of the turn (not one, or the names the mount knows)
+            log = self.cowbox_json("diff", "w", snap["turn"] - 1, snap["turn"])
+            if only_names:
+                self.assertEqual(sorted(e["path"] for e in log["events"]), sorted(names),
+                                 changed_through)
+
+        same_everywhere("created", False)
         self.write("links/n7", "v2\n", "a")
-        snap = self.snapshot()["files"]
-        self.assertEqual(snap, files_of(tree_state(self.mnt)))
-        self.assertEqual(len({snap["links/n%d" % i] for i in range(40)}), 1)
-        self.cowbox("umount", "w")
-        self.mount(self.ref)
+        same_everywhere("links/n7")
+        os.rename(self.path("sub"), self.path("moved"))
+        names[-2:] = ["moved/m0", "moved/m1"]
+        same_everywhere("rename of sub", False)
+
+        def remount():
+            self.write("elsewhere", str(time.monotonic()))
+            self.snapshot()
+            self.cowbox("umount", "w")
+            self.mount(self.ref)
+
+        remount()
         with open(self.path("links/n3"), "a") as f:
             f.write("v3\n")
-        snap = self.snapshot()["files"]
-        self.assertEqual(snap, files_of(tree_state(self.mnt)))
-        self.assertEqual(snap["links/n39"], snap["links/n3"])
+        same_everywhere("links/n3")
+        remount()
+        with open(self.path("moved/m1"), "r+b") as f:
+            with mmap.mmap(f.fileno(), 0) as m:
+                m[0:2] = b"V1"
+                m.flush()
+        same_everywhere("mmap of moved/m1")
+        remount()
+        os.truncate(self.path("links/n30"), 2)
+        same_everywhere("truncate of links/n30")
+        remount()
+        with open(self.path("links/n9"), "w") as f:  # O_TRUNC, then the new bytes
+            f.write("v4\n")
+        same_everywhere("open O_TRUNC of links/n9")
+        self.assertEqual(self.read("moved/m0"), "v4\n")
+
+    def test_a_write_through_one_hard_link_changes_every_name(self):
+        self.hard_links_case("1")
+
+    def test_a_write_through_one_hard_link_changes_every_name_page_cache(self):
+        self.hard_links_case("0")
 
     def test_diff_events_attribution_and_patch(self):
         self.snapshot()

@@ -21,6 +21,7 @@
 #include "api.h"
 #include "daemon.h"
 #include "map_frames.h"
+#include "util/clock.h"
 
 /* The journal rows the worker is to read (it reads them from the database itself, so the
  * daemon never holds a turn's rows): [names_turn, from, to], see cb_journal_span. */
@@ -34,13 +35,6 @@ static json_t *rows_json(long long names_turn, long long from, long long to)
 static int turns_sync(struct cb_daemon *d)
 {
 	return cb_daemon_worker_call(d, json_pack("{s:s}", "op", "sync"), NULL, NULL, NULL, NULL);
-}
-
-/* The turns of the workspace without its live tree: what prune, fork and turns read (the
- * base, the blobs and meta.db) needs no I/O through the mount. */
-static double elapsed(const struct timespec *a, const struct timespec *b)
-{
-	return (double)(b->tv_sec - a->tv_sec) + (double)(b->tv_nsec - a->tv_nsec) / 1e9;
 }
 
 static int net_any_row(const struct cb_netlog_row *row, void *arg)
@@ -263,7 +257,7 @@ static void snapshot_first_write(struct cb_turns *t, struct cb_ws_first_map *p, 
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	cb_daemon_log("snapshot: first map answered from the walk in %.3f s, its rows written in "
 		      "%.3f s after the reply",
-		      answered, elapsed(&t0, &t1));
+		      answered, cb_clock_between(&t0, &t1));
 	cb_daemon_base_stats_log(t, "snapshot");
 	cb_ws_map_first_free(p);
 	cb_turns_close(t);
@@ -330,13 +324,13 @@ static int op_snapshot(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	if (!ret) {
 		json_object_set_new(r, "turn", json_integer(turn));
-		json_object_set_new(r, "seconds", json_real(elapsed(&t0, &t1)));
+		json_object_set_new(r, "seconds", json_real(cb_clock_between(&t0, &t1)));
 		ret = cb_daemon_reply(conn, json_object_get(req, "id"), r);
 		r = NULL;
 	}
 	/* The rows are durable before the lock lets the next turn op in. */
 	if (pending)
-		snapshot_first_write(t, pending, elapsed(&t0, &t1));
+		snapshot_first_write(t, pending, cb_clock_between(&t0, &t1));
 	/* Taken by snapshot_files, or the worker built the first map: it serves no one now. */
 	cb_daemon_base_scan_drop(d);
 	pthread_mutex_unlock(&d->turn_lock);
@@ -524,8 +518,9 @@ static int op_rollback(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t 
 	    conn, json_object_get(req, "id"),
 	    json_pack("{s:I, s:I, s:I, s:I, s:f, s:f, s:f}", "turn", (json_int_t)turn,
 		      "rolled_back_to", (json_int_t)to, "kept_turn", (json_int_t)kept, "restored",
-		      (json_int_t)touched, "keep_seconds", elapsed(&tk, &t0), "restore_seconds",
-		      elapsed(&t0, &t1), "snapshot_seconds", elapsed(&t1, &t2)));
+		      (json_int_t)touched, "keep_seconds", cb_clock_between(&tk, &t0),
+		      "restore_seconds", cb_clock_between(&t0, &t1), "snapshot_seconds",
+		      cb_clock_between(&t1, &t2)));
 }
 
 static int op_prune(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
@@ -568,18 +563,6 @@ static int fork_ids(const char *upper)
 	return rc;
 }
 
-/* Seconds since *at, and *at moved to now: a fork's reply names where its time went. */
-static double fork_lap(struct timespec *at)
-{
-	struct timespec now;
-	double s;
-
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	s = elapsed(at, &now);
-	*at = now;
-	return s;
-}
-
 static int op_fork(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req)
 {
 	json_t *jt = json_object_get(req, "turn");
@@ -605,7 +588,7 @@ static int op_fork(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 		cb_daemon_basecache_attach(d->dir, t, d->base);
 	if (!ret)
 		ret = cb_ws_turn_check(t, json_integer_value(jt));
-	open_s = fork_lap(&at);
+	open_s = cb_clock_lap(&at);
 	/* Built where nothing sees it, published (renamed to its ref, then named) last: a fork
 	 * killed midway is never listed and never mounts with part of its tree. */
 	if (!ret)
@@ -618,19 +601,19 @@ static int op_fork(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 		ret = cb_daemon_ids(dir, -1, &ids);
 	if (!ret && ids)
 		cb_turns_set_restore_ids(t, ids);
-	create_s = fork_lap(&at);
+	create_s = cb_clock_lap(&at);
 	/* What moved in the base since turn 0, looked at only when the watch saw it move. */
 	if (!ret)
 		ret = cb_daemon_drift_get(d, t, &drift, &looked);
-	drift_s = fork_lap(&at);
+	drift_s = cb_clock_lap(&at);
 	if (!ret)
 		ret = cb_ws_fork(t, json_integer_value(jt), upper, db, blobs, drift, &fs);
-	fork_lap(&at); /* the parts are in fs */
+	cb_clock_lap(&at); /* the parts are in fs */
 	/* The fork wrote its upper as root: its files get the new workspace's own id range
 	 * now, as its mount would have stored them (no set-id file of a host owner). */
 	if (!ret)
 		ret = fork_ids(upper);
-	ids_s = fork_lap(&at);
+	ids_s = cb_clock_lap(&at);
 	/* Where it came from, for merge (cowbox/merge.h): the common ancestor of the two. */
 	if (!ret)
 		ret = cb_ws_origin_write(dir, d->ref, json_integer_value(jt));
@@ -644,7 +627,7 @@ static int op_fork(struct cb_daemon *d, struct cb_daemon_conn *conn, json_t *req
 		cb_ws_delete_unpublished(dir);
 		cb_error_set(-ret, "%s", saved);
 	}
-	publish_s = fork_lap(&at);
+	publish_s = cb_clock_lap(&at);
 	pthread_mutex_unlock(&d->turn_lock);
 	free(dir);
 	free(upper);

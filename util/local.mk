@@ -2,7 +2,7 @@
 noinst_LTLIBRARIES += util/libcb_util.la
 util_libcb_util_la_SOURCES = util/error.c util/grow.c util/beneath.h util/beneath.c util/beneath_tree.c \
 	util/smallfile.h util/smallfile.c util/fdio.h util/fdio.c \
-	util/lock.h util/lock.c util/loopfs.h util/loopfs.c
+	util/lock.h util/lock.c util/loopfs.h util/loopfs.c util/clock.h util/clock.c
 COWBOX_LAYERS += util/libcb_util.la
 noinst_HEADERS += include/cowbox/grow.h
 

@@ -16,6 +16,7 @@
 #include "cowbox/error.h"
 #include "cowbox/grow.h"
 #include "turns_int.h"
+#include "util/clock.h"
 
 struct fork_ctx {
 	struct cb_turns *t;
@@ -326,17 +327,6 @@ static int fork_sync(const char *db_path)
 	return ret;
 }
 
-static double fork_lap(struct timespec *at)
-{
-	struct timespec now;
-	double s;
-
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	s = (double)(now.tv_sec - at->tv_sec) + (double)(now.tv_nsec - at->tv_nsec) / 1e9;
-	*at = now;
-	return s;
-}
-
 int cb_ws_base_drift(struct cb_turns *t, struct cb_ws_drift *out)
 {
 	struct ws_pathset set = {0};
@@ -410,7 +400,7 @@ int cb_ws_fork(struct cb_turns *t, long long turn, const char *new_upper, const 
 	if (ret)
 		goto out;
 	intx = 1;
-	stats->db_seconds = fork_lap(&at);
+	stats->db_seconds = cb_clock_lap(&at);
 	/* The paths the turns changed, and those whose base entry is no longer turn 0's: the
 	 * fork's tree is the base as it is now plus its upper layer, so a base changed behind
 	 * our back must not show through where the turn had the old entry (its content comes
@@ -424,7 +414,7 @@ int cb_ws_fork(struct cb_turns *t, long long turn, const char *new_upper, const 
 	if (!ret)
 		ws_pathset_sort(&paths);
 	stats->paths = (long long)paths.n;
-	stats->paths_seconds = fork_lap(&at);
+	stats->paths_seconds = cb_clock_lap(&at);
 	for (size_t i = 0; i < paths.n && !ret; i++)
 		ret = fork_one(paths.p[i].path, &f);
 	if (!ret)
@@ -435,19 +425,19 @@ int cb_ws_fork(struct cb_turns *t, long long turn, const char *new_upper, const 
 		ret = cb_db_turns_base_cache_from(f.db, t->db_path);
 	if (!ret)
 		ret = cb_db_turns_add(f.db, 1, (double)ts.tv_sec + ts.tv_nsec / 1e9, label, 0);
-	stats->write_seconds = fork_lap(&at);
+	stats->write_seconds = cb_clock_lap(&at);
 	if (!ret)
 		ret = cb_db_turns_commit(f.db);
 	if (!ret)
 		intx = 0;
-	stats->commit_seconds = fork_lap(&at);
+	stats->commit_seconds = cb_clock_lap(&at);
 out:
 	if (intx)
 		cb_db_turns_rollback(f.db);
 	cb_db_turns_close(f.db); /* the checkpoint: every row is in the file now */
 	if (!ret)
 		ret = fork_sync(new_db);
-	stats->sync_seconds = fork_lap(&at);
+	stats->sync_seconds = cb_clock_lap(&at);
 	ws_pathset_free(&paths);
 	ws_pathset_free(&f.dirs);
 	for (size_t i = 0; i < f.nlinks; i++) {

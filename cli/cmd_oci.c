@@ -208,10 +208,11 @@ int cmd_export(int argc, char **argv)
 	}
 	if (common.json)
 		status = cli_print_json(json_pack(
-		    "{s:s, s:I, s:s, s:i, s:i, s:I, s:s}", "ref", ref, "turn", (json_int_t)st.turn,
-		    "destination", argv[optind + 1], "layers_written", st.layers_written,
-		    "layers_reused", st.layers_reused, "bytes_written",
-		    (json_int_t)st.bytes_written, "manifest", st.manifest_digest));
+		    "{s:s, s:I, s:s, s:i, s:i, s:I, s:I, s:I, s:s}", "ref", ref, "turn",
+		    (json_int_t)st.turn, "destination", argv[optind + 1], "layers_written",
+		    st.layers_written, "layers_reused", st.layers_reused, "bytes_written",
+		    (json_int_t)st.bytes_written, "files_trusted", (json_int_t)st.files_trusted,
+		    "files_hashed", (json_int_t)st.files_hashed, "manifest", st.manifest_digest));
 	else
 		printf("exported turn %lld of %s to %s: %d layers written (%lld bytes), %d "
 		       "reused; manifest %s\n",

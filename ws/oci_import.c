@@ -467,9 +467,12 @@ static int image_load(struct imp *m)
 			count++;
 		}
 	}
-	if (!pick || count > 1)
+	if (!pick && m->a->tag)
+		ret = cb_error_set(ENOENT, "no image tagged %s in the layout %s", m->a->tag,
+				   m->a->layout);
+	else if (!pick || count > 1)
 		ret = cb_error_set(ENOENT, "%s",
-				   !pick ? "no such image in the layout"
+				   !pick ? "no image in the layout"
 					 : "the layout holds several images: name a tag");
 	if (!ret)
 		ret = json_blob(m, pick, &m->manifest);

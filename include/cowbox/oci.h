@@ -22,6 +22,9 @@ struct cb_oci_export_stats {
 	int layers_written;	  /* cowbox layers written now */
 	int layers_reused;	  /* cowbox layers the layout held already (by digest) */
 	long long bytes_written;  /* bytes of the layers written now */
+	long long files_trusted;  /* base files written unhashed: the base cache's row for their
+				   * stat holds the recorded SHA-256 */
+	long long files_hashed;	  /* files whose bytes were hashed and checked on the way */
 	char manifest_digest[72]; /* "sha256:..." */
 };
 

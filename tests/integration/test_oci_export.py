@@ -352,6 +352,48 @@ class OciExport(cbtest.CowboxTestCase):
         with open(os.path.join(self.mountpoint(r), "d7", "f7")) as f:
             self.assertEqual(f.read(), "7\n" * 50)
 
+    def test_prune_during_export(self):
+        """A prune while an export runs (held at COWBOX_TEST_EXPORT_GATE between the base
+        layer and the turns') fails the export naming the blob it removed: no image tagged,
+        never a layer of other bytes; the next export is of the pruned history."""
+        ref = self.create(self.make_base({"a.txt": "base\n"}), "w")
+        self.mount(ref)
+        mnt = self.mountpoint(ref)
+        for n in range(1, 4):
+            with open(os.path.join(mnt, "a.txt" if n < 3 else "b.txt"), "wb") as f:
+                f.write(os.urandom(8192))
+            self.cowbox("snapshot", ref)
+        blobs = os.path.join(self.ws_dir(ref), "blobs")
+        before = set(os.listdir(blobs))
+        layout = os.path.join(self.dir, "pruned")
+        gate = os.path.join(self.dir, "gate")
+        proc = subprocess.Popen([cbtest.COWBOX, "export", ref, "oci:%s:p" % layout],
+                                env=dict(self.env, COWBOX_TEST_EXPORT_GATE=gate),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            cbtest.wait_for(lambda: proc.poll() is not None or os.path.exists(gate + ".ready"),
+                            120, 0.01, "the export to reach its gate")
+            self.assertIsNone(proc.poll(), "the export ended before its gate")
+            self.cowbox("prune", ref, "--keep", "1")
+            gone = before - set(os.listdir(blobs))
+            # turn 1's a.txt is needed by no kept turn: its blob went
+            self.assertEqual(len(gone), 1, (before, gone))
+        finally:
+            open(gate, "w").close()
+            out, err = proc.communicate(timeout=300)
+        self.assertNotEqual(proc.returncode, 0, out)
+        self.assertIn(gone.pop(), err)
+        self.assertIn("a.txt", err)
+        index = os.path.join(layout, "index.json")
+        if os.path.exists(index):
+            with open(index) as f:
+                self.assertEqual(json.load(f)["manifests"], [])
+        # the next export is of the pruned history (one turn), and imports as it
+        self.assertEqual(self.cowbox_json("export", ref, "oci:%s:p" % layout, "--json")["turn"],
+                         3)
+        _, _, manifest = layout_manifest(layout, "p")
+        self.assertEqual(len(manifest["layers"]), 2)
+
     @unittest.skipIf(ociutil.why_not_ready(), ociutil.why_not_ready())
     def test_podman_runs_the_image(self):
         ref = self.create(self.make_base({"README": "hello\n", "gone/x": "x\n"}), "w")

@@ -352,6 +352,24 @@ class OciExport(cbtest.CowboxTestCase):
         with open(os.path.join(self.mountpoint(r), "d7", "f7")) as f:
             self.assertEqual(f.read(), "7\n" * 50)
 
+    def test_base_trusted_by_stat_key(self):
+        """The base layer writes base files whose stat is still the base cache's row without
+        hashing them; a base file rewritten behind cowbox's back (same size, its mtime put
+        back) has a new ctime, is hashed, and fails the export naming it."""
+        base = self.make_base({"f%d.txt" % i: "%d\n" % i * 100 for i in range(20)})
+        ref = self.create(base, "w")
+        self.mount(ref)
+        self.cowbox("snapshot", ref)  # hashes the base into its cache
+        st = self.cowbox_json("export", ref, "oci:%s:a" % os.path.join(self.dir, "trust-a"))
+        self.assertEqual((st["files_trusted"], st["files_hashed"]), (20, 0), st)
+        victim = os.path.join(base, "f7.txt")
+        old = os.stat(victim)
+        with open(victim, "r+") as f:
+            f.write("X")
+        os.utime(victim, ns=(old.st_atime_ns, old.st_mtime_ns))
+        self.assert_fails(["export", ref, "oci:%s:b" % os.path.join(self.dir, "trust-b")],
+                          "f7.txt: the base file no longer holds the bytes the turn recorded")
+
     def test_prune_during_export(self):
         """A prune while an export runs (held at COWBOX_TEST_EXPORT_GATE between the base
         layer and the turns') fails the export naming the blob it removed: no image tagged,

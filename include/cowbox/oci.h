@@ -56,4 +56,10 @@ struct cb_oci_import_args {
  * workspace. */
 int cb_oci_import(const struct cb_oci_import_args *args, char ref[CB_WS_REF_LEN + 1]);
 
+/* Remove the bases imports unpacked ($COWBOX_HOME/bases/<digest>) that no workspace uses:
+ * removed (may be NULL) gets each one's digest and its bytes on disk. While an import runs
+ * (it holds bases.lock) nothing is removed and *busy is set. */
+int cb_oci_bases_prune(void (*removed)(const char *hex, unsigned long long bytes, void *arg),
+		       void *arg, int *busy);
+
 #endif

@@ -352,6 +352,66 @@ class OciExport(cbtest.CowboxTestCase):
         with open(os.path.join(self.mountpoint(r), "d7", "f7")) as f:
             self.assertEqual(f.read(), "7\n" * 50)
 
+    def test_cleanup_of_bases_exports_and_pulls(self):
+        """rm takes the workspace's oci-export/ (the layout a push is built in) with it;
+        image prune removes the imported bases no workspace uses and keeps those in use; a
+        create --from docker:// killed mid-pull leaves its /var/tmp/cowbox-pull-PID-* only
+        until the next pull sweeps it."""
+        base = self.make_base({"d%d/f%d" % (i % 20, i): "%d\n" % i * 400 for i in range(2000)})
+        ref = self.create(base, "w")
+        self.mount(ref)
+        with open(os.path.join(self.mountpoint(ref), "new.txt"), "w") as f:
+            f.write("new\n")
+        self.cowbox("snapshot", ref)
+        repo = "docker://%s/cowbox/sweep:1" % self.addr
+        self.cowbox("export", ref, repo, timeout=300)
+        export_dir = os.path.join(self.ws_dir(ref), "oci-export")
+        self.assertTrue(os.path.isdir(export_dir))
+        self.cowbox("rm", "-f", ref)
+        self.assertFalse(os.path.exists(export_dir))
+        self.fresh_home()
+
+        def pulls(pid):
+            return [n for n in os.listdir("/var/tmp") if n.startswith("cowbox-pull-%d-" % pid)]
+        # killed (with its skopeo) while it pulls
+        proc = subprocess.Popen([cbtest.COWBOX, "create", "--from", repo], env=self.env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        cbtest.wait_for(lambda: proc.poll() is not None or pulls(proc.pid), 120, 0.001,
+                        "the pull to start")
+        self.assertIsNone(proc.poll(), "create --from ended before it was killed")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        # its skopeo, adopted by this (subreaper) process, reaped
+        cbtest.wait_for(lambda: cbtest.reap_children() or subprocess.run(
+            ["pgrep", "-s", str(proc.pid)], capture_output=True).returncode != 0,
+            30, 0.05, "the killed session to end")
+        self.assertTrue(pulls(proc.pid))
+        self.assertEqual(self.cowbox_json("ls"), [])
+        # the next pull sweeps it; two workspaces share one unpacked base
+        r1 = self.cowbox("create", "--from", repo, timeout=300).stdout.strip()
+        self.assertEqual(pulls(proc.pid), [])
+        r2 = self.cowbox("create", "--from", repo, "--name", "second",
+                         timeout=300).stdout.strip()
+        bases = os.path.join(self.home, "bases")
+        self.assertEqual(len(os.listdir(bases)), 1)
+        # in use: kept
+        out = self.cowbox_json("image", "prune")
+        self.assertEqual((out["bases_removed"], out["bases_busy"]), ([], False))
+        self.assertEqual(len(os.listdir(bases)), 1)
+        self.cowbox("rm", "-f", r1)
+        self.assertEqual(self.cowbox_json("image", "prune")["bases_removed"], [])
+        self.mount(r2)
+        with open(os.path.join(self.mountpoint(r2), "d7", "f7")) as f:
+            self.assertEqual(f.read(), "7\n" * 400)
+        # no workspace uses it: removed, and its bytes counted
+        self.cowbox("rm", "-f", r2)
+        out = self.cowbox_json("image", "prune")
+        self.assertEqual(len(out["bases_removed"]), 1, out)
+        self.assertGreater(out["bases_bytes"], 2000 * 800)
+        self.assertEqual(os.listdir(bases), [])
+        self.assertIn("imported base(s) removed", self.cowbox("image", "prune").stdout)
+
     def test_base_trusted_by_stat_key(self):
         """The base layer writes base files whose stat is still the base cache's row without
         hashing them; a base file rewritten behind cowbox's back (same size, its mtime put

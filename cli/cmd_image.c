@@ -20,7 +20,8 @@ static const char image_usage[] =
     "inodes, and the workspaces whose image option names it now.\n"
     "prune: remove the roots no workspace's image option names and none holds (a running\n"
     "sandbox or backend, an unpack holds its root), and killed unpacks' leftovers; and the\n"
-    "bases `create --from` unpacked ($COWBOX_HOME/bases) that no workspace uses.\n"
+    "bases imports of exported workspaces unpacked ($COWBOX_HOME/bases) that no workspace\n"
+    "uses.\n"
     "Idempotent; a workspace whose root was pruned unpacks it again on its next start.\n";
 
 static int image_ls(json_t *j)

@@ -53,6 +53,9 @@ struct exp {
 struct layer_out {
 	struct archive *a;
 	struct oci_stream s;
+	struct archive_entry *ae; /* one entry cleared for each header, and its name */
+	char *name;
+	size_t name_cap;
 };
 
 static la_ssize_t layer_write_cb(struct archive *a, void *arg, const void *buf, size_t n)
@@ -93,6 +96,12 @@ static void layer_abort(struct layer_out *lo)
 	if (lo->a)
 		archive_write_free(lo->a);
 	lo->a = NULL;
+	if (lo->ae)
+		archive_entry_free(lo->ae);
+	lo->ae = NULL;
+	free(lo->name);
+	lo->name = NULL;
+	lo->name_cap = 0;
 	oci_stream_abort(&lo->s);
 }
 
@@ -101,15 +110,24 @@ static int layer_header(struct layer_out *lo, const char *rel, unsigned type, un
 			long long size, long long mtime_ns, unsigned uid, unsigned gid,
 			const char *target)
 {
-	struct archive_entry *ae = archive_entry_new();
-	char *name = NULL;
-	int ret = 0;
+	size_t len = strlen(rel), need = sizeof(OCI_ROOT "/") + len;
+	struct archive_entry *ae;
 
-	if (!ae || asprintf(&name, OCI_ROOT "/%s", rel) < 0) {
-		archive_entry_free(ae);
-		return cb_error_set(ENOMEM, "layer: out of memory");
+	if (need > lo->name_cap) {
+		char *bigger = realloc(lo->name, need * 2);
+
+		if (!bigger)
+			return cb_error_set(ENOMEM, "layer: out of memory");
+		lo->name = bigger;
+		lo->name_cap = need * 2;
 	}
-	archive_entry_set_pathname(ae, name);
+	memcpy(lo->name, OCI_ROOT "/", sizeof(OCI_ROOT "/") - 1);
+	memcpy(lo->name + sizeof(OCI_ROOT "/") - 1, rel, len + 1);
+	if (lo->ae)
+		ae = archive_entry_clear(lo->ae);
+	else if (!(ae = lo->ae = archive_entry_new()))
+		return cb_error_set(ENOMEM, "layer: out of memory");
+	archive_entry_set_pathname(ae, lo->name);
 	archive_entry_set_filetype(ae, type);
 	archive_entry_set_perm(ae, mode & 07777);
 	archive_entry_set_size(ae, type == AE_IFREG ? size : 0);
@@ -119,10 +137,8 @@ static int layer_header(struct layer_out *lo, const char *rel, unsigned type, un
 	if (target)
 		archive_entry_set_symlink(ae, target);
 	if (archive_write_header(lo->a, ae) < ARCHIVE_WARN)
-		ret = layer_fail(lo, name);
-	archive_entry_free(ae);
-	free(name);
-	return ret;
+		return layer_fail(lo, lo->name);
+	return 0;
 }
 
 /* Write src's bytes as e's content, checking size and SHA-256 against e: a blob or base file

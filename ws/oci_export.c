@@ -427,7 +427,8 @@ struct base_pass {
 	struct exp *x;
 	struct oci_sum sum;
 	long long n;
-	struct layer_out *lo; /* NULL: the digest pass */
+	int summing;	      /* the map digest is summed in this pass */
+	struct layer_out *lo; /* NULL: the digest pass alone */
 };
 
 static int base_one(const struct cb_entry *e, long long from, long long until, void *arg)
@@ -438,11 +439,12 @@ static int base_one(const struct cb_entry *e, long long from, long long until, v
 
 	(void)from;
 	(void)until;
-	if (!b->lo) {
+	if (b->summing) {
 		oci_sum_entry(&b->sum, e, 1);
 		b->n++;
-		return 0;
 	}
+	if (!b->lo)
+		return 0;
 	/* a file's time comes from the fd its bytes are read from */
 	if (e->type == CB_ENTRY_FILE)
 		mtime = -1;
@@ -452,26 +454,49 @@ static int base_one(const struct cb_entry *e, long long from, long long until, v
 	return layer_entry(b->x, b->lo, e, mtime, 1);
 }
 
+/* The base layer, written in one pass over the base map (summing its digest too when
+ * b->summing). */
+static int base_layer(struct exp *x, struct base_pass *b, json_t **desc)
+{
+	struct layer_out lo = {0};
+	int ret;
+
+	b->lo = &lo;
+	ret = cb_db_turns_base_cache_list(x->t->db, trust_add, x);
+	if (!ret)
+		ret = layer_begin(x, &lo);
+	if (!ret)
+		ret = layer_header(&lo, "", AE_IFDIR, 0755, 0, 0, 0, 0, NULL);
+	if (!ret)
+		ret = cb_db_turns_base_entries(x->t->db, base_one, b);
+	if (!ret)
+		ret = finish_layer(x, &lo, desc);
+	layer_abort(&lo);
+	trust_free(x);
+	b->lo = NULL;
+	return ret ? cb_error_wrap(ret, "export the base") : 0;
+}
+
 static int export_base(struct exp *x, json_t *meta, struct oci_sum *sum, char hex[65])
 {
 	struct base_pass b = {.x = x};
-	struct layer_out lo = {0};
 	char key[80], idkey[64];
-	json_t *desc, *known;
-	long long id = x->map_id;
+	json_t *desc = NULL, *known;
 	int ret;
 
 	/* Turn 0's map is frozen once recorded, and map_id names this database: its digest is
-	 * computed once (a pass over every base entry), then taken from the cache, so that a
-	 * later export costs what changed. */
-	snprintf(idkey, sizeof(idkey), "basemap:%lld", id);
+	 * computed once, then taken from the cache, so that a later export costs what changed.
+	 * Without it in the cache, the cache knows no base layer either (both are written
+	 * together): the layer is written in the same pass that sums the digest. */
+	snprintf(idkey, sizeof(idkey), "basemap:%lld", x->map_id);
 	known = json_object_get(x->cache, idkey);
 	if (json_is_integer(json_object_get(known, "entries")) &&
 	    !oci_sum_parse(&b.sum, json_string_value(json_object_get(known, "map")))) {
 		b.n = json_integer_value(json_object_get(known, "entries"));
 	} else {
 		cb_error_clear();
-		if ((ret = cb_db_turns_base_entries(x->t->db, base_one, &b)))
+		b.summing = 1;
+		if ((ret = base_layer(x, &b, &desc)))
 			return ret;
 	}
 	oci_sum_hex(&b.sum, hex);
@@ -482,24 +507,10 @@ static int export_base(struct exp *x, json_t *meta, struct oci_sum *sum, char he
 			    json_pack("{s:s, s:I, s:b}", "map", hex, "entries", (json_int_t)b.n,
 				      "empty", x->t->base_fd < 0));
 	snprintf(key, sizeof(key), "base:%s", hex);
-	if ((desc = cached_layer(x, key))) {
+	if (!desc && (desc = cached_layer(x, key)))
 		x->st->layers_reused++;
-	} else {
-		b.lo = &lo;
-		ret = cb_db_turns_base_cache_list(x->t->db, trust_add, x);
-		if (!ret)
-			ret = layer_begin(x, &lo);
-		if (!ret)
-			ret = layer_header(&lo, "", AE_IFDIR, 0755, 0, 0, 0, 0, NULL);
-		if (!ret)
-			ret = cb_db_turns_base_entries(x->t->db, base_one, &b);
-		if (!ret)
-			ret = finish_layer(x, &lo, &desc);
-		layer_abort(&lo);
-		trust_free(x);
-		if (ret)
-			return cb_error_wrap(ret, "export the base");
-	}
+	else if (!desc && (ret = base_layer(x, &b, &desc)))
+		return ret;
 	return add_layer(x, key, desc,
 			 json_pack("{s:s, s:s}", OCI_LAYER_KIND, "base", OCI_LAYER_MAP, hex),
 			 "cowbox base", 0);

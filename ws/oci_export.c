@@ -329,6 +329,18 @@ static void trust_free(struct exp *x)
 	x->ntrust = x->trust_cap = x->trust_at = 0;
 }
 
+/* 1 if fd's stat still has before's inode, size, mtime and ctime. */
+static int same_stat(int fd, const struct stat *before)
+{
+	struct stat now;
+
+	return fstat(fd, &now) == 0 && now.st_ino == before->st_ino &&
+	       now.st_size == before->st_size && now.st_mtim.tv_sec == before->st_mtim.tv_sec &&
+	       now.st_mtim.tv_nsec == before->st_mtim.tv_nsec &&
+	       now.st_ctim.tv_sec == before->st_ctim.tv_sec &&
+	       now.st_ctim.tv_nsec == before->st_ctim.tv_nsec;
+}
+
 /* One entry of a layer; mtime_ns < 0: a file's own (the base file's, when the turn kept
  * none). */
 static int layer_entry(struct exp *x, struct layer_out *lo, const struct cb_entry *e,
@@ -360,6 +372,11 @@ static int layer_entry(struct exp *x, struct layer_out *lo, const struct cb_entr
 				   mtime_ns < 0 ? 0 : mtime_ns, uid, gid, NULL);
 		if (!ret)
 			ret = layer_content(x, lo, e, src, what, trusted);
+		/* trusted by its stat before the read: the same stat after it, or it changed
+		 * while read (its bytes unchecked) */
+		if (!ret && trusted && !same_stat(src, &st))
+			ret = cb_error_set(
+			    EAGAIN, "%s: the base file changed while it was exported", e->path);
 		close(src);
 		return ret;
 	case CB_ENTRY_ABSENT:

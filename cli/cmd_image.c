@@ -11,6 +11,7 @@
 #include "cowbox/backend.h"
 #include "cowbox/error.h"
 #include "cowbox/image.h"
+#include "cowbox/oci.h"
 
 static const char image_usage[] =
     "usage: cowbox image ls [--json]\n"
@@ -18,7 +19,9 @@ static const char image_usage[] =
     "ls: every unpacked image root ($COWBOX_HOME/images/<config digest>), its size and\n"
     "inodes, and the workspaces whose image option names it now.\n"
     "prune: remove the roots no workspace's image option names and none holds (a running\n"
-    "sandbox or backend, an unpack holds its root), and killed unpacks' leftovers.\n"
+    "sandbox or backend, an unpack holds its root), and killed unpacks' leftovers; and the\n"
+    "bases imports of exported workspaces unpacked ($COWBOX_HOME/bases) that no workspace\n"
+    "uses.\n"
     "Idempotent; a workspace whose root was pruned unpacks it again on its next start.\n";
 
 static int image_ls(json_t *j)
@@ -57,8 +60,38 @@ static int image_prune(json_t *j)
 	printf("%zu image root(s) removed, %s freed\n",
 	       json_array_size(json_object_get(j, "removed")),
 	       cli_size(json_integer_value(json_object_get(j, "bytes")), size, sizeof(size)));
+	json_array_foreach(json_object_get(j, "bases_removed"), i, id)
+	    printf("removed base %s\n", json_string_value(id));
+	printf("%zu imported base(s) removed, %s freed%s\n",
+	       json_array_size(json_object_get(j, "bases_removed")),
+	       cli_size(json_integer_value(json_object_get(j, "bases_bytes")), size, sizeof(size)),
+	       json_is_true(json_object_get(j, "bases_busy"))
+		   ? " (an import was running: its bases wait for the next prune)"
+		   : "");
 	json_decref(j);
 	return CLI_OK;
+}
+
+static void base_removed(const char *hex, unsigned long long bytes, void *arg)
+{
+	json_t *j = arg;
+
+	json_array_append_new(json_object_get(j, "bases_removed"), json_string(hex));
+	json_object_set_new(j, "bases_bytes",
+			    json_integer(json_integer_value(json_object_get(j, "bases_bytes")) +
+					 (json_int_t)bytes));
+}
+
+/* The imported bases no workspace uses go with the image roots: both are caches of images. */
+static int bases_prune(json_t *j)
+{
+	int busy = 0, rc;
+
+	json_object_set_new(j, "bases_removed", json_array());
+	json_object_set_new(j, "bases_bytes", json_integer(0));
+	rc = cb_oci_bases_prune(base_removed, j, &busy);
+	json_object_set_new(j, "bases_busy", json_boolean(busy));
+	return rc;
 }
 
 int cmd_image(int argc, char **argv)
@@ -76,6 +109,10 @@ int cmd_image(int argc, char **argv)
 	ls = !strcmp(argv[optind], "ls");
 	if ((ls ? cb_backend_image_list(&j) : cb_backend_image_prune(&j)) < 0)
 		return cli_fail(ls ? "image ls" : "image prune", NULL);
+	if (!ls && bases_prune(j) < 0) {
+		json_decref(j);
+		return cli_fail("image prune", NULL);
+	}
 	if (common.json)
 		return cli_print_json(j);
 	return ls ? image_ls(j) : image_prune(j);

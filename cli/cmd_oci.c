@@ -3,8 +3,10 @@
  * credentials (the user's auth.json or docker config). */
 #include "config.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -208,10 +210,11 @@ int cmd_export(int argc, char **argv)
 	}
 	if (common.json)
 		status = cli_print_json(json_pack(
-		    "{s:s, s:I, s:s, s:i, s:i, s:I, s:s}", "ref", ref, "turn", (json_int_t)st.turn,
-		    "destination", argv[optind + 1], "layers_written", st.layers_written,
-		    "layers_reused", st.layers_reused, "bytes_written",
-		    (json_int_t)st.bytes_written, "manifest", st.manifest_digest));
+		    "{s:s, s:I, s:s, s:i, s:i, s:I, s:I, s:I, s:s}", "ref", ref, "turn",
+		    (json_int_t)st.turn, "destination", argv[optind + 1], "layers_written",
+		    st.layers_written, "layers_reused", st.layers_reused, "bytes_written",
+		    (json_int_t)st.bytes_written, "files_trusted", (json_int_t)st.files_trusted,
+		    "files_hashed", (json_int_t)st.files_hashed, "manifest", st.manifest_digest));
 	else
 		printf("exported turn %lld of %s to %s: %d layers written (%lld bytes), %d "
 		       "reused; manifest %s\n",
@@ -228,19 +231,56 @@ out:
 	return status;
 }
 
+static void rm_tree(const char *path)
+{
+	char *rm[] = {"rm", "-rf", (char *)path, NULL};
+	pid_t pid;
+	int st;
+
+	if (!posix_spawnp(&pid, "rm", NULL, NULL, rm, environ))
+		waitpid(pid, &st, 0);
+}
+
+#define PULL_DIR    "/var/tmp"
+#define PULL_PREFIX "cowbox-pull-"
+
+/* Pull directories (PULL_PREFIX<pid>-XXXXXX) of ours whose process is gone: a create --from
+ * killed while skopeo pulled. */
+static void pull_sweep(void)
+{
+	DIR *d = opendir(PULL_DIR);
+	struct dirent *de;
+	struct stat st;
+	char path[512];
+	int pid;
+
+	while (d && (de = readdir(d))) {
+		if (sscanf(de->d_name, PULL_PREFIX "%d-", &pid) != 1 || pid <= 0 ||
+		    !(kill(pid, 0) < 0 && errno == ESRCH))
+			continue;
+		snprintf(path, sizeof(path), PULL_DIR "/%s", de->d_name);
+		if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid())
+			rm_tree(path);
+	}
+	if (d)
+		closedir(d);
+}
+
 int cli_create_from(const char *src, long long turn, const char *base, const char *name,
 		    int privileged, char *ref)
 {
 	struct cb_oci_import_args a = {
 	    .turn = turn, .base = base, .name = name, .own_ids = !privileged, .log = stderr};
 	struct image_ref r;
-	char tmp[] = "/var/tmp/cowbox-pull-XXXXXX", *layout = NULL, *to = NULL;
+	char tmp[128], *layout = NULL, *to = NULL;
 	int rc = ref_parse(src, &r, NULL);
 
 	if (rc)
 		return rc;
+	snprintf(tmp, sizeof(tmp), PULL_DIR "/" PULL_PREFIX "%d-XXXXXX", (int)getpid());
 	if (r.docker) {
 		/* pulled into a layout of our own first: the import reads only files */
+		pull_sweep();
 		if (!mkdtemp(tmp)) {
 			rc = cb_error_set(errno, "mkdtemp: %s", strerror(errno));
 			goto out;
@@ -265,14 +305,8 @@ int cli_create_from(const char *src, long long turn, const char *base, const cha
 	}
 	rc = cb_oci_import(&a, ref);
 out:
-	if (r.docker && tmp[strlen(tmp) - 1] != 'X') {
-		char *rm[] = {"rm", "-rf", tmp, NULL};
-		pid_t pid;
-		int st;
-
-		if (!posix_spawnp(&pid, "rm", NULL, NULL, rm, environ))
-			waitpid(pid, &st, 0);
-	}
+	if (r.docker && tmp[strlen(tmp) - 1] != 'X')
+		rm_tree(tmp);
 	free(r.dir);
 	free(layout);
 	free(to);

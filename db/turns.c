@@ -333,6 +333,11 @@ int cb_db_turns_begin(struct cb_db_turns *t)
 	return tdb_exec(t, "BEGIN IMMEDIATE");
 }
 
+int cb_db_turns_begin_read(struct cb_db_turns *t)
+{
+	return tdb_exec(t, "BEGIN DEFERRED");
+}
+
 int cb_db_turns_commit(struct cb_db_turns *t)
 {
 	return tdb_exec(t, "COMMIT");

@@ -56,7 +56,7 @@ EXTRA_DIST += bindings/python/tests/seedutil.py
 # issue 31: ns images pulled from the registries a registries.conf names (a loopback registry)
 TESTS += tests/integration/test_image_pull.py
 # workspaces as OCI images: export, create --from, a registry on loopback, podman run
-TESTS += tests/integration/test_oci_export.py
+TESTS += tests/integration/test_oci_export.py bindings/python/tests/test_oci.py
 TESTS += tests/integration/test_volume_swap.py
 TESTS += tests/integration/test_home_quota.py
 # issue 30 (8): host paths in /proc/self/mountinfo inside

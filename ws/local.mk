@@ -14,7 +14,7 @@ ws_libcb_ws_la_SOURCES += ws/meta.c ws/links.c
 ws_libcb_ws_la_SOURCES += ws/inplace.c
 # workspaces as OCI images: export, create --from
 ws_libcb_ws_la_SOURCES += ws/oci_int.h ws/oci_layout.c ws/oci_export.c ws/oci_import.c \
-	ws/oci_la.h ws/oci_la.c ws/oci_read.h ws/oci_read.c
+	ws/oci_la.h ws/oci_la.c ws/oci_read.h ws/oci_read.c ws/oci_bases.c
 noinst_HEADERS += include/cowbox/oci.h
 noinst_HEADERS += include/cowbox/turns.h include/cowbox/fsck.h
 

@@ -11,7 +11,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cowbox/basecache.h"
 #include "cowbox/error.h"
+#include "cowbox/grow.h"
 #include "oci_int.h"
 #include "oci_la.h"
 #include "turns_int.h"
@@ -19,6 +21,15 @@
 #include "ws.h"
 
 #define EXP_BUF (1 << 20)
+
+/* A row of meta.db's base cache: the stat a base file had when it was hashed, and its SHA-256.
+ * Loaded once, by path (the base map's order too), so the base layer trusts a base file whose
+ * stat still is the row's without hashing its bytes again, as a snapshot does. */
+struct trust_row {
+	char *path;
+	long long size, mtime_ns, ctime_ns, ino;
+	unsigned char sha256[CB_SHA256_LEN];
+};
 
 struct exp {
 	struct cb_turns *t;
@@ -30,12 +41,21 @@ struct exp {
 	json_t *history;
 	unsigned char *buf;
 	struct cb_oci_export_stats *st;
+	struct trust_row *trust; /* the base cache's rows, by path (the base layer's pass) */
+	size_t ntrust, trust_cap, trust_at;
+	long long map_id;
+	int dir_fd; /* the directory of the last base file opened (dir_path) */
+	char *dir_path;
+	char what[96]; /* where a file's bytes come from, for its errors */
 };
 
 /* One layer being written: a tar stream into a blob of the layout. */
 struct layer_out {
 	struct archive *a;
 	struct oci_stream s;
+	struct archive_entry *ae; /* one entry cleared for each header, and its name */
+	char *name;
+	size_t name_cap;
 };
 
 static la_ssize_t layer_write_cb(struct archive *a, void *arg, const void *buf, size_t n)
@@ -76,6 +96,12 @@ static void layer_abort(struct layer_out *lo)
 	if (lo->a)
 		archive_write_free(lo->a);
 	lo->a = NULL;
+	if (lo->ae)
+		archive_entry_free(lo->ae);
+	lo->ae = NULL;
+	free(lo->name);
+	lo->name = NULL;
+	lo->name_cap = 0;
 	oci_stream_abort(&lo->s);
 }
 
@@ -84,15 +110,24 @@ static int layer_header(struct layer_out *lo, const char *rel, unsigned type, un
 			long long size, long long mtime_ns, unsigned uid, unsigned gid,
 			const char *target)
 {
-	struct archive_entry *ae = archive_entry_new();
-	char *name = NULL;
-	int ret = 0;
+	size_t len = strlen(rel), need = sizeof(OCI_ROOT "/") + len;
+	struct archive_entry *ae;
 
-	if (!ae || asprintf(&name, OCI_ROOT "/%s", rel) < 0) {
-		archive_entry_free(ae);
-		return cb_error_set(ENOMEM, "layer: out of memory");
+	if (need > lo->name_cap) {
+		char *bigger = realloc(lo->name, need * 2);
+
+		if (!bigger)
+			return cb_error_set(ENOMEM, "layer: out of memory");
+		lo->name = bigger;
+		lo->name_cap = need * 2;
 	}
-	archive_entry_set_pathname(ae, name);
+	memcpy(lo->name, OCI_ROOT "/", sizeof(OCI_ROOT "/") - 1);
+	memcpy(lo->name + sizeof(OCI_ROOT "/") - 1, rel, len + 1);
+	if (lo->ae)
+		ae = archive_entry_clear(lo->ae);
+	else if (!(ae = lo->ae = archive_entry_new()))
+		return cb_error_set(ENOMEM, "layer: out of memory");
+	archive_entry_set_pathname(ae, lo->name);
 	archive_entry_set_filetype(ae, type);
 	archive_entry_set_perm(ae, mode & 07777);
 	archive_entry_set_size(ae, type == AE_IFREG ? size : 0);
@@ -102,24 +137,22 @@ static int layer_header(struct layer_out *lo, const char *rel, unsigned type, un
 	if (target)
 		archive_entry_set_symlink(ae, target);
 	if (archive_write_header(lo->a, ae) < ARCHIVE_WARN)
-		ret = layer_fail(lo, name);
-	archive_entry_free(ae);
-	free(name);
-	return ret;
+		return layer_fail(lo, lo->name);
+	return 0;
 }
 
 /* Write src's bytes as e's content, checking size and SHA-256 against e: a blob or base file
  * that no longer holds what the turn recorded is never exported as if it did. */
 static int layer_content(struct exp *x, struct layer_out *lo, const struct cb_entry *e, int src,
-			 const char *what)
+			 const char *what, int trusted)
 {
 	unsigned char md[32];
-	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+	EVP_MD_CTX *ctx = trusted ? NULL : EVP_MD_CTX_new();
 	long long total = 0;
 	unsigned n = 0;
 	int ret = 0;
 
-	if (!ctx || !EVP_DigestInit_ex(ctx, EVP_sha256(), NULL)) {
+	if (!trusted && (!ctx || !EVP_DigestInit_ex(ctx, EVP_sha256(), NULL))) {
 		EVP_MD_CTX_free(ctx);
 		return cb_error_set(ENOMEM, "layer: out of memory");
 	}
@@ -137,15 +170,18 @@ static int layer_content(struct exp *x, struct layer_out *lo, const struct cb_en
 		total += r;
 		if (total > e->size)
 			break;
-		EVP_DigestUpdate(ctx, x->buf, (size_t)r);
+		if (ctx)
+			EVP_DigestUpdate(ctx, x->buf, (size_t)r);
 		if (archive_write_data(lo->a, x->buf, (size_t)r) != r) {
 			ret = layer_fail(lo, e->path);
 			break;
 		}
 	}
-	EVP_DigestFinal_ex(ctx, md, &n);
-	EVP_MD_CTX_free(ctx);
-	if (!ret && (total != e->size || memcmp(md, e->sha256, sizeof(md))))
+	if (ctx) {
+		EVP_DigestFinal_ex(ctx, md, &n);
+		EVP_MD_CTX_free(ctx);
+	}
+	if (!ret && (total != e->size || (!trusted && memcmp(md, e->sha256, sizeof(md)))))
 		ret = cb_error_set(EBADMSG,
 				   "%s: %s no longer holds the bytes the turn recorded (%lld bytes "
 				   "read, %lld recorded)",
@@ -153,29 +189,156 @@ static int layer_content(struct exp *x, struct layer_out *lo, const struct cb_en
 	return ret;
 }
 
-/* The source of e's content: for the base (base_first) the base file, else its blob (bytes
- * a turn kept); the other one when the first is not there. Whichever it is, its bytes are
- * checked against e's SHA-256 as they are written. */
-static int content_open(struct exp *x, const struct cb_entry *e, int base_first, const char **what)
+/* The base file at path, opened as tar opens files (a stat of the name, then the open, no
+ * walk of the whole path each time): below the directory of the previous one, which stays
+ * open (opened beneath the base), by a name that is no symlink, never a FIFO or device
+ * (looked at before it is opened, and the open file is the one looked at). */
+static int base_open(struct exp *x, const char *path, struct stat *st)
 {
+	const char *slash = strrchr(path, '/'), *leaf = slash ? slash + 1 : path;
+	size_t plen = slash ? (size_t)(slash - path) : 0;
+	struct stat pre;
+	int dir, fd;
+
+	if (!slash) {
+		dir = x->t->base_fd;
+	} else {
+		if (x->dir_fd < 0 || strlen(x->dir_path) != plen ||
+		    memcmp(x->dir_path, path, plen)) {
+			char *parent = strndup(path, plen);
+
+			if (x->dir_fd >= 0)
+				close(x->dir_fd);
+			free(x->dir_path);
+			x->dir_path = parent;
+			x->dir_fd =
+			    parent ? cb_beneath_open(x->t->base_fd, parent, O_PATH | O_DIRECTORY, 0)
+				   : cb_error_set(ENOMEM, "out of memory");
+			if (x->dir_fd < 0) {
+				int ret = x->dir_fd;
+
+				free(x->dir_path);
+				x->dir_path = NULL;
+				return ret;
+			}
+		}
+		dir = x->dir_fd;
+	}
+	if (fstatat(dir, leaf, &pre, AT_SYMLINK_NOFOLLOW) < 0)
+		return cb_error_set(errno, "base file %s: %s", path, strerror(errno));
+	if (!S_ISREG(pre.st_mode))
+		return cb_error_set(EINVAL, "base file %s: not a regular file", path);
+	fd = openat(dir, leaf, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+	if (fd < 0)
+		return cb_error_set(errno, "base file %s: %s", path, strerror(errno));
+	if (fstat(fd, st) < 0 || !S_ISREG(st->st_mode) || st->st_ino != pre.st_ino ||
+	    st->st_dev != pre.st_dev) {
+		close(fd);
+		return cb_error_set(EAGAIN, "base file %s: replaced while it was opened", path);
+	}
+	return fd;
+}
+
+/* The source of e's content (st: its stat): for the base (base_first) the base file, else
+ * its blob (bytes a turn kept); the other one when the first is not there. Whichever it is,
+ * its bytes are checked against e's SHA-256 as they are written, unless the base cache
+ * vouches for a base file (base_trusted). */
+static int content_open(struct exp *x, const struct cb_entry *e, int base_first, const char **what,
+			struct stat *st)
+{
+	char hex[2 * CB_XXH128_LEN + 1];
 	int src;
 
+	cb_hex(e->xxh3, CB_XXH128_LEN, hex);
 	if (base_first && x->t->base_fd >= 0) {
 		*what = "the base file";
-		if ((src = cb_beneath_open(x->t->base_fd, e->path, O_RDONLY, 0)) >= 0)
+		if ((src = base_open(x, e->path, st)) >= 0)
 			return src;
 		cb_error_clear();
 	}
 	if (cb_ws_blob_has(x->t->blob_fd, e->xxh3)) {
 		*what = "its blob";
-		return cb_ws_blob_open(x->t->blob_fd, e->xxh3);
+		if ((src = cb_ws_blob_open(x->t->blob_fd, e->xxh3)) >= 0 && fstat(src, st) < 0) {
+			close(src);
+			return cb_error_set(errno, "blob %s: %s", hex, strerror(errno));
+		}
+		return src;
 	}
+	/* A turn's bytes whose blob went (a prune while the export ran): the base file may
+	 * hold them still, which its hash says; if not, the error names the blob. */
 	if (!base_first && x->t->base_fd >= 0) {
-		*what = "the base file";
-		if ((src = cb_beneath_open(x->t->base_fd, e->path, O_RDONLY, 0)) >= 0)
+		snprintf(x->what, sizeof(x->what), "the base file (its blob %s is gone)", hex);
+		*what = x->what;
+		if ((src = base_open(x, e->path, st)) >= 0)
 			return src;
 	}
-	return cb_error_set(ENOENT, "%s: no blob and no base file holds its content", e->path);
+	return cb_error_set(ENOENT,
+			    "%s: its blob %s is gone and no base file holds its content (a prune "
+			    "removed it while the export ran?)",
+			    e->path, hex);
+}
+
+/* 1 if the base cache says the base file e's bytes came from (st, fstat of the open file)
+ * still holds e's content: its row's stat is st (the same inode, size, mtime and ctime: a
+ * file rewritten behind our back has a new ctime) and its row's SHA-256 is e's. The rows
+ * come in the base map's order, so one cursor walks them along with the base's entries. */
+static int base_trusted(struct exp *x, const struct cb_entry *e, const struct stat *st)
+{
+	struct cb_basecache_key k;
+	const struct trust_row *r;
+	int c = 1;
+
+	while (x->trust_at < x->ntrust && (c = strcmp(x->trust[x->trust_at].path, e->path)) < 0)
+		x->trust_at++;
+	if (c)
+		return 0;
+	r = &x->trust[x->trust_at];
+	cb_basecache_key_of(st, &k);
+	return r->size == k.size && r->mtime_ns == k.mtime_ns && r->ctime_ns == k.ctime_ns &&
+	       r->ino == k.ino && r->size == e->size &&
+	       !memcmp(r->sha256, e->sha256, CB_SHA256_LEN);
+}
+
+static int trust_add(const struct cb_db_cache_row *row, void *arg)
+{
+	struct exp *x = arg;
+	struct trust_row *r;
+	int ret = cb_grow(&x->trust, &x->trust_cap, x->ntrust, sizeof(*x->trust), 4096,
+			  "export: base cache");
+
+	if (ret)
+		return ret;
+	r = &x->trust[x->ntrust];
+	if (!(r->path = strdup(row->path)))
+		return cb_error_set(ENOMEM, "export: base cache: out of memory");
+	r->size = row->size;
+	r->mtime_ns = row->mtime_ns;
+	r->ctime_ns = row->ctime_ns;
+	r->ino = row->ino;
+	memcpy(r->sha256, row->sha256, CB_SHA256_LEN);
+	x->ntrust++;
+	return 0;
+}
+
+static void trust_free(struct exp *x)
+{
+	for (size_t i = 0; i < x->ntrust; i++)
+		free(x->trust[i].path);
+	free(x->trust);
+	x->trust = NULL;
+	x->ntrust = x->trust_cap = x->trust_at = 0;
+}
+
+/* 1 if fd's stat still has before's inode, size, mtime and ctime. */
+static int same_stat(int fd, const struct stat *before)
+{
+	struct stat now;
+
+	return fstat(fd, &now) == 0 && now.st_ino == before->st_ino &&
+	       now.st_size == before->st_size && now.st_mtim.tv_sec == before->st_mtim.tv_sec &&
+	       now.st_mtim.tv_nsec == before->st_mtim.tv_nsec &&
+	       now.st_ctim.tv_sec == before->st_ctim.tv_sec &&
+	       now.st_ctim.tv_nsec == before->st_ctim.tv_nsec;
 }
 
 /* One entry of a layer; mtime_ns < 0: a file's own (the base file's, when the turn kept
@@ -186,7 +349,7 @@ static int layer_entry(struct exp *x, struct layer_out *lo, const struct cb_entr
 	unsigned uid = e->has_owner ? e->uid : 0, gid = e->has_owner ? e->gid : 0;
 	const char *what = NULL;
 	struct stat st;
-	int src, ret;
+	int src, ret, trusted = 0;
 
 	switch (e->type) {
 	case CB_ENTRY_DIR:
@@ -194,16 +357,26 @@ static int layer_entry(struct exp *x, struct layer_out *lo, const struct cb_entr
 	case CB_ENTRY_SYMLINK:
 		return layer_header(lo, e->path, AE_IFLNK, 0777, 0, mtime_ns, 0, 0, e->target);
 	case CB_ENTRY_FILE:
-		if ((src = content_open(x, e, base_first, &what)) < 0)
+		if ((src = content_open(x, e, base_first, &what, &st)) < 0)
 			return src;
 		if (e->has_mtime)
 			mtime_ns = e->mtime_ns;
-		else if (mtime_ns < 0 && fstat(src, &st) == 0)
+		else if (mtime_ns < 0)
 			mtime_ns = st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+		/* Blobs are few and named by their content's xxh3 only: their bytes are hashed */
+		if (base_first && x->ntrust && !strcmp(what, "the base file"))
+			trusted = base_trusted(x, e, &st);
+		x->st->files_trusted += trusted;
+		x->st->files_hashed += !trusted;
 		ret = layer_header(lo, e->path, AE_IFREG, e->mode, e->size,
 				   mtime_ns < 0 ? 0 : mtime_ns, uid, gid, NULL);
 		if (!ret)
-			ret = layer_content(x, lo, e, src, what);
+			ret = layer_content(x, lo, e, src, what, trusted);
+		/* trusted by its stat before the read: the same stat after it, or it changed
+		 * while read (its bytes unchecked) */
+		if (!ret && trusted && !same_stat(src, &st))
+			ret = cb_error_set(
+			    EAGAIN, "%s: the base file changed while it was exported", e->path);
 		close(src);
 		return ret;
 	case CB_ENTRY_ABSENT:
@@ -271,7 +444,8 @@ struct base_pass {
 	struct exp *x;
 	struct oci_sum sum;
 	long long n;
-	struct layer_out *lo; /* NULL: the digest pass */
+	int summing;	      /* the map digest is summed in this pass */
+	struct layer_out *lo; /* NULL: the digest pass alone */
 };
 
 static int base_one(const struct cb_entry *e, long long from, long long until, void *arg)
@@ -282,11 +456,12 @@ static int base_one(const struct cb_entry *e, long long from, long long until, v
 
 	(void)from;
 	(void)until;
-	if (!b->lo) {
+	if (b->summing) {
 		oci_sum_entry(&b->sum, e, 1);
 		b->n++;
-		return 0;
 	}
+	if (!b->lo)
+		return 0;
 	/* a file's time comes from the fd its bytes are read from */
 	if (e->type == CB_ENTRY_FILE)
 		mtime = -1;
@@ -296,28 +471,49 @@ static int base_one(const struct cb_entry *e, long long from, long long until, v
 	return layer_entry(b->x, b->lo, e, mtime, 1);
 }
 
+/* The base layer, written in one pass over the base map (summing its digest too when
+ * b->summing). */
+static int base_layer(struct exp *x, struct base_pass *b, json_t **desc)
+{
+	struct layer_out lo = {0};
+	int ret;
+
+	b->lo = &lo;
+	ret = cb_db_turns_base_cache_list(x->t->db, trust_add, x);
+	if (!ret)
+		ret = layer_begin(x, &lo);
+	if (!ret)
+		ret = layer_header(&lo, "", AE_IFDIR, 0755, 0, 0, 0, 0, NULL);
+	if (!ret)
+		ret = cb_db_turns_base_entries(x->t->db, base_one, b);
+	if (!ret)
+		ret = finish_layer(x, &lo, desc);
+	layer_abort(&lo);
+	trust_free(x);
+	b->lo = NULL;
+	return ret ? cb_error_wrap(ret, "export the base") : 0;
+}
+
 static int export_base(struct exp *x, json_t *meta, struct oci_sum *sum, char hex[65])
 {
 	struct base_pass b = {.x = x};
-	struct layer_out lo = {0};
 	char key[80], idkey[64];
-	json_t *desc, *known;
-	long long id = 0;
+	json_t *desc = NULL, *known;
 	int ret;
 
 	/* Turn 0's map is frozen once recorded, and map_id names this database: its digest is
-	 * computed once (a pass over every base entry), then taken from the cache, so that a
-	 * later export costs what changed. */
-	if ((ret = cb_db_turns_map_id(x->t->db, &id)))
-		return ret;
-	snprintf(idkey, sizeof(idkey), "basemap:%lld", id);
+	 * computed once, then taken from the cache, so that a later export costs what changed.
+	 * Without it in the cache, the cache knows no base layer either (both are written
+	 * together): the layer is written in the same pass that sums the digest. */
+	snprintf(idkey, sizeof(idkey), "basemap:%lld", x->map_id);
 	known = json_object_get(x->cache, idkey);
 	if (json_is_integer(json_object_get(known, "entries")) &&
 	    !oci_sum_parse(&b.sum, json_string_value(json_object_get(known, "map")))) {
 		b.n = json_integer_value(json_object_get(known, "entries"));
 	} else {
 		cb_error_clear();
-		if ((ret = cb_db_turns_base_entries(x->t->db, base_one, &b)))
+		b.summing = 1;
+		if ((ret = base_layer(x, &b, &desc)))
 			return ret;
 	}
 	oci_sum_hex(&b.sum, hex);
@@ -328,21 +524,10 @@ static int export_base(struct exp *x, json_t *meta, struct oci_sum *sum, char he
 			    json_pack("{s:s, s:I, s:b}", "map", hex, "entries", (json_int_t)b.n,
 				      "empty", x->t->base_fd < 0));
 	snprintf(key, sizeof(key), "base:%s", hex);
-	if ((desc = cached_layer(x, key))) {
+	if (!desc && (desc = cached_layer(x, key)))
 		x->st->layers_reused++;
-	} else {
-		b.lo = &lo;
-		ret = layer_begin(x, &lo);
-		if (!ret)
-			ret = layer_header(&lo, "", AE_IFDIR, 0755, 0, 0, 0, 0, NULL);
-		if (!ret)
-			ret = cb_db_turns_base_entries(x->t->db, base_one, &b);
-		if (!ret)
-			ret = finish_layer(x, &lo, &desc);
-		layer_abort(&lo);
-		if (ret)
-			return cb_error_wrap(ret, "export the base");
-	}
+	else if (!desc && (ret = base_layer(x, &b, &desc)))
+		return ret;
 	return add_layer(x, key, desc,
 			 json_pack("{s:s, s:s}", OCI_LAYER_KIND, "base", OCI_LAYER_MAP, hex),
 			 "cowbox base", 0);
@@ -489,6 +674,24 @@ static int list_turn(const struct cb_turn_info *ti, void *arg)
 	return json_array_append_new(arg, json_pack("{s:I, s:f, s:s?, s:I}", "turn",
 						    (json_int_t)ti->turn, "time", ti->time, "label",
 						    ti->label, "changes", (json_int_t)ti->changes));
+}
+
+/* Tests only (COWBOX_TEST_EXPORT_GATE=PATH): between the base layer and the turns' layers,
+ * make PATH.ready and wait (at most 2 minutes) for PATH to appear, a window in which a test
+ * prunes the workspace under a running export. */
+static void test_gate(void)
+{
+	const char *gate = getenv("COWBOX_TEST_EXPORT_GATE");
+	char *ready = NULL;
+	int fd;
+
+	if (!gate || !*gate || asprintf(&ready, "%s.ready", gate) < 0)
+		return;
+	if ((fd = open(ready, O_WRONLY | O_CREAT | O_CLOEXEC, 0600)) >= 0)
+		close(fd);
+	free(ready);
+	for (int i = 0; i < 12000 && access(gate, F_OK) < 0; i++)
+		usleep(10000);
 }
 
 /* ---- config, manifest, index ---- */
@@ -661,6 +864,13 @@ static int open_ws(const char *ref, struct exp *x)
 	/* turn 0 is the base map: recorded by the first snapshot, else by this walk */
 	if (!ret && !cb_db_turns_base_map_built(x->t->db))
 		ret = ws_map_ensure(x->t);
+	if (!ret)
+		ret = cb_db_turns_map_id(x->t->db, &x->map_id);
+	/* The rest only reads, in one transaction: a snapshot or prune the daemon runs meanwhile
+	 * never mixes its turns into this image; a blob a prune removes fails the export naming
+	 * it (content_open), never a layer of other bytes. */
+	if (!ret)
+		ret = cb_db_turns_begin_read(x->t->db);
 out:
 	cb_ws_info_free(&info);
 	free(db);
@@ -670,7 +880,7 @@ out:
 
 int cb_oci_export(const struct cb_oci_export_args *args, struct cb_oci_export_stats *stats)
 {
-	struct exp x = {.layout_fd = -1, .st = stats};
+	struct exp x = {.layout_fd = -1, .dir_fd = -1, .st = stats};
 	json_t *turns = json_array(), *meta = NULL, *tj, *chosen = json_array();
 	struct oci_sum sum;
 	json_error_t jerr;
@@ -719,6 +929,7 @@ int cb_oci_export(const struct cb_oci_export_args *args, struct cb_oci_export_st
 	/* the turns' digests start from the base's */
 	if ((ret = export_base(&x, meta, &sum, prev_hex)))
 		goto out;
+	test_gate();
 	json_array_foreach(turns, i, tj)
 	{
 		long long turn = json_integer_value(json_object_get(tj, "turn"));
@@ -738,6 +949,12 @@ int cb_oci_export(const struct cb_oci_export_args *args, struct cb_oci_export_st
 	else
 		ret = cb_smallfile_write(x.ws_dir, "oci-layers.json", cache_text, 0600);
 out:
+	if (x.t)
+		cb_db_turns_rollback(x.t->db);
+	trust_free(&x);
+	if (x.dir_fd >= 0)
+		close(x.dir_fd);
+	free(x.dir_path);
 	cb_turns_close(x.t);
 	if (x.layout_fd >= 0)
 		close(x.layout_fd);

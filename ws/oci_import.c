@@ -24,6 +24,7 @@ struct imp {
 	char *base;	   /* the new workspace's base (NULL: empty) */
 	char *base_tmp;	   /* bases/.tmp-... being unpacked, removed unless renamed */
 	int base_fresh;	   /* base was unpacked by this import (removed if it fails) */
+	int bases_lock;	   /* bases.lock, held shared: no prune removes the base meanwhile */
 	char *dir;	   /* the staging directory */
 	unsigned long ids; /* the workspace's host id range; 0: none */
 	struct cb_turns *t;
@@ -182,6 +183,10 @@ static int base_choose(struct imp *m, json_t *desc)
 		goto out;
 	if (mkdir(bases, 0755) < 0 && errno != EEXIST) {
 		ret = cb_error_set(errno, "mkdir %s: %s", bases, strerror(errno));
+		goto out;
+	}
+	if ((m->bases_lock = oci_bases_hold(bases)) < 0) {
+		ret = m->bases_lock;
 		goto out;
 	}
 	bases_sweep(bases);
@@ -467,9 +472,12 @@ static int image_load(struct imp *m)
 			count++;
 		}
 	}
-	if (!pick || count > 1)
+	if (!pick && m->a->tag)
+		ret = cb_error_set(ENOENT, "no image tagged %s in the layout %s", m->a->tag,
+				   m->a->layout);
+	else if (!pick || count > 1)
 		ret = cb_error_set(ENOENT, "%s",
-				   !pick ? "no such image in the layout"
+				   !pick ? "no image in the layout"
 					 : "the layout holds several images: name a tag");
 	if (!ret)
 		ret = json_blob(m, pick, &m->manifest);
@@ -615,7 +623,7 @@ static int import_turns(struct imp *m, struct oci_sum *sum, long long *last)
 
 int cb_oci_import(const struct cb_oci_import_args *args, char ref[CB_WS_REF_LEN + 1])
 {
-	struct imp m = {.a = args, .layout_fd = -1};
+	struct imp m = {.a = args, .layout_fd = -1, .bases_lock = -1};
 	struct oci_sum sum;
 	json_t *base_desc;
 	long long last = 0;
@@ -674,5 +682,7 @@ out:
 	json_decref(m.config);
 	if (m.layout_fd >= 0)
 		close(m.layout_fd);
+	if (m.bases_lock >= 0)
+		close(m.bases_lock);
 	return ret ? cb_error_wrap(ret, "import") : 0;
 }

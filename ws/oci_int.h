@@ -76,4 +76,8 @@ int oci_index_load(int layout_fd, json_t **out);
 /* Write index (atomically) and oci-layout. */
 int oci_index_store(int layout_fd, json_t *index);
 
+/* Hold the bases directory (bases.lock shared) against a prune until the returned fd is
+ * closed: an import holds it from its look at bases/ to its end. */
+int oci_bases_hold(const char *bases);
+
 #endif

@@ -28,6 +28,7 @@
 	X(archive_read_free)                                                                       \
 	X(archive_entry_new)                                                                       \
 	X(archive_entry_free)                                                                      \
+	X(archive_entry_clear)                                                                     \
 	X(archive_entry_pathname)                                                                  \
 	X(archive_entry_set_pathname)                                                              \
 	X(archive_entry_filetype)                                                                  \
@@ -79,6 +80,7 @@ int oci_la_load(void);
 #define archive_read_free		      OCI_LA_REDIRECT(archive_read_free)
 #define archive_entry_new		      OCI_LA_REDIRECT(archive_entry_new)
 #define archive_entry_free		      OCI_LA_REDIRECT(archive_entry_free)
+#define archive_entry_clear		      OCI_LA_REDIRECT(archive_entry_clear)
 #define archive_entry_pathname		      OCI_LA_REDIRECT(archive_entry_pathname)
 #define archive_entry_set_pathname	      OCI_LA_REDIRECT(archive_entry_set_pathname)
 #define archive_entry_filetype		      OCI_LA_REDIRECT(archive_entry_filetype)

@@ -22,6 +22,9 @@ struct cb_oci_export_stats {
 	int layers_written;	  /* cowbox layers written now */
 	int layers_reused;	  /* cowbox layers the layout held already (by digest) */
 	long long bytes_written;  /* bytes of the layers written now */
+	long long files_trusted;  /* base files written unhashed: the base cache's row for their
+				   * stat holds the recorded SHA-256 */
+	long long files_hashed;	  /* files whose bytes were hashed and checked on the way */
 	char manifest_digest[72]; /* "sha256:..." */
 };
 
@@ -52,5 +55,11 @@ struct cb_oci_import_args {
  * directory and published (renamed to its ref) last: a failure or a kill leaves no
  * workspace. */
 int cb_oci_import(const struct cb_oci_import_args *args, char ref[CB_WS_REF_LEN + 1]);
+
+/* Remove the bases imports unpacked ($COWBOX_HOME/bases/<digest>) that no workspace uses:
+ * removed (may be NULL) gets each one's digest and its bytes on disk. While an import runs
+ * (it holds bases.lock) nothing is removed and *busy is set. */
+int cb_oci_bases_prune(void (*removed)(const char *hex, unsigned long long bytes, void *arg),
+		       void *arg, int *busy);
 
 #endif

@@ -95,6 +95,9 @@ void cb_db_turns_close(struct cb_db_turns *t);
 int cb_db_turns_begin(struct cb_db_turns *t);
 int cb_db_turns_commit(struct cb_db_turns *t);
 void cb_db_turns_rollback(struct cb_db_turns *t);
+/* A read transaction: every read until the rollback sees the database as its first read
+ * found it (WAL: writers go on meanwhile), for a reader that must not mix two states. */
+int cb_db_turns_begin_read(struct cb_db_turns *t);
 
 /* Base hash cache by (path, size, mtime_ns, ctime_ns, ino): returns 1 and fills the hashes
  * on a hit, 0 on a miss (also when the file changed since it was cached: a file replaced or

@@ -285,11 +285,10 @@ class TestOptionsAndManPage(TranscriptCase):
     # CLI-only spellings of an API option (docker's units) and the parts of one (a secret's
     # prefix and suffix belong to the --secret before them)
     CLI_ONLY = {"--memory": "memory_mb", "--disk": "disk_mb", "--secret-prefix": "header_bindings",
-                "--secret-suffix": "header_bindings",
-                # a workspace rebuilt from cowbox export's image (issue 36): no API option yet
-                "--from": None, "--turn": None}
-    # the API's plural option, the CLI's repeatable flag
-    API_TO_FLAG = {"volumes": "--volume", "header_bindings": "--secret", "secrets": "--secret"}
+                "--secret-suffix": "header_bindings"}
+    # the API's plural option, the CLI's repeatable flag; from_ (a keyword) and its turn
+    API_TO_FLAG = {"volumes": "--volume", "header_bindings": "--secret", "secrets": "--secret",
+                   "from_": "--from", "from_turn": "--turn"}
     NOT_OPTIONS = {"cls", "cowbox", "home"}  # COWBOX_BIN and COWBOX_HOME, not the workspace's
 
     def test_create_takes_every_option_of_the_api_and_no_other(self):

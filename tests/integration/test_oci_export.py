@@ -205,10 +205,11 @@ class OciExport(cbtest.CowboxTestCase):
         self.assertEqual((again["layers_written"], again["layers_reused"]), (0, 6))
         # turns up to 4 pushed, then 5: only turn 5's layer (with a config and a manifest)
         repo = "docker://%s/cowbox/w" % self.addr
+        other = registry_blobs(self.dir)  # what other tests of the class pushed
         st4 = self.cowbox_json("export", ref, "--turn", "4", repo + ":t4")
         self.assertEqual(st4["turn"], 4)
         before = registry_blobs(self.dir)
-        self.assertEqual(len(before), 5 + 2)
+        self.assertEqual(len(before - other), 5 + 2)
         st5 = self.cowbox_json("export", ref, "--turn", "last", repo + ":t5")
         self.assertEqual((st5["layers_written"], st5["layers_reused"]), (1, 5))
         moved = registry_blobs(self.dir) - before
@@ -353,6 +354,126 @@ class OciExport(cbtest.CowboxTestCase):
         self.mount(r)
         with open(os.path.join(self.mountpoint(r), "d7", "f7")) as f:
             self.assertEqual(f.read(), "7\n" * 50)
+
+    def test_cleanup_of_bases_exports_and_pulls(self):
+        """rm takes the workspace's oci-export/ (the layout a push is built in) with it;
+        image prune removes the imported bases no workspace uses and keeps those in use; a
+        create --from docker:// killed mid-pull leaves its /var/tmp/cowbox-pull-PID-* only
+        until the next pull sweeps it."""
+        base = self.make_base({"d%d/f%d" % (i % 20, i): "%d\n" % i * 400 for i in range(2000)})
+        ref = self.create(base, "w")
+        self.mount(ref)
+        with open(os.path.join(self.mountpoint(ref), "new.txt"), "w") as f:
+            f.write("new\n")
+        self.cowbox("snapshot", ref)
+        repo = "docker://%s/cowbox/sweep:1" % self.addr
+        self.cowbox("export", ref, repo, timeout=300)
+        export_dir = os.path.join(self.ws_dir(ref), "oci-export")
+        self.assertTrue(os.path.isdir(export_dir))
+        self.cowbox("rm", "-f", ref)
+        self.assertFalse(os.path.exists(export_dir))
+        self.fresh_home()
+
+        def pulls(pid):
+            return [n for n in os.listdir("/var/tmp") if n.startswith("cowbox-pull-%d-" % pid)]
+        # killed (with its skopeo) while it pulls
+        proc = subprocess.Popen([cbtest.COWBOX, "create", "--from", repo], env=self.env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        cbtest.wait_for(lambda: proc.poll() is not None or pulls(proc.pid), 120, 0.001,
+                        "the pull to start")
+        self.assertIsNone(proc.poll(), "create --from ended before it was killed")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        # its skopeo, adopted by this (subreaper) process, reaped
+        cbtest.wait_for(lambda: cbtest.reap_children() or subprocess.run(
+            ["pgrep", "-s", str(proc.pid)], capture_output=True).returncode != 0,
+            30, 0.05, "the killed session to end")
+        self.assertTrue(pulls(proc.pid))
+        self.assertEqual(self.cowbox_json("ls"), [])
+        # the next pull sweeps it; two workspaces share one unpacked base
+        r1 = self.cowbox("create", "--from", repo, timeout=300).stdout.strip()
+        self.assertEqual(pulls(proc.pid), [])
+        r2 = self.cowbox("create", "--from", repo, "--name", "second",
+                         timeout=300).stdout.strip()
+        bases = os.path.join(self.home, "bases")
+        self.assertEqual(len(os.listdir(bases)), 1)
+        # in use: kept
+        out = self.cowbox_json("image", "prune")
+        self.assertEqual((out["bases_removed"], out["bases_busy"]), ([], False))
+        self.assertEqual(len(os.listdir(bases)), 1)
+        self.cowbox("rm", "-f", r1)
+        self.assertEqual(self.cowbox_json("image", "prune")["bases_removed"], [])
+        self.mount(r2)
+        with open(os.path.join(self.mountpoint(r2), "d7", "f7")) as f:
+            self.assertEqual(f.read(), "7\n" * 400)
+        # no workspace uses it: removed, and its bytes counted
+        self.cowbox("rm", "-f", r2)
+        out = self.cowbox_json("image", "prune")
+        self.assertEqual(len(out["bases_removed"]), 1, out)
+        self.assertGreater(out["bases_bytes"], 2000 * 800)
+        self.assertEqual(os.listdir(bases), [])
+        self.assertIn("imported base(s) removed", self.cowbox("image", "prune").stdout)
+
+    def test_base_trusted_by_stat_key(self):
+        """The base layer writes base files whose stat is still the base cache's row without
+        hashing them; a base file rewritten behind cowbox's back (same size, its mtime put
+        back) has a new ctime, is hashed, and fails the export naming it."""
+        base = self.make_base({"f%d.txt" % i: "%d\n" % i * 100 for i in range(20)})
+        ref = self.create(base, "w")
+        self.mount(ref)
+        self.cowbox("snapshot", ref)  # hashes the base into its cache
+        st = self.cowbox_json("export", ref, "oci:%s:a" % os.path.join(self.dir, "trust-a"))
+        self.assertEqual((st["files_trusted"], st["files_hashed"]), (20, 0), st)
+        victim = os.path.join(base, "f7.txt")
+        old = os.stat(victim)
+        with open(victim, "r+") as f:
+            f.write("X")
+        os.utime(victim, ns=(old.st_atime_ns, old.st_mtime_ns))
+        self.assert_fails(["export", ref, "oci:%s:b" % os.path.join(self.dir, "trust-b")],
+                          "f7.txt: the base file no longer holds the bytes the turn recorded")
+
+    def test_prune_during_export(self):
+        """A prune while an export runs (held at COWBOX_TEST_EXPORT_GATE between the base
+        layer and the turns') fails the export naming the blob it removed: no image tagged,
+        never a layer of other bytes; the next export is of the pruned history."""
+        ref = self.create(self.make_base({"a.txt": "base\n"}), "w")
+        self.mount(ref)
+        mnt = self.mountpoint(ref)
+        for n in range(1, 4):
+            with open(os.path.join(mnt, "a.txt" if n < 3 else "b.txt"), "wb") as f:
+                f.write(os.urandom(8192))
+            self.cowbox("snapshot", ref)
+        blobs = os.path.join(self.ws_dir(ref), "blobs")
+        before = set(os.listdir(blobs))
+        layout = os.path.join(self.dir, "pruned")
+        gate = os.path.join(self.dir, "gate")
+        proc = subprocess.Popen([cbtest.COWBOX, "export", ref, "oci:%s:p" % layout],
+                                env=dict(self.env, COWBOX_TEST_EXPORT_GATE=gate),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            cbtest.wait_for(lambda: proc.poll() is not None or os.path.exists(gate + ".ready"),
+                            120, 0.01, "the export to reach its gate")
+            self.assertIsNone(proc.poll(), "the export ended before its gate")
+            self.cowbox("prune", ref, "--keep", "1")
+            gone = before - set(os.listdir(blobs))
+            # turn 1's a.txt is needed by no kept turn: its blob went
+            self.assertEqual(len(gone), 1, (before, gone))
+        finally:
+            open(gate, "w").close()
+            out, err = proc.communicate(timeout=300)
+        self.assertNotEqual(proc.returncode, 0, out)
+        self.assertIn(gone.pop(), err)
+        self.assertIn("a.txt", err)
+        index = os.path.join(layout, "index.json")
+        if os.path.exists(index):
+            with open(index) as f:
+                self.assertEqual(json.load(f)["manifests"], [])
+        # the next export is of the pruned history (one turn), and imports as it
+        self.assertEqual(self.cowbox_json("export", ref, "oci:%s:p" % layout, "--json")["turn"],
+                         3)
+        _, _, manifest = layout_manifest(layout, "p")
+        self.assertEqual(len(manifest["layers"]), 2)
 
     @unittest.skipIf(ociutil.why_not_ready(), ociutil.why_not_ready())
     def test_podman_runs_the_image(self):

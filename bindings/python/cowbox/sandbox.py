@@ -259,7 +259,7 @@ class Sandbox:
                      on_create=(), on_destroy=(), setup_script=None, setup_timeout=None,
                      privileged=False, shell=None, user=None, background=None, volumes=None,
                      access=None, idle_timeout=None, in_place=False, cowbox=None, home=None,
-                     header_bindings=None, proxy_conns=None):
+                     header_bindings=None, proxy_conns=None, from_=None, from_turn=None):
         """A new workspace over base (a directory, or None for an empty one) with these
         backend options; the backend itself boots on first use. network is "none" (the
         default of ns and docker), "all" (outbound through user-mode networking, not the
@@ -308,8 +308,16 @@ class Sandbox:
         itself, the mount's upper layer being that folder; base is recorded as turn 0
         first (its files kept as blobs in the workspace), every change is journaled as
         usual, so snapshot, diff and rollback (which writes the old bytes back into base)
-        work; destroy leaves base's content as it is."""
+        work; destroy leaves base's content as it is.
+        from_ rebuilds the workspace from an image that export() wrote ("oci:DIR[:TAG]" or
+        "docker://HOST/REPO:TAG"): the same turns and maps, up to from_turn (None: all);
+        base then is a local directory to use as the image's base (its digest must match)
+        instead of the one unpacked from the image."""
         _check_access(access)
+        if from_ is not None and in_place:
+            raise ValueError("from_ and in_place exclude each other")
+        if from_turn is not None and from_ is None:
+            raise ValueError("from_turn needs from_: the image to import")
         if in_place and not base:
             raise ValueError("in_place=True needs base: the folder to work in")
         if base is not None and not os.path.exists(base):
@@ -351,7 +359,9 @@ class Sandbox:
         Sandbox.__init__(tmp, "cb-" + "0" * 32, cowbox=cowbox, home=home)
         args = ["create"] + ([("--in-place" if in_place else "--base"), str(base)]
                              if base else []) + (
-            ["--name", name] if name else [])
+            ["--name", name] if name else []) + (
+            ["--from", str(from_)] if from_ is not None else []) + (
+            ["--turn", str(int(from_turn))] if from_turn is not None else [])
         rc, out, err = await _cowbox(tmp.cowbox, tmp._env, *args)
         if rc != 0:
             raise cli_error(WorkspaceError, "create", err, code="invalid_request")
@@ -870,6 +880,26 @@ class Sandbox:
         rows."""
         msg = await self._request("fsck", repair=bool(repair))
         return {k: v for k, v in msg.items() if k not in ("id", "ok")}
+
+    async def export(self, dest, turn=None, *, image=None, insecure=False):
+        """Write the workspace as an OCI image to dest ("oci:DIR[:TAG]", or
+        "docker://HOST/REPO:TAG" pushed through skopeo): the base as one layer, each turn up
+        to turn (None: the latest) as one more; a layer dest already holds is not written
+        again. image (an image reference skopeo reads) puts a runtime's layers under them,
+        so that the image also runs as a container. Returns {"ref", "turn", "destination",
+        "layers_written", "layers_reused", "bytes_written", "files_trusted",
+        "files_hashed", "manifest"}. Sandbox.create(from_=dest) rebuilds it."""
+        args = ["export", self.ref, str(dest), "--json"]
+        if turn is not None:
+            args += ["--turn", "last" if turn == "last" else str(int(turn))]
+        if image:
+            args += ["--image", str(image)]
+        if insecure:
+            args.append("--insecure")
+        rc, out, err = await _cowbox(self.cowbox, self._env, *args)
+        if rc != 0:
+            raise cli_error(WorkspaceError, "export", err)
+        return json.loads(out)
 
     async def fork(self, turn, name=None):
         """A new workspace starting at turn, attached."""

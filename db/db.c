@@ -74,46 +74,66 @@ static int db_exec(struct cb_db *db, const char *sql, const char *what)
 	return rc == SQLITE_OK ? 0 : cb_db_error(db, rc, what);
 }
 
-/* Each migration and its user_version bump commit together, so a crash leaves the file at
- * one version or the next, never between. */
-static int cb_db_migrate(struct cb_db *db)
+/* The schema version of the open file into *out. */
+static int db_user_version(struct cb_db *db, long long *out)
 {
 	sqlite3_stmt *st = NULL;
-	long long version;
-	char bump[64];
-	int rc;
+	int rc = sqlite3_prepare_v2(db->sql, "PRAGMA user_version", -1, &st, NULL);
 
-	rc = sqlite3_prepare_v2(db->sql, "PRAGMA user_version", -1, &st, NULL);
 	if (rc != SQLITE_OK)
 		return cb_db_error(db, rc, "read schema version");
 	rc = sqlite3_step(st);
-	if (rc != SQLITE_ROW) {
+	if (rc == SQLITE_ROW) {
+		*out = sqlite3_column_int64(st, 0);
+		rc = 0;
+	} else {
 		rc = cb_db_error(db, rc, "read schema version");
-		sqlite3_finalize(st);
-		return rc;
 	}
-	version = sqlite3_column_int64(st, 0);
 	sqlite3_finalize(st);
-	if (version > (long long)cb_db_migration_count)
-		return cb_error_set(
-		    EPROTO, "database %s: schema version %lld is newer than this cowbox (%zu)",
-		    db->path, version, cb_db_migration_count);
-	for (size_t i = (size_t)version; i < cb_db_migration_count; i++) {
+	return rc;
+}
+
+/* Each migration and its user_version bump commit together, so a crash leaves the file at
+ * one version or the next, never between. The version is read inside each step's write
+ * transaction: two processes opening a new file at once (a create and an `image prune`
+ * listing workspaces) would otherwise both run the same step, and the second fail with
+ * "table meta already exists". */
+static int cb_db_migrate(struct cb_db *db)
+{
+	long long version = 0;
+	char bump[64];
+	int rc = db_user_version(db, &version);
+
+	/* Current already (every open but a file's first): no write lock taken. */
+	if (rc || version == (long long)cb_db_migration_count)
+		return rc;
+	for (;;) {
 		rc = db_exec(db, "BEGIN IMMEDIATE", "migrate");
 		if (rc)
 			return rc;
-		snprintf(bump, sizeof(bump), "PRAGMA user_version = %zu", i + 1);
-		rc = db_exec(db, cb_db_migrations[i], "migrate");
+		rc = db_user_version(db, &version);
+		if (!rc && version > (long long)cb_db_migration_count)
+			rc = cb_error_set(
+			    EPROTO,
+			    "database %s: schema version %lld is newer than this cowbox (%zu)",
+			    db->path, version, cb_db_migration_count);
+		if (!rc && version == (long long)cb_db_migration_count) {
+			rc = db_exec(db, "COMMIT", "migrate");
+			break;
+		}
+		snprintf(bump, sizeof(bump), "PRAGMA user_version = %lld", version + 1);
+		if (!rc)
+			rc = db_exec(db, cb_db_migrations[version], "migrate");
 		if (!rc)
 			rc = db_exec(db, bump, "migrate");
 		if (!rc)
 			rc = db_exec(db, "COMMIT", "migrate");
-		if (rc) {
-			sqlite3_exec(db->sql, "ROLLBACK", NULL, NULL, NULL);
-			return rc;
-		}
+		if (rc)
+			break;
 	}
-	return 0;
+	if (rc)
+		sqlite3_exec(db->sql, "ROLLBACK", NULL, NULL, NULL);
+	return rc;
 }
 
 /* The journal's own tables: a file at a schema version that has them must have them (a

@@ -84,10 +84,10 @@ struct ov_inode {
 	struct ov_name *names;
 	_Atomic uint64_t write_gen; /* turn generation whose content change is journaled */
 	_Atomic uint64_t meta_gen;  /* same for metadata changes */
-	_Atomic int no_caps;  /* known to have no security.capability (asked on every write) */
+	_Atomic int no_caps;	/* known to have no security.capability (asked on every write) */
 	_Atomic unsigned nlink; /* upper regular files: links at the last lookup (more than 1:
 				   the other names are looked for in the journal's link_names) */
-	struct cb_mutex lock; /* serializes copy-up and fd upgrades of this inode */
+	struct cb_mutex lock;	/* serializes copy-up and fd upgrades of this inode */
 	/* The kernel lets an inode's opens be all passthrough (one backing file) or all cached:
 	 * counted here under lock, so each open takes the mode the others allow. */
 	int backing_id;		/* kernel backing file id while passthrough opens exist, else 0 */

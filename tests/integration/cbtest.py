@@ -160,7 +160,12 @@ def pid_alive(pid):
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
     if state == "Z":
-        reap_children()
+        # Only this pid: waitpid(-1) would also collect a Popen's child that has just ended,
+        # and that Popen then reads its exit status as 0 (a failing `cowbox merge` passed).
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
         return False
     return True
 

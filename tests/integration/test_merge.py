@@ -340,8 +340,8 @@ class MergeTest(CowboxTestCase):
                  what="the merge to write")
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not pid_alive(pid), 10, what="the daemon to die")
-        merging.communicate(timeout=30)
-        self.assertNotEqual(merging.returncode, 0)
+        out, err = merging.communicate(timeout=30)
+        self.assertNotEqual(merging.returncode, 0, (out, err))
         self.assertTrue(os.path.exists(pending))
         del self.env["COWBOX_TEST_MERGE_STALL"]
         self.mount(self.ref)

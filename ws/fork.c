@@ -169,6 +169,28 @@ static int fork_file(struct fork_ctx *f, const struct cb_entry *e, const struct 
 	return ret ? cb_error_wrap(ret, "fork: %s", e->path) : 0;
 }
 
+/* Whether the parent directory of path is a directory at the turn (always for a top-level
+ * path): a turn that says otherwise has nothing there a tree could hold. */
+static int fork_parent_exists(struct fork_ctx *f, const char *path, int *exists)
+{
+	const char *slash = strrchr(path, '/');
+	struct cb_entry p = {0};
+	char *parent;
+	int ret;
+
+	*exists = 1;
+	if (!slash)
+		return 0;
+	parent = strndup(path, (size_t)(slash - path));
+	if (!parent)
+		return cb_error_set(ENOMEM, "fork: out of memory");
+	ret = ws_entry_at(f->t, parent, f->turn, &p);
+	*exists = p.type == CB_ENTRY_DIR;
+	cb_entry_clear(&p);
+	free(parent);
+	return ret;
+}
+
 /* Put path as it is at the turn into the fork's upper layer and its turn 1. */
 static int fork_one(const char *path, struct fork_ctx *f)
 {
@@ -188,7 +210,7 @@ static int fork_one(const char *path, struct fork_ctx *f)
 	/* Below a directory gone at the turn: its whiteout already hides all of it. Below a
 	 * symlink or file (a turn recorded while the tree changed type under it): no such path
 	 * in a tree, so none in the fork either. */
-	if ((ret = ws_parent_is_dir(f->t, path, f->turn, &parent)))
+	if ((ret = fork_parent_exists(f, path, &parent)))
 		goto out;
 	if (!parent) {
 		/* Nothing to write (the parent's whiteout or non-directory hides it), but the

@@ -540,6 +540,26 @@ static int collect(const char *path, void *arg)
 	return ws_pathset_add(arg, path, 0, NULL);
 }
 
+/* 1 if path's parent is a directory at turn (a top-level path's always is). */
+static int parent_is_dir(struct cb_turns *t, const char *path, long long turn, int *yes)
+{
+	const char *slash = strrchr(path, '/');
+	struct cb_entry p = {0};
+	char *parent;
+	int ret;
+
+	*yes = 1;
+	if (!slash)
+		return 0;
+	if (!(parent = strndup(path, (size_t)(slash - path))))
+		return cb_error_set(ENOMEM, "out of memory");
+	ret = ws_entry_at(t, parent, turn, &p);
+	*yes = p.type == CB_ENTRY_DIR;
+	cb_entry_clear(&p);
+	free(parent);
+	return ret;
+}
+
 /* A whiteout (a.wh. name, or the opaque marker when name is NULL) below dir. */
 static int layer_whiteout(struct layer_out *lo, const char *path, int opaque, long long mtime)
 {
@@ -573,7 +593,7 @@ static int turn_tar(struct exp *x, struct layer_out *lo, const struct ws_pathset
 
 		/* Below a directory that is gone or is no directory at the turn: that entry
 		 * already replaces all of it. */
-		if ((ret = ws_parent_is_dir(x->t, path, turn, &parent)) || !parent)
+		if ((ret = parent_is_dir(x->t, path, turn, &parent)) || !parent)
 			continue;
 		if ((ret = ws_entry_at(x->t, path, prev, &old)) ||
 		    (ret = ws_entry_at(x->t, path, turn, &cur)))

@@ -583,25 +583,6 @@ int ws_entry_at(struct cb_turns *t, const char *path, long long turn, struct cb_
 	return ret;
 }
 
-int ws_parent_is_dir(struct cb_turns *t, const char *path, long long turn, int *yes)
-{
-	const char *slash = strrchr(path, '/');
-	struct cb_entry p = {0};
-	char *parent;
-	int ret;
-
-	*yes = 1;
-	if (!slash)
-		return 0;
-	if (!(parent = strndup(path, (size_t)(slash - path))))
-		return cb_error_set(ENOMEM, "out of memory");
-	ret = ws_entry_at(t, parent, turn, &p);
-	*yes = p.type == CB_ENTRY_DIR;
-	cb_entry_clear(&p);
-	free(parent);
-	return ret;
-}
-
 int cb_ws_entry_at(struct cb_turns *t, const char *path, long long turn, struct cb_entry *out)
 {
 	int ret = ws_turn_check(t, turn);

@@ -156,9 +156,6 @@ int ws_live_meta(struct cb_turns *t, const char *path, struct cb_entry *out);
 
 /* The entry of path at a recorded turn (0 = base). */
 int ws_entry_at(struct cb_turns *t, const char *path, long long turn, struct cb_entry *out);
-/* *yes = 1 if path's parent is a directory at turn (a top-level path's always is): a turn
- * that says otherwise has nothing there a tree could hold. */
-int ws_parent_is_dir(struct cb_turns *t, const char *path, long long turn, int *yes);
 
 /* Add to set (unsorted) every path whose base entry now differs from the record: from turn 0's
  * (vs_map 0: what a fork must write itself) or, where the upper layer (t's root) does not
